@@ -1,0 +1,28 @@
+"""autosafe_torch: run legacy PyTorch scripts safely on any platform.
+
+``import autosafe_torch`` activates it (unless ``AUTOSAFE_TORCH=0``).
+Nothing heavy is imported here: the patches are applied when the program
+imports torch or cv2.
+"""
+
+__version__ = "0.1.0"
+
+from .activation import activate, configure, deactivate, is_active  # noqa: E402
+
+
+def interventions():
+    """The interventions made in this process so far."""
+    from . import report
+
+    return report.interventions()
+
+
+def __getattr__(name):
+    if name == "UnsafeCallError":
+        from .engine import UnsafeCallError
+
+        return UnsafeCallError
+    raise AttributeError(name)
+
+
+activate("import")

@@ -1,0 +1,103 @@
+"""``activate()`` and ``deactivate()``: the one entry for every activation.
+
+The import, the ``.pth`` hook, sitecustomize and ``autosafe-torch run`` all
+end here. Activation is idempotent (``site`` may run a ``.pth`` line twice)
+and cheap: it installs a small import finder and imports nothing heavy; the
+patches are applied when the user imports torch or cv2.
+"""
+
+import os
+import sys
+
+from .config import CONFIG, ENV_SWITCH, switch_state
+from .importhook import PostImportFinder
+
+_state = {"finder": None}
+
+
+def _hook_error(where, exc):
+    from .report import internal_error
+
+    internal_error(where, exc)
+
+
+def _on_import(name):
+    def callback(module):
+        from . import patches
+
+        patches.apply_for(name, module)
+
+    return callback
+
+
+def is_active():
+    return _state["finder"] is not None
+
+
+def activate(source="import"):
+    """Turn autosafe_torch on for this process and, through the environment,
+    for its workers and children. ``AUTOSAFE_TORCH=0`` wins: returns False."""
+    if switch_state() is False:
+        return False
+    if _state["finder"] is not None:
+        return True
+    os.environ.setdefault(ENV_SWITCH, "1")
+    from .patches import TARGETS
+
+    late = [name for name in TARGETS if name in sys.modules]
+    finder = PostImportFinder(on_error=_hook_error)
+    _state["finder"] = finder
+    finder.install()
+    for name in TARGETS:
+        finder.register(name, _on_import(name))
+    if late and source != "worker":
+        import logging
+
+        from .report import log
+
+        log(logging.INFO, "activated after %s was imported (%s); objects created "
+            "before now were not checked", " and ".join(late), source)
+    return True
+
+
+def deactivate():
+    """Restore every original and stop watching imports."""
+    finder = _state["finder"]
+    if finder is None:
+        return
+    _state["finder"] = None
+    finder.uninstall()
+    from . import patches
+
+    patches.revert()
+
+
+def configure(mode=None, disable=None, log_file=None, quiet=None, debug=None):
+    """The environment's settings, from code. Invalid values: one warning, default.
+
+    Sets the matching variables too, so that spawned workers agree.
+    """
+    from . import config as c
+
+    if mode is not None:
+        CONFIG.mode = c.parse_mode(str(mode), "configure(mode=...)")
+        os.environ[c.ENV_MODE] = CONFIG.mode
+    if disable is not None:
+        text = disable if isinstance(disable, str) else ",".join(disable)
+        CONFIG.disabled = c.parse_disable(text)
+        CONFIG._validated = False
+        os.environ[c.ENV_DISABLE] = text
+    if log_file is not None:
+        CONFIG.log_file = log_file or None
+        os.environ[c.ENV_LOG_FILE] = log_file
+    for name, value, env in (("quiet", quiet, c.ENV_QUIET), ("debug", debug, c.ENV_DEBUG)):
+        if value is not None:
+            setattr(CONFIG, name, bool(value))
+            os.environ[env] = "1" if value else "0"
+    if debug is not None and "autosafe_torch.report" in sys.modules:
+        import logging
+
+        from .report import logger
+
+        logger.setLevel(logging.DEBUG if debug else logging.INFO)
+    return CONFIG.as_dict()

@@ -1,0 +1,100 @@
+"""``autosafe-torch``: run a script with the shim, inspect the platform, list rules.
+
+``run`` executes the script in this very process, as ``python script.py``
+would (``sys.argv``, ``sys.path[0]``, ``__main__``), after activating and
+exporting the settings to the environment so that workers and child
+processes are covered too. Its exit code and signals are the script's own.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from . import config
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="autosafe-torch", description=(
+        "Run legacy PyTorch scripts safely on any platform, without editing them."))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a script (or -m module) with autosafe_torch on")
+    run.add_argument("--mode", choices=config.MODES, help="fix (default), warn or strict")
+    run.add_argument("--disable", action="append", default=[], metavar="CODE_OR_GROUP",
+                     help="leave a rule code (DL101) or group (dataloader, amp, cv2, *) "
+                          "alone; repeatable or comma-separated")
+    run.add_argument("--log-file", help="JSON-lines file, one object per intervention")
+    run.add_argument("--quiet", action="store_true", help="no log lines on stderr")
+    run.add_argument("-m", dest="module", help="run a library module as a script")
+    run.add_argument("target", nargs=argparse.REMAINDER,
+                     help="script.py and its arguments (or the module's arguments)")
+
+    doctor = sub.add_parser("doctor", help="what this platform means for DataLoader, AMP, cv2")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+
+    rules = sub.add_parser("rules", help="the rule table")
+    rules.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    if args.command == "doctor":
+        from .doctor import report_text, report
+
+        if args.json:
+            print(json.dumps(report(), indent=2, default=repr))
+        else:
+            print(report_text())
+        return 0
+    return _rules(args.format)
+
+
+def _rules(fmt):
+    from .rules import RULES, load_all, table_markdown
+
+    load_all()
+    if fmt == "markdown":
+        print(table_markdown())
+    elif fmt == "json":
+        print(json.dumps([RULES[c].as_dict() for c in sorted(RULES)], indent=2))
+    else:
+        for code in sorted(RULES):
+            r = RULES[code]
+            print("%s %s [%s]\n    fixes:    %s\n    prevents: %s\n    fix:      %s" % (
+                r.code, r.slug, r.group, r.summary, r.prevents, r.fix))
+    return 0
+
+
+def _run(args):
+    target = list(args.target)
+    if target and target[0] == "--":
+        target = target[1:]
+    if args.module is None and not target:
+        sys.stderr.write("autosafe-torch run: name a script or -m module\n")
+        return 2
+    if config.switch_state() is not False:  # AUTOSAFE_TORCH=0 still wins
+        os.environ[config.ENV_SWITCH] = "1"
+    from .activation import activate, configure
+
+    configure(mode=args.mode, disable=",".join(args.disable) or None,
+              log_file=os.path.abspath(args.log_file) if args.log_file else None,
+              quiet=True if args.quiet else None)
+    activate("cli")
+    import runpy
+
+    if args.module is not None:
+        sys.argv = [args.module] + target
+        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        return 0
+    script = target[0]
+    if not os.path.exists(script):
+        sys.stderr.write("autosafe-torch run: no such file: %s\n" % script)
+        return 2
+    sys.argv = target
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    return 0

@@ -1,0 +1,147 @@
+"""Configuration from the environment and from ``configure()``.
+
+Read at activation, so it must be cheap and must never raise: a malformed
+value gets one warning line on stderr naming the variable and what it
+accepts, and the default is used.
+"""
+
+import os
+import sys
+
+ENV_SWITCH = "AUTOSAFE_TORCH"
+ENV_MODE = "AUTOSAFE_TORCH_MODE"
+ENV_DISABLE = "AUTOSAFE_TORCH_DISABLE"
+ENV_LOG_FILE = "AUTOSAFE_TORCH_LOG_FILE"
+ENV_QUIET = "AUTOSAFE_TORCH_QUIET"
+ENV_DEBUG = "AUTOSAFE_TORCH_DEBUG"
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+MODES = ("fix", "warn", "strict")
+GROUPS = ("dataloader", "amp", "cv2")
+
+# Documented once here; the README's configuration table is built from it.
+OPTIONS = (
+    (ENV_SWITCH, "unset", "1/true/yes/on turns the .pth hook on; 0/false/no/off is a "
+     "kill switch that wins even over `import autosafe_torch`"),
+    (ENV_MODE, "fix", "fix: correct and log; warn: log what would be done, change "
+     "nothing; strict: raise an error naming the rule and its fix (for CI)"),
+    (ENV_DISABLE, "empty", "comma-separated rule codes (DL101) or groups "
+     "(dataloader, amp, cv2, or * for all) that are left alone"),
+    (ENV_LOG_FILE, "unset", "path of a JSON-lines file: one object per intervention"),
+    (ENV_QUIET, "0", "1: no log lines on stderr (records, JSON sink and strict "
+     "errors stay)"),
+    (ENV_DEBUG, "0", "1: debug lines and full tracebacks of internal errors"),
+)
+
+
+def warn_line(message):
+    """One plain line on stderr; used before logging is set up (start-up)."""
+    try:
+        sys.stderr.write("autosafe_torch: %s\n" % message)
+    except Exception:
+        pass
+
+
+def parse_bool(name, value, default):
+    """``value`` of variable ``name`` as a bool; malformed -> warning, default."""
+    if value is None:
+        return default
+    word = value.strip().lower()
+    if word == "":
+        return default
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    warn_line("%s=%r is not one of %s (on) or %s (off); using %s" % (
+        name, value, "/".join(TRUE_WORDS), "/".join(FALSE_WORDS),
+        "on" if default else "off"))
+    return default
+
+
+def parse_mode(value, name=ENV_MODE):
+    if value is None or value.strip() == "":
+        return "fix"
+    word = value.strip().lower()
+    if word in MODES:
+        return word
+    warn_line("%s=%r is not one of %s; using fix" % (name, value, "/".join(MODES)))
+    return "fix"
+
+
+def parse_disable(value):
+    """Tokens of AUTOSAFE_TORCH_DISABLE, upper-cased codes, lower-cased groups.
+
+    Unknown codes are reported later, by ``validate_disabled``, when the rule
+    registry is loaded (it is not loaded at interpreter start, to stay cheap).
+    """
+    if not value:
+        return frozenset()
+    tokens = set()
+    for raw in value.replace(";", ",").replace(" ", ",").split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        low = raw.lower()
+        tokens.add(low if (low in GROUPS or low == "*") else raw.upper())
+    return frozenset(tokens)
+
+
+class Config:
+    """The settings in force. One instance, ``CONFIG``, updated in place."""
+
+    __slots__ = ("mode", "disabled", "log_file", "quiet", "debug", "_validated")
+
+    def __init__(self, mode="fix", disabled=frozenset(), log_file=None,
+                 quiet=False, debug=False):
+        self.mode = mode
+        self.disabled = disabled
+        self.log_file = log_file
+        self.quiet = quiet
+        self.debug = debug
+        self._validated = False
+
+    @classmethod
+    def from_env(cls, environ=None):
+        env = os.environ if environ is None else environ
+        return cls(
+            mode=parse_mode(env.get(ENV_MODE)),
+            disabled=parse_disable(env.get(ENV_DISABLE)),
+            log_file=env.get(ENV_LOG_FILE) or None,
+            quiet=parse_bool(ENV_QUIET, env.get(ENV_QUIET), False),
+            debug=parse_bool(ENV_DEBUG, env.get(ENV_DEBUG), False),
+        )
+
+    def load(self, other):
+        for name in self.__slots__:
+            setattr(self, name, getattr(other, name))
+
+    def rule_enabled(self, code, group):
+        d = self.disabled
+        return not d or not ("*" in d or code in d or group in d)
+
+    def validate_disabled(self, known_codes):
+        """Warn once about tokens that name no rule and no group."""
+        if self._validated:
+            return
+        self._validated = True
+        unknown = sorted(t for t in self.disabled
+                         if t not in known_codes and t not in GROUPS and t != "*")
+        if unknown:
+            warn_line("%s: unknown rule code(s) %s ignored; accepted: rule codes "
+                      "(see `autosafe-torch rules`), %s or *" % (
+                          ENV_DISABLE, ", ".join(unknown), ", ".join(GROUPS)))
+
+    def as_dict(self):
+        return {"mode": self.mode, "disabled": sorted(self.disabled),
+                "log_file": self.log_file, "quiet": self.quiet, "debug": self.debug}
+
+
+CONFIG = Config.from_env()
+
+
+def switch_state(environ=None):
+    """AUTOSAFE_TORCH as True (on), False (off) or None (unset/malformed)."""
+    env = os.environ if environ is None else environ
+    return parse_bool(ENV_SWITCH, env.get(ENV_SWITCH), None)

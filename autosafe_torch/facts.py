@@ -1,0 +1,173 @@
+"""What the rules know about the platform.
+
+Cheap, cached, and injectable: a rule receives a ``Facts`` object, so tests
+build one with the values they want (``Facts(start_method="spawn", ...)``)
+instead of patching the machine. ``current()`` reads the real ones; the
+parts that can change while a program runs (the start method, whether CUDA
+has been initialised) are read fresh, the rest once.
+"""
+
+import os
+import sys
+
+_UNSET = object()
+
+
+class Facts:
+    __slots__ = ("platform", "start_method", "cpus_usable", "torch_version",
+                 "accelerator", "cuda_initialized")
+
+    def __init__(self, platform=None, start_method=None, cpus_usable=None,
+                 torch_version=(0, 0), accelerator=None, cuda_initialized=False):
+        self.platform = platform or sys.platform
+        self.start_method = start_method or default_start_method(self.platform)
+        self.cpus_usable = cpus_usable or 1
+        self.torch_version = torch_version
+        # "cuda", "mps", "xpu", ... or None when no accelerator is usable.
+        self.accelerator = accelerator
+        self.cuda_initialized = cuda_initialized
+
+    def replace(self, **changes):
+        values = {name: getattr(self, name) for name in self.__slots__}
+        values.update(changes)
+        return Facts(**values)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self):
+        return "Facts(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
+
+
+def default_start_method(platform=None):
+    """The start method a platform uses when the program sets none."""
+    platform = platform or sys.platform
+    if platform == "darwin" or platform.startswith("win"):
+        return "spawn"
+    return "forkserver" if sys.version_info >= (3, 14) else "fork"
+
+
+def effective_start_method(context=None):
+    """The start method workers will use for ``multiprocessing_context``.
+
+    Reads the global setting without fixing it (``allow_none``), so asking
+    does not change what the program may still choose.
+    """
+    if context is not None:
+        if isinstance(context, str):
+            return context
+        try:
+            return context.get_start_method()
+        except Exception:
+            return getattr(context, "_name", None) or default_start_method()
+    import multiprocessing
+
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method:
+        return method
+    try:
+        return multiprocessing.context._default_context._default_context._name
+    except Exception:
+        return default_start_method()
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_limit(root="/sys/fs/cgroup"):
+    """CPUs allowed by the cgroup CPU quota (v2 ``cpu.max``, v1 cfs), or None."""
+    text = _read(os.path.join(root, "cpu.max"))
+    if text:
+        quota, _, period = text.partition(" ")
+        if quota != "max" and period:
+            try:
+                return max(1, int(-(-int(quota) // int(period))))
+            except ValueError:
+                return None
+        return None
+    quota = _read(os.path.join(root, "cpu", "cpu.cfs_quota_us")) or _read(
+        os.path.join(root, "cpu.cfs_quota_us"))
+    period = _read(os.path.join(root, "cpu", "cpu.cfs_period_us")) or _read(
+        os.path.join(root, "cpu.cfs_period_us"))
+    try:
+        if quota and period and int(quota) > 0:
+            return max(1, int(-(-int(quota) // int(period))))
+    except ValueError:
+        pass
+    return None
+
+
+def cpus_usable():
+    """CPUs this process may use: affinity, then the cgroup quota.
+
+    PyTorch's own worker-count check reads only the affinity.
+    """
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return min(count, limit) if limit else count
+
+
+def torch_version():
+    import torch
+
+    parts = []
+    for piece in torch.__version__.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def accelerator():
+    """The accelerator type torch would pin memory for, or None."""
+    import torch
+
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        if not acc.is_available():
+            return None
+        current = acc.current_accelerator()
+        return current.type if current is not None else None
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return None
+
+
+def cuda_initialized():
+    try:
+        import torch
+
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+_static = {}
+_override = None
+
+
+def current(context=None):
+    """The facts now, for a loader with ``multiprocessing_context``."""
+    if _override is not None:
+        return _override
+    if not _static:
+        _static.update(cpus_usable=cpus_usable(), torch_version=torch_version(),
+                       accelerator=accelerator())
+    return Facts(start_method=effective_start_method(context),
+                 cuda_initialized=cuda_initialized(), **_static)
+
+
+def override(facts):
+    """Make ``current()`` return ``facts`` (None restores the real ones)."""
+    global _override
+    _override = facts

@@ -1,0 +1,85 @@
+"""The registry of patch targets.
+
+Each patch module (one per patched library area, as in dd-trace-py) has
+``patch(module)`` and ``unpatch()`` and is applied when its trigger module
+is imported. ``wrap`` is the only place that replaces an attribute: it
+remembers the original, refuses to wrap twice (idempotent), and ``revert``
+puts every original back.
+"""
+
+import importlib
+
+# trigger module -> patch modules applied when it is imported
+TARGETS = {
+    "torch": ("autosafe_torch.patches.dataloader",),
+}
+
+_originals = {}   # (owner, attribute name) -> original attribute
+_applied = set()  # patch module names applied
+
+
+def wrap(owner, name, wrapper):
+    """Wrap ``owner.name`` with a wrapt function wrapper, once."""
+    import wrapt
+
+    key = (owner, name)
+    if key in _originals:
+        return getattr(owner, name)
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    _originals[key] = original
+    return wrapt.wrap_function_wrapper(owner, name, wrapper)
+
+
+def replace(owner, name, value):
+    """Replace ``owner.name`` outright (for names that must stay classes)."""
+    key = (owner, name)
+    if key not in _originals:
+        _originals[key] = owner.__dict__.get(name, _MISSING) if isinstance(owner, type) \
+            else getattr(owner, name, _MISSING)
+    setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
+def original(owner, name):
+    return _originals.get((owner, name), getattr(owner, name, None))
+
+
+def apply_for(trigger, module):
+    """Apply every patch module registered for ``trigger``; each fails alone."""
+    from ..report import internal_error
+
+    for name in TARGETS.get(trigger, ()):
+        if name in _applied:
+            continue
+        try:
+            importlib.import_module(name).patch(module)
+            _applied.add(name)
+        except Exception as exc:
+            internal_error("patching %s" % name, exc)
+
+
+def revert():
+    """Undo every patch (``autosafe_torch.deactivate()``)."""
+    for (owner, name), value in list(_originals.items()):
+        if value is _MISSING:
+            try:
+                delattr(owner, name)
+            except AttributeError:
+                pass
+        else:
+            setattr(owner, name, value)
+    _originals.clear()
+    for name in list(_applied):
+        try:
+            unpatch = getattr(importlib.import_module(name), "unpatch", None)
+            if unpatch is not None:
+                unpatch()
+        except Exception:
+            pass
+    _applied.clear()
+
+
+def is_patched(owner, name):
+    return (owner, name) in _originals

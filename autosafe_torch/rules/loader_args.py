@@ -1,0 +1,94 @@
+"""DataLoader arguments that only make sense with worker processes.
+
+PyTorch rejects them when ``num_workers=0`` (read from torch's
+``dataloader.py``: the ``__init__`` checks, the ``multiprocessing_context``
+setter and ``_SingleProcessDataLoaderIter``), or warns about them on every
+epoch. With no workers they have no effect, so dropping them cannot change a
+single batch.
+
+Each check takes the bound arguments (a dict of every parameter), the
+platform facts and the signature defaults, and returns a Finding or None.
+"""
+
+from . import rule
+
+GROUP = "dataloader"
+
+
+@rule("DL101", "prefetch-without-workers", GROUP,
+      "prefetch_factor given with num_workers=0: reset to the default",
+      "ValueError: prefetch_factor option could only be specified in multiprocessing."
+      "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.",
+      "pass prefetch_factor only when num_workers > 0")
+def prefetch_without_workers(args, facts, defaults):
+    default = defaults.get("prefetch_factor")
+    if args["num_workers"] == 0 and args["prefetch_factor"] != default:
+        return prefetch_without_workers.rule.finding(
+            {"prefetch_factor": args["prefetch_factor"]}, {"prefetch_factor": default},
+            "prefetching happens in worker processes and there are none")
+
+
+@rule("DL102", "persistent-without-workers", GROUP,
+      "persistent_workers=True with num_workers=0: set to False",
+      "ValueError: persistent_workers option needs num_workers > 0",
+      "pass persistent_workers=num_workers > 0")
+def persistent_without_workers(args, facts, defaults):
+    if args["num_workers"] == 0 and args["persistent_workers"]:
+        return persistent_without_workers.rule.finding(
+            {"persistent_workers": args["persistent_workers"]}, {"persistent_workers": False},
+            "there are no workers to keep alive")
+
+
+@rule("DL103", "context-without-workers", GROUP,
+      "multiprocessing_context given with num_workers=0: set to None",
+      "ValueError: multiprocessing_context can only be used with multi-process "
+      "loading (num_workers > 0), but got num_workers=0",
+      "pass multiprocessing_context only when num_workers > 0")
+def context_without_workers(args, facts, defaults):
+    if args["num_workers"] == 0 and args["multiprocessing_context"] is not None:
+        return context_without_workers.rule.finding(
+            {"multiprocessing_context": args["multiprocessing_context"]},
+            {"multiprocessing_context": None},
+            "no worker processes are started, so no start method is used")
+
+
+@rule("DL107", "timeout-without-workers", GROUP,
+      "timeout > 0 with num_workers=0: set to 0",
+      "AssertionError: _SingleProcessDataLoaderIter requires timeout == 0 "
+      "(a bare AssertionError on torch 2.0), at the start of every epoch",
+      "pass timeout only when num_workers > 0")
+def timeout_without_workers(args, facts, defaults):
+    if args["num_workers"] == 0 and args["timeout"]:
+        return timeout_without_workers.rule.finding(
+            {"timeout": args["timeout"]}, {"timeout": 0},
+            "timeout bounds the wait for a worker's batch and there are no workers")
+
+
+@rule("DL106", "zero-prefetch-with-workers", GROUP,
+      "prefetch_factor=0 with workers: use the default (2)",
+      "AssertionError (prefetch_factor > 0) when the first iterator is created",
+      "pass prefetch_factor >= 1, or leave it unset")
+def zero_prefetch_with_workers(args, facts, defaults):
+    if args["num_workers"] > 0 and args["prefetch_factor"] == 0:
+        return zero_prefetch_with_workers.rule.finding(
+            {"prefetch_factor": 0}, {"prefetch_factor": 2},
+            "each worker must be allowed at least one batch in flight; 2 is PyTorch's default")
+
+
+@rule("DL105", "pin-memory-without-accelerator", GROUP,
+      "pin_memory=True with no usable accelerator (or on MPS): set to False",
+      "UserWarning every epoch: 'pin_memory' argument is set as true but no "
+      "accelerator is found, then device pinned memory won't be used. "
+      "(on MPS: ... but not supported on MPS now)",
+      "pass pin_memory=torch.cuda.is_available()")
+def pin_memory_without_accelerator(args, facts, defaults):
+    if args["pin_memory"] and facts.accelerator in (None, "mps"):
+        where = "on MPS pinned memory is not supported" if facts.accelerator == "mps" \
+            else "there is no accelerator to copy batches to"
+        return pin_memory_without_accelerator.rule.finding(
+            {"pin_memory": True}, {"pin_memory": False}, where)
+
+
+CHECKS = (prefetch_without_workers, persistent_without_workers, context_without_workers,
+          timeout_without_workers, zero_prefetch_with_workers,
+          pin_memory_without_accelerator)

@@ -1,0 +1,111 @@
+"""Run scripts in real subprocesses, with and without autosafe_torch.
+
+Every behavioural test goes through ``run_script``: a fresh interpreter,
+real DataLoader workers, the start method forced from outside the script
+(tests/platform_sim/sitecustomize.py), and one of the four activations.
+Scripts print ``BATCHES <sha256>`` through ``PRELUDE.digest`` so that a
+test can compare every batch, in order, with a known-safe reference run.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLATFORM_SIM = ROOT / "tests" / "platform_sim"
+TEMPLATE_DIR = ROOT / "sitecustomize_template"
+
+START_METHODS = ("fork", "spawn", "forkserver")
+ACTIVATIONS = ("import", "env", "sitecustomize", "cli")
+
+# Pasted at the top of test scripts (after an activation import, if any).
+PRELUDE = textwrap.dedent('''
+    import hashlib as _hashlib
+
+    def digest(loader, epochs=1):
+        """Print and return a sha256 over every batch, in order."""
+        import torch
+        h = _hashlib.sha256()
+        def feed(obj):
+            if isinstance(obj, torch.Tensor):
+                h.update(str(obj.dtype).encode() + str(tuple(obj.shape)).encode())
+                h.update(obj.detach().cpu().contiguous().numpy().tobytes())
+            elif isinstance(obj, dict):
+                for k in sorted(obj):
+                    h.update(repr(k).encode()); feed(obj[k])
+            elif isinstance(obj, (list, tuple)):
+                h.update(b"[")
+                for x in obj:
+                    feed(x)
+                h.update(b"]")
+            else:
+                h.update(repr(obj).encode())
+        for _ in range(epochs):
+            for batch in loader:
+                feed(batch)
+        print("BATCHES", h.hexdigest(), flush=True)
+        return h.hexdigest()
+''')
+
+
+class Result:
+    def __init__(self, proc):
+        self.rc = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+
+    @property
+    def batches(self):
+        lines = [l.split()[1] for l in self.stdout.splitlines() if l.startswith("BATCHES ")]
+        return lines[-1] if lines else None
+
+    @property
+    def output(self):
+        return self.stdout + self.stderr
+
+    def __repr__(self):
+        return "Result(rc=%s)\n--- stdout\n%s\n--- stderr\n%s" % (
+            self.rc, self.stdout[-3000:], self.stderr[-5000:])
+
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSAFE_TORCH")}
+    env.pop("PYTHONPATH", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def write_script(tmp_path, body, name="train.py", activation=None):
+    """The script file; ``import autosafe_torch`` heads it for that activation."""
+    head = "import autosafe_torch\n" if activation == "import" else ""
+    path = Path(tmp_path) / name
+    path.write_text(head + PRELUDE + "\n" + textwrap.dedent(body))
+    return path
+
+
+def run_script(tmp_path, body, activation=None, start_method=None, env=None,
+               args=(), timeout=180, name="train.py", cli_args=()):
+    """Run ``body`` as a script; ``activation`` None means without autosafe_torch."""
+    assert activation in (None,) + ACTIVATIONS, activation
+    script = write_script(tmp_path, body, name, activation)
+    pythonpath = [str(PLATFORM_SIM)]
+    extra = dict(env or {})
+    if start_method:
+        extra["AUTOSAFE_TEST_START_METHOD"] = start_method
+    if activation == "env":
+        extra.setdefault("AUTOSAFE_TORCH", "1")
+    if activation == "sitecustomize":
+        # The template activates, then chains to the platform simulator's.
+        pythonpath.insert(0, str(TEMPLATE_DIR))
+    full_env = clean_env(extra)
+    full_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    if activation == "cli":
+        cmd = [sys.executable, "-m", "autosafe_torch", "run", *cli_args, str(script), *args]
+    else:
+        cmd = [sys.executable, str(script), *args]
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    return Result(proc)
