@@ -50,6 +50,8 @@ def settle(findings, call_site):
     action = "would-fix" if CONFIG.mode == "warn" else "fixed"
     for f in findings:
         r = f.rule
+        if action == "fixed" and f.apply is not None:
+            f.apply()
         record(Intervention(r.code, r.slug, f.before, f.after, f.why, r.fix,
                             call_site, f.strategy, action))
     return action == "fixed"

@@ -10,10 +10,25 @@ import inspect
 from .. import engine, facts
 from ..callsite import user_call_site
 from ..report import internal_error
-from ..rules import loader_args
 from . import wrap
 
+# Rule modules checked at construction, in this order; each has CHECKS.
+# Later checks see the arguments as the earlier ones left them.
+INIT_CHECK_MODULES = (
+    "autosafe_torch.rules.loader_args",
+)
+
 _signature = {}
+
+
+def init_checks():
+    if "checks" not in _signature:
+        import importlib
+
+        _signature["checks"] = tuple(
+            check for name in INIT_CHECK_MODULES
+            for check in importlib.import_module(name).CHECKS)
+    return _signature["checks"]
 
 
 def patch(torch):
@@ -49,7 +64,7 @@ def _decide(bound, instance):
     values = dict(_signature["defaults"])
     values.update(bound.arguments)
     context = values.get("multiprocessing_context")
-    found, fixed = engine.run_checks(loader_args.CHECKS, values,
+    found, fixed = engine.run_checks(init_checks(), values,
                                      facts.current(context), _signature["defaults"])
     if not engine.settle(found, user_call_site(instance) if found else None):
         return None

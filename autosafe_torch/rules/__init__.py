@@ -32,21 +32,27 @@ class Rule:
         return {"code": self.code, "slug": self.slug, "group": self.group,
                 "summary": self.summary, "prevents": self.prevents, "fix": self.fix}
 
-    def finding(self, before, after, why, strategy=None):
-        return Finding(self, before, after, why, strategy)
+    def finding(self, before, after, why, strategy=None, apply=None):
+        return Finding(self, before, after, why, strategy, apply)
 
 
 class Finding:
-    """What one rule would change in one call: ``after`` maps names to values."""
+    """What one rule would change in one call.
 
-    __slots__ = ("rule", "before", "after", "why", "strategy")
+    ``after`` maps argument names to their new values; ``before`` holds the
+    old ones (or, for a side effect, what it acts on). ``apply``, when given,
+    is a side effect run only in fix mode (moving tensors off a device, say).
+    """
 
-    def __init__(self, rule, before, after, why, strategy=None):
+    __slots__ = ("rule", "before", "after", "why", "strategy", "apply")
+
+    def __init__(self, rule, before, after, why, strategy=None, apply=None):
         self.rule = rule
         self.before = before
         self.after = after
         self.why = why
         self.strategy = strategy
+        self.apply = apply
 
     def __repr__(self):
         return "Finding(%s %s -> %s)" % (self.rule.code, self.before, self.after)
