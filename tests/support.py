@@ -109,3 +109,11 @@ def run_script(tmp_path, body, activation=None, start_method=None, env=None,
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     return Result(proc)
+
+
+def line_of(tmp_path, text, name="train.py"):
+    """The line number (1-based) of the first line of a script holding ``text``."""
+    for number, line in enumerate((Path(tmp_path) / name).read_text().splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError("%r not in %s" % (text, name))

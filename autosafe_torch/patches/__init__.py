@@ -48,8 +48,14 @@ def original(owner, name):
 
 def apply_for(trigger, module):
     """Apply every patch module registered for ``trigger``; each fails alone."""
+    from ..config import CONFIG
     from ..report import internal_error
+    from ..rules import load_all
 
+    try:
+        CONFIG.validate_disabled(load_all())
+    except Exception as exc:
+        internal_error("loading the rules", exc)
     for name in TARGETS.get(trigger, ()):
         if name in _applied:
             continue

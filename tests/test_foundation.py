@@ -1,0 +1,294 @@
+"""The pipeline every rule plugs into: activation, modes, log, fail-open, CLI.
+
+All behaviour is checked in real subprocesses; DL101 (prefetch_factor with
+num_workers=0) serves as the probe rule because its failure is a ValueError.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from support import clean_env, line_of, run_script
+
+BROKEN_LOADER = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.arange(8.))
+def make():
+    return DataLoader(ds, batch_size=2, prefetch_factor=2)
+'''
+
+DL101_ERROR = "prefetch_factor option could only be specified in multiprocessing"
+
+
+def test_kill_switch_wins_over_import(tmp_path):
+    result = run_script(tmp_path, BROKEN_LOADER + "digest(make())\n", activation="import",
+                        env={"AUTOSAFE_TORCH": "0"})
+    assert result.rc != 0 and DL101_ERROR in result.stderr
+
+
+def test_import_exports_the_switch_for_children(tmp_path):
+    body = "import os, subprocess, sys\nprint('ENV', os.environ.get('AUTOSAFE_TORCH'))\n"
+    result = run_script(tmp_path, body, activation="import")
+    assert "ENV 1" in result.stdout, result
+
+
+def test_loader_made_every_epoch_logs_once(tmp_path):
+    body = BROKEN_LOADER + "for epoch in range(3):\n    digest(make())\n"
+    log = tmp_path / "interventions.jsonl"
+    result = run_script(tmp_path, body, activation="env",
+                        env={"AUTOSAFE_TORCH_LOG_FILE": str(log), "RANK": "3"})
+    assert result.rc == 0, result
+    lines = [l for l in result.stderr.splitlines() if "DL101 prefetch-without-workers at" in l]
+    assert len(lines) == 1, result
+    assert "rank 3" in lines[0] and "pid " in lines[0] and "train.py:" in lines[0]
+    assert "summary: DL101 prefetch-without-workers: fixed 3 time(s) at 1 call site(s)" \
+        in result.stderr
+    records = [json.loads(l) for l in log.read_text().splitlines()]
+    assert len(records) == 1
+    rec = records[0]
+    assert rec["code"] == "DL101" and rec["slug"] == "prefetch-without-workers"
+    assert rec["before"] == {"prefetch_factor": 2} and rec["after"] == {"prefetch_factor": None}
+    assert rec["action"] == "fixed" and rec["rank"] == "3" and rec["call_site"].endswith(
+        ":%d" % line_of(tmp_path, "return DataLoader"))
+    assert set(rec) == {"time", "pid", "rank", "code", "slug", "action", "strategy",
+                        "call_site", "before", "after", "why", "fix"}
+
+
+def test_interventions_api(tmp_path):
+    body = BROKEN_LOADER + """
+import autosafe_torch
+make(); make()
+recs = autosafe_torch.interventions()
+print("RECS", [(r.code, r.count, r.call_site.rsplit(":", 1)[1]) for r in recs])
+"""
+    result = run_script(tmp_path, body, activation="env")
+    line = line_of(tmp_path, "return DataLoader")
+    assert "RECS [('DL101', 2, '%d')]" % line in result.stdout, result
+
+
+def test_warn_mode_logs_and_changes_nothing(tmp_path):
+    result = run_script(tmp_path, BROKEN_LOADER + "make()\n", activation="env",
+                        env={"AUTOSAFE_TORCH_MODE": "warn"})
+    assert result.rc != 0 and DL101_ERROR in result.stderr
+    assert "DL101 prefetch-without-workers at" in result.stderr
+    assert "would change prefetch_factor 2 -> None" in result.stderr
+
+
+def test_strict_mode_raises_naming_rule_and_fix(tmp_path):
+    body = BROKEN_LOADER + """
+import autosafe_torch
+try:
+    make()
+except autosafe_torch.UnsafeCallError as exc:
+    print("STRICT", exc.code, exc)
+"""
+    result = run_script(tmp_path, body, activation="env", env={"AUTOSAFE_TORCH_MODE": "strict"})
+    assert result.rc == 0, result
+    line = [l for l in result.stdout.splitlines() if l.startswith("STRICT")][0]
+    assert "DL101" in line and "prefetch-without-workers" in line
+    assert "Permanent fix: pass prefetch_factor only when num_workers > 0" in line
+
+
+@pytest.mark.parametrize("disable", ["DL101", "dataloader", "*"])
+def test_disable_by_code_group_or_all(tmp_path, disable):
+    result = run_script(tmp_path, BROKEN_LOADER + "make()\n", activation="env",
+                        env={"AUTOSAFE_TORCH_DISABLE": disable})
+    assert result.rc != 0 and DL101_ERROR in result.stderr
+
+
+def test_configure_from_code(tmp_path):
+    body = BROKEN_LOADER + """
+import autosafe_torch
+autosafe_torch.configure(mode="warn")
+try:
+    make()
+except ValueError:
+    print("WARN-MODE-RAISED")
+autosafe_torch.configure(mode="fix", disable=["DL102"])
+digest(make())
+autosafe_torch.configure(mode="shout")
+"""
+    result = run_script(tmp_path, body, activation="import")
+    assert result.rc == 0, result
+    assert "WARN-MODE-RAISED" in result.stdout and "BATCHES" in result.stdout
+    assert "configure(mode=...)='shout' is not one of fix/warn/strict; using fix" in result.stderr
+
+
+def test_quiet_silences_the_log_but_still_fixes(tmp_path):
+    result = run_script(tmp_path, BROKEN_LOADER + "digest(make())\n", activation="env",
+                        env={"AUTOSAFE_TORCH_QUIET": "1"})
+    assert result.rc == 0 and "autosafe_torch" not in result.stderr, result
+
+
+def test_application_logging_takes_over(tmp_path):
+    body = "import logging, sys\nlogging.basicConfig(stream=sys.stdout, format='APP %(name)s %(message)s')\n" \
+        + BROKEN_LOADER + "digest(make())\n"
+    result = run_script(tmp_path, body, activation="env")
+    assert result.rc == 0, result
+    assert "APP autosafe_torch autosafe_torch[pid" in result.stdout
+    assert "DL101" not in result.stderr  # no second, unconfigured copy
+
+
+def test_activation_after_torch_patches_and_says_so(tmp_path):
+    body = "import torch\nimport autosafe_torch\n" + BROKEN_LOADER + "digest(make())\n"
+    result = run_script(tmp_path, body)
+    assert result.rc == 0, result
+    assert "activated after torch was imported" in result.stderr
+    assert "objects created before now were not checked" in result.stderr
+
+
+def test_deactivate_restores_the_original(tmp_path):
+    body = """
+import autosafe_torch, torch
+from torch.utils.data import DataLoader
+patched = DataLoader.__init__
+autosafe_torch.deactivate()
+print("RESTORED", type(DataLoader.__dict__["__init__"]).__name__, DataLoader.__init__ is not patched)
+autosafe_torch.activate()
+print("AGAIN", type(DataLoader.__dict__["__init__"]).__name__)
+"""
+    result = run_script(tmp_path, body)
+    assert "RESTORED function True" in result.stdout, result
+    assert "AGAIN FunctionWrapper" in result.stdout, result
+
+
+def test_subclass_and_positional_arguments(tmp_path):
+    body = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+class MyLoader(DataLoader):
+    def __init__(self, ds, **kwargs):
+        super().__init__(ds, **kwargs)
+
+ds = TensorDataset(torch.arange(8.))
+a = MyLoader(ds, batch_size=2, persistent_workers=True)
+# pin_memory positional (8th), timeout positional (10th)
+b = DataLoader(ds, 2, False, None, None, 0, None, True, False, 7)
+print("PIN", b.pin_memory, b.timeout, a.persistent_workers)
+"""
+    result = run_script(tmp_path, body, activation="env")
+    assert result.rc == 0, result
+    assert "PIN False 0 False" in result.stdout
+    sites = [l.split(" at ")[1].split(":")[1] for l in result.stderr.splitlines()
+             if "Permanent fix" in l]
+    a, b = line_of(tmp_path, "a = MyLoader("), line_of(tmp_path, "b = DataLoader(")
+    assert sites == [str(a), str(b), str(b)], result.stderr  # the user's lines, not the subclass's
+
+
+def test_user_type_errors_are_torch_s_own(tmp_path):
+    body = "import torch\nfrom torch.utils.data import DataLoader\nDataLoader([1], bogus=1)\n"
+    result = run_script(tmp_path, body, activation="env")
+    assert "unexpected keyword argument 'bogus'" in result.stderr
+    assert "internal error" not in result.stderr
+
+
+# Faults injected into each layer: the user's call must run as without us.
+FAULTS = {
+    "rule": "import autosafe_torch.rules.loader_args as m\n"
+            "def boom(*a):\n    raise RuntimeError('injected')\n"
+            "boom.rule = m.prefetch_without_workers.rule\n"
+            "m.CHECKS = (boom,)\n",
+    "facts": "import autosafe_torch.facts as m\n"
+             "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.current = boom\n",
+    "logger": "import autosafe_torch.report as m\n"
+              "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.record = boom\n",
+    "callsite": "import autosafe_torch.patches.dataloader as m\n"
+                "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.user_call_site = boom\n",
+}
+
+
+@pytest.mark.parametrize("layer", sorted(FAULTS))
+def test_fail_open_in_each_layer(tmp_path, layer):
+    body = FAULTS[layer] + """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.arange(8.))
+digest(DataLoader(ds, batch_size=2))             # a fine loader still works
+for i in range(2):
+    try:
+        DataLoader(ds, batch_size=2, prefetch_factor=2)
+    except ValueError as exc:
+        print("ORIGINAL-ERROR", exc)
+"""
+    result = run_script(tmp_path, body, activation="import")
+    assert result.rc == 0, result
+    assert "BATCHES" in result.stdout
+    assert result.stdout.count("ORIGINAL-ERROR prefetch_factor option") == 2, result
+    assert result.stderr.count("internal error in DataLoader.__init__ (RuntimeError: injected)") == 1
+
+
+def test_fail_open_import_hook(tmp_path):
+    """A broken patch never breaks `import torch`."""
+    body = """
+import autosafe_torch.patches as p
+p.TARGETS["torch"] = ("autosafe_torch.no_such_patch",)
+import torch
+print("TORCH", torch.__version__)
+"""
+    result = run_script(tmp_path, body, activation="import")
+    assert result.rc == 0 and "TORCH" in result.stdout, result
+    assert result.stderr.count("internal error in patching autosafe_torch.no_such_patch") == 1
+
+
+def test_debug_shows_traceback(tmp_path):
+    body = FAULTS["rule"] + BROKEN_LOADER + "try:\n    make()\nexcept ValueError:\n    pass\n"
+    result = run_script(tmp_path, body, activation="import", env={"AUTOSAFE_TORCH_DEBUG": "1"})
+    assert "Traceback" in result.stderr and "injected" in result.stderr
+
+
+# ---- the CLI ---------------------------------------------------------------
+
+def test_cli_passes_exit_code_and_argv(tmp_path):
+    body = "import sys\nprint('ARGV', sys.argv[1:], sys.path[0] == %r)\nsys.exit(3)\n" % str(tmp_path)
+    result = run_script(tmp_path, body, activation="cli", args=("a", "--b"))
+    assert result.rc == 3 and "ARGV ['a', '--b'] True" in result.stdout, result
+
+
+def test_cli_passes_signals(tmp_path):
+    body = "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n"
+    result = run_script(tmp_path, body, activation="cli")
+    assert result.rc == -signal.SIGTERM, result
+
+
+def test_cli_options_and_module(tmp_path):
+    (tmp_path / "mymod.py").write_text(BROKEN_LOADER + "make()\nprint('MODULE-RAN', __name__)\n")
+    log = tmp_path / "log.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "run", "--log-file", str(log),
+                           "--mode", "fix", "-m", "mymod"], cwd=tmp_path,
+                          env=clean_env({"PYTHONPATH": str(tmp_path)}), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "MODULE-RAN __main__" in proc.stdout, proc.stderr
+    assert json.loads(log.read_text().splitlines()[0])["code"] == "DL101"
+    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "run", "--disable", "DL101",
+                           "-m", "mymod"], cwd=tmp_path,
+                          env=clean_env({"PYTHONPATH": str(tmp_path)}), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and DL101_ERROR in proc.stderr
+
+
+def test_console_script_and_doctor():
+    proc = subprocess.run(["autosafe-torch", "doctor", "--json"], capture_output=True, text=True,
+                          env=clean_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    for key in ("python", "torch", "start_method", "cpus_usable", "dev_shm_bytes",
+                "open_file_limit", "accelerator", "default_loader_rules"):
+        assert key in report
+    assert any(r.startswith("DL105") for r in report["default_loader_rules"])
+    text = subprocess.run([sys.executable, "-m", "autosafe_torch", "doctor"], capture_output=True,
+                          text=True, env=clean_env(), timeout=120).stdout
+    assert "start_method:" in text and "cpus_usable:" in text
+
+
+def test_rules_command_lists_every_rule():
+    from autosafe_torch.rules import load_all
+
+    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "rules", "--format", "json"],
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    listed = {r["code"] for r in json.loads(proc.stdout)}
+    assert listed == set(load_all())

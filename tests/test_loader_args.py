@@ -1,0 +1,97 @@
+"""DL101-DL107: arguments PyTorch rejects (or warns about) without workers.
+
+Each case fails in a real subprocess without autosafe_torch, and runs clean
+through each of the four activations, with the same batches as the
+known-safe loader (the same call without the offending argument).
+"""
+
+import pytest
+
+from support import ACTIVATIONS, run_script
+
+# rule -> (DataLoader keyword arguments that break, the error PyTorch gives)
+CASES = {
+    "DL101": ("num_workers=0, prefetch_factor=2",
+              "ValueError: prefetch_factor option could only be specified in multiprocessing"),
+    "DL102": ("num_workers=0, persistent_workers=True",
+              "ValueError: persistent_workers option needs num_workers > 0"),
+    "DL103": ("num_workers=0, multiprocessing_context='spawn'",
+              "ValueError: multiprocessing_context can only be used with multi-process loading"),
+    "DL107": ("num_workers=0, timeout=5",
+              "AssertionError: _SingleProcessDataLoaderIter requires timeout == 0"),
+    "DL105": ("num_workers=0, pin_memory=True",
+              "UserWarning: 'pin_memory' argument is set as true but no accelerator is found"),
+    "DL106": ("num_workers=2, prefetch_factor=0",
+              "AssertionError: prefetch_factor must be greater than 0"),
+}
+
+# Every case in one script: each loader is built and read in turn, and the
+# outcome printed, so one subprocess shows all failures or all successes.
+SCRIPT = '''
+import sys, warnings
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+warnings.simplefilter("error", UserWarning)  # a per-epoch warning counts as a failure
+CASES = %r
+
+def main():
+    ds = TensorDataset(torch.arange(20.).reshape(10, 2), torch.arange(10))
+    for code, kwargs in CASES.items():
+        try:
+            loader = DataLoader(ds, batch_size=3, **eval("dict(" + kwargs + ")"))
+            for epoch in range(2):
+                digest(loader)
+        except Exception as exc:
+            print("FAILED", code, "%%s: %%s" %% (type(exc).__name__, exc), flush=True)
+        else:
+            print("OK", code, flush=True)
+
+if __name__ == "__main__":
+    main()
+'''
+
+REFERENCE = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+if __name__ == "__main__":
+    ds = TensorDataset(torch.arange(20.).reshape(10, 2), torch.arange(10))
+    for code in %r:
+        for epoch in range(2):
+            digest(DataLoader(ds, batch_size=3))
+'''
+
+
+def _script():
+    return SCRIPT % ({code: kwargs for code, (kwargs, _) in CASES.items()},)
+
+
+def _batches(result):
+    return [line.split()[1] for line in result.stdout.splitlines() if line.startswith("BATCHES")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    result = run_script(tmp_path_factory.mktemp("ref"), REFERENCE % (list(CASES),))
+    assert result.rc == 0, result
+    return _batches(result)
+
+
+def test_each_case_fails_without_autosafe_torch(tmp_path):
+    result = run_script(tmp_path, _script())
+    for code, (_, error) in CASES.items():
+        failed = [l for l in result.stdout.splitlines() if l.startswith("FAILED %s " % code)]
+        assert failed and error in failed[0], (code, result)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_each_case_runs_clean_with_autosafe_torch(tmp_path, activation, reference):
+    result = run_script(tmp_path, _script(), activation=activation)
+    assert result.rc == 0, result
+    for code in CASES:
+        assert "OK %s" % code in result.stdout, (code, result)
+        # logged once per call site, with the user's file:line and the fix
+        lines = [l for l in result.stderr.splitlines() if " %s " % code in l and "Permanent fix" in l]
+        assert len(lines) == 1, (code, result)
+        assert "train.py:" in lines[0]
+    assert _batches(result) == reference
