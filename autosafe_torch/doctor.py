@@ -5,23 +5,7 @@ import platform
 import sys
 
 from . import facts
-
-
-def shm_bytes(path="/dev/shm"):
-    try:
-        st = os.statvfs(path)
-        return st.f_frsize * st.f_blocks
-    except (OSError, AttributeError):
-        return None
-
-
-def open_file_limit():
-    try:
-        import resource
-
-        return resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return None
+from .facts import open_file_limit, shm_bytes  # noqa: F401 (one place: facts)
 
 
 def cv2_state():

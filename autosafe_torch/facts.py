@@ -15,10 +15,12 @@ _UNSET = object()
 
 class Facts:
     __slots__ = ("platform", "start_method", "cpus_usable", "torch_version",
-                 "accelerator", "cuda_initialized")
+                 "accelerator", "cuda_initialized",
+                 "shm_available", "open_file_limit", "sharing_strategy")
 
     def __init__(self, platform=None, start_method=None, cpus_usable=None,
-                 torch_version=(0, 0), accelerator=None, cuda_initialized=False):
+                 torch_version=(0, 0), accelerator=None, cuda_initialized=False,
+                 shm_available=None, open_file_limit=None, sharing_strategy=None):
         self.platform = platform or sys.platform
         self.start_method = start_method or default_start_method(self.platform)
         self.cpus_usable = cpus_usable or 1
@@ -26,6 +28,11 @@ class Facts:
         # "cuda", "mps", "xpu", ... or None when no accelerator is usable.
         self.accelerator = accelerator
         self.cuda_initialized = cuda_initialized
+        # Bytes free in /dev/shm (None: unknown or not Linux), the open-file
+        # limit as (soft, hard), torch's tensor sharing strategy. None: unknown.
+        self.shm_available = shm_available
+        self.open_file_limit = open_file_limit
+        self.sharing_strategy = sharing_strategy
 
     def replace(self, **changes):
         values = {name: getattr(self, name) for name in self.__slots__}
@@ -152,6 +159,49 @@ def cuda_initialized():
         return False
 
 
+def shm_bytes(path="/dev/shm"):
+    """The size of the shared-memory filesystem (Docker's default: 64 MiB)."""
+    try:
+        st = os.statvfs(path)
+        return st.f_frsize * st.f_blocks
+    except (OSError, AttributeError):
+        return None
+
+
+def shm_available(path="/dev/shm"):
+    """Bytes free in /dev/shm now (Linux only: elsewhere None).
+
+    DataLoader workers hand batches to the main process in shared memory
+    created there, under both sharing strategies (measured on torch 2.13).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        st = os.statvfs(path)
+        return st.f_frsize * st.f_bavail
+    except (OSError, AttributeError):
+        return None
+
+
+def open_file_limit():
+    """RLIMIT_NOFILE as (soft, hard), or None where there is none."""
+    try:
+        import resource
+
+        return resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def sharing_strategy():
+    """torch.multiprocessing's sharing strategy, without importing torch."""
+    tmp = sys.modules.get("torch.multiprocessing")
+    try:
+        return tmp.get_sharing_strategy() if tmp is not None else None
+    except Exception:
+        return None
+
+
 _static = {}
 _override = None
 
@@ -164,7 +214,9 @@ def current(context=None):
         _static.update(cpus_usable=cpus_usable(), torch_version=torch_version(),
                        accelerator=accelerator())
     return Facts(start_method=effective_start_method(context),
-                 cuda_initialized=cuda_initialized(), **_static)
+                 cuda_initialized=cuda_initialized(),
+                 shm_available=shm_available(), open_file_limit=open_file_limit(),
+                 sharing_strategy=sharing_strategy(), **_static)
 
 
 def override(facts):
