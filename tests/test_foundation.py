@@ -292,3 +292,13 @@ def test_rules_command_lists_every_rule():
                           capture_output=True, text=True, env=clean_env(), timeout=60)
     listed = {r["code"] for r in json.loads(proc.stdout)}
     assert listed == set(load_all())
+
+
+def test_sitecustomize_template_keeps_the_users_own(tmp_path):
+    """The template activates, then runs the next sitecustomize on sys.path
+    (here the platform simulator's, which forces spawn)."""
+    body = ("import multiprocessing, sys\n"
+            "print('METHOD', multiprocessing.get_start_method(),"
+            " sys.modules['autosafe_torch'].is_active())\n")
+    result = run_script(tmp_path, body, activation="sitecustomize", start_method="spawn")
+    assert "METHOD spawn True" in result.stdout, result
