@@ -1,0 +1,162 @@
+"""One bounded walk over the objects a dataset holds, shared by every check.
+
+The probe (why does this not pickle?) and the repairs (which files, which
+locks does this dataset hold, and how to replace them in a worker) must see
+the same objects under the same names, so both use ``edges`` and ``walk``.
+The walk follows what pickling follows for ordinary objects (instance
+``__dict__``, ``__slots__``, list/tuple/set items, dict keys and values), so
+it covers TensorDataset, ConcatDataset, Subset and ChainDataset. It never
+copies, never iterates anything but built-in containers (a dataset is never
+iterated, a generator never consumed), and never enters modules, classes or
+functions (a reference to a module would otherwise reach everything).
+"""
+
+import sys
+import types
+
+MAX_DEPTH = 24
+MAX_OBJECTS = 200_000
+
+# Leaves: nothing reachable from them matters to a worker hazard.
+ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray,
+          range, slice, type(Ellipsis), type(NotImplemented))
+OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+          types.MethodType, types.CodeType, types.FrameType, types.GeneratorType,
+          types.CoroutineType, types.AsyncGeneratorType, memoryview)
+
+
+class Edge:
+    """How a child hangs from its owner: a path label, and a way to replace it."""
+
+    __slots__ = ("owner", "key", "how", "child")
+
+    ATTR, ITEM, KEY, MEMBER = "attr", "item", "key", "member"
+
+    def __init__(self, owner, key, how, child):
+        self.owner = owner
+        self.key = key
+        self.how = how
+        self.child = child
+
+    def label(self):
+        if self.how == Edge.ATTR:
+            return "." + self.key
+        if self.how == Edge.ITEM:
+            return "[%r]" % (self.key,)
+        if self.how == Edge.KEY:
+            return "<key %r>" % (self.key,)
+        return "<member %d>" % self.key
+
+    @property
+    def settable(self):
+        """Whether ``set`` can replace the child in place (tuple items cannot)."""
+        if self.how == Edge.ATTR:
+            return True
+        return self.how == Edge.ITEM and isinstance(self.owner, (list, dict))
+
+    def set(self, new):
+        """Put ``new`` where the child was, in its owner (no copy of the owner)."""
+        if self.how == Edge.ATTR:
+            try:
+                setattr(self.owner, self.key, new)
+            except AttributeError:  # a read-only property over __dict__
+                self.owner.__dict__[self.key] = new
+        elif self.settable:
+            self.owner[self.key] = new
+        else:
+            raise TypeError("cannot replace an item of %s in place" % type(self.owner).__name__)
+
+
+def is_leaf(obj):
+    if isinstance(obj, ATOMIC) or isinstance(obj, OPAQUE):
+        return True
+    for name in ("torch", "numpy"):
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        if name == "torch" and (isinstance(obj, mod.Tensor) or _is_storage(mod, obj)):
+            return True
+        if name == "numpy" and isinstance(obj, (mod.ndarray, mod.generic)):
+            return True
+    return False
+
+
+def _is_storage(torch, obj):
+    storage = getattr(torch, "storage", None)
+    kinds = tuple(getattr(storage, n) for n in ("TypedStorage", "UntypedStorage")
+                  if storage is not None and hasattr(storage, n))
+    return bool(kinds) and isinstance(obj, kinds)
+
+
+def slot_names(cls):
+    names = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        for name in slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = "_%s%s" % (klass.__name__.lstrip("_"), name)
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def edges(obj):
+    """The children of ``obj`` as ``Edge`` objects, in a stable order."""
+    if is_leaf(obj):
+        return
+    if isinstance(obj, dict):
+        for key, value in list(obj.items()):
+            if not isinstance(key, ATOMIC):
+                yield Edge(obj, key, Edge.KEY, key)
+            yield Edge(obj, key, Edge.ITEM, value)
+    elif isinstance(obj, (list, tuple)):
+        for index, value in enumerate(list(obj)):
+            yield Edge(obj, index, Edge.ITEM, value)
+    elif isinstance(obj, (set, frozenset)):
+        for index, value in enumerate(list(obj)):
+            yield Edge(obj, index, Edge.MEMBER, value)
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        attrs = None
+    if isinstance(attrs, dict):
+        for name, value in list(attrs.items()):
+            if isinstance(name, str):
+                yield Edge(obj, name, Edge.ATTR, value)
+    for name in slot_names(type(obj)):
+        try:
+            value = object.__getattribute__(obj, name)
+        except AttributeError:
+            continue
+        yield Edge(obj, name, Edge.ATTR, value)
+
+
+def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, stop=None):
+    """Yield ``(path, obj, edge)`` for ``root`` and what it holds, depth first.
+
+    ``edge`` is None for the root. Each object is visited once (by identity).
+    ``stop(obj)`` true means report ``obj`` but do not enter it.
+    """
+    seen = set()
+    stack = [(path, root, None, 0)]
+    while stack and len(seen) < max_objects:
+        here, obj, edge, depth = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        yield here, obj, edge
+        if depth >= max_depth or (stop is not None and stop(obj)):
+            continue
+        try:
+            children = list(edges(obj))
+        except Exception:  # a hostile __getattr__ or a mutating container
+            continue
+        for child_edge in reversed(children):
+            child = child_edge.child
+            if isinstance(child, ATOMIC) or id(child) in seen:
+                continue
+            stack.append((here + child_edge.label(), child, child_edge, depth + 1))

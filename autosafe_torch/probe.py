@@ -1,0 +1,331 @@
+"""Will this object reach a spawn/forkserver worker, and if not, which part fails?
+
+A DataLoader under spawn or forkserver pickles the dataset, the collate_fn,
+the worker_init_fn and the sampler's state with multiprocessing's
+ForkingPickler. We cannot just call it: torch registers reducers with it that
+move every tensor's storage into shared memory. The probe pickles with the
+same protocol and the same extra reducers (so repairs registered with
+ForkingPickler count), minus torch's, into a sink that keeps nothing; tensor,
+storage and array payloads are replaced by a persistent id, so the cost grows
+with the number of objects, never with their bytes.
+
+It also reproduces the failures that only happen in the child: a class or
+function defined in an interactive ``__main__`` (``python -c``, stdin, a
+notebook), or under ``if __name__ == "__main__":`` in a script, pickles by
+reference in the parent and cannot be found when the child imports the main
+module as ``__mp_main__``.
+"""
+
+import ast
+import copyreg
+import functools
+import os
+import pickle
+import sys
+import types
+
+from . import objwalk
+
+# ForkingPickler.dumps(obj) passes protocol=None: pickle.DEFAULT_PROTOCOL.
+PROTOCOL = pickle.DEFAULT_PROTOCOL
+MAX_DEPTH = 32
+MAX_OBJECTS = 2_000_000  # over all the dumps of one probe
+BIG_BUFFER = 1 << 16  # bytes/bytearray this large are payload, not structure
+
+_TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
+_FAST_LEAVES = frozenset({type(None), bool, int, float, complex, str})
+
+
+class ProbeResult:
+    """``ok``, or where it fails: ``path``, ``error``, the offending ``value``."""
+
+    __slots__ = ("ok", "path", "error", "value", "objects")
+
+    def __init__(self, ok, path, error=None, value=None, objects=0):
+        self.ok = ok
+        self.path = path
+        self.error = error
+        self.value = value
+        self.objects = objects
+
+    def __bool__(self):
+        return self.ok
+
+    def __repr__(self):
+        if self.ok:
+            return "ProbeResult(ok, %s, objects=%d)" % (self.path, self.objects)
+        return "ProbeResult(%s: %s)" % (self.path, self.error)
+
+
+def interactive_main():
+    """True when the main module cannot be re-imported by a spawned child.
+
+    A child imports the parent's main by ``__spec__.name`` (``python -m``) or
+    by its file; ``python -c``, stdin, a REPL or a notebook kernel has neither,
+    so whatever it defines is missing in the child.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        return True
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):
+        return False
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return True
+    return os.path.splitext(os.path.basename(path))[0] == "ipython"
+
+
+@functools.lru_cache(maxsize=8)
+def _names_importable_from_script(path, mtime):
+    """Top-level names a child binds when it runs ``path`` as ``__mp_main__``.
+
+    None when that cannot be told (star import, syntax error): assume all.
+    """
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names = set()
+
+    def is_main_guard(test):
+        return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+                and test.left.id == "__name__" and len(test.comparators) == 1
+                and isinstance(test.comparators[0], ast.Constant)
+                and test.comparators[0].value == "__main__")
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.If) and is_main_guard(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+                elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    for alias in sub.names:
+                        if alias.name == "*":
+                            raise LookupError
+                        names.add(alias.asname or alias.name.split(".")[0])
+                elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Global):
+                    names.update(sub.names)
+
+    try:
+        visit(tree.body)
+    except LookupError:
+        return None
+    return frozenset(names)
+
+
+def _missing_in_child(obj):
+    """The child's error text if ``obj`` (a class or function of ``__main__``) is absent there."""
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if not isinstance(qualname, str) or "<locals>" in qualname or "<lambda>" in qualname:
+        return None  # the parent's own pickle error says it better
+    if interactive_main():
+        return "Can't get attribute %r on <module '__main__' (built-in)>" % qualname
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        names = _names_importable_from_script(path, os.stat(path).st_mtime_ns)
+    except (OSError, TypeError):
+        return None
+    if names is None or qualname.split(".")[0] in names:
+        return None
+    return "Can't get attribute %r on <module '__mp_main__' from %r>" % (qualname, path)
+
+
+class _NullSink:
+    __slots__ = ()
+
+    def write(self, data):
+        return len(data)
+
+
+_SINK = _NullSink()
+
+
+def _probe_dispatch_table():
+    from multiprocessing.reduction import ForkingPickler
+
+    table = copyreg.dispatch_table.copy()
+    for cls, reducer in ForkingPickler._extra_reducers.items():
+        if getattr(reducer, "__module__", "") != _TORCH_REDUCERS_MODULE:
+            table[cls] = reducer
+    return table
+
+
+def _payload_types():
+    """(tensor/storage types, array type) among the modules already imported."""
+    kinds = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "Tensor"):
+        kinds.append(torch.Tensor)
+        storage = getattr(torch, "storage", None)
+        for name in ("TypedStorage", "UntypedStorage"):
+            if hasattr(storage, name):
+                kinds.append(getattr(storage, name))
+    numpy = sys.modules.get("numpy")
+    array = getattr(numpy, "ndarray", None) if numpy is not None else None
+    return tuple(kinds), array
+
+
+class _ProbePickler(pickle.Pickler):
+    """Pickles like ForkingPickler, writes nothing, skips payloads."""
+
+    def __init__(self, dispatch_table, payload_types):
+        super().__init__(_SINK, PROTOCOL)
+        self.dispatch_table = dispatch_table
+        self.torch_types, self.array_type = payload_types
+        self.objects = 0
+
+    def persistent_id(self, obj):
+        self.objects += 1
+        cls = type(obj)
+        if cls in _FAST_LEAVES:
+            return None
+        if cls is bytes or cls is bytearray:
+            return "buffer" if len(obj) >= BIG_BUFFER else None
+        if self.torch_types and isinstance(obj, self.torch_types):
+            if getattr(obj, "requires_grad", False) and not obj.is_leaf:
+                raise RuntimeError(
+                    "Cowardly refusing to serialize non-leaf tensor which requires_grad, "
+                    "since autograd does not support crossing process boundaries.")
+            return "tensor"
+        if self.array_type is not None and isinstance(obj, self.array_type) \
+                and not obj.dtype.hasobject:
+            return "array"
+        return None
+
+    def reducer_override(self, obj):
+        if isinstance(obj, (type, types.FunctionType)) and \
+                getattr(obj, "__module__", None) == "__main__":
+            error = _missing_in_child(obj)
+            if error is not None:
+                raise AttributeError(error)
+        return NotImplemented
+
+
+class _Prober:
+    def __init__(self):
+        self.table = _probe_dispatch_table()
+        self.payload = _payload_types()
+        self.objects = 0
+
+    def error(self, obj, ancestors=()):
+        """The exception pickling ``obj`` raises (ancestors count as already pickled)."""
+        pickler = _ProbePickler(self.table, self.payload)
+        if ancestors:
+            pickler.memo = {id(a): (i, a) for i, a in enumerate(ancestors)}
+        try:
+            pickler.dump(obj)
+            return None
+        except Exception as exc:  # what the real pickler would raise, any type
+            return exc
+        finally:
+            self.objects += pickler.objects
+
+    def children(self, obj):
+        """``(label, child)`` in the order pickling would save them."""
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) \
+                or objwalk.is_leaf(obj):
+            return []
+        if type(obj) in (list, tuple, dict, set, frozenset):
+            return [(e.label(), e.child) for e in objwalk.edges(obj)]
+        if isinstance(obj, functools.partial):
+            return ([(".func", obj.func)]
+                    + [(".args[%d]" % i, a) for i, a in enumerate(obj.args)]
+                    + [(".keywords[%r]" % k, v) for k, v in obj.keywords.items()]
+                    + [("." + k, v) for k, v in (obj.__dict__ or {}).items()])
+        try:
+            reducer = self.table.get(type(obj))
+            rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
+        except Exception:
+            return []  # it fails itself: a leaf
+        if not isinstance(rv, tuple) or len(rv) < 2:
+            return []
+        found = []
+        func, args = rv[0], rv[1] or ()
+        for i, arg in enumerate(args):
+            if isinstance(arg, type) and (arg is type(obj) or i == 0 and func in (
+                    copyreg.__newobj__, copyreg.__newobj_ex__, copyreg._reconstructor)):
+                continue  # the object's own class: a failure there is the object's
+            found.append(("<arg %d>" % i, arg))
+        state = rv[2] if len(rv) > 2 else None
+        if isinstance(state, tuple) and len(state) == 2 and all(
+                s is None or isinstance(s, dict) for s in state):
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if isinstance(state, dict):
+            found.extend(("." + k if isinstance(k, str) else "[%r]" % (k,), v)
+                         for k, v in state.items())
+        elif state is not None:
+            found.append(("<state>", state))
+        for extra, fmt in ((3, "[%d]"), (4, None)):
+            items = rv[extra] if len(rv) > extra else None
+            if items is None:
+                continue
+            for i, item in enumerate(items):
+                if i >= 10_000:
+                    break
+                if fmt:
+                    found.append((fmt % i, item))
+                else:
+                    found.append(("[%r]" % (item[0],), item[1]))
+        return found
+
+    def locate(self, obj, path, exc):
+        """Descend to the innermost part that fails alone."""
+        ancestors = [obj]
+        for _ in range(MAX_DEPTH):
+            if self.objects > MAX_OBJECTS:
+                break
+            for label, child in self.children(obj):
+                if isinstance(child, objwalk.ATOMIC) or any(child is a for a in ancestors):
+                    continue
+                child_exc = self.error(child, ancestors)
+                if child_exc is not None:
+                    obj, path, exc = child, path + label, child_exc
+                    ancestors.append(child)
+                    break
+            else:
+                break
+        return obj, path, exc
+
+
+def _message(exc):
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+def probe(obj, path="dataset"):
+    """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why."""
+    prober = _Prober()
+    exc = prober.error(obj)
+    if exc is None:
+        return ProbeResult(True, path, objects=prober.objects)
+    value, where, exc = prober.locate(obj, path, exc)
+    return ProbeResult(False, where, _message(exc), value, prober.objects)
+
+
+def probe_loader_parts(dataset, collate_fn, worker_init_fn, sampler=None):
+    """The failing ones among what a spawn/forkserver worker receives.
+
+    The dataset, collate_fn and worker_init_fn travel to every worker. The
+    sampler stays in the parent under torch's DataLoader; it is probed only
+    when given (a custom loader or batch sampler may send it).
+    """
+    parts = (("dataset", dataset), ("collate_fn", collate_fn),
+             ("worker_init_fn", worker_init_fn), ("sampler", sampler))
+    results = []
+    for name, part in parts:
+        if part is None:
+            continue
+        result = probe(part, name)
+        if not result.ok:
+            results.append(result)
+    return results

@@ -1,0 +1,159 @@
+import functools
+import multiprocessing.reduction
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import torch
+from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
+
+from autosafe_torch.probe import interactive_main, probe, probe_loader_parts
+from support import run_script
+
+
+class Holder(Dataset):
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return i
+
+
+class Slotted:
+    __slots__ = ("conn", "name")
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle 'Unpicklable' object")
+
+
+def test_picklable_dataset_is_ok_and_counts_objects():
+    result = probe(Holder(x=[1, 2, 3], t=torch.zeros(3)))
+    assert result.ok and result.path == "dataset" and result.error is None
+    assert result.objects > 3
+
+
+def test_path_to_the_innermost_file(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    inner = Slotted()
+    inner.name = "n"
+    with open(tmp_path / "f", "rb") as f:
+        inner.conn = f
+        ds = Holder(items=[{"a": 1}, (2, 3), 4, Holder(conn=f)], other=inner)
+        result = probe(ds)
+        assert not result.ok
+        assert result.path == "dataset.items[3].conn"
+        assert result.error == "cannot pickle '_io.BufferedReader' object"
+        assert result.value is f
+        assert probe(Holder(s=inner)).path == "dataset.s.conn"
+        assert probe({"k": [f]}, "x").path == "x['k'][0]"
+
+
+def test_wrapped_datasets_are_descended(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    with open(tmp_path / "f", "rb") as f:
+        ds = ConcatDataset([TensorDataset(torch.zeros(2)), Subset(Holder(f=f), [0])])
+        assert probe(ds).path == "dataset.datasets[1].dataset.f"
+
+
+def test_lambdas_and_local_functions_fail_like_pickle():
+    def local(batch):
+        return batch
+
+    result = probe(lambda b: b, "collate_fn")
+    assert result.path == "collate_fn"
+    assert "Can't pickle local object" in result.error and "<lambda>" in result.error
+    result = probe(functools.partial(local, 1), "worker_init_fn")
+    assert result.path == "worker_init_fn.func"
+    assert result.error.endswith("test_lambdas_and_local_functions_fail_like_pickle.<locals>.local'")
+    assert probe(Holder(transform=local)).path == "dataset.transform"
+
+
+def test_cycles_do_not_hide_the_culprit(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+    with open(tmp_path / "f", "rb") as f:
+        ds = Holder()
+        ds.helper = Holder(owner=ds)
+        ds.f = f
+        assert probe(ds).path == "dataset.f"
+
+
+def test_reducers_registered_with_forking_pickler_count():
+    assert not probe(Holder(u=Unpicklable())).ok
+    multiprocessing.reduction.ForkingPickler.register(Unpicklable, lambda u: (Unpicklable, ()))
+    try:
+        assert probe(Holder(u=Unpicklable())).ok
+    finally:
+        del multiprocessing.reduction.ForkingPickler._extra_reducers[Unpicklable]
+
+
+def test_non_leaf_tensor_requiring_grad_fails_like_torch():
+    t = torch.ones(2, requires_grad=True) * 2
+    assert "Cowardly refusing" in probe(Holder(t=t)).error
+
+
+def test_tensor_bytes_are_never_serialized_nor_shared():
+    # 1 GB of tensors, never filled: only the probe's own structures count.
+    big = TensorDataset(*[torch.empty(64 * 1024 * 1024) for _ in range(4)])
+    many = Holder(items=[torch.empty(256 * 1024) for _ in range(1000)])
+    for ds in (big, many):
+        probe(ds)  # first call: lazy imports
+        tracemalloc.start()
+        try:
+            result = probe(ds)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert result.ok and peak < 1_000_000, peak
+    assert not big.tensors[0].is_shared()
+    assert probe(Holder(b=b"x" * (8 << 20))).ok
+
+
+def test_probe_loader_parts_lists_failing_parts_only():
+    found = probe_loader_parts(Holder(), lambda b: b, None)
+    assert [r.path for r in found] == ["collate_fn"]
+    assert probe_loader_parts(Holder(), None, None) == []
+
+
+def test_not_interactive_under_pytest():
+    assert interactive_main() is False
+
+
+def test_interactive_main_classes_fail_as_in_the_child():
+    code = textwrap.dedent("""
+        from autosafe_torch.probe import interactive_main, probe
+        class DS: pass
+        def fn(): pass
+        print(interactive_main(), probe(DS()).error, '|', probe([fn]).path)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60).stdout
+    assert "True Can't get attribute 'DS' on <module '__main__' (built-in)> | dataset[0]" in out
+
+
+def test_class_under_main_guard_fails_with_the_childs_error(tmp_path):
+    result = run_script(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        from autosafe_torch.probe import probe
+
+        class Fine(Dataset):
+            def __len__(self): return 2
+            def __getitem__(self, i): return i
+
+        if __name__ == "__main__":
+            class Guarded(Fine):
+                pass
+            print("FINE", probe(Fine()).ok)
+            print("PROBE", probe(Guarded()).error)
+            digest(DataLoader(Guarded(), num_workers=1))
+    """, start_method="spawn", timeout=120)
+    assert "FINE True" in result.stdout, result
+    predicted = result.stdout.split("PROBE ", 1)[1].splitlines()[0]
+    assert predicted.startswith("Can't get attribute 'Guarded' on <module '__mp_main__'")
+    assert predicted in result.stderr, result
