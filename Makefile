@@ -16,8 +16,8 @@ test: install-test
 
 demo:
 	$(PIP) install "torch==$(TORCH_VERSION)"
-	$(PIP) install -e .
+	$(PIP) install -c constraints-test.txt -e .
 	$(PYTHON) examples/run_demo.py
 
 readme:
-	$(PYTHON) -m autosafe_torch.readme --write README.md
+	$(PYTHON) -m autosafe_torch.readme README.md --write
