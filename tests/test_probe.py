@@ -1,5 +1,6 @@
 import functools
 import multiprocessing.reduction
+import os
 import subprocess
 import sys
 import textwrap
@@ -131,8 +132,9 @@ def test_interactive_main_classes_fail_as_in_the_child():
         def fn(): pass
         print(interactive_main(), probe(DS()).error, '|', probe([fn]).path)
     """)
+    env = {**os.environ, "AUTOSAFE_TORCH": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60).stdout
+                         timeout=60, env=env).stdout
     assert "True Can't get attribute 'DS' on <module '__main__' (built-in)> | dataset[0]" in out
 
 
@@ -152,7 +154,7 @@ def test_class_under_main_guard_fails_with_the_childs_error(tmp_path):
             print("FINE", probe(Fine()).ok)
             print("PROBE", probe(Guarded()).error)
             digest(DataLoader(Guarded(), num_workers=1))
-    """, start_method="spawn", timeout=120)
+    """, start_method="spawn", timeout=120, env={"AUTOSAFE_TORCH": "0"})
     assert "FINE True" in result.stdout, result
     predicted = result.stdout.split("PROBE ", 1)[1].splitlines()[0]
     assert predicted.startswith("Can't get attribute 'Guarded' on <module '__mp_main__'")

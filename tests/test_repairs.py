@@ -1,0 +1,290 @@
+import concurrent.futures
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from multiprocessing.reduction import ForkingPickler
+
+from autosafe_torch import repairs
+from autosafe_torch.probe import probe
+from support import run_script
+
+# The building blocks alone: without the shim's own DataLoader patches.
+OFF = {"AUTOSAFE_TORCH": "0"}
+
+
+class Holder:
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    text = tmp_path / "data.txt"
+    text.write_text("héllo\nwörld\n" * 3, encoding="latin-1")
+    return path, text
+
+
+@pytest.fixture
+def reducers():
+    repairs.install_reducers()
+    yield
+    repairs.uninstall_reducers()
+
+
+def roundtrip(obj):
+    return ForkingPickler.loads(ForkingPickler.dumps(obj))
+
+
+def test_file_kind(data, tmp_path):
+    path, text = data
+    with open(path, "rb") as a, open(path, "rb", buffering=0) as b, open(text) as c:
+        assert {repairs.file_kind(f) for f in (a, b, c)} == {"readonly-file"}
+    for mode in ("wb", "ab", "r+b", "w", "a+"):
+        with open(tmp_path / "out", mode) as f:
+            assert repairs.file_kind(f) == "writable-file", mode
+    closed = open(path, "rb")
+    closed.close()
+    deleted = open(tmp_path / "out", "rb")
+    os.unlink(tmp_path / "out")
+    r, w = os.pipe()
+    with os.fdopen(r, "rb") as pipe, os.fdopen(w, "wb"), deleted, open(os.devnull, "rb") as null:
+        for f in (closed, deleted, pipe, null, sys.stdin, sys.stdout, io.BytesIO(b"x")):
+            assert repairs.file_kind(f) is None, f
+
+
+def test_readonly_files_travel_at_their_offset(data, reducers):
+    path, text = data
+    with open(path, "rb") as b, open(path, "rb", buffering=0) as raw, \
+            open(text, encoding="latin-1") as t:
+        b.seek(7)
+        raw.seek(300)
+        t.readline()
+        ds = Holder(files=[b, raw], text=t, again=b)
+        assert probe(ds).ok
+        copy = roundtrip(ds)
+        try:
+            assert copy.files[0] is not b and copy.again is copy.files[0]
+            assert copy.files[0].read(2) == bytes([7, 8])
+            assert type(copy.files[1]) is io.FileIO and copy.files[1].tell() == 300
+            assert copy.text.encoding == "latin-1" and copy.text.readline() == "wörld\n"
+        finally:
+            for f in (copy.files[0], copy.files[1], copy.text):
+                f.close()
+
+
+def test_unrepairable_files_fail_as_before(data, tmp_path, reducers):
+    repairs.install_reducers()  # idempotent
+    with open(tmp_path / "out", "wb") as w:
+        with pytest.raises(TypeError, match=r"cannot pickle '_io.BufferedWriter' object"):
+            roundtrip(Holder(w=w))
+        assert probe(Holder(w=w)).path == "dataset.w"
+    r, wfd = os.pipe()
+    with os.fdopen(r, "rb") as pipe, os.fdopen(wfd, "wb"):
+        with pytest.raises(TypeError, match=r"cannot pickle '_io.BufferedReader' object"):
+            roundtrip(pipe)
+
+
+def test_uninstall_restores_the_default(data):
+    path, _ = data
+    repairs.install_reducers()
+    repairs.uninstall_reducers()
+    with open(path, "rb") as f:
+        with pytest.raises(TypeError, match="cannot pickle '_io.BufferedReader'"):
+            roundtrip(f)
+    assert io.BufferedReader not in ForkingPickler._extra_reducers
+
+
+def test_by_value_functions():
+    def local(x, k=1):
+        return x + k
+
+    for fn in (lambda x: x * 2, local):
+        wrapped = repairs.by_value(fn)
+        assert repairs.by_value(wrapped) is wrapped and wrapped.function is fn
+        assert probe(wrapped, "collate_fn").ok
+        assert roundtrip(wrapped)(3) == fn(3)
+
+
+def test_find_files_paths_and_replacement(data):
+    path, text = data
+    with open(path, "rb") as b, open(text) as t:
+        ds = Holder(items=[{"f": b}], pair=(t,), t=t)
+        found = repairs.find_files(ds)
+        assert sorted((p, k) for p, _f, k in found) == [
+            ("dataset.items[0]['f']", "readonly-file"),
+            ("dataset.pair[0]", "readonly-file"),
+            ("dataset.t", "readonly-file")]
+        assert {f.path: f.settable for f in found}["dataset.pair[0]"] is False
+        replaced = repairs.reopen_files(ds)
+        try:
+            assert sorted(replaced) == ["dataset.items[0]['f']", "dataset.t"]
+            assert ds.items[0]["f"] is not b and ds.items[0]["f"].name == str(path)
+            assert ds.pair[0] is t and ds.t is not t
+        finally:
+            ds.items[0]["f"].close()
+            ds.t.close()
+
+
+def test_find_files_through_torch_wrappers(data):
+    from torch.utils.data import ChainDataset, ConcatDataset, IterableDataset, Subset
+
+    class Stream(IterableDataset):
+        def __init__(self, f):
+            self.f = f
+
+        def __iter__(self):
+            return iter(())
+
+    path, _ = data
+    with open(path, "rb") as f:
+        ds = ConcatDataset([Subset(Holder(f=f), [0])])
+        assert [p for p, *_ in repairs.find_files(ds)] == ["dataset.datasets[0].dataset.f"]
+        chain = ChainDataset([Stream(f)])
+        assert [p for p, *_ in repairs.find_files(chain)] == ["dataset.datasets[0].f"]
+
+
+def test_live_threading_objects():
+    used = concurrent.futures.ThreadPoolExecutor(1)
+    used.submit(int).result()
+    unused = concurrent.futures.ThreadPoolExecutor(1)
+    thread = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True)
+    ds = Holder(lock=threading.Lock(), cond=threading.Condition(), more=[threading.RLock()],
+                used=used, unused=unused, idle=threading.Thread(target=int))
+    try:
+        found = dict(repairs.live_threading_objects(ds))
+        assert found == {"dataset.lock": "lock", "dataset.cond": "condition",
+                         "dataset.more[0]": "rlock", "dataset.used": "thread-pool"}
+        thread.start()
+        assert repairs.live_threading_objects(Holder(t=thread)) == [("dataset.t", "thread")]
+    finally:
+        used.shutdown()
+        unused.shutdown()
+
+
+SPAWN_FILE = """
+    import sys
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from autosafe_torch import repairs
+
+    class Records(Dataset):
+        def __init__(self, path):
+            with open(path, "wb") as out:
+                out.write(bytes(range(256)) * 8)
+            self.f = open(path, "rb")
+        def __len__(self):
+            return 16
+        def __getitem__(self, i):
+            self.f.seek(i * 64)
+            return torch.tensor(list(self.f.read(4)))
+
+    if __name__ == "__main__":
+        if "install" in sys.argv:
+            repairs.install_reducers()
+        workers = 0 if "reference" in sys.argv else 1
+        digest(DataLoader(Records("records.bin"), batch_size=4, num_workers=workers))
+"""
+
+
+def test_spawn_dataset_with_open_file(tmp_path):
+    reference = run_script(tmp_path, SPAWN_FILE, env=OFF, args=["reference"])
+    assert reference.batches, reference
+    broken = run_script(tmp_path, SPAWN_FILE, env=OFF, start_method="spawn")
+    assert "cannot pickle '_io.BufferedReader' object" in broken.stderr, broken
+    fixed = run_script(tmp_path, SPAWN_FILE, env=OFF, start_method="spawn", args=["install"])
+    assert fixed.batches == reference.batches, fixed
+
+
+FORK_SHARED_OFFSET = """
+    import struct, sys, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from autosafe_torch import repairs, workerinit
+
+    REC, N = 16384, 16  # records larger than the read buffer: every seek is an lseek
+
+    class Records(Dataset):
+        def __init__(self, path):
+            with open(path, "wb") as out:
+                for i in range(N):
+                    out.write(struct.pack("<q", i) * (REC // 8))
+            self.f = open(path, "rb")
+        def __len__(self):
+            return N
+        def __getitem__(self, i):
+            self.f.seek(i * REC)
+            time.sleep(0.01)  # a sibling worker seeks meanwhile
+            return struct.unpack("<q", self.f.read(8))[0]
+
+    if __name__ == "__main__":
+        init = None
+        if "reopen" in sys.argv:
+            init = workerinit.with_step(None, repairs.reopen_files_in_worker)
+        ds = Records("records.bin")
+        repairs.remember_file_offsets(ds)
+        loader = DataLoader(ds, num_workers=2, worker_init_fn=init)
+        got = [int(batch) for batch in loader]
+        print("WRONG", sum(g != i for i, g in enumerate(got)))
+        digest(loader)
+"""
+
+
+def test_fork_shared_offset_gives_wrong_samples_until_reopened(tmp_path):
+    broken = run_script(tmp_path, FORK_SHARED_OFFSET, env=OFF, start_method="fork")
+    assert "WRONG" in broken.stdout, broken
+    assert "WRONG 0" not in broken.stdout, broken
+    fixed = run_script(tmp_path, FORK_SHARED_OFFSET, env=OFF, start_method="fork", args=["reopen"])
+    assert "WRONG 0" in fixed.stdout, fixed
+
+
+INTERACTIVE_CLASS = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+from autosafe_torch import repairs
+
+class DS(Dataset):
+    def __init__(self):
+        self.t = torch.arange(6.0)
+    def __len__(self):
+        return 6
+    def __getitem__(self, i):
+        return self.t[i] * 2
+
+if BY_VALUE:
+    repairs.register_by_value_class(DS)
+loader = DataLoader(DS(), batch_size=2, num_workers=1, multiprocessing_context="spawn",
+                    collate_fn=repairs.by_value(lambda b: torch.stack(b).sum()))
+print("SUM", float(sum(loader)))
+"""
+
+
+@pytest.mark.parametrize("by_value", [False, True])
+def test_interactive_main_class_travels_by_value(by_value):
+    code = "BY_VALUE = %s\n%s" % (by_value, INTERACTIVE_CLASS)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **OFF})
+    if by_value:
+        assert "SUM 30.0" in proc.stdout, proc.stderr
+    else:
+        assert "Can't get attribute 'DS' on <module '__main__' (built-in)>" in proc.stderr
+
+
+def test_interactive_probe_sees_registered_class():
+    code = textwrap.dedent("""
+        from autosafe_torch import repairs
+        from autosafe_torch.probe import probe
+        class DS: pass
+        before = probe(DS()).ok
+        repairs.register_by_value_class(DS)
+        print("PROBE", before, probe(DS()).ok)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **OFF})
+    assert "PROBE False True" in proc.stdout, proc.stderr
