@@ -12,6 +12,7 @@ import importlib
 # trigger module -> patch modules applied when it is imported
 TARGETS = {
     "torch": ("autosafe_torch.patches.dataloader",),
+    "cv2": ("autosafe_torch.patches.cv2",),
 }
 
 _originals = {}   # (owner, attribute name) -> original attribute

@@ -16,6 +16,9 @@ from . import wrap
 # Later checks see the arguments as the earlier ones left them.
 INIT_CHECK_MODULES = (
     "autosafe_torch.rules.loader_args",
+    "autosafe_torch.rules.accel",
+    "autosafe_torch.rules.resources",
+    "autosafe_torch.rules.cv2",
 )
 
 _signature = {}

@@ -13,7 +13,12 @@ import importlib
 RULES = {}
 
 # Modules that declare rules, in the order they are checked.
-RULE_MODULES = ("autosafe_torch.rules.loader_args",)
+RULE_MODULES = (
+    "autosafe_torch.rules.loader_args",
+    "autosafe_torch.rules.accel",
+    "autosafe_torch.rules.resources",
+    "autosafe_torch.rules.cv2",
+)
 
 
 class Rule:

@@ -1,0 +1,326 @@
+"""Shared memory and open files for DataLoader workers (DL303, DL304).
+
+Workers hand every batch to the main process in shared memory created in
+/dev/shm, under both of torch's sharing strategies (``file_system`` keeps
+the files named, ``file_descriptor`` unlinks them and passes descriptors;
+both allocate in /dev/shm: measured on torch 2.13, so switching strategy
+does not help a small /dev/shm). Docker gives a container 64 MiB. When the
+batches in flight do not fit, a worker fails with "unable to allocate
+shared memory(shm) for file ...: No space left on device" or dies with a
+Bus error.
+
+Batches in flight, measured with a tmpfs of a chosen size in a private
+mount namespace: ``prefetch_factor * num_workers`` requested from the
+workers, plus the one the loop holds and the one being received, so
+``(prefetch_factor * num_workers + 2) * batch bytes``. The batch size in
+bytes comes from one sample: from the tensors' shapes for a TensorDataset,
+else from ``dataset[0]`` on a shallow copy of the dataset (so that a file a
+dataset opens lazily is opened on the copy), with every random-number
+state put back afterwards, and only when the limit is low enough to matter.
+
+With ``file_descriptor`` sharing, the main process keeps one open file per
+shared storage it holds. A collate function that returns a list of
+per-sample tensors, with many workers, passes the usual soft limit of 1024:
+"Too many open files", "received 0 items of ancdata". Raising the soft
+limit toward the hard one is what ``ulimit -n`` does; where the hard limit
+is too low as well, the ``file_system`` strategy needs no descriptors.
+"""
+
+import copy
+import sys
+import weakref
+
+from ..workerinit import with_step
+from . import rule
+
+GROUP = "dataloader"
+
+# Look at a sample only where the limit could plausibly be reached.
+SHM_PROBE_BELOW = 8 * 2 ** 30
+FDS_PROBE_BELOW = 65536
+# Batches the main process holds beyond those requested from the workers.
+EXTRA_BATCHES = 2
+# tmpfs is full before the estimate says so (measured: 8 batches of 1 MiB
+# do not fit in 8 MiB), so a quarter more.
+SHM_HEADROOM = 1.25
+# Descriptors the process needs for itself (libraries, pipes, sockets).
+FD_RESERVE = 256
+# A raised soft limit never goes past this (the kernel's default nr_open).
+FD_CEILING = 1 << 20
+
+DOCKER_FIX = ("give the container a larger /dev/shm: docker run --shm-size=2g "
+              "(or --ipc=host); on Kubernetes mount an emptyDir with medium: "
+              "Memory at /dev/shm")
+
+
+# -- one sample, looked at once per dataset ---------------------------------
+
+_last = {}
+
+
+class Profile:
+    __slots__ = ("nbytes", "tensors")
+
+    def __init__(self, nbytes, tensors):
+        self.nbytes = nbytes
+        self.tensors = tensors
+
+
+def _leaves(obj, torch, out, depth=0):
+    """Add (bytes, count) of tensors and arrays in one sample to ``out``."""
+    if depth > 6:
+        return
+    if isinstance(obj, torch.Tensor):
+        out[0] += obj.numel() * obj.element_size()
+        out[1] += 1
+    elif type(obj).__module__ == "numpy" and hasattr(obj, "nbytes") and hasattr(obj, "dtype"):
+        out[0] += int(obj.nbytes)
+        out[1] += 1
+    elif isinstance(obj, (int, float, bool)):
+        out[0] += 8  # collated into a tensor of one element per sample
+        out[1] += 1
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _leaves(v, torch, out, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _leaves(v, torch, out, depth + 1)
+
+
+def _rng_states():
+    saved = []
+    import random
+
+    saved.append((random.setstate, random.getstate()))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        saved.append((torch.set_rng_state, torch.get_rng_state()))
+    np = sys.modules.get("numpy")
+    if np is not None:
+        saved.append((np.random.set_state, np.random.get_state()))
+    return saved
+
+
+def sample_profile(values):
+    """Bytes and tensor count of one sample, or None when it cannot be known safely."""
+    dataset = values["dataset"]
+    known = _last.get("key")
+    if known is not None and known[0]() is dataset:
+        return known[1]
+    result = _profile(dataset, values)
+    try:
+        _last["key"] = (weakref.ref(dataset), result)
+    except TypeError:
+        _last.clear()
+    return result
+
+
+def forget():
+    _last.clear()
+
+
+def _profile(dataset, values):
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    data = torch.utils.data
+    if isinstance(dataset, data.IterableDataset):
+        return None  # a sample cannot be had without consuming the stream
+    if isinstance(dataset, data.TensorDataset):
+        out = [0, 0]
+        for t in dataset.tensors:
+            out[0] += (t.numel() // max(1, t.shape[0])) * t.element_size() if t.dim() else 0
+            out[1] += 1
+        return Profile(out[0], out[1])
+    sampler = values.get("sampler")
+    if sampler is not None and not isinstance(sampler, (data.SequentialSampler,
+                                                        data.RandomSampler)):
+        return None  # its keys need not be integers
+    if values.get("batch_sampler") is not None and not isinstance(
+            values["batch_sampler"], data.BatchSampler):
+        return None
+    try:
+        if len(dataset) <= 0:
+            return None
+        probe = copy.copy(dataset)
+    except Exception:
+        return None
+    saved = _rng_states()
+    try:
+        sample = probe[0]
+    except Exception:
+        return None
+    finally:
+        for setter, state in saved:
+            try:
+                setter(state)
+            except Exception:
+                pass
+    out = [0, 0]
+    _leaves(sample, torch, out)
+    return Profile(out[0], out[1]) if out[1] else None
+
+
+def batch_size(values):
+    """Samples per batch (1 without automatic batching)."""
+    if values["batch_sampler"] is not None:
+        return getattr(values["batch_sampler"], "batch_size", None)
+    return values["batch_size"] or 1
+
+
+def _prefetch(values):
+    return values["prefetch_factor"] or 2
+
+
+def shm_needed(batch_bytes, workers, prefetch):
+    return int((prefetch * workers + EXTRA_BATCHES) * batch_bytes * SHM_HEADROOM)
+
+
+def _mib(n):
+    return "%.1f MiB" % (n / 2 ** 20)
+
+
+@rule("DL303", "shm-too-small", GROUP,
+      "/dev/shm cannot hold the batches in flight: fewer batches in flight "
+      "(prefetch_factor), then fewer workers, and say so",
+      "RuntimeError: unable to allocate shared memory(shm) for file </torch_...>: "
+      "No space left on device (28); 'DataLoader worker (pid N) is killed by "
+      "signal: Bus error'",
+      DOCKER_FIX)
+def shm_too_small(values, facts, defaults):
+    workers = values["num_workers"]
+    free = facts.shm_available
+    if workers <= 0 or free is None or free >= SHM_PROBE_BELOW:
+        return None
+    size = batch_size(values)
+    profile = sample_profile(values) if size else None
+    if profile is None:
+        return None
+    batch = profile.nbytes * size
+    prefetch = _prefetch(values)
+    need = shm_needed(batch, workers, prefetch)
+    if need <= free:
+        return None
+    head = ("%d workers x prefetch_factor %d need about %s of /dev/shm for "
+            "batches of %s; %s is free" % (workers, prefetch, _mib(need), _mib(batch),
+                                           _mib(free)))
+    before = {"num_workers": workers, "prefetch_factor": values["prefetch_factor"]}
+    # 1. Fewer batches in flight: the batches themselves do not change.
+    for p in range(prefetch - 1, 0, -1):
+        if shm_needed(batch, workers, p) <= free:
+            return shm_too_small.rule.finding(
+                {"prefetch_factor": values["prefetch_factor"]}, {"prefetch_factor": p},
+                head + ". Fewer batches in flight fit; the batches are the same",
+                strategy="lower prefetch_factor")
+    # 2. Fewer workers: a map-style dataset (an iterable one is never
+    # profiled) gives the same batches in the same order.
+    for w in range(workers - 1, 0, -1):
+        if shm_needed(batch, w, 1) <= free:
+            after = {"num_workers": w, "prefetch_factor": 1}
+            return shm_too_small.rule.finding(
+                before, after, head + ". %d worker(s) with one batch each fit; the "
+                "dataset is map-style, so the batches are the same" % w,
+                strategy="fewer workers")
+    # 3. No workers: no shared memory at all.
+    after = {"num_workers": 0, "prefetch_factor": defaults.get("prefetch_factor"),
+             "persistent_workers": False, "multiprocessing_context": None, "timeout": 0}
+    before.update(persistent_workers=values["persistent_workers"],
+                  multiprocessing_context=values["multiprocessing_context"],
+                  timeout=values["timeout"])
+    return shm_too_small.rule.finding(
+        before, after, head + ". Not even one worker's batch fits: loading in the "
+        "main process, which needs no shared memory; the batches are the same",
+        strategy="no workers")
+
+
+def use_file_system_sharing(worker_id):
+    """Worker step: spawn/forkserver workers start with torch's default strategy."""
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+def _raise_soft_limit(target):
+    def apply():
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return apply
+
+
+def _file_system_sharing():
+    def apply():
+        import torch.multiprocessing
+
+        torch.multiprocessing.set_sharing_strategy("file_system")
+    return apply
+
+
+def _both(*steps):
+    def apply():
+        for step in steps:
+            step()
+    return apply
+
+
+@rule("DL304", "open-file-limit-too-low", GROUP,
+      "open-file soft limit too low for file_descriptor sharing: raise it toward "
+      "the hard limit, or share through the file system",
+      "RuntimeError: Too many open files. Communication with the workers is no "
+      "longer possible...; RuntimeError: received 0 items of ancdata",
+      "raise the limit before starting (ulimit -n <hard limit>), or call "
+      "torch.multiprocessing.set_sharing_strategy('file_system') at start")
+def open_file_limit_too_low(values, facts, defaults):
+    workers = values["num_workers"]
+    limits = facts.open_file_limit
+    if workers <= 0 or facts.sharing_strategy != "file_descriptor" or not limits:
+        return None
+    soft, hard = limits
+    infinite = _infinity()
+    if soft == infinite or soft >= FDS_PROBE_BELOW:
+        return None
+    size = batch_size(values)
+    profile = sample_profile(values) if size else None
+    if profile is None:
+        return None
+    from .accel import _default_collate
+
+    # Default collation stacks each field into one tensor per batch; another
+    # collate_fn may keep one tensor per sample.
+    per_batch = profile.tensors if _default_collate(values["collate_fn"]) \
+        else profile.tensors * size
+    need = per_batch * (_prefetch(values) * workers + EXTRA_BATCHES) * 4 + FD_RESERVE
+    if soft >= need:
+        return None
+    head = ("%d workers with %d shared tensors per batch may need about %d open files; "
+            "the soft limit is %d" % (workers, per_batch, need, soft))
+    ceiling = FD_CEILING if hard == infinite else min(hard, FD_CEILING)
+    if ceiling >= need:
+        return open_file_limit_too_low.rule.finding(
+            {}, {}, head + ". Raised the soft limit to %d (the hard limit is %s), as "
+            "`ulimit -n` does" % (ceiling, "unlimited" if hard == infinite else hard),
+            strategy="raise soft limit", apply=_raise_soft_limit(ceiling))
+    # The hard limit is too low as well: no descriptors per tensor at all.
+    steps = [_file_system_sharing()]
+    if ceiling > soft:
+        steps.insert(0, _raise_soft_limit(ceiling))
+    old = values["worker_init_fn"]
+    return open_file_limit_too_low.rule.finding(
+        {"worker_init_fn": old}, {"worker_init_fn": with_step(old, use_file_system_sharing)},
+        head + " and the hard limit %d is too low as well: switched torch's sharing "
+        "strategy to file_system, in this process and in every worker" % hard,
+        strategy="file_system sharing", apply=_both(*steps))
+
+
+def _infinity():
+    try:
+        import resource
+
+        return resource.RLIM_INFINITY
+    except ImportError:
+        return -1
+
+
+CHECKS = (shm_too_small, open_file_limit_too_low)

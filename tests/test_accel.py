@@ -1,0 +1,239 @@
+"""DL301/DL302: accelerator tensors held by a dataset.
+
+Without a GPU, "meta" tensors stand in for device tensors: they are real
+torch.Tensors on a non-CPU device, so the scan (isinstance, ``.device``,
+storages, views) and the in-place relocation run their real code; only the
+copy itself is replaced (a meta tensor has no data to copy). Real CUDA runs
+are marked ``gpu``.
+"""
+
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import (ChainDataset, ConcatDataset, DataLoader, Dataset,
+                              IterableDataset, Subset, TensorDataset)
+
+from autosafe_torch.facts import Facts
+from autosafe_torch.rules import accel
+from support import run_script
+
+
+@pytest.fixture
+def meta_is_accelerator(monkeypatch):
+    """Treat meta as a device; 'copy' meta data to CPU as 7s (meta has none)."""
+    monkeypatch.setattr(accel, "ACCELERATORS", frozenset({"meta"}))
+    monkeypatch.setattr(accel, "tensor_to_cpu",
+                        lambda t: torch.full(t.shape, 7, dtype=t.dtype))
+    monkeypatch.setattr(accel, "storage_to_cpu",
+                        lambda st: torch.UntypedStorage(st.nbytes()).fill_(7))
+
+
+def meta(*shape):
+    return torch.empty(*shape, device="meta")
+
+
+def values(dataset, **changes):
+    v = dict(dataset=dataset, batch_size=2, batch_sampler=None, num_workers=2,
+             collate_fn=None, pin_memory=False, multiprocessing_context=None)
+    v.update(changes)
+    return v
+
+
+class Holder(Dataset):
+    __slots__ = ()
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.x[i]
+
+
+class Slotted:
+    __slots__ = ("t",)
+
+
+class Stream(IterableDataset):
+    def __init__(self, t):
+        self.t = t
+
+    def __iter__(self):
+        return iter(self.t)
+
+
+def test_scan_finds_tensors_in_every_kind_of_holder():
+    s = Slotted()
+    s.t = meta(2)
+    ds = ConcatDataset([
+        TensorDataset(meta(4, 3), torch.zeros(4)),
+        Subset(Holder(x=meta(4), items=[meta(1), (meta(2),)], table={"k": meta(3)}, s=s),
+               [0, 1]),
+    ])
+    found = {f.path: (f.device, f.part) for f in accel.scan(ds).found}
+    assert found == {
+        "dataset.datasets[0].tensors[0]": ("meta", 0),
+        "dataset.datasets[0].tensors[1]": ("cpu", 0),
+        "dataset.datasets[1].dataset.x": ("meta", 1),
+        "dataset.datasets[1].dataset.items[0]": ("meta", 1),
+        "dataset.datasets[1].dataset.items[1][0]": ("meta", 1),
+        "dataset.datasets[1].dataset.table['k']": ("meta", 1),
+        "dataset.datasets[1].dataset.s.t": ("meta", 1),
+    }
+    chain = ChainDataset([Stream(meta(3)), Stream(torch.zeros(3))])
+    assert [(f.path, f.part) for f in accel.scan(chain).found] == [
+        ("dataset.datasets[0].t", 0), ("dataset.datasets[1].t", 1)]
+
+
+def test_scan_is_bounded_and_skips_models():
+    deep = cur = []
+    for _ in range(20):
+        cur.append([])
+        cur = cur[0]
+    cur.append(meta(1))
+    assert accel.scan(Holder(x=deep)).complete is False
+    many = Holder(x=[[meta(1)] for _ in range(50)])
+    r = accel.scan(many, max_objects=10)
+    assert not r.complete and len(r.found) < 50
+    assert accel.scan(Holder(model=torch.nn.Linear(2, 2))).found == []
+
+
+def test_relocation_in_place_keeps_aliasing_and_views(meta_is_accelerator):
+    shared, base = meta(4, 3), meta(10)
+    inner = Holder(x=shared, pair=(shared, base[:5]), views={"tail": base[5:]})
+    ds = ConcatDataset([TensorDataset(shared, torch.zeros(4)), inner])
+    root, moved = accel.relocate(ds)
+    assert root is ds and len({id(f.tensor) for f in moved}) == 3
+    assert {f.device for f in accel.scan(ds).found} == {"cpu"}
+    x = ds.datasets[0].tensors[0]
+    assert inner.x is x and inner.pair[0] is x  # one tensor, wherever it was held
+    head, tail = inner.pair[1], inner.views["tail"]
+    assert head.untyped_storage()._cdata == tail.untyped_storage()._cdata  # views of one copy
+    assert (head.storage_offset(), tail.storage_offset()) == (0, 5)
+    assert torch.all(x == 7)
+
+
+def test_dl301_moves_with_workers_and_turns_pin_memory_on_with_cuda(meta_is_accelerator):
+    ds = TensorDataset(meta(4, 3), meta(4))
+    v = values(ds)
+    f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork",
+                                                      accelerator="cuda"), {})
+    assert f.after == {"pin_memory": True} and f.strategy == "move to CPU"
+    assert "dataset.tensors[0] (meta, 48 B)" in f.why
+    assert ds.tensors[0].is_meta  # looking changed nothing
+    f.apply()
+    assert not ds.tensors[0].is_meta and not ds.tensors[1].is_meta
+    assert accel.accelerator_tensors_in_workers(v, Facts(), {}) is None
+
+
+def test_dl301_leaves_a_one_device_dataset_without_workers_alone(meta_is_accelerator):
+    v = values(TensorDataset(meta(4, 3), meta(4)), num_workers=0)
+    assert accel.accelerator_tensors_in_workers(v, Facts(), {}) is None
+    assert accel.datasets_on_different_devices(v, Facts(), {}) is None
+
+
+def test_dl301_only_advises_for_cuda_under_spawn(meta_is_accelerator, monkeypatch):
+    # CUDA tensors reach spawn workers through CUDA IPC: it works, so the
+    # batches' device is not changed. (meta plays CUDA here.)
+    monkeypatch.setattr(accel, "IPC_SHAREABLE", frozenset({"meta"}))
+    v = values(TensorDataset(meta(4, 3)), multiprocessing_context="spawn")
+    f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork"), {})
+    assert f.strategy == "advice only" and f.after == {} and f.apply is None
+
+
+def test_dl302_mixed_parts_without_workers(meta_is_accelerator):
+    ds = ConcatDataset([TensorDataset(torch.zeros(4, 3)), TensorDataset(meta(4, 3))])
+    v = values(ds, num_workers=0)
+    f = accel.datasets_on_different_devices(v, Facts(accelerator="cuda"), {})
+    assert f.after == {"pin_memory": True}
+    assert "cpu, meta" in f.why and "dataset.datasets[1].tensors[0]" in f.why
+    assert accel.datasets_on_different_devices(
+        values(ds, num_workers=0, collate_fn=lambda b: b), Facts(), {}) is None
+    f.apply()
+    assert not ds.datasets[1].tensors[0].is_meta
+
+
+def test_through_the_dataloader_wrapper(meta_is_accelerator):
+    """In this process, the real wrapper: found, moved in place, loader works."""
+    ds = TensorDataset(meta(6, 2), meta(6))
+    loader = DataLoader(ds, batch_size=3, num_workers=2)
+    assert not ds.tensors[0].is_meta
+    batches = list(loader)
+    assert len(batches) == 2 and torch.all(batches[0][0] == 7)
+
+
+def test_relocated_dataset_pickles_for_spawn(meta_is_accelerator):
+    ds = TensorDataset(meta(4, 3))
+    accel.relocate(ds)
+    again = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(again.tensors[0], ds.tensors[0])
+
+
+# -- real CUDA (run on an accelerator machine) ---------------------------------
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+CUDA_WORKERS = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+g = torch.Generator().manual_seed(0)
+x = torch.randn(32, 3, generator=g).cuda()
+y = torch.arange(32).cuda()
+if __name__ == "__main__":
+    digest(DataLoader(TensorDataset(x, y), batch_size=4, num_workers={workers}))
+'''
+
+
+@gpu
+@needs_cuda
+def test_cuda_dataset_with_fork_workers(tmp_path):
+    reference = run_script(tmp_path, CUDA_WORKERS.format(workers=0))
+    assert reference.rc == 0, reference
+    body = CUDA_WORKERS.format(workers=2)
+    without = run_script(tmp_path, body, start_method="fork")
+    assert without.rc != 0
+    assert "CUDA" in without.output and "initializ" in without.output
+    with_ = run_script(tmp_path, body, activation="import", start_method="fork")
+    assert with_.rc == 0, with_
+    assert with_.batches == reference.batches
+
+
+@gpu
+@needs_cuda
+def test_cuda_dataset_with_spawn_workers(tmp_path):
+    reference = run_script(tmp_path, CUDA_WORKERS.format(workers=0))
+    body = CUDA_WORKERS.format(workers=2)
+    without = run_script(tmp_path, body, start_method="spawn")
+    with_ = run_script(tmp_path, body, activation="import", start_method="spawn")
+    assert with_.rc == 0, with_
+    assert "DL301" in with_.stderr
+    assert with_.batches == reference.batches
+    if without.rc == 0:
+        assert without.batches == reference.batches
+
+
+CONCAT = '''
+import torch
+from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
+a = torch.arange(12, dtype=torch.float32).reshape(6, 2)
+b = torch.arange(12, 24, dtype=torch.float32).reshape(6, 2)
+b = b.cuda() if {cuda} else b
+digest(DataLoader(ConcatDataset([TensorDataset(a), TensorDataset(b)]), batch_size=4))
+'''
+
+
+@gpu
+@needs_cuda
+def test_concat_of_cpu_and_cuda_parts(tmp_path):
+    reference = run_script(tmp_path, CONCAT.format(cuda=False))
+    assert reference.rc == 0, reference
+    without = run_script(tmp_path, CONCAT.format(cuda=True))
+    assert without.rc != 0 and "same device" in without.output
+    with_ = run_script(tmp_path, CONCAT.format(cuda=True), activation="import")
+    assert with_.rc == 0, with_
+    assert "DL302" in with_.stderr
+    assert with_.batches == reference.batches

@@ -1,0 +1,301 @@
+"""DL303 (/dev/shm too small) and DL304 (open-file limit too low).
+
+Unit tests give the rules injected facts; the behavioural tests make the
+limits real: a private mount namespace with a small tmpfs on /dev/shm
+(where the machine allows ``unshare -m``), and RLIMIT_NOFILE lowered in the
+child before it starts.
+"""
+
+import random
+import resource
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+from autosafe_torch.facts import Facts
+from autosafe_torch.rules import resources
+from autosafe_torch.rules.resources import open_file_limit_too_low, shm_too_small
+from support import PLATFORM_SIM, Result, clean_env, run_script, write_script
+
+MiB = 2 ** 20
+
+
+def loader_values(dataset, **changes):
+    values = dict(dataset=dataset, batch_size=1, shuffle=None, sampler=None,
+                  batch_sampler=None, num_workers=0, collate_fn=None, pin_memory=False,
+                  drop_last=False, timeout=0, worker_init_fn=None,
+                  multiprocessing_context=None, generator=None, prefetch_factor=None,
+                  persistent_workers=False, pin_memory_device="", in_order=True)
+    values.update(changes)
+    return values
+
+
+DEFAULTS = {"prefetch_factor": None}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_profile():
+    resources.forget()
+    yield
+    resources.forget()
+
+
+def mib_dataset(n=64, sample_mib=0.25):
+    per = int(sample_mib * MiB) // 4
+    return TensorDataset(torch.zeros(n, per))
+
+
+# -- DL303, unit --------------------------------------------------------------
+
+def test_shm_fits_nothing_fires():
+    v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=2)
+    assert shm_too_small(v, Facts(shm_available=64 * MiB), DEFAULTS) is None
+
+
+def test_shm_unknown_or_no_workers_nothing_fires():
+    v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=4)
+    assert shm_too_small(v, Facts(shm_available=None), DEFAULTS) is None
+    v0 = loader_values(mib_dataset(), batch_size=4)
+    assert shm_too_small(v0, Facts(shm_available=1 * MiB), DEFAULTS) is None
+
+
+def test_shm_first_rung_lowers_prefetch_only():
+    # batches of 1 MiB; 2 x 4 + 2 in flight, with headroom: 12.5 MiB > 8
+    v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=4)
+    f = shm_too_small(v, Facts(shm_available=8 * MiB), DEFAULTS)
+    assert f.after == {"prefetch_factor": 2}
+    assert f.strategy == "lower prefetch_factor"
+    assert "12.5 MiB" in f.why and "8.0 MiB is free" in f.why
+    assert "--shm-size" in f.rule.fix and "--ipc=host" in f.rule.fix
+
+
+def test_shm_second_rung_fewer_workers():
+    v = loader_values(mib_dataset(), batch_size=4, num_workers=4, prefetch_factor=2)
+    f = shm_too_small(v, Facts(shm_available=int(4.5 * MiB)), DEFAULTS)
+    assert f.after == {"num_workers": 1, "prefetch_factor": 1}
+    assert f.strategy == "fewer workers"
+
+
+def test_shm_last_rung_no_workers_resets_worker_only_arguments():
+    v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=2,
+                      persistent_workers=True, timeout=5, multiprocessing_context="fork")
+    f = shm_too_small(v, Facts(shm_available=2 * MiB), DEFAULTS)
+    assert f.after == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
+                       "multiprocessing_context": None, "timeout": 0}
+    assert f.strategy == "no workers"
+
+
+def test_shm_iterable_dataset_is_not_sampled():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            raise AssertionError("consumed")
+
+    v = loader_values(Stream(), batch_size=4, num_workers=2, prefetch_factor=2)
+    assert shm_too_small(v, Facts(shm_available=1024), DEFAULTS) is None
+
+
+class Lazy(Dataset):
+    """Opens its 'file' on first use, and draws random numbers."""
+
+    def __init__(self):
+        self.handle = None
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if self.handle is None:
+            self.handle = object()
+        return torch.rand(64 * 1024), random.random()
+
+
+def test_sample_is_taken_on_a_copy_with_random_state_restored():
+    ds = Lazy()
+    torch.manual_seed(0)
+    random.seed(0)
+    expected = (torch.rand(3), random.random())
+    torch.manual_seed(0)
+    random.seed(0)
+    v = loader_values(ds, batch_size=4, num_workers=2, prefetch_factor=2)
+    f = shm_too_small(v, Facts(shm_available=1 * MiB), DEFAULTS)
+    assert f is not None  # 256 KiB + 8 B per sample
+    assert ds.handle is None, "the lazy open happened on the user's dataset"
+    after = (torch.rand(3), random.random())
+    assert torch.equal(after[0], expected[0]) and after[1] == expected[1]
+
+
+def test_sample_profile_reads_shapes_of_tensor_dataset_without_indexing():
+    ds = TensorDataset(torch.zeros(10, 3, 4), torch.zeros(10, dtype=torch.int64))
+    p = resources.sample_profile(loader_values(ds))
+    assert (p.nbytes, p.tensors) == (3 * 4 * 4 + 8, 2)
+
+
+# -- DL304, unit --------------------------------------------------------------
+
+def list_collate(batch):
+    return [s[0].clone() for s in batch]
+
+
+def fd_values(**changes):
+    ds = TensorDataset(torch.zeros(640, 4))
+    values = dict(batch_size=16, num_workers=2, collate_fn=list_collate, prefetch_factor=2)
+    values.update(changes)
+    return loader_values(ds, **values)
+
+
+def test_fd_limit_raised_toward_hard_limit():
+    f = open_file_limit_too_low(fd_values(), Facts(open_file_limit=(128, 20000),
+                                                   sharing_strategy="file_descriptor"), DEFAULTS)
+    assert f.strategy == "raise soft limit" and f.after == {}
+    assert "Raised the soft limit to 20000" in f.why
+
+
+def test_fd_hard_limit_too_low_switches_to_file_system_in_workers_too():
+    import pickle
+
+    f = open_file_limit_too_low(fd_values(), Facts(open_file_limit=(128, 128),
+                                                   sharing_strategy="file_descriptor"), DEFAULTS)
+    assert f.strategy == "file_system sharing"
+    fn = f.after["worker_init_fn"]
+    assert pickle.loads(pickle.dumps(fn)).args[0] == (resources.use_file_system_sharing,)
+
+
+def test_fd_nothing_fires_when_enough_or_not_file_descriptor():
+    facts = Facts(open_file_limit=(128, 20000), sharing_strategy="file_system")
+    assert open_file_limit_too_low(fd_values(), facts, DEFAULTS) is None
+    facts = Facts(open_file_limit=(65536, 65536), sharing_strategy="file_descriptor")
+    assert open_file_limit_too_low(fd_values(), facts, DEFAULTS) is None
+    # default collation: two stacked tensors per batch, 1024 is plenty
+    v = fd_values(collate_fn=None)
+    facts = Facts(open_file_limit=(1024, 1024), sharing_strategy="file_descriptor")
+    assert open_file_limit_too_low(v, facts, DEFAULTS) is None
+
+
+_references = {}
+
+
+def reference_batches(tmp_path, body):
+    """BATCHES of a known-safe run (no workers), once per body."""
+    if body not in _references:
+        result = run_script(tmp_path, body)
+        assert result.rc == 0 and result.batches, result
+        _references[body] = result.batches
+    return _references[body]
+
+
+# -- DL303, real: a small /dev/shm in a private mount namespace ---------------
+
+def _private_shm_reason():
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    if shutil.which("unshare") is None:
+        return "no unshare(1)"
+    try:
+        p = subprocess.run(["unshare", "-m", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+                           capture_output=True, text=True, timeout=20)
+    except Exception as exc:  # pragma: no cover
+        return "unshare failed: %r" % exc
+    if p.returncode != 0:
+        return "no private mount namespace here (unshare -m needs CAP_SYS_ADMIN): %s" % (
+            p.stderr.strip()[:200])
+    return None
+
+
+_SHM_REASON = _private_shm_reason()
+needs_private_shm = pytest.mark.skipif(_SHM_REASON is not None, reason=str(_SHM_REASON))
+
+
+def run_with_shm(tmp_path, body, size, activation):
+    script = write_script(tmp_path, body, activation=activation)
+    env = clean_env()
+    env["PYTHONPATH"] = str(PLATFORM_SIM)
+    cmd = "mount -t tmpfs -o size=%s tmpfs /dev/shm && exec %s %s" % (
+        size, sys.executable, script)
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", cmd], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=120)
+    return Result(proc)
+
+
+SHM_BODY = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.arange(64 * 65536, dtype=torch.float32).reshape(64, 65536))
+digest(DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor={pf}))
+'''
+
+
+@needs_private_shm
+@pytest.mark.parametrize("pf,size,strategy", [(4, "8m", "lower prefetch_factor"),
+                                              (2, "3m", "no workers")])
+def test_small_dev_shm_fails_without_and_runs_with(tmp_path, pf, size, strategy):
+    body = SHM_BODY.format(pf=pf)
+    reference = reference_batches(tmp_path, SHM_BODY.format(pf="None")
+                                  .replace("num_workers=2", "num_workers=0"))
+    without = run_with_shm(tmp_path, body, size, None)
+    assert without.rc != 0, without
+    assert "unable to allocate shared memory" in without.output or "Bus error" in without.output
+    with_ = run_with_shm(tmp_path, body, size, "import")
+    assert with_.rc == 0, with_
+    assert "DL303 shm-too-small" in with_.stderr and "[strategy: %s]" % strategy in with_.stderr
+    assert "--shm-size" in with_.stderr
+    assert with_.batches == reference
+
+
+# -- DL304, real: a low RLIMIT_NOFILE -----------------------------------------
+
+FD_BODY = '''
+import resource, torch
+from torch.utils.data import DataLoader, TensorDataset
+def list_collate(batch):
+    return [s[0].clone() for s in batch]
+ds = TensorDataset(torch.arange(640 * 4, dtype=torch.float32).reshape(640, 4))
+loader = DataLoader(ds, batch_size=16, num_workers=2, collate_fn=list_collate)
+kept = list(loader)  # the program keeps every batch: one shared storage per sample
+class Again:
+    def __iter__(self):
+        return iter(kept)
+digest(Again())
+print("LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE),
+      torch.multiprocessing.get_sharing_strategy())
+'''
+
+
+def run_with_nofile(tmp_path, soft, hard, activation):
+    script = write_script(tmp_path, FD_BODY, activation=activation)
+    env = clean_env()
+    env["PYTHONPATH"] = str(PLATFORM_SIM)
+
+    def lower():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    proc = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=120, preexec_fn=lower)
+    return Result(proc)
+
+
+def _hard_limit():
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file_descriptor sharing")
+@pytest.mark.parametrize("hard,strategy", [("high", "raise soft limit"),
+                                           (160, "file_system sharing")])
+def test_low_open_file_limit_fails_without_and_runs_with(tmp_path, hard, strategy):
+    if hard == "high":
+        hard = _hard_limit()
+        if hard != resource.RLIM_INFINITY and hard < 4096:
+            pytest.skip("hard open-file limit %d is too low to raise toward" % hard)
+    reference = reference_batches(tmp_path, FD_BODY.replace("num_workers=2", "num_workers=0"))
+    without = run_with_nofile(tmp_path, 160, hard, None)
+    assert without.rc != 0, without
+    assert "Too many open files" in without.output or "ancdata" in without.output
+    with_ = run_with_nofile(tmp_path, 160, hard, "import")
+    assert with_.rc == 0, with_
+    assert "DL304 open-file-limit-too-low" in with_.stderr
+    assert "[strategy: %s]" % strategy in with_.stderr
+    assert with_.batches == reference
