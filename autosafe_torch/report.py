@@ -55,9 +55,13 @@ class Intervention:
         return {name: getattr(self, name) for name in JSON_FIELDS}
 
     def message(self):
-        verb = "would change" if self.action == "would-fix" else "changed"
-        change = ", ".join("%s %s -> %s" % (k, _short(self.before.get(k)), _short(v))
-                           for k, v in self.after.items())
+        if self.after:
+            verb = "would change" if self.action == "would-fix" else "changed"
+            change = ", ".join("%s %s -> %s" % (k, _short(self.before.get(k)), _short(v))
+                               for k, v in self.after.items())
+        else:  # a repair or an advice that changes no argument
+            verb = "would act on" if self.action == "would-fix" else "acted on"
+            change = ", ".join("%s %s" % (k, _short(v)) for k, v in self.before.items())
         strategy = " [strategy: %s]" % self.strategy if self.strategy else ""
         return "%s %s at %s: %s %s: %s%s. Permanent fix: %s" % (
             self.code, self.slug, self.call_site, verb, change, self.why,

@@ -1,8 +1,11 @@
-"""``DataLoader.__init__``: bind, check, apply, call the original.
+"""``DataLoader.__init__`` and ``DataLoader._get_iterator``.
 
 Arguments that DataLoader refuses to change after ``__init__`` (and those it
-rejects inside ``__init__``) are corrected here, before the original runs.
-Subclasses are covered: their ``super().__init__`` lands in this wrapper.
+rejects inside ``__init__``) are corrected at construction, before the
+original runs. Subclasses are covered: their ``super().__init__`` lands in
+this wrapper. The worker decision (rules/workers.py) is made when an
+iterator is created, since the start method may change in between; it is
+cached per loader and re-made only when what it depends on changes.
 """
 
 import inspect
@@ -15,6 +18,7 @@ from . import wrap
 # Rule modules checked at construction, in this order; each has CHECKS.
 # Later checks see the arguments as the earlier ones left them.
 INIT_CHECK_MODULES = (
+    "autosafe_torch.rules.workers",
     "autosafe_torch.rules.loader_args",
     "autosafe_torch.rules.accel",
     "autosafe_torch.rules.resources",
@@ -43,6 +47,7 @@ def patch(torch):
     _signature["defaults"] = {p.name: p.default for p in params
                               if p.default is not inspect.Parameter.empty}
     wrap(DataLoader, "__init__", _init_wrapper)
+    wrap(DataLoader, "_get_iterator", _iterator_wrapper)
 
 
 def _init_wrapper(wrapped, instance, args, kwargs):
@@ -74,3 +79,81 @@ def _decide(bound, instance):
     for name in {k for f in found for k in f.after}:
         bound.arguments[name] = fixed[name]
     return bound
+
+
+# -- the worker decision, at iteration -----------------------------------------
+
+_PLAN_ATTR = "_autosafe_torch_plan"
+
+
+def _iterator_wrapper(wrapped, loader, args, kwargs):
+    try:
+        threads = _decide_workers(loader)
+    except engine.UnsafeCallError:
+        raise
+    except Exception as exc:
+        internal_error("DataLoader iteration", exc)
+        return wrapped(*args, **kwargs)
+    if threads:
+        from ..threadworkers import ThreadWorkersIter
+
+        return ThreadWorkersIter(loader, threads)
+    return wrapped(*args, **kwargs)
+
+
+def _plan_key(loader, context):
+    return (loader.num_workers, facts.effective_start_method(context), id(loader.dataset),
+            id(loader.collate_fn), id(loader.worker_init_fn), facts.cuda_initialized())
+
+
+def _decide_workers(loader):
+    """Apply the worker findings to ``loader``; the thread count for rung 3, or 0."""
+    state = loader.__dict__
+    context = loader.multiprocessing_context
+    key = _plan_key(loader, context)
+    cached = state.get(_PLAN_ATTR)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    threads = 0
+    if loader.num_workers:
+        threads = _plan_and_apply(loader, context, key[1])
+        key = _plan_key(loader, loader.multiprocessing_context)
+    state[_PLAN_ATTR] = (key, threads)
+    return threads
+
+
+def _plan_and_apply(loader, context, method):
+    import sys
+
+    from torch.utils.data import IterableDataset
+
+    from ..config import CONFIG
+    from ..rules import workers
+
+    guarded = True
+    if method in ("spawn", "forkserver"):
+        guarded = workers.main_is_guarded(sys._getframe(3))
+    view = workers.LoaderView(loader.num_workers, method, loader.dataset, loader.collate_fn,
+                              loader.worker_init_fn, isinstance(loader.dataset, IterableDataset),
+                              guarded)
+    found = workers.plan(view, facts.current(context),
+                         lambda code: CONFIG.rule_enabled(code, workers.GROUP))
+    try:
+        applied = engine.settle(found, user_call_site(loader) if found else None)
+    finally:
+        if found and CONFIG.mode != "fix":
+            from .. import repairs
+
+            repairs.uninstall_reducers()  # planning registered them; warn changes nothing
+    if not applied:
+        return 0
+    threads = 0
+    for finding in found:
+        for name, value in finding.after.items():
+            if name == "thread_workers":
+                threads = value
+            else:
+                setattr(loader, name, value)
+    if loader.num_workers == 0:
+        loader.timeout = 0  # a worker timeout; torch refuses it without workers
+    return threads

@@ -8,6 +8,11 @@ platform's default would be.
 
 import os
 
+# AUTOSAFE_TEST_CPUS=1: a machine (or container) with that many usable CPUs.
+_cpus = os.environ.get("AUTOSAFE_TEST_CPUS")
+if _cpus:
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: int(_cpus)]))
+
 _method = os.environ.get("AUTOSAFE_TEST_START_METHOD")
 if _method:
     import multiprocessing

@@ -1,0 +1,342 @@
+"""DL104, DL201-DL207: worker hazards and the repair ladder, for real.
+
+Each hazard runs in a subprocess with real workers under the start method
+forced from outside (spawn = macOS/Windows, forkserver = Python 3.14 Linux,
+fork = Linux): without autosafe_torch it fails (or gives wrong samples),
+with it exit 0 and the batches equal those of a ``num_workers=0`` run.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from autosafe_torch import facts as facts_mod
+from autosafe_torch.rules import workers
+from support import clean_env, run_script, PRELUDE
+
+SPAWNING = ("spawn", "forkserver")
+
+DATA = '''
+import os, sys, tempfile, threading, time
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+PATH = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "data.bin")
+if not os.path.exists(PATH):
+    with open(PATH, "wb") as f:
+        f.write(bytes(range(256)) * 2)
+
+class FileDataset(Dataset):
+    """Holds an open file it seeks and reads: the classic legacy dataset."""
+    def __init__(self, slow=0.0):
+        self.f = open(PATH, "rb")
+        self.slow = slow
+    def __len__(self):
+        return 32
+    def __getitem__(self, i):
+        self.f.seek(i * 8)
+        if self.slow:
+            time.sleep(self.slow)
+        return torch.tensor(list(self.f.read(8)))
+
+class LockedDataset(Dataset):
+    """Holds a lock (a cache guard): does not pickle, and fork is unsafe."""
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.data = torch.arange(64.).reshape(32, 2)
+    def __len__(self):
+        return 32
+    def __getitem__(self, i):
+        with self.lock:
+            return self.data[i] * 2
+
+class GeneratorDataset(Dataset):
+    """Holds a generator: does not pickle; fork is fine."""
+    def __init__(self):
+        self.gen = (x for x in range(3))
+        self.data = torch.arange(64.).reshape(32, 2)
+    def __len__(self):
+        return 32
+    def __getitem__(self, i):
+        return self.data[i] + 1
+
+class LockedStream(IterableDataset):
+    def __init__(self):
+        self.lock = threading.Lock()
+    def __iter__(self):
+        return iter(torch.arange(12.).reshape(6, 2))
+'''
+
+
+def loader_script(dataset, workers=2, guarded=True, extra="", epochs=1):
+    call = "digest(DataLoader(%s, batch_size=4, num_workers=%d%s), epochs=%d)" % (
+        dataset, workers, extra, epochs)
+    if guarded:
+        return DATA + "\nif __name__ == '__main__':\n    %s\n" % call
+    return DATA + "\n" + call + "\n"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """num_workers=0 digests of each dataset: the known-safe batches."""
+    out = {}
+    for ds in ("FileDataset()", "LockedDataset()", "GeneratorDataset()", "LockedStream()"):
+        r = run_script(tmp_path_factory.mktemp("ref"), loader_script(ds, workers=0))
+        assert r.rc == 0, r
+        out[ds] = r.batches
+    return out
+
+
+def _logged(result, code):
+    return [l for l in result.stderr.splitlines() if " %s " % code in l and "Permanent fix" in l]
+
+
+@pytest.mark.parametrize("method", SPAWNING)
+def test_dl201_open_file_repaired_by_reopening(tmp_path, method, reference):
+    body = loader_script("FileDataset()")
+    bad = run_script(tmp_path, body, start_method=method)
+    assert bad.rc != 0 and "cannot pickle '_io.BufferedReader' object" in bad.stderr
+    good = run_script(tmp_path, body, start_method=method, activation="env")
+    assert good.rc == 0, good
+    assert good.batches == reference["FileDataset()"]
+    (line,) = _logged(good, "DL201")
+    assert "repair: reopen read-only files" in line and "dataset.f" in line
+
+
+@pytest.mark.parametrize("method", SPAWNING)
+def test_dl201_fork_rung_when_repair_is_impossible(tmp_path, method, reference):
+    body = loader_script("GeneratorDataset()")
+    bad = run_script(tmp_path, body, start_method=method)
+    assert bad.rc != 0 and "cannot pickle 'generator' object" in bad.stderr
+    good = run_script(tmp_path, body, start_method=method, activation="env")
+    assert good.rc == 0, good
+    assert good.batches == reference["GeneratorDataset()"]
+    assert "start method: fork" in _logged(good, "DL201")[0]
+
+
+@pytest.mark.parametrize("method", SPAWNING)
+def test_dl201_thread_rung_when_fork_is_unsafe(tmp_path, method, reference):
+    body = loader_script("LockedDataset()", epochs=2)
+    bad = run_script(tmp_path, body, start_method=method)
+    assert bad.rc != 0 and "cannot pickle '_thread.lock' object" in bad.stderr
+    good = run_script(tmp_path, body, start_method=method, activation="env")
+    assert good.rc == 0, good
+    ref = run_script(tmp_path, loader_script("LockedDataset()", workers=0, epochs=2))
+    assert good.batches == ref.batches
+    (line,) = _logged(good, "DL201")
+    assert "thread workers" in line and "dataset.lock" in line
+
+
+def test_dl201_zero_workers_last(tmp_path, reference):
+    body = loader_script("LockedStream()")
+    bad = run_script(tmp_path, body, start_method="spawn")
+    assert bad.rc != 0 and "cannot pickle '_thread.lock' object" in bad.stderr
+    good = run_script(tmp_path, body, start_method="spawn", activation="env")
+    assert good.rc == 0, good
+    assert good.batches == reference["LockedStream()"]
+    assert "[strategy: num_workers=0]" in _logged(good, "DL201")[0]
+
+
+@pytest.mark.parametrize("method", SPAWNING)
+def test_dl202_lambda_collate_fn_by_value(tmp_path, method):
+    body = DATA + textwrap.dedent('''
+        def main():
+            scale = 3
+            ds = torch.arange(40.).reshape(20, 2)
+            digest(DataLoader(ds, batch_size=4, num_workers=%d,
+                              collate_fn=lambda b: torch.stack(b) * scale,
+                              worker_init_fn=lambda wid: None))
+        if __name__ == "__main__":
+            main()
+        ''')
+    bad = run_script(tmp_path, body % 2, start_method=method)
+    assert bad.rc != 0 and "Can't pickle local object 'main.<locals>.<lambda>'" in bad.stderr
+    good = run_script(tmp_path, body % 2, start_method=method, activation="env")
+    ref = run_script(tmp_path, body % 0)
+    assert good.rc == 0, good
+    assert good.batches == ref.batches
+    # collate_fn and worker_init_fn: logged once for the call site, counted twice
+    assert len(_logged(good, "DL202")) == 1
+    assert "DL202 local-function-to-workers: fixed 2 time(s)" in good.stderr
+
+
+@pytest.mark.parametrize("method", SPAWNING)
+def test_dl203_class_from_interactive_main(tmp_path, method):
+    body = PRELUDE + textwrap.dedent('''
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+        class Squares(Dataset):
+            def __len__(self):
+                return 20
+            def __getitem__(self, i):
+                return torch.tensor([i * i])
+        digest(DataLoader(Squares(), batch_size=4, num_workers=WORKERS))
+        ''')
+
+    def run(workers, activate):
+        env = clean_env({"AUTOSAFE_TEST_START_METHOD": method})
+        env["PYTHONPATH"] = str(__import__("support").PLATFORM_SIM)
+        if activate:
+            env["AUTOSAFE_TORCH"] = "1"
+        return subprocess.run([sys.executable, "-c", body.replace("WORKERS", str(workers))],
+                              env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+
+    bad = run(2, False)
+    assert bad.returncode != 0 and "Can't get attribute 'Squares' on <module '__main__'" in bad.stderr
+    good, ref = run(2, True), run(0, False)
+    assert good.returncode == 0, good.stderr
+    digest = [l for l in good.stdout.splitlines() if l.startswith("BATCHES")]
+    assert digest and digest == [l for l in ref.stdout.splitlines() if l.startswith("BATCHES")]
+    assert " DL203 interactive-main-class " in good.stderr
+
+
+@pytest.mark.parametrize("method", SPAWNING)
+def test_dl204_unguarded_main(tmp_path, method, reference):
+    body = loader_script("GeneratorDataset()", guarded=False)
+    bad = run_script(tmp_path, body.replace("GeneratorDataset()", "torch.arange(8.)"),
+                     start_method=method)
+    assert bad.rc != 0 and "bootstrapping phase" in bad.stderr
+    good = run_script(tmp_path, body.replace("GeneratorDataset()", "torch.arange(8.)"),
+                      start_method=method, activation="env")
+    ref = run_script(tmp_path, loader_script("torch.arange(8.)", workers=0))
+    assert good.rc == 0, good
+    assert good.batches == ref.batches
+    assert "start method: fork" in _logged(good, "DL204")[0]
+
+
+def test_dl207_shared_file_offset_under_fork(tmp_path, reference):
+    body = loader_script("FileDataset(slow=0.01)", extra=", shuffle=False")
+    ref = reference["FileDataset()"]
+    bad = run_script(tmp_path, body, start_method="fork")
+    # wrong samples: silently, or read short and caught by collate
+    assert bad.batches != ref or "stack expects each tensor to be equal size" in bad.stderr
+    good = run_script(tmp_path, body, start_method="fork", activation="env")
+    assert good.rc == 0 and good.batches == ref, good
+    assert "reopen in each worker" in _logged(good, "DL207")[0]
+
+
+def test_dl104_clamps_to_usable_cpus(tmp_path):
+    body = DATA + "\nimport warnings\nwarnings.simplefilter('error')\n" \
+        "if __name__ == '__main__':\n    digest(DataLoader(torch.arange(16.), batch_size=4, " \
+        "num_workers=3))\n"
+    env = {"AUTOSAFE_TEST_CPUS": "1"}
+    bad = run_script(tmp_path, body, env=env)
+    assert bad.rc != 0 and "This DataLoader will create 3 worker processes in total" in bad.stderr
+    good = run_script(tmp_path, body, env=env, activation="env")
+    ref = run_script(tmp_path, body.replace("num_workers=3", "num_workers=0"))
+    assert good.rc == 0 and good.batches == ref.batches, good
+    assert "num_workers 3 -> 1" in _logged(good, "DL104")[0]
+
+
+SAFE_LOADERS = DATA + textwrap.dedent('''
+    from torch.utils.data import get_worker_info, SequentialSampler, RandomSampler
+
+    class Sharded(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            wid, n = (info.id, info.num_workers) if info else (0, 1)
+            return iter(range(wid, 20, n))
+
+    def init(worker_id):
+        torch.manual_seed(worker_id)
+
+    def main():
+        ds = torch.arange(40.).reshape(20, 2)
+        g = torch.Generator().manual_seed(0)
+        digest(DataLoader(ds, batch_size=3, num_workers=2))
+        digest(DataLoader(ds, batch_size=3, num_workers=2, sampler=RandomSampler(ds, generator=g)))
+        digest(DataLoader(Sharded(), batch_size=2, num_workers=2))
+        digest(DataLoader(ds, batch_size=3, num_workers=2, worker_init_fn=init,
+                          persistent_workers=True), epochs=2)
+    if __name__ == "__main__":
+        main()
+    ''')
+
+
+@pytest.mark.parametrize("method", ("fork",) + SPAWNING)
+def test_safe_loaders_are_untouched(tmp_path, method):
+    """Differential: identical batches, and not a single intervention."""
+    plain = run_script(tmp_path, SAFE_LOADERS, start_method=method)
+    shimmed = run_script(tmp_path, SAFE_LOADERS, start_method=method, activation="env")
+    assert plain.rc == 0 and shimmed.rc == 0, (plain, shimmed)
+    assert plain.stdout == shimmed.stdout
+    assert "autosafe_torch" not in shimmed.stderr, shimmed
+
+
+def test_warn_mode_changes_nothing_and_strict_raises(tmp_path):
+    body = loader_script("FileDataset()")
+    warn = run_script(tmp_path, body, start_method="spawn", activation="env",
+                      env={"AUTOSAFE_TORCH_MODE": "warn"})
+    assert warn.rc != 0 and "cannot pickle '_io.BufferedReader' object" in warn.stderr
+    assert "would act on" in _logged(warn, "DL201")[0]
+    strict = run_script(tmp_path, body, start_method="spawn", activation="env",
+                        env={"AUTOSAFE_TORCH_MODE": "strict"})
+    assert strict.rc != 0 and "UnsafeCallError: DL201 unpicklable-dataset" in strict.stderr
+    assert "Permanent fix: open files lazily" in strict.stderr
+
+
+# -- the plan with injected facts: platforms and CUDA we do not have ----------
+
+def _view(dataset, method="fork", **kw):
+    return workers.LoaderView(2, method, dataset, **kw)
+
+
+def _facts(**kw):
+    return facts_mod.Facts(cpus_usable=8, **kw)
+
+
+def test_dl205_fork_after_cuda_goes_to_spawn_where_picklable():
+    import torch
+
+    found = workers.plan(_view(torch.arange(4.)), _facts(platform="linux", cuda_initialized=True))
+    assert [f.rule.code for f in found] == ["DL205"]
+    assert found[0].after == {"multiprocessing_context": "spawn"}
+
+
+def test_dl205_unpicklable_goes_to_threads():
+    import threading
+
+    class Held(list):
+        pass
+
+    ds = Held([1, 2, 3])
+    ds.lock = threading.Lock()
+    found = workers.plan(_view(ds), _facts(platform="linux", cuda_initialized=True))
+    assert found[0].rule.code == "DL205" and found[0].strategy == "thread workers"
+
+
+def test_dl206_fork_on_macos_goes_to_spawn():
+    import torch
+
+    found = workers.plan(_view(torch.arange(4.)), _facts(platform="darwin"))
+    assert [f.rule.code for f in found] == ["DL206"]
+    assert found[0].after == {"multiprocessing_context": "spawn"}
+
+
+def test_fork_is_never_chosen_on_macos_for_unpicklable_data():
+    found = workers.plan(_view((x for x in range(3)), method="spawn"), _facts(platform="darwin"))
+    assert found[0].rule.code == "DL201" and found[0].strategy == "thread workers"
+
+
+def test_dl104_advises_only_when_batches_may_depend_on_worker_count():
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(())
+
+    values = {"num_workers": 8, "dataset": Stream(), "worker_init_fn": None, "in_order": True}
+    found = workers.too_many_workers(values, _facts().replace(cpus_usable=2), {})
+    assert found.after == {} and found.strategy == "advice"
+    values["dataset"] = [1, 2]
+    found = workers.too_many_workers(values, _facts().replace(cpus_usable=2), {})
+    assert found.after == {"num_workers": 2}
+
+
+def test_main_guard_detection(tmp_path):
+    script = tmp_path / "m.py"
+    script.write_text("import sys\nx = 1\nif __name__ == '__main__':\n    y = 2\n    z = 3\n")
+    lines = workers._guarded_lines(str(script), 0)
+    assert lines == {4, 5}
