@@ -11,7 +11,7 @@ import importlib
 
 # trigger module -> patch modules applied when it is imported
 TARGETS = {
-    "torch": ("autosafe_torch.patches.dataloader",),
+    "torch": ("autosafe_torch.patches.dataloader", "autosafe_torch.patches.amp"),
     "cv2": ("autosafe_torch.patches.cv2",),
 }
 

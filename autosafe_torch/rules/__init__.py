@@ -15,6 +15,7 @@ RULES = {}
 # Modules that declare rules, in the order they are checked.
 RULE_MODULES = (
     "autosafe_torch.rules.loader_args",
+    "autosafe_torch.rules.amp",
     "autosafe_torch.rules.accel",
     "autosafe_torch.rules.resources",
     "autosafe_torch.rules.cv2",
