@@ -206,6 +206,27 @@ def test_dl204_unguarded_main(tmp_path, method, reference):
     assert "start method: fork" in _logged(good, "DL204")[0]
 
 
+def test_dl204_script_from_stdin(tmp_path):
+    """`python - < train.py`: spawn children try to run a file named '<stdin>'."""
+    body = PRELUDE + "import torch\nfrom torch.utils.data import DataLoader\n" \
+        "digest(DataLoader(torch.arange(8.), batch_size=2, num_workers=WORKERS))\n"
+
+    def run(workers, activate):
+        env = clean_env({"AUTOSAFE_TEST_START_METHOD": "spawn",
+                         "PYTHONPATH": str(__import__("support").PLATFORM_SIM)})
+        if activate:
+            env["AUTOSAFE_TORCH"] = "1"
+        return subprocess.run([sys.executable, "-"], input=body.replace("WORKERS", str(workers)),
+                              env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+
+    bad = run(2, False)
+    assert bad.returncode != 0 and "No such file or directory" in bad.stderr
+    good, ref = run(2, True), run(0, False)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout == ref.stdout and "BATCHES" in ref.stdout
+    assert " DL204 unguarded-main " in good.stderr and "start method: fork" in good.stderr
+
+
 def test_dl207_shared_file_offset_under_fork(tmp_path, reference):
     body = loader_script("FileDataset(slow=0.01)", extra=", shuffle=False")
     ref = reference["FileDataset()"]

@@ -88,7 +88,8 @@ DL203 = declare(
     "move the dataset class into an importable module")
 DL204 = declare(
     "DL204", "unguarded-main", GROUP,
-    "workers started from unguarded top-level code of __main__ under spawn/forkserver: "
+    "workers started from unguarded top-level code of __main__ (or a script read from "
+    "stdin) under spawn/forkserver: "
     "fork where safe, else threads, else num_workers=0",
     "RuntimeError: An attempt has been made to start a new process before the current "
     "process has finished its bootstrapping phase. (BrokenPipeError on Windows)",
@@ -297,7 +298,12 @@ def _reopen_shared_files(view, enabled):
 
 def main_is_guarded(frame):
     """False when a top-level frame of a __main__ script file is on the stack at
-    a line outside ``if __name__ == "__main__":`` (spawn would re-run it)."""
+    a line outside ``if __name__ == "__main__":`` (spawn would re-run it), or
+    when __main__ names a file that is not there (a script read from stdin:
+    spawn children fail to run '<stdin>')."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file and not os.path.isfile(main_file):
+        return False
     while frame is not None:
         g = frame.f_globals
         if frame.f_code.co_name == "<module>" and g.get("__name__") == "__main__":
