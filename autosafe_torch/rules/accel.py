@@ -90,29 +90,33 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _children(obj):
-    """(label, child, setter) for what ``obj`` holds; setter None: immutable."""
+def _children(obj, setters=True):
+    """(label, child, setter) for what ``obj`` holds; setter None: immutable
+    (or not asked for)."""
     if isinstance(obj, list):
         for i, x in enumerate(obj):
-            yield "[%d]" % i, x, (lambda new, i=i: obj.__setitem__(i, new))
+            yield "[%d]" % i, x, (lambda new, i=i: obj.__setitem__(i, new)) if setters else None
     elif isinstance(obj, tuple):
         for i, x in enumerate(obj):
             yield "[%d]" % i, x, None
     elif isinstance(obj, dict):
-        for k, x in list(obj.items()):
-            yield "[%r]" % (k,), x, (lambda new, k=k: obj.__setitem__(k, new))
+        for k, x in obj.items():
+            yield "[%r]" % (k,), x, (lambda new, k=k: obj.__setitem__(k, new)) \
+                if setters else None
     else:
         d = getattr(obj, "__dict__", None)
         if isinstance(d, dict):
-            for k, x in list(d.items()):
+            for k, x in d.items():
                 # Straight into __dict__: no property setter, no __setattr__ hook.
-                yield "." + str(k), x, (lambda new, k=k: d.__setitem__(k, new))
+                yield "." + str(k), x, (lambda new, k=k: d.__setitem__(k, new)) \
+                    if setters else None
         for name in _slot_names(type(obj)):
             try:
                 x = getattr(obj, name)
             except AttributeError:
                 continue
-            yield "." + name, x, (lambda new, name=name: object.__setattr__(obj, name, new))
+            yield "." + name, x, (lambda new, name=name: object.__setattr__(obj, name, new)) \
+                if setters else None
 
 
 def _slot_names(cls):
@@ -147,17 +151,24 @@ def scan(root, max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, path="dataset"):
     def visit(obj, label, depth, part):
         if id(obj) in seen:
             return
+        if budget[0] <= 0:
+            result.complete = False
+            return
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
+            budget[0] -= 1
             result.found.append(Found(label, obj, part))
             return
         if _skip(obj, torch):
             return
-        if depth >= max_depth or budget[0] <= 0:
+        if depth >= max_depth:
             result.complete = False
             return
         budget[0] -= 1
-        for i, (sub, child, _setter) in enumerate(_children(obj)):
+        for i, (sub, child, _setter) in enumerate(_children(obj, setters=False)):
+            if budget[0] <= 0:
+                result.complete = False
+                break
             if parts is not None and obj is parts:
                 visit(child, label + sub, depth + 1, i)
             else:
