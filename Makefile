@@ -14,6 +14,11 @@ install-test:
 test: install-test
 	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
+bench:
+	$(PIP) install "torch==$(TORCH_VERSION)"
+	$(PIP) install -c constraints-test.txt -e ".[cv2]"
+	$(PYTHON) benchmarks/run.py
+
 demo:
 	$(PIP) install "torch==$(TORCH_VERSION)"
 	$(PIP) install -c constraints-test.txt -e .
