@@ -334,6 +334,30 @@ def test_the_common_path_decides_once_per_argument_tuple(monkeypatch):
     assert len(calls) <= 1
 
 
+COMPILED = '''
+import warnings
+import torch
+warnings.simplefilter("ignore")  # this test is about tracing, not the warnings
+
+@torch.compile(backend="eager", fullgraph=True)
+def step(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ x
+    with torch.cuda.amp.autocast():
+        z = x + 1
+    return y.dtype, z.dtype
+
+print("DTYPES", step(torch.randn(4, 4)))
+'''
+
+
+def test_torch_compile_still_traces_autocast(tmp_path):
+    """Dynamo binds autocast arguments with inspect.signature of the class."""
+    result = run_script(tmp_path, COMPILED, activation="import")
+    assert result.rc == 0, result
+    assert "DTYPES (torch.bfloat16, torch.float32)" in result.stdout
+
+
 # --- real CUDA ------------------------------------------------------------------
 
 GPU = '''

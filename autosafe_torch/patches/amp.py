@@ -239,6 +239,9 @@ def _patch_deprecated_autocast(legacy, call, base):
     deprecated_new_func = getattr(deprecated_new, "__func__", deprecated_new)
     base_new = base.__new__
 
+    # wraps: inspect.signature(legacy) must still read (enabled, dtype,
+    # cache_enabled); torch.compile binds autocast arguments with it.
+    @functools.wraps(deprecated_new_func)
     def __new__(cls, *args, **kwargs):
         if cls is legacy:  # the original warns only for the class itself
             try:
@@ -252,6 +255,7 @@ def _patch_deprecated_autocast(legacy, call, base):
                 return deprecated_new_func(cls, *args, **kwargs)
         return base_new(cls)
 
+    __new__.__dict__.pop("__deprecated__", None)
     replace(legacy, "__new__", staticmethod(__new__))
 
     deprecated_hook = legacy.__dict__.get("__init_subclass__")
@@ -260,6 +264,7 @@ def _patch_deprecated_autocast(legacy, call, base):
     deprecated_func = getattr(deprecated_hook, "__func__", deprecated_hook)
     inner = getattr(deprecated_func, "__wrapped__", None)
 
+    @functools.wraps(deprecated_func)
     def __init_subclass__(cls, **kwargs):
         try:
             quiet = _route_decision(call)
@@ -274,6 +279,7 @@ def _patch_deprecated_autocast(legacy, call, base):
             return inner(cls, **kwargs)
         return super(legacy, cls).__init_subclass__(**kwargs)
 
+    __init_subclass__.__dict__.pop("__deprecated__", None)
     replace(legacy, "__init_subclass__", classmethod(__init_subclass__))
 
 
