@@ -26,3 +26,23 @@ demo:
 
 readme:
 	$(PYTHON) -m autosafe_torch.readme README.md --write
+
+# `make compat`: the test suite on the oldest torch supported (constraints-compat.txt),
+# in its own virtual environment, built once: the stamp skips the install on later runs
+# (about 3.3 GB: the registry's torch 2.0.1 is the CUDA build; it runs on the CPU).
+# Not part of `make test` or CI.
+COMPAT_VENV ?= .venv-compat
+COMPAT_PYTHON = $(COMPAT_VENV)/bin/python
+COMPAT_STAMP = $(COMPAT_VENV)/.autosafe-compat-installed
+
+.PHONY: compat
+
+$(COMPAT_STAMP): constraints-compat.txt pyproject.toml
+	test -x $(COMPAT_PYTHON) || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PYTHON) -m pip install -c constraints-compat.txt torch numpy
+	$(COMPAT_PYTHON) -m pip install -c constraints-compat.txt -e ".[test]"
+	touch $@
+
+compat: $(COMPAT_STAMP)
+	$(COMPAT_PYTHON) -c "import torch, numpy; print('compat: torch', torch.__version__, 'numpy', numpy.__version__)"
+	$(COMPAT_PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
