@@ -30,7 +30,7 @@ PRELUDE = textwrap.dedent('''
         h = _hashlib.sha256()
         def feed(obj):
             if isinstance(obj, torch.Tensor):
-                h.update(str(obj.dtype).encode() + str(tuple(obj.shape)).encode())
+                h.update(("%s %s %s" % (obj.device, obj.dtype, tuple(obj.shape))).encode())
                 h.update(obj.detach().cpu().contiguous().numpy().tobytes())
             elif isinstance(obj, dict):
                 for k in sorted(obj):

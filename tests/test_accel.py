@@ -121,7 +121,8 @@ def test_dl301_moves_with_workers_and_turns_pin_memory_on_with_cuda(meta_is_acce
     v = values(ds)
     f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork",
                                                       accelerator="cuda"), {})
-    assert f.after == {"pin_memory": True} and f.strategy == "move to CPU"
+    assert f.after == {"pin_memory": True, "batch_device": "meta"}
+    assert f.strategy == "move to CPU" and "copied back to meta" in f.why
     assert "dataset.tensors[0] (meta, 48 B)" in f.why
     assert ds.tensors[0].is_meta  # looking changed nothing
     f.apply()
@@ -135,13 +136,28 @@ def test_dl301_leaves_a_one_device_dataset_without_workers_alone(meta_is_acceler
     assert accel.datasets_on_different_devices(v, Facts(), {}) is None
 
 
-def test_dl301_only_advises_for_cuda_under_spawn(meta_is_accelerator, monkeypatch):
-    # CUDA tensors reach spawn workers through CUDA IPC: it works, so the
-    # batches' device is not changed. (meta plays CUDA here.)
+def test_dl301_under_spawn_moves_only_where_batches_can_go_back(meta_is_accelerator,
+                                                                 monkeypatch):
+    # CUDA tensors reach spawn workers through CUDA IPC: it works, at one CUDA
+    # context per worker. A TensorDataset on one device is moved and its
+    # batches copied back; any other dataset's batches could change device,
+    # so it is only advised. (meta plays CUDA here.)
     monkeypatch.setattr(accel, "IPC_SHAREABLE", frozenset({"meta"}))
-    v = values(TensorDataset(meta(4, 3)), multiprocessing_context="spawn")
+    v = values(Holder(x=meta(4, 3)), multiprocessing_context="spawn")
     f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork"), {})
     assert f.strategy == "advice only" and f.after == {} and f.apply is None
+    v = values(TensorDataset(meta(4, 3)), multiprocessing_context="spawn")
+    f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork"), {})
+    assert f.strategy == "move to CPU" and f.after == {"batch_device": "meta"}
+
+
+def test_batch_device_only_when_certain(meta_is_accelerator):
+    on = TensorDataset(meta(4, 3), meta(4))
+    assert accel.batch_device(on) == "meta"
+    assert accel.batch_device(ConcatDataset([Subset(on, [0, 1]), on])) == "meta"
+    assert accel.batch_device(TensorDataset(meta(4), torch.zeros(4))) is None
+    assert accel.batch_device(TensorDataset(torch.zeros(4))) is None
+    assert accel.batch_device(Holder(x=meta(4))) is None
 
 
 def test_dl302_mixed_parts_without_workers(meta_is_accelerator):
@@ -162,7 +178,9 @@ def test_through_the_dataloader_wrapper(meta_is_accelerator):
     loader = DataLoader(ds, batch_size=3, num_workers=2)
     assert not ds.tensors[0].is_meta
     batches = list(loader)
-    assert len(batches) == 2 and torch.all(batches[0][0] == 7)
+    # moved to CPU for the workers, and each batch put back on its device
+    assert len(batches) == 2 and batches[0][0].is_meta and batches[1][1].is_meta
+    assert batches[0][0].shape == (3, 2)
 
 
 def test_relocated_dataset_pickles_for_spawn(meta_is_accelerator):

@@ -24,9 +24,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "data.bin")
+# Item i lies at i * STRIDE: more than one read buffer (8 KiB) apart, so every
+# seek and read reaches the OS and the shared offset (DL207), on every item.
+# STRIDE % 256 == 8: item i holds the bytes i*8 .. i*8+7 (mod 256).
+STRIDE = 8200
 if not os.path.exists(PATH):
     with open(PATH, "wb") as f:
-        f.write(bytes(range(256)) * 2)
+        f.write(bytes(range(256)) * (32 * STRIDE // 256 + 1))
 
 class FileDataset(Dataset):
     """Holds an open file it seeks and reads: the classic legacy dataset."""
@@ -36,7 +40,7 @@ class FileDataset(Dataset):
     def __len__(self):
         return 32
     def __getitem__(self, i):
-        self.f.seek(i * 8)
+        self.f.seek(i * STRIDE)
         if self.slow:
             time.sleep(self.slow)
         return torch.tensor(list(self.f.read(8)))

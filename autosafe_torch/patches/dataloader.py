@@ -56,19 +56,28 @@ def _init_wrapper(wrapped, instance, args, kwargs):
     except TypeError:
         return wrapped(*args, **kwargs)  # the user's own mistake: torch says it
     try:
-        new = _decide(bound, instance)
+        decided = _decide(bound, instance)
     except engine.UnsafeCallError:
         raise
     except Exception as exc:
         internal_error("DataLoader.__init__", exc)
         return wrapped(*args, **kwargs)
-    if new is None:
+    if decided is None:
         return wrapped(*args, **kwargs)
-    return wrapped(*new.args, **new.kwargs)
+    new, loader_state = decided
+    result = wrapped(*new.args, **new.kwargs)
+    for name, value in loader_state.items():
+        instance.__dict__[STATE_PREFIX + name] = value
+    return result
+
+
+# Findings may carry values that are no DataLoader argument but state the
+# loader keeps for its iterators (``batch_device``); stored under this prefix.
+STATE_PREFIX = "_autosafe_torch_"
 
 
 def _decide(bound, instance):
-    """The bound arguments to call with, or None to call unchanged."""
+    """(bound arguments to call with, loader state to keep), or None: unchanged."""
     values = dict(_signature["defaults"])
     values.update(bound.arguments)
     context = values.get("multiprocessing_context")
@@ -76,9 +85,13 @@ def _decide(bound, instance):
                                      facts.current(context), _signature["defaults"])
     if not engine.settle(found, user_call_site(instance) if found else None):
         return None
+    loader_state = {}
     for name in {k for f in found for k in f.after}:
-        bound.arguments[name] = fixed[name]
-    return bound
+        if name in _signature["sig"].parameters:
+            bound.arguments[name] = fixed[name]
+        else:
+            loader_state[name] = fixed[name]
+    return bound, loader_state
 
 
 # -- the worker decision, at iteration -----------------------------------------
@@ -97,8 +110,15 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
     if threads:
         from ..threadworkers import ThreadWorkersIter
 
-        return ThreadWorkersIter(loader, threads)
-    return wrapped(*args, **kwargs)
+        iterator = ThreadWorkersIter(loader, threads)
+    else:
+        iterator = wrapped(*args, **kwargs)
+    device = loader.__dict__.get(STATE_PREFIX + "batch_device")
+    if device is not None:
+        from ..batchdevice import BatchesTo
+
+        iterator = BatchesTo(iterator, device)
+    return iterator
 
 
 def _plan_key(loader, context):

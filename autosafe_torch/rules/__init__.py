@@ -14,6 +14,7 @@ RULES = {}
 
 # Modules that declare rules, in the order they are checked.
 RULE_MODULES = (
+    "autosafe_torch.rules.workers",
     "autosafe_torch.rules.loader_args",
     "autosafe_torch.rules.amp",
     "autosafe_torch.rules.accel",

@@ -16,9 +16,13 @@ stays one tensor, and views of one storage stay views of one CPU storage.
 With CUDA, ``pin_memory`` is turned on so that the copy back
 (``.to(device, non_blocking=True)``) is fast.
 
-Where the script works as it is (a dataset entirely on one device with no
-workers, or CUDA tensors shared with spawn workers) the batches' device is
-part of what it yields: DL301 then only advises and changes nothing.
+The batches' device is part of what a loader yields. Where every batch is
+certainly on one device (a TensorDataset on one accelerator), the loader
+copies each batch back to it after the move, so the script sees the very
+batches it had. Otherwise batches arrive on CPU: that is done only where the
+script could not run as it is (fork workers, MPS/XPU); where it works (a
+dataset on one device with no workers, or CUDA tensors shared with spawn
+workers through CUDA IPC), DL301 only advises and changes nothing.
 
 Looking is bounded (depth, number of objects), copies nothing and calls no
 ``__getitem__``: it follows instance attributes, slots, lists, tuples and
@@ -337,7 +341,35 @@ def _plan_workers(values, facts):
         return [], False
     spawnish = _start_method(values, facts) in ("spawn", "forkserver")
     shareable = all(f.device_type in IPC_SHAREABLE for f in found)
-    return found, not (spawnish and shareable)
+    return found, not (spawnish and shareable) or batch_device(values["dataset"]) is not None
+
+
+def batch_device(dataset):
+    """The one device every batch of ``dataset`` is on, where that is certain.
+
+    A TensorDataset (alone, or in Subset/ConcatDataset) whose tensors all sit
+    on one accelerator yields samples made only of those tensors, so each
+    batch is wholly on that device: after the move to CPU, the loader can
+    copy each batch back, and the script sees the very batches it had.
+    Other datasets may mix devices within a sample: None.
+    """
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+    pending, devices = [dataset], set()
+    while pending:
+        part = pending.pop()
+        if isinstance(part, Subset):
+            pending.append(part.dataset)
+        elif isinstance(part, ConcatDataset):
+            pending.extend(part.datasets)
+        elif isinstance(part, TensorDataset):
+            devices.update(t.device for t in part.tensors)
+        else:
+            return None
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    return str(device) if device.type in ACCELERATORS else None
 
 
 def _pin(values, facts):
@@ -348,7 +380,8 @@ def _pin(values, facts):
 
 @rule("DL301", "accelerator-tensors-in-workers", GROUP,
       "dataset holds CUDA/MPS/XPU tensors and num_workers > 0: move them to CPU "
-      "in place (pin_memory on with CUDA)",
+      "in place (pin_memory on with CUDA); a one-device TensorDataset's batches are "
+      "copied back to its device",
       "fork: 'RuntimeError: Cannot re-initialize CUDA in forked subprocess' or "
       "'CUDA error: initialization error' in the worker; MPS/XPU tensors cannot be "
       "sent to workers; spawn: one CUDA context per worker",
@@ -368,11 +401,18 @@ def accelerator_tensors_in_workers(values, facts, defaults):
                 where, _start_method(values, facts)), strategy="advice only")
     before, after = _pin(values, facts)
     before, after = _root_change(values, before, after)
+    device = batch_device(values["dataset"])
+    if device is not None:
+        before["batch_device"], after["batch_device"] = None, device
+        arrive = "each batch is copied back to %s, as it was" % device
+    else:
+        arrive = "batches now arrive on CPU%s" % (
+            " in pinned memory" if after or values["pin_memory"] else "")
     return accelerator_tensors_in_workers.rule.finding(
-        before, after, "moved to CPU: %s. Worker processes under %s cannot use them; "
-        "batches now arrive on CPU%s" % (
+        before, after, "moved to CPU: %s. Worker processes under %s %s them; %s" % (
             where, _start_method(values, facts),
-            " in pinned memory" if after or values["pin_memory"] else ""),
+            "would each need a CUDA context for" if _start_method(values, facts) in (
+                "spawn", "forkserver") else "cannot use", arrive),
         strategy="move to CPU", apply=_move(values, found))
 
 

@@ -1,0 +1,37 @@
+"""Batches copied back to the device their dataset was on (DL301).
+
+When a dataset's tensors are moved to CPU so that workers can use them,
+the batches would arrive on CPU where the script had them on its device.
+This iterator puts each batch back, tensor by tensor, with the structure
+(tuples, named tuples, lists, dicts) kept. It proxies torch's iterator, so
+that persistent workers (``_reset``) and everything else still work.
+"""
+
+import collections.abc
+
+import torch
+import wrapt
+
+
+def to_device(data, device):
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(to_device(x, device) for x in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_device(x, device) for x in data)
+    if isinstance(data, collections.abc.Mapping):
+        return type(data)({k: to_device(v, device) for k, v in data.items()})
+    return data
+
+
+class BatchesTo(wrapt.ObjectProxy):
+    def __init__(self, iterator, device):
+        super().__init__(iterator)
+        self._self_device = device
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return to_device(next(self.__wrapped__), self._self_device)
