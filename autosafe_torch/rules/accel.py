@@ -30,8 +30,7 @@ dict values, which covers TensorDataset, ConcatDataset, Subset and
 ChainDataset.
 """
 
-import types
-
+from .. import objwalk
 from . import rule
 
 GROUP = "dataloader"
@@ -45,13 +44,6 @@ MAX_DEPTH = 8
 MAX_OBJECTS = 20_000
 # How many moved paths the log names before "and N more".
 NAMED = 6
-
-_ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray, range,
-           slice)
-_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
-           types.MethodType, types.CodeType, types.FrameType, types.GeneratorType,
-           memoryview)
-
 
 class Found:
     """One tensor found in a dataset: where, on which device, how big."""
@@ -95,46 +87,18 @@ def _torch():
 
 
 def _children(obj, setters=True):
-    """(label, child, setter) for what ``obj`` holds; setter None: immutable
-    (or not asked for)."""
-    if isinstance(obj, list):
-        for i, x in enumerate(obj):
-            yield "[%d]" % i, x, (lambda new, i=i: obj.__setitem__(i, new)) if setters else None
-    elif isinstance(obj, tuple):
-        for i, x in enumerate(obj):
-            yield "[%d]" % i, x, None
-    elif isinstance(obj, dict):
-        for k, x in obj.items():
-            yield "[%r]" % (k,), x, (lambda new, k=k: obj.__setitem__(k, new)) \
-                if setters else None
-    else:
-        d = getattr(obj, "__dict__", None)
-        if isinstance(d, dict):
-            for k, x in d.items():
-                # Straight into __dict__: no property setter, no __setattr__ hook.
-                yield "." + str(k), x, (lambda new, k=k: d.__setitem__(k, new)) \
-                    if setters else None
-        for name in _slot_names(type(obj)):
-            try:
-                x = getattr(obj, name)
-            except AttributeError:
-                continue
-            yield "." + name, x, (lambda new, name=name: object.__setattr__(obj, name, new)) \
-                if setters else None
-
-
-def _slot_names(cls):
-    names = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        if isinstance(slots, str):
-            slots = (slots,)
-        names.extend(n for n in slots if n not in ("__dict__", "__weakref__"))
-    return names
+    """(label, child, setter) for what ``obj`` holds, from the shared walker's
+    edges; setter None where the child cannot be replaced in place (a tuple
+    item) or was not asked for. Dict keys and set members hold no tensor
+    that could be moved in place: not followed."""
+    for edge in objwalk.edges(obj):
+        if edge.how in (edge.KEY, edge.MEMBER):
+            continue
+        yield edge.label(), edge.child, edge.set if setters and edge.settable else None
 
 
 def _skip(obj, torch):
-    if isinstance(obj, _ATOMIC) or isinstance(obj, _OPAQUE):
+    if isinstance(obj, objwalk.ATOMIC) or isinstance(obj, objwalk.OPAQUE):
         return True
     if torch is not None and isinstance(obj, torch.nn.Module):
         return True  # a model is the program's, not the dataset's: never moved
