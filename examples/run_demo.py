@@ -18,14 +18,24 @@ def run(title, cmd):
     return proc.returncode
 
 
-def main():
-    plain = run("without autosafe_torch", [sys.executable, SCRIPT])
-    shimmed = run("with autosafe_torch", [sys.executable, "-m", "autosafe_torch", "run", SCRIPT])
-    if plain == 0 or shimmed != 0:
+def demo(title, script_args):
+    """The same command, without and with autosafe_torch: crash, then success."""
+    plain = run("%s, without autosafe_torch" % title, [sys.executable] + script_args)
+    shimmed = run("%s, with autosafe_torch" % title,
+                  [sys.executable, "-m", "autosafe_torch", "run"] + script_args)
+    ok = plain != 0 and shimmed == 0
+    if not ok:
         print("\ndemo did not behave as expected (plain %d, shimmed %d)" % (plain, shimmed))
-        return 1
-    print("\nThe same script, unchanged: it crashed, and with autosafe_torch it trained.")
-    return 0
+    return ok
+
+
+def main():
+    ok = demo("a legacy training script", [SCRIPT])
+    ok &= demo("a dataset holding an open file, workers started as on macOS (spawn)",
+               [os.path.join(HERE, "as_on_macos.py"), os.path.join(HERE, "legacy_file_dataset.py")])
+    if ok:
+        print("\nThe same scripts, unchanged: they crashed, and with autosafe_torch they ran.")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ def _plan_and_apply(loader, context, method):
 
     guarded = True
     if method in ("spawn", "forkserver"):
-        guarded = workers.main_is_guarded(sys._getframe(3))
+        guarded = workers.main_is_guarded(sys._getframe())
     view = workers.LoaderView(loader.num_workers, method, loader.dataset, loader.collate_fn,
                               loader.worker_init_fn, isinstance(loader.dataset, IterableDataset),
                               guarded)

@@ -1,0 +1,18 @@
+"""Run a script with the start method macOS and Windows use (spawn).
+
+    python examples/as_on_macos.py SCRIPT [ARGS...]
+
+Only the platform's default changes, from outside the script, as on a Mac.
+"""
+
+import multiprocessing
+import os
+import runpy
+import sys
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn")
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
