@@ -13,9 +13,16 @@ functions (a reference to a module would otherwise reach everything).
 
 import sys
 import types
+from itertools import islice
 
 MAX_DEPTH = 24
 MAX_OBJECTS = 200_000
+# Looking (does this dataset hold a file, a lock, a CUDA tensor?) samples the
+# first items of each container: a dataset's hazards sit in its attributes or
+# repeat through its containers, while a list of a million sample paths would
+# otherwise cost a DataLoader(...) call half a second. Acting on what was
+# found (moving tensors, reopening files) walks everything.
+SAMPLE_ITEMS = 16
 
 # Leaves: nothing reachable from them matters to a worker hazard.
 ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray,
@@ -81,14 +88,30 @@ def is_leaf(obj):
     return False
 
 
+_storage_kinds = []
+
+
 def _is_storage(torch, obj):
-    storage = getattr(torch, "storage", None)
-    kinds = tuple(getattr(storage, n) for n in ("TypedStorage", "UntypedStorage")
-                  if storage is not None and hasattr(storage, n))
+    if not _storage_kinds:
+        storage = getattr(torch, "storage", None)
+        _storage_kinds.append(tuple(getattr(storage, n) for n in ("TypedStorage", "UntypedStorage")
+                                    if storage is not None and hasattr(storage, n)))
+    kinds = _storage_kinds[0]
     return bool(kinds) and isinstance(obj, kinds)
 
 
+_slots_of = {}
+
+
 def slot_names(cls):
+    """Attribute names of every ``__slots__`` along the MRO (mangled), cached."""
+    names = _slots_of.get(cls)
+    if names is None:
+        names = _slots_of[cls] = tuple(_slot_names(cls))
+    return names
+
+
+def _slot_names(cls):
     names = []
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
@@ -104,20 +127,23 @@ def slot_names(cls):
     return names
 
 
-def edges(obj):
-    """The children of ``obj`` as ``Edge`` objects, in a stable order."""
+def edges(obj, items=None):
+    """The children of ``obj`` as ``Edge`` objects, in a stable order.
+
+    ``items``: at most that many items of a list, tuple, dict or set.
+    """
     if is_leaf(obj):
         return
     if isinstance(obj, dict):
-        for key, value in list(obj.items()):
+        for key, value in list(islice(obj.items(), items)):
             if not isinstance(key, ATOMIC):
                 yield Edge(obj, key, Edge.KEY, key)
             yield Edge(obj, key, Edge.ITEM, value)
     elif isinstance(obj, (list, tuple)):
-        for index, value in enumerate(list(obj)):
+        for index, value in enumerate(list(islice(obj, items))):
             yield Edge(obj, index, Edge.ITEM, value)
     elif isinstance(obj, (set, frozenset)):
-        for index, value in enumerate(list(obj)):
+        for index, value in enumerate(list(islice(obj, items))):
             yield Edge(obj, index, Edge.MEMBER, value)
     try:
         attrs = object.__getattribute__(obj, "__dict__")
@@ -135,11 +161,13 @@ def edges(obj):
         yield Edge(obj, name, Edge.ATTR, value)
 
 
-def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, stop=None):
+def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, stop=None,
+         items=None):
     """Yield ``(path, obj, edge)`` for ``root`` and what it holds, depth first.
 
     ``edge`` is None for the root. Each object is visited once (by identity).
-    ``stop(obj)`` true means report ``obj`` but do not enter it.
+    ``stop(obj)`` true means report ``obj`` but do not enter it. ``items``:
+    follow at most that many items of each container (``SAMPLE_ITEMS`` to look).
     """
     seen = set()
     stack = [(path, root, None, 0)]
@@ -152,7 +180,7 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
         if depth >= max_depth or (stop is not None and stop(obj)):
             continue
         try:
-            children = list(edges(obj))
+            children = list(edges(obj, items))
         except Exception:  # a hostile __getattr__ or a mutating container
             continue
         for child_edge in reversed(children):

@@ -322,20 +322,21 @@ class Found(tuple):
         self.edge.set(new)
 
 
-def find_files(obj, path="dataset"):
+def find_files(obj, path="dataset", items=None):
     """Files reachable from ``obj``: ``Found(path, file, file_kind(file))``.
 
     Includes files that cannot be reopened (kind None: pipes, sockets, closed
     or deleted files). A file held in two places is reported at each.
+    ``items``: look at that many items per container (``objwalk.SAMPLE_ITEMS``).
     """
     if _is_file_object(obj):
         return [Found(path, obj, file_kind(obj), None)]
     found, kinds = [], {}
-    for here, owner, _edge in objwalk.walk(obj, path, stop=_stop_at):
+    for here, owner, _edge in objwalk.walk(obj, path, stop=_stop_at, items=items):
         if _stop_at(owner):
             continue
         try:
-            edges = list(objwalk.edges(owner))
+            edges = list(objwalk.edges(owner, items))
         except Exception:
             continue
         for edge in edges:
@@ -389,14 +390,14 @@ def _stop_at(obj):
     return logging is not None and isinstance(obj, (logging.Logger, logging.Handler))
 
 
-def live_threading_objects(obj, path="dataset"):
+def live_threading_objects(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
     """``(path, kind)`` for locks, live threads and used thread pools ``obj`` holds.
 
     A forked worker inherits each in the state it had at fork: a lock another
     thread held stays held forever, a thread pool has no threads behind it.
     """
     found = []
-    for here, value, _edge in objwalk.walk(obj, path, stop=_stop_at):
+    for here, value, _edge in objwalk.walk(obj, path, stop=_stop_at, items=items):
         in_use = _thread_pool_in_use(value)
         if in_use is not None:
             if in_use:

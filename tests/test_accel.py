@@ -23,6 +23,7 @@ from support import run_script
 def meta_is_accelerator(monkeypatch):
     """Treat meta as a device; 'copy' meta data to CPU as 7s (meta has none)."""
     monkeypatch.setattr(accel, "ACCELERATORS", frozenset({"meta"}))
+    monkeypatch.setattr(accel, "device_tensors_possible", lambda facts: True)
     monkeypatch.setattr(accel, "tensor_to_cpu",
                         lambda t: torch.full(t.shape, 7, dtype=t.dtype))
     monkeypatch.setattr(accel, "storage_to_cpu",
@@ -149,6 +150,19 @@ def test_dl301_under_spawn_moves_only_where_batches_can_go_back(meta_is_accelera
     v = values(TensorDataset(meta(4, 3)), multiprocessing_context="spawn")
     f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork"), {})
     assert f.strategy == "move to CPU" and f.after == {"batch_device": "meta"}
+
+
+def test_no_scan_where_no_device_tensor_can_exist(monkeypatch):
+    """On a machine with no accelerator (and CUDA never initialised), a
+    DataLoader(...) call pays nothing for DL301/DL302."""
+    def no_scan(*a, **k):
+        raise AssertionError("scanned")
+
+    monkeypatch.setattr(accel, "scan", no_scan)
+    cpu = Facts(start_method="fork", accelerator=None, cuda_initialized=False)
+    v = values(ConcatDataset([TensorDataset(torch.zeros(4))] * 2))
+    assert accel.accelerator_tensors_in_workers(v, cpu, {}) is None
+    assert accel.datasets_on_different_devices(v, cpu, {}) is None
 
 
 def test_batch_device_only_when_certain(meta_is_accelerator):

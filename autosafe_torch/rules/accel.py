@@ -86,12 +86,12 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _children(obj, setters=True):
+def _children(obj, setters=True, items=None):
     """(label, child, setter) for what ``obj`` holds, from the shared walker's
     edges; setter None where the child cannot be replaced in place (a tuple
     item) or was not asked for. Dict keys and set members hold no tensor
     that could be moved in place: not followed."""
-    for edge in objwalk.edges(obj):
+    for edge in objwalk.edges(obj, items):
         if edge.how in (edge.KEY, edge.MEMBER):
             continue
         yield edge.label(), edge.child, edge.set if setters and edge.settable else None
@@ -106,8 +106,13 @@ def _skip(obj, torch):
     return name.startswith("numpy") or name.startswith("pandas")
 
 
-def scan(root, max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, path="dataset"):
-    """Every tensor reachable from ``root``, bounded; nothing copied or called."""
+def scan(root, max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, path="dataset",
+         items=objwalk.SAMPLE_ITEMS):
+    """The tensors reachable from ``root``, bounded; nothing copied or called.
+
+    Looks at ``items`` items per container (all the parts of a ConcatDataset);
+    ``relocate`` passes None to find every tensor it moves.
+    """
     torch = _torch()
     result = Scan()
     if torch is None:
@@ -133,7 +138,8 @@ def scan(root, max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, path="dataset"):
             result.complete = False
             return
         budget[0] -= 1
-        for i, (sub, child, _setter) in enumerate(_children(obj, setters=False)):
+        sample = None if obj is parts else items
+        for i, (sub, child, _setter) in enumerate(_children(obj, False, sample)):
             if budget[0] <= 0:
                 result.complete = False
                 break
@@ -184,7 +190,7 @@ def relocate(root, devices=None, max_depth=MAX_DEPTH):
     bound is lifted, so that what is moved is everything the depth reaches.
     """
     torch = _torch()
-    found = scan(root, max_depth=max_depth, max_objects=10 ** 9).on(
+    found = scan(root, max_depth=max_depth, max_objects=10 ** 9, items=None).on(
         ACCELERATORS if devices is None else devices)
     if not found:
         return root, []
@@ -296,9 +302,15 @@ def _root_change(values, before, after):
     return before, after
 
 
+def device_tensors_possible(facts):
+    """No usable accelerator, no device tensor: the scan is skipped (the
+    common CPU case pays nothing per DataLoader)."""
+    return facts.accelerator is not None or facts.cuda_initialized
+
+
 def _plan_workers(values, facts):
     """(found accelerator tensors, whether DL301 moves them) for this loader."""
-    if values["num_workers"] <= 0:
+    if values["num_workers"] <= 0 or not device_tensors_possible(facts):
         return [], False
     found = scan(values["dataset"]).on(ACCELERATORS)
     if not found:
@@ -388,6 +400,8 @@ def accelerator_tensors_in_workers(values, facts, defaults):
       "put every part of a ConcatDataset on the same device (CPU), and move "
       "batches with .to(device)")
 def datasets_on_different_devices(values, facts, defaults):
+    if not device_tensors_possible(facts) or _parts(values["dataset"], _torch()) is None:
+        return None  # only the parts of a ConcatDataset/ChainDataset can differ
     found, moved = _plan_workers(values, facts)
     if moved:
         return None  # DL301 moves them all

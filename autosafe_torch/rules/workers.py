@@ -219,17 +219,15 @@ def _fork_is_safe(view, facts):
 
 def _threads_are_safe(view):
     """Threads share the dataset object: no files, no connections, map-style."""
-    from .. import repairs
+    from .. import objwalk, repairs
 
     if view.iterable:
         return False
-    if repairs.find_files(view.dataset):
+    if repairs.find_files(view.dataset, items=objwalk.SAMPLE_ITEMS):
         return False
     sqlite3 = sys.modules.get("sqlite3")
     if sqlite3 is not None:
-        from .. import objwalk
-
-        for _path, value, _edge in objwalk.walk(view.dataset):
+        for _path, value, _edge in objwalk.walk(view.dataset, items=objwalk.SAMPLE_ITEMS):
             if isinstance(value, sqlite3.Connection):
                 return False
     return True
@@ -276,12 +274,13 @@ def _threads_or_zero(code_rule, view, why):
 
 
 def _reopen_shared_files(view, enabled):
-    from .. import repairs
+    from .. import objwalk, repairs
     from ..workerinit import with_step
 
     if not enabled("DL207"):
         return []
-    files = [f for f in repairs.find_files(view.dataset) if f.kind == repairs.READONLY]
+    files = [f for f in repairs.find_files(view.dataset, items=objwalk.SAMPLE_ITEMS)
+             if f.kind == repairs.READONLY]
     if not files:
         return []
     init = with_step(view.worker_init_fn, repairs.reopen_files_in_worker)
