@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 PATH = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "data.bin")
 # Item i lies at i * STRIDE: more than one read buffer (8 KiB) apart, so every
 # seek and read reaches the OS and the shared offset (DL207), on every item.
-# STRIDE % 256 == 8: item i holds the bytes i*8 .. i*8+7 (mod 256).
+# STRIDE = 32 * 256 + 8: item i holds the bytes i*8 .. i*8+7 (mod 256), as before.
 STRIDE = 8200
 if not os.path.exists(PATH):
     with open(PATH, "wb") as f:
