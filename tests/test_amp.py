@@ -3,16 +3,31 @@ autosafe_torch, the clean run with it.
 
 Warnings are turned into errors inside the scripts, so "clean" means no
 FutureWarning and no UserWarning at all. Old torch API shapes are simulated
-on this torch by hiding or replacing the newer names before autosafe_torch
-patches them (``OLD_TORCH`` says which torch each shape stands for). Real
-CUDA runs are marked ``gpu`` and skip without CUDA.
+on a newer torch by hiding or replacing the newer names before autosafe_torch
+patches them (``OLD_TORCH`` says which torch each shape stands for); on a
+real old torch (``make compat``: torch 2.0.1) they are the real thing, and
+the cases for the deprecated names skip. Real CUDA runs are marked ``gpu``
+and skip without CUDA.
 """
 
 import re
 
 import pytest
+import torch
 
 from support import run_script
+
+# What the installed torch has, by feature, as the patch decides it.
+# torch >= 2.4: torch.cuda.amp.autocast is deprecated (AMP501 routes it).
+ROUTES_AUTOCAST = getattr(torch.cuda.amp.autocast, "__deprecated__", None) is not None
+# torch >= 2.3: torch.cuda.amp.GradScaler derives from torch.amp.GradScaler (AMP502).
+_MODERN_SCALER = getattr(torch.amp, "GradScaler", None)
+ROUTES_SCALER = _MODERN_SCALER is not None and _MODERN_SCALER is not torch.cuda.amp.GradScaler \
+    and issubclass(torch.cuda.amp.GradScaler, _MODERN_SCALER)
+needs_deprecated_names = pytest.mark.skipif(
+    not (ROUTES_AUTOCAST and ROUTES_SCALER),
+    reason="needs torch >= 2.4 (deprecated torch.cuda.amp names); this is torch %s"
+    % torch.__version__)
 
 # Each case is a snippet that sets ``result``; the script prints OK or FAILED.
 RUNNER = '''
@@ -93,34 +108,38 @@ MODERN_TORCH_CASES = {
         "torch.bfloat16"),
 }
 
-# Old torch shapes on this torch, set up before autosafe_torch patches torch.
+# Old torch shapes on this torch, set up before autosafe_torch patches torch:
+# simulated on a newer torch, real on torch 2.0-2.2 (which has no
+# torch.amp.GradScaler), where only the missing torch.amp.autocast is simulated.
 OLD_TORCH = '''
 import torch
-# torch 2.0-2.2: no torch.amp.GradScaler nor torch.GradScaler (both from 2.3), no
-# torch.cpu.amp.GradScaler; torch.cuda.amp.GradScaler is the implementation itself,
-# takes no device and is not deprecated.
-_Impl = torch.amp.grad_scaler.GradScaler
-class GradScaler(_Impl):
-    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, enabled=True):
-        _Impl.__init__(self, "cuda", init_scale, growth_factor, backoff_factor,
-                       growth_interval, enabled)
-torch.cuda.amp.GradScaler = torch.cuda.amp.grad_scaler.GradScaler = GradScaler
-del torch.amp.GradScaler, torch.GradScaler, torch.cpu.amp.GradScaler
+if hasattr(torch.amp, "GradScaler"):
+    # torch 2.0-2.2: no torch.amp.GradScaler nor torch.GradScaler (both from 2.3), no
+    # torch.cpu.amp.GradScaler; torch.cuda.amp.GradScaler is the implementation itself,
+    # takes no device and is not deprecated.
+    _Impl = torch.amp.grad_scaler.GradScaler
+    class GradScaler(_Impl):
+        def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                     growth_interval=2000, enabled=True):
+            _Impl.__init__(self, "cuda", init_scale, growth_factor, backoff_factor,
+                           growth_interval, enabled)
+    torch.cuda.amp.GradScaler = torch.cuda.amp.grad_scaler.GradScaler = GradScaler
+    del torch.amp.GradScaler, torch.GradScaler, torch.cpu.amp.GradScaler
+    # torch 2.0: autocast takes 'cuda' and 'cpu' only, and on the CPU bfloat16 only
+    # (with a warning, and disabled, for float16; torch 2.0 warns even when the
+    # region is disabled).
+    _init = torch.amp.autocast_mode.autocast.__init__
+    def _torch20_init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type not in ("cuda", "cpu"):
+            raise RuntimeError("User specified autocast device_type must be 'cuda' or 'cpu'")
+        if device_type == "cpu" and dtype not in (None, torch.bfloat16):
+            warnings.warn("In CPU autocast, but the target dtype is not supported. Disabling "
+                          "autocast.\\nCPU Autocast only supports dtype of torch.bfloat16 currently.")
+            enabled = False
+        _init(self, device_type, dtype, enabled, cache_enabled)
+    torch.amp.autocast_mode.autocast.__init__ = _torch20_init
 # A torch without the name torch.amp.autocast (torch.autocast stays).
 del torch.amp.autocast
-# torch 2.0: autocast takes 'cuda' and 'cpu' only, and on the CPU bfloat16 only
-# (with a warning, and disabled, for float16).
-_init = torch.amp.autocast_mode.autocast.__init__
-def _torch20_init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
-    if device_type not in ("cuda", "cpu"):
-        raise RuntimeError("User specified autocast device_type must be 'cuda' or 'cpu'")
-    if device_type == "cpu" and dtype not in (None, torch.bfloat16) and enabled:
-        warnings.warn("In CPU autocast, but the target dtype is not supported. Disabling "
-                      "autocast.\\nCPU Autocast only supports dtype of torch.bfloat16 currently.")
-        enabled = False
-    _init(self, device_type, dtype, enabled, cache_enabled)
-torch.amp.autocast_mode.autocast.__init__ = _torch20_init
 if os.environ.get("WITH_AUTOSAFE_TORCH"):
     import autosafe_torch  # activated after the shapes are in place
 '''
@@ -136,7 +155,8 @@ OLD_TORCH_CASES = {
         "result = torch.amp.GradScaler('cpu').is_enabled()",
         "AttributeError: module 'torch.amp' has no attribute 'GradScaler'", "False"),
     "AMP506 torch.amp.autocast": (
-        "with torch.amp.autocast('cpu', dtype=torch.bfloat16) as a:\n"
+        "a = torch.amp.autocast('cpu', dtype=torch.bfloat16)\n"
+        "with a:  # (torch 2.0's __enter__ returns None)\n"
         "    result = ((torch.ones(2, 2) @ torch.ones(2, 2)).dtype, isinstance(a, torch.amp.autocast))",
         "AttributeError: module 'torch.amp' has no attribute 'autocast'",
         "(torch.bfloat16, True)"),
@@ -150,6 +170,12 @@ OLD_TORCH_CASES = {
         "False"),
     "AMP503 autocast('xpu') on torch 2.0": (
         "with torch.autocast('xpu'):\n    result = (torch.ones(2, 2) @ torch.ones(2, 2)).dtype",
+        # real torch 2.0 reaches for torch.xpu before it checks the device type
+        ("RuntimeError: User specified autocast device_type must be 'cuda' or 'cpu'",
+         "AttributeError: module 'torch' has no attribute 'xpu'"),
+        "torch.float32"),
+    "AMP503 autocast('mps') on torch 2.0": (
+        "with torch.autocast('mps'):\n    result = (torch.ones(2, 2) @ torch.ones(2, 2)).dtype",
         "RuntimeError: User specified autocast device_type must be 'cuda' or 'cpu'",
         "torch.float32"),
     "AMP505 fp16 on CPU on torch 2.0": (
@@ -192,12 +218,14 @@ def _check_with(result, cases):
     assert "internal error" not in result.stderr, result
 
 
+@needs_deprecated_names
 def test_modern_torch_cases_fail_or_warn_without_autosafe_torch(tmp_path):
     result = run_script(tmp_path, _runner(MODERN_TORCH_CASES, "import torch"))
     assert result.rc == 0, result
     _check_without(result, MODERN_TORCH_CASES)
 
 
+@needs_deprecated_names
 def test_modern_torch_cases_run_clean_with_autosafe_torch(tmp_path):
     result = run_script(tmp_path, _runner(MODERN_TORCH_CASES, "import torch"),
                         activation="import")
@@ -270,17 +298,22 @@ def test_training_loop_same_losses_no_warning_one_log_line_per_site(tmp_path):
     assert without.rc == 0 and with_.rc == 0, (without, with_)
     assert _line(with_, "LEGACY") == _line(without, "LEGACY")
     assert _line(with_, "MODERN") == _line(without, "MODERN")
-    # Without: a FutureWarning and a UserWarning on every step, and the scaler's.
-    assert int(_line(without, "WARNINGS").split()[1]) >= 10, without
+    # Without: a UserWarning on every step, and the scaler's; and where the old
+    # names are deprecated (torch >= 2.4), a FutureWarning on every step too.
+    assert int(_line(without, "WARNINGS").split()[1]) >= (10 if ROUTES_AUTOCAST else 6), without
     assert _line(with_, "WARNINGS") == "WARNINGS 0", with_
     logged = re.findall(r"(AMP50\d) [a-z-]+ at \S+train\.py:(\d+)", with_.stderr)
-    # autocast: AMP501 and AMP503 once each for its line; the scaler: AMP502, AMP503.
-    assert len(logged) == len(set(logged)) == 4, with_.stderr
+    # autocast: AMP501 (where deprecated) and AMP503 once each for its line; the
+    # scaler: AMP502 (where deprecated), AMP503.
+    expected = {"AMP503"} | ({"AMP501"} if ROUTES_AUTOCAST else set()) \
+        | ({"AMP502"} if ROUTES_SCALER else set())
+    assert len(logged) == len(set(logged)) == len(expected) + 1, with_.stderr
     # Counted on every step all the same: 5 autocasts, and the scaler once.
-    assert "AMP501 deprecated-autocast-api: fixed 5 time(s) at 1 call site(s)" in with_.stderr
+    if ROUTES_AUTOCAST:
+        assert "AMP501 deprecated-autocast-api: fixed 5 time(s) at 1 call site(s)" in with_.stderr
     assert "AMP503 amp-device-unavailable: fixed 6 time(s) at 2 call site(s)" in with_.stderr
     # The modern CPU loop needed nothing: no AMP505, nothing else logged.
-    assert {code for code, _ in logged} == {"AMP501", "AMP502", "AMP503"}
+    assert {code for code, _ in logged} == expected
 
 
 MODES = '''
@@ -305,6 +338,7 @@ with warnings.catch_warnings(record=True) as caught:
 '''
 
 
+@needs_deprecated_names
 def test_warn_mode_changes_nothing_strict_refuses_deactivate_restores(tmp_path):
     warn = run_script(tmp_path, MODES, env={"AUTOSAFE_TORCH_MODE": "warn"})
     assert "RAN" in warn.stdout and "CAUGHT ['FutureWarning']" in warn.stdout, warn
@@ -351,6 +385,19 @@ print("DTYPES", step(torch.randn(4, 4)))
 '''
 
 
+def _dynamo_supported():
+    """torch.compile works on this torch and Python (torch 2.0: not on Python 3.11)."""
+    try:
+        from torch._dynamo import eval_frame
+
+        eval_frame.check_if_dynamo_supported()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _dynamo_supported(), reason="torch.compile needs torch >= 2.1 on "
+                    "Python 3.11; this is torch %s" % torch.__version__)
 def test_torch_compile_still_traces_autocast(tmp_path):
     """Dynamo binds autocast arguments with inspect.signature of the class."""
     result = run_script(tmp_path, COMPILED, activation="import")

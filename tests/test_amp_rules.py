@@ -16,15 +16,21 @@ from autosafe_torch.rules.amp import AmpCall
 class FakeCaps:
     """What a torch's autocast accepts: device types, and (device, dtype) pairs."""
 
-    def __init__(self, devices=("cuda", "cpu", "mps", "xpu"), unsupported=()):
+    def __init__(self, devices=("cuda", "cpu", "mps", "xpu"), unsupported=(),
+                 loud_when_disabled=()):
         self.devices = set(devices)
         self.unsupported = set(unsupported)
+        # (device, dtype) pairs that warn even in a disabled region (torch 2.0's CPU).
+        self.loud_when_disabled = set(loud_when_disabled)
 
     def autocast_accepts(self, device):
         return device in self.devices
 
     def autocast_supports(self, device, dtype):
         return (device, dtype) not in self.unsupported
+
+    def autocast_quiet_when_disabled(self, device, dtype):
+        return (device, dtype) not in self.loud_when_disabled
 
 
 class FakeDevice:
@@ -129,6 +135,23 @@ def test_amp503_swaps_a_device_type_this_torch_rejects_for_an_inert_one():
     # With CUDA present, a disabled CUDA region would not be inert: CPU it is.
     codes, fixed = autocast_outcome(autocast_args("xpu"), WITH_CUDA, torch20)
     assert fixed["device_type"] == "cpu" and fixed["enabled"] is False
+
+
+def test_amp503_and_amp505_drop_a_dtype_that_warns_even_when_disabled():
+    """torch 2.0 checks the CPU dtype before ``enabled``: a disabled
+    autocast("cpu", dtype=torch.float16) still warns, so the dtype goes too."""
+    torch20 = FakeCaps(devices=("cuda", "cpu"), unsupported=[("cpu", "float16")],
+                       loud_when_disabled=[("cpu", "float16")])
+    codes, fixed = autocast_outcome(autocast_args("cpu", dtype="float16"), CPU_ONLY, torch20)
+    assert codes == ["AMP505"] and fixed["enabled"] is False and fixed["dtype"] is None
+    # An inert CPU region for a device this torch rejects, on a CUDA machine.
+    codes, fixed = autocast_outcome(autocast_args("xpu", dtype="float16"), WITH_CUDA, torch20)
+    assert codes == ["AMP503"]
+    assert (fixed["device_type"], fixed["enabled"], fixed["dtype"]) == ("cpu", False, None)
+    # Where a disabled region is quiet, the dtype is kept.
+    codes, fixed = autocast_outcome(autocast_args("cpu", dtype="float16"), CPU_ONLY,
+                                    FakeCaps(unsupported=[("cpu", "float16")]))
+    assert codes == ["AMP505"] and fixed["dtype"] == "float16"
 
 
 def test_amp503_disables_a_cuda_scaler_without_cuda():

@@ -59,6 +59,7 @@ class TorchAmpCaps:
         self._init = init
         self._accepts = {}
         self._supports = {}
+        self._quiet = {}
 
     def autocast_accepts(self, device):
         if device not in self._accepts:
@@ -71,6 +72,25 @@ class TorchAmpCaps:
             probe = self._probe(device, dtype, True)
             self._supports[key] = probe is not None and bool(getattr(probe, "_enabled", True))
         return self._supports[key]
+
+    def autocast_quiet_when_disabled(self, device, dtype):
+        """Whether a disabled autocast with ``dtype`` builds without a warning.
+
+        torch 2.0 checks the CPU dtype before ``enabled``: a disabled
+        ``autocast("cpu", dtype=torch.float16)`` still warns there.
+        """
+        key = (device, dtype)
+        if key not in self._quiet:
+            obj = self._cls.__new__(self._cls)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    self._init(obj, device, dtype=dtype, enabled=False)
+                    quiet = True
+                except Exception:
+                    quiet = False
+            self._quiet[key] = quiet and not caught
+        return self._quiet[key]
 
     def _probe(self, device, dtype, enabled):
         obj = self._cls.__new__(self._cls)

@@ -69,6 +69,16 @@ def inert_device(facts):
     return "cpu" if facts.accelerator == "cuda" else "cuda"
 
 
+def _disable_quietly(before, after, args, caps):
+    """Disabling keeps the user's dtype, unless this torch warns about it even in
+    a disabled region (torch 2.0 checks the CPU dtype before ``enabled``): then
+    the device's default, which a disabled region never uses."""
+    dtype = args["dtype"]
+    device = after.get("device_type", device_type(args["device_type"]))
+    if dtype is not None and not caps.autocast_quiet_when_disabled(device, dtype):
+        before["dtype"], after["dtype"] = dtype, None
+
+
 def _scaler_device(args, call):
     return device_type(args["device"]) or call.device or "cuda"
 
@@ -122,8 +132,10 @@ def amp_device_unavailable(args, facts, caps, call):
         after = {"enabled": False}
         if not caps.autocast_accepts(device):
             after["device_type"] = inert_device(facts)
+        before = {"device_type": args["device_type"], "enabled": True}
+        _disable_quietly(before, after, args, caps)
         return amp_device_unavailable.rule.finding(
-            {"device_type": args["device_type"], "enabled": True}, after,
+            before, after,
             "there is no %s device here, so there is nothing to autocast on it" % device)
     device = _scaler_device(args, call)
     if device_available(device, facts):
@@ -187,6 +199,8 @@ def autocast_unsupported(args, facts, caps, call):
             why.append("this torch cannot autocast to %s on %s; disabled, as torch "
                        "itself does (or would, instead of raising), so the region runs "
                        "in the model's own precision" % (args["dtype"], device))
+        if after.get("enabled") is False:
+            _disable_quietly(before, after, args, caps)
     if after:
         return autocast_unsupported.rule.finding(before, after, "; ".join(why))
 
