@@ -37,7 +37,7 @@ COMPAT_STAMP = $(COMPAT_VENV)/.autosafe-compat-installed
 
 .PHONY: compat
 
-$(COMPAT_STAMP): constraints-compat.txt pyproject.toml
+$(COMPAT_STAMP): constraints-compat.txt pyproject.toml $(wildcard autosafe_torch/_site/*)
 	test -x $(COMPAT_PYTHON) || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_PYTHON) -m pip install -c constraints-compat.txt torch numpy
 	$(COMPAT_PYTHON) -m pip install -c constraints-compat.txt -e ".[test]"

@@ -12,6 +12,7 @@ import sys
 # The same words as autosafe_torch.config (not imported: it would activate).
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
+_warned = False
 
 
 def run():
@@ -22,6 +23,10 @@ def run():
     if word in _OFF:
         return
     if word not in _ON:
+        global _warned
+        if _warned:  # once: site may read the .pth twice (seen in a virtual environment)
+            return
+        _warned = True
         sys.stderr.write("autosafe_torch: AUTOSAFE_TORCH=%r is not one of 1/true/yes/on "
                          "or 0/false/no/off; staying off\n" % value)
         return
