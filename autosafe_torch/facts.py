@@ -16,11 +16,13 @@ _UNSET = object()
 class Facts:
     __slots__ = ("platform", "start_method", "cpus_usable", "torch_version",
                  "accelerator", "cuda_initialized",
-                 "shm_available", "open_file_limit", "sharing_strategy")
+                 "shm_available", "open_file_limit", "sharing_strategy",
+                 "pin_memory_warns")
 
     def __init__(self, platform=None, start_method=None, cpus_usable=None,
                  torch_version=(0, 0), accelerator=None, cuda_initialized=False,
-                 shm_available=None, open_file_limit=None, sharing_strategy=None):
+                 shm_available=None, open_file_limit=None, sharing_strategy=None,
+                 pin_memory_warns=True):
         self.platform = platform or sys.platform
         self.start_method = start_method or default_start_method(self.platform)
         self.cpus_usable = cpus_usable or 1
@@ -33,6 +35,9 @@ class Facts:
         self.shm_available = shm_available
         self.open_file_limit = open_file_limit
         self.sharing_strategy = sharing_strategy
+        # Whether this torch warns, every epoch, about pin_memory with no
+        # accelerator (torch 2.0 ignores it silently).
+        self.pin_memory_warns = pin_memory_warns
 
     def replace(self, **changes):
         values = {name: getattr(self, name) for name in self.__slots__}
@@ -150,6 +155,19 @@ def accelerator():
     return None
 
 
+def pin_memory_warns():
+    """Whether torch's iterator warns about pin_memory without an accelerator:
+    read from its code's constants, not from the version number."""
+    try:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        consts = _BaseDataLoaderIter.__init__.__code__.co_consts
+        return any(isinstance(c, str) and "'pin_memory' argument is set as true" in c
+                   for c in consts)
+    except Exception:
+        return True
+
+
 def cuda_initialized():
     try:
         import torch
@@ -212,7 +230,7 @@ def current(context=None):
         return _override
     if not _static:
         _static.update(cpus_usable=cpus_usable(), torch_version=torch_version(),
-                       accelerator=accelerator())
+                       accelerator=accelerator(), pin_memory_warns=pin_memory_warns())
     return Facts(start_method=effective_start_method(context),
                  cuda_initialized=cuda_initialized(),
                  shm_available=shm_available(), open_file_limit=open_file_limit(),

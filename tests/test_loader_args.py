@@ -30,7 +30,7 @@ CASES = {
 
 # How torch 2.0 words it where its dataloader.py lacks the message above: bare
 # assertions (DL106, DL107), and pin_memory without CUDA dropped silently (DL105:
-# nothing fails; the rule still turns it off, with the same batches).
+# nothing fails, and the rule, which asks torch whether it warns, leaves it).
 OLD_TORCH_WORDING = {"DL106": "AssertionError: ", "DL107": "AssertionError: ", "DL105": None}
 _TORCH_SOURCE = inspect.getsource(torch_dataloader)
 
@@ -112,8 +112,21 @@ def test_each_case_runs_clean_with_autosafe_torch(tmp_path, activation, referenc
     assert result.rc == 0, result
     for code in CASES:
         assert "OK %s" % code in result.stdout, (code, result)
-        # logged once per call site, with the user's file:line and the fix
+        # logged once per call site, with the user's file:line and the fix;
+        # nothing where this torch does not fail (a working call is left alone)
         lines = [l for l in result.stderr.splitlines() if " %s " % code in l and "Permanent fix" in l]
-        assert len(lines) == 1, (code, result)
-        assert "train.py:" in lines[0]
+        assert len(lines) == (0 if expected_error(code) is None else 1), (code, result)
+        assert all("train.py:" in line for line in lines)
     assert _batches(result) == reference
+
+
+def test_dl105_only_where_torch_warns():
+    from autosafe_torch.facts import Facts
+    from autosafe_torch.rules.loader_args import pin_memory_without_accelerator as dl105
+
+    args = {"pin_memory": True}
+    assert dl105(args, Facts(accelerator=None, pin_memory_warns=True), {}).after == \
+        {"pin_memory": False}
+    assert dl105(args, Facts(accelerator=None, pin_memory_warns=False), {}) is None
+    assert dl105(args, Facts(accelerator="mps", pin_memory_warns=False), {}) is not None
+    assert dl105(args, Facts(accelerator="cuda"), {}) is None

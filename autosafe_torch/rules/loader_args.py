@@ -76,13 +76,15 @@ def zero_prefetch_with_workers(args, facts, defaults):
 
 
 @rule("DL105", "pin-memory-without-accelerator", GROUP,
-      "pin_memory=True with no usable accelerator (or on MPS): set to False",
+      "pin_memory=True with no usable accelerator (or on MPS), where torch warns "
+      "about it: set to False",
       "UserWarning every epoch: 'pin_memory' argument is set as true but no "
       "accelerator is found, then device pinned memory won't be used. "
       "(on MPS: ... but not supported on MPS now)",
       "pass pin_memory=torch.cuda.is_available()")
 def pin_memory_without_accelerator(args, facts, defaults):
-    if args["pin_memory"] and facts.accelerator in (None, "mps"):
+    if args["pin_memory"] and (facts.accelerator == "mps" or (
+            facts.accelerator is None and facts.pin_memory_warns)):
         where = "on MPS pinned memory is not supported" if facts.accelerator == "mps" \
             else "there is no accelerator to copy batches to"
         return pin_memory_without_accelerator.rule.finding(
