@@ -366,8 +366,9 @@ def _scaler_plan(instance, call, signature, defaults, args, kwargs):
     return device_type(fixed["device"]) or call.device or "cuda", params
 
 
-def _legacy_scaler_wrapper(call, signature, route_init):
-    """For torch.cuda.amp.GradScaler.__init__ (and the CPU one)."""
+def _scaler_wrapper(call, signature, build):
+    """A GradScaler.__init__ wrapper: plan (failing open), then
+    ``build(wrapped, instance, device, params)`` where a plan was made."""
     defaults = _defaults(signature)
 
     def wrapper(wrapped, instance, args, kwargs):
@@ -380,32 +381,26 @@ def _legacy_scaler_wrapper(call, signature, route_init):
             plan = None
         if plan is None:
             return wrapped(*args, **kwargs)
-        device, params = plan
+        return build(wrapped, instance, *plan)
+
+    return wrapper
+
+
+def _legacy_scaler_wrapper(call, signature, route_init):
+    """For torch.cuda.amp.GradScaler.__init__ (and the CPU one)."""
+
+    def build(wrapped, instance, device, params):
         if route_init is not None:
             return route_init(instance, device, **params)
         return wrapped(**params)
 
-    return wrapper
+    return _scaler_wrapper(call, signature, build)
 
 
 def _modern_scaler_wrapper(call, signature):
     """For torch.amp.GradScaler.__init__: AMP503 only."""
-    defaults = _defaults(signature)
-
-    def wrapper(wrapped, instance, args, kwargs):
-        try:
-            plan = _scaler_plan(instance, call, signature, defaults, args, kwargs)
-        except engine.UnsafeCallError:
-            raise
-        except Exception as exc:
-            internal_error("%s.__init__" % call.api, exc)
-            plan = None
-        if plan is None:
-            return wrapped(*args, **kwargs)
-        device, params = plan
-        return wrapped(device, **params)
-
-    return wrapper
+    return _scaler_wrapper(call, signature,
+                           lambda wrapped, instance, device, params: wrapped(device, **params))
 
 
 # --- AMP506: the modern names on a torch that lacks them -------------------------
