@@ -242,17 +242,34 @@ def test_dl207_shared_file_offset_under_fork(tmp_path, reference):
     assert "reopen in each worker" in _logged(good, "DL207")[0]
 
 
-def test_dl104_clamps_to_usable_cpus(tmp_path):
-    body = DATA + "\nimport warnings\nwarnings.simplefilter('error')\n" \
-        "if __name__ == '__main__':\n    digest(DataLoader(torch.arange(16.), batch_size=4, " \
-        "num_workers=3))\n"
+WORKER_ARGS = DATA + textwrap.dedent('''
+    import warnings
+    warnings.simplefilter("error")  # PyTorch's worker-count warning fails the run
+    CASES = {"DL104": dict(num_workers=3), "DL106": dict(num_workers=1, prefetch_factor=0)}
+    if __name__ == "__main__":
+        for code in sys.argv[1:]:
+            digest(DataLoader(torch.arange(16.), batch_size=4, **CASES[code]))
+    ''')
+
+
+@pytest.mark.parametrize("method", ("fork",) + SPAWNING)
+def test_dl104_dl106_worker_arguments(tmp_path, method):
+    """DL104: more workers than the 1 usable CPU; DL106: prefetch_factor=0."""
     env = {"AUTOSAFE_TEST_CPUS": "1"}
-    bad = run_script(tmp_path, body, env=env)
-    assert bad.rc != 0 and "This DataLoader will create 3 worker processes in total" in bad.stderr
-    good = run_script(tmp_path, body, env=env, activation="env")
-    ref = run_script(tmp_path, body.replace("num_workers=3", "num_workers=0"))
-    assert good.rc == 0 and good.batches == ref.batches, good
+    errors = {"DL104": "This DataLoader will create 3 worker processes in total",
+              "DL106": "AssertionError"}
+    for code, error in errors.items():
+        bad = run_script(tmp_path, WORKER_ARGS, env=env, start_method=method, args=(code,))
+        assert bad.rc != 0 and error in bad.stderr, bad
+    good = run_script(tmp_path, WORKER_ARGS, env=env, start_method=method, args=tuple(errors),
+                      activation="env")
+    ref = run_script(tmp_path, DATA + "\nif __name__ == '__main__':\n"
+                     "    for _ in range(2):\n"
+                     "        digest(DataLoader(torch.arange(16.), batch_size=4))\n")
+    assert good.rc == 0, good
+    assert good.stdout == ref.stdout and ref.stdout.count("BATCHES") == 2
     assert "num_workers 3 -> 1" in _logged(good, "DL104")[0]
+    assert "prefetch_factor 0 -> 2" in _logged(good, "DL106")[0]
 
 
 SAFE_LOADERS = DATA + textwrap.dedent('''
