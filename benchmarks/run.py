@@ -1,7 +1,7 @@
 """``make bench``: what autosafe_torch costs and what it saves.
 
 Runs every figure (each in child processes), prints the table, writes
-benchmarks/RESULTS.md and benchmarks/results/results.json, and replaces the
+benchmarks/RESULTS.md and benchmarks/results.json, and replaces the
 text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in README.md
 (when both markers are there). ``BENCH_QUICK=1``: a smoke run (< 90 s) with
 few repetitions; its numbers are not worth reporting and it leaves README.md
