@@ -1,27 +1,25 @@
 # The two commands of the README: `make demo` and `make test`.
-# torch is pinned for the test environment only (users get a wide range).
+# torch is pinned in constraints-test.txt for the tests, the demo and the
+# benchmarks only (users get a wide range); without the pin pip would fetch
+# the newest torch with several GB of CUDA packages.
 PYTHON ?= python3
-TORCH_VERSION ?= 2.13.0
-PIP = $(PYTHON) -m pip
 PYTEST_ARGS ?=
+INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 
 .PHONY: install-test test demo bench readme
 
 install-test:
-	$(PIP) install "torch==$(TORCH_VERSION)"
-	$(PIP) install -c constraints-test.txt -e ".[test]"
+	$(INSTALL) ".[test]"
 
 test: install-test
 	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 bench:
-	$(PIP) install "torch==$(TORCH_VERSION)"
-	$(PIP) install -c constraints-test.txt -e ".[cv2]"
+	$(INSTALL) ".[cv2]"
 	$(PYTHON) benchmarks/run.py
 
 demo:
-	$(PIP) install "torch==$(TORCH_VERSION)"
-	$(PIP) install -c constraints-test.txt -e .
+	$(INSTALL) .
 	$(PYTHON) examples/run_demo.py
 
 readme:
