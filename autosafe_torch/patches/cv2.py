@@ -13,27 +13,18 @@ Whatever goes wrong here is logged and never reaches ``import cv2``.
 """
 
 import os
-import sys
 
 from .. import engine
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _state = {"patched": None}
 
 
 def import_site():
     """file:line of the ``import cv2`` that triggered us, or "<import cv2>"."""
-    try:
-        frame = sys._getframe(1)
-    except Exception:
-        return "<import cv2>"
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not (name.startswith(_PACKAGE_DIR) or name.startswith("<frozen")
-                or "importlib" in name):
-            return "%s:%d" % (name, frame.f_lineno)
-        frame = frame.f_back
-    return "<import cv2>"
+    from ..callsite import user_call_site
+
+    site = user_call_site()
+    return "<import cv2>" if site == "<unknown>" else site
 
 
 def findings(cv2, environ=None):
