@@ -38,6 +38,11 @@ def user_function(worker_init_fn):
     return worker_init_fn
 
 
+def with_user_function(worker_init_fn, user_fn):
+    """One of ours with the user's function replaced (sent by value, say)."""
+    return functools.partial(_run, steps_of(worker_init_fn), user_fn)
+
+
 def steps_of(worker_init_fn):
     if isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _run:
         return worker_init_fn.args[0]

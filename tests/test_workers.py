@@ -166,6 +166,28 @@ def test_dl202_lambda_collate_fn_by_value(tmp_path, method):
     assert "DL202 local-function-to-workers: fixed 2 time(s)" in good.stderr
 
 
+def test_dl202_lambda_behind_an_injected_worker_step(tmp_path):
+    """cv2 imported: CV401/CV402 wrap the user's lambda worker_init_fn in a
+    step of ours; the lambda inside still travels by value."""
+    body = DATA + textwrap.dedent('''
+        import cv2
+        def main():
+            seen = []
+            ds = torch.arange(12.).reshape(6, 2)
+            digest(DataLoader(ds, batch_size=2, num_workers=WORKERS,
+                              worker_init_fn=lambda wid: seen.append(wid)))
+        if __name__ == "__main__":
+            main()
+        ''')
+    bad = run_script(tmp_path, body.replace("WORKERS", "2"), start_method="spawn")
+    assert bad.rc != 0 and "Can't pickle local object" in bad.stderr
+    good = run_script(tmp_path, body.replace("WORKERS", "2"), start_method="spawn",
+                      activation="env")
+    ref = run_script(tmp_path, body.replace("WORKERS", "0"))
+    assert good.rc == 0 and good.batches == ref.batches, good
+    assert "by-value" in _logged(good, "DL202")[0] and "DL201" not in good.stderr
+
+
 @pytest.mark.parametrize("method", SPAWNING)
 def test_dl203_class_from_interactive_main(tmp_path, method):
     body = PRELUDE + textwrap.dedent('''

@@ -75,8 +75,8 @@ DL201 = declare(
     "open files lazily in __getitem__ (or in worker_init_fn), not in __init__")
 DL202 = declare(
     "DL202", "local-function-to-workers", GROUP,
-    "lambda or local function as collate_fn/worker_init_fn (or in the dataset) under "
-    "spawn/forkserver: pickled by value (cloudpickle)",
+    "lambda or local function as collate_fn/worker_init_fn under spawn/forkserver: "
+    "pickled by value (cloudpickle)",
     "AttributeError: Can't pickle local object 'main.<locals>.<lambda>' (PicklingError "
     "on older Python)",
     "define collate_fn/worker_init_fn at module level")
@@ -178,12 +178,13 @@ def _repairs(view, enabled):
             return findings
         failure = failures[0]
         value, top = failure.value, failure.path.split(".")[0].split("[")[0]
-        if value is parts.get(top) and top in ("collate_fn", "worker_init_fn") \
-                and callable(value) and enabled("DL202"):
-            parts[top] = repairs.by_value(value)
-            findings.append(DL202.finding({top: value}, {top: parts[top]},
+        by_value = _by_value(parts.get(top), value) if top in (
+            "collate_fn", "worker_init_fn") and enabled("DL202") else None
+        if by_value is not None:
+            findings.append(DL202.finding({top: parts[top]}, {top: by_value},
                                           "%s: %s" % (failure.path, failure.error),
                                           strategy="by-value"))
+            parts[top] = by_value
             continue
         if repairs.file_kind(value) == repairs.READONLY and not planned_files \
                 and enabled("DL201"):
@@ -202,6 +203,19 @@ def _repairs(view, enabled):
                                           {}, failure.error, strategy="by-value"))
             continue
         return None
+    return None
+
+
+def _by_value(part, failing):
+    """``part`` (a collate_fn or worker_init_fn) with ``failing``, the function
+    that does not pickle, sent by value; None when ``failing`` is not that
+    function nor the user's own inside a worker_init_fn of ours."""
+    from .. import repairs, workerinit
+
+    if failing is part and callable(part):
+        return repairs.by_value(part)
+    if failing is workerinit.user_function(part) and callable(failing):
+        return workerinit.with_user_function(part, repairs.by_value(failing))
     return None
 
 
