@@ -109,6 +109,40 @@ def test_dl201_open_file_repaired_by_reopening(tmp_path, method, reference):
     assert "repair: reopen read-only files" in line and "dataset.f" in line
 
 
+H5_SCRIPT = '''
+import os, sys
+import h5py, numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+PATH = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "data.h5")
+if not os.path.exists(PATH):
+    with h5py.File(PATH, "w") as f:
+        f["x"] = np.arange(64, dtype=np.float32).reshape(32, 2)
+
+class H5Dataset(Dataset):
+    def __init__(self):
+        self.file = h5py.File(PATH, "r")
+        self.x = self.file["x"]
+    def __len__(self):
+        return 32
+    def __getitem__(self, i):
+        return torch.from_numpy(self.x[i])
+
+if __name__ == "__main__":
+    digest(DataLoader(H5Dataset(), batch_size=4, num_workers=WORKERS))
+'''
+
+
+def test_dl201_h5py_file_reopened_by_name(tmp_path):
+    pytest.importorskip("h5py")
+    bad = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "2"), start_method="spawn")
+    assert bad.rc != 0 and "h5py objects cannot be pickled" in bad.stderr
+    good = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "2"), start_method="spawn",
+                      activation="env")
+    ref = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "0"))
+    assert good.rc == 0 and good.batches == ref.batches, good
+    assert "repair: reopen read-only files" in _logged(good, "DL201")[0]
+
+
 @pytest.mark.parametrize("method", SPAWNING)
 def test_dl201_fork_rung_when_repair_is_impossible(tmp_path, method, reference):
     body = loader_script("GeneratorDataset()")
