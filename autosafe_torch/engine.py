@@ -55,3 +55,18 @@ def settle(findings, call_site):
         record(Intervention(r.code, r.slug, f.before, f.after, f.why, r.fix,
                             call_site, f.strategy, action))
     return action == "fixed"
+
+
+def decide_or(default, where, decide, *args):
+    """``decide(*args)``, failing open: an error of ours is logged once and
+    ``default`` is returned, so that the caller runs the original call
+    unchanged. Strict mode's UnsafeCallError is meant for the user: it passes."""
+    try:
+        return decide(*args)
+    except UnsafeCallError:
+        raise
+    except Exception as exc:
+        from .report import internal_error
+
+        internal_error(where, exc)
+        return default

@@ -224,6 +224,26 @@ for i in range(2):
     assert result.stderr.count("internal error in DataLoader.__init__ (RuntimeError: injected)") == 1
 
 
+def test_fail_open_at_iteration(tmp_path):
+    """A fault in the worker decision: the loader starts its workers as asked."""
+    body = """
+import autosafe_torch.rules.workers as m
+def boom(*a, **k):
+    raise RuntimeError('injected')
+m.plan = boom
+import torch
+from torch.utils.data import DataLoader
+if __name__ == "__main__":
+    loader = DataLoader(torch.arange(8.), batch_size=2, num_workers=2)
+    digest(loader, epochs=2)
+"""
+    result = run_script(tmp_path, body, activation="import")
+    ref = run_script(tmp_path, body.replace("num_workers=2", "num_workers=0"))
+    assert result.rc == 0 and result.batches == ref.batches, result
+    assert result.stderr.count("internal error in DataLoader iteration (RuntimeError: "
+                               "injected)") == 1
+
+
 def test_fail_open_import_hook(tmp_path):
     """A broken patch never breaks `import torch`."""
     body = """

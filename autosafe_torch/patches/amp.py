@@ -264,13 +264,7 @@ def _patch_deprecated_autocast(legacy, call, base):
     @functools.wraps(deprecated_new_func)
     def __new__(cls, *args, **kwargs):
         if cls is legacy:  # the original warns only for the class itself
-            try:
-                quiet = _route_decision(call)
-            except engine.UnsafeCallError:
-                raise
-            except Exception as exc:
-                internal_error("%s.__new__" % call.api, exc)
-                quiet = False
+            quiet = engine.decide_or(False, "%s.__new__" % call.api, _route_decision, call)
             if not quiet:
                 return deprecated_new_func(cls, *args, **kwargs)
         return base_new(cls)
@@ -286,13 +280,8 @@ def _patch_deprecated_autocast(legacy, call, base):
 
     @functools.wraps(deprecated_func)
     def __init_subclass__(cls, **kwargs):
-        try:
-            quiet = _route_decision(call)
-        except engine.UnsafeCallError:
-            raise
-        except Exception as exc:
-            internal_error("%s.__init_subclass__" % call.api, exc)
-            quiet = False
+        quiet = engine.decide_or(False, "%s.__init_subclass__" % call.api, _route_decision,
+                                 call)
         if not quiet:
             return deprecated_func(cls, **kwargs)
         if inner is not None and not isinstance(inner, type(object.__init_subclass__)):
@@ -372,13 +361,8 @@ def _scaler_wrapper(call, signature, build):
     defaults = _defaults(signature)
 
     def wrapper(wrapped, instance, args, kwargs):
-        try:
-            plan = _scaler_plan(instance, call, signature, defaults, args, kwargs)
-        except engine.UnsafeCallError:
-            raise
-        except Exception as exc:
-            internal_error("%s.__init__" % call.api, exc)
-            plan = None
+        plan = engine.decide_or(None, "%s.__init__" % call.api, _scaler_plan, instance, call,
+                                signature, defaults, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
         return build(wrapped, instance, *plan)

@@ -12,7 +12,6 @@ import inspect
 
 from .. import engine, facts
 from ..callsite import user_call_site
-from ..report import internal_error
 from . import wrap
 
 # Rule modules checked at construction, in this order; each has CHECKS.
@@ -55,13 +54,7 @@ def _init_wrapper(wrapped, instance, args, kwargs):
         bound = _signature["sig"].bind(*args, **kwargs)
     except TypeError:
         return wrapped(*args, **kwargs)  # the user's own mistake: torch says it
-    try:
-        decided = _decide(bound, instance)
-    except engine.UnsafeCallError:
-        raise
-    except Exception as exc:
-        internal_error("DataLoader.__init__", exc)
-        return wrapped(*args, **kwargs)
+    decided = engine.decide_or(None, "DataLoader.__init__", _decide, bound, instance)
     if decided is None:
         return wrapped(*args, **kwargs)
     new, loader_state = decided
@@ -100,13 +93,7 @@ _PLAN_ATTR = "_autosafe_torch_plan"
 
 
 def _iterator_wrapper(wrapped, loader, args, kwargs):
-    try:
-        threads = _decide_workers(loader)
-    except engine.UnsafeCallError:
-        raise
-    except Exception as exc:
-        internal_error("DataLoader iteration", exc)
-        return wrapped(*args, **kwargs)
+    threads = engine.decide_or(0, "DataLoader iteration", _decide_workers, loader)
     if threads:
         from ..threadworkers import ThreadWorkersIter
 
