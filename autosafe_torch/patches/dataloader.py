@@ -14,26 +14,27 @@ from .. import engine, facts
 from ..callsite import user_call_site
 from . import wrap
 
-# Rule modules checked at construction, in this order; each has CHECKS.
-# Later checks see the arguments as the earlier ones left them.
-INIT_CHECK_MODULES = (
-    "autosafe_torch.rules.workers",
-    "autosafe_torch.rules.loader_args",
-    "autosafe_torch.rules.accel",
-    "autosafe_torch.rules.resources",
-    "autosafe_torch.rules.cv2",
-)
+# Findings may carry values that are no DataLoader argument but state the
+# loader keeps for its iterators (``batch_device``); stored under this prefix,
+# as is the cached worker decision.
+STATE_PREFIX = "_autosafe_torch_"
+_PLAN_ATTR = STATE_PREFIX + "plan"
 
 _signature = {}
 
 
 def init_checks():
+    """The DataLoader checks, in the registry's order: each rule module with a
+    ``CHECKS`` tuple adds it; later checks see the arguments as the earlier
+    ones left them (DL104 settles the worker count before the rest look)."""
     if "checks" not in _signature:
         import importlib
 
+        from ..rules import RULE_MODULES
+
         _signature["checks"] = tuple(
-            check for name in INIT_CHECK_MODULES
-            for check in importlib.import_module(name).CHECKS)
+            check for name in RULE_MODULES
+            for check in getattr(importlib.import_module(name), "CHECKS", ()))
     return _signature["checks"]
 
 
@@ -64,11 +65,6 @@ def _init_wrapper(wrapped, instance, args, kwargs):
     return result
 
 
-# Findings may carry values that are no DataLoader argument but state the
-# loader keeps for its iterators (``batch_device``); stored under this prefix.
-STATE_PREFIX = "_autosafe_torch_"
-
-
 def _decide(bound, instance):
     """(bound arguments to call with, loader state to keep), or None: unchanged."""
     values = dict(_signature["defaults"])
@@ -88,9 +84,6 @@ def _decide(bound, instance):
 
 
 # -- the worker decision, at iteration -----------------------------------------
-
-_PLAN_ATTR = "_autosafe_torch_plan"
-
 
 def _iterator_wrapper(wrapped, loader, args, kwargs):
     threads = engine.decide_or(0, "DataLoader iteration", _decide_workers, loader)

@@ -12,7 +12,8 @@ import importlib
 
 RULES = {}
 
-# Modules that declare rules, in the order they are checked.
+# Modules that declare rules, in the order they are checked. Those with a
+# CHECKS tuple check DataLoader(...) calls (patches/dataloader.py).
 RULE_MODULES = (
     "autosafe_torch.rules.workers",
     "autosafe_torch.rules.loader_args",
