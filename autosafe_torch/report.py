@@ -84,8 +84,8 @@ class _FallbackStderrHandler(logging.StreamHandler):
         self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record):
-        if logging.getLogger().handlers:
-            return
+        if logging.getLogger().handlers or len(logger.handlers) > 1:
+            return  # the application's handlers (root's, or ours) take it
         self.stream = sys.stderr  # follow redirections (pytest capsys, tests)
         super().emit(record)
 

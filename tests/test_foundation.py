@@ -134,6 +134,15 @@ def test_application_logging_takes_over(tmp_path):
     assert "DL101" not in result.stderr  # no second, unconfigured copy
 
 
+def test_a_handler_on_our_logger_takes_over_too(tmp_path):
+    body = ("import logging, sys\nh = logging.StreamHandler(sys.stdout)\n"
+            "h.setFormatter(logging.Formatter('OURS %(message)s'))\n"
+            "logging.getLogger('autosafe_torch').addHandler(h)\n") + BROKEN_LOADER + "make()\n"
+    result = run_script(tmp_path, body, activation="env")
+    assert result.rc == 0, result
+    assert "OURS autosafe_torch[pid" in result.stdout and "DL101" not in result.stderr
+
+
 def test_activation_after_torch_patches_and_says_so(tmp_path):
     body = "import torch\nimport autosafe_torch\n" + BROKEN_LOADER + "digest(make())\n"
     result = run_script(tmp_path, body)
