@@ -208,9 +208,8 @@ def _make_autocast_init(init):
                                                             cache_enabled), {})
                 if key is not None and len(_autocast_plans) < _PLAN_CACHE_LIMIT:
                     _autocast_plans[key] = plan
-            if plan is not _CLEAN and _settle(plan[0], _call_site(self)):
-                new_kwargs = plan[1]
-        except engine.UnsafeCallError:
+            new_kwargs = _planned_kwargs(plan, self)
+        except engine.UnsafeCallError:  # inline, not decide_or: this runs every step
             raise
         except Exception as exc:
             internal_error("autocast.__init__", exc)
@@ -221,20 +220,20 @@ def _make_autocast_init(init):
     return __init__
 
 
+def _planned_kwargs(plan, instance):
+    """The keyword arguments a plan says to build autocast with, or None: unchanged."""
+    if plan is not _CLEAN and _settle(plan[0], _call_site(instance)):
+        return plan[1]
+    return None
+
+
 def _make_generic_autocast_init(init, signature, defaults):
     """The same for a torch whose autocast takes other parameters."""
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        new_kwargs = None
-        try:
-            plan = _autocast_plan(signature, defaults, args, kwargs)
-            if plan is not _CLEAN and _settle(plan[0], _call_site(self)):
-                new_kwargs = plan[1]
-        except engine.UnsafeCallError:
-            raise
-        except Exception as exc:
-            internal_error("autocast.__init__", exc)
+        new_kwargs = engine.decide_or(None, "autocast.__init__", lambda: _planned_kwargs(
+            _autocast_plan(signature, defaults, args, kwargs), self))
         if new_kwargs is None:
             return init(self, *args, **kwargs)
         return init(self, **new_kwargs)
