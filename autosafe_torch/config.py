@@ -6,6 +6,7 @@ accepts, and the default is used.
 """
 
 import os
+import re
 import sys
 
 ENV_SWITCH = "AUTOSAFE_TORCH"
@@ -18,7 +19,10 @@ ENV_DEBUG = "AUTOSAFE_TORCH_DEBUG"
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 MODES = ("fix", "warn", "strict")
-GROUPS = ("dataloader", "amp", "cv2")
+# Tokens of AUTOSAFE_TORCH_DISABLE are told apart by their shape, so that a new
+# rule group or code needs no edit here: a rule code is letters then digits,
+# anything else names a group (the registry says which exist).
+CODE_SHAPE = re.compile(r"[A-Za-z]+[0-9]+$")
 
 # Documented once here; the README's configuration table is built from it.
 OPTIONS = (
@@ -71,10 +75,12 @@ def parse_mode(value, name=ENV_MODE):
 
 
 def parse_disable(value):
-    """Tokens of AUTOSAFE_TORCH_DISABLE, upper-cased codes, lower-cased groups.
+    """Tokens of AUTOSAFE_TORCH_DISABLE: upper-cased codes (``dl101`` is DL101),
+    lower-cased groups, ``*``.
 
-    Unknown codes are reported later, by ``validate_disabled``, when the rule
-    registry is loaded (it is not loaded at interpreter start, to stay cheap).
+    Unknown codes and groups are reported later, by ``validate_disabled``, when
+    the rule registry is loaded (it is not loaded at interpreter start, to stay
+    cheap).
     """
     if not value:
         return frozenset()
@@ -83,8 +89,10 @@ def parse_disable(value):
         raw = raw.strip()
         if not raw:
             continue
-        low = raw.lower()
-        tokens.add(low if (low in GROUPS or low == "*") else raw.upper())
+        if raw == "*" or not CODE_SHAPE.match(raw):
+            tokens.add(raw.lower())
+        else:
+            tokens.add(raw.upper())
     return frozenset(tokens)
 
 
@@ -121,17 +129,19 @@ class Config:
         d = self.disabled
         return not d or not ("*" in d or code in d or group in d)
 
-    def validate_disabled(self, known_codes):
-        """Warn once about tokens that name no rule and no group."""
+    def validate_disabled(self, rules):
+        """Warn once about tokens that name no rule and no group of ``rules``
+        (the registry: code -> rule)."""
         if self._validated:
             return
         self._validated = True
+        groups = sorted({r.group for r in rules.values()})
         unknown = sorted(t for t in self.disabled
-                         if t not in known_codes and t not in GROUPS and t != "*")
+                         if t not in rules and t not in groups and t != "*")
         if unknown:
             warn_line("%s: unknown rule code(s) %s ignored; accepted: rule codes "
                       "(see `autosafe-torch rules`), %s or *" % (
-                          ENV_DISABLE, ", ".join(unknown), ", ".join(GROUPS)))
+                          ENV_DISABLE, ", ".join(unknown), ", ".join(groups)))
 
     def as_dict(self):
         return {"mode": self.mode, "disabled": sorted(self.disabled),

@@ -28,13 +28,14 @@ def cv2_state():
 
 def default_loader_findings(f):
     """Rules that fire for DataLoader(ds, num_workers=2, pin_memory=True) here."""
-    from .rules import loader_args
+    from .rules import Context, checks_at, loader_args
 
     args = {"num_workers": 2, "prefetch_factor": None, "persistent_workers": False,
             "multiprocessing_context": None, "timeout": 0, "pin_memory": True}
+    ctx = Context(f, defaults={"prefetch_factor": None})
     out = []
-    for check in loader_args.CHECKS:
-        found = check(args, f, {"prefetch_factor": None})
+    for check in checks_at("dataloader.init"):
+        found = check(args, ctx) if check.__module__ == loader_args.__name__ else None
         if found is not None:
             out.append("%s %s: %s" % (found.rule.code, found.rule.slug, found.why))
     return out

@@ -1,9 +1,10 @@
-"""From findings to action: run the checks, then fix, warn or refuse.
+"""From findings to action: run a hook's checks, then fix, warn or refuse.
 
 One place decides what the configured mode means, for every patch:
-fix applies the findings and records them; warn records what would change
-and applies nothing; strict raises ``UnsafeCallError`` naming the rule and
-its permanent fix.
+fix applies the findings (their argument changes, then their remedies) and
+records them; warn records what would change and applies nothing; strict
+raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
+(a finding that changes nothing) is recorded as advice in every mode.
 """
 
 from .config import CONFIG
@@ -21,40 +22,87 @@ class UnsafeCallError(RuntimeError):
         self.finding = finding
 
 
-def run_checks(checks, args, *context):
-    """Run enabled ``checks`` in order; each sees the previous ones' changes.
+def enabled(rule):
+    """The one place where AUTOSAFE_TORCH_DISABLE is applied, for every hook."""
+    return CONFIG.rule_enabled(rule.code, rule.group)
 
-    Returns the findings and the arguments with all of them applied.
+
+def run_checks(hook, args, ctx):
+    """Run the enabled checks at ``hook`` in order; each sees the arguments as
+    the earlier ones changed them, and their findings in ``ctx.findings``.
+
+    Returns the findings and the arguments with all their changes. Nothing
+    is applied: see ``settle``.
     """
+    from .rules import checks_at
+
     work = dict(args)
-    findings = []
-    for check in checks:
-        r = check.rule
-        if not CONFIG.rule_enabled(r.code, r.group):
-            continue
-        found = check(work, *context)
-        if found is not None:
-            findings.append(found)
-            work.update(found.after)
+    findings = ctx.findings = []
+    for check in checks_at(hook, enabled):
+        found = check(work, ctx)
+        for finding in (found if isinstance(found, (list, tuple)) else (found,)):
+            if finding is not None:
+                findings.append(finding)
+                work.update(finding.changes)
     return findings, work
 
 
-def settle(findings, call_site):
-    """Record ``findings`` as the mode says; True when they are to be applied."""
-    if not findings:
-        return False
-    if CONFIG.mode == "strict":
-        raise UnsafeCallError(findings[0], call_site)
+def settle(findings, call_site, args=None):
+    """Record ``findings`` as the mode says; True when they were applied.
+
+    In fix mode the remedies run here, in order, with ``args`` (the working
+    arguments); a remedy's returned changes are merged into ``args``.
+    """
+    actions = [f for f in findings if not f.is_advice]
+    if actions and CONFIG.mode == "strict":
+        raise UnsafeCallError(actions[0], call_site)
     from .report import Intervention, record
 
-    action = "would-fix" if CONFIG.mode == "warn" else "fixed"
+    fixing = CONFIG.mode == "fix"
     for f in findings:
+        if f.is_advice:
+            action = "advised"
+        elif fixing:
+            action = "fixed"
+            for remedy in f.remedies:
+                changed = remedy(args)
+                if changed and args is not None:
+                    args.update(changed)
+        else:
+            action = "would-fix"
         r = f.rule
-        if action == "fixed" and f.apply is not None:
-            f.apply()
         record(Intervention(r.code, r.slug, f.before, f.after, f.why, r.fix,
                             call_site, f.strategy, action))
-    return action == "fixed"
+    return fixing and bool(actions)
+
+
+_REPEATS_LIMIT = 4096
+_repeats = {}  # (findings, call site) -> the Interventions to count again
+
+
+def settle_repeated(findings, call_site):
+    """``settle`` for a call made on every step (autocast): after the first time
+    at a site, fix mode only adds to the count of the records the first time
+    made, as ``report.record`` does for a known (code, call site). For
+    findings without remedies (the AMP rules)."""
+    if CONFIG.mode != "fix":
+        return settle(findings, call_site)
+    key = (findings, call_site)
+    again = _repeats.get(key)
+    if again is None:
+        from .report import interventions
+
+        applied = settle(findings, call_site)
+        if len(_repeats) < _REPEATS_LIMIT:
+            known = {(i.code, i.call_site): i for i in interventions()}
+            _repeats[key] = [known[(f.rule.code, call_site)] for f in findings
+                             if (f.rule.code, call_site) in known]
+        return applied
+    from .report import record
+
+    for intervention in again:
+        record(intervention)
+    return any(not f.is_advice for f in findings)
 
 
 def decide_or(default, where, decide, *args):

@@ -14,19 +14,17 @@ _UNSET = object()
 
 
 class Facts:
-    __slots__ = ("platform", "start_method", "cpus_usable", "torch_version",
-                 "accelerator", "cuda_initialized",
+    __slots__ = ("platform", "start_method", "cpus_usable", "accelerator", "cuda_initialized",
                  "shm_available", "open_file_limit", "sharing_strategy",
                  "pin_memory_warns")
 
     def __init__(self, platform=None, start_method=None, cpus_usable=None,
-                 torch_version=(0, 0), accelerator=None, cuda_initialized=False,
+                 accelerator=None, cuda_initialized=False,
                  shm_available=None, open_file_limit=None, sharing_strategy=None,
                  pin_memory_warns=True):
         self.platform = platform or sys.platform
         self.start_method = start_method or default_start_method(self.platform)
         self.cpus_usable = cpus_usable or 1
-        self.torch_version = torch_version
         # "cuda", "mps", "xpu", ... or None when no accelerator is usable.
         self.accelerator = accelerator
         self.cuda_initialized = cuda_initialized
@@ -127,16 +125,6 @@ def cpus_usable():
     return min(count, limit) if limit else count
 
 
-def torch_version():
-    import torch
-
-    parts = []
-    for piece in torch.__version__.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 def accelerator():
     """The accelerator type torch would pin memory for, or None."""
     import torch
@@ -229,8 +217,8 @@ def current(context=None):
     if _override is not None:
         return _override
     if not _static:
-        _static.update(cpus_usable=cpus_usable(), torch_version=torch_version(),
-                       accelerator=accelerator(), pin_memory_warns=pin_memory_warns())
+        _static.update(cpus_usable=cpus_usable(), accelerator=accelerator(),
+                       pin_memory_warns=pin_memory_warns())
     return Facts(start_method=effective_start_method(context),
                  cuda_initialized=cuda_initialized(),
                  shm_available=shm_available(), open_file_limit=open_file_limit(),

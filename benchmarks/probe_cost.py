@@ -52,12 +52,12 @@ def tensors(size_mb):
 
 def load_probe():
     try:
-        from autosafe_torch import probe as mod
+        from autosafe_torch.inspection import probe as mod
     except ImportError as exc:
-        return None, "autosafe_torch.probe is missing (%s)" % exc
+        return None, "autosafe_torch.inspection.probe is missing (%s)" % exc
     fn = getattr(mod, "probe", None)
     if fn is None:
-        return None, "autosafe_torch.probe has no probe()"
+        return None, "autosafe_torch.inspection.probe has no probe()"
     return fn, None
 
 

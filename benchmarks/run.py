@@ -345,7 +345,7 @@ savings (7, 8) are "time of the other / time with autosafe_torch" (> 1: faster).
    between patched and reverted (`deactivate()`; the reverted state is checked
    against a snapshot taken before activation). 3: µs per `DataLoader(...)` call;
    5: per-batch time of whole epochs, as % over unpatched; 6: µs per `with` block.
-4. `autosafe_torch.probe.probe(dataset)` on a dataset holding a uint8 tensor of the
+4. `autosafe_torch.inspection.probe.probe(dataset)` on a dataset holding a uint8 tensor of the
    size shown (plus labels), fresh dataset object per call, sizes alternating;
    memory: tracemalloc peak during one probe, and ru_maxrss growth in a fresh process.
 7. A dataset holding `open(path, "rb")` over JPEGs written with cv2.imencode; decode,

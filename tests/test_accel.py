@@ -15,19 +15,28 @@ from torch.utils.data import (ChainDataset, ConcatDataset, DataLoader, Dataset,
                               IterableDataset, Subset, TensorDataset)
 
 from autosafe_torch.facts import Facts
-from autosafe_torch.rules import accel
+from autosafe_torch.inspection import objwalk, tensors
+from autosafe_torch.remedies import relocate
+from autosafe_torch.rules import Context, accel
 from support import run_script
 
 
 @pytest.fixture
 def meta_is_accelerator(monkeypatch):
     """Treat meta as a device; 'copy' meta data to CPU as 7s (meta has none)."""
-    monkeypatch.setattr(accel, "ACCELERATORS", frozenset({"meta"}))
+    for module in (accel, tensors, relocate):
+        monkeypatch.setattr(module, "ACCELERATORS", frozenset({"meta"}))
     monkeypatch.setattr(accel, "device_tensors_possible", lambda facts: True)
-    monkeypatch.setattr(accel, "tensor_to_cpu",
+    monkeypatch.setattr(relocate, "tensor_to_cpu",
                         lambda t: torch.full(t.shape, 7, dtype=t.dtype))
-    monkeypatch.setattr(accel, "storage_to_cpu",
+    monkeypatch.setattr(relocate, "storage_to_cpu",
                         lambda st: torch.UntypedStorage(st.nbytes()).fill_(7))
+
+
+def apply(finding, args):
+    """What the engine does with a finding in fix mode: run its remedies."""
+    for remedy in finding.remedies:
+        args.update(remedy(args) or {})
 
 
 def meta(*shape):
@@ -74,7 +83,7 @@ def test_scan_finds_tensors_in_every_kind_of_holder():
         Subset(Holder(x=meta(4), items=[meta(1), (meta(2),)], table={"k": meta(3)}, s=s),
                [0, 1]),
     ])
-    found = {f.path: (f.device, f.part) for f in accel.scan(ds).found}
+    found = {f.path: (f.device, f.part) for f in tensors.scan(ds).found}
     assert found == {
         "dataset.datasets[0].tensors[0]": ("meta", 0),
         "dataset.datasets[0].tensors[1]": ("cpu", 0),
@@ -85,30 +94,30 @@ def test_scan_finds_tensors_in_every_kind_of_holder():
         "dataset.datasets[1].dataset.s.t": ("meta", 1),
     }
     chain = ChainDataset([Stream(meta(3)), Stream(torch.zeros(3))])
-    assert [(f.path, f.part) for f in accel.scan(chain).found] == [
+    assert [(f.path, f.part) for f in tensors.scan(chain).found] == [
         ("dataset.datasets[0].t", 0), ("dataset.datasets[1].t", 1)]
 
 
 def test_scan_is_bounded_and_skips_models():
     deep = cur = []
-    for _ in range(20):
+    for _ in range(objwalk.MAX_DEPTH):
         cur.append([])
         cur = cur[0]
     cur.append(meta(1))
-    assert accel.scan(Holder(x=deep)).complete is False
+    assert tensors.scan(Holder(x=deep)).complete is False
     many = Holder(x=[[meta(1)] for _ in range(50)])
-    r = accel.scan(many, max_objects=10)
+    r = tensors.scan(many, max_objects=10)
     assert not r.complete and len(r.found) < 50
-    assert accel.scan(Holder(model=torch.nn.Linear(2, 2))).found == []
+    assert tensors.scan(Holder(model=torch.nn.Linear(2, 2))).found == []
 
 
 def test_relocation_in_place_keeps_aliasing_and_views(meta_is_accelerator):
     shared, base = meta(4, 3), meta(10)
     inner = Holder(x=shared, pair=(shared, base[:5]), views={"tail": base[5:]})
     ds = ConcatDataset([TensorDataset(shared, torch.zeros(4)), inner])
-    root, moved = accel.relocate(ds)
+    root, moved = relocate.relocate(ds)
     assert root is ds and len({id(f.tensor) for f in moved}) == 3
-    assert {f.device for f in accel.scan(ds).found} == {"cpu"}
+    assert {f.device for f in tensors.scan(ds).found} == {"cpu"}
     x = ds.datasets[0].tensors[0]
     assert inner.x is x and inner.pair[0] is x  # one tensor, wherever it was held
     head, tail = inner.pair[1], inner.views["tail"]
@@ -120,21 +129,21 @@ def test_relocation_in_place_keeps_aliasing_and_views(meta_is_accelerator):
 def test_dl301_moves_with_workers_and_turns_pin_memory_on_with_cuda(meta_is_accelerator):
     ds = TensorDataset(meta(4, 3), meta(4))
     v = values(ds)
-    f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork",
-                                                      accelerator="cuda"), {})
+    f = accel.accelerator_tensors_in_workers(v, Context(Facts(start_method="fork",
+                                                      accelerator="cuda")))
     assert f.after == {"pin_memory": True, "batch_device": "meta"}
     assert f.strategy == "move to CPU" and "copied back to meta" in f.why
     assert "dataset.tensors[0] (meta, 48 B)" in f.why
     assert ds.tensors[0].is_meta  # looking changed nothing
-    f.apply()
+    apply(f, v)
     assert not ds.tensors[0].is_meta and not ds.tensors[1].is_meta
-    assert accel.accelerator_tensors_in_workers(v, Facts(), {}) is None
+    assert accel.accelerator_tensors_in_workers(v, Context(Facts())) is None
 
 
 def test_dl301_leaves_a_one_device_dataset_without_workers_alone(meta_is_accelerator):
     v = values(TensorDataset(meta(4, 3), meta(4)), num_workers=0)
-    assert accel.accelerator_tensors_in_workers(v, Facts(), {}) is None
-    assert accel.datasets_on_different_devices(v, Facts(), {}) is None
+    assert accel.accelerator_tensors_in_workers(v, Context(Facts())) is None
+    assert accel.datasets_on_different_devices(v, Context(Facts())) is None
 
 
 def test_dl301_under_spawn_moves_only_where_batches_can_go_back(meta_is_accelerator,
@@ -145,10 +154,10 @@ def test_dl301_under_spawn_moves_only_where_batches_can_go_back(meta_is_accelera
     # so it is only advised. (meta plays CUDA here.)
     monkeypatch.setattr(accel, "IPC_SHAREABLE", frozenset({"meta"}))
     v = values(Holder(x=meta(4, 3)), multiprocessing_context="spawn")
-    f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork"), {})
-    assert f.strategy == "advice only" and f.after == {} and f.apply is None
+    f = accel.accelerator_tensors_in_workers(v, Context(Facts(start_method="fork")))
+    assert f.strategy == "advice only" and f.after == {} and f.is_advice
     v = values(TensorDataset(meta(4, 3)), multiprocessing_context="spawn")
-    f = accel.accelerator_tensors_in_workers(v, Facts(start_method="fork"), {})
+    f = accel.accelerator_tensors_in_workers(v, Context(Facts(start_method="fork")))
     assert f.strategy == "move to CPU" and f.after == {"batch_device": "meta"}
 
 
@@ -161,28 +170,28 @@ def test_no_scan_where_no_device_tensor_can_exist(monkeypatch):
     monkeypatch.setattr(accel, "scan", no_scan)
     cpu = Facts(start_method="fork", accelerator=None, cuda_initialized=False)
     v = values(ConcatDataset([TensorDataset(torch.zeros(4))] * 2))
-    assert accel.accelerator_tensors_in_workers(v, cpu, {}) is None
-    assert accel.datasets_on_different_devices(v, cpu, {}) is None
+    assert accel.accelerator_tensors_in_workers(v, Context(cpu)) is None
+    assert accel.datasets_on_different_devices(v, Context(cpu)) is None
 
 
 def test_batch_device_only_when_certain(meta_is_accelerator):
     on = TensorDataset(meta(4, 3), meta(4))
-    assert accel.batch_device(on) == "meta"
-    assert accel.batch_device(ConcatDataset([Subset(on, [0, 1]), on])) == "meta"
-    assert accel.batch_device(TensorDataset(meta(4), torch.zeros(4))) is None
-    assert accel.batch_device(TensorDataset(torch.zeros(4))) is None
-    assert accel.batch_device(Holder(x=meta(4))) is None
+    assert tensors.batch_device(on) == "meta"
+    assert tensors.batch_device(ConcatDataset([Subset(on, [0, 1]), on])) == "meta"
+    assert tensors.batch_device(TensorDataset(meta(4), torch.zeros(4))) is None
+    assert tensors.batch_device(TensorDataset(torch.zeros(4))) is None
+    assert tensors.batch_device(Holder(x=meta(4))) is None
 
 
 def test_dl302_mixed_parts_without_workers(meta_is_accelerator):
     ds = ConcatDataset([TensorDataset(torch.zeros(4, 3)), TensorDataset(meta(4, 3))])
     v = values(ds, num_workers=0)
-    f = accel.datasets_on_different_devices(v, Facts(accelerator="cuda"), {})
+    f = accel.datasets_on_different_devices(v, Context(Facts(accelerator="cuda")))
     assert f.after == {"pin_memory": True}
     assert "cpu, meta" in f.why and "dataset.datasets[1].tensors[0]" in f.why
     assert accel.datasets_on_different_devices(
-        values(ds, num_workers=0, collate_fn=lambda b: b), Facts(), {}) is None
-    f.apply()
+        values(ds, num_workers=0, collate_fn=lambda b: b), Context(Facts())) is None
+    apply(f, v)
     assert not ds.datasets[1].tensors[0].is_meta
 
 
@@ -199,7 +208,7 @@ def test_through_the_dataloader_wrapper(meta_is_accelerator):
 
 def test_relocated_dataset_pickles_for_spawn(meta_is_accelerator):
     ds = TensorDataset(meta(4, 3))
-    accel.relocate(ds)
+    relocate.relocate(ds)
     again = pickle.loads(pickle.dumps(ds))
     assert torch.equal(again.tensors[0], ds.tensors[0])
 

@@ -353,14 +353,16 @@ def test_the_common_path_decides_once_per_argument_tuple(monkeypatch):
     """autocast is built every step: the arguments are bound and checked once."""
     import torch
 
-    from autosafe_torch.patches import amp as amp_patch
+    from autosafe_torch import callsite
+    from autosafe_torch.patches.amp import autocast as amp_autocast
+    from autosafe_torch.patches.amp.common import state
 
-    if not amp_patch._state:
+    if not state:
         pytest.skip("autosafe_torch is not active in this process")
     calls = []
-    decide = amp_patch._autocast_plan
-    monkeypatch.setattr(amp_patch, "_autocast_plan", lambda *a: calls.append(1) or decide(*a))
-    monkeypatch.setattr(amp_patch.callsite, "user_call_site",
+    decide = amp_autocast._autocast_plan
+    monkeypatch.setattr(amp_autocast, "_autocast_plan", lambda *a: calls.append(1) or decide(*a))
+    monkeypatch.setattr(callsite, "user_call_site",
                         lambda *a: pytest.fail("no call site on the clean path"))
     for _ in range(50):
         with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):

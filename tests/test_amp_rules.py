@@ -8,7 +8,7 @@ import pytest
 
 from autosafe_torch.engine import run_checks
 from autosafe_torch.facts import Facts
-from autosafe_torch.rules import RULES, load_all, rules_in_group
+from autosafe_torch.rules import RULES, Context, load_all, rules_in_group
 from autosafe_torch.rules import amp as r
 from autosafe_torch.rules.amp import AmpCall
 
@@ -58,6 +58,10 @@ PROVIDED_SCALER = AmpCall("torch.amp.GradScaler", takes_device=True,
                           route="torch.cuda.amp.GradScaler", provided=True)
 
 
+def ctx(facts, caps, call):
+    return Context(facts, caps=caps, call=call)
+
+
 def autocast_args(device_type="cuda", dtype=None, enabled=True, cache_enabled=None):
     return {"device_type": device_type, "dtype": dtype, "enabled": enabled,
             "cache_enabled": cache_enabled}
@@ -69,14 +73,21 @@ def scaler_args(device=None, init_scale=2.0 ** 16, enabled=True):
 
 
 def autocast_outcome(args, facts, caps=None):
-    found, fixed = run_checks(r.AUTOCAST_CHECKS, args, facts, caps or FakeCaps(),
-                              MODERN_AUTOCAST)
-    return [f.rule.code for f in found], fixed
+    found, fixed = run_checks("autocast", args, Context(facts, caps=caps or FakeCaps(),
+                                                        call=MODERN_AUTOCAST))
+    return [f.rule.code for f in found], with_state(fixed, found)
 
 
 def scaler_outcome(args, facts, call, caps=None):
-    found, fixed = run_checks(r.SCALER_CHECKS, args, facts, caps or FakeCaps(), call)
-    return [f.rule.code for f in found], fixed
+    found, fixed = run_checks("scaler", args, Context(facts, caps=caps or FakeCaps(), call=call))
+    return [f.rule.code for f in found], with_state(fixed, found)
+
+
+def with_state(fixed, found):
+    """The arguments as the checks left them, and the route (``api``) they chose."""
+    for f in found:
+        fixed = dict(fixed, **f.state)
+    return fixed
 
 
 def test_all_six_rules_are_registered_with_their_texts():
@@ -95,9 +106,9 @@ def test_all_six_rules_are_registered_with_their_texts():
 def test_amp501_routes_a_deprecated_autocast_name():
     call = AmpCall("torch.cuda.amp.autocast", device="cuda", takes_device=False,
                    route="torch.amp.autocast('cuda')")
-    found = r.deprecated_autocast_api({}, WITH_CUDA, FakeCaps(), call)
+    found = r.deprecated_autocast_api({}, ctx(WITH_CUDA, FakeCaps(), call))
     assert found.after == {"api": "torch.amp.autocast('cuda')"}
-    assert r.deprecated_autocast_api({}, WITH_CUDA, FakeCaps(), MODERN_AUTOCAST) is None
+    assert r.deprecated_autocast_api({}, ctx(WITH_CUDA, FakeCaps(), MODERN_AUTOCAST)) is None
 
 
 def test_amp502_routes_the_legacy_scaler_with_its_device():
@@ -178,14 +189,14 @@ def test_amp504_on_old_torch_drops_cuda_and_disables_another_device():
     codes, fixed = scaler_outcome(scaler_args(device="cpu"), WITH_CUDA, OLD_TORCH_SCALER)
     assert codes == ["AMP504"] and fixed["enabled"] is False
     assert "no GradScaler for cpu" in r.scaler_device_argument(
-        scaler_args(device="cpu"), WITH_CUDA, FakeCaps(), OLD_TORCH_SCALER).why
+        scaler_args(device="cpu"), ctx(WITH_CUDA, FakeCaps(), OLD_TORCH_SCALER)).why
 
 
 def test_amp504_is_silent_when_the_class_takes_a_device_or_none_is_given():
-    assert r.scaler_device_argument(scaler_args(device="cuda"), WITH_CUDA, FakeCaps(),
-                                    MODERN_SCALER) is None
-    assert r.scaler_device_argument(scaler_args(), WITH_CUDA, FakeCaps(),
-                                    LEGACY_SCALER) is None
+    assert r.scaler_device_argument(scaler_args(device="cuda"),
+                                    ctx(WITH_CUDA, FakeCaps(), MODERN_SCALER)) is None
+    assert r.scaler_device_argument(scaler_args(), ctx(WITH_CUDA, FakeCaps(),
+                                                       LEGACY_SCALER)) is None
 
 
 # AMP505: what this torch cannot autocast ------------------------------------------
@@ -241,7 +252,7 @@ def test_amp506_provided_scaler_is_cuda_only():
 
 def test_amp506_provided_autocast():
     call = AmpCall("torch.amp.autocast", route="torch.autocast", provided=True)
-    found = r.provided_amp_api({}, CPU_ONLY, FakeCaps(), call)
+    found = r.provided_amp_api({}, ctx(CPU_ONLY, FakeCaps(), call))
     assert found.after == {"api": "torch.autocast"}
 
 

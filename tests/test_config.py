@@ -38,11 +38,27 @@ def test_disable_tokens_and_groups():
 
 
 def test_unknown_rule_code_one_line(capsys):
+    from autosafe_torch.rules import load_all
+
     c = config.Config(disabled=config.parse_disable("DL999,dataloader"))
-    c.validate_disabled({"DL101"})
-    c.validate_disabled({"DL101"})
+    c.validate_disabled(load_all())
+    c.validate_disabled(load_all())
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "DL999" in err[0] and "AUTOSAFE_TORCH_DISABLE" in err[0]
+
+
+def test_groups_and_codes_are_told_apart_by_shape(capsys):
+    """A rule group is any word the registry knows, a code is letters then
+    digits: a new group or code needs no edit in config."""
+    from autosafe_torch.rules import Rule
+
+    assert config.parse_disable("Vision,vis701") == {"vision", "VIS701"}
+    rules = {"VIS701": Rule("VIS701", "slug", "vision", "s", "p", "f")}
+    c = config.Config(disabled=config.parse_disable("vision,VIS701,nogroup"))
+    c.validate_disabled(rules)
+    err = capsys.readouterr().err
+    assert "nogroup" in err and "vision," not in err and "VIS701" not in err.split("ignored")[0]
+    assert not c.rule_enabled("VIS701", "vision") and not c.rule_enabled("VIS702", "vision")
 
 
 @pytest.mark.parametrize("env, expected", [

@@ -10,8 +10,10 @@ import pytest
 from autosafe_torch.config import CONFIG
 from autosafe_torch.facts import Facts
 from autosafe_torch.patches import cv2 as cv2_patch
+from autosafe_torch.remedies import cv2 as cv2_remedies
+from autosafe_torch.remedies.workerinit import steps_of, user_function
+from autosafe_torch.rules import Context
 from autosafe_torch.rules import cv2 as cv2_rules
-from autosafe_torch.workerinit import steps_of, user_function
 from support import run_script
 
 # Never import cv2 in this process: autosafe_torch is active here, and its
@@ -32,24 +34,24 @@ def user_init(worker_id):
 
 def test_no_step_without_cv2_or_without_workers(monkeypatch):
     monkeypatch.delitem(sys.modules, "cv2", raising=False)
-    assert cv2_rules.cv2_threads(values(), Facts(), {}) is None
+    assert cv2_rules.cv2_threads_in_workers(values(), Context(Facts())) is None
     monkeypatch.setitem(sys.modules, "cv2", types.ModuleType("cv2"))
-    assert cv2_rules.cv2_threads(values(num_workers=0), Facts(), {}) is None
+    assert cv2_rules.cv2_threads_in_workers(values(num_workers=0), Context(Facts())) is None
 
 
 def test_steps_merge_pickle_and_keep_the_users_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", types.ModuleType("cv2"))
     v = values(worker_init_fn=user_init)
-    f1 = cv2_rules.cv2_threads(v, Facts(), {})
+    f1 = cv2_rules.cv2_threads_in_workers(v, Context(Facts()))
     v.update(f1.after)
-    f2 = cv2_rules.cv2_opencl(v, Facts(), {})
+    f2 = cv2_rules.cv2_opencl_in_workers(v, Context(Facts()))
     fn = f2.after["worker_init_fn"]
-    assert steps_of(fn) == (cv2_rules.worker_threads_off, cv2_rules.worker_opencl_off)
+    assert steps_of(fn) == (cv2_remedies.worker_threads_off, cv2_remedies.worker_opencl_off)
     assert user_function(fn) is user_init
     again = pickle.loads(pickle.dumps(fn))
     assert steps_of(again) == steps_of(fn)
     v.update(f2.after)
-    assert cv2_rules.cv2_threads(v, Facts(), {}) is None  # already there
+    assert cv2_rules.cv2_threads_in_workers(v, Context(Facts())) is None  # already there
 
 
 class FakeCV2:
@@ -74,7 +76,8 @@ def test_parent_findings_apply_settings_and_environment():
     found = cv2_patch.findings(fake, env)
     assert [f.rule.code for f in found] == ["CV401", "CV402"]
     for f in found:
-        f.apply()
+        for remedy in f.remedies:
+            remedy({})
     assert fake.threads == 0 and fake.opencl is False
     assert env == {"OPENCV_FOR_THREADS_NUM": "1", "OPENCV_OPENCL_RUNTIME": "disabled"}
     assert cv2_patch.findings(fake, env) == []
@@ -83,10 +86,22 @@ def test_parent_findings_apply_settings_and_environment():
 def test_parent_keeps_an_environment_the_user_chose_and_honours_disable():
     fake, env = FakeCV2(), {"OPENCV_FOR_THREADS_NUM": "3"}
     for f in cv2_patch.findings(fake, env):
-        f.apply()
+        for remedy in f.remedies:
+            remedy({})
     assert env["OPENCV_FOR_THREADS_NUM"] == "3"
     CONFIG.disabled = frozenset({"cv2"})
     assert cv2_patch.findings(FakeCV2(), {}) == []
+
+
+def test_parent_findings_name_only_what_changes():
+    """OpenCL already off: CV402 is about the environment alone, never
+    "opencl False -> False"; with the environment set too, nothing fires."""
+    found = cv2_patch.findings(FakeCV2(threads=0, opencl=False), {})
+    assert [(f.rule.code, f.before, f.after) for f in found] == [
+        ("CV401", {"OPENCV_FOR_THREADS_NUM": None}, {"OPENCV_FOR_THREADS_NUM": "1"}),
+        ("CV402", {"OPENCV_OPENCL_RUNTIME": None}, {"OPENCV_OPENCL_RUNTIME": "disabled"})]
+    env = {"OPENCV_FOR_THREADS_NUM": "1", "OPENCV_OPENCL_RUNTIME": "disabled"}
+    assert cv2_patch.findings(FakeCV2(threads=0, opencl=False), env) == []
 
 
 def test_patch_never_breaks_import_cv2():

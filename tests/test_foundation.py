@@ -200,10 +200,10 @@ def test_user_type_errors_are_torch_s_own(tmp_path):
 
 # Faults injected into each layer: the user's call must run as without us.
 FAULTS = {
-    "rule": "import autosafe_torch.rules.loader_args as m\n"
+    "rule": "import autosafe_torch.rules as m\n"
             "def boom(*a):\n    raise RuntimeError('injected')\n"
-            "boom.rule = m.prefetch_without_workers.rule\n"
-            "m.CHECKS = (boom,)\n",
+            "boom.rule = m.load_all()['DL101']\n"
+            "m._checks['dataloader.init'][:] = [boom]\n",
     "facts": "import autosafe_torch.facts as m\n"
              "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.current = boom\n",
     "logger": "import autosafe_torch.report as m\n"
@@ -236,10 +236,11 @@ for i in range(2):
 def test_fail_open_at_iteration(tmp_path):
     """A fault in the worker decision: the loader starts its workers as asked."""
     body = """
-import autosafe_torch.rules.workers as m
+import autosafe_torch.rules as m
 def boom(*a, **k):
     raise RuntimeError('injected')
-m.plan = boom
+boom.rule = m.load_all()['DL201']
+m._checks['dataloader.iter'].insert(0, boom)
 import torch
 from torch.utils.data import DataLoader
 if __name__ == "__main__":

@@ -122,11 +122,12 @@ def test_each_case_runs_clean_with_autosafe_torch(tmp_path, activation, referenc
 
 def test_dl105_only_where_torch_warns():
     from autosafe_torch.facts import Facts
+    from autosafe_torch.rules import Context
     from autosafe_torch.rules.loader_args import pin_memory_without_accelerator as dl105
 
     args = {"pin_memory": True}
-    assert dl105(args, Facts(accelerator=None, pin_memory_warns=True), {}).after == \
+    assert dl105(args, Context(Facts(accelerator=None, pin_memory_warns=True))).after == \
         {"pin_memory": False}
-    assert dl105(args, Facts(accelerator=None, pin_memory_warns=False), {}) is None
-    assert dl105(args, Facts(accelerator="mps", pin_memory_warns=False), {}) is not None
-    assert dl105(args, Facts(accelerator="cuda"), {}) is None
+    assert dl105(args, Context(Facts(accelerator=None, pin_memory_warns=False))) is None
+    assert dl105(args, Context(Facts(accelerator="mps", pin_memory_warns=False))) is not None
+    assert dl105(args, Context(Facts(accelerator="cuda"))) is None

@@ -9,7 +9,8 @@ import tracemalloc
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
-from autosafe_torch.probe import interactive_main, probe, probe_loader_parts
+from autosafe_torch.inspection.mainmodule import interactive_main
+from autosafe_torch.inspection.probe import probe, probe_loader_parts
 from support import run_script
 
 
@@ -127,7 +128,8 @@ def test_not_interactive_under_pytest():
 
 def test_interactive_main_classes_fail_as_in_the_child():
     code = textwrap.dedent("""
-        from autosafe_torch.probe import interactive_main, probe
+        from autosafe_torch.inspection.mainmodule import interactive_main
+        from autosafe_torch.inspection.probe import probe
         class DS: pass
         def fn(): pass
         print(interactive_main(), probe(DS()).error, '|', probe([fn]).path)
@@ -142,7 +144,7 @@ def test_class_under_main_guard_fails_with_the_childs_error(tmp_path):
     result = run_script(tmp_path, """
         import torch
         from torch.utils.data import DataLoader, Dataset
-        from autosafe_torch.probe import probe
+        from autosafe_torch.inspection.probe import probe
 
         class Fine(Dataset):
             def __len__(self): return 2

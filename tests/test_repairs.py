@@ -9,8 +9,9 @@ import threading
 import pytest
 from multiprocessing.reduction import ForkingPickler
 
-from autosafe_torch import repairs
-from autosafe_torch.probe import probe
+from autosafe_torch.inspection import holdings
+from autosafe_torch.remedies import byvalue, pickling, reopen
+from autosafe_torch.inspection.probe import probe
 from support import run_script
 
 # The building blocks alone: without the shim's own DataLoader patches.
@@ -33,9 +34,9 @@ def data(tmp_path):
 
 @pytest.fixture
 def reducers():
-    repairs.install_reducers()
+    reopen.install_reducers()
     yield
-    repairs.uninstall_reducers()
+    pickling.uninstall_reducers()
 
 
 def roundtrip(obj):
@@ -45,10 +46,10 @@ def roundtrip(obj):
 def test_file_kind(data, tmp_path):
     path, text = data
     with open(path, "rb") as a, open(path, "rb", buffering=0) as b, open(text) as c:
-        assert {repairs.file_kind(f) for f in (a, b, c)} == {"readonly-file"}
+        assert {holdings.file_kind(f) for f in (a, b, c)} == {"readonly-file"}
     for mode in ("wb", "ab", "r+b", "w", "a+"):
         with open(tmp_path / "out", mode) as f:
-            assert repairs.file_kind(f) == "writable-file", mode
+            assert holdings.file_kind(f) == "writable-file", mode
     closed = open(path, "rb")
     closed.close()
     deleted = open(tmp_path / "out", "rb")
@@ -56,7 +57,7 @@ def test_file_kind(data, tmp_path):
     r, w = os.pipe()
     with os.fdopen(r, "rb") as pipe, os.fdopen(w, "wb"), deleted, open(os.devnull, "rb") as null:
         for f in (closed, deleted, pipe, null, sys.stdin, sys.stdout, io.BytesIO(b"x")):
-            assert repairs.file_kind(f) is None, f
+            assert holdings.file_kind(f) is None, f
 
 
 def test_readonly_files_travel_at_their_offset(data, reducers):
@@ -80,7 +81,7 @@ def test_readonly_files_travel_at_their_offset(data, reducers):
 
 
 def test_unrepairable_files_fail_as_before(data, tmp_path, reducers):
-    repairs.install_reducers()  # idempotent
+    reopen.install_reducers()  # idempotent
     with open(tmp_path / "out", "wb") as w:
         with pytest.raises(TypeError, match=r"cannot pickle '_io.BufferedWriter' object"):
             roundtrip(Holder(w=w))
@@ -93,8 +94,8 @@ def test_unrepairable_files_fail_as_before(data, tmp_path, reducers):
 
 def test_uninstall_restores_the_default(data):
     path, _ = data
-    repairs.install_reducers()
-    repairs.uninstall_reducers()
+    reopen.install_reducers()
+    pickling.uninstall_reducers()
     with open(path, "rb") as f:
         with pytest.raises(TypeError, match="cannot pickle '_io.BufferedReader'"):
             roundtrip(f)
@@ -106,8 +107,8 @@ def test_by_value_functions():
         return x + k
 
     for fn in (lambda x: x * 2, local):
-        wrapped = repairs.by_value(fn)
-        assert repairs.by_value(wrapped) is wrapped and wrapped.function is fn
+        wrapped = byvalue.by_value(fn)
+        assert byvalue.by_value(wrapped) is wrapped and wrapped.function is fn
         assert probe(wrapped, "collate_fn").ok
         assert roundtrip(wrapped)(3) == fn(3)
 
@@ -116,13 +117,13 @@ def test_find_files_paths_and_replacement(data):
     path, text = data
     with open(path, "rb") as b, open(text) as t:
         ds = Holder(items=[{"f": b}], pair=(t,), t=t)
-        found = repairs.find_files(ds)
+        found = holdings.find_files(ds)
         assert sorted((p, k) for p, _f, k in found) == [
             ("dataset.items[0]['f']", "readonly-file"),
             ("dataset.pair[0]", "readonly-file"),
             ("dataset.t", "readonly-file")]
         assert {f.path: f.settable for f in found}["dataset.pair[0]"] is False
-        replaced = repairs.reopen_files(ds)
+        replaced = reopen.reopen_files(ds)
         try:
             assert sorted(replaced) == ["dataset.items[0]['f']", "dataset.t"]
             assert ds.items[0]["f"] is not b and ds.items[0]["f"].name == str(path)
@@ -145,9 +146,9 @@ def test_find_files_through_torch_wrappers(data):
     path, _ = data
     with open(path, "rb") as f:
         ds = ConcatDataset([Subset(Holder(f=f), [0])])
-        assert [p for p, *_ in repairs.find_files(ds)] == ["dataset.datasets[0].dataset.f"]
+        assert [p for p, *_ in holdings.find_files(ds)] == ["dataset.datasets[0].dataset.f"]
         chain = ChainDataset([Stream(f)])
-        assert [p for p, *_ in repairs.find_files(chain)] == ["dataset.datasets[0].f"]
+        assert [p for p, *_ in holdings.find_files(chain)] == ["dataset.datasets[0].f"]
 
 
 def test_live_threading_objects():
@@ -158,11 +159,11 @@ def test_live_threading_objects():
     ds = Holder(lock=threading.Lock(), cond=threading.Condition(), more=[threading.RLock()],
                 used=used, unused=unused, idle=threading.Thread(target=int))
     try:
-        found = dict(repairs.live_threading_objects(ds))
+        found = dict(holdings.live_threading_objects(ds))
         assert found == {"dataset.lock": "lock", "dataset.cond": "condition",
                          "dataset.more[0]": "rlock", "dataset.used": "thread-pool"}
         thread.start()
-        assert repairs.live_threading_objects(Holder(t=thread)) == [("dataset.t", "thread")]
+        assert holdings.live_threading_objects(Holder(t=thread)) == [("dataset.t", "thread")]
     finally:
         used.shutdown()
         unused.shutdown()
@@ -172,7 +173,7 @@ SPAWN_FILE = """
     import sys
     import torch
     from torch.utils.data import DataLoader, Dataset
-    from autosafe_torch import repairs
+    from autosafe_torch.remedies import byvalue, reopen
 
     class Records(Dataset):
         def __init__(self, path):
@@ -187,7 +188,7 @@ SPAWN_FILE = """
 
     if __name__ == "__main__":
         if "install" in sys.argv:
-            repairs.install_reducers()
+            reopen.install_reducers()
         workers = 0 if "reference" in sys.argv else 1
         digest(DataLoader(Records("records.bin"), batch_size=4, num_workers=workers))
 """
@@ -206,7 +207,7 @@ FORK_SHARED_OFFSET = """
     import struct, sys, time
     import torch
     from torch.utils.data import DataLoader, Dataset
-    from autosafe_torch import repairs, workerinit
+    from autosafe_torch.remedies import reopen, workerinit
 
     REC, N = 16384, 16  # records larger than the read buffer: every seek is an lseek
 
@@ -226,9 +227,9 @@ FORK_SHARED_OFFSET = """
     if __name__ == "__main__":
         init = None
         if "reopen" in sys.argv:
-            init = workerinit.with_step(None, repairs.reopen_files_in_worker)
+            init = workerinit.with_step(None, reopen.reopen_files_in_worker)
         ds = Records("records.bin")
-        repairs.remember_file_offsets(ds)
+        reopen.remember_file_offsets(ds)
         loader = DataLoader(ds, num_workers=2, worker_init_fn=init)
         got = [int(batch) for batch in loader]
         print("WRONG", sum(g != i for i, g in enumerate(got)))
@@ -247,7 +248,7 @@ def test_fork_shared_offset_gives_wrong_samples_until_reopened(tmp_path):
 INTERACTIVE_CLASS = """
 import torch
 from torch.utils.data import DataLoader, Dataset
-from autosafe_torch import repairs
+from autosafe_torch.remedies import byvalue, reopen
 
 class DS(Dataset):
     def __init__(self):
@@ -258,9 +259,9 @@ class DS(Dataset):
         return self.t[i] * 2
 
 if BY_VALUE:
-    repairs.register_by_value_class(DS)
+    byvalue.register_by_value_class(DS)
 loader = DataLoader(DS(), batch_size=2, num_workers=1, multiprocessing_context="spawn",
-                    collate_fn=repairs.by_value(lambda b: torch.stack(b).sum()))
+                    collate_fn=byvalue.by_value(lambda b: torch.stack(b).sum()))
 print("SUM", float(sum(loader)))
 """
 
@@ -278,11 +279,11 @@ def test_interactive_main_class_travels_by_value(by_value):
 
 def test_interactive_probe_sees_registered_class():
     code = textwrap.dedent("""
-        from autosafe_torch import repairs
-        from autosafe_torch.probe import probe
+        from autosafe_torch.remedies import byvalue, reopen
+        from autosafe_torch.inspection.probe import probe
         class DS: pass
         before = probe(DS()).ok
-        repairs.register_by_value_class(DS)
+        byvalue.register_by_value_class(DS)
         print("PROBE", before, probe(DS()).ok)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

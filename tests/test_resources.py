@@ -17,7 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from autosafe_torch.facts import Facts
-from autosafe_torch.rules import resources
+from autosafe_torch.remedies import limits
+from autosafe_torch.rules import Context, resources
 from autosafe_torch.rules.resources import open_file_limit_too_low, shm_too_small
 from support import PLATFORM_SIM, Result, clean_env, run_script, write_script
 
@@ -37,11 +38,8 @@ def loader_values(dataset, **changes):
 DEFAULTS = {"prefetch_factor": None}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_profile():
-    resources.forget()
-    yield
-    resources.forget()
+def ctx(facts):
+    return Context(facts, defaults=DEFAULTS)
 
 
 def mib_dataset(n=64, sample_mib=0.25):
@@ -53,20 +51,20 @@ def mib_dataset(n=64, sample_mib=0.25):
 
 def test_shm_fits_nothing_fires():
     v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=2)
-    assert shm_too_small(v, Facts(shm_available=64 * MiB), DEFAULTS) is None
+    assert shm_too_small(v, ctx(Facts(shm_available=64 * MiB))) is None
 
 
 def test_shm_unknown_or_no_workers_nothing_fires():
     v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=4)
-    assert shm_too_small(v, Facts(shm_available=None), DEFAULTS) is None
+    assert shm_too_small(v, ctx(Facts(shm_available=None))) is None
     v0 = loader_values(mib_dataset(), batch_size=4)
-    assert shm_too_small(v0, Facts(shm_available=1 * MiB), DEFAULTS) is None
+    assert shm_too_small(v0, ctx(Facts(shm_available=1 * MiB))) is None
 
 
 def test_shm_first_rung_lowers_prefetch_only():
     # batches of 1 MiB; 2 x 4 + 2 in flight, with headroom: 12.5 MiB > 8
     v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=4)
-    f = shm_too_small(v, Facts(shm_available=8 * MiB), DEFAULTS)
+    f = shm_too_small(v, ctx(Facts(shm_available=8 * MiB)))
     assert f.after == {"prefetch_factor": 2}
     assert f.strategy == "lower prefetch_factor"
     assert "12.5 MiB" in f.why and "8.0 MiB is free" in f.why
@@ -75,7 +73,7 @@ def test_shm_first_rung_lowers_prefetch_only():
 
 def test_shm_second_rung_fewer_workers():
     v = loader_values(mib_dataset(), batch_size=4, num_workers=4, prefetch_factor=2)
-    f = shm_too_small(v, Facts(shm_available=int(4.5 * MiB)), DEFAULTS)
+    f = shm_too_small(v, ctx(Facts(shm_available=int(4.5 * MiB))))
     assert f.after == {"num_workers": 1, "prefetch_factor": 1}
     assert f.strategy == "fewer workers"
 
@@ -83,7 +81,7 @@ def test_shm_second_rung_fewer_workers():
 def test_shm_last_rung_no_workers_resets_worker_only_arguments():
     v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=2,
                       persistent_workers=True, timeout=5, multiprocessing_context="fork")
-    f = shm_too_small(v, Facts(shm_available=2 * MiB), DEFAULTS)
+    f = shm_too_small(v, ctx(Facts(shm_available=2 * MiB)))
     assert f.after == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
                        "multiprocessing_context": None, "timeout": 0}
     assert f.strategy == "no workers"
@@ -95,7 +93,7 @@ def test_shm_iterable_dataset_is_not_sampled():
             raise AssertionError("consumed")
 
     v = loader_values(Stream(), batch_size=4, num_workers=2, prefetch_factor=2)
-    assert shm_too_small(v, Facts(shm_available=1024), DEFAULTS) is None
+    assert shm_too_small(v, ctx(Facts(shm_available=1024))) is None
 
 
 class Lazy(Dataset):
@@ -103,17 +101,23 @@ class Lazy(Dataset):
 
     def __init__(self):
         self.handle = None
+        self.fetches = 0
 
     def __len__(self):
         return 8
 
     def __getitem__(self, i):
+        self.fetches += 1
         if self.handle is None:
             self.handle = object()
         return torch.rand(64 * 1024), random.random()
 
 
-def test_sample_is_taken_on_a_copy_with_random_state_restored():
+def test_no_user_code_runs_to_size_a_batch():
+    """Sizing a batch never calls ``__getitem__`` (issue: a dataset that
+    synchronizes across workers hangs, one that owns a random generator has
+    its stream advanced): a dataset of the user's is not sampled, so DL303
+    says nothing before the workers run, and the random state is untouched."""
     ds = Lazy()
     torch.manual_seed(0)
     random.seed(0)
@@ -121,9 +125,8 @@ def test_sample_is_taken_on_a_copy_with_random_state_restored():
     torch.manual_seed(0)
     random.seed(0)
     v = loader_values(ds, batch_size=4, num_workers=2, prefetch_factor=2)
-    f = shm_too_small(v, Facts(shm_available=1 * MiB), DEFAULTS)
-    assert f is not None  # 256 KiB + 8 B per sample
-    assert ds.handle is None, "the lazy open happened on the user's dataset"
+    assert shm_too_small(v, ctx(Facts(shm_available=1 * MiB))) is None
+    assert ds.fetches == 0 and ds.handle is None
     after = (torch.rand(3), random.random())
     assert torch.equal(after[0], expected[0]) and after[1] == expected[1]
 
@@ -148,8 +151,8 @@ def fd_values(**changes):
 
 
 def test_fd_limit_raised_toward_hard_limit():
-    f = open_file_limit_too_low(fd_values(), Facts(open_file_limit=(128, 20000),
-                                                   sharing_strategy="file_descriptor"), DEFAULTS)
+    f = open_file_limit_too_low(fd_values(), ctx(Facts(open_file_limit=(128, 20000),
+                                                   sharing_strategy="file_descriptor")))
     assert f.strategy == "raise soft limit" and f.after == {}
     assert "Raised the soft limit to 20000" in f.why
 
@@ -157,22 +160,22 @@ def test_fd_limit_raised_toward_hard_limit():
 def test_fd_hard_limit_too_low_switches_to_file_system_in_workers_too():
     import pickle
 
-    f = open_file_limit_too_low(fd_values(), Facts(open_file_limit=(128, 128),
-                                                   sharing_strategy="file_descriptor"), DEFAULTS)
+    f = open_file_limit_too_low(fd_values(), ctx(Facts(open_file_limit=(128, 128),
+                                                   sharing_strategy="file_descriptor")))
     assert f.strategy == "file_system sharing"
     fn = f.after["worker_init_fn"]
-    assert pickle.loads(pickle.dumps(fn)).args[0] == (resources.use_file_system_sharing,)
+    assert pickle.loads(pickle.dumps(fn)).args[0] == (limits.use_file_system_sharing,)
 
 
 def test_fd_nothing_fires_when_enough_or_not_file_descriptor():
     facts = Facts(open_file_limit=(128, 20000), sharing_strategy="file_system")
-    assert open_file_limit_too_low(fd_values(), facts, DEFAULTS) is None
+    assert open_file_limit_too_low(fd_values(), ctx(facts)) is None
     facts = Facts(open_file_limit=(65536, 65536), sharing_strategy="file_descriptor")
-    assert open_file_limit_too_low(fd_values(), facts, DEFAULTS) is None
+    assert open_file_limit_too_low(fd_values(), ctx(facts)) is None
     # default collation: two stacked tensors per batch, 1024 is plenty
     v = fd_values(collate_fn=None)
     facts = Facts(open_file_limit=(1024, 1024), sharing_strategy="file_descriptor")
-    assert open_file_limit_too_low(v, facts, DEFAULTS) is None
+    assert open_file_limit_too_low(v, ctx(facts)) is None
 
 
 _references = {}

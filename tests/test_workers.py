@@ -13,7 +13,9 @@ import textwrap
 import pytest
 
 from autosafe_torch import facts as facts_mod
-from autosafe_torch.rules import workers
+from autosafe_torch.engine import run_checks
+from autosafe_torch.inspection.mainmodule import guarded_lines
+from autosafe_torch.rules import Context, workers
 from support import clean_env, run_script, PRELUDE
 
 SPAWNING = ("spawn", "forkserver")
@@ -377,8 +379,11 @@ def test_warn_mode_changes_nothing_and_strict_raises(tmp_path):
 
 # -- the plan with injected facts: platforms and CUDA we do not have ----------
 
-def _view(dataset, method="fork", **kw):
-    return workers.LoaderView(2, method, dataset, **kw)
+def plan(dataset, facts, method="fork"):
+    """The findings of the iteration checks for a 2-worker loader, in this process."""
+    args = {"num_workers": 2, "multiprocessing_context": method, "dataset": dataset,
+            "collate_fn": None, "worker_init_fn": None, "timeout": 0}
+    return run_checks("dataloader.iter", args, Context(facts, main_guarded=lambda: True))[0]
 
 
 def _facts(**kw):
@@ -388,7 +393,7 @@ def _facts(**kw):
 def test_dl205_fork_after_cuda_goes_to_spawn_where_picklable():
     import torch
 
-    found = workers.plan(_view(torch.arange(4.)), _facts(platform="linux", cuda_initialized=True))
+    found = plan(torch.arange(4.), _facts(platform="linux", cuda_initialized=True))
     assert [f.rule.code for f in found] == ["DL205"]
     assert found[0].after == {"multiprocessing_context": "spawn"}
 
@@ -401,20 +406,20 @@ def test_dl205_unpicklable_goes_to_threads():
 
     ds = Held([1, 2, 3])
     ds.lock = threading.Lock()
-    found = workers.plan(_view(ds), _facts(platform="linux", cuda_initialized=True))
+    found = plan(ds, _facts(platform="linux", cuda_initialized=True))
     assert found[0].rule.code == "DL205" and found[0].strategy == "thread workers"
 
 
 def test_dl206_fork_on_macos_goes_to_spawn():
     import torch
 
-    found = workers.plan(_view(torch.arange(4.)), _facts(platform="darwin"))
+    found = plan(torch.arange(4.), _facts(platform="darwin"))
     assert [f.rule.code for f in found] == ["DL206"]
     assert found[0].after == {"multiprocessing_context": "spawn"}
 
 
 def test_fork_is_never_chosen_on_macos_for_unpicklable_data():
-    found = workers.plan(_view((x for x in range(3)), method="spawn"), _facts(platform="darwin"))
+    found = plan((x for x in range(3)), _facts(platform="darwin"), method="spawn")
     assert found[0].rule.code == "DL201" and found[0].strategy == "thread workers"
 
 
@@ -426,15 +431,15 @@ def test_dl104_advises_only_when_batches_may_depend_on_worker_count():
             return iter(())
 
     values = {"num_workers": 8, "dataset": Stream(), "worker_init_fn": None, "in_order": True}
-    found = workers.too_many_workers(values, _facts().replace(cpus_usable=2), {})
+    found = workers.too_many_workers(values, Context(_facts().replace(cpus_usable=2)))
     assert found.after == {} and found.strategy == "advice"
     values["dataset"] = [1, 2]
-    found = workers.too_many_workers(values, _facts().replace(cpus_usable=2), {})
+    found = workers.too_many_workers(values, Context(_facts().replace(cpus_usable=2)))
     assert found.after == {"num_workers": 2}
 
 
 def test_main_guard_detection(tmp_path):
     script = tmp_path / "m.py"
     script.write_text("import sys\nx = 1\nif __name__ == '__main__':\n    y = 2\n    z = 3\n")
-    lines = workers._guarded_lines(str(script), 0)
+    lines = guarded_lines(str(script))
     assert lines == {4, 5}

@@ -86,7 +86,3 @@ def revert():
         except Exception:
             pass
     _applied.clear()
-
-
-def is_patched(owner, name):
-    return (owner, name) in _originals

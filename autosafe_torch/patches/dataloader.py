@@ -2,40 +2,32 @@
 
 Arguments that DataLoader refuses to change after ``__init__`` (and those it
 rejects inside ``__init__``) are corrected at construction, before the
-original runs. Subclasses are covered: their ``super().__init__`` lands in
-this wrapper. The worker decision (rules/workers.py) is made when an
-iterator is created, since the start method may change in between; it is
-cached per loader and re-made only when what it depends on changes.
+original runs: the checks at ``dataloader.init``. Subclasses are covered:
+their ``super().__init__`` lands in this wrapper. The worker checks
+(``dataloader.iter``) run when an iterator is created, since the start
+method may change in between; their outcome is cached per loader and
+re-made only when what it depends on changes.
+
+A finding's ``changes`` become the call's arguments (or, at iteration, the
+loader's attributes); its ``state`` is kept on the loader for its iterators
+(``batch_device``, ``thread_workers``) under ``STATE_PREFIX``.
 """
 
 import inspect
+import sys
 
 from .. import engine, facts
 from ..callsite import user_call_site
+from ..rules import Context
 from . import wrap
 
-# Findings may carry values that are no DataLoader argument but state the
-# loader keeps for its iterators (``batch_device``); stored under this prefix,
-# as is the cached worker decision.
 STATE_PREFIX = "_autosafe_torch_"
 _PLAN_ATTR = STATE_PREFIX + "plan"
+# What the worker checks read off a loader, and may change on it.
+ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
+             "worker_init_fn", "timeout")
 
 _signature = {}
-
-
-def init_checks():
-    """The DataLoader checks, in the registry's order: each rule module with a
-    ``CHECKS`` tuple adds it; later checks see the arguments as the earlier
-    ones left them (DL104 settles the worker count before the rest look)."""
-    if "checks" not in _signature:
-        import importlib
-
-        from ..rules import RULE_MODULES
-
-        _signature["checks"] = tuple(
-            check for name in RULE_MODULES
-            for check in getattr(importlib.import_module(name), "CHECKS", ()))
-    return _signature["checks"]
 
 
 def patch(torch):
@@ -50,6 +42,18 @@ def patch(torch):
     wrap(DataLoader, "_get_iterator", _iterator_wrapper)
 
 
+def _keep_state(loader, findings):
+    for finding in findings:
+        for name, value in finding.state.items():
+            loader.__dict__[STATE_PREFIX + name] = value
+
+
+def loader_state(loader, name):
+    return loader.__dict__.get(STATE_PREFIX + name)
+
+
+# -- construction ----------------------------------------------------------------
+
 def _init_wrapper(wrapped, instance, args, kwargs):
     try:
         bound = _signature["sig"].bind(*args, **kwargs)
@@ -58,102 +62,79 @@ def _init_wrapper(wrapped, instance, args, kwargs):
     decided = engine.decide_or(None, "DataLoader.__init__", _decide, bound, instance)
     if decided is None:
         return wrapped(*args, **kwargs)
-    new, loader_state = decided
+    new, applied = decided
     result = wrapped(*new.args, **new.kwargs)
-    for name, value in loader_state.items():
-        instance.__dict__[STATE_PREFIX + name] = value
+    _keep_state(instance, applied)
     return result
 
 
 def _decide(bound, instance):
-    """(bound arguments to call with, loader state to keep), or None: unchanged."""
+    """(bound arguments to call with, findings applied), or None: unchanged."""
     values = dict(_signature["defaults"])
     values.update(bound.arguments)
-    context = values.get("multiprocessing_context")
-    found, fixed = engine.run_checks(init_checks(), values,
-                                     facts.current(context), _signature["defaults"])
-    if not engine.settle(found, user_call_site(instance) if found else None):
+    ctx = Context(facts.current(values.get("multiprocessing_context")),
+                  defaults=_signature["defaults"])
+    found, work = engine.run_checks("dataloader.init", values, ctx)
+    if not found or not engine.settle(found, user_call_site(instance), work):
         return None
-    loader_state = {}
-    for name in {k for f in found for k in f.after}:
-        if name in _signature["sig"].parameters:
-            bound.arguments[name] = fixed[name]
-        else:
-            loader_state[name] = fixed[name]
-    return bound, loader_state
+    for name, value in work.items():
+        if value is not values[name]:
+            bound.arguments[name] = value
+    return bound, found
 
 
-# -- the worker decision, at iteration -----------------------------------------
+# -- iteration --------------------------------------------------------------------
 
 def _iterator_wrapper(wrapped, loader, args, kwargs):
-    threads = engine.decide_or(0, "DataLoader iteration", _decide_workers, loader)
-    if threads:
-        from ..threadworkers import ThreadWorkersIter
+    engine.decide_or(None, "DataLoader iteration", _decide_workers, loader, sys._getframe(1))
+    threads = loader_state(loader, "thread_workers")
+    if threads and loader.num_workers == 0:
+        from ..remedies.threadworkers import ThreadWorkersIter
 
         iterator = ThreadWorkersIter(loader, threads)
     else:
         iterator = wrapped(*args, **kwargs)
-    device = loader.__dict__.get(STATE_PREFIX + "batch_device")
+    device = loader_state(loader, "batch_device")
     if device is not None:
-        from ..batchdevice import BatchesTo
+        from ..remedies.batchdevice import BatchesTo
 
         iterator = BatchesTo(iterator, device)
     return iterator
 
 
-def _plan_key(loader, context):
-    return (loader.num_workers, facts.effective_start_method(context), id(loader.dataset),
-            id(loader.collate_fn), id(loader.worker_init_fn), facts.cuda_initialized())
+def _plan_key(loader):
+    return (tuple(id(getattr(loader, name)) for name in ITER_ARGS),
+            facts.effective_start_method(loader.multiprocessing_context),
+            facts.cuda_initialized())
 
 
-def _decide_workers(loader):
-    """Apply the worker findings to ``loader``; the thread count for rung 3, or 0."""
+def _decide_workers(loader, frame):
+    """Run the worker checks for ``loader`` once per state of what they read."""
     state = loader.__dict__
-    context = loader.multiprocessing_context
-    key = _plan_key(loader, context)
-    cached = state.get(_PLAN_ATTR)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    threads = 0
+    key = _plan_key(loader)
+    if state.get(_PLAN_ATTR) == key:
+        return
     if loader.num_workers:
-        threads = _plan_and_apply(loader, context, key[1])
-        key = _plan_key(loader, loader.multiprocessing_context)
-    state[_PLAN_ATTR] = (key, threads)
-    return threads
+        _check_workers(loader, frame)
+    state[_PLAN_ATTR] = _plan_key(loader)
 
 
-def _plan_and_apply(loader, context, method):
-    import sys
+def _check_workers(loader, frame):
+    from ..inspection.mainmodule import main_is_guarded
 
-    from torch.utils.data import IterableDataset
+    guarded = []
 
-    from ..config import CONFIG
-    from ..rules import workers
+    def main_guarded():
+        if not guarded:
+            guarded.append(main_is_guarded(frame))
+        return guarded[0]
 
-    guarded = True
-    if method in ("spawn", "forkserver"):
-        guarded = workers.main_is_guarded(sys._getframe())
-    view = workers.LoaderView(loader.num_workers, method, loader.dataset, loader.collate_fn,
-                              loader.worker_init_fn, isinstance(loader.dataset, IterableDataset),
-                              guarded)
-    found = workers.plan(view, facts.current(context),
-                         lambda code: CONFIG.rule_enabled(code, workers.GROUP))
-    try:
-        applied = engine.settle(found, user_call_site(loader) if found else None)
-    finally:
-        if found and CONFIG.mode != "fix":
-            from .. import repairs
-
-            repairs.uninstall_reducers()  # planning registered them; warn changes nothing
-    if not applied:
-        return 0
-    threads = 0
-    for finding in found:
-        for name, value in finding.after.items():
-            if name == "thread_workers":
-                threads = value
-            else:
-                setattr(loader, name, value)
-    if loader.num_workers == 0:
-        loader.timeout = 0  # a worker timeout; torch refuses it without workers
-    return threads
+    values = {name: getattr(loader, name) for name in ITER_ARGS}
+    ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded)
+    found, work = engine.run_checks("dataloader.iter", values, ctx)
+    if not found or not engine.settle(found, user_call_site(loader), work):
+        return
+    for name in ITER_ARGS:
+        if work[name] is not values[name]:
+            setattr(loader, name, work[name])
+    _keep_state(loader, found)

@@ -1,19 +1,34 @@
-"""The rule registry.
+"""The rule registry: where each rule runs, and what a finding says.
 
-A rule is a pure function: it looks at a call's arguments and the platform
-facts and returns ``Finding`` objects that say what to change and why. It
-starts no process, touches no torch worker and logs nothing; the patches
-apply what it finds and the report logs it. Each rule is declared once,
-with a stable code and slug, the error it prevents and the permanent fix:
-``autosafe-torch rules`` and the README table are generated from here.
+A rule is declared once, with a stable code and slug, the error it prevents
+and the permanent fix (``autosafe-torch rules`` and the README table are
+generated from here), and with the hook where its check runs::
+
+    @rule("DL101", "prefetch-without-workers", GROUP, summary, prevents, fix,
+          at="dataloader.init")
+    def prefetch_without_workers(args, ctx): ...
+
+A check is pure: it looks at the call's arguments (``args``, as the earlier
+checks of the same hook left them) and at ``ctx`` (the platform facts and
+what the hook knows: defaults, capabilities, the findings so far), and
+returns a ``Finding``, a list of them, or None. It changes nothing: no
+reducer installed, no environment touched, no tensor moved. The engine
+applies what a finding asks, in fix mode only.
+
+One rule may check at several hooks (CV401: at the cv2 import and at every
+DataLoader): ``@RULES["CV401"].check_at("dataloader.init")``.
 """
 
 import importlib
 
+# Where checks run, in the order the patches call them.
+HOOKS = ("dataloader.init", "dataloader.iter", "autocast", "scaler", "amp.legacy",
+         "amp.provided", "cv2.import")
+
 RULES = {}
 
-# Modules that declare rules, in the order they are checked. Those with a
-# CHECKS tuple check DataLoader(...) calls (patches/dataloader.py).
+# Modules that declare rules; within a hook, checks run in this order, then
+# in their order in the module.
 RULE_MODULES = (
     "autosafe_torch.rules.workers",
     "autosafe_torch.rules.loader_args",
@@ -23,66 +38,105 @@ RULE_MODULES = (
     "autosafe_torch.rules.cv2",
 )
 
+_checks = {hook: [] for hook in HOOKS}
+
 
 class Rule:
-    __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "check")
+    __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks")
 
-    def __init__(self, code, slug, group, summary, prevents, fix, check=None):
+    def __init__(self, code, slug, group, summary, prevents, fix):
         self.code = code
         self.slug = slug
         self.group = group
         self.summary = summary
         self.prevents = prevents
         self.fix = fix
-        self.check = check
+        self.hooks = []
 
     def as_dict(self):
         return {"code": self.code, "slug": self.slug, "group": self.group,
-                "summary": self.summary, "prevents": self.prevents, "fix": self.fix}
+                "summary": self.summary, "prevents": self.prevents, "fix": self.fix,
+                "at": list(self.hooks)}
 
-    def finding(self, before, after, why, strategy=None, apply=None):
-        return Finding(self, before, after, why, strategy, apply)
+    def finding(self, before, changes=None, why="", strategy=None, state=None,
+                remedies=()):
+        return Finding(self, before, changes, why, strategy, state, remedies)
+
+    def check_at(self, *hooks):
+        """Decorator: ``check`` runs at ``hooks`` for this rule."""
+        def register(check):
+            for hook in hooks:
+                if hook not in _checks:
+                    raise ValueError("rule %s: unknown hook %r (one of %s)" % (
+                        self.code, hook, ", ".join(HOOKS)))
+                _checks[hook].append(check)
+                if hook not in self.hooks:
+                    self.hooks.append(hook)
+            check.rule = self
+            return check
+        return register
 
 
 class Finding:
-    """What one rule would change in one call.
+    """What one rule would change, and why.
 
-    ``after`` maps argument names to their new values; ``before`` holds the
-    old ones (or, for a side effect, what it acts on). ``apply``, when given,
-    is a side effect run only in fix mode (moving tensors off a device, say).
+    ``changes``: new values of the call's arguments (``{"prefetch_factor": None}``).
+    ``state``: what the runtime keeps beside the call (loader state such as
+    ``batch_device`` or ``thread_workers``; the AMP ``api`` a call is routed to).
+    ``remedies``: callables ``remedy(args)`` the engine runs in fix mode, in
+    order; one may return ``{argument: value}`` to change the call further
+    (a dataset that was itself a tensor, moved to CPU).
+    ``before``: the old values, or what a remedy acts on, for the log.
+    A finding with none of the three is advice: logged, nothing changed.
     """
 
-    __slots__ = ("rule", "before", "after", "why", "strategy", "apply")
+    __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies")
 
-    def __init__(self, rule, before, after, why, strategy=None, apply=None):
+    def __init__(self, rule, before, changes=None, why="", strategy=None, state=None,
+                 remedies=()):
         self.rule = rule
         self.before = before
-        self.after = after
+        self.changes = changes or {}
         self.why = why
         self.strategy = strategy
-        self.apply = apply
+        self.state = state or {}
+        self.remedies = tuple(remedies)
+
+    @property
+    def after(self):
+        """What the log shows as the new values: arguments and runtime state."""
+        return dict(self.changes, **self.state)
+
+    @property
+    def is_advice(self):
+        return not (self.changes or self.state or self.remedies)
 
     def __repr__(self):
         return "Finding(%s %s -> %s)" % (self.rule.code, self.before, self.after)
 
 
-def rule(code, slug, group, summary, prevents, fix):
-    """Decorator: register ``check`` as rule ``code``."""
+class Context:
+    """What a check sees besides the arguments: ``facts``, the findings made so
+    far at this hook, and what the hook adds (``defaults``, ``caps``, ``call``...)."""
 
-    def register(check):
-        if code in RULES:
-            raise ValueError("rule %s declared twice" % code)
-        RULES[code] = Rule(code, slug, group, summary, prevents, fix, check)
-        check.rule = RULES[code]
-        return check
+    def __init__(self, facts, **known):
+        self.facts = facts
+        self.findings = []
+        self.__dict__.update(known)
 
-    return register
+    def found(self, code):
+        """Whether an earlier check at this hook made a finding for ``code``."""
+        return any(f.rule.code == code for f in self.findings)
 
 
-def declare(code, slug, group, summary, prevents, fix):
-    """Register a rule whose check lives in a patch, not in a function here."""
-    RULES[code] = Rule(code, slug, group, summary, prevents, fix)
-    return RULES[code]
+def rule(code, slug, group, summary, prevents, fix, at=None):
+    """Declare rule ``code``; as a decorator, register its check at hook(s) ``at``."""
+    if code in RULES:
+        raise ValueError("rule %s declared twice" % code)
+    declared = RULES[code] = Rule(code, slug, group, summary, prevents, fix)
+    if at is None:
+        return declared
+    return declared.check_at(*((at,) if isinstance(at, str) else at))
 
 
 def load_all():
@@ -91,9 +145,18 @@ def load_all():
     return RULES
 
 
+def checks_at(hook, enabled=None):
+    """The checks that run at ``hook``, in order; ``enabled(rule)`` filters them."""
+    load_all()
+    checks = _checks[hook]
+    if enabled is None:
+        return list(checks)
+    return [c for c in checks if enabled(c.rule)]
+
+
 def rules_in_group(group):
     load_all()
-    return [r for code, r in sorted(RULES.items()) if r.group == group and r.check]
+    return [r for code, r in sorted(RULES.items()) if r.group == group]
 
 
 def table_markdown():

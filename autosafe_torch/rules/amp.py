@@ -89,14 +89,15 @@ def _scaler_device(args, call):
       "FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated. Please use "
       "`torch.amp.autocast('cuda', args...)` instead.",
       "torch.amp.autocast('cuda', enabled=..., dtype=...) with keywords (a positional "
-      "`enabled` would now be the dtype); torch.amp.custom_fwd(device_type='cuda')")
-def deprecated_autocast_api(args, facts, caps, call):
+      "`enabled` would now be the dtype); torch.amp.custom_fwd(device_type='cuda')",
+      at="amp.legacy")
+def deprecated_autocast_api(args, ctx):
+    call = ctx.call
     if call.route and call.api != call.route:
         return deprecated_autocast_api.rule.finding(
-            {"api": call.api}, {"api": call.route},
+            {"api": call.api}, state={"api": call.route}, why=
             "the old name warns on every call and will be removed; the same object is "
             "built through torch.amp")
-
 
 @rule("AMP502", "deprecated-grad-scaler", GROUP,
       "torch.cuda.amp.GradScaler, torch.cpu.amp.GradScaler: built as "
@@ -104,55 +105,45 @@ def deprecated_autocast_api(args, facts, caps, call):
       "FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated. Please use "
       "`torch.amp.GradScaler('cuda', args...)` instead.",
       "torch.amp.GradScaler('cuda', init_scale=..., ...) with keywords (a positional "
-      "init_scale would now be the device)")
-def deprecated_grad_scaler(args, facts, caps, call):
+      "init_scale would now be the device)",
+      at="scaler")
+def deprecated_grad_scaler(args, ctx):
+    call = ctx.call
     if call.route and not call.provided:
         return deprecated_grad_scaler.rule.finding(
-            {"api": call.api}, {"api": "%s(%r)" % (call.route, _scaler_device(args, call))},
+            {"api": call.api}, state={"api": "%s(%r)" % (call.route, _scaler_device(args, call))},
+            why=
             "the old name is deprecated and will be removed; the same scaler is built "
             "through torch.amp")
 
-
-@rule("AMP503", "amp-device-unavailable", GROUP,
-      "autocast or GradScaler for a device that is not available: disabled, logged once "
-      "per call site",
-      "UserWarning: CUDA is not available or torch_xla is imported. Disabling autocast. / "
-      "UserWarning: torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
-      "Disabling. / RuntimeError: User specified autocast device_type must be 'cuda' or "
-      "'cpu' (torch 2.0)",
-      "take the device from the model (device_type=device.type) and pass "
-      "enabled=(device.type == 'cuda') where AMP is CUDA-only")
-def amp_device_unavailable(args, facts, caps, call):
-    if not args["enabled"]:
+@rule("AMP506", "provided-amp-api", GROUP,
+      "torch.amp.GradScaler / torch.amp.autocast missing on this torch: provided "
+      "(GradScaler by the CUDA one; for another device, disabled)",
+      "AttributeError: module 'torch.amp' has no attribute 'GradScaler'",
+      "torch >= 2.3, or torch.cuda.amp.GradScaler() / torch.autocast(...) on older torch",
+      at=("scaler", "amp.provided"))
+def provided_amp_api(args, ctx):
+    call = ctx.call
+    if not call.provided:
         return None
-    if "device_type" in args:
-        device = device_type(args["device_type"])
-        if device_available(device, facts):
-            return None
-        after = {"enabled": False}
-        if not caps.autocast_accepts(device):
-            after["device_type"] = inert_device(facts)
-        before = {"device_type": args["device_type"], "enabled": True}
-        _disable_quietly(before, after, args, caps)
-        return amp_device_unavailable.rule.finding(
-            before, after,
-            "there is no %s device here, so there is nothing to autocast on it" % device)
-    device = _scaler_device(args, call)
-    if device_available(device, facts):
-        return None
-    return amp_device_unavailable.rule.finding(
-        {"device": device, "enabled": True}, {"enabled": False},
-        "there is no %s device here; a disabled scaler passes the loss and the "
-        "optimizer step through unchanged" % device)
-
+    before, changes = {"api": call.api + " (missing)"}, {}
+    why = "this torch has no %s; %s does the same" % (call.api, call.route)
+    if "device" in args:  # a GradScaler
+        device = _scaler_device(args, call)
+        if device != "cuda" and args["enabled"]:
+            before["enabled"], changes["enabled"] = True, False
+            why += ", for CUDA only, so the scaler for %s is disabled" % device
+    return provided_amp_api.rule.finding(before, changes, why, state={"api": call.route})
 
 @rule("AMP504", "scaler-device-argument", GROUP,
       "GradScaler(device=...) on a class that takes no device (torch.cuda.amp.GradScaler; "
       "GradScaler before torch 2.3): accepted and routed",
       "TypeError: GradScaler.__init__() got an unexpected keyword argument 'device'",
       "torch.amp.GradScaler(device, ...) on torch >= 2.3; on older torch, "
-      "torch.cuda.amp.GradScaler(...) without a device")
-def scaler_device_argument(args, facts, caps, call):
+      "torch.cuda.amp.GradScaler(...) without a device",
+      at="scaler")
+def scaler_device_argument(args, ctx):
+    call = ctx.call
     given = args["device"]
     if given is None or call.takes_device:
         return None
@@ -169,7 +160,6 @@ def scaler_device_argument(args, facts, caps, call):
                "disabled" % (device, call.api, call.device))
     return scaler_device_argument.rule.finding({"device": given}, after, why)
 
-
 @rule("AMP505", "autocast-unsupported", GROUP,
       "autocast with a dtype (or on a device) this torch cannot autocast to: disabled, "
       "as torch itself would, without the warning or the error; a torch.device given as "
@@ -179,8 +169,10 @@ def scaler_device_argument(args, facts, caps, call):
       "switch dtype to float16. / ValueError: Expected `device_type` of type `str`, got: "
       "`<class 'torch.device'>`",
       "pass device_type=device.type, and a dtype the device autocasts to on your oldest "
-      "torch (bfloat16 on CPU, float16 on MPS before torch 2.6)")
-def autocast_unsupported(args, facts, caps, call):
+      "torch (bfloat16 on CPU, float16 on MPS before torch 2.6)",
+      at="autocast")
+def autocast_unsupported(args, ctx):
+    facts, caps = ctx.facts, ctx.caps
     given = args["device_type"]
     before, after, why = {}, {}, []
     device = device_type(given)
@@ -204,26 +196,40 @@ def autocast_unsupported(args, facts, caps, call):
     if after:
         return autocast_unsupported.rule.finding(before, after, "; ".join(why))
 
-
-@rule("AMP506", "provided-amp-api", GROUP,
-      "torch.amp.GradScaler / torch.amp.autocast missing on this torch: provided "
-      "(GradScaler by the CUDA one; for another device, disabled)",
-      "AttributeError: module 'torch.amp' has no attribute 'GradScaler'",
-      "torch >= 2.3, or torch.cuda.amp.GradScaler() / torch.autocast(...) on older torch")
-def provided_amp_api(args, facts, caps, call):
-    if not call.provided:
+@rule("AMP503", "amp-device-unavailable", GROUP,
+      "autocast or GradScaler for a device that is not available: disabled, logged once "
+      "per call site",
+      "UserWarning: CUDA is not available or torch_xla is imported. Disabling autocast. / "
+      "UserWarning: torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
+      "Disabling. / RuntimeError: User specified autocast device_type must be 'cuda' or "
+      "'cpu' (torch 2.0)",
+      "take the device from the model (device_type=device.type) and pass "
+      "enabled=(device.type == 'cuda') where AMP is CUDA-only",
+      at=("autocast", "scaler"))
+def amp_device_unavailable(args, ctx):
+    facts, caps, call = ctx.facts, ctx.caps, ctx.call
+    if not args["enabled"]:
         return None
-    before, after = {"api": call.api + " (missing)"}, {"api": call.route}
-    why = "this torch has no %s; %s does the same" % (call.api, call.route)
-    if "device" in args:  # a GradScaler
-        device = _scaler_device(args, call)
-        if device != "cuda" and args["enabled"]:
-            before["enabled"], after["enabled"] = True, False
-            why += ", for CUDA only, so the scaler for %s is disabled" % device
-    return provided_amp_api.rule.finding(before, after, why)
+    if "device_type" in args:
+        device = device_type(args["device_type"])
+        if device_available(device, facts):
+            return None
+        after = {"enabled": False}
+        if not caps.autocast_accepts(device):
+            after["device_type"] = inert_device(facts)
+        before = {"device_type": args["device_type"], "enabled": True}
+        _disable_quietly(before, after, args, caps)
+        return amp_device_unavailable.rule.finding(
+            before, after,
+            "there is no %s device here, so there is nothing to autocast on it" % device)
+    device = _scaler_device(args, call)
+    if device_available(device, facts):
+        return None
+    return amp_device_unavailable.rule.finding(
+        {"device": device, "enabled": True}, {"enabled": False},
+        "there is no %s device here; a disabled scaler passes the loss and the "
+        "optimizer step through unchanged" % device)
 
-
-# In the order they run: a device type is normalised before it is looked up.
-AUTOCAST_CHECKS = (autocast_unsupported, amp_device_unavailable)
-SCALER_CHECKS = (deprecated_grad_scaler, provided_amp_api, scaler_device_argument,
-                 amp_device_unavailable)
+# Checks run in their order here, per hook: autocast: AMP505 then AMP503 (a
+# device type is normalised before it is looked up); scaler: AMP502, AMP506,
+# AMP504, AMP503.

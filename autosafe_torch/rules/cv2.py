@@ -7,12 +7,13 @@ forked has been the classic cause of workers that hang in ``cv2.resize``.
 The fix everyone applies by hand: ``cv2.setNumThreads(0)`` and
 ``cv2.ocl.setUseOpenCL(False)``.
 
-Setting them in the parent reaches forked workers only; spawn and
-forkserver workers import cv2 afresh. So the parent's settings are made
-when cv2 is imported (``autosafe_torch.patches.cv2``, which also sets
-OPENCV_FOR_THREADS_NUM and OPENCV_OPENCL_RUNTIME for child processes), and
-every loader with workers gets a picklable ``worker_init_fn`` step that
-makes them in the worker, before the user's own ``worker_init_fn``.
+Each rule checks at two hooks. At the cv2 import (``cv2.import``): the
+setting in this process, and an environment variable for processes started
+later (spawn and forkserver workers import cv2 afresh, and setting it in the
+parent does not reach them). At every loader with workers
+(``dataloader.init``): a picklable ``worker_init_fn`` step that makes the
+setting in the worker, before the user's own ``worker_init_fn`` (it covers a
+forkserver started before cv2 was imported).
 
 Nothing here imports cv2: the steps are added only when the program has
 imported it, and a worker imports it only then.
@@ -20,43 +21,60 @@ imported it, and a worker imports it only then.
 
 import sys
 
-from ..workerinit import with_step
+from ..remedies import cv2 as cv2_remedies
+from ..remedies.workerinit import with_step
 from . import rule
 
 GROUP = "cv2"
 
-# What the environment says to OpenCV in processes started from here.
-# OPENCV_FOR_THREADS_NUM=0 means "the default" to OpenCV 5 (measured: two
-# threads on two CPUs), so one thread: no pool.
-ENV_THREADS = ("OPENCV_FOR_THREADS_NUM", "1")
-ENV_OPENCL = ("OPENCV_OPENCL_RUNTIME", "disabled")
+
+@rule("CV401", "cv2-threads", GROUP,
+      "cv2 imported: cv2.setNumThreads(0) in the parent and in every DataLoader worker",
+      "DataLoader workers that hang in cv2 calls after fork; workers x OpenCV "
+      "threads oversubscribing the CPUs",
+      "call cv2.setNumThreads(0) at import and in worker_init_fn",
+      at="cv2.import")
+def cv2_threads(args, ctx):
+    env, (key, value) = ctx.environ, cv2_remedies.ENV_THREADS
+    threads = ctx.cv2.getNumThreads()
+    before, after = {}, {}
+    if threads != 0:
+        before["threads"], after["threads"] = threads, 0
+    if key not in env:
+        before[key], after[key] = None, value
+    if after:
+        return cv2_threads.rule.finding(
+            before, state=after, why="OpenCV's thread pool in a process that forks "
+            "DataLoader workers; %s=%s for processes started later" % (key, env.get(key, value)),
+            strategy="cv2.setNumThreads(0)",
+            remedies=[lambda args: cv2_remedies.threads_off(ctx.cv2, env)])
 
 
-def _cv2():
-    """cv2 in a worker: imported only because the parent had it."""
-    module = sys.modules.get("cv2")
-    if module is None:
-        import cv2 as module
-    return module
+@rule("CV402", "cv2-opencl", GROUP,
+      "cv2 imported: OpenCL off in the parent and in every DataLoader worker",
+      "the same hangs, and every worker contending for the GPU through OpenCL",
+      "call cv2.ocl.setUseOpenCL(False) at import and in worker_init_fn",
+      at="cv2.import")
+def cv2_opencl(args, ctx):
+    env, (key, value) = ctx.environ, cv2_remedies.ENV_OPENCL
+    ocl = getattr(ctx.cv2, "ocl", None)
+    before, after = {}, {}
+    if ocl is not None and ocl.useOpenCL():
+        before["opencl"], after["opencl"] = True, False
+    if key not in env:
+        before[key], after[key] = None, value
+    if after:
+        return cv2_opencl.rule.finding(
+            before, state=after, why="OpenCL off in this process; %s=%s for processes "
+            "started later" % (key, env.get(key, value)),
+            strategy="cv2.ocl.setUseOpenCL(False)",
+            remedies=[lambda args: cv2_remedies.opencl_off(ctx.cv2, env)])
 
 
-def worker_threads_off(worker_id):
-    """Worker step for CV401 (module level, so that it pickles)."""
-    _cv2().setNumThreads(0)
-
-
-def worker_opencl_off(worker_id):
-    """Worker step for CV402."""
-    cv2 = _cv2()
-    ocl = getattr(cv2, "ocl", None)
-    if ocl is not None:
-        ocl.setUseOpenCL(False)
-
-
-def _add_step(check, values, step, what):
-    if values["num_workers"] <= 0 or "cv2" not in sys.modules:
+def _add_step(check, args, step, what):
+    if args["num_workers"] <= 0 or "cv2" not in sys.modules:
         return None
-    old = values["worker_init_fn"]
+    old = args["worker_init_fn"]
     new = with_step(old, step)
     if new is old:
         return None
@@ -66,21 +84,13 @@ def _add_step(check, values, step, what):
         "worker_init_fn of the program" % what, strategy="worker_init_fn step")
 
 
-@rule("CV401", "cv2-threads", GROUP,
-      "cv2 imported: cv2.setNumThreads(0) in the parent and in every DataLoader worker",
-      "DataLoader workers that hang in cv2 calls after fork; workers x OpenCV "
-      "threads oversubscribing the CPUs",
-      "call cv2.setNumThreads(0) at import and in worker_init_fn")
-def cv2_threads(values, facts, defaults):
-    return _add_step(cv2_threads, values, worker_threads_off, "cv2.setNumThreads(0)")
+@cv2_threads.rule.check_at("dataloader.init")
+def cv2_threads_in_workers(args, ctx):
+    return _add_step(cv2_threads_in_workers, args, cv2_remedies.worker_threads_off,
+                     "cv2.setNumThreads(0)")
 
 
-@rule("CV402", "cv2-opencl", GROUP,
-      "cv2 imported: OpenCL off in the parent and in every DataLoader worker",
-      "the same hangs, and every worker contending for the GPU through OpenCL",
-      "call cv2.ocl.setUseOpenCL(False) at import and in worker_init_fn")
-def cv2_opencl(values, facts, defaults):
-    return _add_step(cv2_opencl, values, worker_opencl_off, "cv2.ocl.setUseOpenCL(False)")
-
-
-CHECKS = (cv2_threads, cv2_opencl)
+@cv2_opencl.rule.check_at("dataloader.init")
+def cv2_opencl_in_workers(args, ctx):
+    return _add_step(cv2_opencl_in_workers, args, cv2_remedies.worker_opencl_off,
+                     "cv2.ocl.setUseOpenCL(False)")

@@ -19,8 +19,10 @@ GROUP = "dataloader"
       "prefetch_factor given with num_workers=0: reset to the default",
       "ValueError: prefetch_factor option could only be specified in multiprocessing."
       "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.",
-      "pass prefetch_factor only when num_workers > 0")
-def prefetch_without_workers(args, facts, defaults):
+      "pass prefetch_factor only when num_workers > 0",
+      at="dataloader.init")
+def prefetch_without_workers(args, ctx):
+    defaults = ctx.defaults
     default = defaults.get("prefetch_factor")
     if args["num_workers"] == 0 and args["prefetch_factor"] != default:
         return prefetch_without_workers.rule.finding(
@@ -31,8 +33,9 @@ def prefetch_without_workers(args, facts, defaults):
 @rule("DL102", "persistent-without-workers", GROUP,
       "persistent_workers=True with num_workers=0: set to False",
       "ValueError: persistent_workers option needs num_workers > 0",
-      "pass persistent_workers=num_workers > 0")
-def persistent_without_workers(args, facts, defaults):
+      "pass persistent_workers=num_workers > 0",
+      at="dataloader.init")
+def persistent_without_workers(args, ctx):
     if args["num_workers"] == 0 and args["persistent_workers"]:
         return persistent_without_workers.rule.finding(
             {"persistent_workers": args["persistent_workers"]}, {"persistent_workers": False},
@@ -43,8 +46,9 @@ def persistent_without_workers(args, facts, defaults):
       "multiprocessing_context given with num_workers=0: set to None",
       "ValueError: multiprocessing_context can only be used with multi-process "
       "loading (num_workers > 0), but got num_workers=0",
-      "pass multiprocessing_context only when num_workers > 0")
-def context_without_workers(args, facts, defaults):
+      "pass multiprocessing_context only when num_workers > 0",
+      at="dataloader.init")
+def context_without_workers(args, ctx):
     if args["num_workers"] == 0 and args["multiprocessing_context"] is not None:
         return context_without_workers.rule.finding(
             {"multiprocessing_context": args["multiprocessing_context"]},
@@ -56,8 +60,9 @@ def context_without_workers(args, facts, defaults):
       "timeout > 0 with num_workers=0: set to 0",
       "AssertionError: _SingleProcessDataLoaderIter requires timeout == 0 "
       "(a bare AssertionError on torch 2.0), at the start of every epoch",
-      "pass timeout only when num_workers > 0")
-def timeout_without_workers(args, facts, defaults):
+      "pass timeout only when num_workers > 0",
+      at="dataloader.init")
+def timeout_without_workers(args, ctx):
     if args["num_workers"] == 0 and args["timeout"]:
         return timeout_without_workers.rule.finding(
             {"timeout": args["timeout"]}, {"timeout": 0},
@@ -67,8 +72,9 @@ def timeout_without_workers(args, facts, defaults):
 @rule("DL106", "zero-prefetch-with-workers", GROUP,
       "prefetch_factor=0 with workers: use the default (2)",
       "AssertionError (prefetch_factor > 0) when the first iterator is created",
-      "pass prefetch_factor >= 1, or leave it unset")
-def zero_prefetch_with_workers(args, facts, defaults):
+      "pass prefetch_factor >= 1, or leave it unset",
+      at="dataloader.init")
+def zero_prefetch_with_workers(args, ctx):
     if args["num_workers"] > 0 and args["prefetch_factor"] == 0:
         return zero_prefetch_with_workers.rule.finding(
             {"prefetch_factor": 0}, {"prefetch_factor": 2},
@@ -81,8 +87,10 @@ def zero_prefetch_with_workers(args, facts, defaults):
       "UserWarning every epoch: 'pin_memory' argument is set as true but no "
       "accelerator is found, then device pinned memory won't be used. "
       "(on MPS: ... but not supported on MPS now)",
-      "pass pin_memory=torch.cuda.is_available()")
-def pin_memory_without_accelerator(args, facts, defaults):
+      "pass pin_memory=torch.cuda.is_available()",
+      at="dataloader.init")
+def pin_memory_without_accelerator(args, ctx):
+    facts = ctx.facts
     if args["pin_memory"] and (facts.accelerator == "mps" or (
             facts.accelerator is None and facts.pin_memory_warns)):
         where = "on MPS pinned memory is not supported" if facts.accelerator == "mps" \
@@ -90,7 +98,3 @@ def pin_memory_without_accelerator(args, facts, defaults):
         return pin_memory_without_accelerator.rule.finding(
             {"pin_memory": True}, {"pin_memory": False}, where)
 
-
-CHECKS = (prefetch_without_workers, persistent_without_workers, context_without_workers,
-          timeout_without_workers, zero_prefetch_with_workers,
-          pin_memory_without_accelerator)

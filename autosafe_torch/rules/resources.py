@@ -13,10 +13,12 @@ Batches in flight, measured with a tmpfs of a chosen size in a private
 mount namespace: ``prefetch_factor * num_workers`` requested from the
 workers, plus the one the loop holds and the one being received, so
 ``(prefetch_factor * num_workers + 2) * batch bytes``. The batch size in
-bytes comes from one sample: from the tensors' shapes for a TensorDataset,
-else from ``dataset[0]`` on a shallow copy of the dataset (so that a file a
-dataset opens lazily is opened on the copy), with every random-number
-state put back afterwards, and only when the limit is low enough to matter.
+bytes is known without calling user code only for a TensorDataset (from
+its tensors' shapes). Any other dataset is never sampled: fetching
+``dataset[0]`` in the parent would run the user's ``__getitem__`` (a
+dataset that synchronizes across workers hangs, one that owns a random
+generator has its stream advanced); there, a real shared-memory failure is
+the signal, not a guess.
 
 With ``file_descriptor`` sharing, the main process keeps one open file per
 shared storage it holds. A collate function that returns a list of
@@ -26,16 +28,16 @@ limit toward the hard one is what ``ulimit -n`` does; where the hard limit
 is too low as well, the ``file_system`` strategy needs no descriptors.
 """
 
-import copy
 import sys
-import weakref
 
-from ..workerinit import with_step
+from ..remedies import limits
+from ..remedies.workerinit import with_step
+from .accel import default_collate
 from . import rule
 
 GROUP = "dataloader"
 
-# Look at a sample only where the limit could plausibly be reached.
+# Estimate only where the limit could plausibly be reached.
 SHM_PROBE_BELOW = 8 * 2 ** 30
 FDS_PROBE_BELOW = 65536
 # Batches the main process holds beyond those requested from the workers.
@@ -53,9 +55,7 @@ DOCKER_FIX = ("give the container a larger /dev/shm: docker run --shm-size=2g "
               "Memory at /dev/shm")
 
 
-# -- one sample, looked at once per dataset ---------------------------------
-
-_last = {}
+# -- one sample, known without fetching it -----------------------------------
 
 
 class Profile:
@@ -66,99 +66,16 @@ class Profile:
         self.tensors = tensors
 
 
-def _leaves(obj, torch, out, depth=0):
-    """Add (bytes, count) of tensors and arrays in one sample to ``out``."""
-    if depth > 6:
-        return
-    if isinstance(obj, torch.Tensor):
-        out[0] += obj.numel() * obj.element_size()
-        out[1] += 1
-    elif type(obj).__module__ == "numpy" and hasattr(obj, "nbytes") and hasattr(obj, "dtype"):
-        out[0] += int(obj.nbytes)
-        out[1] += 1
-    elif isinstance(obj, (int, float, bool)):
-        out[0] += 8  # collated into a tensor of one element per sample
-        out[1] += 1
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _leaves(v, torch, out, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _leaves(v, torch, out, depth + 1)
-
-
-def _rng_states():
-    saved = []
-    import random
-
-    saved.append((random.setstate, random.getstate()))
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        saved.append((torch.set_rng_state, torch.get_rng_state()))
-    np = sys.modules.get("numpy")
-    if np is not None:
-        saved.append((np.random.set_state, np.random.get_state()))
-    return saved
-
-
 def sample_profile(values):
-    """Bytes and tensor count of one sample, or None when it cannot be known safely."""
-    dataset = values["dataset"]
-    known = _last.get("key")
-    if known is not None and known[0]() is dataset:
-        return known[1]
-    result = _profile(dataset, values)
-    try:
-        _last["key"] = (weakref.ref(dataset), result)
-    except TypeError:
-        _last.clear()
-    return result
-
-
-def forget():
-    _last.clear()
-
-
-def _profile(dataset, values):
+    """Bytes and tensor count of one sample, where known without user code: a
+    TensorDataset's tensors' shapes. None otherwise (never ``dataset[0]``)."""
     torch = sys.modules.get("torch")
-    if torch is None:
+    dataset = values["dataset"]
+    if torch is None or not isinstance(dataset, torch.utils.data.TensorDataset):
         return None
-    data = torch.utils.data
-    if isinstance(dataset, data.IterableDataset):
-        return None  # a sample cannot be had without consuming the stream
-    if isinstance(dataset, data.TensorDataset):
-        out = [0, 0]
-        for t in dataset.tensors:
-            out[0] += (t.numel() // max(1, t.shape[0])) * t.element_size() if t.dim() else 0
-            out[1] += 1
-        return Profile(out[0], out[1])
-    sampler = values.get("sampler")
-    if sampler is not None and not isinstance(sampler, (data.SequentialSampler,
-                                                        data.RandomSampler)):
-        return None  # its keys need not be integers
-    if values.get("batch_sampler") is not None and not isinstance(
-            values["batch_sampler"], data.BatchSampler):
-        return None
-    try:
-        if len(dataset) <= 0:
-            return None
-        probe = copy.copy(dataset)
-    except Exception:
-        return None
-    saved = _rng_states()
-    try:
-        sample = probe[0]
-    except Exception:
-        return None
-    finally:
-        for setter, state in saved:
-            try:
-                setter(state)
-            except Exception:
-                pass
-    out = [0, 0]
-    _leaves(sample, torch, out)
-    return Profile(out[0], out[1]) if out[1] else None
+    nbytes = sum((t.numel() // max(1, t.shape[0])) * t.element_size()
+                 for t in dataset.tensors if t.dim())
+    return Profile(nbytes, len(dataset.tensors))
 
 
 def batch_size(values):
@@ -186,8 +103,10 @@ def _mib(n):
       "RuntimeError: unable to allocate shared memory(shm) for file </torch_...>: "
       "No space left on device (28); 'DataLoader worker (pid N) is killed by "
       "signal: Bus error'",
-      DOCKER_FIX)
-def shm_too_small(values, facts, defaults):
+      DOCKER_FIX,
+      at="dataloader.init")
+def shm_too_small(values, ctx):
+    facts, defaults = ctx.facts, ctx.defaults
     workers = values["num_workers"]
     free = facts.shm_available
     if workers <= 0 or free is None or free >= SHM_PROBE_BELOW:
@@ -233,51 +152,21 @@ def shm_too_small(values, facts, defaults):
         strategy="no workers")
 
 
-def use_file_system_sharing(worker_id):
-    """Worker step: spawn/forkserver workers start with torch's default strategy."""
-    import torch.multiprocessing
-
-    torch.multiprocessing.set_sharing_strategy("file_system")
-
-
-def _raise_soft_limit(target):
-    def apply():
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return apply
-
-
-def _file_system_sharing():
-    def apply():
-        import torch.multiprocessing
-
-        torch.multiprocessing.set_sharing_strategy("file_system")
-    return apply
-
-
-def _both(*steps):
-    def apply():
-        for step in steps:
-            step()
-    return apply
-
-
 @rule("DL304", "open-file-limit-too-low", GROUP,
       "open-file soft limit too low for file_descriptor sharing: raise it toward "
       "the hard limit, or share through the file system",
       "RuntimeError: Too many open files. Communication with the workers is no "
       "longer possible...; RuntimeError: received 0 items of ancdata",
       "raise the limit before starting (ulimit -n <hard limit>), or call "
-      "torch.multiprocessing.set_sharing_strategy('file_system') at start")
-def open_file_limit_too_low(values, facts, defaults):
+      "torch.multiprocessing.set_sharing_strategy('file_system') at start",
+      at="dataloader.init")
+def open_file_limit_too_low(values, ctx):
+    facts = ctx.facts
     workers = values["num_workers"]
-    limits = facts.open_file_limit
-    if workers <= 0 or facts.sharing_strategy != "file_descriptor" or not limits:
+    nofile = facts.open_file_limit
+    if workers <= 0 or facts.sharing_strategy != "file_descriptor" or not nofile:
         return None
-    soft, hard = limits
+    soft, hard = nofile
     infinite = _infinity()
     if soft == infinite or soft >= FDS_PROBE_BELOW:
         return None
@@ -285,11 +174,9 @@ def open_file_limit_too_low(values, facts, defaults):
     profile = sample_profile(values) if size else None
     if profile is None:
         return None
-    from .accel import _default_collate
-
     # Default collation stacks each field into one tensor per batch; another
     # collate_fn may keep one tensor per sample.
-    per_batch = profile.tensors if _default_collate(values["collate_fn"]) \
+    per_batch = profile.tensors if default_collate(values["collate_fn"]) \
         else profile.tensors * size
     need = per_batch * (_prefetch(values) * workers + EXTRA_BATCHES) * 4 + FD_RESERVE
     if soft >= need:
@@ -301,17 +188,17 @@ def open_file_limit_too_low(values, facts, defaults):
         return open_file_limit_too_low.rule.finding(
             {}, {}, head + ". Raised the soft limit to %d (the hard limit is %s), as "
             "`ulimit -n` does" % (ceiling, "unlimited" if hard == infinite else hard),
-            strategy="raise soft limit", apply=_raise_soft_limit(ceiling))
+            strategy="raise soft limit", remedies=[limits.raise_soft_limit(ceiling)])
     # The hard limit is too low as well: no descriptors per tensor at all.
-    steps = [_file_system_sharing()]
+    steps = [limits.file_system_sharing]
     if ceiling > soft:
-        steps.insert(0, _raise_soft_limit(ceiling))
+        steps.insert(0, limits.raise_soft_limit(ceiling))
     old = values["worker_init_fn"]
     return open_file_limit_too_low.rule.finding(
-        {"worker_init_fn": old}, {"worker_init_fn": with_step(old, use_file_system_sharing)},
+        {"worker_init_fn": old}, {"worker_init_fn": with_step(old, limits.use_file_system_sharing)},
         head + " and the hard limit %d is too low as well: switched torch's sharing "
         "strategy to file_system, in this process and in every worker" % hard,
-        strategy="file_system sharing", apply=_both(*steps))
+        strategy="file_system sharing", remedies=steps)
 
 
 def _infinity():
@@ -322,5 +209,3 @@ def _infinity():
     except ImportError:
         return -1
 
-
-CHECKS = (shm_too_small, open_file_limit_too_low)

@@ -16,20 +16,21 @@ reference in the parent and cannot be found when the child imports the main
 module as ``__mp_main__``.
 """
 
-import ast
 import copyreg
 import functools
-import os
 import pickle
 import sys
 import types
 
 from . import objwalk
+from .mainmodule import missing_in_child
 
 # ForkingPickler.dumps(obj) passes protocol=None: pickle.DEFAULT_PROTOCOL.
 PROTOCOL = pickle.DEFAULT_PROTOCOL
-MAX_DEPTH = 32
-MAX_OBJECTS = 2_000_000  # over all the dumps of one probe
+# Locating a failure descends at most objwalk.MAX_DEPTH levels. Pickling
+# itself is never cut short (a partial dump would prove nothing); locating
+# stops once this many objects were pickled over all the dumps of one probe.
+MAX_PICKLED = 2_000_000
 BIG_BUFFER = 1 << 16  # bytes/bytearray this large are payload, not structure
 
 _TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
@@ -57,89 +58,6 @@ class ProbeResult:
         return "ProbeResult(%s: %s)" % (self.path, self.error)
 
 
-def interactive_main():
-    """True when the main module cannot be re-imported by a spawned child.
-
-    A child imports the parent's main by ``__spec__.name`` (``python -m``) or
-    by its file; ``python -c``, stdin, a REPL or a notebook kernel has neither,
-    so whatever it defines is missing in the child.
-    """
-    main = sys.modules.get("__main__")
-    if main is None:
-        return True
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and getattr(spec, "name", None):
-        return False
-    path = getattr(main, "__file__", None)
-    if not isinstance(path, str) or not os.path.isfile(path):
-        return True
-    return os.path.splitext(os.path.basename(path))[0] == "ipython"
-
-
-@functools.lru_cache(maxsize=8)
-def _names_importable_from_script(path, mtime):
-    """Top-level names a child binds when it runs ``path`` as ``__mp_main__``.
-
-    None when that cannot be told (star import, syntax error): assume all.
-    """
-    try:
-        with open(path, "rb") as f:
-            tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return None
-    names = set()
-
-    def is_main_guard(test):
-        return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-                and test.left.id == "__name__" and len(test.comparators) == 1
-                and isinstance(test.comparators[0], ast.Constant)
-                and test.comparators[0].value == "__main__")
-
-    def visit(body):
-        for node in body:
-            if isinstance(node, ast.If) and is_main_guard(node.test):
-                visit(node.orelse)
-                continue
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-                continue
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                    names.add(sub.id)
-                elif isinstance(sub, (ast.Import, ast.ImportFrom)):
-                    for alias in sub.names:
-                        if alias.name == "*":
-                            raise LookupError
-                        names.add(alias.asname or alias.name.split(".")[0])
-                elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    names.add(sub.name)
-                elif isinstance(sub, ast.Global):
-                    names.update(sub.names)
-
-    try:
-        visit(tree.body)
-    except LookupError:
-        return None
-    return frozenset(names)
-
-
-def _missing_in_child(obj):
-    """The child's error text if ``obj`` (a class or function of ``__main__``) is absent there."""
-    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if not isinstance(qualname, str) or "<locals>" in qualname or "<lambda>" in qualname:
-        return None  # the parent's own pickle error says it better
-    if interactive_main():
-        return "Can't get attribute %r on <module '__main__' (built-in)>" % qualname
-    path = getattr(sys.modules.get("__main__"), "__file__", None)
-    try:
-        names = _names_importable_from_script(path, os.stat(path).st_mtime_ns)
-    except (OSError, TypeError):
-        return None
-    if names is None or qualname.split(".")[0] in names:
-        return None
-    return "Can't get attribute %r on <module '__mp_main__' from %r>" % (qualname, path)
-
-
 class _NullSink:
     __slots__ = ()
 
@@ -150,13 +68,16 @@ class _NullSink:
 _SINK = _NullSink()
 
 
-def _probe_dispatch_table():
+def _probe_dispatch_table(planned=None):
+    """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a
+    repair would install: the probe tries them without installing them)."""
     from multiprocessing.reduction import ForkingPickler
 
     table = copyreg.dispatch_table.copy()
     for cls, reducer in ForkingPickler._extra_reducers.items():
         if getattr(reducer, "__module__", "") != _TORCH_REDUCERS_MODULE:
             table[cls] = reducer
+    table.update(planned or {})
     return table
 
 
@@ -205,15 +126,15 @@ class _ProbePickler(pickle.Pickler):
     def reducer_override(self, obj):
         if isinstance(obj, (type, types.FunctionType)) and \
                 getattr(obj, "__module__", None) == "__main__":
-            error = _missing_in_child(obj)
+            error = missing_in_child(obj)
             if error is not None:
                 raise AttributeError(error)
         return NotImplemented
 
 
 class _Prober:
-    def __init__(self):
-        self.table = _probe_dispatch_table()
+    def __init__(self, planned=None):
+        self.table = _probe_dispatch_table(planned)
         self.payload = _payload_types()
         self.objects = 0
 
@@ -281,8 +202,8 @@ class _Prober:
     def locate(self, obj, path, exc):
         """Descend to the innermost part that fails alone."""
         ancestors = [obj]
-        for _ in range(MAX_DEPTH):
-            if self.objects > MAX_OBJECTS:
+        for _ in range(objwalk.MAX_DEPTH):
+            if self.objects > MAX_PICKLED:
                 break
             for label, child in self.children(obj):
                 if isinstance(child, objwalk.ATOMIC) or any(child is a for a in ancestors):
@@ -302,9 +223,13 @@ def _message(exc):
     return text if text else type(exc).__name__
 
 
-def probe(obj, path="dataset"):
-    """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why."""
-    prober = _Prober()
+def probe(obj, path="dataset", planned=None):
+    """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why.
+
+    ``planned``: ``{class: reducer}`` that a repair would register, tried here
+    as if registered (nothing is installed).
+    """
+    prober = _Prober(planned)
     exc = prober.error(obj)
     if exc is None:
         return ProbeResult(True, path, objects=prober.objects)

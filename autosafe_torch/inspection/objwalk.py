@@ -162,22 +162,31 @@ def edges(obj, items=None):
 
 
 def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, stop=None,
-         items=None):
+         items=None, on_cut=None):
     """Yield ``(path, obj, edge)`` for ``root`` and what it holds, depth first.
 
     ``edge`` is None for the root. Each object is visited once (by identity).
     ``stop(obj)`` true means report ``obj`` but do not enter it. ``items``:
     follow at most that many items of each container (``SAMPLE_ITEMS`` to look).
+    ``on_cut()`` is called when a bound (depth, objects) leaves something unseen.
     """
     seen = set()
     stack = [(path, root, None, 0)]
-    while stack and len(seen) < max_objects:
+    while stack:
+        if len(seen) >= max_objects:
+            if on_cut is not None:
+                on_cut()
+            return
         here, obj, edge, depth = stack.pop()
         if id(obj) in seen:
             continue
         seen.add(id(obj))
         yield here, obj, edge
-        if depth >= max_depth or (stop is not None and stop(obj)):
+        if stop is not None and stop(obj):
+            continue
+        if depth >= max_depth:
+            if on_cut is not None and not is_leaf(obj):
+                on_cut()
             continue
         try:
             children = list(edges(obj, items))

@@ -1,0 +1,211 @@
+"""What a dataset holds that matters to its workers: files, locks, thread pools.
+
+Looked at, never changed: the walks here copy nothing and call no user code
+(no ``__getitem__``, no iteration of anything but built-in containers). The
+remedies that act on what is found live in ``autosafe_torch.remedies``.
+
+- files: which are read-only regular files that a worker could reopen by
+  path (``file_kind``), and where each hangs (``find_files``);
+- ``live_threading_objects`` names what makes fork unsafe: locks, threads
+  and thread pools that a forked child inherits in whatever state they were.
+"""
+
+import io
+import os
+import stat
+import sys
+import threading
+
+from . import objwalk
+
+READONLY, WRITABLE = "readonly-file", "writable-file"
+
+# -- file kinds ---------------------------------------------------------------
+
+
+def raw_file(f):
+    """The FileIO under a text or buffered file, or None (BytesIO, gzip...)."""
+    try:
+        if isinstance(f, io.TextIOWrapper):
+            f = f.buffer
+        if isinstance(f, (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)):
+            f = f.raw
+    except (ValueError, AttributeError):  # detached
+        return None
+    return f if isinstance(f, io.FileIO) else None
+
+def real_path(raw):
+    """The path that opens this very file again, or None (deleted, moved, not regular)."""
+    if raw.closed:
+        return None
+    try:
+        fd = raw.fileno()
+        here = os.fstat(fd)
+        if not stat.S_ISREG(here.st_mode):
+            return None
+        candidates = []
+        try:
+            candidates.append(os.readlink("/proc/self/fd/%d" % fd))
+        except OSError:
+            pass
+        if isinstance(raw.name, (str, bytes)):
+            candidates.append(os.path.abspath(os.fsdecode(raw.name)))
+        for path in candidates:
+            try:
+                there = os.stat(path)
+            except OSError:
+                continue
+            if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
+                return path
+    except (OSError, ValueError):
+        pass
+    return None
+
+def h5py_types():
+    h5py = sys.modules.get("h5py")
+    if h5py is None:
+        return ()
+    return tuple(getattr(h5py, n) for n in ("File", "Group", "Dataset") if hasattr(h5py, n))
+
+def _h5py_kind(obj):
+    try:
+        if not obj.id.valid:
+            return None
+        f = obj.file
+        if not os.path.isfile(f.filename):
+            return None
+        return READONLY if f.mode == "r" else WRITABLE
+    except Exception:
+        return None
+
+def file_kind(f):
+    """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can reopen).
+
+    Read-only means opened for reading only (``'rb'``, ``'r'``, unbuffered or
+    not) on a regular file that its path still names.
+    """
+    h5 = h5py_types()
+    if h5 and isinstance(f, h5):
+        return _h5py_kind(f)
+    raw = raw_file(f)
+    if raw is None or real_path(raw) is None:
+        return None
+    if raw.writable():
+        return WRITABLE
+    return READONLY if raw.readable() else None
+
+def _is_file_object(obj):
+    if isinstance(obj, io.IOBase):
+        return not isinstance(obj, (io.BytesIO, io.StringIO))
+    h5 = h5py_types()
+    if h5 and isinstance(obj, h5):
+        return True
+    socket = sys.modules.get("socket")
+    return socket is not None and isinstance(obj, socket.socket)
+
+
+# -- finding what a dataset holds ----------------------------------------------
+
+
+class HeldFile(tuple):
+    """``(path, obj, kind)``; ``.edge`` knows where it hangs, ``.set(new)`` replaces it."""
+
+    def __new__(cls, path, obj, kind, edge):
+        self = tuple.__new__(cls, (path, obj, kind))
+        self.edge = edge
+        return self
+
+    path = property(lambda self: self[0])
+    obj = property(lambda self: self[1])
+    kind = property(lambda self: self[2])
+
+    @property
+    def settable(self):
+        return self.edge is not None and self.edge.settable
+
+    def set(self, new):
+        if self.edge is None:
+            raise TypeError("the root object cannot be replaced in place")
+        self.edge.set(new)
+
+def find_files(obj, path="dataset", items=None):
+    """Files reachable from ``obj``: ``HeldFile(path, file, file_kind(file))``.
+
+    Includes files that cannot be reopened (kind None: pipes, sockets, closed
+    or deleted files). A file held in two places is reported at each.
+    ``items``: look at that many items per container (``objwalk.SAMPLE_ITEMS``).
+    """
+    if _is_file_object(obj):
+        return [HeldFile(path, obj, file_kind(obj), None)]
+    found, kinds = [], {}
+    for here, owner, _edge in objwalk.walk(obj, path, stop=_stop_at, items=items):
+        if _stop_at(owner):
+            continue
+        try:
+            edges = list(objwalk.edges(owner, items))
+        except Exception:
+            continue
+        for edge in edges:
+            child = edge.child
+            if _is_file_object(child):
+                if id(child) not in kinds:
+                    kinds[id(child)] = file_kind(child)
+                found.append(HeldFile(here + edge.label(), child, kinds[id(child)], edge))
+    return found
+
+_THREADING_KINDS = None
+
+def _threading_kinds():
+    global _THREADING_KINDS
+    if _THREADING_KINDS is None:
+        kinds = [(type(threading.Lock()), "lock"), (type(threading.RLock()), "rlock")]
+        if hasattr(threading, "_PyRLock"):
+            kinds.append((threading._PyRLock, "rlock"))
+        kinds += [(threading.Condition, "condition"), (threading.Semaphore, "semaphore"),
+                  (threading.Event, "event"), (threading.Barrier, "barrier"),
+                  (threading.Thread, "thread")]
+        _THREADING_KINDS = tuple(kinds)
+    return _THREADING_KINDS
+
+def _thread_pool_in_use(obj):
+    futures = sys.modules.get("concurrent.futures.thread")
+    if futures is not None and isinstance(obj, futures.ThreadPoolExecutor):
+        return bool(getattr(obj, "_threads", ()))
+    pool = sys.modules.get("multiprocessing.pool")
+    if pool is not None and isinstance(obj, pool.ThreadPool):
+        return bool(getattr(obj, "_pool", ())) and getattr(obj, "_state", None) == "RUN"
+    return None  # not a thread pool
+
+def _threading_kind(obj):
+    for cls, kind in _threading_kinds():
+        if isinstance(obj, cls):
+            return kind
+    return None
+
+def _stop_at(obj):
+    """Objects the walks report but never enter."""
+    if _is_file_object(obj) or _threading_kind(obj) is not None \
+            or _thread_pool_in_use(obj) is not None:
+        return True
+    logging = sys.modules.get("logging")  # its locks are re-made after fork by logging
+    return logging is not None and isinstance(obj, (logging.Logger, logging.Handler))
+
+def live_threading_objects(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
+    """``(path, kind)`` for locks, live threads and used thread pools ``obj`` holds.
+
+    A forked worker inherits each in the state it had at fork: a lock another
+    thread held stays held forever, a thread pool has no threads behind it.
+    """
+    found = []
+    for here, value, _edge in objwalk.walk(obj, path, stop=_stop_at, items=items):
+        in_use = _thread_pool_in_use(value)
+        if in_use is not None:
+            if in_use:
+                found.append((here, "thread-pool"))
+            continue
+        kind = _threading_kind(value)
+        if kind == "thread" and not value.is_alive():
+            continue
+        if kind is not None:
+            found.append((here, kind))
+    return found

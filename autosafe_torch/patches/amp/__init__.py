@@ -1,0 +1,111 @@
+"""AMP: autocast, GradScaler and custom_fwd/custom_bwd (AMP501-AMP506).
+
+What is patched, and why there:
+
+The modules: ``caps`` (what this torch's autocast can do), ``autocast``,
+``scaler``, ``provided`` (AMP506), ``common`` (running the checks).
+
+- ``torch.amp.autocast.__init__`` (the class every autocast derives from):
+  AMP503 and AMP505. autocast is built on every training step, so this is a
+  plain function with one dict lookup on the common path: the decision is
+  cached per argument tuple, and the call site is looked up only when there
+  is something to record.
+- the deprecated ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``
+  (torch >= 2.4): their ``__new__`` and ``__init_subclass__``, which only
+  warn, are replaced (AMP501). The classes stay the classes: isinstance,
+  subclassing and ``type(x)`` are unchanged, and torch's own ``__init__``
+  still maps the old positional order (enabled, dtype, cache_enabled) onto
+  ``torch.amp.autocast`` by keyword.
+- ``torch.cuda.amp.GradScaler.__init__`` (and the CPU one): the old
+  signature is bound and the scaler is initialised through
+  ``torch.amp.GradScaler.__init__`` by keyword (AMP502), accepting a device
+  (AMP504); ``torch.amp.GradScaler.__init__``: AMP503.
+- ``torch.cuda.amp.custom_fwd`` / ``custom_bwd``: routed to ``torch.amp``'s.
+- on a torch without them, ``torch.amp.GradScaler`` and ``torch.amp.autocast``
+  are provided (AMP506).
+
+Everything is decided by feature, not by version number: whether a class is
+marked deprecated, whether ``torch.amp`` has the modern class and its
+signature a device, and what ``torch.amp.autocast`` accepts, probed once.
+"""
+
+from ...rules.amp import AmpCall
+from .. import original, replace, wrap
+from . import autocast, provided, scaler
+from .caps import TorchAmpCaps
+from .common import is_deprecated, is_subclass, signature_without_self, state
+
+
+def caps():
+    return state["caps"]
+
+
+def patch(torch):
+    amp = torch.amp
+    autocast_cls = amp.autocast_mode.autocast
+    init = autocast_cls.__dict__["__init__"]
+    state["caps"] = TorchAmpCaps(autocast_cls, init)
+    state["autocast_call"] = AmpCall("torch.autocast")
+    state["route_findings"] = {}
+    replace(autocast_cls, "__init__", autocast.make_init(init))
+
+    # AMP501: the deprecated autocast classes and decorators.
+    for area in ("cuda", "cpu"):
+        module = getattr(getattr(torch, area, None), "amp", None)
+        legacy = getattr(module, "autocast", None)
+        if is_subclass(legacy, autocast_cls) and is_deprecated(legacy) \
+                and "__new__" in legacy.__dict__:
+            api = "torch.%s.amp.autocast" % area
+            autocast.patch_deprecated(
+                legacy, AmpCall(api, device=area, takes_device=False,
+                                route="torch.amp.autocast(%r)" % area), autocast_cls)
+    cuda_amp = getattr(getattr(torch, "cuda", None), "amp", None)
+    if cuda_amp is not None and hasattr(amp, "custom_fwd") and hasattr(amp, "custom_bwd") \
+            and is_deprecated(getattr(cuda_amp, "custom_fwd", None)):
+        def call_of(name):
+            return AmpCall("torch.cuda.amp.%s" % name, device="cuda", takes_device=False,
+                           route="torch.amp.%s(device_type='cuda')" % name)
+        fwd, bwd = autocast.patch_custom_decorators(torch, cuda_amp, call_of)
+        for owner in (cuda_amp, getattr(cuda_amp, "autocast_mode", None)):
+            if owner is not None and hasattr(owner, "custom_fwd"):
+                replace(owner, "custom_fwd", fwd)
+                replace(owner, "custom_bwd", bwd)
+
+    # AMP502-AMP504: GradScaler.
+    modern = getattr(amp, "GradScaler", None)
+    if not (isinstance(modern, type) and "device" in
+            signature_without_self(modern.__init__).parameters):
+        modern = None
+    if modern is not None:
+        wrap(modern, "__init__", scaler.modern_wrapper(
+            AmpCall("torch.amp.GradScaler"), signature_without_self(modern.__init__)))
+    cuda_scaler = None
+    for area in ("cuda", "cpu"):
+        module = getattr(getattr(torch, area, None), "amp", None)
+        legacy = getattr(module, "GradScaler", None)
+        if not isinstance(legacy, type) or legacy is modern:
+            continue
+        signature = signature_without_self(legacy.__dict__.get("__init__", legacy.__init__))
+        if "device" in signature.parameters:
+            continue
+        route = modern if is_subclass(legacy, modern) else None
+        call = AmpCall("torch.%s.amp.GradScaler" % area, device=area, takes_device=False,
+                       route="torch.amp.GradScaler" if route else None)
+        route_init = original(modern, "__init__") if route else None
+        wrap(legacy, "__init__", scaler.legacy_wrapper(call, signature, route_init))
+        if area == "cuda":
+            cuda_scaler = legacy
+
+    # AMP506: new code on old torch.
+    if modern is None and cuda_scaler is not None and not hasattr(amp, "GradScaler"):
+        grad_scaler = provided.grad_scaler(cuda_scaler, original(cuda_scaler, "__init__"))
+        replace(amp, "GradScaler", grad_scaler)
+        if not hasattr(torch, "GradScaler"):
+            replace(torch, "GradScaler", grad_scaler)
+    if not hasattr(amp, "autocast") and hasattr(torch, "autocast"):
+        replace(amp, "autocast", provided.autocast(torch))
+
+
+def unpatch():
+    autocast.forget()
+    state.clear()

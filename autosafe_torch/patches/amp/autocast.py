@@ -1,0 +1,167 @@
+"""autocast: ``torch.amp.autocast.__init__`` (AMP503, AMP505) and the deprecated
+``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast`` and ``custom_fwd`` /
+``custom_bwd`` names (AMP501).
+
+autocast is built on every training step, so its ``__init__`` wrapper is a
+plain function with one dict lookup on the common path: the decision is
+cached per argument tuple, and the call site is looked up only when there is
+something to record.
+"""
+
+import functools
+import inspect
+
+from ... import engine, facts
+from ...callsite import cached_call_site
+from ...config import CONFIG
+from ...report import internal_error
+from .. import replace
+from .common import _CLEAN, _PLAN_CACHE_LIMIT, defaults_of, run, signature_without_self, state
+
+_autocast_plans = {}  # (args, disabled, facts override) -> _CLEAN or (findings, kwargs)
+
+
+def forget():
+    _autocast_plans.clear()
+
+
+def _autocast_plan(signature, defaults, args, kwargs):
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return _CLEAN  # the user's own mistake: torch says it
+    values = dict(defaults)
+    values.update(bound.arguments)
+    found, fixed = run("autocast", values, state["autocast_call"])
+    if not found:
+        return _CLEAN
+    return found, {name: fixed[name] for name in signature.parameters}
+
+
+# The signature of torch.amp.autocast.__init__ since torch 1.10. Where it
+# matches, the wrapper takes the same parameters: Python binds them, and the
+# cache key is the four values.
+AUTOCAST_PARAMS = (("device_type", inspect.Parameter.empty), ("dtype", None),
+                   ("enabled", True), ("cache_enabled", None))
+
+
+def make_init(init):
+    signature = signature_without_self(init)
+    defaults = defaults_of(signature)
+    if tuple((p.name, p.default) for p in signature.parameters.values()) != AUTOCAST_PARAMS:
+        return _make_generic_autocast_init(init, signature, defaults)
+
+    @functools.wraps(init)
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        new_kwargs = None
+        try:
+            key = (device_type, dtype, enabled, cache_enabled, CONFIG.disabled, facts._override)
+            try:
+                plan = _autocast_plans.get(key)
+            except TypeError:  # an unhashable argument: decide without the cache
+                plan = key = None
+            if plan is None:
+                plan = _autocast_plan(signature, defaults, (device_type, dtype, enabled,
+                                                            cache_enabled), {})
+                if key is not None and len(_autocast_plans) < _PLAN_CACHE_LIMIT:
+                    _autocast_plans[key] = plan
+            new_kwargs = _planned_kwargs(plan, self)
+        except engine.UnsafeCallError:  # inline, not decide_or: this runs every step
+            raise
+        except Exception as exc:
+            internal_error("autocast.__init__", exc)
+        if new_kwargs is None:
+            return init(self, device_type, dtype, enabled, cache_enabled)
+        return init(self, **new_kwargs)
+
+    return __init__
+
+
+def _planned_kwargs(plan, instance):
+    """The keyword arguments a plan says to build autocast with, or None: unchanged."""
+    if plan is not _CLEAN and engine.settle_repeated(plan[0], cached_call_site(instance)):
+        return plan[1]
+    return None
+
+
+def _make_generic_autocast_init(init, signature, defaults):
+    """The same for a torch whose autocast takes other parameters."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        new_kwargs = engine.decide_or(None, "autocast.__init__", lambda: _planned_kwargs(
+            _autocast_plan(signature, defaults, args, kwargs), self))
+        if new_kwargs is None:
+            return init(self, *args, **kwargs)
+        return init(self, **new_kwargs)
+
+    return __init__
+
+
+def _route_decision(call, instance=None):
+    """True to route ``call`` quietly; False to call the deprecated original."""
+    key = (call.api, CONFIG.disabled, facts._override)
+    found = state["route_findings"].get(key)
+    if found is None:
+        found = state["route_findings"][key] = run("amp.legacy", {}, call)[0]
+    return engine.settle_repeated(found, cached_call_site(instance)) if found else False
+
+
+def patch_deprecated(legacy, call, base):
+    deprecated_new = legacy.__dict__["__new__"]
+    deprecated_new_func = getattr(deprecated_new, "__func__", deprecated_new)
+    base_new = base.__new__
+
+    # wraps: inspect.signature(legacy) must still read (enabled, dtype,
+    # cache_enabled); torch.compile binds autocast arguments with it.
+    @functools.wraps(deprecated_new_func)
+    def __new__(cls, *args, **kwargs):
+        if cls is legacy:  # the original warns only for the class itself
+            quiet = engine.decide_or(False, "%s.__new__" % call.api, _route_decision, call)
+            if not quiet:
+                return deprecated_new_func(cls, *args, **kwargs)
+        return base_new(cls)
+
+    __new__.__dict__.pop("__deprecated__", None)
+    replace(legacy, "__new__", staticmethod(__new__))
+
+    deprecated_hook = legacy.__dict__.get("__init_subclass__")
+    if deprecated_hook is None:
+        return
+    deprecated_func = getattr(deprecated_hook, "__func__", deprecated_hook)
+    inner = getattr(deprecated_func, "__wrapped__", None)
+
+    @functools.wraps(deprecated_func)
+    def __init_subclass__(cls, **kwargs):
+        quiet = engine.decide_or(False, "%s.__init_subclass__" % call.api, _route_decision,
+                                 call)
+        if not quiet:
+            return deprecated_func(cls, **kwargs)
+        if inner is not None and not isinstance(inner, type(object.__init_subclass__)):
+            return inner(cls, **kwargs)
+        return super(legacy, cls).__init_subclass__(**kwargs)
+
+    __init_subclass__.__dict__.pop("__deprecated__", None)
+    replace(legacy, "__init_subclass__", classmethod(__init_subclass__))
+
+
+def patch_custom_decorators(torch, module, call_of):
+    """torch.cuda.amp.custom_fwd/custom_bwd -> torch.amp's, device_type="cuda"."""
+    modern_fwd, modern_bwd = torch.amp.custom_fwd, torch.amp.custom_bwd
+    legacy_fwd, legacy_bwd = module.custom_fwd, module.custom_bwd
+
+    @functools.wraps(legacy_fwd)
+    def custom_fwd(fwd=None, *, cast_inputs=None):
+        if engine.decide_or(False, "torch.cuda.amp.custom_fwd", _route_decision, call_of("custom_fwd")):
+            return modern_fwd(fwd, device_type="cuda", cast_inputs=cast_inputs)
+        return legacy_fwd(fwd, cast_inputs=cast_inputs)
+
+    @functools.wraps(legacy_bwd)
+    def custom_bwd(bwd):
+        if engine.decide_or(False, "torch.cuda.amp.custom_bwd", _route_decision, call_of("custom_bwd")):
+            return modern_bwd(bwd, device_type="cuda")
+        return legacy_bwd(bwd)
+
+    for fn in (custom_fwd, custom_bwd):
+        fn.__dict__.pop("__deprecated__", None)
+    return custom_fwd, custom_bwd

@@ -1,0 +1,67 @@
+"""GradScaler: ``torch.cuda.amp.GradScaler.__init__`` (and the CPU one) routed
+through ``torch.amp.GradScaler`` by keyword (AMP502), accepting a device
+(AMP504); ``torch.amp.GradScaler.__init__``: AMP503.
+"""
+
+from ... import engine
+from ...callsite import cached_call_site
+from ...rules.amp import device_type
+from .common import defaults_of, run
+
+
+def _scaler_plan(instance, call, signature, defaults, args, kwargs):
+    """(device or None, scaler keyword arguments) to build with, or None."""
+    device = None
+    takes_device = "device" in signature.parameters
+    if not takes_device:
+        # torch.cuda.amp.GradScaler("cuda") or (device="cuda"): new code, old class.
+        if "device" in kwargs:
+            kwargs = dict(kwargs)
+            device = kwargs.pop("device")
+        elif args and (isinstance(args[0], str) or type(args[0]).__name__ == "device"):
+            device, args = args[0], args[1:]
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None  # the user's own mistake: torch says it
+    values = dict(defaults)
+    values.update(bound.arguments)
+    if not takes_device:
+        values["device"] = device
+    found, fixed = run("scaler", values, call)
+    if not found or not engine.settle(found, cached_call_site(instance)):
+        return None
+    params = {name: fixed[name] for name in signature.parameters if name != "device"}
+    return device_type(fixed["device"]) or call.device or "cuda", params
+
+
+def _scaler_wrapper(call, signature, build):
+    """A GradScaler.__init__ wrapper: plan (failing open), then
+    ``build(wrapped, instance, device, params)`` where a plan was made."""
+    defaults = defaults_of(signature)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        plan = engine.decide_or(None, "%s.__init__" % call.api, _scaler_plan, instance, call,
+                                signature, defaults, args, kwargs)
+        if plan is None:
+            return wrapped(*args, **kwargs)
+        return build(wrapped, instance, *plan)
+
+    return wrapper
+
+
+def legacy_wrapper(call, signature, route_init):
+    """For torch.cuda.amp.GradScaler.__init__ (and the CPU one)."""
+
+    def build(wrapped, instance, device, params):
+        if route_init is not None:
+            return route_init(instance, device, **params)
+        return wrapped(**params)
+
+    return _scaler_wrapper(call, signature, build)
+
+
+def modern_wrapper(call, signature):
+    """For torch.amp.GradScaler.__init__: AMP503 only."""
+    return _scaler_wrapper(call, signature,
+                           lambda wrapped, instance, device, params: wrapped(device, **params))

@@ -1,0 +1,92 @@
+"""By value: functions, lambdas and classes that pickle cannot find by name.
+
+Plain pickle saves functions and classes by reference (module and name); a
+lambda, a local function, or anything defined in an interactive
+``__main__`` cannot be looked up in a worker. cloudpickle sends them whole.
+"""
+
+from .pickling import PROTOCOL, install
+
+class ByValue:
+    """A callable that pickles its function by value (cloudpickle).
+
+    For a lambda or local function as collate_fn/worker_init_fn, or one
+    defined in an interactive ``__main__``: plain pickle saves functions by
+    name, which a worker cannot look up.
+    """
+
+    __slots__ = ("function", "__weakref__")
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+    def __reduce__(self):
+        import cloudpickle
+
+        return _load_by_value, (cloudpickle.dumps(self.function),)
+
+    def __repr__(self):
+        return "by_value(%r)" % (self.function,)
+
+def _load_by_value(data):
+    import cloudpickle
+
+    return ByValue(cloudpickle.loads(data))
+
+def by_value(fn):
+    """``fn`` wrapped so that it travels by value; a wrapped one as it is."""
+    return fn if isinstance(fn, ByValue) else ByValue(fn)
+
+class _ClassByValue:
+    """Stands in for a class in a reduce value; unpickles as that class."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls):
+        self.cls = cls
+
+    def __call__(self, *args, **kwargs):  # pickle requires the callable be callable
+        return self.cls(*args, **kwargs)
+
+    def __reduce__(self):
+        import cloudpickle
+
+        return cloudpickle.loads, (cloudpickle.dumps(self.cls),)
+
+def _new_instance(cls, *args):
+    return cls.__new__(cls, *args)
+
+def _new_instance_ex(cls, args, kwargs):
+    return cls.__new__(cls, *args, **kwargs)
+
+def _reduce_instance_by_value(obj):
+    """Only the class goes by value: the state still goes through ForkingPickler,
+    so tensors are shared, not copied, and files use the reducers above."""
+    import copyreg
+
+    cls = type(obj)
+    rv = obj.__reduce_ex__(PROTOCOL)
+    if isinstance(rv, str):
+        raise TypeError("cannot pickle %r by value" % (obj,))
+    func, args, rest = rv[0], tuple(rv[1] or ()), tuple(rv[2:])
+    if func is copyreg.__newobj__:
+        func = _new_instance
+    elif func is copyreg.__newobj_ex__:
+        func = _new_instance_ex
+    elif func is cls:
+        func = _ClassByValue(cls)
+    args = tuple(_ClassByValue(a) if a is cls else a for a in args)
+    return (func, args) + rest
+
+
+def class_reducers(classes):
+    """Reducers that send instances of ``classes`` with their class, by value."""
+    return {cls: _reduce_instance_by_value for cls in classes}
+
+
+def register_by_value_class(cls):
+    """Instances of ``cls`` (from an interactive ``__main__``) travel with their class."""
+    install(class_reducers((cls,)))

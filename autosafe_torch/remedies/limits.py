@@ -1,0 +1,26 @@
+"""Open files for DataLoader workers: the soft limit, and torch's sharing strategy
+(DL304). Each is a remedy ``remedy(args)`` or a worker_init step."""
+
+
+def raise_soft_limit(target):
+    """A remedy that raises RLIMIT_NOFILE's soft limit to ``target``, as
+    ``ulimit -n`` does (never above the hard limit the caller checked)."""
+    def raise_soft_limit(args):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return raise_soft_limit
+
+
+def file_system_sharing(args):
+    """A remedy: torch shares tensors through named files, no descriptor each."""
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+
+
+def use_file_system_sharing(worker_id):
+    """Worker step: spawn/forkserver workers start with torch's default strategy."""
+    file_system_sharing(None)

@@ -1,0 +1,96 @@
+"""Move a dataset's accelerator tensors to CPU, in place (DL301, DL302).
+
+Every tensor object found is replaced by one CPU tensor, so a tensor
+referenced twice stays one tensor, and views of one storage stay views of
+one CPU storage.
+"""
+
+from ..inspection import objwalk
+from ..inspection.tensors import ACCELERATORS, _torch, never_entered, scan
+
+def tensor_to_cpu(t):
+    out = t.detach().to("cpu")
+    if t.requires_grad and t.is_leaf:
+        out.requires_grad_(True)
+    return out
+
+def storage_to_cpu(storage):
+    return storage.cpu()
+
+def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
+    """Move every tensor on ``devices`` under ``root`` to CPU, in place.
+
+    Returns (new root, moved Found list). The root changes only when it is
+    itself a tensor or a tuple; everything below is replaced where it is
+    held (lists, dicts, attributes; tuples are rebuilt and put back in
+    their owner). Identity is kept: one tensor object becomes one CPU tensor
+    wherever it is referenced, and tensors that view one storage become
+    views of one CPU copy of it. The depth bound is the scan's; the object
+    bound is lifted, so that what is moved is everything the depth reaches.
+    """
+    torch = _torch()
+    found = scan(root, max_objects=10 ** 9, items=None).on(
+        ACCELERATORS if devices is None else devices)
+    if not found:
+        return root, []
+    # Tensors sharing one storage: copy the storage once, rebuild the views.
+    by_storage = {}
+    for f in found:
+        by_storage.setdefault(_storage_key(f.tensor), []).append(f.tensor)
+    new = {}
+    for group in by_storage.values():
+        distinct = {id(t): t for t in group}
+        if len(distinct) == 1:
+            t = group[0]
+            new[id(t)] = tensor_to_cpu(t)
+            continue
+        cpu_storage = storage_to_cpu(group[0].untyped_storage())
+        for t in distinct.values():
+            view = torch.empty((0,), dtype=t.dtype).set_(
+                cpu_storage, t.storage_offset(), t.size(), t.stride())
+            if t.requires_grad and t.is_leaf:
+                view.requires_grad_(True)
+            new[id(t)] = view
+
+    done = {}
+
+    def fix(obj, depth):
+        """The object to hold instead of ``obj`` (itself when unchanged)."""
+        key = id(obj)
+        if key in new:
+            return new[key]
+        if key in done:
+            return done[key]
+        if isinstance(obj, torch.Tensor) or never_entered(obj, torch) or depth >= max_depth:
+            return obj
+        done[key] = obj  # cycles: the object itself while it is being fixed
+        if isinstance(obj, tuple):
+            items = [fix(x, depth + 1) for x in obj]
+            if any(a is not b for a, b in zip(items, obj)):
+                rebuilt = type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+                done[key] = rebuilt
+                return rebuilt
+            return obj
+        for child, setter in _children(obj):
+            replacement = fix(child, depth + 1)
+            if replacement is not child and setter is not None:
+                setter(replacement)
+        return obj
+
+    return fix(root, 0), found
+
+def _storage_key(t):
+    try:
+        return ("storage", t.untyped_storage()._cdata)
+    except Exception:
+        return ("tensor", id(t))
+
+
+def _children(obj):
+    """(child, setter) for what ``obj`` holds; setter None where the child cannot
+    be replaced in place (a tuple item). Dict keys and set members hold no
+    tensor that could be moved in place: not followed."""
+    for edge in objwalk.edges(obj):
+        if edge.how in (edge.KEY, edge.MEMBER):
+            continue
+        yield edge.child, edge.set if edge.settable else None
