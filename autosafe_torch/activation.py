@@ -50,6 +50,12 @@ def activate(source="import"):
     finder.install()
     for name in TARGETS:
         finder.register(name, _on_import(name))
+    try:
+        from . import rehearsal
+
+        rehearsal.apply()
+    except Exception as exc:  # never at interpreter start
+        _hook_error("AUTOSAFE_TORCH_AS", exc)
     if late and source != "worker":
         import logging
 

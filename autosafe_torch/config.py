@@ -15,6 +15,7 @@ ENV_DISABLE = "AUTOSAFE_TORCH_DISABLE"
 ENV_LOG_FILE = "AUTOSAFE_TORCH_LOG_FILE"
 ENV_QUIET = "AUTOSAFE_TORCH_QUIET"
 ENV_DEBUG = "AUTOSAFE_TORCH_DEBUG"
+ENV_AS = "AUTOSAFE_TORCH_AS"  # read by rehearsal.py
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -36,6 +37,9 @@ OPTIONS = (
     (ENV_QUIET, "0", "1: no log lines on stderr (records, JSON sink and strict "
      "errors stay)"),
     (ENV_DEBUG, "0", "1: debug lines and full tracebacks of internal errors"),
+    (ENV_AS, "unset", "macos, windows or linux-py314: run as on that platform "
+     "(its start method, and the platform the rules see: no fork rung on macOS or "
+     "Windows); what `autosafe-torch run --as` sets"),
 )
 
 

@@ -17,7 +17,7 @@ class UnsafeCallError(RuntimeError):
         r = finding.rule
         super().__init__("%s %s at %s: %s (%s). Permanent fix: %s. "
                          "(AUTOSAFE_TORCH_MODE=strict)" % (
-                             r.code, r.slug, call_site, r.summary, finding.why, r.fix))
+                             r.code, r.slug, call_site, r.summary, finding.why, finding.fix))
         self.code = r.code
         self.finding = finding
 
@@ -71,7 +71,7 @@ def settle(findings, call_site, args=None):
         else:
             action = "would-fix"
         r = f.rule
-        record(Intervention(r.code, r.slug, f.before, f.after, f.why, r.fix,
+        record(Intervention(r.code, r.slug, f.before, f.after, f.why, f.fix,
                             call_site, f.strategy, action))
     return fixing and bool(actions)
 

@@ -22,7 +22,7 @@ class Facts:
                  accelerator=None, cuda_initialized=False,
                  shm_available=None, open_file_limit=None, sharing_strategy=None,
                  pin_memory_warns=True):
-        self.platform = platform or sys.platform
+        self.platform = platform or _rehearsed_platform()
         self.start_method = start_method or default_start_method(self.platform)
         self.cpus_usable = cpus_usable or 1
         # "cuda", "mps", "xpu", ... or None when no accelerator is usable.
@@ -47,6 +47,12 @@ class Facts:
 
     def __repr__(self):
         return "Facts(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
+
+
+def _rehearsed_platform():
+    from .rehearsal import platform
+
+    return platform()
 
 
 def default_start_method(platform=None):

@@ -59,8 +59,9 @@ class Intervention:
             verb = "would change" if self.action == "would-fix" else "changed"
             change = ", ".join("%s %s -> %s" % (k, _short(self.before.get(k)), _short(v))
                                for k, v in self.after.items())
-        else:  # a repair or an advice that changes no argument
-            verb = "would act on" if self.action == "would-fix" else "acted on"
+        else:  # a repair, or advice: no argument changes
+            verb = {"would-fix": "would act on", "advised": "advice, nothing changed, on"
+                    }.get(self.action, "acted on")
             change = ", ".join("%s %s" % (k, _short(v)) for k, v in self.before.items())
         strategy = " [strategy: %s]" % self.strategy if self.strategy else ""
         return "%s %s at %s: %s %s: %s%s. Permanent fix: %s" % (
@@ -178,8 +179,9 @@ def summary_lines():
         entry = per_code.setdefault(rec.code, [rec.slug, 0, 0, rec.action])
         entry[1] += rec.count
         entry[2] += 1
+    verbs = {"would-fix": "would fix", "advised": "advised"}
     return ["%s %s: %s %d time(s) at %d call site(s)" % (
-        code, slug, "would fix" if action == "would-fix" else "fixed", n, sites)
+        code, slug, verbs.get(action, "fixed"), n, sites)
         for code, (slug, n, sites, action) in sorted(per_code.items())]
 
 

@@ -86,11 +86,28 @@ def write_script(tmp_path, body, name="train.py", activation=None):
     return path
 
 
+SCENARIOS = ROOT / "tests" / "scenarios"
+
+
+def run_scenario(tmp_path, name, activation=None, start_method=None, env=None, args=(),
+                 timeout=180, cli_args=()):
+    """Run the scenario file ``tests/scenarios/<name>`` as it is (activation "env"
+    or "cli", or None); its data files go to ``tmp_path`` (SCENARIO_TMP)."""
+    assert activation in (None, "env", "cli"), activation
+    extra = dict(env or {}, SCENARIO_TMP=str(tmp_path))
+    return _run(tmp_path, SCENARIOS / name, activation, start_method, extra, args, timeout,
+                cli_args)
+
+
 def run_script(tmp_path, body, activation=None, start_method=None, env=None,
                args=(), timeout=180, name="train.py", cli_args=()):
     """Run ``body`` as a script; ``activation`` None means without autosafe_torch."""
     assert activation in (None,) + ACTIVATIONS, activation
     script = write_script(tmp_path, body, name, activation)
+    return _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args)
+
+
+def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args):
     pythonpath = [str(PLATFORM_SIM)]
     extra = dict(env or {})
     if start_method:

@@ -131,3 +131,43 @@ def test_dl105_only_where_torch_warns():
     assert dl105(args, Context(Facts(accelerator=None, pin_memory_warns=False))) is None
     assert dl105(args, Context(Facts(accelerator="mps", pin_memory_warns=False))) is not None
     assert dl105(args, Context(Facts(accelerator="cuda"))) is None
+
+
+# Values torch rejects for their own sake, not for the missing workers: each
+# reaches torch's own error untouched (DL101, DL102, DL103, DL106, DL107).
+INVALID = [
+    "num_workers=0, timeout=-1",                     # DL107: negative
+    "num_workers=0, timeout='5'",                    # DL107: wrong type
+    "num_workers=0, prefetch_factor=-1",             # DL101: negative
+    "num_workers=0, prefetch_factor=2.5",            # DL101: not a count
+    "num_workers=0, persistent_workers='yes'",       # DL102: not a flag
+    "num_workers=0, multiprocessing_context='bogus'",  # DL103: no such start method
+    "num_workers=2, prefetch_factor=-1",             # DL106: negative
+    "num_workers=-1",                                # not a count of workers at all
+    "num_workers=0, timeout=0, prefetch_factor=None",  # valid: nothing to do
+]
+
+BOUNDARY_SCRIPT = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+CASES = %r
+if __name__ == "__main__":
+    ds = TensorDataset(torch.arange(8.))
+    for kwargs in CASES:
+        try:
+            print(kwargs, "->", len(list(DataLoader(ds, batch_size=4,
+                                                    **eval("dict(" + kwargs + ")")))))
+        except Exception as exc:
+            print(kwargs, "->", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+''' % (INVALID,)
+
+
+def test_invalid_values_reach_torch_s_own_error(tmp_path):
+    plain = run_script(tmp_path, BOUNDARY_SCRIPT)
+    log = tmp_path / "log.jsonl"
+    shimmed = run_script(tmp_path, BOUNDARY_SCRIPT, activation="env",
+                         env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert plain.rc == 0 and shimmed.rc == 0, shimmed
+    assert "timeout option should be non-negative" in plain.stdout
+    assert shimmed.stdout == plain.stdout
+    assert not log.exists(), log.read_text()

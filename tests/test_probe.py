@@ -161,3 +161,24 @@ def test_class_under_main_guard_fails_with_the_childs_error(tmp_path):
     predicted = result.stdout.split("PROBE ", 1)[1].splitlines()[0]
     assert predicted.startswith("Can't get attribute 'Guarded' on <module '__mp_main__'")
     assert predicted in result.stderr, result
+
+
+def test_multiprocessing_objects_travel_as_at_process_start():
+    """A Queue, Lock, Semaphore, Value or Event refuses to pickle outside
+    process start, and travels fine to a spawned child: not a hazard. A lock
+    of the threading module still is; so is a SemLock made by a fork context
+    (multiprocessing itself refuses to send it to a spawn child)."""
+    import multiprocessing
+    import threading
+
+    ctx = multiprocessing.get_context("spawn")
+    travels = Holder(q=ctx.Queue(), lock=ctx.Lock(), sem=ctx.Semaphore(2), value=ctx.Value("i", 0),
+                     event=ctx.Event())
+    assert probe(travels).ok, probe(travels)
+    assert not probe(Holder(lock=threading.Lock())).ok
+    if "fork" in multiprocessing.get_all_start_methods():
+        forked = probe(Holder(lock=multiprocessing.get_context("fork").Lock()))
+        assert not forked.ok and "fork context" in forked.error
+    # the probe leaves no spawning state behind
+    from multiprocessing import context
+    assert context.get_spawning_popen() is None

@@ -289,3 +289,33 @@ def test_interactive_probe_sees_registered_class():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, env={**os.environ, **OFF})
     assert "PROBE False True" in proc.stdout, proc.stderr
+
+
+def test_a_dataset_that_reopens_per_process_is_recognised(tmp_path):
+    """DL207 leaves alone a dataset that asks os.getpid() to reopen by itself;
+    one that seeks a file opened in __init__ is not."""
+    import os
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(64)))
+
+    class PerProcess:
+        def __init__(self):
+            self.f, self.pid = open(path, "rb"), os.getpid()
+
+        def __getitem__(self, i):
+            if self.pid != os.getpid():
+                self.f, self.pid = open(path, "rb"), os.getpid()
+            self.f.seek(i)
+            return self.f.read(1)
+
+    class Shared:
+        def __init__(self):
+            self.f = open(path, "rb")
+
+        def __getitem__(self, i):
+            self.f.seek(i)
+            return self.f.read(1)
+
+    assert holdings.reopens_per_process(PerProcess())
+    assert not holdings.reopens_per_process(Shared())

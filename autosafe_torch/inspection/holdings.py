@@ -34,6 +34,7 @@ def raw_file(f):
         return None
     return f if isinstance(f, io.FileIO) else None
 
+
 def real_path(raw):
     """The path that opens this very file again, or None (deleted, moved, not regular)."""
     if raw.closed:
@@ -61,11 +62,13 @@ def real_path(raw):
         pass
     return None
 
+
 def h5py_types():
     h5py = sys.modules.get("h5py")
     if h5py is None:
         return ()
     return tuple(getattr(h5py, n) for n in ("File", "Group", "Dataset") if hasattr(h5py, n))
+
 
 def _h5py_kind(obj):
     try:
@@ -77,6 +80,7 @@ def _h5py_kind(obj):
         return READONLY if f.mode == "r" else WRITABLE
     except Exception:
         return None
+
 
 def file_kind(f):
     """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can reopen).
@@ -94,7 +98,8 @@ def file_kind(f):
         return WRITABLE
     return READONLY if raw.readable() else None
 
-def _is_file_object(obj):
+
+def is_file_object(obj):
     if isinstance(obj, io.IOBase):
         return not isinstance(obj, (io.BytesIO, io.StringIO))
     h5 = h5py_types()
@@ -128,6 +133,7 @@ class HeldFile(tuple):
             raise TypeError("the root object cannot be replaced in place")
         self.edge.set(new)
 
+
 def find_files(obj, path="dataset", items=None):
     """Files reachable from ``obj``: ``HeldFile(path, file, file_kind(file))``.
 
@@ -135,11 +141,11 @@ def find_files(obj, path="dataset", items=None):
     or deleted files). A file held in two places is reported at each.
     ``items``: look at that many items per container (``objwalk.SAMPLE_ITEMS``).
     """
-    if _is_file_object(obj):
+    if is_file_object(obj):
         return [HeldFile(path, obj, file_kind(obj), None)]
     found, kinds = [], {}
-    for here, owner, _edge in objwalk.walk(obj, path, stop=_stop_at, items=items):
-        if _stop_at(owner):
+    for here, owner, _edge in objwalk.walk(obj, path, stop=stop_at, items=items):
+        if stop_at(owner):
             continue
         try:
             edges = list(objwalk.edges(owner, items))
@@ -147,13 +153,15 @@ def find_files(obj, path="dataset", items=None):
             continue
         for edge in edges:
             child = edge.child
-            if _is_file_object(child):
+            if is_file_object(child):
                 if id(child) not in kinds:
                     kinds[id(child)] = file_kind(child)
                 found.append(HeldFile(here + edge.label(), child, kinds[id(child)], edge))
     return found
 
+
 _THREADING_KINDS = None
+
 
 def _threading_kinds():
     global _THREADING_KINDS
@@ -167,7 +175,8 @@ def _threading_kinds():
         _THREADING_KINDS = tuple(kinds)
     return _THREADING_KINDS
 
-def _thread_pool_in_use(obj):
+
+def thread_pool_in_use(obj):
     futures = sys.modules.get("concurrent.futures.thread")
     if futures is not None and isinstance(obj, futures.ThreadPoolExecutor):
         return bool(getattr(obj, "_threads", ()))
@@ -176,19 +185,29 @@ def _thread_pool_in_use(obj):
         return bool(getattr(obj, "_pool", ())) and getattr(obj, "_state", None) == "RUN"
     return None  # not a thread pool
 
-def _threading_kind(obj):
+
+def find_thread_pools(obj, path="dataset", items=None):
+    """``(path, pool, edge)`` for each thread pool ``obj`` holds (used or not)."""
+    return [(here, value, edge) for here, value, edge
+            in objwalk.walk(obj, path, stop=stop_at, items=items)
+            if thread_pool_in_use(value) is not None]
+
+
+def threading_kind(obj):
     for cls, kind in _threading_kinds():
         if isinstance(obj, cls):
             return kind
     return None
 
-def _stop_at(obj):
+
+def stop_at(obj):
     """Objects the walks report but never enter."""
-    if _is_file_object(obj) or _threading_kind(obj) is not None \
-            or _thread_pool_in_use(obj) is not None:
+    if is_file_object(obj) or threading_kind(obj) is not None \
+            or thread_pool_in_use(obj) is not None:
         return True
     logging = sys.modules.get("logging")  # its locks are re-made after fork by logging
     return logging is not None and isinstance(obj, (logging.Logger, logging.Handler))
+
 
 def live_threading_objects(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
     """``(path, kind)`` for locks, live threads and used thread pools ``obj`` holds.
@@ -197,15 +216,45 @@ def live_threading_objects(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
     thread held stays held forever, a thread pool has no threads behind it.
     """
     found = []
-    for here, value, _edge in objwalk.walk(obj, path, stop=_stop_at, items=items):
-        in_use = _thread_pool_in_use(value)
+    for here, value, _edge in objwalk.walk(obj, path, stop=stop_at, items=items):
+        in_use = thread_pool_in_use(value)
         if in_use is not None:
             if in_use:
                 found.append((here, "thread-pool"))
             continue
-        kind = _threading_kind(value)
+        kind = threading_kind(value)
         if kind == "thread" and not value.is_alive():
             continue
         if kind is not None:
             found.append((here, kind))
     return found
+
+
+# -- code that already takes care of itself ------------------------------------
+
+
+PER_PROCESS_NAMES = frozenset({"getpid"})
+
+
+def _code_names(code, depth=0):
+    names = set(code.co_names)
+    if depth < 4:
+        for const in code.co_consts:
+            if hasattr(const, "co_names"):
+                names |= _code_names(const, depth + 1)
+    return names
+
+
+def reopens_per_process(obj):
+    """Whether the methods of ``obj``'s own classes ask ``os.getpid()``: the
+    idiom of a dataset that reopens its files in each process by itself (read
+    from the code, never run)."""
+    for cls in type(obj).__mro__:
+        if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch."):
+            continue
+        for value in vars(cls).values():
+            func = getattr(value, "__func__", value)
+            code = getattr(func, "__code__", None)
+            if code is not None and _code_names(code) & PER_PROCESS_NAMES:
+                return True
+    return False

@@ -148,3 +148,21 @@ def missing_in_child(obj):
     if names is None or qualname.split(".")[0] in names:
         return None
     return "Can't get attribute %r on <module '__mp_main__' from %r>" % (qualname, path)
+
+
+def importable_by_reference(obj):
+    """Whether pickle saves ``obj`` (a function or class) by reference and a
+    spawned worker finds it: its module is there and its qualified name leads
+    back to it. A lambda, a local function or class, or a definition under
+    the ``__main__`` guard (or in an interactive ``__main__``) is not."""
+    qualname = getattr(obj, "__qualname__", None)
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if not isinstance(qualname, str) or "<locals>" in qualname or "<lambda>" in qualname \
+            or module is None:
+        return False
+    target = module
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if target is not obj:
+        return False
+    return module.__name__ != "__main__" or missing_in_child(obj) is None

@@ -23,7 +23,7 @@ import sys
 import types
 
 from . import objwalk
-from .mainmodule import missing_in_child
+from .mainmodule import importable_by_reference, missing_in_child
 
 # ForkingPickler.dumps(obj) passes protocol=None: pickle.DEFAULT_PROTOCOL.
 PROTOCOL = pickle.DEFAULT_PROTOCOL
@@ -96,14 +96,50 @@ def _payload_types():
     return tuple(kinds), array
 
 
-class _ProbePickler(pickle.Pickler):
-    """Pickles like ForkingPickler, writes nothing, skips payloads."""
+def _stand_in(*parts):
+    """What a by-value function or class stands for in the probe (never loaded)."""
 
-    def __init__(self, dispatch_table, payload_types):
+
+def _by_value_parts(obj):
+    """What sending ``obj`` by value (cloudpickle) would pickle besides code: a
+    function's closure, the globals it names (modules go by reference) and its
+    defaults; a class's bases and attributes."""
+    if isinstance(obj, type):
+        return (obj.__bases__, {k: v for k, v in vars(obj).items()
+                                if k not in ("__dict__", "__weakref__")})
+    code = obj.__code__
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(const.co_names)
+    refs = {name: obj.__globals__[name] for name in sorted(names)
+            if name in obj.__globals__ and not isinstance(obj.__globals__[name], types.ModuleType)}
+    cells = tuple(c.cell_contents for c in (obj.__closure__ or ()) if _filled(c))
+    return (cells, refs, obj.__defaults__, obj.__kwdefaults__, obj.__dict__)
+
+
+def _filled(cell):
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+class _ProbePickler(pickle.Pickler):
+    """Pickles like ForkingPickler, writes nothing, skips payloads.
+
+    ``by_value``: functions and classes that a worker cannot import go by
+    value, as the DL202 repair sends them (``remedies.byvalue``).
+    """
+
+    def __init__(self, dispatch_table, payload_types, by_value=False):
         super().__init__(_SINK, PROTOCOL)
         self.dispatch_table = dispatch_table
         self.torch_types, self.array_type = payload_types
         self.objects = 0
+        self.by_value = by_value
+        self._sent_by_value = set()
 
     def persistent_id(self, obj):
         self.objects += 1
@@ -124,31 +160,58 @@ class _ProbePickler(pickle.Pickler):
         return None
 
     def reducer_override(self, obj):
-        if isinstance(obj, (type, types.FunctionType)) and \
-                getattr(obj, "__module__", None) == "__main__":
+        if not isinstance(obj, (type, types.FunctionType)):
+            return NotImplemented
+        if self.by_value and not importable_by_reference(obj):
+            if id(obj) in self._sent_by_value:  # a class its own methods name
+                return _stand_in, ()
+            self._sent_by_value.add(id(obj))
+            return _stand_in, _by_value_parts(obj)
+        if getattr(obj, "__module__", None) == "__main__":
             error = missing_in_child(obj)
             if error is not None:
                 raise AttributeError(error)
         return NotImplemented
 
 
+class _ProbeSpawning:
+    """Stands in for the Popen of a child being started, as multiprocessing sets
+    one while it pickles for the child: Queues, Locks, Semaphores, Values and
+    Connections then pickle (``assert_spawning``), as they do at process start.
+    Nothing is duplicated: the probe writes nowhere."""
+
+    @staticmethod
+    def duplicate_for_child(fd):
+        return fd
+
+    class DupFd:
+        def __init__(self, fd):
+            self.fd = fd
+
+
 class _Prober:
-    def __init__(self, planned=None):
+    def __init__(self, planned=None, by_value=False):
         self.table = _probe_dispatch_table(planned)
+        self.by_value = by_value
         self.payload = _payload_types()
         self.objects = 0
 
     def error(self, obj, ancestors=()):
         """The exception pickling ``obj`` raises (ancestors count as already pickled)."""
-        pickler = _ProbePickler(self.table, self.payload)
+        pickler = _ProbePickler(self.table, self.payload, self.by_value)
         if ancestors:
             pickler.memo = {id(a): (i, a) for i, a in enumerate(ancestors)}
+        from multiprocessing import context
+
+        spawning = context.get_spawning_popen()
+        context.set_spawning_popen(_ProbeSpawning())
         try:
             pickler.dump(obj)
             return None
         except Exception as exc:  # what the real pickler would raise, any type
             return exc
         finally:
+            context.set_spawning_popen(spawning)
             self.objects += pickler.objects
 
     def children(self, obj):
@@ -223,13 +286,14 @@ def _message(exc):
     return text if text else type(exc).__name__
 
 
-def probe(obj, path="dataset", planned=None):
+def probe(obj, path="dataset", planned=None, by_value=False):
     """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why.
 
     ``planned``: ``{class: reducer}`` that a repair would register, tried here
-    as if registered (nothing is installed).
+    as if registered (nothing is installed); ``by_value``: as if functions and
+    classes a worker cannot import were sent by value.
     """
-    prober = _Prober(planned)
+    prober = _Prober(planned, by_value)
     exc = prober.error(obj)
     if exc is None:
         return ProbeResult(True, path, objects=prober.objects)

@@ -10,7 +10,7 @@ re-made only when what it depends on changes.
 
 A finding's ``changes`` become the call's arguments (or, at iteration, the
 loader's attributes); its ``state`` is kept on the loader for its iterators
-(``batch_device``, ``thread_workers``) under ``STATE_PREFIX``.
+(``batch_device``, ``emulated_workers``) under ``STATE_PREFIX``.
 """
 
 import inspect
@@ -87,11 +87,11 @@ def _decide(bound, instance):
 
 def _iterator_wrapper(wrapped, loader, args, kwargs):
     engine.decide_or(None, "DataLoader iteration", _decide_workers, loader, sys._getframe(1))
-    threads = loader_state(loader, "thread_workers")
-    if threads and loader.num_workers == 0:
-        from ..remedies.threadworkers import ThreadWorkersIter
+    emulated = loader_state(loader, "emulated_workers")
+    if emulated and emulated == loader.num_workers:
+        from ..remedies.emulated_workers import EmulatedWorkersIter
 
-        iterator = ThreadWorkersIter(loader, threads)
+        iterator = EmulatedWorkersIter(loader)
     else:
         iterator = wrapped(*args, **kwargs)
     device = loader_state(loader, "batch_device")

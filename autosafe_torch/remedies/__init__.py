@@ -2,5 +2,5 @@
 path (``reopen``), send functions and classes by value (``byvalue``), the
 ForkingPickler registrations both use (``pickling``), move tensors off a
 device (``relocate``), run steps in every worker (``workerinit``, ``cv2``,
-``limits``), thread workers (``threadworkers``) and batches copied back to
+``limits``), emulated workers (``emulated_workers``) and batches copied back to
 their device (``batchdevice``)."""

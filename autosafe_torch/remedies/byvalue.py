@@ -5,7 +5,9 @@ lambda, a local function, or anything defined in an interactive
 ``__main__`` cannot be looked up in a worker. cloudpickle sends them whole.
 """
 
-from .pickling import PROTOCOL, install
+import types
+
+from .pickling import PROTOCOL, install, install_override
 
 class ByValue:
     """A callable that pickles its function by value (cloudpickle).
@@ -90,3 +92,23 @@ def class_reducers(classes):
 def register_by_value_class(cls):
     """Instances of ``cls`` (from an interactive ``__main__``) travel with their class."""
     install(class_reducers((cls,)))
+
+
+def _reducer_override(pickler, obj):
+    """ForkingPickler's ``reducer_override``: a function or class that a worker
+    cannot import (a lambda or local function in a dataset's transform, a
+    dataset class defined inside ``main()``) goes by value; everything else
+    as before."""
+    if isinstance(obj, (types.FunctionType, type)):
+        from ..inspection.mainmodule import importable_by_reference
+
+        if not importable_by_reference(obj):
+            import cloudpickle
+
+            return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=PROTOCOL),)
+    return NotImplemented
+
+
+def send_by_value_where_needed():
+    """The DL202 remedy for functions and classes anywhere in what workers get."""
+    install_override(_reducer_override)

@@ -22,9 +22,28 @@ def install(reducers):
         ForkingPickler.register(cls, reducer)
 
 
+def install_override(reducer_override):
+    """Give ForkingPickler a ``reducer_override`` (functions and classes by
+    value), remembering what it had."""
+    from multiprocessing.reduction import ForkingPickler
+
+    if _OVERRIDE not in _installed:
+        _installed[_OVERRIDE] = ForkingPickler.__dict__.get("reducer_override", _MISSING)
+    ForkingPickler.reducer_override = reducer_override
+
+
+_OVERRIDE = "reducer_override"
+
+
 def uninstall_reducers():
     """Put back what ForkingPickler had before any registration made here."""
     from multiprocessing.reduction import ForkingPickler
+
+    previous = _installed.pop(_OVERRIDE, None)
+    if previous is _MISSING:
+        del ForkingPickler.reducer_override
+    elif previous is not None:
+        ForkingPickler.reducer_override = previous
 
     for cls, previous in _installed.items():
         if previous is _MISSING:

@@ -59,8 +59,8 @@ class Rule:
                 "at": list(self.hooks)}
 
     def finding(self, before, changes=None, why="", strategy=None, state=None,
-                remedies=()):
-        return Finding(self, before, changes, why, strategy, state, remedies)
+                remedies=(), fix=None):
+        return Finding(self, before, changes, why, strategy, state, remedies, fix)
 
     def check_at(self, *hooks):
         """Decorator: ``check`` runs at ``hooks`` for this rule."""
@@ -82,18 +82,20 @@ class Finding:
 
     ``changes``: new values of the call's arguments (``{"prefetch_factor": None}``).
     ``state``: what the runtime keeps beside the call (loader state such as
-    ``batch_device`` or ``thread_workers``; the AMP ``api`` a call is routed to).
+    ``batch_device`` or ``emulated_workers``; the AMP ``api`` a call is routed to).
     ``remedies``: callables ``remedy(args)`` the engine runs in fix mode, in
     order; one may return ``{argument: value}`` to change the call further
     (a dataset that was itself a tensor, moved to CPU).
     ``before``: the old values, or what a remedy acts on, for the log.
     A finding with none of the three is advice: logged, nothing changed.
+    ``fix``: the permanent fix for this cause, where it is more precise than
+    the rule's (a lock, not a file, made the dataset unpicklable).
     """
 
-    __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies")
+    __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix")
 
     def __init__(self, rule, before, changes=None, why="", strategy=None, state=None,
-                 remedies=()):
+                 remedies=(), fix=None):
         self.rule = rule
         self.before = before
         self.changes = changes or {}
@@ -101,6 +103,7 @@ class Finding:
         self.strategy = strategy
         self.state = state or {}
         self.remedies = tuple(remedies)
+        self.fix = fix or rule.fix
 
     @property
     def after(self):

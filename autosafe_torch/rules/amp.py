@@ -99,6 +99,7 @@ def deprecated_autocast_api(args, ctx):
             "the old name warns on every call and will be removed; the same object is "
             "built through torch.amp")
 
+
 @rule("AMP502", "deprecated-grad-scaler", GROUP,
       "torch.cuda.amp.GradScaler, torch.cpu.amp.GradScaler: built as "
       "torch.amp.GradScaler(device, ...), the old positional arguments kept by name",
@@ -115,6 +116,7 @@ def deprecated_grad_scaler(args, ctx):
             why=
             "the old name is deprecated and will be removed; the same scaler is built "
             "through torch.amp")
+
 
 @rule("AMP506", "provided-amp-api", GROUP,
       "torch.amp.GradScaler / torch.amp.autocast missing on this torch: provided "
@@ -134,6 +136,7 @@ def provided_amp_api(args, ctx):
             before["enabled"], changes["enabled"] = True, False
             why += ", for CUDA only, so the scaler for %s is disabled" % device
     return provided_amp_api.rule.finding(before, changes, why, state={"api": call.route})
+
 
 @rule("AMP504", "scaler-device-argument", GROUP,
       "GradScaler(device=...) on a class that takes no device (torch.cuda.amp.GradScaler; "
@@ -159,6 +162,7 @@ def scaler_device_argument(args, ctx):
         why = ("this torch has no GradScaler for %s (%s scales %s tensors only); "
                "disabled" % (device, call.api, call.device))
     return scaler_device_argument.rule.finding({"device": given}, after, why)
+
 
 @rule("AMP505", "autocast-unsupported", GROUP,
       "autocast with a dtype (or on a device) this torch cannot autocast to: disabled, "
@@ -195,6 +199,7 @@ def autocast_unsupported(args, ctx):
             _disable_quietly(before, after, args, caps)
     if after:
         return autocast_unsupported.rule.finding(before, after, "; ".join(why))
+
 
 @rule("AMP503", "amp-device-unavailable", GROUP,
       "autocast or GradScaler for a device that is not available: disabled, logged once "

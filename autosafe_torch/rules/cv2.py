@@ -35,19 +35,10 @@ GROUP = "cv2"
       "call cv2.setNumThreads(0) at import and in worker_init_fn",
       at="cv2.import")
 def cv2_threads(args, ctx):
-    env, (key, value) = ctx.environ, cv2_remedies.ENV_THREADS
     threads = ctx.cv2.getNumThreads()
-    before, after = {}, {}
-    if threads != 0:
-        before["threads"], after["threads"] = threads, 0
-    if key not in env:
-        before[key], after[key] = None, value
-    if after:
-        return cv2_threads.rule.finding(
-            before, state=after, why="OpenCV's thread pool in a process that forks "
-            "DataLoader workers; %s=%s for processes started later" % (key, env.get(key, value)),
-            strategy="cv2.setNumThreads(0)",
-            remedies=[lambda args: cv2_remedies.threads_off(ctx.cv2, env)])
+    return _in_this_process(cv2_threads, ctx, cv2_remedies.ENV_THREADS, "threads", threads,
+                            0, "OpenCV's thread pool in a process that forks DataLoader "
+                            "workers", "cv2.setNumThreads(0)", cv2_remedies.threads_off)
 
 
 @rule("CV402", "cv2-opencl", GROUP,
@@ -56,19 +47,28 @@ def cv2_threads(args, ctx):
       "call cv2.ocl.setUseOpenCL(False) at import and in worker_init_fn",
       at="cv2.import")
 def cv2_opencl(args, ctx):
-    env, (key, value) = ctx.environ, cv2_remedies.ENV_OPENCL
     ocl = getattr(ctx.cv2, "ocl", None)
+    opencl = bool(ocl.useOpenCL()) if ocl is not None else False
+    return _in_this_process(cv2_opencl, ctx, cv2_remedies.ENV_OPENCL, "opencl", opencl,
+                            False, "OpenCL off in this process",
+                            "cv2.ocl.setUseOpenCL(False)", cv2_remedies.opencl_off)
+
+
+def _in_this_process(check, ctx, env_pair, setting, now, wanted, why, strategy, remedy):
+    """A finding for what differs here: the setting, and the environment
+    variable that carries it to processes started later. Only what changes
+    is named (never "opencl False -> False")."""
+    env, (key, value) = ctx.environ, env_pair
     before, after = {}, {}
-    if ocl is not None and ocl.useOpenCL():
-        before["opencl"], after["opencl"] = True, False
+    if now != wanted:
+        before[setting], after[setting] = now, wanted
     if key not in env:
         before[key], after[key] = None, value
     if after:
-        return cv2_opencl.rule.finding(
-            before, state=after, why="OpenCL off in this process; %s=%s for processes "
-            "started later" % (key, env.get(key, value)),
-            strategy="cv2.ocl.setUseOpenCL(False)",
-            remedies=[lambda args: cv2_remedies.opencl_off(ctx.cv2, env)])
+        return check.rule.finding(
+            before, state=after, why="%s; %s=%s for processes started later" % (
+                why, key, env.get(key, value)), strategy=strategy,
+            remedies=[lambda args: remedy(ctx.cv2, env)])
 
 
 def _add_step(check, args, step, what):

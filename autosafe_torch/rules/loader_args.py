@@ -6,9 +6,13 @@ setter and ``_SingleProcessDataLoaderIter``), or warns about them on every
 epoch. With no workers they have no effect, so dropping them cannot change a
 single batch.
 
-Each check takes the bound arguments (a dict of every parameter), the
-platform facts and the signature defaults, and returns a Finding or None.
+Each rule fires only for a value that is valid but for the missing workers:
+a negative, wrong-typed or otherwise invalid value reaches torch's own error
+untouched (``timeout=-1`` is the user's mistake, and torch says so).
 """
+
+import numbers
+
 
 from . import rule
 
@@ -22,9 +26,9 @@ GROUP = "dataloader"
       "pass prefetch_factor only when num_workers > 0",
       at="dataloader.init")
 def prefetch_without_workers(args, ctx):
-    defaults = ctx.defaults
-    default = defaults.get("prefetch_factor")
-    if args["num_workers"] == 0 and args["prefetch_factor"] != default:
+    default = ctx.defaults.get("prefetch_factor")
+    value = args["prefetch_factor"]
+    if args["num_workers"] == 0 and value != default and _count(value) and value >= 0:
         return prefetch_without_workers.rule.finding(
             {"prefetch_factor": args["prefetch_factor"]}, {"prefetch_factor": default},
             "prefetching happens in worker processes and there are none")
@@ -36,7 +40,7 @@ def prefetch_without_workers(args, ctx):
       "pass persistent_workers=num_workers > 0",
       at="dataloader.init")
 def persistent_without_workers(args, ctx):
-    if args["num_workers"] == 0 and args["persistent_workers"]:
+    if args["num_workers"] == 0 and _flag(args["persistent_workers"]):
         return persistent_without_workers.rule.finding(
             {"persistent_workers": args["persistent_workers"]}, {"persistent_workers": False},
             "there are no workers to keep alive")
@@ -49,7 +53,7 @@ def persistent_without_workers(args, ctx):
       "pass multiprocessing_context only when num_workers > 0",
       at="dataloader.init")
 def context_without_workers(args, ctx):
-    if args["num_workers"] == 0 and args["multiprocessing_context"] is not None:
+    if args["num_workers"] == 0 and _valid_context(args["multiprocessing_context"]):
         return context_without_workers.rule.finding(
             {"multiprocessing_context": args["multiprocessing_context"]},
             {"multiprocessing_context": None},
@@ -63,7 +67,9 @@ def context_without_workers(args, ctx):
       "pass timeout only when num_workers > 0",
       at="dataloader.init")
 def timeout_without_workers(args, ctx):
-    if args["num_workers"] == 0 and args["timeout"]:
+    timeout = args["timeout"]
+    if args["num_workers"] == 0 and isinstance(timeout, numbers.Real) \
+            and not isinstance(timeout, bool) and timeout > 0:
         return timeout_without_workers.rule.finding(
             {"timeout": args["timeout"]}, {"timeout": 0},
             "timeout bounds the wait for a worker's batch and there are no workers")
@@ -75,7 +81,8 @@ def timeout_without_workers(args, ctx):
       "pass prefetch_factor >= 1, or leave it unset",
       at="dataloader.init")
 def zero_prefetch_with_workers(args, ctx):
-    if args["num_workers"] > 0 and args["prefetch_factor"] == 0:
+    if args["num_workers"] > 0 and _count(args["prefetch_factor"]) \
+            and args["prefetch_factor"] == 0:
         return zero_prefetch_with_workers.rule.finding(
             {"prefetch_factor": 0}, {"prefetch_factor": 2},
             "each worker must be allowed at least one batch in flight; 2 is PyTorch's default")
@@ -98,3 +105,21 @@ def pin_memory_without_accelerator(args, ctx):
         return pin_memory_without_accelerator.rule.finding(
             {"pin_memory": True}, {"pin_memory": False}, where)
 
+
+def _count(value):
+    """An int (not a bool): what torch takes as a count."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _flag(value):
+    return value is True or (_count(value) and value == 1)
+
+
+def _valid_context(context):
+    """A start method this platform has, or a multiprocessing context object;
+    anything else is torch's to reject."""
+    import multiprocessing
+
+    if isinstance(context, str):
+        return context in multiprocessing.get_all_start_methods()
+    return context is not None and callable(getattr(context, "get_start_method", None))

@@ -8,18 +8,19 @@ ones changed them: a rule that moves the loader to fork (DL204, DL201) is
 followed by DL207, which looks at what fork means for open files.
 
 The ladder for a loader whose workers cannot start as asked (keep the first
-rung that works; every rung yields the batches of a ``num_workers=0`` run):
+rung that works; every rung yields the batches the requested workers yield on a
+safe platform):
 
 1. repair: read-only files travel by path, lambdas/local functions and
-   interactive-``__main__`` classes by value (``repairs``);
+   interactive-``__main__`` classes by value (``remedies``);
 2. another start method: fork on Linux where safe (no CUDA context, no
    live locks or thread pools in the dataset), spawn where all pickles;
-3. thread workers, for a map-style dataset that holds no file or
-   connection (threads share them);
-4. ``num_workers=0``.
+3. emulated workers: the requested workers emulated in this process, each
+   with its own copy of the dataset, its seeds and its worker info, so that
+   the batches are exactly those of the workers asked for.
 """
 
-import sys
+import types
 
 from . import rule
 
@@ -30,9 +31,10 @@ SAFE_FORK_PLATFORMS = ("linux",)
 # -- DL104, at construction ----------------------------------------------------
 
 @rule("DL104", "too-many-workers", GROUP,
-      "num_workers above the CPUs usable (affinity and cgroup quota): clamp, where "
-      "the batches cannot depend on the worker count (map-style, in order, no "
-      "worker_init_fn); otherwise advise only",
+      "num_workers above the CPUs usable (affinity and cgroup quota): advice only, "
+      "the count is left as asked (each worker is seeded base_seed + worker_id and "
+      "batches go to workers round robin, so random augmentation, get_worker_info(), "
+      "sharding and barriers depend on it)",
       "UserWarning: This DataLoader will create N worker processes in total. Our "
       "suggested max number of worker in current system is M ... might get "
       "DataLoader running slow or even freeze; oversubscription in containers, "
@@ -44,23 +46,12 @@ def too_many_workers(values, ctx):
     wanted, usable = values["num_workers"], facts.cpus_usable
     if not wanted or wanted <= usable:
         return None
-    before = {"num_workers": wanted}
-    if _count_cannot_change_batches(values):
-        return too_many_workers.rule.finding(
-            before, {"num_workers": usable},
-            "only %d CPU(s) are usable here; more workers only compete for them" % usable,
-            strategy="clamp")
+    # No change: which worker fetches a batch, and with which seed, is part of
+    # the batch (random augmentation); a dataset may wait for all its workers.
     return too_many_workers.rule.finding(
-        before, {}, "only %d CPU(s) are usable here, but the batches may depend on the "
-        "worker count (IterableDataset, in_order=False or a worker_init_fn): left as is"
+        {"num_workers": wanted}, {}, "only %d CPU(s) are usable here; more workers only "
+        "compete for them, but the batches depend on the worker count: left as asked"
         % usable, strategy="advice")
-
-
-def _count_cannot_change_batches(values):
-    from torch.utils.data import IterableDataset
-
-    return (not isinstance(values["dataset"], IterableDataset)
-            and values.get("in_order", True) and values["worker_init_fn"] is None)
 
 
 
@@ -82,7 +73,7 @@ def _spawning_workers(args, ctx):
 
 @rule("DL204", "unguarded-main", GROUP,
       "workers started from unguarded top-level code of __main__ (or a script read from "
-      "stdin) under spawn/forkserver: fork where safe, else threads, else num_workers=0",
+      "stdin) under spawn/forkserver: fork where safe, else emulated workers",
       "RuntimeError: An attempt has been made to start a new process before the current "
       "process has finished its bootstrapping phase. (BrokenPipeError on Windows)",
       "put the training code under if __name__ == \"__main__\":",
@@ -95,8 +86,7 @@ def unguarded_main(args, ctx):
 
 
 @rule("DL206", "fork-on-macos", GROUP,
-      "fork workers on macOS: spawn where everything pickles, else threads, else "
-      "num_workers=0",
+      "fork workers on macOS: spawn where everything pickles, else emulated workers",
       "objc[...]: +[NSNumber initialize] may have been in progress in another thread when "
       "fork() was called. Crashing instead.",
       "leave macOS's default start method (spawn) alone",
@@ -110,7 +100,7 @@ def fork_on_macos(args, ctx):
 
 @rule("DL205", "fork-after-cuda", GROUP,
       "fork workers after CUDA was initialised in the parent: spawn where everything "
-      "pickles, else threads, else num_workers=0",
+      "pickles, else emulated workers",
       "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
       "multiprocessing, you must use the 'spawn' start method; CUDA error: initialization "
       "error",
@@ -125,11 +115,12 @@ def fork_after_cuda(args, ctx):
 
 
 @rule("DL202", "local-function-to-workers", GROUP,
-      "lambda or local function as collate_fn/worker_init_fn under spawn/forkserver: "
-      "pickled by value (cloudpickle)",
+      "lambda, local function or local class as collate_fn/worker_init_fn or anywhere "
+      "in the dataset, under spawn/forkserver: pickled by value (cloudpickle)",
       "AttributeError: Can't pickle local object 'main.<locals>.<lambda>' (PicklingError "
       "on older Python)",
-      "define collate_fn/worker_init_fn at module level",
+      "define the functions, lambdas and classes workers use at module level of an "
+      "importable module",
       at="dataloader.iter")
 def local_function_to_workers(args, ctx):
     if not _spawning_workers(args, ctx):
@@ -137,9 +128,17 @@ def local_function_to_workers(args, ctx):
     plan = pickling_plan(args, ctx)
     if plan.failures:
         return None  # the ladder (DL201) takes the loader elsewhere
-    return [local_function_to_workers.rule.finding(
+    found = [local_function_to_workers.rule.finding(
         {part: args[part]}, {part: new}, why, strategy="by-value")
         for part, (new, why) in plan.by_value.items()]
+    if plan.nested:
+        from ..remedies import byvalue
+
+        path, why = plan.nested
+        found.append(local_function_to_workers.rule.finding(
+            {"function": path}, why=why, strategy="by-value",
+            remedies=[lambda args: byvalue.send_by_value_where_needed()]))
+    return found
 
 
 @rule("DL203", "interactive-main-class", GROUP,
@@ -152,7 +151,7 @@ def interactive_main_class(args, ctx):
     if not _spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
-    if plan.failures or (plan.by_value and not ctx.found("DL202")):
+    if plan.failures or ((plan.by_value or plan.nested) and not ctx.found("DL202")):
         return None
     from ..remedies import byvalue
 
@@ -162,9 +161,30 @@ def interactive_main_class(args, ctx):
         for cls, (path, why) in plan.classes.items()]
 
 
+@rule("DL208", "thread-pool-in-workers", GROUP,
+      "dataset holds a thread pool: each worker gets a new, empty one of the same size "
+      "(fork: a worker_init step; spawn/forkserver: sent as a new pool)",
+      "fork: workers hang forever on their first submit() to a pool whose threads stayed "
+      "in the parent; spawn: TypeError: cannot pickle '_thread.lock' object",
+      "create the pool lazily in __getitem__ or in worker_init_fn, not in __init__",
+      at="dataloader.iter")
+def thread_pool_to_spawned_workers(args, ctx):
+    if not _spawning_workers(args, ctx):
+        return None
+    plan = pickling_plan(args, ctx)
+    if not plan.pools or plan.failures:
+        return None
+    from ..remedies import pools
+
+    return thread_pool_to_spawned_workers.rule.finding(
+        {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
+        "spawned worker; each gets a new one of the same size", strategy="new pool per worker",
+        remedies=[lambda args: pools.install_reducers()])
+
+
 @rule("DL201", "unpicklable-dataset", GROUP,
       "spawn/forkserver workers and a dataset that does not pickle: the repair ladder "
-      "(reopen read-only files per worker, else fork, threads, num_workers=0)",
+      "(reopen read-only files per worker, else fork, else emulated workers)",
       "TypeError: cannot pickle '_io.BufferedReader' object (also 'sqlite3.Connection', "
       "h5py and lmdb handles, '_thread.lock')",
       "open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
@@ -173,7 +193,9 @@ def unpicklable_dataset(args, ctx):
     if not _spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
-    repaired = not plan.failures and (not plan.by_value or ctx.found("DL202")) \
+    repaired = not plan.failures \
+        and (not (plan.by_value or plan.nested) or ctx.found("DL202")) \
+        and (not plan.pools or ctx.found("DL208")) \
         and (not plan.classes or ctx.found("DL203"))
     if not repaired:
         return _fallback(unpicklable_dataset, args, ctx, None)
@@ -204,7 +226,7 @@ def shared_file_offset(args, ctx):
     dataset = args["dataset"]
     files = [f for f in holdings.find_files(dataset, items=objwalk.SAMPLE_ITEMS)
              if f.kind == holdings.READONLY]
-    if not files:
+    if not files or holdings.reopens_per_process(dataset):
         return None
     init = with_step(args["worker_init_fn"], reopen.reopen_files_in_worker)
     if init is args["worker_init_fn"]:
@@ -216,22 +238,48 @@ def shared_file_offset(args, ctx):
         remedies=[lambda args: reopen.remember_file_offsets(dataset)])
 
 
+@thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
+def thread_pool_under_fork(args, ctx):
+    from ..inspection import holdings
+    from ..remedies import pools
+    from ..remedies.workerinit import with_step
+
+    if not args["num_workers"] or start_method(args) != "fork":
+        return None
+    used = [here for here, pool, _edge in holdings.find_thread_pools(args["dataset"])
+            if holdings.thread_pool_in_use(pool)]
+    if not used:
+        return None
+    init = with_step(args["worker_init_fn"], pools.rebuild_pools_in_worker)
+    if init is args["worker_init_fn"]:
+        return None
+    return thread_pool_under_fork.rule.finding(
+        {"worker_init_fn": args["worker_init_fn"]}, {"worker_init_fn": init},
+        "the pool at %s has threads in this process; a forked worker would inherit it "
+        "without them and wait forever on its first submit()" % ", ".join(used),
+        strategy="new pool per worker")
+
+
 # -- what it takes to pickle the loader's parts ---------------------------------
 
 class PicklingPlan:
     """The repairs that make a loader's parts reach spawn/forkserver workers.
 
     ``by_value``: part name -> (the part sent by value, why) for a lambda or
-    local function as collate_fn/worker_init_fn (DL202); ``classes``: class ->
+    local function as collate_fn/worker_init_fn (DL202); ``nested``: (path,
+    why) of the first function or class inside a part that a worker cannot
+    import, when all such go by value (DL202); ``classes``: class ->
     (path, why) for classes of an interactive ``__main__`` (DL203); ``files``:
     (path, why) of the first read-only file, when files travel by path (DL201);
-    ``failures``: what still does not pickle with all of these (ProbeResults).
+    ``pools``: paths of thread pools, sent as new ones (DL208); ``failures``:
+    what still does not pickle with all of these (ProbeResults).
     """
 
-    __slots__ = ("by_value", "classes", "files", "failures")
+    __slots__ = ("by_value", "nested", "classes", "files", "pools", "failures")
 
     def __init__(self):
-        self.by_value, self.classes, self.files, self.failures = {}, {}, None, []
+        self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
+        self.nested = self.files = None
 
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
@@ -251,12 +299,17 @@ def pickling_plan(args, ctx):
 def _plan_pickling(parts):
     from ..inspection import holdings, probe
     from ..inspection.mainmodule import interactive_main
-    from ..remedies import byvalue, reopen
+    from ..remedies import byvalue, pools, reopen
 
     plan, planned = PicklingPlan(), {}
+    if parts["dataset"] is not None:
+        plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])]
+        if plan.pools:
+            planned.update(pools.pool_reducers())
     for _ in range(MAX_REPAIRS):
         failures = [r for name, part in parts.items() if part is not None
-                    for r in [probe.probe(part, name, planned)] if not r.ok]
+                    for r in [probe.probe(part, name, planned, plan.nested is not None)]
+                    if not r.ok]
         if not failures:
             return plan
         failure = failures[0]
@@ -274,11 +327,25 @@ def _plan_pickling(parts):
         elif cls.__module__ == "__main__" and interactive_main() and cls not in plan.classes:
             plan.classes[cls] = (failure.path, failure.error)
             planned.update(byvalue.class_reducers((cls,)))
+        elif plan.nested is None and _not_importable(value):
+            plan.nested = (failure.path, why)
         else:
             plan.failures = failures
             return plan
     plan.failures = failures
     return plan
+
+
+def _not_importable(value):
+    """A function or class a worker cannot import (a lambda, a local function or
+    class), or an instance of such a class: cloudpickle can send it by value."""
+    from ..inspection.mainmodule import importable_by_reference
+
+    if isinstance(value, (types.FunctionType, type)):
+        return not importable_by_reference(value)
+    cls = type(value)
+    return "<locals>" in cls.__qualname__ or (
+        cls.__module__ == "__main__" and not importable_by_reference(cls))
 
 
 def _by_value(part, failing):
@@ -294,7 +361,7 @@ def _by_value(part, failing):
     return None
 
 
-# -- rungs 2-4: another start method, threads, no workers -----------------------
+# -- rungs 2-3: another start method, emulated workers ---------------------------
 
 def _fork_is_safe(args, facts):
     import multiprocessing
@@ -305,38 +372,23 @@ def _fork_is_safe(args, facts):
         return False
     if "fork" not in multiprocessing.get_all_start_methods():
         return False
-    return not holdings.live_threading_objects(args["dataset"])
-
-
-def _threads_are_safe(args):
-    """Threads share the dataset object: no files, no connections, map-style."""
-    from torch.utils.data import IterableDataset
-
-    from ..inspection import holdings, objwalk
-
-    dataset = args["dataset"]
-    if isinstance(dataset, IterableDataset):
-        return False
-    if holdings.find_files(dataset, items=objwalk.SAMPLE_ITEMS):
-        return False
-    sqlite3 = sys.modules.get("sqlite3")
-    if sqlite3 is not None:
-        for _path, value, _edge in objwalk.walk(dataset, items=objwalk.SAMPLE_ITEMS):
-            if isinstance(value, sqlite3.Connection):
-                return False
-    return True
+    # A thread pool is no obstacle: DL208 gives each forked worker a new one.
+    return not [kind for _path, kind in holdings.live_threading_objects(args["dataset"])
+                if kind != "thread-pool"]
 
 
 def _fallback(check, args, ctx, why):
     """Rungs 2-4 for a loader that cannot start as asked."""
+    fix = None
     if why is None:
         failures = pickling_plan(args, ctx).failures
         why = "; ".join("%s: %s" % (f.path, f.error) for f in failures) or "does not pickle"
+        fix = failures and permanent_fix(failures[0].value)
     if _fork_is_safe(args, ctx.facts):
         return check.rule.finding({"multiprocessing_context": start_method(args)},
                                   {"multiprocessing_context": "fork"}, why,
-                                  strategy="start method: fork")
-    return _threads_or_zero(check, args, why)
+                                  strategy="start method: fork", fix=fix)
+    return _emulated(check, args, why, fix)
 
 
 def _away_from_fork(check, args, ctx, why):
@@ -344,14 +396,29 @@ def _away_from_fork(check, args, ctx, why):
         return check.rule.finding({"multiprocessing_context": "fork"},
                                   {"multiprocessing_context": "spawn"}, why,
                                   strategy="start method: spawn")
-    return _threads_or_zero(check, args, why)
+    return _emulated(check, args, why)
 
 
-def _threads_or_zero(check, args, why):
-    before, changes = {"num_workers": args["num_workers"]}, {"num_workers": 0}
-    if args["timeout"]:
-        before["timeout"], changes["timeout"] = args["timeout"], 0  # refused without workers
-    if _threads_are_safe(args):
-        return check.rule.finding(before, changes, why, strategy="thread workers",
-                                  state={"thread_workers": args["num_workers"]})
-    return check.rule.finding(before, changes, why, strategy="num_workers=0")
+def _emulated(check, args, why, fix=None):
+    """The last rung: the requested workers emulated in this process, one fetch
+    at a time, each with its own dataset copy, seeds and worker info, so the
+    batches are those the workers would give (remedies/emulated_workers.py)."""
+    return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
+                              strategy="emulated workers (in process)",
+                              state={"emulated_workers": args["num_workers"]}, fix=fix)
+
+
+def permanent_fix(value):
+    """The fix for what made a dataset unpicklable, by what it is."""
+    from ..inspection import holdings
+
+    if holdings.thread_pool_in_use(value) is not None:
+        return "create the pool lazily in __getitem__ or in worker_init_fn, not in __init__"
+    if holdings.threading_kind(value) is not None:
+        return ("create locks and threads lazily in __getitem__ or in worker_init_fn "
+                "(or use multiprocessing's), not in __init__")
+    if isinstance(value, types.GeneratorType):
+        return "keep no generator on the dataset: make it in __iter__ or __getitem__"
+    if holdings.is_file_object(value) or type(value).__name__ == "Connection":
+        return "open files and connections lazily in __getitem__ (or in worker_init_fn)"
+    return None

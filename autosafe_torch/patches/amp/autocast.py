@@ -16,7 +16,8 @@ from ...callsite import cached_call_site
 from ...config import CONFIG
 from ...report import internal_error
 from .. import replace
-from .common import _CLEAN, _PLAN_CACHE_LIMIT, defaults_of, run, signature_without_self, state
+from .common import (_CLEAN, _PLAN_CACHE_LIMIT, bind, defaults_of, run,
+                     signature_without_self, state)
 
 _autocast_plans = {}  # (args, disabled, facts override) -> _CLEAN or (findings, kwargs)
 
@@ -26,12 +27,9 @@ def forget():
 
 
 def _autocast_plan(signature, defaults, args, kwargs):
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
-        return _CLEAN  # the user's own mistake: torch says it
-    values = dict(defaults)
-    values.update(bound.arguments)
+    values = bind(signature, defaults, args, kwargs)
+    if values is None:
+        return _CLEAN
     found, fixed = run("autocast", values, state["autocast_call"])
     if not found:
         return _CLEAN

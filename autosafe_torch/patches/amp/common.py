@@ -10,6 +10,18 @@ _PLAN_CACHE_LIMIT = 4096
 state = {}            # caps, the autocast call, cached route findings (patch() fills it)
 
 
+def bind(signature, defaults, args, kwargs):
+    """Every parameter's value for this call (defaults filled in), or None when
+    the call does not bind: the user's own mistake, which torch reports."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    values = dict(defaults)
+    values.update(bound.arguments)
+    return values
+
+
 def run(hook, args, call):
     """The enabled checks at ``hook`` for ``call``: (findings tuple, arguments)."""
     found, fixed = engine.run_checks(hook, args, Context(facts.current(), caps=state["caps"],

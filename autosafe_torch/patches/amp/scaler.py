@@ -6,7 +6,7 @@ through ``torch.amp.GradScaler`` by keyword (AMP502), accepting a device
 from ... import engine
 from ...callsite import cached_call_site
 from ...rules.amp import device_type
-from .common import defaults_of, run
+from .common import bind, defaults_of, run
 
 
 def _scaler_plan(instance, call, signature, defaults, args, kwargs):
@@ -20,12 +20,9 @@ def _scaler_plan(instance, call, signature, defaults, args, kwargs):
             device = kwargs.pop("device")
         elif args and (isinstance(args[0], str) or type(args[0]).__name__ == "device"):
             device, args = args[0], args[1:]
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
-        return None  # the user's own mistake: torch says it
-    values = dict(defaults)
-    values.update(bound.arguments)
+    values = bind(signature, defaults, args, kwargs)
+    if values is None:
+        return None
     if not takes_device:
         values["device"] = device
     found, fixed = run("scaler", values, call)

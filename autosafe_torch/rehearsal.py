@@ -1,0 +1,62 @@
+"""Platform rehearsal: run a script here as it would run on another platform.
+
+``autosafe-torch run --as macos train.py`` (or ``AUTOSAFE_TORCH_AS=macos``
+with the ``.pth`` activation) sets the start method that platform uses and
+the platform the rules see, so a Linux machine (a CI runner) shows what a
+Mac user gets: spawn workers, and no fork rung in the repair ladder (fork is
+unsafe on macOS and absent on Windows). The start method is set before the
+script runs, as the platform's default would be; a script that sets its own
+still wins, as it would there.
+"""
+
+import os
+
+from .config import ENV_AS
+# name -> (sys.platform there, its default start method)
+PLATFORMS = {
+    "macos": ("darwin", "spawn"),
+    "windows": ("win32", "spawn"),
+    "linux-py314": ("linux", "forkserver"),
+    "linux": ("linux", "fork"),
+}
+
+_warned = []
+
+
+def rehearsed(environ=None):
+    """The rehearsed platform's name, or None; an unknown name: one line, None."""
+    env = os.environ if environ is None else environ
+    value = (env.get(ENV_AS) or "").strip().lower()
+    if not value:
+        return None
+    if value in PLATFORMS:
+        return value
+    if not _warned:
+        _warned.append(value)
+        from .config import warn_line
+
+        warn_line("%s=%r is not one of %s; running as this machine is" % (
+            ENV_AS, env.get(ENV_AS), ", ".join(PLATFORMS)))
+    return None
+
+
+def platform():
+    """The ``sys.platform`` the rules see."""
+    import sys
+
+    name = rehearsed()
+    return PLATFORMS[name][0] if name else sys.platform
+
+
+def apply():
+    """Set the rehearsed platform's start method (once, in the process that runs
+    the script: workers inherit what they need through the environment)."""
+    name = rehearsed()
+    if name is None:
+        return None
+    import multiprocessing
+
+    method = PLATFORMS[name][1]
+    if method in multiprocessing.get_all_start_methods():
+        multiprocessing.set_start_method(method, force=True)
+    return name

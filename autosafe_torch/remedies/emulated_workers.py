@@ -1,0 +1,571 @@
+"""Faithful emulated DataLoader workers: the thread and in-process rungs.
+
+When a loader's W worker processes cannot be started, torch's fallbacks
+change the batches: ``num_workers=0`` seeds no worker, plain threads share
+every random state. ``EmulatedWorkersIter`` yields, in this process, exactly
+the batches that ``loader`` with its W workers yields on a safe platform
+(Linux, fork, the same seed):
+
+- The main-process side of torch's ``_MultiProcessingDataLoaderIter`` is
+  ported step for step: the base seed drawn from ``loader.generator``, tasks
+  sent round robin to the active workers with ``prefetch_factor * W``
+  outstanding, IterableDataset exhaustion, ``in_order``, persistent workers
+  and ``_reset``. The sampler is called at the same moments, so a sampler
+  that draws from the global RNG draws what it would have drawn.
+- Each ``EmulatedWorker`` is what ``_worker_loop`` builds in a child: seeds
+  ``base_seed + id`` for torch and ``random``, numpy through
+  ``_generate_state``, its ``WorkerInfo``, the user's ``worker_init_fn``
+  once, its own fetcher, and its own copy of the dataset, ``collate_fn`` and
+  ``worker_init_fn`` (``copy_for_worker``).
+- The global random states (torch's CPU generator, ``random``, numpy's) and
+  ``get_worker_info()`` are swapped in around each step of a worker and
+  swapped out after, one worker at a time: no worker sees another's state,
+  and the parent's states end as a real run leaves them (untouched).
+
+Each worker fetches its tasks in the order it receives them, as a process
+does, and the results are taken in task order. Real workers deliver in
+whatever order they finish, but with ``in_order=True`` torch reorders them,
+and an exhausted IterableDataset worker only stops receiving tasks (the
+others keep their round-robin order), so every timing gives this sequence.
+With ``in_order=False`` a real run's order depends on timing; emulation
+gives the order of equally fast workers, which for a map-style dataset is
+the in-order sequence.
+
+Not emulated (and why):
+
+- Process-global state outside the dataset, ``collate_fn`` and
+  ``worker_init_fn``: module globals, class attributes, cv2's RNG. A forked
+  worker has its own copy of them; emulated workers share the parent's. A
+  ``worker_init_fn`` that reaches the dataset through a global rather than
+  ``get_worker_info().dataset`` changes the parent's dataset, not the copy.
+- A real worker's ``torch.set_num_threads(1)`` holds only during the
+  worker's own steps: the caller's training step keeps its threads.
+- ``timeout`` and ``multiprocessing_context``: nothing to wait for, nothing
+  to start.
+- Thread mode (``threaded=True``) fetches ahead in one background thread
+  while the caller runs its training step. Every step of ours that touches
+  the global states holds ``SWAP_LOCK``, but the caller's own code does not:
+  the batches and the parent's states are exact when the caller's code does
+  not draw from torch's default CPU generator, ``random`` or numpy's global
+  RNG, and does not call ``get_worker_info()``, while the loader iterates
+  (a training step with dropout draws from the torch generator). The
+  in-process mode (``threaded=False``) is exact without that condition.
+"""
+
+import collections
+import contextlib
+import copy
+import functools
+import itertools
+import queue
+import random
+import sys
+import threading
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data import _utils
+from torch.utils.data import dataloader as _dataloader
+from torch.utils.data._utils import worker as _worker_module
+
+from ..inspection import holdings, objwalk
+from .reopen import reopen
+
+__all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK"]
+
+# Held by every step that swaps the global random states or the worker info,
+# in any emulated iterator of the process, and by our main-thread steps that
+# must see the parent's states (the sampler, the base seed).
+SWAP_LOCK = threading.RLock()
+
+# Tensors and arrays at least this large are shared with the workers rather
+# than copied (a forked worker shares them copy-on-write); smaller ones, which
+# a dataset may well mutate (counters, caches of one sample), are copied.
+SHARE_AT_BYTES = 1 << 20
+
+# The most objects a copy may find it cannot copy (each found costs a retry).
+MAX_UNCOPYABLE = 64
+
+_SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
+
+
+def _numpy():
+    return sys.modules.get("numpy") if _worker_module.HAS_NUMPY else None
+
+
+def _numpy_for_seeding():
+    """numpy, imported if torch can (a real worker seeds it even unused)."""
+    if not _worker_module.HAS_NUMPY:
+        return None
+    import numpy
+
+    return numpy
+
+
+def _capture_states():
+    numpy = _numpy()
+    return (torch.default_generator.get_state(), random.getstate(),
+            numpy.random.get_state() if numpy is not None else None)
+
+
+def _restore_states(states):
+    torch_state, random_state, numpy_state = states
+    torch.default_generator.set_state(torch_state)
+    random.setstate(random_state)
+    if numpy_state is not None:
+        _numpy().random.set_state(numpy_state)
+
+
+def _seed_as_worker_loop(base_seed, worker_id):
+    """The seeding of ``_worker_loop``, on the CPU generator only: the
+    parent's CUDA generators are not the worker's to seed."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.default_generator.manual_seed(seed)
+    numpy = _numpy_for_seeding()
+    if numpy is not None:
+        numpy.random.seed(_worker_module._generate_state(base_seed, worker_id))
+
+
+# -- one copy per worker ----------------------------------------------------------
+
+
+def _payload_bytes(obj):
+    """Bytes a deep copy of a tensor or array would duplicate, or None."""
+    if isinstance(obj, torch.Tensor):
+        try:
+            return obj.untyped_storage().nbytes()
+        except Exception:  # sparse, nested, meta: not copied by value either
+            return SHARE_AT_BYTES
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(obj, numpy.ndarray):
+        return obj.nbytes
+    return None
+
+
+def _why_shared(obj):
+    """Why ``obj`` is given to the workers as it is, or None: copy it."""
+    size = _payload_bytes(obj)
+    if size is not None:
+        return "large tensor or array, read-only by contract" if size >= SHARE_AT_BYTES else None
+    if holdings.is_file_object(obj):
+        return None if holdings.file_kind(obj) == holdings.READONLY else "file not read-only"
+    if holdings.threading_kind(obj) is not None or holdings.thread_pool_in_use(obj) is not None:
+        return "lock, thread or thread pool"
+    logging = sys.modules.get("logging")
+    if logging is not None and isinstance(obj, (logging.Logger, logging.Handler)):
+        return "logger"
+    return None
+
+
+def _is_readonly_file(obj):
+    return holdings.is_file_object(obj) and holdings.file_kind(obj) == holdings.READONLY
+
+
+class CopyPlan:
+    """What a worker's copy shares with the parent, found once per iterator.
+
+    ``shared``: ``(path, type name, why)`` for the log. Files open for
+    reading (h5py's too) are reopened for each worker at the parent's
+    position: own handle, own offset, like DL207's repair. Files open for
+    writing, sockets, locks, threads, pools, loggers and large
+    tensors/arrays are shared; so is anything else ``copy.deepcopy``
+    refuses (sqlite connections, lmdb handles, ``cv2.VideoCapture``, spent
+    generators), named here: the emulated workers then use that one object,
+    one fetch at a time, where forked ones would each have had their own.
+    ``names``: one per object of the tuple ``objects``, for the paths.
+    """
+
+    def __init__(self, objects, names=None):
+        self.objects = objects
+        self.shared = []
+        self._shared = {}  # id -> object
+        self._files = {}  # id -> read-only file to reopen
+        self._paths = {}
+        roots = zip(names, objects) if names else [("worker", objects)]
+        for name, root in roots:
+            for path, obj, _edge in objwalk.walk(root, name, stop=self._stop):
+                self._paths.setdefault(id(obj), path)
+                if id(obj) in self._shared or id(obj) in self._files:
+                    continue
+                if _is_readonly_file(obj):
+                    self._files[id(obj)] = obj
+                    continue
+                why = _why_shared(obj)
+                if why is not None:
+                    self._share(obj, why)
+
+    @staticmethod
+    def _stop(obj):
+        return _payload_bytes(obj) is not None or holdings.stop_at(obj)
+
+    def _share(self, obj, why):
+        self._shared[id(obj)] = obj
+        self.shared.append((self._paths.get(id(obj), "worker"), type(obj).__name__, why))
+
+    def copy(self):
+        """A new copy of the objects, as a freshly forked worker holds them."""
+        for _ in range(MAX_UNCOPYABLE):
+            memo = dict(self._shared)
+            for key, f in self._files.items():
+                try:
+                    memo[key] = reopen(f)
+                except (OSError, ValueError):
+                    memo[key] = f
+            try:
+                return copy.deepcopy(self.objects, memo)
+            except Exception as exc:
+                culprit = _failed_object(exc.__traceback__)
+                if culprit is None or id(culprit) in self._shared:
+                    raise
+                self._share(culprit, "cannot be copied: %s" % exc)
+        raise RuntimeError("too many objects that cannot be copied for emulated workers")
+
+
+def _failed_object(tb):
+    """The innermost object ``copy.deepcopy`` was copying when it raised."""
+    culprit = None
+    while tb is not None:
+        if tb.tb_frame.f_code is copy.deepcopy.__code__:
+            culprit = tb.tb_frame.f_locals.get("x")
+        tb = tb.tb_next
+    return culprit
+
+
+def copy_for_worker(objects):
+    """One worker's copy of ``objects`` (see ``CopyPlan``)."""
+    return CopyPlan(objects).copy()
+
+
+# -- one emulated worker --------------------------------------------------------
+
+
+class EmulatedWorker:
+    """One worker of ``_worker_loop``, run step by step in this process.
+
+    Its random states live here between steps; ``active`` swaps them (and its
+    ``WorkerInfo``) in around each step, under ``SWAP_LOCK``.
+    """
+
+    def __init__(self, worker_id, num_workers, base_seed, kind, objects, auto_collation,
+                 drop_last, shared_seed):
+        self.id = worker_id
+        self.seed = base_seed + worker_id
+        self._base_seed = base_seed
+        self._kind = kind
+        self.dataset, self.collate_fn, self.init_fn = objects
+        self._auto_collation = auto_collation
+        self._drop_last = drop_last
+        self._states = None  # seeded on the first step
+        self._shared_rng = torch.Generator()
+        if isinstance(self.dataset, _dataloader.IterDataPipe):
+            self._shared_rng.manual_seed(shared_seed)
+            self.dataset = torch.utils.data.graph_settings.apply_random_seed(
+                self.dataset, self._shared_rng)
+        self.info = _worker_module.WorkerInfo(id=worker_id, num_workers=num_workers,
+                                              seed=self.seed, dataset=self.dataset)
+        self.fetcher = None
+        self.init_exception = None
+        self.iteration_end = False
+
+    @contextlib.contextmanager
+    def active(self):
+        with SWAP_LOCK:
+            parent_states = _capture_states()
+            parent_info = _worker_module._worker_info
+            # One intra-op thread, as _worker_loop sets: what the dataset sees
+            # in torch.get_num_threads(), and no OpenMP team contending with
+            # the caller's (10x slower fetches measured on a busy 2-core box).
+            parent_threads = torch.get_num_threads()
+            if parent_threads != 1:
+                torch.set_num_threads(1)
+            try:
+                if self._states is None:
+                    _seed_as_worker_loop(self._base_seed, self.id)
+                else:
+                    _restore_states(self._states)
+                _worker_module._worker_info = self.info
+                yield
+            finally:
+                self._states = _capture_states()
+                _worker_module._worker_info = parent_info
+                _restore_states(parent_states)
+                if parent_threads != 1:
+                    torch.set_num_threads(parent_threads)
+
+    def _new_fetcher(self):
+        return _dataloader._DatasetKind.create_fetcher(
+            self._kind, self.dataset, self._auto_collation, self.collate_fn, self._drop_last)
+
+    def start(self):
+        """Seeding, ``worker_init_fn(id)`` and the fetcher, as the worker starts."""
+        with self.active():
+            try:
+                if self.init_fn is not None:
+                    self.init_fn(self.id)
+                self.fetcher = self._new_fetcher()
+            except Exception:
+                self.init_exception = self._wrap_exception()
+
+    def resume(self, shared_seed):
+        """A persistent worker's ``_ResumeIteration``: a new fetcher, same states."""
+        with self.active():
+            self.iteration_end = False
+            if isinstance(self.dataset, _dataloader.IterDataPipe):
+                self._shared_rng.manual_seed(shared_seed)
+                self.dataset = torch.utils.data.graph_settings.apply_random_seed(
+                    self.dataset, self._shared_rng)
+            self.fetcher = self._new_fetcher()
+
+    def run(self, index):
+        """The data for one task, or ``_SKIPPED`` once the IterableDataset ended."""
+        if self.iteration_end:
+            return _SKIPPED
+        with self.active():
+            if self.init_exception is not None:
+                data, self.init_exception = self.init_exception, None
+                return data
+            try:
+                if self.fetcher is None:
+                    raise RuntimeError("the worker's fetcher was not created")
+                return self.fetcher.fetch(index)
+            except StopIteration:
+                if self._kind != _dataloader._DatasetKind.Iterable:
+                    return self._wrap_exception()
+                self.iteration_end = True
+                return _worker_module._IterableDatasetStopIteration(self.id)
+            except Exception:
+                return self._wrap_exception()
+
+    def _wrap_exception(self):
+        return ExceptionWrapper(
+            where="in DataLoader worker %d (emulated in this process by autosafe_torch)" % self.id)
+
+
+# -- who runs the workers' tasks ------------------------------------------------
+
+
+class _InlineRunner:
+    """Runs each task when the iterator needs its result, in the caller's thread."""
+
+    def __init__(self):
+        self._pending = collections.deque()
+
+    def submit(self, task):
+        self._pending.append(task)
+
+    def next_result(self):
+        while self._pending:
+            task_idx, worker, index = self._pending.popleft()
+            data = worker.run(index)
+            if data is not _SKIPPED:
+                return task_idx, data
+        raise AssertionError("emulated workers: a result was awaited with no task outstanding")
+
+    def drain(self):
+        while self._pending:
+            _task_idx, worker, index = self._pending.popleft()
+            worker.run(index)
+
+    def close(self):
+        self._pending.clear()
+
+
+class _ThreadRunner:
+    """One background thread runs the tasks in the order sent, one at a time,
+    so that the swapping of global states stays exact, while the caller
+    trains on earlier batches."""
+
+    POLL_S = 1.0
+
+    def __init__(self):
+        self._tasks = queue.SimpleQueue()
+        self._results = queue.SimpleQueue()
+        self._thread = threading.Thread(target=_run_tasks, args=(self._tasks, self._results),
+                                        name="autosafe_torch-emulated-workers", daemon=True)
+        self._thread.start()
+
+    def submit(self, task):
+        self._tasks.put(task)
+
+    def next_result(self):
+        while True:
+            try:
+                return self._results.get(timeout=self.POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the thread of the emulated DataLoader workers exited "
+                                       "unexpectedly") from None
+
+    def drain(self):
+        barrier = ("barrier",)
+        self._tasks.put(barrier)
+        while self.next_result() is not barrier:
+            pass
+
+    def close(self):
+        self._tasks.put(None)
+
+
+def _run_tasks(tasks, results):
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        if len(task) == 1:  # a barrier: everything sent before it has run
+            results.put(task)
+            continue
+        task_idx, worker, index = task
+        data = worker.run(index)
+        if data is not _SKIPPED:
+            results.put((task_idx, data))
+        del task, worker, data  # let a finished iterator's workers go
+
+
+# -- the iterator -----------------------------------------------------------------
+
+
+class EmulatedWorkersIter(_dataloader._BaseDataLoaderIter):
+    """What ``DataLoader._get_iterator`` returns for a faithful emulation of
+    ``loader.num_workers`` workers; ``threaded`` fetches ahead in a background
+    thread (see the module's notes for when that is exact).
+
+    Keep ``loader.num_workers`` at W: DataLoader then reuses a persistent
+    iterator and calls ``_reset`` each epoch, as for real workers.
+    ``shared`` names what the workers' copies share with the parent.
+    """
+
+    def __init__(self, loader, threaded=False):
+        with SWAP_LOCK:  # the base seed comes from the parent's generator
+            super().__init__(loader)
+        if self._num_workers <= 0:
+            raise ValueError("emulated workers need num_workers > 0")
+        self._prefetch_factor = loader.prefetch_factor or 2
+        self._in_order = getattr(loader, "in_order", True)
+        worker_init_fn = loader.worker_init_fn
+        if isinstance(self._dataset, (_dataloader.IterDataPipe, _dataloader.MapDataPipe)):
+            worker_init_fn = functools.partial(_dataloader._sharding_worker_init_fn,
+                                               worker_init_fn, self._world_size, self._rank)
+        plan = CopyPlan((self._dataset, self._collate_fn, worker_init_fn),
+                        ("dataset", "collate_fn", "worker_init_fn"))
+        # Every copy first, as each fork snapshots the parent before any
+        # worker_init_fn has run.
+        copies = [plan.copy() for _ in range(self._num_workers)]
+        self.shared = plan.shared
+        self._workers = [
+            EmulatedWorker(i, self._num_workers, self._base_seed, self._dataset_kind, copies[i],
+                           self._auto_collation, self._drop_last, self._shared_seed)
+            for i in range(self._num_workers)]
+        for worker in self._workers:
+            worker.start()
+        self._runner = _ThreadRunner() if threaded else _InlineRunner()
+        self._shutdown = False
+        self._reset(loader, first_iter=True)
+
+    def _reset(self, loader, first_iter=False):
+        with SWAP_LOCK:  # a new sampler iterator (and a datapipe's shared seed)
+            super()._reset(loader, first_iter)
+        self._send_idx = 0
+        self._rcvd_idx = 0
+        self._task_info = {}
+        self._tasks_outstanding = 0
+        self._workers_status = [True] * self._num_workers
+        self._workers_num_tasks = [0] * self._num_workers
+        self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        if not first_iter:
+            # Persistent workers run what they were sent before the resume
+            # (an epoch left early), then start their fetchers again.
+            self._runner.drain()
+            for worker in self._workers:
+                worker.resume(self._shared_seed)
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._try_put_index()
+
+    def _next_index(self):
+        with SWAP_LOCK:  # the sampler may draw from the parent's generators
+            return super()._next_index()
+
+    def _next_data(self):
+        # _MultiProcessingDataLoaderIter._next_data, with the results taken
+        # from the emulated workers.
+        while True:
+            while self._rcvd_idx < self._send_idx:
+                info = self._task_info.get(self._rcvd_idx, None)
+                if info:
+                    worker_id = info[0]
+                    if len(info) == 2 or self._workers_status[worker_id]:
+                        break
+                    del self._task_info[self._rcvd_idx]
+                self._rcvd_idx += 1
+            else:
+                if not self._persistent_workers:
+                    self._shutdown_workers()
+                raise StopIteration
+
+            if len(self._task_info[self._rcvd_idx]) == 2:
+                worker_id, data = self._task_info.pop(self._rcvd_idx)
+                self._rcvd_idx += 1
+                return self._process_data(data, worker_id)
+
+            if self._shutdown or self._tasks_outstanding <= 0:
+                raise AssertionError("Invalid iterator state: shutdown or no outstanding tasks "
+                                     "when fetching next data")
+            idx, data = self._runner.next_result()
+            self._tasks_outstanding -= 1
+            if self._dataset_kind == _dataloader._DatasetKind.Iterable:
+                if isinstance(data, _worker_module._IterableDatasetStopIteration):
+                    self._workers_status[data.worker_id] = False
+                    self._try_put_index()
+                    continue
+
+            if idx != self._rcvd_idx:
+                if not self._in_order:
+                    worker_id = self._task_info.pop(idx)[0]
+                    return self._process_data(data, worker_id)
+                self._task_info[idx] += (data,)
+            else:
+                worker_id = self._task_info.pop(idx)[0]
+                self._rcvd_idx += 1
+                return self._process_data(data, worker_id)
+
+    def _try_put_index(self):
+        max_tasks = self._prefetch_factor * self._num_workers
+        if self._tasks_outstanding >= max_tasks:
+            raise AssertionError("Number of outstanding tasks exceeded maximum allowed tasks")
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        for _ in range(self._num_workers):  # the next active worker, if any
+            worker_queue_idx = next(self._worker_queue_idx_cycle)
+            if self._workers_status[worker_queue_idx]:
+                if self._in_order:
+                    break
+                if self._workers_num_tasks[worker_queue_idx] < max_tasks // sum(
+                        self._workers_status):
+                    break
+        else:
+            return
+        self._runner.submit((self._send_idx, self._workers[worker_queue_idx], index))
+        self._task_info[self._send_idx] = (worker_queue_idx,)
+        self._workers_num_tasks[worker_queue_idx] += 1
+        self._tasks_outstanding += 1
+        self._send_idx += 1
+
+    def _process_data(self, data, worker_idx):
+        self._workers_num_tasks[worker_idx] -= 1
+        self._try_put_index()
+        if isinstance(data, ExceptionWrapper):
+            data.reraise()
+        if self._pin_memory:
+            data = _utils.pin_memory.pin_memory(data, self._pin_memory_device)
+        return data
+
+    def _shutdown_workers(self):
+        if not getattr(self, "_shutdown", True):
+            self._shutdown = True
+            self._runner.close()
+            self._workers = []  # their dataset copies go with them
+
+    def __del__(self):
+        self._shutdown_workers()

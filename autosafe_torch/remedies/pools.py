@@ -1,0 +1,70 @@
+"""Thread pools held by a dataset, rebuilt in each worker with the same size (DL208).
+
+A ``ThreadPoolExecutor`` the parent has used has threads; a forked worker
+inherits the pool without them, and the first ``submit`` waits forever. A
+spawned worker cannot receive the pool at all (its lock and queue do not
+pickle). In both cases the worker gets a new, empty pool of the same size:
+what a dataset that made its pool lazily would have had.
+"""
+
+from ..inspection import holdings
+
+
+def _new_pool(kind, max_workers, prefix):
+    if kind == "executor":
+        from concurrent.futures import ThreadPoolExecutor
+
+        return ThreadPoolExecutor(max_workers, thread_name_prefix=prefix)
+    from multiprocessing.pool import ThreadPool
+
+    return ThreadPool(max_workers)
+
+
+def _recipe(pool):
+    """The arguments that make a pool like ``pool``, empty."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if isinstance(pool, ThreadPoolExecutor):
+        return "executor", pool._max_workers, pool._thread_name_prefix
+    return "threadpool", pool._processes, ""
+
+
+def _reduce_pool(pool):
+    return _new_pool, _recipe(pool)
+
+
+def pool_reducers():
+    """Reducers that send a thread pool to a spawned worker as a new one."""
+    import concurrent.futures
+    from multiprocessing.pool import ThreadPool
+
+    return {concurrent.futures.ThreadPoolExecutor: _reduce_pool, ThreadPool: _reduce_pool}
+
+
+def install_reducers():
+    from .pickling import install
+
+    install(pool_reducers())
+
+
+def rebuild_pools(obj, path="dataset"):
+    """Replace every thread pool ``obj`` holds, in place, by a new one of the
+    same size; returns the paths replaced (a pool in a tuple is left)."""
+    replaced, fresh = [], {}
+    for here, pool, edge in holdings.find_thread_pools(obj, path):
+        if edge is None or not edge.settable:
+            continue
+        if id(pool) not in fresh:
+            fresh[id(pool)] = _new_pool(*_recipe(pool))
+        edge.set(fresh[id(pool)])
+        replaced.append(here)
+    return replaced
+
+
+def rebuild_pools_in_worker(worker_id):
+    """A worker_init step: this worker's own thread pools."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is not None:
+        rebuild_pools(info.dataset)

@@ -1,0 +1,242 @@
+"""Emulated workers give the batches of real ones (autosafe_torch/remedies/emulated_workers.py).
+
+The reference is the platform the design calls safe: real fork workers, in
+a subprocess, with the start method forced from outside. The scenarios
+(tests/scenarios/emulated/scenarios.py) draw from torch, ``random``,
+numpy's global state and per-object RNGs, read ``get_worker_info()``, run a
+``worker_init_fn``, shard an IterableDataset unevenly, keep persistent
+workers over 3 epochs (one left early), use ``batch_size=None`` and a
+custom batch sampler with a stateful collate_fn. Each runs with W=2 and W=3
+and reports a checksum of every batch and of the parent's random states
+after; the emulated runs, in process and threaded, must report the same.
+The rest are in-process checks of the mechanism, fast and direct.
+"""
+
+import io
+import re
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from autosafe_torch.remedies.emulated_workers import CopyPlan, EmulatedWorkersIter, SHARE_AT_BYTES
+from support import run_script
+
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios" / "emulated"
+RUN = '''
+import sys
+sys.path.insert(0, %r)
+import scenarios
+scenarios.main(sys.argv[1:])
+''' % str(SCENARIO_DIR)
+
+# The caller's step draws from the global generators while the thread fetches
+# with them swapped: exact only in process (see the module's notes).
+NOT_THREAD_SAFE = {"parent_draws"}
+SCENARIOS = ("map_aug", "map_generator_drop_last", "per_object_rng", "worker_info",
+             "worker_init_fn", "iterable_uneven", "iterable_drop_last", "persistent_map",
+             "persistent_iterable", "batch_size_none", "batch_sampler_collate", "isolation",
+             "parent_draws")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """``{mode: {(scenario, W): (batches, parent states)}}`` from one run per mode."""
+    out = {}
+    for mode in ("real", "inline", "thread"):
+        tmp = tmp_path_factory.mktemp(mode)
+        res = run_script(tmp, RUN, start_method="fork", args=(mode,),
+                         env={"AUTOSAFE_TORCH": "0"}, timeout=300)
+        assert res.rc == 0, res
+        lines = re.findall(r"^RESULT (\S+) (\d) (\w+) (\w+)$", res.stdout, re.M)
+        out[mode] = {(name, int(w)): (batches, states) for name, w, batches, states in lines}
+        assert len(out[mode]) == 2 * len(SCENARIOS), res
+    return out
+
+
+@pytest.mark.parametrize("workers", (2, 3))
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_in_process_emulation_gives_the_batches_of_real_fork_workers(results, scenario, workers):
+    real = results["real"][scenario, workers]
+    assert results["inline"][scenario, workers] == real
+
+
+@pytest.mark.parametrize("workers", (2, 3))
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s not in NOT_THREAD_SAFE])
+def test_threaded_emulation_gives_the_batches_of_real_fork_workers(results, scenario, workers):
+    real = results["real"][scenario, workers]
+    assert results["thread"][scenario, workers] == real
+
+
+def test_the_worker_count_is_observable_in_the_scenarios(results):
+    """Controls: W=2 and W=3 differ, so equal checksums mean something."""
+    for scenario in SCENARIOS:
+        assert results["real"][scenario, 2][0] != results["real"][scenario, 3][0], scenario
+
+
+# -- in process ---------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_rules():
+    """The loaders here are built in this process: keep DL104 from clamping them."""
+    import autosafe_torch
+
+    autosafe_torch.configure(disable=["*"])
+
+
+class RandPlusWorkerId(Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.rand(1).item() + 10 * get_worker_info().id
+
+
+def emulated(loader, threaded):
+    loader._get_iterator = lambda: EmulatedWorkersIter(loader, threaded)
+    return loader
+
+
+@pytest.mark.parametrize("threaded", (False, True))
+def test_each_worker_draws_only_from_its_own_stream(threaded):
+    torch.manual_seed(0)
+    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=None, num_workers=2), threaded)
+    it = iter(loader)
+    streams = [torch.Generator().manual_seed(it._base_seed + w) for w in range(2)]
+    expected = [torch.rand(1, generator=streams[i % 2]).item() + 10 * (i % 2) for i in range(10)]
+    assert list(it) == expected
+
+
+def test_parent_states_and_worker_info_are_the_parents_between_batches():
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=2, num_workers=2), False)
+    it = iter(loader)  # draws the base seed, as a real iterator does
+    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    for _ in it:
+        assert get_worker_info() is None
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert random.getstate() == before[1]
+    assert (np.random.get_state()[1] == before[2]).all()
+
+
+def test_len_and_persistent_iterator_reused_by_dataloader():
+    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=3, num_workers=2,
+                                 persistent_workers=True), False)
+    first = iter(loader)
+    assert len(first) == len(loader) == 4
+    assert len(list(first)) == 4
+    assert iter(loader) is first  # DataLoader called _reset, as for real workers
+    assert len(list(loader)) == 4
+
+
+def test_in_order_false_gives_the_in_order_sequence():
+    def batches(in_order):
+        torch.manual_seed(3)
+        return [b.tolist() for b in emulated(DataLoader(RandPlusWorkerId(), batch_size=2,
+                                                        num_workers=2, in_order=in_order), False)]
+
+    assert batches(False) == batches(True)
+
+
+class FailsAt(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise ValueError("bad sample 3")
+        return i
+
+
+@pytest.mark.parametrize("threaded", (False, True))
+def test_a_worker_error_is_raised_at_its_batch_naming_the_worker(threaded):
+    loader = emulated(DataLoader(FailsAt(), batch_size=None, num_workers=2), threaded)
+    it = iter(loader)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"(?s)worker 1 \(emulated.*bad sample 3"):
+        next(it)
+
+
+class Counting(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info()
+        return iter(range(info.id * 100, info.id * 100 + 3 + info.id))
+
+
+def test_the_thread_stops_with_a_non_persistent_epoch():
+    loader = emulated(DataLoader(Counting(), batch_size=2, num_workers=2), True)
+    it = iter(loader)
+    thread = it._runner._thread
+    assert [b.tolist() for b in it] == [[0, 1], [100, 101], [2], [102, 103]]
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+# -- what each worker's copy shares ------------------------------------------------
+
+
+class Holder:
+    def __init__(self, path):
+        self.f = open(path, "rb")
+        self.f.seek(5)
+        self.log = open(Path(path).with_suffix(".log"), "a")
+        self.lock = threading.Lock()
+        self.db = sqlite3.connect(":memory:")
+        self.small = torch.zeros(4)
+        self.big = torch.zeros(SHARE_AT_BYTES // 4)
+        self.rng = torch.Generator().manual_seed(1)
+
+
+def holder_dataset(holder):
+    class HolderDataset(Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return i
+
+    dataset = HolderDataset()
+    dataset.holder = holder
+    return dataset
+
+
+def test_worker_copies_reopen_files_and_share_what_cannot_be_copied(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(64)))
+    holder = Holder(data)
+    plan = CopyPlan(holder)
+    a, b = plan.copy(), plan.copy()
+    assert a.f is not holder.f and a.f is not b.f
+    assert a.f.tell() == 5 and a.f.read(2) == bytes([5, 6]) and b.f.read(1) == bytes([5])
+    assert holder.f.tell() == 5
+    assert a.log is holder.log and a.lock is holder.lock and a.db is holder.db
+    assert a.big is holder.big and a.small is not holder.small
+    assert a.rng is not holder.rng
+    assert torch.rand(1, generator=a.rng) == torch.rand(1, generator=b.rng)
+    why = {path: reason for path, _type, reason in plan.shared}
+    assert set(why) == {"worker.log", "worker.lock", "worker.db", "worker.big"}
+    assert "cannot be copied" in why["worker.db"]
+    it = EmulatedWorkersIter(DataLoader(holder_dataset(holder), num_workers=2), False)
+    assert {path for path, _type, _why in it.shared} == {
+        "dataset.holder.log", "dataset.holder.lock", "dataset.holder.db", "dataset.holder.big"}
+    for f in (holder.f, holder.log, a.f, b.f):
+        f.close()
+    assert isinstance(holder.f, io.BufferedReader)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs CUDA")
+def test_batches_are_pinned_as_torch_pins_them():
+    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=2, num_workers=2,
+                                 pin_memory=True), False)
+    assert all(torch.as_tensor(b).is_pinned() for b in loader)

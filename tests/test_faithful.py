@@ -1,0 +1,77 @@
+"""Every rung gives the batches the requested workers give on a safe platform.
+
+tests/scenarios/faithful.py draws from every random source a worker has
+(torch, random, numpy's global state, a per-object RandomState and
+Generator), puts the worker id and seed in each sample, and sets state in a
+worker_init_fn. Made unpicklable in one ordinary way, it fails under spawn;
+with autosafe_torch, as on macOS, Windows and Linux with Python 3.14
+(``AUTOSAFE_TORCH_AS``), it gives the digest of 2 plain fork workers, and
+leaves the parent's random state as they do.
+"""
+
+import json
+
+import pytest
+
+from support import run_scenario
+
+KINDS = ("lock", "lambda", "file")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """2 fork workers, no shim, nothing unpicklable in the way: the batches and
+    the parent's random state a safe platform gives."""
+    tmp = tmp_path_factory.mktemp("ref")
+    out = {}
+    for kind in KINDS + ("plain",):
+        r = run_scenario(tmp, "faithful.py", start_method="fork", args=(kind,))
+        assert r.rc == 0, r
+        out[kind] = r.stdout
+    return out
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_digest_depends_on_the_worker_count(tmp_path, reference):
+    """The control: another worker count gives other batches, so equality below
+    means the requested workers were emulated, not just any loader."""
+    three = run_scenario(tmp_path, "faithful.py", start_method="fork", args=("plain", "3"))
+    zero = run_scenario(tmp_path, "faithful.py", start_method="fork", args=("plain", "0"))
+    assert zero.rc != 0 or zero.stdout != reference["plain"]  # no worker info with 0
+    assert three.rc == 0 and three.stdout != reference["plain"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unpicklable_fails_under_spawn_without_the_shim(tmp_path, kind):
+    bad = run_scenario(tmp_path, "faithful.py", start_method="spawn", args=(kind,))
+    assert bad.rc != 0 and ("pickle" in bad.stderr or "Can't" in bad.stderr), bad
+
+
+# Every kind as on macOS (the platform without a fork rung that users meet
+# most); the other platforms each with kinds that take other rungs there.
+CASES = [(kind, "macos") for kind in KINDS] + [("lock", "windows"),
+                                               ("lambda", "linux-py314"),
+                                               ("file", "linux-py314")]
+
+
+@pytest.mark.parametrize("kind, platform", CASES)
+def test_as_on_each_platform_the_batches_of_two_fork_workers(tmp_path, reference, kind,
+                                                              platform):
+    log = tmp_path / "log.jsonl"
+    good = run_scenario(tmp_path, "faithful.py", activation="env", args=(kind,),
+                        env={"AUTOSAFE_TORCH_AS": platform,
+                             "AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert good.rc == 0, good
+    assert good.stdout == reference[kind]  # batches, then the parent's RNG state
+    records = [r for r in _records(log) if r["code"].startswith("DL2")]
+    strategies = {r["strategy"] for r in records}
+    if kind == "file":  # repaired: reopened by path in each worker
+        assert strategies == {"repair: reopen read-only files by path in each worker"}
+    elif kind == "lambda":  # repaired: the lambda goes by value
+        assert strategies == {"by-value"} and records[0]["code"] == "DL202"
+    else:  # a lock: fork is unsafe with it, and there is no fork rung on macOS
+        assert strategies == {"emulated workers (in process)"}
+        assert "create locks and threads lazily" in records[0]["fix"]
