@@ -319,3 +319,27 @@ def test_a_dataset_that_reopens_per_process_is_recognised(tmp_path):
 
     assert holdings.reopens_per_process(PerProcess())
     assert not holdings.reopens_per_process(Shared())
+
+
+@pytest.mark.parametrize("kind, strategy", [
+    ("sqlite", "repair: reopen read-only files by path in each worker"),
+    ("text-lf", "repair: reopen read-only files by path in each worker"),
+    ("text-crlf", "emulated workers (in process)"),  # as on macOS: no fork rung
+])
+def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strategy):
+    """A read-only sqlite connection reopens by path; a text file too, unless it
+    holds carriage returns (newline='' could not be honoured: not reopened)."""
+    import json
+
+    from support import run_scenario
+
+    ref = run_scenario(tmp_path, "sqlite_and_text.py", args=(kind, "0"))
+    assert ref.rc == 0, ref
+    bad = run_scenario(tmp_path, "sqlite_and_text.py", start_method="spawn", args=(kind, "2"))
+    assert bad.rc != 0 and "pickle" in bad.stderr, bad
+    log = tmp_path / "log.jsonl"
+    good = run_scenario(tmp_path, "sqlite_and_text.py", activation="env", args=(kind, "2"),
+                        env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert good.rc == 0 and good.batches == ref.batches, good
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["strategy"] for r in records} == {strategy}

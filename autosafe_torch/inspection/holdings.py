@@ -91,12 +91,31 @@ def file_kind(f):
     h5 = h5py_types()
     if h5 and isinstance(f, h5):
         return _h5py_kind(f)
+    if sqlite_path(f) is not None:
+        return READONLY  # reopened read-only: a dataset that writes fails loudly there
     raw = raw_file(f)
     if raw is None or real_path(raw) is None:
         return None
     if raw.writable():
         return WRITABLE
     return READONLY if raw.readable() else None
+
+
+def sqlite_path(conn):
+    """The database file of a sqlite3 connection that could be reopened by path
+    (one database, on a regular file, no transaction open), else None."""
+    sqlite3 = sys.modules.get("sqlite3")
+    if sqlite3 is None or not isinstance(conn, sqlite3.Connection):
+        return None
+    try:
+        if conn.in_transaction:
+            return None
+        databases = conn.execute("PRAGMA database_list").fetchall()
+    except Exception:  # closed, or used from its own thread only
+        return None
+    if len(databases) != 1 or not databases[0][2] or not os.path.isfile(databases[0][2]):
+        return None
+    return databases[0][2]
 
 
 def is_file_object(obj):

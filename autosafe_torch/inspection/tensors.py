@@ -129,6 +129,7 @@ def describe(found):
     total = _size(sum(f.nbytes for f in unique))
     return "%s%s; %s in all" % (named, " and %d more" % more if more > 0 else "", total)
 
+
 def _size(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":

@@ -33,14 +33,17 @@ class ByValue:
     def __repr__(self):
         return "by_value(%r)" % (self.function,)
 
+
 def _load_by_value(data):
     import cloudpickle
 
     return ByValue(cloudpickle.loads(data))
 
+
 def by_value(fn):
     """``fn`` wrapped so that it travels by value; a wrapped one as it is."""
     return fn if isinstance(fn, ByValue) else ByValue(fn)
+
 
 class _ClassByValue:
     """Stands in for a class in a reduce value; unpickles as that class."""
@@ -58,11 +61,14 @@ class _ClassByValue:
 
         return cloudpickle.loads, (cloudpickle.dumps(self.cls),)
 
+
 def _new_instance(cls, *args):
     return cls.__new__(cls, *args)
 
+
 def _new_instance_ex(cls, args, kwargs):
     return cls.__new__(cls, *args, **kwargs)
+
 
 def _reduce_instance_by_value(obj):
     """Only the class goes by value: the state still goes through ForkingPickler,

@@ -14,8 +14,10 @@ def tensor_to_cpu(t):
         out.requires_grad_(True)
     return out
 
+
 def storage_to_cpu(storage):
     return storage.cpu()
+
 
 def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
     """Move every tensor on ``devices`` under ``root`` to CPU, in place.
@@ -78,6 +80,7 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
         return obj
 
     return fix(root, 0), found
+
 
 def _storage_key(t):
     try:

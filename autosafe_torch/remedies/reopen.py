@@ -16,8 +16,8 @@ import io
 import sys
 import weakref
 
-from ..inspection.holdings import READONLY, h5py_types, raw_file, real_path, file_kind, \
-    find_files
+from ..inspection.holdings import (READONLY, file_kind, find_files, h5py_types, raw_file,
+                                   real_path, sqlite_path)
 from .pickling import PROTOCOL, install
 
 # -- reopening by path ----------------------------------------------------------
@@ -30,18 +30,45 @@ def _reopen_args(f):
     h5 = h5py_types()
     if h5 and isinstance(f, h5):
         return ("h5py", f.file.filename, f.name, isinstance(f, sys.modules["h5py"].File))
+    database = sqlite_path(f)
+    if database is not None:
+        return ("sqlite", database, f.row_factory, f.text_factory)
     path = real_path(raw_file(f))
     try:
         offset = f.tell()  # a text file iterated with next() refuses: not now
     except (OSError, ValueError):
         return None
     if isinstance(f, io.TextIOWrapper):
-        # The newline argument is not readable back: universal newlines assumed.
+        # Its newline argument cannot be read back; it changes nothing where the
+        # file holds no carriage return. Where it does, not reopened (CRLF could
+        # silently read as LF).
+        if not _no_carriage_return(path):
+            return None
         return ("text", path, offset, f.encoding, f.errors)
     return ("raw" if isinstance(f, io.FileIO) else "binary", path, offset)
 
+
+def _no_carriage_return(path):
+    import mmap
+
+    with open(path, "rb") as raw:
+        try:
+            with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                return view.find(b"\r") == -1
+        except ValueError:  # an empty file
+            return True
+
+
 def _reopen_file(kind, *args):
     """Runs where the file arrives (a worker): the same file, at the same place."""
+    if kind == "sqlite":
+        import sqlite3
+        import urllib.parse
+
+        path, row_factory, text_factory = args
+        conn = sqlite3.connect("file:%s?mode=ro" % urllib.parse.quote(path), uri=True)
+        conn.row_factory, conn.text_factory = row_factory, text_factory
+        return conn
     if kind == "h5py":
         import h5py
 
@@ -58,14 +85,16 @@ def _reopen_file(kind, *args):
     f.seek(offset)
     return f
 
+
 def reopen(f, offset=None):
     """A new file object on the same file, at ``offset`` (default: where ``f`` is)."""
     args = _reopen_args(f)
     if args is None:
         raise ValueError("not a read-only regular file: %r" % (f,))
-    if offset is not None and args[0] != "h5py":
+    if offset is not None and args[0] not in ("h5py", "sqlite"):
         args = args[:2] + (offset,) + args[3:]
     return _reopen_file(*args)
+
 
 def _reduce_file(f):
     args = _reopen_args(f)
@@ -75,9 +104,11 @@ def _reduce_file(f):
 
 
 def file_reducers():
-    """The reducers that let read-only files (and h5py objects) travel by path."""
+    """The reducers that let read-only files (h5py objects, sqlite connections)
+    travel by path."""
+    sqlite3 = sys.modules.get("sqlite3")
     return {cls: _reduce_file for cls in (io.FileIO, io.BufferedReader, io.TextIOWrapper)
-            + h5py_types()}
+            + h5py_types() + ((sqlite3.Connection,) if sqlite3 else ())}
 
 
 def install_reducers():
@@ -92,6 +123,7 @@ def install_reducers():
 
 _parent_offsets = {}  # id(file) -> (weakref to it, offset)
 
+
 def remember_file_offsets(obj, path="dataset"):
     """Record, in the parent, where each read-only file stands before forking.
 
@@ -104,6 +136,7 @@ def remember_file_offsets(obj, path="dataset"):
                 _parent_offsets[id(found.obj)] = (weakref.ref(found.obj), found.obj.tell())
             except (OSError, ValueError, TypeError):
                 pass
+
 
 def reopen_files(obj, path="dataset"):
     """Replace each read-only file reachable from ``obj`` by a fresh one, in place.
@@ -127,6 +160,7 @@ def reopen_files(obj, path="dataset"):
         found.set(fresh[id(old)])
         replaced.append(found.path)
     return replaced
+
 
 def reopen_files_in_worker(worker_id):
     """A worker_init step: this worker's own copy of every read-only file of its dataset."""
