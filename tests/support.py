@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM_SIM = ROOT / "tests" / "platform_sim"
 TEMPLATE_DIR = ROOT / "sitecustomize_template"
+SCENARIOS = ROOT / "tests" / "scenarios"
 
 START_METHODS = ("fork", "spawn", "forkserver")
 ACTIVATIONS = ("import", "env", "sitecustomize", "cli")
@@ -86,9 +87,6 @@ def write_script(tmp_path, body, name="train.py", activation=None):
     return path
 
 
-SCENARIOS = ROOT / "tests" / "scenarios"
-
-
 def run_scenario(tmp_path, name, activation=None, start_method=None, env=None, args=(),
                  timeout=180, cli_args=()):
     """Run the scenario file ``tests/scenarios/<name>`` as it is (activation "env"
@@ -108,7 +106,7 @@ def run_script(tmp_path, body, activation=None, start_method=None, env=None,
 
 
 def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args):
-    pythonpath = [str(PLATFORM_SIM)]
+    pythonpath = [str(PLATFORM_SIM), str(SCENARIOS)]  # scenario modules import each other
     extra = dict(env or {})
     if start_method:
         extra["AUTOSAFE_TEST_START_METHOD"] = start_method
