@@ -4,6 +4,9 @@
 would (``sys.argv``, ``sys.path[0]``, ``__main__``), after activating and
 exporting the settings to the environment so that workers and child
 processes are covered too. Its exit code and signals are the script's own.
+As with ``python``, our options come first; everything after the script or
+``-m module`` is the program's, untouched (``autosafe-torch run -m
+torch.distributed.run --nproc-per-node 2 train.py`` needs no ``--``).
 """
 
 import argparse
@@ -38,8 +41,50 @@ def _parser():
     return p
 
 
+def split_run_args(argv, run_parser):
+    """(our options, module or None, the program's arguments) of ``run``'s argv.
+
+    Scans as ``python`` does: options of ours (those ``run_parser`` declares,
+    with their values) until ``-m MODULE``, ``--`` or the first word that is
+    not an option (the script); the rest is the program's, as it is. An
+    unknown option before the script is left to argparse, to say so.
+    """
+    takes_value = {}
+    for action in run_parser._actions:
+        for opt in action.option_strings:
+            takes_value[opt] = action.nargs != 0
+    ours, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return ours, None, argv[i + 1:]
+        if word == "-m" or (word.startswith("-m") and not word.startswith("--")):
+            module = word[2:] or (argv[i + 1] if i + 1 < len(argv) else None)
+            if module is None:
+                ours.append(word)  # argparse: "-m: expected one argument"
+                return ours, None, []
+            return ours, module, argv[i + (1 if word[2:] else 2):]
+        if not word.startswith("-") or word == "-":
+            return ours, None, argv[i:]
+        name = word.split("=", 1)[0]
+        ours.append(word)
+        if takes_value.get(name) and "=" not in word and i + 1 < len(argv):
+            ours.append(argv[i + 1])
+            i += 1
+        i += 1
+    return ours, None, []
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if argv and argv[0] == "run":
+        run_parser = parser._subparsers._group_actions[0].choices["run"]
+        ours, module, target = split_run_args(argv[1:], run_parser)
+        args = parser.parse_args(["run"] + ours)
+        args.module, args.target = module, target
+        return _run(args)
+    args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
     if args.command == "doctor":
@@ -71,8 +116,6 @@ def _rules(fmt):
 
 def _run(args):
     target = list(args.target)
-    if target and target[0] == "--":
-        target = target[1:]
     if args.module is None and not target:
         sys.stderr.write("autosafe-torch run: name a script or -m module\n")
         return 2
