@@ -123,8 +123,10 @@ def _run(args):
         os.environ[config.ENV_SWITCH] = "1"
     from .activation import activate, configure
 
-    configure(mode=args.mode, disable=",".join(args.disable) or None,
-              log_file=os.path.abspath(args.log_file) if args.log_file else None,
+    log_file = None
+    if args.log_file:  # checked here, to name the option in the one line it may need
+        log_file = config.parse_log_file(os.path.abspath(args.log_file), "--log-file") or ""
+    configure(mode=args.mode, disable=",".join(args.disable) or None, log_file=log_file,
               quiet=True if args.quiet else None)
     activate("cli")
     import runpy
