@@ -87,6 +87,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
+    from .activation import deactivate
+
+    deactivate()  # importing the package activated us: report the platform as it is
     if args.command == "doctor":
         from .doctor import report_text, report
 
