@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from .callsite import user_part
 from .config import CONFIG
 
 LOGGER_NAME = "autosafe_torch"
@@ -132,7 +133,8 @@ def log(level, message, *args):
 
 def record(intervention):
     """Keep, log once per (code, call site), and write the JSON sink."""
-    key = (intervention.code, intervention.call_site)
+    # The user's line: a loader a framework re-makes from the user's is one mistake.
+    key = (intervention.code, user_part(intervention.call_site))
     with _lock:
         known = _records.get(key)
         if known is not None:

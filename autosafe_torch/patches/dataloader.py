@@ -11,7 +11,7 @@ cached per loader and re-made only when what it depends on changes.
 import inspect
 
 from .. import engine, facts
-from ..callsite import user_call_site
+from .. import callsite
 from . import wrap
 
 # Findings may carry values that are no DataLoader argument but state the
@@ -72,7 +72,9 @@ def _decide(bound, instance):
     context = values.get("multiprocessing_context")
     found, fixed = engine.run_checks(init_checks(), values,
                                      facts.current(context), _signature["defaults"])
-    if not engine.settle(found, user_call_site(instance) if found else None):
+    # Always: the site is the loader's origin, which loaders built from it inherit.
+    site = callsite.loader_site(instance, values.get("dataset"))
+    if not engine.settle(found, site):
         return None
     loader_state = {}
     for name in {k for f in found for k in f.after}:
@@ -139,7 +141,7 @@ def _plan_and_apply(loader, context, method):
     found = workers.plan(view, facts.current(context),
                          lambda code: CONFIG.rule_enabled(code, workers.GROUP))
     try:
-        applied = engine.settle(found, user_call_site(loader) if found else None)
+        applied = engine.settle(found, callsite.iteration_site(loader) if found else None)
     finally:
         if found and CONFIG.mode != "fix":
             from .. import repairs
