@@ -208,8 +208,8 @@ FAULTS = {
              "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.current = boom\n",
     "logger": "import autosafe_torch.report as m\n"
               "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.record = boom\n",
-    "callsite": "import autosafe_torch.patches.dataloader as m\n"
-                "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.user_call_site = boom\n",
+    "callsite": "import autosafe_torch.callsite as m\n"
+                "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.loader_site = boom\n",
 }
 
 
