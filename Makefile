@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` and `make test`.
+# The commands of the README: `make demo`, `make test`, `make integration`.
 # torch is pinned in constraints-test.txt for the tests, the demo and the
 # benchmarks only (users get a wide range); without the pin pip would fetch
 # the newest torch with several GB of CUDA packages.
@@ -6,20 +6,27 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 
-.PHONY: install-test test demo bench readme
+.PHONY: install-test test demo bench readme integration
 
 install-test:
 	$(INSTALL) ".[test]"
 
 test: install-test
-	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not gpu and not integration" $(PYTEST_ARGS)
+
+# Real runs through Lightning, Accelerate, MONAI and torchrun (tests/integration/).
+# The frameworks are pinned with torch in constraints-integration.txt, which
+# also keeps torchvision out (its CUDA build breaks `import lightning` here).
+integration:
+	$(PYTHON) -m pip install -c constraints-integration.txt -e ".[test]" lightning accelerate monai
+	$(PYTHON) -m pytest -m integration tests/integration $(PYTEST_ARGS)
 
 bench:
 	$(INSTALL) ".[cv2]"
 	$(PYTHON) benchmarks/run.py
 
 demo:
-	$(INSTALL) .
+	$(INSTALL) ".[demo]"
 	$(PYTHON) examples/run_demo.py
 
 readme:
@@ -43,4 +50,4 @@ $(COMPAT_STAMP): constraints-compat.txt pyproject.toml $(wildcard autosafe_torch
 
 compat: $(COMPAT_STAMP)
 	$(COMPAT_PYTHON) -c "import torch, numpy; print('compat: torch', torch.__version__, 'numpy', numpy.__version__)"
-	$(COMPAT_PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(COMPAT_PYTHON) -m pytest -m "not gpu and not integration" $(PYTEST_ARGS)

@@ -89,21 +89,40 @@ def configure(mode=None, disable=None, log_file=None, quiet=None, debug=None):
         CONFIG.mode = c.parse_mode(str(mode), "configure(mode=...)")
         os.environ[c.ENV_MODE] = CONFIG.mode
     if disable is not None:
-        text = disable if isinstance(disable, str) else ",".join(disable)
-        CONFIG.disabled = c.parse_disable(text)
-        CONFIG._validated = False
-        os.environ[c.ENV_DISABLE] = text
+        if isinstance(disable, str):
+            text = disable
+        else:
+            try:
+                text = ",".join(str(token) for token in disable)
+            except TypeError:
+                c.warn_line("configure(disable=...)=%r is neither a string nor a list of rule "
+                            "codes or groups; keeping %s" % (
+                                disable, ",".join(sorted(CONFIG.disabled)) or "none"))
+                text = None
+        if text is not None:
+            CONFIG.disabled = c.parse_disable(text)
+            CONFIG._validated = False
+            os.environ[c.ENV_DISABLE] = text
     if log_file is not None:
-        CONFIG.log_file = log_file or None
-        os.environ[c.ENV_LOG_FILE] = log_file
+        CONFIG.log_file = c.parse_log_file(log_file, "configure(log_file=...)")
+        os.environ[c.ENV_LOG_FILE] = CONFIG.log_file or ""
     for name, value, env in (("quiet", quiet, c.ENV_QUIET), ("debug", debug, c.ENV_DEBUG)):
-        if value is not None:
-            setattr(CONFIG, name, bool(value))
-            os.environ[env] = "1" if value else "0"
+        if value is None:
+            continue
+        # Words as in the environment; anything else is refused, not truth-tested
+        # (configure(quiet="no") must not mean quiet).
+        if isinstance(value, int) and value in (0, 1):
+            value = bool(value)
+        elif not isinstance(value, bool):
+            value = c.parse_bool("configure(%s=...)" % name,
+                                 value if isinstance(value, str) else repr(value),
+                                 getattr(CONFIG, name))
+        setattr(CONFIG, name, bool(value))
+        os.environ[env] = "1" if value else "0"
     if debug is not None and "autosafe_torch.report" in sys.modules:
         import logging
 
         from .report import logger
 
-        logger.setLevel(logging.DEBUG if debug else logging.INFO)
+        logger.setLevel(logging.DEBUG if CONFIG.debug else logging.INFO)
     return CONFIG.as_dict()

@@ -1,9 +1,35 @@
-"""The user's file:line for a call that reached one of our wrappers."""
+"""The user's file:line for a call that reached one of our wrappers.
+
+``user_call_site`` is the nearest frame outside autosafe_torch, torch and
+wrapt. DataLoaders need more: frameworks make loaders of their own from the
+user's. Lightning re-creates the user's loader from its saved arguments
+(``lightning/fabric/utilities/data.py``), Accelerate's ``prepare`` builds a
+new one around the user's dataset (``accelerate/data_loader.py``), MONAI's
+ThreadDataLoader iterates in a thread of its own. There the nearest frame is
+the library's, and the line to change is the user's, where the original
+loader was made.
+
+So every loader (and its dataset) keeps its origin, the user's file:line
+that made it, in a weak map (nothing is written on the user's objects). When
+a loader is made, or iterated, from inside an installed library (a frame
+under site-packages or the standard library), its call site is the origin of
+the loader it is built from (found in the library frames' locals, or by its
+dataset), else the user's frame that called into the library; the library
+frame comes second:
+
+    train.py:42 (via lightning/fabric/utilities/data.py:325)
+
+The loader built there inherits the origin, so a loader re-made from a
+re-made loader still names the user's line. Nothing here runs user code: it
+reads file names, line numbers and identities.
+"""
 
 import os
 import sys
+import weakref
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+VIA = " (via "
 
 
 def _library_dirs():
@@ -16,7 +42,48 @@ def _library_dirs():
     return tuple(d + os.sep for d in dirs)
 
 
+def _installed_dirs():
+    """Directories whose code is a library's, not the user's: site-packages
+    (venv, system, user) and the standard library; longest first, so that a
+    frame is shown relative to the most specific one."""
+    import site
+    import sysconfig
+
+    dirs = set()
+    paths = sysconfig.get_paths()
+    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
+        if paths.get(key):
+            dirs.add(paths[key])
+    try:
+        dirs.update(site.getsitepackages())
+    except Exception:
+        pass
+    try:
+        dirs.add(site.getusersitepackages())
+    except Exception:
+        pass
+    for path in sys.path:  # a venv's site-packages seen through sys.path
+        if path and os.path.basename(path) in ("site-packages", "dist-packages"):
+            dirs.add(path)
+    out = set()
+    for d in dirs:
+        if d:
+            out.add(os.path.abspath(d) + os.sep)
+            out.add(os.path.realpath(d) + os.sep)
+    return tuple(sorted(out, key=len, reverse=True))
+
+
 _skip = None
+_installed = None
+
+
+def _prefixes():
+    global _skip, _installed
+    if _skip is None:
+        _skip = _library_dirs()
+    if _installed is None:
+        _installed = _installed_dirs()
+    return _skip, _installed
 
 
 def user_call_site(instance=None):
@@ -25,17 +92,161 @@ def user_call_site(instance=None):
     Frames of ``instance``'s own methods (a DataLoader subclass's __init__
     calling super) are skipped too: the site is where the object was made.
     """
-    global _skip
-    if _skip is None:
-        _skip = _library_dirs()
+    skip, _ = _prefixes()
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not (filename.startswith(_skip) or filename.startswith("<frozen")
+        if not (filename.startswith(skip) or filename.startswith("<frozen")
                 or (instance is not None and frame.f_locals.get("self") is instance)):
             return "%s:%d" % (filename, frame.f_lineno)
         frame = frame.f_back
     return "<unknown>"
+
+
+def user_part(site):
+    """The user's file:line of a call site, without the library frame."""
+    return site.split(VIA, 1)[0] if isinstance(site, str) else site
+
+
+# -- origins of loaders and datasets -------------------------------------------
+
+_origins = {}  # id(object) -> (weak reference, the user's file:line, is a loader)
+
+
+def remember(obj, site, loader=True, replace=True):
+    """Keep ``site`` as ``obj``'s origin for as long as ``obj`` lives."""
+    key = id(obj)
+    if not replace and origin_of(obj) is not None:
+        return
+    try:
+        ref = weakref.ref(obj, lambda _ref, key=key: _origins.pop(key, None))
+    except TypeError:  # not weak-referenceable: no origin kept
+        return
+    _origins[key] = (ref, user_part(site), loader)
+
+
+def _entry(obj):
+    entry = _origins.get(id(obj))
+    if entry is not None and entry[0]() is obj:
+        return entry
+    return None
+
+
+def origin_of(obj):
+    """The user's file:line that made ``obj`` (a loader or a dataset), or None."""
+    entry = _entry(obj)
+    return entry[1] if entry is not None else None
+
+
+def _owned_by(frame, instance):
+    """True for a frame of a function whose first argument is ``instance``: its
+    own methods (a subclass's __init__) and wrappers of them (Lightning wraps
+    DataLoader.__init__ as ``wrapper(obj, *args)`` while its hooks run)."""
+    code = frame.f_code
+    if not code.co_argcount:
+        return False
+    return frame.f_locals.get(code.co_varnames[0]) is instance
+
+
+def _walk(instance, depth=64):
+    """(the first frame outside our libraries and ``instance``'s own methods
+    that is the user's, [library frames passed on the way]).
+
+    A library frame is one under site-packages or the standard library.
+    """
+    skip, installed = _prefixes()
+    frame = sys._getframe(2)
+    passed = []
+    while frame is not None and depth:
+        depth -= 1
+        filename = frame.f_code.co_filename
+        if filename.startswith(skip) or filename.startswith("<frozen") or (
+                instance is not None and _owned_by(frame, instance)):
+            frame = frame.f_back
+            continue
+        if filename.startswith(installed):
+            passed.append(frame)
+            frame = frame.f_back
+            continue
+        return frame, passed
+    return None, passed
+
+
+def _here(frame):
+    return "%s:%d" % (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _relative(frame):
+    """A library frame as ``package/module.py:line`` (relative to site-packages)."""
+    filename = frame.f_code.co_filename
+    for prefix in _prefixes()[1]:
+        if filename.startswith(prefix):
+            filename = filename[len(prefix):]
+            break
+    return "%s:%d" % (filename, frame.f_lineno)
+
+
+def _origin_in(frames, exclude):
+    """The origin of what the library frames hold: a loader it builds from
+    (innermost frame first), else a dataset."""
+    dataset_origin = None
+    for frame in frames:
+        try:
+            values = list(frame.f_locals.values())
+        except Exception:
+            continue
+        for value in values:
+            if value is exclude:
+                continue
+            entry = _entry(value)
+            if entry is None:
+                continue
+            if entry[2]:
+                return entry[1]
+            if dataset_origin is None:
+                dataset_origin = entry[1]
+    return dataset_origin
+
+
+def _site(instance, own=None, dataset=None):
+    user, passed = _walk(instance)
+    if not passed:
+        return _here(user) if user is not None else "<unknown>", None
+    via = _relative(passed[0])
+    origin = origin_of(own) if own is not None else None
+    if origin is None:
+        origin = _origin_in(passed, instance)
+    if origin is None and dataset is not None:
+        origin = origin_of(dataset)
+    if origin is None and user is not None:
+        origin = _here(user)
+    if origin is None:
+        return via, None
+    return "%s%s%s)" % (origin, VIA, via), origin
+
+
+def loader_site(loader, dataset=None):
+    """Call site of a DataLoader being made, remembered as its origin (and its
+    dataset's, if that has none yet). Never raises."""
+    try:
+        site, origin = _site(loader, dataset=dataset)
+        remember(loader, origin or site)
+        if dataset is not None:
+            remember(dataset, origin or site, loader=False, replace=False)
+        return site
+    except Exception:
+        return user_call_site(loader)
+
+
+def iteration_site(loader):
+    """Call site of an iteration over ``loader``: the user's line that iterates;
+    when a library iterates it (Lightning's fit loop, Accelerate's shard,
+    MONAI's thread), the line that made the loader, with the library frame
+    second. Never raises."""
+    try:
+        return _site(loader, own=loader)[0]
+    except Exception:
+        return user_call_site(loader)
 
 
 _sites = {}  # (caller code, line, its caller's code, line) -> "file:line"
@@ -49,11 +260,9 @@ def cached_call_site(instance=None):
     file name is cheap, reading a frame's locals (which ``user_call_site``
     does to skip a subclass's own ``__init__``) is not.
     """
-    global _skip
-    if _skip is None:
-        _skip = _library_dirs()
+    skip = _prefixes()[0] + ("<frozen",)
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_skip + ("<frozen",)):
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back
     if frame is None:
         return user_call_site(instance)

@@ -4,6 +4,9 @@
 would (``sys.argv``, ``sys.path[0]``, ``__main__``), after activating and
 exporting the settings to the environment so that workers and child
 processes are covered too. Its exit code and signals are the script's own.
+As with ``python``, our options come first; everything after the script or
+``-m module`` is the program's, untouched (``autosafe-torch run -m
+torch.distributed.run --nproc-per-node 2 train.py`` needs no ``--``).
 """
 
 import argparse
@@ -12,6 +15,7 @@ import os
 import sys
 
 from . import config
+from .rehearsal import ENV_AS, PLATFORMS
 
 
 def _parser():
@@ -26,6 +30,10 @@ def _parser():
                           "alone; repeatable or comma-separated")
     run.add_argument("--log-file", help="JSON-lines file, one object per intervention")
     run.add_argument("--quiet", action="store_true", help="no log lines on stderr")
+    run.add_argument("--as", dest="rehearse", choices=sorted(PLATFORMS), metavar="PLATFORM",
+                     help="run as on %s: that platform's start method, and the platform "
+                          "the rules see (no fork rung on macos or windows)"
+                          % ", ".join(sorted(PLATFORMS)))
     run.add_argument("-m", dest="module", help="run a library module as a script")
     run.add_argument("target", nargs=argparse.REMAINDER,
                      help="script.py and its arguments (or the module's arguments)")
@@ -38,10 +46,55 @@ def _parser():
     return p
 
 
+def split_run_args(argv, run_parser):
+    """(our options, module or None, the program's arguments) of ``run``'s argv.
+
+    Scans as ``python`` does: options of ours (those ``run_parser`` declares,
+    with their values) until ``-m MODULE``, ``--`` or the first word that is
+    not an option (the script); the rest is the program's, as it is. An
+    unknown option before the script is left to argparse, to say so.
+    """
+    takes_value = {}
+    for action in run_parser._actions:
+        for opt in action.option_strings:
+            takes_value[opt] = action.nargs != 0
+    ours, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return ours, None, argv[i + 1:]
+        if word == "-m" or (word.startswith("-m") and not word.startswith("--")):
+            module = word[2:] or (argv[i + 1] if i + 1 < len(argv) else None)
+            if module is None:
+                ours.append(word)  # argparse: "-m: expected one argument"
+                return ours, None, []
+            return ours, module, argv[i + (1 if word[2:] else 2):]
+        if not word.startswith("-") or word == "-":
+            return ours, None, argv[i:]
+        name = word.split("=", 1)[0]
+        ours.append(word)
+        if takes_value.get(name) and "=" not in word and i + 1 < len(argv):
+            ours.append(argv[i + 1])
+            i += 1
+        i += 1
+    return ours, None, []
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if argv and argv[0] == "run":
+        run_parser = parser._subparsers._group_actions[0].choices["run"]
+        ours, module, target = split_run_args(argv[1:], run_parser)
+        args = parser.parse_args(["run"] + ours)
+        args.module, args.target = module, target
+        return _run(args)
+    args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
+    from .activation import deactivate
+
+    deactivate()  # importing the package activated us: report the platform as it is
     if args.command == "doctor":
         from .doctor import report_text, report
 
@@ -71,8 +124,6 @@ def _rules(fmt):
 
 def _run(args):
     target = list(args.target)
-    if target and target[0] == "--":
-        target = target[1:]
     if args.module is None and not target:
         sys.stderr.write("autosafe-torch run: name a script or -m module\n")
         return 2
@@ -80,10 +131,17 @@ def _run(args):
         os.environ[config.ENV_SWITCH] = "1"
     from .activation import activate, configure
 
-    configure(mode=args.mode, disable=",".join(args.disable) or None,
-              log_file=os.path.abspath(args.log_file) if args.log_file else None,
+    log_file = None
+    if args.log_file:  # checked here, to name the option in the one line it may need
+        log_file = config.parse_log_file(os.path.abspath(args.log_file), "--log-file") or ""
+    configure(mode=args.mode, disable=",".join(args.disable) or None, log_file=log_file,
               quiet=True if args.quiet else None)
     activate("cli")
+    if args.rehearse:
+        from . import rehearsal
+
+        os.environ[ENV_AS] = args.rehearse  # workers and children see the same platform
+        rehearsal.apply()
     import runpy
 
     if args.module is not None:

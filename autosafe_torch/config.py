@@ -1,8 +1,10 @@
 """Configuration from the environment and from ``configure()``.
 
 Read at activation, so it must be cheap and must never raise: a malformed
-value gets one warning line on stderr naming the variable and what it
-accepts, and the default is used.
+value gets one warning line on stderr naming the variable, the value, why it
+is refused and the default taken, and the default is used. The variable is
+then set to the default taken, so that workers and child processes agree
+with this one and do not repeat the line.
 """
 
 import os
@@ -33,7 +35,9 @@ OPTIONS = (
      "nothing; strict: raise an error naming the rule and its fix (for CI)"),
     (ENV_DISABLE, "empty", "comma-separated rule codes (DL101) or groups "
      "(dataloader, amp, cv2, or * for all) that are left alone"),
-    (ENV_LOG_FILE, "unset", "path of a JSON-lines file: one object per intervention"),
+    (ENV_LOG_FILE, "unset", "path of a JSON-lines file: one object per intervention "
+     "(a missing directory, a directory or an unwritable one: the JSON log is off, "
+     "the fixes still apply)"),
     (ENV_QUIET, "0", "1: no log lines on stderr (records, JSON sink and strict "
      "errors stay)"),
     (ENV_DEBUG, "0", "1: debug lines and full tracebacks of internal errors"),
@@ -66,6 +70,40 @@ def parse_bool(name, value, default):
         name, value, "/".join(TRUE_WORDS), "/".join(FALSE_WORDS),
         "on" if default else "off"))
     return default
+
+
+def parse_log_file(value, name=ENV_LOG_FILE):
+    """The JSON-lines path, or None; a path that cannot be written -> one line, None.
+
+    Checked without creating the file (a run with no intervention writes
+    nothing): a directory, a missing parent directory, or one we may not
+    write to. A failure at the first write is handled by the report.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        warn_line("%s=%r is not a path; the JSON log is off (default: unset), "
+                  "the fixes still apply" % (name, value))
+        return None
+    path = os.fspath(value)
+    if path.strip() == "":
+        return None
+    reason = None
+    try:
+        parent = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            reason = "it is a directory, not a file"
+        elif not os.path.isdir(parent):
+            reason = "its directory %s does not exist" % parent
+        elif not os.access(path if os.path.exists(path) else parent, os.W_OK):
+            reason = "it cannot be written (permission denied)"
+    except (OSError, ValueError) as exc:
+        reason = str(exc)
+    if reason is None:
+        return path
+    warn_line("%s=%r: %s; the JSON log is off (default: unset), the fixes still "
+              "apply" % (name, path, reason))
+    return None
 
 
 def parse_mode(value, name=ENV_MODE):
@@ -115,15 +153,41 @@ class Config:
         self._validated = False
 
     @classmethod
-    def from_env(cls, environ=None):
+    def from_env(cls, environ=None, settle_env=False):
+        """The settings ``environ`` asks for. With ``settle_env``, a variable
+        whose value was refused is set to the default taken (children agree
+        and do not warn again)."""
         env = os.environ if environ is None else environ
-        return cls(
+        self = cls(
             mode=parse_mode(env.get(ENV_MODE)),
             disabled=parse_disable(env.get(ENV_DISABLE)),
-            log_file=env.get(ENV_LOG_FILE) or None,
+            log_file=parse_log_file(env.get(ENV_LOG_FILE)),
             quiet=parse_bool(ENV_QUIET, env.get(ENV_QUIET), False),
             debug=parse_bool(ENV_DEBUG, env.get(ENV_DEBUG), False),
         )
+        if settle_env:
+            try:
+                self._settle(env)
+            except Exception:
+                pass
+        return self
+
+    def _settle(self, env):
+        taken = {ENV_MODE: self.mode, ENV_LOG_FILE: self.log_file or "",
+                 ENV_QUIET: "1" if self.quiet else "0",
+                 ENV_DEBUG: "1" if self.debug else "0"}
+        for name, value in taken.items():
+            raw = env.get(name)
+            if raw is None or raw.strip() == "":
+                continue
+            if name == ENV_LOG_FILE:
+                refused = value == ""
+            elif name == ENV_MODE:
+                refused = raw.strip().lower() != value
+            else:
+                refused = raw.strip().lower() not in TRUE_WORDS + FALSE_WORDS
+            if refused:
+                env[name] = value
 
     def load(self, other):
         for name in self.__slots__:
@@ -152,7 +216,7 @@ class Config:
                 "log_file": self.log_file, "quiet": self.quiet, "debug": self.debug}
 
 
-CONFIG = Config.from_env()
+CONFIG = Config.from_env(settle_env=True)
 
 
 def switch_state(environ=None):

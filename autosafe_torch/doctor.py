@@ -1,4 +1,5 @@
-"""``autosafe-torch doctor``: the facts the rules use, and what would fire."""
+"""``autosafe-torch doctor``: the facts the rules use, what would fire, and
+broken combinations of packages it can detect cheaply, with their fix."""
 
 import os
 import platform
@@ -41,6 +42,104 @@ def default_loader_findings(f):
     return out
 
 
+# Companion packages with native operators built against one torch build: a
+# wheel for another build (a CUDA torchvision with a CPU torch) fails at import.
+NATIVE_COMPANIONS = ("torchvision", "torchaudio")
+# Installed packages that import a companion when it is installed, so that its
+# failure becomes theirs.
+IMPORTED_BY = {"torchvision": ("torchmetrics", "lightning", "pytorch_lightning")}
+
+_IMPORT_PROBE = """
+import sys, json
+out = {}
+for name in sys.argv[1:]:
+    try:
+        module = __import__(name)
+        out[name] = {"ok": True, "version": getattr(module, "__version__", None)}
+    except BaseException as exc:
+        out[name] = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+print(json.dumps(out))
+"""
+
+
+def _installed(name):
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _dist_version(name):
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+def matching_version(name, torch_version):
+    """The companion release made for this torch (torchvision 0.15 for torch 2.0, one
+    minor per torch minor; torchaudio shares torch's version from 2.1), as a pip
+    specifier's version ("0.28.*"), or None."""
+    try:
+        major, minor = (int(x) for x in torch_version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return None
+    if major != 2:
+        return None
+    if name == "torchvision":
+        return "0.%d.*" % (minor + 15)
+    if name == "torchaudio" and minor >= 1:
+        return "2.%d.*" % minor
+    return None
+
+
+def broken_combinations(torch_version, timeout=120):
+    """Problems found by importing each installed companion in a child process
+    (a failed native import can leave this one half-initialised). Each: a dict
+    with ``what``, ``error``, ``fix``. Cheap: nothing runs when none is installed."""
+    names = [n for n in NATIVE_COMPANIONS if _installed(n)]
+    if not names:
+        return []
+    import json
+    import subprocess
+
+    env = dict(os.environ, AUTOSAFE_TORCH="0")  # the package as it is, without us
+    try:
+        proc = subprocess.run([sys.executable, "-c", _IMPORT_PROBE] + names, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        results = json.loads(proc.stdout.strip().splitlines()[-1])
+    except Exception as exc:
+        return [{"what": "could not check %s" % ", ".join(names), "error": repr(exc),
+                 "fix": "run python -c 'import %s' to see the error" % names[0]}]
+    problems = []
+    local = "+" in torch_version and torch_version.split("+", 1)[1] or None
+    for name in names:
+        result = results.get(name, {})
+        if result.get("ok"):
+            continue
+        version = _dist_version(name) or "(unknown version)"
+        build = "the %s build of torch %s" % (local, torch_version) if local else \
+            "torch %s" % torch_version
+        users = [u for u in IMPORTED_BY.get(name, ()) if _installed(u)]
+        also = (" Installed packages that import it when it is there fail too: %s."
+                % ", ".join(users)) if users else ""
+        index = "https://download.pytorch.org/whl/%s" % (local or "cpu")
+        match = matching_version(name, torch_version)
+        spec = "%s==%s" % (name, match) if match else name
+        problems.append({
+            "what": "%s %s does not load with %s (a wheel built for another torch build, "
+                    "e.g. a CUDA torchvision with a CPU torch).%s" % (name, version, build, also),
+            "error": result.get("error", "import failed"),
+            "fix": "pip uninstall %s if nothing needs it; otherwise install the %s built for "
+                   "this torch: pip install '%s' --index-url %s" % (name, name, spec, index),
+        })
+    return problems
+
+
 def report():
     import torch
 
@@ -60,6 +159,7 @@ def report():
         "cuda_initialized": f.cuda_initialized,
         "cv2": cv2_state(),
         "default_loader_rules": default_loader_findings(f),
+        "problems": broken_combinations(torch.__version__),
     }
 
 
@@ -68,7 +168,7 @@ def report_text():
     shm = r["dev_shm_bytes"]
     lines = ["autosafe-torch doctor"]
     for key, value in r.items():
-        if key == "default_loader_rules":
+        if key in ("default_loader_rules", "problems"):
             continue
         if key == "dev_shm_bytes" and shm is not None:
             value = "%.1f MiB" % (shm / 2 ** 20)
@@ -76,4 +176,12 @@ def report_text():
     fired = r["default_loader_rules"]
     lines.append("  rules for DataLoader(ds, num_workers=2, pin_memory=True):")
     lines.extend("    " + line for line in fired or ["none would fire"])
+    problems = r["problems"]
+    lines.append("  broken combinations:")
+    if not problems:
+        lines.append("    none found (checked: %s, where installed)" % ", ".join(NATIVE_COMPANIONS))
+    for p in problems:
+        lines.append("    PROBLEM: %s" % p["what"])
+        lines.append("      error: %s" % p["error"])
+        lines.append("      fix:   %s" % p["fix"])
     return "\n".join(lines)

@@ -37,6 +37,8 @@ def rehearsed(environ=None):
 
         warn_line("%s=%r is not one of %s; running as this machine is" % (
             ENV_AS, env.get(ENV_AS), ", ".join(PLATFORMS)))
+        if environ is None:
+            os.environ.pop(ENV_AS, None)  # children agree, and do not warn again
     return None
 
 
@@ -57,6 +59,7 @@ def apply():
     import multiprocessing
 
     method = PLATFORMS[name][1]
-    if method in multiprocessing.get_all_start_methods():
-        multiprocessing.set_start_method(method, force=True)
+    if multiprocessing.get_start_method(allow_none=True) is None \
+            and method in multiprocessing.get_all_start_methods():
+        multiprocessing.set_start_method(method)  # a method the program set stays
     return name

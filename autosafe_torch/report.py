@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from .callsite import user_part
 from .config import CONFIG
 
 LOGGER_NAME = "autosafe_torch"
@@ -22,6 +23,20 @@ logger = logging.getLogger(LOGGER_NAME)
 # Field names of a JSON-lines object; documented in the README, keep stable.
 JSON_FIELDS = ("time", "pid", "rank", "code", "slug", "action", "strategy",
                "call_site", "before", "after", "why", "fix")
+# Added to the object only when the launcher (torchrun) set them.
+JSON_OPTIONAL_FIELDS = ("local_rank", "world_size")
+
+
+def _env_int(name):
+    """An integer the launcher put in the environment (RANK...), or None when
+    unset or not an integer (torch itself refuses such a value)."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None
 
 _lock = threading.Lock()
 _records = {}          # (code, call_site) -> Intervention
@@ -33,7 +48,8 @@ class Intervention:
     """One fix (or, in warn mode, one fix that would have been made)."""
 
     __slots__ = ("code", "slug", "before", "after", "why", "fix", "call_site",
-                 "strategy", "action", "pid", "rank", "time", "count")
+                 "strategy", "action", "pid", "rank", "local_rank", "world_size", "time",
+                 "count")
 
     def __init__(self, code, slug, before, after, why, fix, call_site,
                  strategy=None, action="fixed"):
@@ -47,12 +63,19 @@ class Intervention:
         self.strategy = strategy
         self.action = action
         self.pid = os.getpid()
-        self.rank = os.environ.get("RANK")
+        self.rank = _env_int("RANK")
+        self.local_rank = _env_int("LOCAL_RANK")
+        self.world_size = _env_int("WORLD_SIZE")
         self.time = time.time()
         self.count = 1
 
     def as_dict(self):
-        return {name: getattr(self, name) for name in JSON_FIELDS}
+        out = {name: getattr(self, name) for name in JSON_FIELDS}
+        for name in JSON_OPTIONAL_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
 
     def message(self):
         if self.after:
@@ -111,7 +134,8 @@ def log(level, message, *args):
 
 def record(intervention):
     """Keep, log once per (code, call site), and write the JSON sink."""
-    key = (intervention.code, intervention.call_site)
+    # The user's line: a loader a framework re-makes from the user's is one mistake.
+    key = (intervention.code, user_part(intervention.call_site))
     with _lock:
         known = _records.get(key)
         if known is not None:
@@ -130,10 +154,21 @@ def _write_json(intervention):
         return
     try:
         line = json.dumps(intervention.as_dict(), default=repr, sort_keys=True)
+    except Exception as exc:
+        internal_error("JSON log record", exc)
+        return
+    try:
         with _lock, open(path, "a", encoding="utf-8") as sink:
             sink.write(line + "\n")
-    except Exception as exc:
-        internal_error("JSON log file %s" % path, exc)
+    except OSError as exc:
+        # The user's configuration (checked when read; the file system may
+        # have changed since): say so once, plainly, and stop writing. The
+        # fix this record describes was applied.
+        if CONFIG.log_file == path:
+            CONFIG.log_file = None
+            log(logging.ERROR, "cannot write the JSON log %s (%s: %s); the JSON log is off "
+                "for this process, the fixes still apply", path, type(exc).__name__,
+                exc.strerror or exc)
 
 
 def interventions():

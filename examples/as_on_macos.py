@@ -1,8 +1,13 @@
-"""Run a script with the start method macOS and Windows use (spawn).
+"""Run a script with the start method macOS and Windows use (spawn), without
+autosafe_torch: what a Mac user sees.
 
     python examples/as_on_macos.py SCRIPT [ARGS...]
 
 Only the platform's default changes, from outside the script, as on a Mac.
+With autosafe_torch the same rehearsal is built in, and the rules also see
+macOS (no fork rung):
+
+    autosafe-torch run --as macos SCRIPT [ARGS...]
 """
 
 import multiprocessing

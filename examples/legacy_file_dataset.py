@@ -22,8 +22,9 @@ RECORD = 64  # bytes per sample
 
 def write_records(path, n):
     g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, 256, (n * RECORD,), dtype=torch.uint8, generator=g)
     with open(path, "wb") as f:
-        f.write(torch.randint(0, 256, (n, RECORD), dtype=torch.uint8, generator=g).numpy().tobytes())
+        f.write(bytes(data.tolist()))  # torch alone: the demo installs no numpy
 
 
 class RecordFile(Dataset):

@@ -1,6 +1,8 @@
 """Configuration: every variable validated, one clear line and a default."""
 
+import json
 import sys
+import textwrap
 
 import pytest
 
@@ -65,6 +67,9 @@ def test_groups_and_codes_are_told_apart_by_shape(capsys):
     ({"AUTOSAFE_TORCH": "maybe"}, "AUTOSAFE_TORCH='maybe' is not one of"),
     ({"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_MODE": "loud"}, "AUTOSAFE_TORCH_MODE='loud'"),
     ({"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_DEBUG": "2"}, "AUTOSAFE_TORCH_DEBUG='2'"),
+    ({"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_QUIET": "maybe"}, "AUTOSAFE_TORCH_QUIET='maybe'"),
+    ({"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_LOG_FILE": "/no/such/dir/log.jsonl"},
+     "AUTOSAFE_TORCH_LOG_FILE='/no/such/dir/log.jsonl': its directory /no/such/dir does not"),
 ])
 def test_bad_environment_at_interpreter_start_is_one_line(env, expected):
     """Through the installed .pth hook: no traceback, the program runs."""
@@ -80,3 +85,109 @@ def test_unknown_disabled_code_reported_when_torch_loads(tmp_path):
                         env={"AUTOSAFE_TORCH_DISABLE": "DL999"})
     assert result.rc == 0, result
     assert result.stderr.count("DL999") == 1 and "Traceback" not in result.stderr
+
+
+# ---- the JSON log file: the user's configuration, never an "internal error" --
+
+LOADER_MISTAKE = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.arange(8.)), batch_size=2, prefetch_factor=2)
+digest(loader)
+"""
+DL101_ERROR = "prefetch_factor option could only be specified in multiprocessing"
+
+
+def _one_config_line(result, expected):
+    lines = [l for l in result.stderr.splitlines() if "the JSON log is off" in l]
+    assert len(lines) == 1 and expected in lines[0], result
+    assert "fixes still apply" in lines[0]
+    assert "internal error" not in result.stderr and "Please report" not in result.stderr
+    assert "Traceback" not in result.stderr, result
+
+
+@pytest.mark.parametrize("where", ["missing-dir", "directory"])
+def test_bad_log_file_is_one_line_and_the_fix_still_applies(tmp_path, where):
+    if where == "missing-dir":  # the mistake, without autosafe_torch
+        plain = run_script(tmp_path, LOADER_MISTAKE)
+        assert plain.rc != 0 and DL101_ERROR in plain.stderr, plain
+    path = tmp_path / "no-such-dir" / "log.jsonl" if where == "missing-dir" else tmp_path
+    result = run_script(tmp_path, LOADER_MISTAKE, activation="env",
+                        env={"AUTOSAFE_TORCH_LOG_FILE": str(path)})
+    assert result.rc == 0 and result.batches, result
+    assert "DL101 prefetch-without-workers at" in result.stderr
+    reason = "does not exist" if where == "missing-dir" else "is a directory"
+    _one_config_line(result, "AUTOSAFE_TORCH_LOG_FILE=%r: " % str(path))
+    assert reason in result.stderr
+
+
+def test_bad_log_file_one_line_for_the_whole_run_with_spawn_workers(tmp_path):
+    """Children take the default the parent took: no second line per worker."""
+    body = LOADER_MISTAKE + """
+digest(DataLoader(TensorDataset(torch.arange(8.)), batch_size=2, num_workers=2))
+"""
+    body = "if __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    result = run_script(tmp_path, body, activation="env", start_method="spawn",
+                        env={"AUTOSAFE_TORCH_LOG_FILE": str(tmp_path / "nope" / "x.jsonl")})
+    assert result.rc == 0, result
+    _one_config_line(result, "its directory")
+
+
+def test_bad_log_file_from_the_cli_names_the_option(tmp_path):
+    result = run_script(tmp_path, LOADER_MISTAKE, activation="cli",
+                        cli_args=("--log-file", str(tmp_path / "nope" / "x.jsonl")))
+    assert result.rc == 0 and "DL101 prefetch-without-workers at" in result.stderr, result
+    _one_config_line(result, "--log-file=")
+
+
+def test_log_file_that_fails_at_the_first_write(tmp_path):
+    """The directory is gone by the time of the first record: one line, log off,
+    the fix applied (and the next intervention writes no second line)."""
+    body = """
+import os, shutil
+shutil.rmtree(os.environ["LOG_DIR"])
+""" + LOADER_MISTAKE + """
+digest(DataLoader(TensorDataset(torch.arange(8.)), batch_size=2, persistent_workers=True))
+"""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    result = run_script(tmp_path, body, activation="env",
+                        env={"AUTOSAFE_TORCH_LOG_FILE": str(log_dir / "x.jsonl"),
+                             "LOG_DIR": str(log_dir)})
+    assert result.rc == 0, result
+    assert "DL101 prefetch" in result.stderr and "DL102 persistent" in result.stderr
+    lines = [l for l in result.stderr.splitlines() if "cannot write the JSON log" in l]
+    assert len(lines) == 1 and "FileNotFoundError" in lines[0], result
+    assert "the JSON log is off" in lines[0] and "internal error" not in result.stderr
+
+
+def test_configure_refuses_words_it_does_not_know(tmp_path):
+    body = """
+import autosafe_torch
+print(autosafe_torch.configure(quiet="maybe", debug=2))
+print(autosafe_torch.configure(quiet="no", log_file=%r))
+""" % str(tmp_path)
+    result = run_script(tmp_path, body)
+    assert result.rc == 0, result
+    err = result.stderr.splitlines()
+    assert len(err) == 3, result
+    assert "configure(quiet=...)='maybe' is not one of" in err[0]
+    assert "configure(debug=...)='2' is not one of" in err[1]
+    assert "configure(log_file=...)" in err[2] and "is a directory" in err[2]
+    assert "'quiet': False" in result.stdout and "'log_file': None" in result.stdout
+
+
+# ---- the JSON log's launcher fields --------------------------------------------
+
+def test_rank_fields_are_integers(tmp_path):
+    log = tmp_path / "log.jsonl"
+    result = run_script(tmp_path, LOADER_MISTAKE, activation="env",
+                        env={"AUTOSAFE_TORCH_LOG_FILE": str(log), "RANK": "1",
+                             "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    assert result.rc == 0, result
+    rec = json.loads(log.read_text().splitlines()[0])
+    assert (rec["rank"], rec["local_rank"], rec["world_size"]) == (1, 1, 2)
+    result = run_script(tmp_path, LOADER_MISTAKE, activation="env",
+                        env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    rec = json.loads(log.read_text().splitlines()[-1])
+    assert rec["rank"] is None and "local_rank" not in rec and "world_size" not in rec

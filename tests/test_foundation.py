@@ -53,7 +53,7 @@ def test_loader_made_every_epoch_logs_once(tmp_path):
     rec = records[0]
     assert rec["code"] == "DL101" and rec["slug"] == "prefetch-without-workers"
     assert rec["before"] == {"prefetch_factor": 2} and rec["after"] == {"prefetch_factor": None}
-    assert rec["action"] == "fixed" and rec["rank"] == "3" and rec["call_site"].endswith(
+    assert rec["action"] == "fixed" and rec["rank"] == 3 and rec["call_site"].endswith(
         ":%d" % line_of(tmp_path, "return DataLoader"))
     assert set(rec) == {"time", "pid", "rank", "code", "slug", "action", "strategy",
                         "call_site", "before", "after", "why", "fix"}
@@ -208,8 +208,8 @@ FAULTS = {
              "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.current = boom\n",
     "logger": "import autosafe_torch.report as m\n"
               "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.record = boom\n",
-    "callsite": "import autosafe_torch.patches.dataloader as m\n"
-                "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.user_call_site = boom\n",
+    "callsite": "import autosafe_torch.callsite as m\n"
+                "def boom(*a, **k):\n    raise RuntimeError('injected')\nm.loader_site = boom\n",
 }
 
 

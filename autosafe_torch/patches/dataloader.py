@@ -17,7 +17,7 @@ import inspect
 import sys
 
 from .. import engine, facts
-from ..callsite import user_call_site
+from .. import callsite
 from ..rules import Context
 from . import wrap
 
@@ -75,7 +75,9 @@ def _decide(bound, instance):
     ctx = Context(facts.current(values.get("multiprocessing_context")),
                   defaults=_signature["defaults"])
     found, work = engine.run_checks("dataloader.init", values, ctx)
-    if not found or not engine.settle(found, user_call_site(instance), work):
+    # Always: the site is the loader's origin, which loaders built from it inherit.
+    site = callsite.loader_site(instance, values.get("dataset"))
+    if not found or not engine.settle(found, site, work):
         return None
     for name, value in work.items():
         if value is not values[name]:
@@ -132,7 +134,7 @@ def _check_workers(loader, frame):
     values = {name: getattr(loader, name) for name in ITER_ARGS}
     ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded)
     found, work = engine.run_checks("dataloader.iter", values, ctx)
-    if not found or not engine.settle(found, user_call_site(loader), work):
+    if not found or not engine.settle(found, callsite.iteration_site(loader), work):
         return
     for name in ITER_ARGS:
         if work[name] is not values[name]:

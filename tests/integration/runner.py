@@ -1,0 +1,96 @@
+"""Run an ordinary framework script, plain or under ``autosafe-torch run``.
+
+The start method is forced from outside the script, as the platform's
+default would be (tests/platform_sim/sitecustomize.py: spawn is how macOS
+and Windows start workers). Interventions are read back from the JSON-lines
+log (AUTOSAFE_TORCH_LOG_FILE) that every shimmed run writes.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from support import PLATFORM_SIM, clean_env
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+START_METHODS = ("fork", "spawn")
+
+
+class Run:
+    def __init__(self, proc, log):
+        self.rc = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.records = []
+        if log is not None and log.exists():
+            self.records = [json.loads(line) for line in log.read_text().splitlines()]
+
+    def batches(self, tag="BATCHES"):
+        """Checksums the script printed: {rank or None: hex}."""
+        out = {}
+        for line in self.stdout.splitlines():
+            parts = line.split()
+            if parts and parts[0] == tag:
+                out[int(parts[1]) if len(parts) == 3 else None] = parts[-1]
+        return out
+
+    def codes(self, prefix=""):
+        return sorted({r["code"] for r in self.records if r["code"].startswith(prefix)})
+
+    def __repr__(self):
+        return "Run(rc=%s)\n--- stdout\n%s\n--- stderr\n%s\n--- records\n%s" % (
+            self.rc, self.stdout[-3000:], self.stderr[-6000:],
+            json.dumps(self.records, indent=1)[-3000:])
+
+
+def script_text(name, replace=()):
+    """The script's text, with (old, new) replacements: the ordinary mistake."""
+    text = (SCRIPTS / name).read_text()
+    for old, new in replace:
+        assert old in text, (name, old)
+        text = text.replace(old, new)
+    return text
+
+
+def run(tmp_path, name, text, shim, start_method, torchrun=False, timeout=600):
+    """Write ``text`` to tmp_path/name and run it; with ``shim``, under
+    ``autosafe-torch run`` with a JSON-lines log."""
+    tmp_path = Path(tmp_path)
+    script = tmp_path / name
+    script.write_text(text)
+    log = tmp_path / ("log-%s.jsonl" % os.urandom(4).hex()) if shim else None
+    env = clean_env({"AUTOSAFE_TEST_START_METHOD": start_method,
+                     "PYTHONPATH": str(PLATFORM_SIM), "DATA_DIR": str(tmp_path),
+                     "OMP_NUM_THREADS": "1"})
+    env.pop("RANK", None)
+    # Buffered: one write per printed line, so that two ranks' lines on one
+    # pipe do not interleave.
+    env.pop("PYTHONUNBUFFERED", None)
+    if shim:
+        env["AUTOSAFE_TORCH_LOG_FILE"] = str(log)
+    program = [str(script)]
+    if torchrun:
+        program = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   ] + program
+    head = [sys.executable, "-m", "autosafe_torch", "run"] if shim else [sys.executable]
+    proc = subprocess.run(head + program, cwd=str(tmp_path), env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    return Run(proc, log)
+
+
+def line_of(text, needle):
+    for number, line in enumerate(text.splitlines(), 1):
+        if needle in line:
+            return number
+    raise AssertionError("%r not in script" % needle)
+
+
+def site_re(script, line, via=None):
+    """A call_site of the user's script:line, optionally (via a library frame)."""
+    pattern = re.escape("%s:%d" % (script, line))
+    if via:
+        pattern += re.escape(" (via %s" % via) + r"[^)]*:\d+\)"
+    return re.compile("^%s$" % pattern)
