@@ -143,9 +143,21 @@ def record(intervention):
             return known
         _records[key] = intervention
         _arm_summary()
-    log(logging.WARNING, "%s", intervention.message())
+    # A spawned DataLoader worker repeats the parent's fixes for itself (cv2 is
+    # imported afresh there): said once, by the parent; a worker only under DEBUG.
+    log(logging.DEBUG if _in_worker_process() else logging.WARNING, "%s",
+        intervention.message())
     _write_json(intervention)
     return intervention
+
+
+def _in_worker_process():
+    """True in a process started by multiprocessing (a DataLoader worker)."""
+    mp_process = sys.modules.get("multiprocessing.process")
+    try:
+        return mp_process is not None and mp_process.parent_process() is not None
+    except Exception:
+        return False
 
 
 def _write_json(intervention):
@@ -221,8 +233,8 @@ def summary_lines():
 
 
 def _summary():
-    if _summary_pid != os.getpid():
-        return  # a forked child inherited the registration
+    if _summary_pid != os.getpid() or _in_worker_process():
+        return  # a forked child inherited the registration; workers say nothing
     try:
         lines = summary_lines()
         if lines:
