@@ -1,4 +1,4 @@
-# The commands of the README: `make demo`, `make test`, `make integration`.
+# The commands of the README: `make demo`, `make test`, `make integration`, `make heavy`.
 # torch is pinned in constraints-test.txt for the tests, the demo and the
 # benchmarks only (users get a wide range); without the pin pip would fetch
 # the newest torch with several GB of CUDA packages.
@@ -6,13 +6,19 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 
-.PHONY: install-test test demo bench readme integration
+.PHONY: install-test test heavy demo bench readme integration
 
 install-test:
 	$(INSTALL) ".[test]"
 
 test: install-test
-	$(PYTHON) -m pytest -m "not gpu and not integration" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not gpu and not integration and not heavy" $(PYTEST_ARGS)
+
+# Every scenario under every start method and rehearsed platform: `make test`
+# runs each scenario once, the start method rotating, to stay under 10 minutes
+# on 2 cores; CI runs this too.
+heavy: install-test
+	$(PYTHON) -m pytest -m "heavy and not gpu" $(PYTEST_ARGS)
 
 # Real runs through Lightning, Accelerate, MONAI and torchrun (tests/integration/).
 # The frameworks are pinned with torch in constraints-integration.txt, which
@@ -50,4 +56,4 @@ $(COMPAT_STAMP): constraints-compat.txt pyproject.toml $(wildcard autosafe_torch
 
 compat: $(COMPAT_STAMP)
 	$(COMPAT_PYTHON) -c "import torch, numpy; print('compat: torch', torch.__version__, 'numpy', numpy.__version__)"
-	$(COMPAT_PYTHON) -m pytest -m "not gpu and not integration" $(PYTEST_ARGS)
+	$(COMPAT_PYTHON) -m pytest -m "not gpu and not integration and not heavy" $(PYTEST_ARGS)

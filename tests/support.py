@@ -71,6 +71,27 @@ class Result:
             self.rc, self.stdout[-3000:], self.stderr[-5000:])
 
 
+def rotated(names, choices=START_METHODS):
+    """pytest parameters ``(name, choice)`` for every pair; those off the rotation
+    (one choice per name, turning with the name's index) are marked ``heavy``:
+    ``make test`` meets every name and every choice, ``make heavy`` every pair."""
+    import pytest
+
+    params = []
+    for i, name in enumerate(names):
+        for j, choice in enumerate(choices):
+            marks = () if j == i % len(choices) else (pytest.mark.heavy,)
+            params.append(pytest.param(name, choice, marks=marks, id="%s-%s" % (name, choice)))
+    return params
+
+
+def one_of(choices, kept):
+    """pytest parameters for ``choices``; all but ``kept`` are marked ``heavy``."""
+    import pytest
+
+    return [pytest.param(c, marks=() if c == kept else (pytest.mark.heavy,)) for c in choices]
+
+
 def clean_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSAFE_TORCH")}
     env.pop("PYTHONPATH", None)

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from support import run_scenario
+from support import one_of, rotated, run_scenario
 
 KINDS = ("lock", "lambda", "file")
 
@@ -44,20 +44,16 @@ def test_the_digest_depends_on_the_worker_count(tmp_path, reference):
     assert three.rc == 0 and three.stdout != reference["plain"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", one_of(KINDS, "lock"))
 def test_unpicklable_fails_under_spawn_without_the_shim(tmp_path, kind):
     bad = run_scenario(tmp_path, "faithful.py", start_method="spawn", args=(kind,))
     assert bad.rc != 0 and ("pickle" in bad.stderr or "Can't" in bad.stderr), bad
 
 
-# Every kind as on macOS (the platform without a fork rung that users meet
-# most); the other platforms each with kinds that take other rungs there.
-CASES = [(kind, "macos") for kind in KINDS] + [("lock", "windows"),
-                                               ("lambda", "linux-py314"),
-                                               ("file", "linux-py314")]
+PLATFORMS = ("macos", "windows", "linux-py314")
 
 
-@pytest.mark.parametrize("kind, platform", CASES)
+@pytest.mark.parametrize("kind, platform", rotated(KINDS, PLATFORMS))
 def test_as_on_each_platform_the_batches_of_two_fork_workers(tmp_path, reference, kind,
                                                               platform):
     log = tmp_path / "log.jsonl"

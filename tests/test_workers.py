@@ -17,7 +17,7 @@ from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection.mainmodule import guarded_lines
 from autosafe_torch.rules import Context, workers
-from support import clean_env, run_script, PRELUDE
+from support import PRELUDE, clean_env, one_of, run_script
 
 SPAWNING = ("spawn", "forkserver")
 
@@ -57,7 +57,7 @@ def _logged(result, code):
     return [l for l in result.stderr.splitlines() if " %s " % code in l and "Permanent fix" in l]
 
 
-@pytest.mark.parametrize("method", SPAWNING)
+@pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
 def test_dl201_open_file_repaired_by_reopening(tmp_path, method, reference):
     body = loader_script("FileDataset()")
     bad = run_script(tmp_path, body, start_method=method)
@@ -103,7 +103,7 @@ def test_dl201_h5py_file_reopened_by_name(tmp_path):
     assert "repair: reopen read-only files" in _logged(good, "DL201")[0]
 
 
-@pytest.mark.parametrize("method", SPAWNING)
+@pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
 def test_dl201_fork_rung_when_repair_is_impossible(tmp_path, method, reference):
     body = loader_script("GeneratorDataset()")
     bad = run_script(tmp_path, body, start_method=method)
@@ -114,7 +114,7 @@ def test_dl201_fork_rung_when_repair_is_impossible(tmp_path, method, reference):
     assert "start method: fork" in _logged(good, "DL201")[0]
 
 
-@pytest.mark.parametrize("method", SPAWNING)
+@pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
 def test_dl201_emulated_workers_when_fork_is_unsafe(tmp_path, method, reference):
     body = loader_script("LockedDataset()", epochs=2)
     bad = run_script(tmp_path, body, start_method=method)
@@ -142,7 +142,7 @@ def test_dl201_emulated_iterable_dataset_as_two_workers_give_it(tmp_path, refere
     assert "[strategy: emulated workers (in process)]" in _logged(good, "DL201")[0]
 
 
-@pytest.mark.parametrize("method", SPAWNING)
+@pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
 def test_dl202_lambda_collate_fn_by_value(tmp_path, method):
     body = DATA + textwrap.dedent('''
         def main():
@@ -187,7 +187,7 @@ def test_dl202_lambda_behind_an_injected_worker_step(tmp_path):
     assert "by-value" in _logged(good, "DL202")[0] and "DL201" not in good.stderr
 
 
-@pytest.mark.parametrize("method", SPAWNING)
+@pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
 def test_dl203_class_from_interactive_main(tmp_path, method):
     body = PRELUDE + textwrap.dedent('''
         import torch
@@ -217,7 +217,7 @@ def test_dl203_class_from_interactive_main(tmp_path, method):
     assert " DL203 interactive-main-class " in good.stderr
 
 
-@pytest.mark.parametrize("method", SPAWNING)
+@pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
 def test_dl204_unguarded_main(tmp_path, method, reference):
     body = loader_script("GeneratorDataset()", guarded=False)
     bad = run_script(tmp_path, body.replace("GeneratorDataset()", "torch.arange(8.)"),
@@ -272,7 +272,7 @@ WORKER_ARGS = DATA + textwrap.dedent('''
     ''')
 
 
-@pytest.mark.parametrize("method", ("fork",) + SPAWNING)
+@pytest.mark.parametrize("method", one_of(("fork",) + SPAWNING, 'fork'))
 def test_dl106_zero_prefetch_with_workers(tmp_path, method):
     bad = run_script(tmp_path, WORKER_ARGS, start_method=method, args=("DL106",))
     assert bad.rc != 0 and "AssertionError" in bad.stderr, bad
@@ -302,7 +302,7 @@ AUGMENTED_WORKERS = DATA + textwrap.dedent('''
     ''')
 
 
-@pytest.mark.parametrize("method", ("fork",) + SPAWNING)
+@pytest.mark.parametrize("method", one_of(("fork",) + SPAWNING, 'spawn'))
 def test_dl104_too_many_workers_is_advice_only(tmp_path, method):
     """3 workers on 1 usable CPU: torch warns, and the batches depend on the
     worker count (seeds, get_worker_info). The shim changes nothing, torch's
@@ -345,7 +345,7 @@ SAFE_LOADERS = DATA + textwrap.dedent('''
     ''')
 
 
-@pytest.mark.parametrize("method", ("fork",) + SPAWNING)
+@pytest.mark.parametrize("method", one_of(("fork",) + SPAWNING, 'forkserver'))
 def test_safe_loaders_are_untouched(tmp_path, method):
     """Differential: identical batches, and not a single intervention."""
     plain = run_script(tmp_path, SAFE_LOADERS, start_method=method)
