@@ -244,7 +244,8 @@ def shared_file_offset(args, ctx):
       "fork workers and a dataset holding a native handle a forked child must not use: "
       "a read-only lmdb environment, or a cv2.VideoCapture of a file, is reopened by "
       "path in each worker (the capture at the same frame); a capture that cannot be "
-      "reopened (a camera, a stream): spawn where everything pickles, else emulated workers",
+      "reopened (a camera, a stream): spawn where everything pickles, else emulated workers; "
+      "a writable lmdb environment: a note",
       "forked workers that hang in cv2.VideoCapture.read() once the parent has decoded "
       "(RuntimeError: DataLoader timed out after N seconds, or forever); an lmdb "
       "environment used after fork, which LMDB forbids (segfaults, readers registered "
