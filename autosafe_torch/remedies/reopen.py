@@ -189,8 +189,9 @@ def remember_file_offsets(obj, path="dataset"):
     using the parent's environment there; a capture's threads stayed behind).
     Called as each iterator starts, so the record is the position at fork.
     """
-    for key in [k for k, (_t, ref, _a) in _parent_args.items() if ref is not None and ref() is None]:
-        del _parent_args[key]
+    for key, (_kind, ref, _args) in list(_parent_args.items()):
+        if ref is not None and ref() is None:
+            del _parent_args[key]
     for found in find_files(obj, path):
         if found.kind == READONLY:
             args = _reopen_args(found.obj)

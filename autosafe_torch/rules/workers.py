@@ -212,6 +212,17 @@ def unpicklable_dataset(args, ctx):
     return None
 
 
+def _held_by_forked(args):
+    """The files and handles of a dataset going to forked workers (none for a
+    dataset that reopens per process by itself)."""
+    from ..inspection import holdings, objwalk
+
+    if not args["num_workers"] or start_method(args) != "fork" \
+            or holdings.reopens_per_process(args["dataset"]):
+        return []
+    return holdings.find_files(args["dataset"], items=objwalk.SAMPLE_ITEMS)
+
+
 @rule("DL207", "shared-file-offset", GROUP,
       "fork workers and a dataset holding an open file it seeks and reads: each worker "
       "reopens it (an injected worker_init_fn that then calls yours)",
@@ -219,16 +230,14 @@ def unpicklable_dataset(args, ctx):
       "open the file in worker_init_fn or lazily in __getitem__",
       at="dataloader.iter")
 def shared_file_offset(args, ctx):
-    from ..inspection import holdings, objwalk
+    from ..inspection import holdings
     from ..remedies import reopen
     from ..remedies.workerinit import with_step
 
-    if not args["num_workers"] or start_method(args) != "fork":
-        return None
     dataset = args["dataset"]
-    files = [f for f in holdings.find_files(dataset, items=objwalk.SAMPLE_ITEMS)
+    files = [f for f in _held_by_forked(args)
              if f.kind == holdings.READONLY and not holdings.fork_unsafe(f.obj)]  # DL212's
-    if not files or holdings.reopens_per_process(dataset):
+    if not files:
         return None
     init = with_step(args["worker_init_fn"], reopen.reopen_files_in_worker)
     if init is args["worker_init_fn"]:
@@ -253,16 +262,13 @@ def shared_file_offset(args, ctx):
       "open the environment or capture in worker_init_fn or lazily in __getitem__",
       at="dataloader.iter")
 def handle_not_fork_safe(args, ctx):
-    from ..inspection import holdings, objwalk
+    from ..inspection import holdings
     from ..remedies import reopen
     from ..remedies.workerinit import with_step
 
-    if not args["num_workers"] or start_method(args) != "fork":
-        return None
     dataset = args["dataset"]
-    handles = [f for f in holdings.find_files(dataset, items=objwalk.SAMPLE_ITEMS)
-               if holdings.fork_unsafe(f.obj)]
-    if not handles or holdings.reopens_per_process(dataset):
+    handles = [f for f in _held_by_forked(args) if holdings.fork_unsafe(f.obj)]
+    if not handles:
         return None
     where = ", ".join("%s (%s)" % (f.path, holdings.fork_unsafe(f.obj)) for f in handles)
     if any(f.kind != holdings.READONLY or not f.settable for f in handles):
