@@ -343,3 +343,95 @@ def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strateg
     assert good.rc == 0 and good.batches == ref.batches, good
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["strategy"] for r in records} == {strategy}
+
+
+def _logged(log):
+    import json
+
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.parametrize("kind, unpicklable", [("lmdb", "'Environment'"),
+                                               ("video", "'cv2.VideoCapture'")])
+def test_native_handles_reopened_by_path_in_each_worker(tmp_path, kind, unpicklable):
+    """A read-only lmdb environment, or a cv2.VideoCapture of a file, held by a
+    dataset. Spawn cannot pickle it (DL201 reopens it by path in each worker);
+    fork must not share it (DL212): the capture, which decoded in the parent,
+    hangs its forked workers, and LMDB forbids the parent's environment in a
+    child. With a lock beside it (as on macOS: no fork rung) the emulated
+    workers share the environment and reopen the capture. Every repaired run
+    gives the batches of num_workers=0."""
+    from support import run_scenario
+
+    def run(*args, log=None, **kw):
+        env = {"AUTOSAFE_TORCH_LOG_FILE": str(log)} if log else None
+        if log:
+            env["AUTOSAFE_TORCH_AS"] = kw.pop("platform", "linux")
+        return run_scenario(tmp_path, "native_handles.py", args=(kind,) + args, env=env, **kw)
+
+    ref = run("0")
+    assert ref.rc == 0 and ref.batches, ref
+    bad = run("2", start_method="spawn")
+    assert bad.rc != 0 and "cannot pickle %s object" % unpicklable in bad.stderr, bad
+    log = tmp_path / "spawn.jsonl"
+    good = run("2", log=log, activation="env", platform="macos")
+    assert good.batches == ref.batches, good
+    assert {(r["code"], r["strategy"]) for r in _logged(log)} >= {
+        ("DL201", "repair: reopen read-only files by path in each worker")}
+
+    bad = run("2", "bounded", start_method="fork")
+    if kind == "video":
+        assert "DataLoader timed out after 6 seconds" in bad.stderr, bad
+    else:
+        assert bad.stdout.count("OWN_ENV False") == 2, bad
+    log = tmp_path / "fork.jsonl"
+    good = run("2", "bounded", log=log, activation="env", start_method="fork")
+    assert good.batches == ref.batches, good
+    assert kind == "video" or good.stdout.count("OWN_ENV True") == 2, good
+    assert ("DL212", "reopen in each worker") in {(r["code"], r["strategy"])
+                                                  for r in _logged(log)}
+
+    log = tmp_path / "emulated.jsonl"
+    emulated = run("2", "lock", log=log, activation="env", platform="macos")
+    assert emulated.batches == ref.batches, emulated
+    assert "emulated workers (in process)" in {r["strategy"] for r in _logged(log)}
+
+
+def test_native_handles_as_holdings_see_them(tmp_path):
+    """What can be reopened: a read-only lmdb environment (not a writable one),
+    a capture of a file whose arguments the cv2 patch recorded (not one that
+    opened nothing); the class stays cv2.VideoCapture, the capture reopens at
+    its frame, and unpatching puts the native methods back."""
+    import cv2
+    import lmdb
+    import numpy as np
+
+    from autosafe_torch.patches import cv2 as cv2_patch
+
+    path = str(tmp_path / "clip.avi")
+    out = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"MJPG"), 10, (32, 24))
+    for i in range(6):
+        out.write(np.full((24, 32, 3), i * 40, np.uint8))
+    out.release()
+    native, patched = cv2.VideoCapture, "_autosafe_torch_native" in vars(cv2.VideoCapture)
+    cv2_patch.record_captures(cv2)
+    try:
+        assert cv2.VideoCapture is native
+        cap, empty = cv2.VideoCapture(path), cv2.VideoCapture()
+        cap.read(), cap.read()
+        assert holdings.file_kind(cap) == holdings.READONLY
+        assert holdings.is_file_object(empty) and holdings.file_kind(empty) is None
+        again = reopen.reopen(cap)
+        assert again.get(cv2.CAP_PROP_POS_FRAMES) == 2
+        assert (again.read()[1] == cap.read()[1]).all()
+    finally:
+        if not patched:
+            cv2_patch.unrecord_captures(cv2)
+    assert patched or "_autosafe_torch_native" not in vars(cv2.VideoCapture)
+
+    with lmdb.open(str(tmp_path / "db"), map_size=1 << 20) as writable:
+        assert holdings.file_kind(writable) == holdings.WRITABLE
+        assert holdings.fork_unsafe(writable) == holdings.LMDB_ENV
+    with lmdb.open(str(tmp_path / "db"), readonly=True, lock=False) as env:
+        assert holdings.file_kind(env) == holdings.READONLY
+        assert reopen._reopen_args(env)[2]["readonly"] is True

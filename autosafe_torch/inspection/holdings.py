@@ -5,11 +5,15 @@ Looked at, never changed: the walks here copy nothing and call no user code
 remedies that act on what is found live in ``autosafe_torch.remedies``.
 
 - files: which are read-only regular files that a worker could reopen by
-  path (``file_kind``), and where each hangs (``find_files``);
+  path (``file_kind``), and where each hangs (``find_files``); native
+  handles count as files: h5py objects, lmdb environments, and the
+  ``cv2.VideoCapture`` objects whose source the cv2 patch recorded;
+- ``fork_unsafe`` names the handles that a forked child must not use;
 - ``live_threading_objects`` names what makes fork unsafe: locks, threads
   and thread pools that a forked child inherits in whatever state they were.
 """
 
+import collections
 import io
 import os
 import stat
@@ -82,17 +86,98 @@ def _h5py_kind(obj):
         return None
 
 
+# -- native handles -------------------------------------------------------------
+
+# What opened each cv2.VideoCapture, recorded by the cv2 patch: id ->
+# ``(source, apiPreference, params)``, source an absolute path or an index.
+# A capture takes no attributes or weak references, so the key is its id:
+# every capture constructed after the patch records itself, overwriting what
+# a dead one left at that id; the oldest records go past MAX_VIDEO_SOURCES.
+_video_sources = collections.OrderedDict()
+MAX_VIDEO_SOURCES = 4096
+
+
+def remember_video_source(cap, source):
+    _video_sources.pop(id(cap), None)
+    _video_sources[id(cap)] = source
+    while len(_video_sources) > MAX_VIDEO_SOURCES:
+        _video_sources.popitem(last=False)
+
+
+LMDB_ENV, LMDB_DB, VIDEO = "lmdb environment", "lmdb database handle", "cv2.VideoCapture"
+
+
+def _lmdb_kind(obj):
+    lmdb = sys.modules.get("lmdb")
+    if lmdb is None:
+        return None
+    if isinstance(obj, lmdb.Environment):
+        return LMDB_ENV
+    return LMDB_DB if type(obj).__name__ == "_Database" and type(obj).__module__ in (
+        "builtins", "lmdb.cffi") else None
+
+
+def is_video_capture(obj):
+    cls = getattr(sys.modules.get("cv2"), "VideoCapture", None)
+    return isinstance(cls, type) and isinstance(obj, cls)
+
+
+def fork_unsafe(obj):
+    """What ``obj`` is, when it is a native handle a forked child must not use:
+    LMDB forbids an environment (and its database handles) after fork; a
+    capture that decoded in the parent hangs its forked workers (FFmpeg's
+    threads stay behind). None for anything else."""
+    return _lmdb_kind(obj) or (VIDEO if is_video_capture(obj) else None)
+
+
+def one_per_process(obj):
+    """Handles that cannot be opened twice in one process (py-lmdb refuses an
+    environment already open): shared, never reopened, in this process."""
+    return _lmdb_kind(obj) is not None
+
+
+def video_source(cap):
+    """``(path, apiPreference, params)`` of an open capture of a regular file
+    that the patch recorded, else None (a camera index, a stream, a closed
+    capture, one made before the patch)."""
+    try:
+        source = _video_sources.get(id(cap))
+        if source is None or not isinstance(source[0], str) or not os.path.isfile(source[0]):
+            return None
+        return source if cap.isOpened() else None
+    except Exception:
+        return None
+
+
+def _lmdb_env_kind(env):
+    try:
+        flags, path = env.flags(), env.path()
+    except Exception:  # closed
+        return None
+    if not os.path.exists(path):
+        return None
+    return READONLY if flags["readonly"] else WRITABLE
+
+
 def file_kind(f):
     """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can reopen).
 
     Read-only means opened for reading only (``'rb'``, ``'r'``, unbuffered or
-    not) on a regular file that its path still names.
+    not) on a regular file that its path still names; for native handles, a
+    read-only lmdb environment, a recorded capture of a file.
     """
     h5 = h5py_types()
     if h5 and isinstance(f, h5):
         return _h5py_kind(f)
     if sqlite_path(f) is not None:
         return READONLY  # reopened read-only: a dataset that writes fails loudly there
+    handle = fork_unsafe(f)
+    if handle == LMDB_ENV:
+        return _lmdb_env_kind(f)
+    if handle == VIDEO:
+        return READONLY if video_source(f) is not None else None
+    if handle is not None:  # an lmdb database handle: tied to its environment
+        return None
     raw = raw_file(f)
     if raw is None or real_path(raw) is None:
         return None
@@ -123,6 +208,8 @@ def is_file_object(obj):
         return not isinstance(obj, (io.BytesIO, io.StringIO))
     h5 = h5py_types()
     if h5 and isinstance(obj, h5):
+        return True
+    if fork_unsafe(obj) is not None:
         return True
     socket = sys.modules.get("socket")
     return socket is not None and isinstance(obj, socket.socket)

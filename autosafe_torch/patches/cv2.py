@@ -3,15 +3,26 @@
 Applied by the import hook once the outermost ``import cv2`` has finished
 (opencv's ``cv2/__init__.py`` re-imports its native module under the name
 cv2 while it runs; the hook fires once, with the package that
-``sys.modules`` holds afterwards). Nothing is wrapped: the checks at
-``cv2.import`` (rules/cv2.py) decide, the engine applies.
+``sys.modules`` holds afterwards). The checks at ``cv2.import``
+(rules/cv2.py) decide, the engine applies.
+
+``cv2.VideoCapture``'s own ``__init__`` and ``open`` are wrapped to record
+what each capture opened (path or index, apiPreference, params), so that a
+DataLoader worker can open the same video again (remedies/reopen.py): a
+capture neither pickles nor survives fork. The class stays the class
+(``isinstance``, ``type(cap) is cv2.VideoCapture``, subclasses): a subclass
+of it crashes opencv-python 5.0 at interpreter exit, and its instances take
+neither attributes nor weak references, so the records are kept by id
+(``holdings.remember_video_source``), never holding a capture alive.
 
 Whatever goes wrong here is logged and never reaches ``import cv2``.
 """
 
+import functools
 import os
 
 from .. import engine
+from ..inspection import holdings
 from ..rules import Context
 
 _state = {"patched": None}
@@ -31,10 +42,63 @@ def findings(cv2, environ=None):
     return engine.run_checks("cv2.import", {}, ctx)[0]
 
 
+def _record(cap, args, kwargs):
+    """What opened ``cap``: ``(absolute path or index, apiPreference, params)``."""
+    bound = dict(zip(("source", "apiPreference", "params"), args))
+    for key, value in kwargs.items():
+        bound["source" if key in ("filename", "index") else key] = value
+    source = bound.get("source")
+    if isinstance(source, (str, bytes, os.PathLike)):
+        source = os.path.abspath(os.fsdecode(source))
+    elif not isinstance(source, int):
+        source = None  # a data stream, or nothing opened yet: not reopened
+    params = tuple(int(p) for p in bound.get("params") or ())
+    holdings.remember_video_source(cap, (source, int(bound.get("apiPreference", 0)), params))
+
+
+_NATIVE = "_autosafe_torch_native"  # on the class: its own __init__ and open
+
+
+def record_captures(cv2):
+    """Wrap ``cv2.VideoCapture.__init__`` and ``open`` to record their arguments."""
+    cls = getattr(cv2, "VideoCapture", None)
+    if not isinstance(cls, type) or _NATIVE in vars(cls):
+        return
+    native_init, native_open = vars(cls)["__init__"], vars(cls)["open"]
+
+    @functools.wraps(native_init)
+    def __init__(self, *args, **kwargs):
+        native_init(self, *args, **kwargs)
+        _record(self, args, kwargs)
+
+    @functools.wraps(native_open)
+    def open(self, *args, **kwargs):
+        opened = native_open(self, *args, **kwargs)
+        _record(self, args, kwargs)
+        return opened
+
+    setattr(cls, _NATIVE, (native_init, native_open))
+    cls.__init__, cls.open = __init__, open
+
+
+def unrecord_captures(cv2):
+    cls = getattr(cv2, "VideoCapture", None)
+    native = vars(cls).get(_NATIVE) if isinstance(cls, type) else None
+    if native is not None:
+        cls.__init__, cls.open = native
+        delattr(cls, _NATIVE)
+
+
 def patch(cv2):
     if _state["patched"] is cv2:
         return
     _state["patched"] = cv2
+    try:
+        record_captures(cv2)
+    except Exception as exc:
+        from ..report import internal_error
+
+        internal_error("recording cv2.VideoCapture", exc)
     try:
         found = findings(cv2)
         if found:
@@ -53,4 +117,6 @@ def patch(cv2):
 
 
 def unpatch():
+    if _state["patched"] is not None:
+        unrecord_captures(_state["patched"])
     _state["patched"] = None

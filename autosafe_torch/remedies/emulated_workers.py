@@ -148,6 +148,8 @@ def _why_shared(obj):
     size = _payload_bytes(obj)
     if size is not None:
         return "large tensor or array, read-only by contract" if size >= SHARE_AT_BYTES else None
+    if holdings.one_per_process(obj):
+        return "lmdb handle: one per process, and it holds no position"
     if holdings.is_file_object(obj):
         return None if holdings.file_kind(obj) == holdings.READONLY else "file not read-only"
     if holdings.threading_kind(obj) is not None or holdings.thread_pool_in_use(obj) is not None:
@@ -159,19 +161,21 @@ def _why_shared(obj):
 
 
 def _is_readonly_file(obj):
-    return holdings.is_file_object(obj) and holdings.file_kind(obj) == holdings.READONLY
+    return holdings.is_file_object(obj) and not holdings.one_per_process(obj) \
+        and holdings.file_kind(obj) == holdings.READONLY
 
 
 class CopyPlan:
     """What a worker's copy shares with the parent, found once per iterator.
 
     ``shared``: ``(path, type name, why)`` for the log. Files open for
-    reading (h5py's too) are reopened for each worker at the parent's
-    position: own handle, own offset, like DL207's repair. Files open for
-    writing, sockets, locks, threads, pools, loggers and large
-    tensors/arrays are shared; so is anything else ``copy.deepcopy``
-    refuses (sqlite connections, lmdb handles, ``cv2.VideoCapture``, spent
-    generators), named here: the emulated workers then use that one object,
+    reading (h5py's, and a ``cv2.VideoCapture`` of a file, too) are reopened
+    for each worker at the parent's position: own handle, own offset, like
+    DL207's repair. Files open for writing, sockets, locks, threads, pools,
+    loggers, lmdb handles (py-lmdb opens an environment once per process;
+    it has no position) and large tensors/arrays are shared; so is anything
+    else ``copy.deepcopy`` refuses (sqlite connections, a camera's capture,
+    spent generators), named here: the emulated workers then use that one object,
     one fetch at a time, where forked ones would each have had their own.
     ``names``: one per object of the tuple ``objects``, for the paths.
     """

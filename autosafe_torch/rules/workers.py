@@ -5,13 +5,15 @@ checked at ``dataloader.iter``, when an iterator is made, because the start
 method can change between construction and iteration. They run in the order
 they are declared here, each seeing the loader's arguments as the earlier
 ones changed them: a rule that moves the loader to fork (DL204, DL201) is
-followed by DL207, which looks at what fork means for open files.
+followed by DL207 and DL212, which look at what fork means for open files
+and native handles.
 
 The ladder for a loader whose workers cannot start as asked (keep the first
 rung that works; every rung yields the batches the requested workers yield on a
 safe platform):
 
-1. repair: read-only files travel by path, lambdas/local functions and
+1. repair: read-only files (and h5py, sqlite, lmdb, cv2.VideoCapture
+   handles) travel by path, lambdas/local functions and
    interactive-``__main__`` classes by value (``remedies``);
 2. another start method: fork on Linux where safe (no CUDA context, no
    live locks or thread pools in the dataset), spawn where all pickles;
@@ -210,6 +212,17 @@ def unpicklable_dataset(args, ctx):
     return None
 
 
+def _held_by_forked(args):
+    """The files and handles of a dataset going to forked workers (none for a
+    dataset that reopens per process by itself)."""
+    from ..inspection import holdings, objwalk
+
+    if not args["num_workers"] or start_method(args) != "fork" \
+            or holdings.reopens_per_process(args["dataset"]):
+        return []
+    return holdings.find_files(args["dataset"], items=objwalk.SAMPLE_ITEMS)
+
+
 @rule("DL207", "shared-file-offset", GROUP,
       "fork workers and a dataset holding an open file it seeks and reads: each worker "
       "reopens it (an injected worker_init_fn that then calls yours)",
@@ -217,16 +230,14 @@ def unpicklable_dataset(args, ctx):
       "open the file in worker_init_fn or lazily in __getitem__",
       at="dataloader.iter")
 def shared_file_offset(args, ctx):
-    from ..inspection import holdings, objwalk
+    from ..inspection import holdings
     from ..remedies import reopen
     from ..remedies.workerinit import with_step
 
-    if not args["num_workers"] or start_method(args) != "fork":
-        return None
     dataset = args["dataset"]
-    files = [f for f in holdings.find_files(dataset, items=objwalk.SAMPLE_ITEMS)
-             if f.kind == holdings.READONLY]
-    if not files or holdings.reopens_per_process(dataset):
+    files = [f for f in _held_by_forked(args)
+             if f.kind == holdings.READONLY and not holdings.fork_unsafe(f.obj)]  # DL212's
+    if not files:
         return None
     init = with_step(args["worker_init_fn"], reopen.reopen_files_in_worker)
     if init is args["worker_init_fn"]:
@@ -235,6 +246,44 @@ def shared_file_offset(args, ctx):
         {"worker_init_fn": args["worker_init_fn"]}, {"worker_init_fn": init},
         "forked workers would share one offset per file (%s)" % ", ".join(
             f.path for f in files), strategy="reopen in each worker",
+        remedies=[lambda args: reopen.remember_file_offsets(dataset)])
+
+
+@rule("DL212", "handle-not-fork-safe", GROUP,
+      "fork workers and a dataset holding a native handle a forked child must not use: "
+      "a read-only lmdb environment, or a cv2.VideoCapture of a file, is reopened by "
+      "path in each worker (the capture at the same frame); a capture that cannot be "
+      "reopened (a camera, a stream): spawn where everything pickles, else emulated workers; "
+      "a writable lmdb environment: a note",
+      "forked workers that hang in cv2.VideoCapture.read() once the parent has decoded "
+      "(RuntimeError: DataLoader timed out after N seconds, or forever); an lmdb "
+      "environment used after fork, which LMDB forbids (segfaults, readers registered "
+      "under the parent's pid)",
+      "open the environment or capture in worker_init_fn or lazily in __getitem__",
+      at="dataloader.iter")
+def handle_not_fork_safe(args, ctx):
+    from ..inspection import holdings
+    from ..remedies import reopen
+    from ..remedies.workerinit import with_step
+
+    dataset = args["dataset"]
+    handles = [f for f in _held_by_forked(args) if holdings.fork_unsafe(f.obj)]
+    if not handles:
+        return None
+    where = ", ".join("%s (%s)" % (f.path, holdings.fork_unsafe(f.obj)) for f in handles)
+    if any(f.kind != holdings.READONLY or not f.settable for f in handles):
+        if any(holdings.fork_unsafe(f.obj) == holdings.VIDEO for f in handles):
+            return _away_from_fork(handle_not_fork_safe, args, ctx, "a forked worker "
+                                   "hangs on a capture that cannot be reopened: %s" % where)
+        return handle_not_fork_safe.rule.finding(  # a writable lmdb environment
+            {"handle": where}, why="not reopened (only read-only environments are); "
+            "forked workers use the parent's", strategy="advice")
+    init = with_step(args["worker_init_fn"], reopen.reopen_files_in_worker)
+    changes = {} if init is args["worker_init_fn"] else {"worker_init_fn": init}  # DL207's
+    return handle_not_fork_safe.rule.finding(
+        {"worker_init_fn": args["worker_init_fn"]}, changes,
+        "a forked worker must not use the parent's %s" % where,
+        strategy="reopen in each worker",
         remedies=[lambda args: reopen.remember_file_offsets(dataset)])
 
 
@@ -366,13 +415,17 @@ def _by_value(part, failing):
 def _fork_is_safe(args, facts):
     import multiprocessing
 
-    from ..inspection import holdings
+    from ..inspection import holdings, objwalk
 
     if facts.platform not in SAFE_FORK_PLATFORMS or facts.cuda_initialized:
         return False
     if "fork" not in multiprocessing.get_all_start_methods():
         return False
-    # A thread pool is no obstacle: DL208 gives each forked worker a new one.
+    # A thread pool is no obstacle: DL208 gives each forked worker a new one;
+    # nor is a capture of a file: DL212 reopens it in each.
+    if any(holdings.fork_unsafe(f.obj) == holdings.VIDEO and f.kind != holdings.READONLY
+           for f in holdings.find_files(args["dataset"], items=objwalk.SAMPLE_ITEMS)):
+        return False
     return not [kind for _path, kind in holdings.live_threading_objects(args["dataset"])
                 if kind != "thread-pool"]
 
