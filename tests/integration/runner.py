@@ -76,6 +76,8 @@ def run(tmp_path, name, text, shim, start_method, torchrun=False, timeout=600):
         program = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                    ] + program
     head = [sys.executable, "-m", "autosafe_torch", "run"] if shim else [sys.executable]
+    if shim and start_method == "spawn":
+        head += ["--as", "macos"]  # as a Mac user runs it: spawn, and no fork rung
     proc = subprocess.run(head + program, cwd=str(tmp_path), env=env, capture_output=True,
                           text=True, timeout=timeout)
     return Run(proc, log)

@@ -21,7 +21,7 @@ PLAIN_ERROR = {
     "lambda-transform": "Can't pickle local object 'main.<locals>.<lambda>'",
     "unguarded-main": "current process has finished its bootstrapping phase",
 }
-EXPECTED = {"lambda-transform": "DL201", "unguarded-main": "DL204"}
+EXPECTED = {"lambda-transform": "DL202", "unguarded-main": "DL204"}  # the lambda by value
 _healthy = {}
 
 

@@ -57,9 +57,9 @@ def test_lambda_in_a_transform_as_on_macos(tmp_path):
     assert shim.rc == 0, shim
     # The same batches as the healthy run: MONAI seeds each transform per worker.
     assert shim.batches() == healthy(tmp_path, "spawn"), shim
-    assert shim.codes("DL") == ["DL201"], shim
-    record = next(r for r in shim.records if r["code"] == "DL201")
+    assert shim.codes("DL") == ["DL202"], shim  # the lambda goes by value
+    record = next(r for r in shim.records if r["code"] == "DL202")
     assert "transform" in str(record["before"]) + str(record["why"]), record
-    assert record["strategy"], record
+    assert record["strategy"] == "by-value", record
     assert site_re(tmp_path / NAME, line_of(text, "for batch in loader:")).match(
         record["call_site"]), record
