@@ -56,7 +56,15 @@ def machine():
             "python": platform.python_version(), "impl": platform.python_implementation(),
             "os": "%s %s" % (platform.system(), platform.release()),
             "torch": torch_v, "autosafe_torch": ours_v, "opencv": cv_v, "commit": rev,
-            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "load": _load()}
+
+
+def _load():
+    """The 1-minute load average (other work on the machine skews every figure)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 # ---------------------------------------------------------------- figures 3, 5, 6
@@ -276,11 +284,12 @@ def table(rows):
 
 def header(m, elapsed):
     return ("Machine: %s, %s cores (%s usable), %s. Python %s (%s), torch %s, "
-            "autosafe_torch %s (commit %s), OpenCV %s. Run %s, %.0f s%s." % (
+            "autosafe_torch %s (commit %s), OpenCV %s. Run %s, %.0f s; load average "
+            "%s at the start, %s at the end%s." % (
                 m["cpu"], m["cores"], m["usable"], m["os"], m["python"], m["impl"],
                 m["torch"], m["autosafe_torch"], m["commit"], m["opencv"], m["date"],
-                elapsed, ", BENCH_QUICK=1 (smoke run: too few repetitions to report)"
-                if QUICK else ""))
+                elapsed, m.get("load"), _load(),
+                ", BENCH_QUICK=1 (smoke run: too few repetitions to report)" if QUICK else ""))
 
 
 METHOD = """\
