@@ -56,7 +56,15 @@ def machine():
             "python": platform.python_version(), "impl": platform.python_implementation(),
             "os": "%s %s" % (platform.system(), platform.release()),
             "torch": torch_v, "autosafe_torch": ours_v, "opencv": cv_v, "commit": rev,
-            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
+            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "load": _load()}
+
+
+def _load():
+    """The 1-minute load average (other work on the machine skews every figure)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 # ---------------------------------------------------------------- figures 3, 5, 6
@@ -94,7 +102,7 @@ def inproc_figures(figs):
                     budget, kind, unit))
                 continue
             if f == "5":
-                it = [p for p in patched if "Iter" in p or "__iter__" in p]
+                it = [p for p in patched if "iter" in p.lower()]
                 note += " Iteration patches: %s." % (", ".join(it) or
                                                      "none (only __init__ is wrapped)")
             rows.append(Row(int(f), r["name"], budget, kind, unit, r["values"], note))
@@ -152,7 +160,7 @@ def figure4():
     return rows
 
 
-# ---------------------------------------------------------------- figures 7, 8
+# ---------------------------------------------------------------- figure 10 (optional)
 
 def _pipeline(data, dataset, workers, env_extra=None, epochs=2, check=True):
     env = child_env(dict({"AUTOSAFE_TORCH_QUIET": "1"}, **(env_extra or {})))
@@ -184,68 +192,14 @@ def _paired_runs(variants, reps):
     return runs
 
 
-def figure7():
+def figure10():
+    """cv2 rules on vs off (the JPEG pipeline); not in the default run: --only 10."""
     data, n = _data_dir()
     reps = 1 if QUICK else 3
-    goals = [("7a repaired vs hand fix `num_workers=0`, steady epoch", "Z", 1, 1.6),
-             ("7b repaired vs hand-written safe loader, steady epoch", "H", 1, 0.95),
-             ("7c repaired vs `num_workers=0`, first epoch (incl. starting workers)", "Z", 0, 1.6),
-             ("7d repaired vs hand-written safe loader, first epoch", "H", 0, 0.95)]
-
-    def na(why):
-        return [Row.not_available(7, name, why, goal, "ge", "x") for name, _, _, goal in goals]
-
-    # The unrepaired run must fail, as the issue says.
-    env = child_env()
-    proc = subprocess.run([sys.executable, str(HERE / "pipeline.py"), "run", str(data),
-                           "--dataset", "plain", "--workers", "2", "--start", "spawn",
-                           "--epochs", "1"], env=env, capture_output=True, text=True,
-                          timeout=300)
-    failed = proc.returncode != 0 and "cannot pickle" in proc.stderr
-    err = [l for l in proc.stderr.splitlines() if "Error" in l][-1:] or ["(no error)"]
-    unrepaired = ("without autosafe_torch the spawn run %s" % (
-        "fails: `%s`" % err[0].strip() if failed else
-        "did NOT fail as expected (rc=%s)" % proc.returncode))
-    variants = {
-        "R": lambda: _pipeline(data, "plain", 2, {"AUTOSAFE_TORCH": "1"}),
-        "Z": lambda: _pipeline(data, "plain", 0),
-        "H": lambda: _pipeline(data, "handsafe", 2),
-    }
-    try:
-        runs = _paired_runs(variants, reps)
-    except ChildFailed as exc:
-        return na("a run failed: %s; %s" % (str(exc)[-300:], unrepaired))
-    warm = {k: v[0] for k, v in runs.items()}
-    same = len({x["checksum"] for v in runs.values() for x in v}) == 1
-    rows = []
-    for name, other, epoch, goal in goals:
-        values = [o["epoch_s"][epoch] / r["epoch_s"][epoch]
-                  for o, r in zip(runs[other], runs["R"])]
-        med = {k: median([x["epoch_s"][epoch] for x in runs[k]]) for k in runs}
-        if rows:
-            rows.append(Row(7, name, goal, "ge", "x", values, "epoch times (median): "
-                            "repaired %.2f s, workers=0 %.2f s, hand-safe %.2f s." % (
-                                med["R"], med["Z"], med["H"])))
-            continue
-        note = ("%d images 384×512 JPEG, batch 32, spawn, 2 workers; epoch times "
-                "(median) repaired %.2f s, workers=0 %.2f s, hand-safe %.2f s; %s. "
-                "Same batches in all three: %s. Repair: %s." % (
-                    n, med["R"], med["Z"], med["H"], unrepaired, "yes" if same else "NO",
-                    ", ".join(warm["R"]["interventions"]) or "none logged"))
-        note += (" The repaired run has CV401/CV402 too (cv2 single-threaded in the "
-                 "workers, worker threads %s vs %s hand-safe); figure 8 isolates "
-                 "them." % (warm["R"]["worker_cv2_threads"], warm["H"]["worker_cv2_threads"]))
-        rows.append(Row(7, name, goal, "ge", "x", values, note))
-    return rows
-
-
-def figure8():
-    data, n = _data_dir()
-    reps = 1 if QUICK else 3
-    rows_def = [("8a cv2 rules on vs off (`AUTOSAFE_TORCH_DISABLE=cv2`), 2 spawn workers, "
+    rows_def = [("10a cv2 rules on vs off (`AUTOSAFE_TORCH_DISABLE=cv2`), 2 spawn workers, "
                  "steady epoch", 2, 1),
-                ("8b cv2 rules on vs off, 2 spawn workers, first epoch", 2, 0),
-                ("8c cv2 rules on vs off, `num_workers=0` (parent only), steady epoch", 0, 1)]
+                ("10b cv2 rules on vs off, 2 spawn workers, first epoch", 2, 0),
+                ("10c cv2 rules on vs off, `num_workers=0` (parent only), steady epoch", 0, 1)]
     rows = []
     for workers in (2, 0):
         defs = [d for d in rows_def if d[1] == workers]
@@ -259,13 +213,13 @@ def figure8():
         try:
             runs = _paired_runs(variants, reps)
         except ChildFailed as exc:
-            rows += [Row.not_available(8, name, str(exc)[-300:], None, None, "x")
+            rows += [Row.not_available(10, name, str(exc)[-300:], None, None, "x")
                      for name, _, _ in defs]
             continue
         warm = {k: v[0] for k, v in runs.items()}
         codes = [c for c in warm["on"]["interventions"] if c.startswith("CV")]
         if not codes:
-            rows += [Row.not_available(8, name, "no CV401/CV402 intervention with "
+            rows += [Row.not_available(10, name, "no CV401/CV402 intervention with "
                                        "autosafe_torch active (autosafe_torch/patches/cv2.py "
                                        "not there yet?)", None, None, "x")
                      for name, _, _ in defs]
@@ -274,13 +228,13 @@ def figure8():
             values = [off["epoch_s"][epoch] / on["epoch_s"][epoch]
                       for off, on in zip(runs["off"], runs["on"])]
             if workers == 0:
-                rows.append(Row(8, name, None, None, "x", values, (
+                rows.append(Row(10, name, None, None, "x", values, (
                     "time off / time on; no workers: CV401 makes the parent's cv2 "
                     "single-threaded (threads on %s, off %s)." % (
                         warm["on"]["parent_cv2_threads"], warm["off"]["parent_cv2_threads"]))))
                 continue
             if epoch == 0:
-                rows.append(Row(8, name, None, None, "x", values, "as 8a"))
+                rows.append(Row(10, name, None, None, "x", values, "as 10a"))
                 continue
             note = ("time off / time on (> 1: the rules make it faster). Hand-safe "
                     "dataset, autosafe_torch active in both. cv2 threads with rules on: "
@@ -290,7 +244,7 @@ def figure8():
                         warm["off"]["parent_cv2_threads"], warm["off"]["worker_cv2_threads"],
                         warm["on"]["parent_opencl"], warm["off"]["parent_opencl"],
                         ", ".join(codes)))
-            rows.append(Row(8, name, None, None, "x", values, note))
+            rows.append(Row(10, name, None, None, "x", values, note))
     return rows
 
 
@@ -303,9 +257,16 @@ FIGURES = {
     "4": figure4,
     "5": lambda: inproc_figures(["5"]),
     "6": lambda: inproc_figures(["6"]),
-    "7": figure7,
-    "8": figure8,
+    "7": lambda: __import__("mission").figure("7"),
+    "8": lambda: __import__("mission").figure("8"),
+    "9": lambda: __import__("mission").figure("9"),
+    # Figures from other modules go here, one line each: a module of benchmarks/
+    # with a function returning a list of common.Row, e.g.
+    # "11": lambda: __import__("recovery").figures(),
+    "10": figure10,
 }
+# Run only when asked (--only): too slow for the default run.
+OPTIONAL = ("10",)
 
 
 def _cell(text):
@@ -323,11 +284,12 @@ def table(rows):
 
 def header(m, elapsed):
     return ("Machine: %s, %s cores (%s usable), %s. Python %s (%s), torch %s, "
-            "autosafe_torch %s (commit %s), OpenCV %s. Run %s, %.0f s%s." % (
+            "autosafe_torch %s (commit %s), OpenCV %s. Run %s, %.0f s; load average "
+            "%s at the start, %s at the end%s." % (
                 m["cpu"], m["cores"], m["usable"], m["os"], m["python"], m["impl"],
                 m["torch"], m["autosafe_torch"], m["commit"], m["opencv"], m["date"],
-                elapsed, ", BENCH_QUICK=1 (smoke run: too few repetitions to report)"
-                if QUICK else ""))
+                elapsed, m.get("load"), _load(),
+                ", BENCH_QUICK=1 (smoke run: too few repetitions to report)" if QUICK else ""))
 
 
 METHOD = """\
@@ -335,7 +297,7 @@ How to read it: every figure compares variants run side by side in one run,
 alternating (A B A B, with the order rotated), and gives the median of the
 per-pair (or per-block) values with their min – max and count. Differences are
 "with autosafe_torch − without"; ratios for costs are "with / without"; ratios for
-savings (7, 8) are "time of the other / time with autosafe_torch" (> 1: faster).
+savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster).
 
 1. Two venvs of the same interpreter whose site-packages link to every entry of the
    real one; "not installed" lacks only autosafe_torch's files. Wall time of
@@ -348,14 +310,21 @@ savings (7, 8) are "time of the other / time with autosafe_torch" (> 1: faster).
 4. `autosafe_torch.inspection.probe.probe(dataset)` on a dataset holding a uint8 tensor of the
    size shown (plus labels), fresh dataset object per call, sizes alternating;
    memory: tracemalloc peak during one probe, and ru_maxrss growth in a fresh process.
-7. A dataset holding `open(path, "rb")` over JPEGs written with cv2.imencode; decode,
-   crop, resize to 224, flip, normalise; spawn, batch 32, persistent workers, 2
-   epochs per run. The first epoch includes starting the spawn workers (each
-   imports torch and cv2); the second is the steady state. Repaired = the plain
-   dataset with AUTOSAFE_TORCH=1; hand fix = the same with `num_workers=0`; hand-safe
-   = a dataset that opens the file in each worker, no autosafe_torch.
-8. The hand-safe pipeline with AUTOSAFE_TORCH=1, with and without
-   `AUTOSAFE_TORCH_DISABLE=cv2`.
+5 is the per-batch cost of the shim on healthy loaders (issue 14's (d)); the worker
+   checks at iteration run once per loader state, then a cached key is compared.
+7-9. The legacy loop of issue 14 (benchmarks/legacy_loop.py, benchmarks/mission.py):
+   a dataset that opens its packed file of 1024 raw 184×184 images in `__init__`;
+   per sample three `cv2.GaussianBlur` (11×11) and a resize to 224×224; batch 16,
+   64 batches per epoch; a training step that sleeps 32 ms (an accelerator's step
+   uses no CPU); 2 workers, non-persistent, spawn as on macOS; 2 epochs per run
+   (the first includes starting the workers). Eight variants, 3 rounds, the order
+   rotated per round; each run is checked for the rung it was meant to take and
+   for its batches (images everywhere; per-worker `torch.randint` draws in every
+   2-worker run). 7: the mission's goals (issue 14 (a)). 8: each rung, forced by
+   what the dataset needs, not by a switch (issue 14 (b)). 9: worker start, and
+   what keeping workers across epochs would save (issue 14 (c)).
+10. (optional, `--only 10`) The JPEG pipeline (benchmarks/pipeline.py) with
+   AUTOSAFE_TORCH=1, with and without `AUTOSAFE_TORCH_DISABLE=cv2`.
 
 Child processes run without PYTHONDONTWRITEBYTECODE, so cached bytecode is used as on
 a normal installation.
@@ -397,7 +366,7 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="folder for RESULTS.md and results.json "
                    "(default: benchmarks/, or benchmarks/results/ when BENCH_QUICK=1)")
     a = p.parse_args(argv)
-    figs = [f for f in a.only.split(",") if f] or list(FIGURES)
+    figs = [f for f in a.only.split(",") if f] or [f for f in FIGURES if f not in OPTIONAL]
     _INPROC["want"] = [f for f in figs if f in ("3", "5", "6")]
     out_dir = Path(a.out) if a.out else (RESULTS_DIR if QUICK else HERE)
     t0 = time.time()

@@ -342,7 +342,7 @@ def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strateg
                         env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_LOG_FILE": str(log)})
     assert good.rc == 0 and good.batches == ref.batches, good
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {r["strategy"] for r in records} == {strategy}
+    assert {r["strategy"] for r in records if r["code"] != "DL209"} == {strategy}
 
 
 def _logged(log):

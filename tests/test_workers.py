@@ -384,8 +384,9 @@ def test_dl205_fork_after_cuda_goes_to_spawn_where_picklable():
     import torch
 
     found = plan(torch.arange(4.), _facts(platform="linux", cuda_initialized=True))
-    assert [f.rule.code for f in found] == ["DL205"]
+    assert [f.rule.code for f in found] == ["DL205", "DL209"]  # then started warm
     assert found[0].after == {"multiprocessing_context": "spawn"}
+    assert found[1].strategy == "warm forkserver"
 
 
 def test_dl205_unpicklable_goes_to_threads():
@@ -404,8 +405,9 @@ def test_dl206_fork_on_macos_goes_to_spawn():
     import torch
 
     found = plan(torch.arange(4.), _facts(platform="darwin"))
-    assert [f.rule.code for f in found] == ["DL206"]
+    assert [f.rule.code for f in found] == ["DL206", "DL209"]  # then started warm
     assert found[0].after == {"multiprocessing_context": "spawn"}
+    assert found[1].strategy == "warm forkserver"
 
 
 def test_fork_is_never_chosen_on_macos_for_unpicklable_data():

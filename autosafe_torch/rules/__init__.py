@@ -31,6 +31,7 @@ RULES = {}
 # in their order in the module.
 RULE_MODULES = (
     "autosafe_torch.rules.workers",
+    "autosafe_torch.rules.warmstart",  # after the ladder: it reads its findings
     "autosafe_torch.rules.loader_args",
     "autosafe_torch.rules.amp",
     "autosafe_torch.rules.accel",

@@ -1,0 +1,248 @@
+"""Warm worker start: spawn's semantics without spawn's start-up cost (DL209).
+
+A spawn worker of a non-persistent loader starts from nothing every epoch:
+it imports torch, numpy and cv2 again, over a second of CPU, before its
+first sample. ``warm_context`` gives a multiprocessing context whose
+workers are forked from a server of our own that has imported those
+installed libraries once, and nothing else: never the user's code. Each
+worker then goes through spawn's own steps: the preparation data
+(``sys.path``, ``argv``, the working directory, the main module imported as
+``__mp_main__``), the pickled process object (the dataset travels by
+pickle), and torch's worker loop with its per-worker seeds; it bears the
+name spawn would give it. The server is single-threaded and holds no lock
+of the parent's.
+
+What a worker takes from the server instead of from the parent at its
+start: the environment, the standard output and error, the CPU affinity and
+the open-file limit. Every start compares them with what the server started
+with; where one differs, that worker starts by plain spawn (logged once).
+Signal dispositions, the umask and the nice value also come from the
+server, as under forkserver. A server that cannot start or fork (fails
+open): plain spawn, logged once.
+
+A worker's parent process is the server, so torch's watchdog (it compares
+``os.getppid()`` with the pid it saw at start) would not see the training
+process die (killed by the OOM killer, say): ``exit_with_parent``, a
+worker_init step, ends the worker when that process is gone, as a spawn
+worker's watchdog does.
+"""
+
+import logging
+import os
+import sys
+import sysconfig
+import threading
+import types
+from multiprocessing import context as _mp_context
+
+__all__ = ["warm_context", "preload", "libraries_for", "exit_with_parent"]
+
+_lock = threading.Lock()
+_preload = []          # module names the server imports when it starts
+_state = {"server": None, "started_with": None, "cold": None}
+_noted = set()
+
+
+# -- what the server preloads -------------------------------------------------------
+
+def _install_dirs():
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(paths[k]) + os.sep
+                 for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths)
+
+
+def _installed(name):
+    """Whether module ``name`` (imported here) is an installed library, not the
+    user's code: a worker finds it where the server does."""
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None)
+    return bool(path) and os.path.realpath(path).startswith(_install_dirs())
+
+
+def libraries_for(parts):
+    """The installed modules a spawned worker of a loader with ``parts`` (its
+    dataset, collate_fn, worker_init_fn) imports before its first sample:
+    torch (the worker loop), numpy (torch seeds it), cv2 where this process
+    has it (CV401/CV402 set it up in every worker), and the libraries the
+    parts' classes and functions come from (unpickling imports them)."""
+    names = ["torch", "numpy", "cv2"]
+    for part in parts:
+        if part is None:
+            continue
+        for obj in (part, type(part), getattr(part, "func", None)):
+            module = getattr(obj, "__module__", None)
+            if isinstance(module, str) and module not in names:
+                names.append(module)
+    return [n for n in names if n != "__main__" and _installed(n)]
+
+
+def preload(names):
+    """Add ``names`` to what the server imports when it starts (a remedy: the
+    engine runs it in fix mode; once the server runs, later names are
+    imported by each worker, as under spawn)."""
+    with _lock:
+        _preload.extend(n for n in names if n not in _preload)
+
+
+# -- the server -----------------------------------------------------------------------
+
+def _inherited():
+    """What a forked worker gets from the server rather than from us."""
+    def stdio(fd):
+        try:
+            st = os.fstat(fd)
+            return st.st_dev, st.st_ino
+        except OSError:
+            return None
+
+    try:
+        affinity = frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    try:
+        import resource
+
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        nofile = None
+    return {"environment": dict(os.environ), "stdout/stderr": (stdio(1), stdio(2)),
+            "CPU affinity": affinity, "open-file limit": nofile}
+
+
+def _server():
+    """The running server, started now if need be; None: use plain spawn."""
+    from multiprocessing import forkserver
+
+    with _lock:
+        if _state["cold"]:
+            return None
+        server = _state["server"]
+        if server is None:
+            server = _state["server"] = forkserver.ForkServer()
+            server.set_forkserver_preload(list(_preload))
+        before, now = server._forkserver_pid, _inherited()
+        server.ensure_running()  # restarts a server that died
+        if server._forkserver_pid != before:
+            _state["started_with"] = now
+            return server
+    changed = [k for k, v in _state["started_with"].items() if now[k] != v]
+    if changed:
+        _note("the %s changed since the warm server started: this worker starts by "
+              "plain spawn" % " and ".join(changed))
+        return None
+    return server
+
+
+class _ThroughServer:
+    """``multiprocessing.forkserver`` as our Popen sees it: new processes come
+    from ``server``, everything else is the module's own."""
+
+    def __init__(self, server):
+        self._server = server
+
+    def __getattr__(self, name):
+        from multiprocessing import forkserver
+
+        return getattr(forkserver, name)
+
+    def connect_to_new_process(self, fds):
+        return self._server.connect_to_new_process(fds)
+
+
+def _launch_through(server):
+    """The stdlib's forkserver ``Popen._launch``, reading ``forkserver`` from
+    ``_ThroughServer(server)``: its code, not a copy of it."""
+    from multiprocessing import popen_forkserver
+
+    launch = popen_forkserver.Popen._launch
+    scope = dict(launch.__globals__, forkserver=_ThroughServer(server))
+    return types.FunctionType(launch.__code__, scope, launch.__name__,
+                              launch.__defaults__, launch.__closure__)
+
+
+def _popen(process_obj):
+    """Start ``process_obj`` from the warm server, else by plain spawn."""
+    from multiprocessing import popen_forkserver, popen_spawn_posix
+
+    try:
+        server = _server()
+        if server is not None:
+            popen = type("WarmPopen", (popen_forkserver.Popen,),
+                         {"_launch": _launch_through(server)})
+            return popen(process_obj)
+    except Exception as exc:
+        _state["cold"] = True
+        _note("the warm server failed (%s: %s): workers start by plain spawn from now on"
+              % (type(exc).__name__, exc))
+    return popen_spawn_posix.Popen(process_obj)
+
+
+def exit_with_parent(worker_id):
+    """Worker step: exit when the process that started this worker is gone.
+
+    Started by spawn, the parent is that process and torch's watchdog sees
+    it die; started by the server, a thread waits on the parent's sentinel
+    (the end of the pipe the parent keeps open) and exits the worker."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.pid == os.getppid():
+        return
+    threading.Thread(target=_exit_when_ready, args=(parent.sentinel,), daemon=True,
+                     name="autosafe_torch parent watch").start()
+
+
+def _exit_when_ready(sentinel):
+    from multiprocessing.connection import wait
+
+    wait([sentinel])
+    os._exit(1)
+
+
+def _note(message):
+    if message not in _noted:
+        _noted.add(message)
+        from ..report import log
+
+        log(logging.WARNING, "DL209 warm-worker-start: %s", message)
+
+
+def warm_context(context):
+    """The warm context replacing ``context`` (None or spawn's): its workers bear
+    the names spawn would give them (``Process-1``, ``SpawnProcess-1``)."""
+    name = "Process" if context is None else "SpawnProcess"
+    with _lock:
+        if name not in _contexts:
+            _contexts[name] = WarmContext(name)
+        return _contexts[name]
+
+
+_contexts = {}
+
+# Windows has no forkserver (the rule never asks for a warm context there).
+if hasattr(_mp_context, "ForkServerContext"):
+    class WarmProcess(_mp_context.ForkServerProcess):
+        _start_method = "forkserver"
+
+        @staticmethod
+        def _Popen(process_obj):
+            return _popen(process_obj)
+
+    class WarmContext(_mp_context.ForkServerContext):
+        """A forkserver context whose server is ours and imports libraries only."""
+
+        def __init__(self, process_name):
+            self._process_name = process_name
+
+        def Process(self, *args, **kwargs):
+            process = WarmProcess(*args, **kwargs)
+            default = WarmProcess.__name__ + "-"
+            if process.name.startswith(default):
+                process.name = self._process_name + "-" + process.name[len(default):]
+            return process
+
+        def set_forkserver_preload(self, module_names):
+            preload(module_names)
+
+        def __repr__(self):
+            return "warm forkserver (preloads %s)" % (", ".join(_preload) or "nothing")

@@ -1,0 +1,77 @@
+"""Warm worker start for loaders the ladder repaired for spawn (DL209).
+
+Spawn workers of a non-persistent loader start from nothing every epoch:
+each imports torch, numpy and cv2 again, over a second of CPU, so a loader
+the ladder repaired can run slower than the hand fix ``num_workers=0``.
+DL209 starts those workers from a warm fork server instead
+(``remedies/warmstart.py``), keeping spawn's semantics: the dataset is
+pickled, the main module is imported in each worker, nothing is inherited
+from the parent but what spawn sends; a worker_init step ends a worker
+whose training process died, as torch's watchdog does for spawn workers.
+
+It acts only on a loader that this hook already repaired so that it could
+start under spawn (DL201, DL202, DL203, DL208), or moved to spawn itself
+(DL205, DL206): a loader that would fail without the shim, where the
+promise is the batches of a safe platform. A healthy spawn loader is left
+alone. Under forkserver there is nothing to add: Python's server imports
+the main module, and with it torch, before it forks any worker. Where no
+fork server can run (Windows, a frozen executable), the workers start by
+plain spawn, and the log says so once.
+
+Reusing workers across epochs is not done: a persistent worker keeps the
+first epoch's seeds, dataset copy and module state, where a new one is
+seeded ``base_seed + worker_id`` from a base seed drawn each epoch.
+"""
+
+import sys
+
+from . import rule
+from .workers import GROUP, start_method
+
+# Findings that repaired a loader so that its workers start under spawn.
+REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
+
+
+def fork_server_available(platform):
+    """Whether a fork server can run on ``platform`` (a ``sys.platform``)."""
+    import multiprocessing
+
+    return not platform.startswith("win") and not getattr(sys, "frozen", False) \
+        and "forkserver" in multiprocessing.get_all_start_methods()
+
+
+@rule("DL209", "warm-worker-start", GROUP,
+      "spawn workers of a loader repaired by DL201/DL202/DL203/DL208 (or moved to spawn "
+      "by DL205/DL206): forked from a warm server that has imported torch, numpy, cv2 "
+      "and the dataset's installed libraries, with spawn's semantics (pickled dataset, "
+      "main module imported in each worker); plain spawn where there is no fork server "
+      "(Windows)",
+      "a repaired loader slower than num_workers=0: spawn workers import torch, numpy "
+      "and cv2 again every epoch (over a second of CPU each)",
+      "make the dataset pickle (see the DL20x line), then multiprocessing_context="
+      "multiprocessing.get_context('forkserver') after set_forkserver_preload(['torch', "
+      "'numpy', 'cv2']) where available; persistent_workers=True where per-epoch worker "
+      "seeding does not matter",
+      at="dataloader.iter")
+def warm_worker_start(args, ctx):
+    if not args["num_workers"] or start_method(args) != "spawn" \
+            or not any(ctx.found(code) for code in REPAIRED_FOR_SPAWN) \
+            or any(f.state.get("emulated_workers") for f in ctx.findings):
+        return None
+    if not fork_server_available(ctx.facts.platform):
+        return warm_worker_start.rule.finding(
+            {"multiprocessing_context": "spawn"}, why="no fork server on %s: each worker "
+            "imports torch and the dataset's modules afresh every epoch"
+            % ctx.facts.platform, strategy="plain spawn")
+    from ..remedies import warmstart
+    from ..remedies.workerinit import with_step
+
+    libraries = warmstart.libraries_for(
+        [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
+    return warm_worker_start.rule.finding(
+        {"multiprocessing_context": args["multiprocessing_context"] or "spawn"},
+        {"multiprocessing_context": warmstart.warm_context(args["multiprocessing_context"]),
+         "worker_init_fn": with_step(args["worker_init_fn"], warmstart.exit_with_parent)},
+        "spawn workers would import %s again every epoch; a server that imported them "
+        "once forks each worker, which then starts as spawn does" % ", ".join(libraries),
+        strategy="warm forkserver", remedies=[lambda args: warmstart.preload(libraries)])

@@ -1,0 +1,179 @@
+"""Figures 7, 8 and 9: the legacy loop of issue 14, every way it can run.
+
+One set of runs feeds the three figures: each variant below is a child
+process (``legacy_loop.py``, two epochs: the first includes starting the
+workers, the second is the steady state), run ``reps`` times in rounds, the
+order rotated each round, so that every variant sees the same load.
+
+- 7, what the mission promises: the repaired loader (spawn, as on macOS,
+  DL201 + DL209) against the seeds' hand fix ``num_workers=0`` and against
+  the hand-safe fork loader, with the same batches.
+- 8, each rung of the ladder on the same loop, forced by what the dataset
+  needs (no switch): repair under plain spawn (``AUTOSAFE_TORCH_DISABLE=
+  DL209``), repair with the warm server, fork (a dataset that holds a
+  generator too: nothing makes it pickle, and Linux allows fork), emulated
+  workers on a thread (``EmulatedWorkersIter(threaded=True)`` iterated
+  directly: the ladder does not choose it), in process (the generator
+  dataset with ``AUTOSAFE_TORCH_AS=macos``: no fork rung).
+- 9, starting workers: the first epoch under plain spawn and warm, and the
+  steady epoch of warm workers against workers kept across epochs
+  (``persistent_workers=True``, which autosafe_torch does not apply: see the
+  README).
+"""
+
+import subprocess
+import sys
+
+from common import HERE, QUICK, RESULTS_DIR, ChildFailed, Row, child_env, json_child, log, median
+
+SHIM = {"AUTOSAFE_TORCH": "1"}
+LEGACY_SPAWN = ["--dataset", "legacy", "--workers", "2", "--start", "spawn"]
+STUCK_SPAWN = ["--dataset", "stuck", "--workers", "2", "--start", "spawn"]
+# key: (label, legacy_loop.py arguments, environment, the strategy the log must show)
+VARIANTS = {
+    "Z": ("hand fix `num_workers=0`", ["--dataset", "legacy", "--workers", "0"], {}, None),
+    "H": ("hand-safe dataset, 2 fork workers", ["--dataset", "handsafe", "--workers", "2",
+                                                "--start", "fork"], {}, None),
+    "W": ("repair + warm forkserver (the default)", LEGACY_SPAWN, SHIM, "DL209:warm forkserver"),
+    "S": ("repair, plain spawn (DL209 disabled)", LEGACY_SPAWN,
+          dict(SHIM, AUTOSAFE_TORCH_DISABLE="DL209"), "DL201:repair"),
+    "F": ("fork (dataset holds a generator)", STUCK_SPAWN, SHIM, "DL201:start method: fork"),
+    "T": ("emulated workers on a thread", ["--dataset", "handsafe", "--workers", "2",
+                                           "--threads"], {}, None),
+    "I": ("emulated workers in process (generator, as on macOS)", STUCK_SPAWN,
+          dict(SHIM, AUTOSAFE_TORCH_AS="macos"), "DL201:emulated workers (in process)"),
+    "P": ("warm, workers kept (persistent_workers=True)", LEGACY_SPAWN + ["--persistent"],
+          SHIM, "DL209:warm forkserver"),
+}
+_RUNS = {}
+
+
+def _data():
+    data = RESULTS_DIR / "legacy-images"
+    if not (data / "images.bin").exists():
+        log("writing the packed image file to %s" % data)
+        subprocess.run([sys.executable, str(HERE / "legacy_loop.py"), "make", str(data)],
+                       check=True, env=child_env())
+    return data
+
+
+def _run(data, key):
+    _label, args, env, _strategy = VARIANTS[key]
+    return json_child([str(HERE / "legacy_loop.py"), "run", str(data)] + args,
+                      child_env(dict({"AUTOSAFE_TORCH_QUIET": "1"}, **env)), timeout=300)
+
+
+def _unrepaired(data):
+    """The legacy loader under spawn without autosafe_torch must fail."""
+    proc = subprocess.run([sys.executable, str(HERE / "legacy_loop.py"), "run", str(data),
+                           "--epochs", "1"] + LEGACY_SPAWN, env=child_env(),
+                          capture_output=True, text=True, timeout=300)
+    err = [l for l in proc.stderr.splitlines() if "Error" in l][-1:] or ["(no error)"]
+    if proc.returncode != 0 and "cannot pickle" in proc.stderr:
+        return "fails: `%s`" % err[0].strip()
+    return "did NOT fail as expected (rc=%s)" % proc.returncode
+
+
+def runs():
+    """{key: [JSON of each run]}, measured once for figures 7-9."""
+    if not _RUNS:
+        data = _data()
+        _RUNS["unrepaired"] = _unrepaired(data)
+        keys = list(VARIANTS)
+        out = {k: [] for k in keys}
+        try:
+            for r in range(1 if QUICK else 3):
+                for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+                    out[k].append(_run(data, k))
+                    log("  round %d %s: epochs %s s" % (r + 1, k, ", ".join(
+                        "%.2f" % e for e in out[k][-1]["epoch_s"])))
+        except ChildFailed as exc:
+            _RUNS["failed"] = str(exc)[-400:]
+        _RUNS["out"] = out
+    return _RUNS
+
+
+def _epoch(key, epoch):
+    return [r["epoch_s"][epoch] for r in _RUNS["out"][key]]
+
+
+def _ratios(slow, fast, epoch):
+    """Time of ``slow`` / time of ``fast``, per round (> 1: ``fast`` is faster)."""
+    return [a / b for a, b in zip(_epoch(slow, epoch), _epoch(fast, epoch))]
+
+
+def _checks():
+    """What every run must show: the rung it was meant to take, the same batches."""
+    out = _RUNS["out"]
+    wrong = ["%s (%s)" % (k, ", ".join(r["interventions"]) or "none")
+             for k, (_l, _a, _e, strategy) in VARIANTS.items() if strategy
+             for r in out[k] if not any(i.startswith(strategy) for i in r["interventions"])]
+    images = {r["images"] for v in out.values() for r in v}
+    reference = out["W"][0]["draws"]
+    differ = sorted({k for k, v in out.items() if k not in "ZP" for r in v
+                     if r["draws"] != reference})
+    same = ("same images in all %d runs: %s; same per-worker random draws in every "
+            "run with 2 new workers per epoch: %s (num_workers=0 draws others: %s)" % (
+                sum(map(len, out.values())), "yes" if len(images) == 1 else "NO",
+                "yes" if not differ else "NO: " + ", ".join(differ),
+                "yes" if all(r["draws"] != reference for r in out["Z"]) else "NO"))
+    return same, ("; rung NOT taken in: %s" % ", ".join(wrong)) if wrong else ""
+
+
+def _times(keys, epoch):
+    return ", ".join("%s %.2f s" % (VARIANTS[k][0] if len(keys) > 3 else k,
+                                     median(_epoch(k, epoch))) for k in keys)
+
+
+def figure(number):
+    state = runs()
+    if "failed" in state:
+        return [Row.not_available(int(number), "figure %s (legacy loop)" % number,
+                                  "a run failed: %s" % state["failed"])]
+    same, wrong = _checks()
+    return {"7": _figure7, "8": _figure8, "9": _figure9}[number](same, wrong)
+
+
+def _figure7(same, wrong):
+    times = "steady epoch (median): W (repaired) %.2f s, Z (hand fix) %.2f s, H (hand-safe " \
+            "fork) %.2f s" % tuple(median(_epoch(k, 1)) for k in "WZH")
+    return [
+        Row(7, "7a repaired (spawn: repair + warm) vs hand fix `num_workers=0`, steady "
+            "epoch", 1.2, "ge", "x", _ratios("Z", "W", 1),
+            "Legacy loop: packed file opened in __init__, 3 GaussianBlur + resize per "
+            "sample, batch 16, 64 batches, 32 ms sleep per step; spawn as on macOS, 2 "
+            "workers, non-persistent. %s. Without autosafe_torch the spawn run %s. %s%s." % (
+                times, _RUNS["unrepaired"], same, wrong)),
+        Row(7, "7b repaired vs hand-safe fork loader, steady epoch", 0.9, "ge", "x",
+            _ratios("H", "W", 1), times + "."),
+    ]
+
+
+def _figure8(same, wrong):
+    rows = []
+    for key, name in (("S", "8a rung repair (plain spawn)"), ("W", "8b rung repair + warm "
+                      "forkserver"), ("F", "8c rung fork"), ("T", "8d rung emulated workers "
+                      "(thread)"), ("I", "8e rung emulated workers (in process)")):
+        rows.append(Row(8, name + ": hand fix / rung, steady epoch", None, None, "x",
+                        _ratios("Z", key, 1), "%s: steady %.2f s, first %.2f s; hand fix "
+                        "%.2f s. %s" % (VARIANTS[key][0], median(_epoch(key, 1)),
+                                       median(_epoch(key, 0)), median(_epoch("Z", 1)),
+                                       "" if rows else same + wrong + ".")))
+    return rows
+
+
+def _figure9(same, wrong):
+    return [
+        Row(9, "9a first epoch incl. starting 2 workers: plain spawn / warm", None, None,
+            "x", _ratios("S", "W", 0), "first epoch (median): plain spawn %.2f s, warm "
+            "%.2f s, hand-safe fork %.2f s, hand fix %.2f s." % tuple(
+                median(_epoch(k, 0)) for k in "SWHZ")),
+        Row(9, "9b steady epoch: warm, new workers each epoch / workers kept "
+            "(persistent_workers=True, not applied)", None, None, "x", _ratios("W", "P", 1),
+            "steady epoch (median): warm %.2f s, kept %.2f s: what reusing workers "
+            "would save over warm start. Kept workers' random draws over the 2 epochs "
+            "equal those of new workers: %s (kept workers are not re-seeded)." % (
+                median(_epoch("W", 1)), median(_epoch("P", 1)),
+                "yes" if all(r["draws"] == _RUNS["out"]["W"][0]["draws"]
+                             for r in _RUNS["out"]["P"]) else "no")),
+    ]

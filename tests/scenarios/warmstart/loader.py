@@ -1,0 +1,91 @@
+"""A loader over two epochs, reporting everything its workers can observe.
+
+Run: python loader.py KIND [--env-change] [--die]. KIND ``legacy`` holds an
+open file (it does not pickle: DL201 repairs it under spawn); ``healthy``
+opens its file per fetch. Each sample carries its bytes, draws from torch's,
+Python's and numpy's global generators, the worker's info and seed, the
+dataset copy's fetch count, the worker's process name, the modules it had,
+and an environment variable. Prints:
+
+- ``BATCHES <sha256>`` over every sample of both epochs, in order;
+- ``STARTED_BY parent|server``: whether the workers' parent process is this
+  one (spawn) or a fork server;
+- the import count of this file is in SCENARIO_TMP/imports.log (its top
+  level appends one line each time it is imported: here, and in every
+  worker that imports it as spawn does).
+
+``--env-change`` sets SCENARIO_EPOCH before each epoch (the workers read
+it); ``--die`` prints ``WORKERS <pids>`` mid-epoch and kills this process
+with SIGKILL.
+"""
+
+import hashlib
+import multiprocessing
+import os
+import random
+import signal
+import sys
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+TMP = os.environ["SCENARIO_TMP"]
+DATA = os.path.join(TMP, "warm.bin")
+
+with open(os.path.join(TMP, "imports.log"), "a") as _log:
+    _log.write("%d %s\n" % (os.getpid(), __name__))
+
+
+class Samples(Dataset):
+    def __init__(self, hold_file):
+        self.f = open(DATA, "rb") if hold_file else None
+        self.fetches = 0
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        self.fetches += 1
+        f = self.f or open(DATA, "rb")
+        f.seek(i * 4)
+        raw = f.read(4)
+        if self.f is None:
+            f.close()
+        info = get_worker_info()
+        return {"data": torch.tensor(list(raw)), "torch": torch.randint(1 << 30, ()).item(),
+                "random": random.random(), "numpy": float(np.random.rand()),
+                "worker": (info.id, info.num_workers, info.seed) if info else None,
+                "fetches": self.fetches, "name": multiprocessing.current_process().name,
+                "modules": "__mp_main__" in sys.modules and "torch" in sys.modules,
+                "epoch": os.environ.get("SCENARIO_EPOCH", ""),
+                "by": "parent" if os.getppid() == int(os.environ["SCENARIO_PARENT"])
+                else "server", "pid": os.getpid()}
+
+
+def main(argv):
+    kind = argv[0]
+    with open(DATA, "wb") as f:
+        f.write(bytes(range(256)) * 4)
+    os.environ["SCENARIO_PARENT"] = str(os.getpid())
+    torch.manual_seed(0)
+    loader = DataLoader(Samples(kind == "legacy"), batch_size=4, num_workers=2, shuffle=True)
+    h, started_by = hashlib.sha256(), set()
+    for epoch in range(2):
+        if "--env-change" in argv:
+            os.environ["SCENARIO_EPOCH"] = str(epoch)
+        for batch in loader:
+            started_by.update(batch.pop("by"))
+            pids = batch.pop("pid")
+            if "--die" in argv:
+                print("WORKERS", " ".join(str(int(p)) for p in set(pids.tolist())), flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            for key in sorted(batch):
+                h.update(key.encode() + repr(batch[key].tolist() if torch.is_tensor(batch[key])
+                                             else batch[key]).encode())
+    print("STARTED_BY", " ".join(sorted(started_by)), flush=True)
+    print("BATCHES", h.hexdigest(), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

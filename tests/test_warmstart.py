@@ -1,0 +1,159 @@
+"""DL209: repaired spawn loaders start their workers warm, with spawn's batches.
+
+Real subprocesses (tests/scenarios/warmstart/loader.py), the start method
+forced from outside. The reference for a repaired loader is plain spawn:
+the same repair with DL209 disabled, and the hand-safe dataset without
+autosafe_torch. Everything a worker can observe goes into the digest: the
+per-worker seeds of torch, ``random`` and numpy, ``get_worker_info()``, a
+fresh dataset copy per worker and epoch (its fetch count), the worker's
+process name and modules; the main module's top-level code must run as
+often as under spawn (imports.log).
+"""
+
+import os
+import time
+
+import pytest
+
+from support import run_scenario
+
+SCENARIO = "warmstart/loader.py"
+
+
+def run(tmp_path, kind, *, shim=True, start="spawn", env=None, args=()):
+    for name in ("imports.log",):
+        if (tmp_path / name).exists():
+            (tmp_path / name).unlink()
+    extra = dict(env or {})
+    res = run_scenario(tmp_path, SCENARIO, activation="env" if shim else None,
+                       start_method=start, env=extra, args=(kind,) + tuple(args))
+    res.imports = len((tmp_path / "imports.log").read_text().splitlines()) \
+        if (tmp_path / "imports.log").exists() else 0
+    return res
+
+
+def started_by(res):
+    return [l.split()[1:] for l in res.stdout.splitlines() if l.startswith("STARTED_BY")][-1]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The hand-safe dataset under plain spawn, without autosafe_torch."""
+    res = run(tmp_path_factory.mktemp("ref"), "healthy", shim=False)
+    assert res.rc == 0 and res.batches, res
+    assert started_by(res) == ["parent"], res
+    assert res.imports == 5, res  # this process + 2 workers x 2 epochs
+    return res
+
+
+def test_unrepaired_legacy_loader_fails_under_spawn(tmp_path):
+    res = run(tmp_path, "legacy", shim=False)
+    assert res.rc != 0 and "cannot pickle" in res.stderr, res
+
+
+def test_repaired_loader_starts_warm_with_the_batches_of_spawn(tmp_path, reference):
+    warm = run(tmp_path, "legacy")
+    assert warm.rc == 0, warm
+    assert "DL201 unpicklable-dataset" in warm.stderr and "DL209 warm-worker-start" in warm.stderr
+    assert started_by(warm) == ["server"], warm
+    cold = run(tmp_path, "legacy", env={"AUTOSAFE_TORCH_DISABLE": "DL209"})
+    assert cold.rc == 0 and started_by(cold) == ["parent"], cold
+    assert warm.batches == cold.batches == reference.batches
+    # the main module is imported in every worker, as spawn does: never in the server
+    assert warm.imports == cold.imports == reference.imports == 5
+
+
+def test_a_healthy_spawn_loader_is_left_alone(tmp_path, reference):
+    res = run(tmp_path, "healthy")
+    assert res.rc == 0, res
+    assert "DL2" not in res.stderr and started_by(res) == ["parent"], res
+    assert res.batches == reference.batches
+
+
+def test_forkserver_needs_no_warm_start(tmp_path, reference):
+    """Python's fork server has imported the main module (and torch) already."""
+    res = run(tmp_path, "legacy", start="forkserver")
+    assert res.rc == 0 and "DL201" in res.stderr, res
+    assert "DL209" not in res.stderr
+    plain = run(tmp_path, "healthy", shim=False, start="forkserver")
+    assert res.batches == plain.batches
+
+
+def test_as_on_macos_warm(tmp_path, reference):
+    res = run(tmp_path, "legacy", start=None, env={"AUTOSAFE_TORCH_AS": "macos"})
+    assert res.rc == 0 and "DL209 warm-worker-start" in res.stderr, res
+    assert started_by(res) == ["server"]
+    assert res.batches == reference.batches and res.imports == 5
+
+
+def test_as_on_windows_plain_spawn_logged(tmp_path, reference):
+    res = run(tmp_path, "legacy", start=None, env={"AUTOSAFE_TORCH_AS": "windows"})
+    assert res.rc == 0, res
+    lines = [l for l in res.stderr.splitlines() if "DL209 warm-worker-start at" in l]
+    assert len(lines) == 1 and "no fork server on win32" in lines[0], res
+    assert started_by(res) == ["parent"]
+    assert res.batches == reference.batches
+
+
+def test_a_changed_environment_starts_that_epoch_by_plain_spawn(tmp_path):
+    """The server's environment is the parent's at its start: when the parent's
+    changes, workers start by spawn and see the new one."""
+    warm = run(tmp_path, "legacy", args=("--env-change",))
+    assert warm.rc == 0, warm
+    assert "environment changed since the warm server started" in warm.stderr, warm
+    plain = run(tmp_path, "healthy", shim=False, args=("--env-change",))
+    assert warm.batches == plain.batches
+
+
+def test_workers_exit_when_the_training_process_is_killed(tmp_path):
+    res = run(tmp_path, "legacy", args=("--die",))
+    assert res.rc == -9, res
+    pids = [int(p) for l in res.stdout.splitlines() if l.startswith("WORKERS")
+            for p in l.split()[1:]]
+    assert pids, res
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids), pids
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+# -- in process -------------------------------------------------------------------------
+
+def test_a_server_that_fails_falls_back_to_plain_spawn(monkeypatch, capsys):
+    from multiprocessing import forkserver
+
+    from autosafe_torch.remedies import warmstart
+
+    def broken(self):
+        raise OSError("no server today")
+
+    monkeypatch.setattr(forkserver.ForkServer, "ensure_running", broken)
+    monkeypatch.setattr(warmstart, "_state", {"server": None, "started_with": None,
+                                              "cold": None})
+    proc = warmstart.warm_context(None).Process(target=os.getpid)
+    assert proc.name.startswith("Process-")
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert warmstart._state["cold"]
+
+
+def test_only_installed_libraries_are_preloaded():
+    import torch
+
+    from autosafe_torch.remedies import warmstart
+
+    class Local(torch.utils.data.Dataset):
+        pass
+
+    names = warmstart.libraries_for([Local(), None, torch.utils.data.default_collate])
+    assert "torch" in names and "torch.utils.data._utils.collate" in names
+    assert __name__ not in names and "__main__" not in names
