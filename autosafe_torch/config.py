@@ -44,8 +44,8 @@ OPTIONS = (
      "Windows); what `autosafe-torch run --as` sets"),
     (ENV_HANG_TIMEOUT, "60", "seconds without a batch, while every worker lives, before the "
      "workers are judged hung (DL211): the least the watchdog waits; it waits longer where "
-     "batches were slow (10x the slowest wait seen), at a worker start (3x), and never less "
-     "than the loader's own timeout. 0 or off: no watchdog"),
+     "batches were slow (10x the slowest wait seen), for a worker start (3x, at least 30 s), "
+     "and never less than the loader's own timeout. 0 or off: no watchdog"),
 )
 
 

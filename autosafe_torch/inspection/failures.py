@@ -29,6 +29,7 @@ FD_WORDS = ("Too many open files", "received 0 items of ancdata")
 LOST_PEER = (EOFError, ConnectionError, FileNotFoundError)
 
 TRACEBACK_LINES = 120  # of a dump, in the log
+_NO_WORKER = {SHM: "out of shared memory", FDS: "out of file descriptors"}
 
 
 def _chain(exc):
@@ -163,10 +164,13 @@ class Failure:
     def what(self):
         """One line: who failed, how, and where in user code."""
         if self.kind == HUNG:
-            text = "%s gave no batch for %.1f s while every worker was alive" % (
+            text = "%s gave no batch for %.1f s, every worker alive," % (
                 self.who(), self.waited or 0.0)
         elif self.status:
             text = "%s %s" % (self.who(), self.status)
+        elif self.worker is None:
+            text = "%s: %s" % (_NO_WORKER.get(self.kind, "the workers failed"),
+                               _first_line(self.exc))
         else:
             text = "%s failed: %s" % (self.who(), _first_line(self.exc))
         if self.kind in (SHM, FDS) and self.exc is not None and self.status:
@@ -201,7 +205,12 @@ class Failure:
 
 
 def _first_line(exc):
+    """The line that says what failed: for an error torch re-raised from a
+    worker ("Caught RuntimeError in DataLoader worker process 0. Original
+    Traceback ..."), the worker's own last line."""
     if exc is None:
         return ""
-    text = str(exc).strip().splitlines()
+    text = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if len(text) > 1 and text[0].startswith("Caught "):
+        return text[-1].strip()
     return "%s: %s" % (type(exc).__name__, text[0] if text else "")

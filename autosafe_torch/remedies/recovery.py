@@ -53,6 +53,8 @@ import torch
 import wrapt
 from torch.utils.data import dataloader as _dataloader
 from torch.utils.data._utils import signal_handling
+from torch.utils.data._utils import worker as _worker_module
+from torch.utils.data._utils.collate import default_collate
 
 from .. import engine
 from ..config import CONFIG
@@ -64,7 +66,8 @@ from .workerinit import with_step
 
 POLL_S = 0.1          # how often a waiting iterator looks at its workers
 HANG_FACTOR = 10      # the limit, in slowest waits seen
-STARTUP_FACTOR = 3    # while workers start (spawn imports torch in each)
+STARTUP_FACTOR = 3    # while workers start (spawn imports torch in each) ...
+STARTUP_MIN_S = 30.0  # ... and at least this (measured: 6 s for 2 spawn workers, busy 2 cores)
 DUMP_SIGNAL = signal.SIGUSR1
 DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
 DEATH_WAIT_S = 0.5    # for a death behind a broken connection to show
@@ -160,7 +163,7 @@ class _Watch:
         if not self.floor:
             return self.timeout or None
         limit = max(self.floor, HANG_FACTOR * self.slowest, self.timeout)
-        return max(limit, STARTUP_FACTOR * self.floor) if self.fresh else limit
+        return max(limit, STARTUP_FACTOR * self.floor, STARTUP_MIN_S) if self.fresh else limit
 
     def observed(self, waited):
         if self.fresh:
@@ -251,6 +254,10 @@ class _WatchedWorkers(_MP_ITER, _Recording):
     """torch's iterator, with the sampler's indices recorded, deaths left to
     us (out of torch's SIGCHLD table) and a watchdog on every wait."""
 
+    # Until torch's __init__ sets it, no worker has started: an iterator that
+    # could not start (no file descriptor for its queues) has nothing to stop.
+    _shutdown = True
+
     def __init__(self, loader, watch, resume=None):
         self._autosafe_watch = watch
         self._autosafe_resume = resume
@@ -290,7 +297,32 @@ class _WatchedWorkers(_MP_ITER, _Recording):
                 raise _Failed(F.Failure(F.HUNG, worker=worker, pid=pid, waited=waited))
 
 
-class _ResumedEmulation(EmulatedWorkersIter, _Recording):
+def collate_in_process(batch):
+    """torch's ``default_collate`` without its shared-memory output: in a
+    worker it writes the batch straight into /dev/shm for the main process,
+    but an emulated worker is in the main process (and /dev/shm may be what
+    failed). The same values; ``get_worker_info()`` is None for its length only."""
+    saved = _worker_module._worker_info
+    _worker_module._worker_info = None
+    try:
+        return default_collate(batch)
+    finally:
+        _worker_module._worker_info = saved
+
+
+class _Emulated(EmulatedWorkersIter):
+    """The last rung: emulated workers (exact), collating as in process."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        for worker in self._workers:
+            if worker.collate_fn is default_collate:
+                worker.collate_fn = collate_in_process
+                if worker.fetcher is not None:
+                    worker.fetcher.collate_fn = collate_in_process
+
+
+class _ResumedEmulation(_Emulated, _Recording):
     def __init__(self, loader, watch, resume):
         self._autosafe_watch = watch
         self._autosafe_resume = resume
@@ -607,7 +639,7 @@ def _plan(loader, wrapped):
 def _start(loader, kinds):
     ladder = _ladder(loader)
     if ladder.emulated:  # this loader's workers failed on every real rung
-        return EmulatedWorkersIter(loader)
+        return _Emulated(loader)
     loader.check_worker_number_rationality()
     watch = _Watch(kinds, CONFIG.hang_timeout, loader.timeout)
     return RecoveringIter(_real_workers(loader, ladder, watch), loader, ladder, watch)
