@@ -477,7 +477,8 @@ class RecoveringIter(wrapt.ObjectProxy):
                     raise
             else:
                 self._self_delivered += 1
-                if self._self_pending is not None:
+                if self._self_pending is not None \
+                        and self._self_delivered >= self._self_pending[-1]:
                     self._settle()
                 return data
             self._recover_or_raise(failure)
@@ -513,12 +514,14 @@ class RecoveringIter(wrapt.ObjectProxy):
         failure.batch = self._self_delivered
         rung = self._self_rung
         if self._self_pending is None:
-            first, first_rung, tried = failure, rung, []
-        else:  # the last recovery's rung failed before it delivered: one story
-            first, first_rung, tried = self._self_pending[:3]
+            first, first_rung, tried, verify_at = failure, rung, [], 0
+        else:  # the last recovery's rung failed before it was verified: one story
+            first, first_rung, tried, _rung, _exact, verify_at = self._self_pending
             self._self_pending = None
         current = failure
         while True:
+            # Verified once every batch in flight at the failure is delivered.
+            verify_at = max(verify_at, getattr(self.__wrapped__, "_send_idx", 0))
             self._diagnose(current)
             _stop(self.__wrapped__)
             counted = ladder_rules.RESTART if rung == ladder_rules.AS_ASKED else rung
@@ -545,7 +548,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             if loader.persistent_workers and self._self_epoch:
                 exact = ("a persistent loader after its first epoch: the new workers start "
                          "from their seeds, not from the states earlier epochs left")
-            self._self_pending = (first, first_rung, tried, rung, exact)
+            self._self_pending = (first, first_rung, tried, rung, exact, verify_at)
             return True
 
     def _rebuild(self, loader, rung):
@@ -590,7 +593,8 @@ class RecoveringIter(wrapt.ObjectProxy):
             pass
 
     def _settle(self):
-        """Record a recovery once its rung has delivered (verified, not predicted)."""
+        """Record a recovery once its rung has delivered every batch that was in
+        flight at the failure (verified, not predicted), or the epoch ended."""
         pending, self._self_pending = self._self_pending, None
         if pending is not None:
             engine.decide_or(None, "DataLoader recovery log", _record, pending)
@@ -600,7 +604,7 @@ def _record(pending):
     from ..callsite import user_call_site
     from ..rules import Context
 
-    first, first_rung, tried, rung, exact = pending
+    first, first_rung, tried, rung, exact, _verify_at = pending
     ctx = Context(None, failure=first, first_rung=first_rung, tried=tried, rung=rung,
                   exact=exact)
     found, _ = engine.run_checks("dataloader.failure", {}, ctx)
