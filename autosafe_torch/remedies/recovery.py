@@ -471,8 +471,8 @@ class RecoveringIter(wrapt.ObjectProxy):
                 raise
             except Exception as exc:
                 failure = _raised_in_worker(self.__wrapped__, exc)
-                if failure is None:
-                    self._self_delivered += 1  # the user's error stands for its batch
+                if failure is None or failure.kind not in self._self_watch.kinds:
+                    self._self_delivered += 1  # the error stands for its batch, as in torch
                     self._settle()
                     raise
             else:
@@ -511,6 +511,8 @@ class RecoveringIter(wrapt.ObjectProxy):
         (or the failure's kind is not watched)."""
         loader = self._self_loader()
         ladder, watch = self._self_ladder, self._self_watch
+        if failure.kind not in watch.kinds:
+            return False  # its rule is disabled: torch's error, the workers untouched
         failure.batch = self._self_delivered
         rung = self._self_rung
         if self._self_pending is None:
