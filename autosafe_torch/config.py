@@ -18,6 +18,8 @@ ENV_LOG_FILE = "AUTOSAFE_TORCH_LOG_FILE"
 ENV_QUIET = "AUTOSAFE_TORCH_QUIET"
 ENV_DEBUG = "AUTOSAFE_TORCH_DEBUG"
 ENV_AS = "AUTOSAFE_TORCH_AS"  # read by rehearsal.py
+ENV_HANG_TIMEOUT = "AUTOSAFE_TORCH_HANG_TIMEOUT"
+HANG_TIMEOUT_DEFAULT = 60.0
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -44,6 +46,10 @@ OPTIONS = (
     (ENV_AS, "unset", "macos, windows or linux-py314: run as on that platform "
      "(its start method, and the platform the rules see: no fork rung on macOS or "
      "Windows); what `autosafe-torch run --as` sets"),
+    (ENV_HANG_TIMEOUT, "60", "seconds without a batch, while every worker lives, before the "
+     "workers are judged hung (DL211): the least the watchdog waits; it waits longer where "
+     "batches were slow (10x the slowest wait seen), for a worker start (3x, at least 30 s), "
+     "and never less than the loader's own timeout. 0 or off: no watchdog"),
 )
 
 
@@ -116,6 +122,25 @@ def parse_mode(value, name=ENV_MODE):
     return "fix"
 
 
+def parse_seconds(name, value, default):
+    """``value`` of variable ``name`` as seconds >= 0 (0 and off: 0, "none");
+    malformed -> warning, default."""
+    if value is None or value.strip() == "":
+        return default
+    word = value.strip().lower()
+    if word in FALSE_WORDS:
+        return 0.0
+    try:
+        seconds = float(word)
+    except ValueError:
+        seconds = -1.0
+    if seconds >= 0 and seconds != float("inf"):
+        return seconds
+    warn_line("%s=%r is not a number of seconds >= 0 (0 or off: none); using %g" % (
+        name, value, default))
+    return default
+
+
 def parse_disable(value):
     """Tokens of AUTOSAFE_TORCH_DISABLE: upper-cased codes (``dl101`` is DL101),
     lower-cased groups, ``*``.
@@ -141,15 +166,16 @@ def parse_disable(value):
 class Config:
     """The settings in force. One instance, ``CONFIG``, updated in place."""
 
-    __slots__ = ("mode", "disabled", "log_file", "quiet", "debug", "_validated")
+    __slots__ = ("mode", "disabled", "log_file", "quiet", "debug", "hang_timeout", "_validated")
 
     def __init__(self, mode="fix", disabled=frozenset(), log_file=None,
-                 quiet=False, debug=False):
+                 quiet=False, debug=False, hang_timeout=HANG_TIMEOUT_DEFAULT):
         self.mode = mode
         self.disabled = disabled
         self.log_file = log_file
         self.quiet = quiet
         self.debug = debug
+        self.hang_timeout = hang_timeout
         self._validated = False
 
     @classmethod
@@ -164,6 +190,8 @@ class Config:
             log_file=parse_log_file(env.get(ENV_LOG_FILE)),
             quiet=parse_bool(ENV_QUIET, env.get(ENV_QUIET), False),
             debug=parse_bool(ENV_DEBUG, env.get(ENV_DEBUG), False),
+            hang_timeout=parse_seconds(ENV_HANG_TIMEOUT, env.get(ENV_HANG_TIMEOUT),
+                                       HANG_TIMEOUT_DEFAULT),
         )
         if settle_env:
             try:
@@ -213,7 +241,8 @@ class Config:
 
     def as_dict(self):
         return {"mode": self.mode, "disabled": sorted(self.disabled),
-                "log_file": self.log_file, "quiet": self.quiet, "debug": self.debug}
+                "log_file": self.log_file, "quiet": self.quiet, "debug": self.debug,
+                "hang_timeout": self.hang_timeout}
 
 
 CONFIG = Config.from_env(settle_env=True)

@@ -95,7 +95,9 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
 
         iterator = EmulatedWorkersIter(loader)
     else:
-        iterator = wrapped(*args, **kwargs)
+        from ..remedies import recovery  # watched: a worker's death or hang is recovered
+
+        iterator = recovery.watched(loader, wrapped, args, kwargs)
     device = loader_state(loader, "batch_device")
     if device is not None:
         from ..remedies.batchdevice import BatchesTo

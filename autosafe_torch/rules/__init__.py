@@ -22,8 +22,8 @@ DataLoader): ``@RULES["CV401"].check_at("dataloader.init")``.
 import importlib
 
 # Where checks run, in the order the patches call them.
-HOOKS = ("dataloader.init", "dataloader.iter", "autocast", "scaler", "amp.legacy",
-         "amp.provided", "cv2.import")
+HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.failure", "autocast", "scaler",
+         "amp.legacy", "amp.provided", "cv2.import")
 
 RULES = {}
 
@@ -37,6 +37,7 @@ RULE_MODULES = (
     "autosafe_torch.rules.accel",
     "autosafe_torch.rules.resources",
     "autosafe_torch.rules.cv2",
+    "autosafe_torch.rules.recovery",
 )
 
 _checks = {hook: [] for hook in HOOKS}

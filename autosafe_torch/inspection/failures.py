@@ -1,0 +1,216 @@
+"""What went wrong with a loader's worker processes, read from what torch,
+the kernel and the workers' own faulthandler dumps say.
+
+Plain torch reports one worker death as "killed by signal", "exited
+unexpectedly", ``ConnectionResetError`` or a bare ``EOFError``, at random
+(the batches a dead worker had queued can no longer be unpickled), and
+loses the worker's traceback. Here the kind of failure is told from the
+exception and the workers' exit codes, and the cause from the dump file
+faulthandler wrote in the worker. Nothing here changes anything or calls
+user code.
+
+Kinds: ``died`` (an exit code or a signal), ``shm`` (shared memory: a bus
+error, "unable to allocate shared memory"), ``fds`` (open files), ``hung``
+(no batch for the watchdog's limit while every worker lives).
+"""
+
+import errno
+import os
+import signal
+import sysconfig
+
+DIED, HUNG, SHM, FDS = "died", "hung", "shm", "fds"
+
+SHM_WORDS = ("unable to allocate shared memory", "unable to write to file </torch_",
+             "unable to mmap")
+FD_WORDS = ("Too many open files", "received 0 items of ancdata")
+# Raised while unpickling a batch whose worker is gone (its resource sharer
+# or shared memory went with it): a death, once a dead worker is found.
+LOST_PEER = (EOFError, ConnectionError, FileNotFoundError)
+
+TRACEBACK_LINES = 120  # of a dump, in the log
+_NO_WORKER = {SHM: "out of shared memory", FDS: "out of file descriptors"}
+
+
+def _chain(exc):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def exception_kind(exc):
+    """``fds`` or ``shm`` where ``exc`` (or what it was raised from) says so, else None."""
+    for e in _chain(exc):
+        text = str(e)
+        if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+            return FDS
+        if any(words in text for words in FD_WORDS):
+            return FDS
+        if any(words in text for words in SHM_WORDS):
+            return SHM
+    return None
+
+
+def lost_peer(exc):
+    return any(isinstance(e, LOST_PEER) for e in _chain(exc))
+
+
+def exit_status(exitcode):
+    """Words for a ``multiprocessing`` exit code (negative: the signal)."""
+    if exitcode is None:
+        return "alive"
+    if exitcode < 0:
+        try:
+            sig = signal.Signals(-exitcode)
+            return "killed by signal %s (%s)" % (sig.name, signal.strsignal(sig))
+        except ValueError:
+            return "killed by signal %d" % -exitcode
+    return "exited with code %d" % exitcode
+
+
+def death_kind(exitcode):
+    """A bus error in a worker is /dev/shm running out under its mmap."""
+    return SHM if exitcode == -signal.SIGBUS else DIED
+
+
+def why_no_traceback(exitcode):
+    if exitcode == -signal.SIGKILL:
+        return ("SIGKILL cannot be caught, so there is no traceback: the kernel's "
+                "out-of-memory killer sends it (see dmesg), or another process did")
+    if exitcode is not None and exitcode >= 0:
+        return "the worker exited without a Python traceback (os._exit or exit() in native code)"
+    return "the worker left no traceback"
+
+
+_LIBRARY_DIRS = None
+
+
+def _library_dirs():
+    global _LIBRARY_DIRS
+    if _LIBRARY_DIRS is None:
+        paths = sysconfig.get_paths()
+        dirs = {paths.get("stdlib"), paths.get("platstdlib")}
+        torch_dir = os.path.join(paths.get("purelib") or "", "torch")
+        _LIBRARY_DIRS = tuple(d + os.sep for d in dirs | {torch_dir} if d)
+    return _LIBRARY_DIRS
+
+
+def where(dump):
+    """The innermost frame of user code in a faulthandler dump ("file:line in
+    function"), or None: faulthandler lists the most recent call first."""
+    for line in dump.splitlines():
+        line = line.strip()
+        if not line.startswith('File "'):
+            continue
+        try:
+            path, rest = line[len('File "'):].split('", line ', 1)
+            number, function = rest.split(" in ", 1)
+        except ValueError:
+            continue
+        if not path.startswith(_library_dirs()) and "autosafe_torch" not in path:
+            return "%s:%s in %s" % (path, number.strip(), function.strip())
+    return None
+
+
+def clip(dump, lines=TRACEBACK_LINES):
+    """A dump as the log shows it: without the frames a forked worker keeps
+    from its parent's stack (below multiprocessing's ``_bootstrap``) and the
+    list of extension modules, at most ``lines`` lines."""
+    kept, skipping = [], False
+    for line in dump.rstrip().splitlines():
+        if not line.startswith("  File "):
+            skipping = False
+        if skipping or line.startswith("Extension modules:"):
+            continue
+        kept.append(line)
+        if line.startswith("  File ") and line.endswith(" in _bootstrap"):
+            skipping = True
+    if len(kept) > lines:
+        kept = kept[:lines] + ["... (%d more lines)" % (len(kept) - lines)]
+    return "\n".join(kept)
+
+
+class Failure:
+    """One observed failure of a loader's workers.
+
+    ``kind`` (see the module), ``exc``: what torch raised (None for a hang),
+    ``worker``/``pid``/``status``: the worker to blame, where known;
+    ``batch``: how many batches of the epoch had been delivered; ``dump``:
+    the worker's faulthandler output (a crash: its traceback; a hang: every
+    worker's stacks); ``note``: why there is none.
+    """
+
+    __slots__ = ("kind", "exc", "worker", "pid", "status", "batch", "dump", "note",
+                 "waited")
+
+    def __init__(self, kind, exc=None, worker=None, pid=None, status=None, waited=None):
+        self.kind = kind
+        self.exc = exc
+        self.worker = worker
+        self.pid = pid
+        self.status = status
+        self.waited = waited
+        self.batch = None
+        self.dump = ""
+        self.note = None
+
+    def who(self):
+        if self.worker is None:
+            return "a worker"
+        return "worker %d (pid %s)" % (self.worker, self.pid)
+
+    def what(self):
+        """One line: who failed, how, and where in user code."""
+        if self.kind == HUNG:
+            text = "%s gave no batch for %.1f s, every worker alive," % (
+                self.who(), self.waited or 0.0)
+        elif self.status:
+            text = "%s %s" % (self.who(), self.status)
+        elif self.worker is None:
+            text = "%s: %s" % (_NO_WORKER.get(self.kind, "the workers failed"),
+                               _first_line(self.exc))
+        else:
+            text = "%s failed: %s" % (self.who(), _first_line(self.exc))
+        if self.kind in (SHM, FDS) and self.exc is not None and self.status:
+            text += " (%s)" % _first_line(self.exc)
+        found = where(self.dump) if self.dump else None
+        if found:
+            text += ", in %s" % found
+        return text
+
+    def before(self, rung):
+        """The record's ``before``: what failed, for the log and the JSON sink."""
+        values = {"rung": rung, "batch": self.batch}
+        if self.worker is not None:
+            values.update(worker=self.worker, pid=self.pid)
+        values["status"] = self.status or (
+            "hung" if self.kind == HUNG else _first_line(self.exc))
+        return values
+
+    def error(self):
+        """What the user sees when nothing recovers: torch's own error, or, for
+        a hang (torch would wait forever), one that says where it waits."""
+        if self.exc is not None:
+            return self.exc
+        text = "DataLoader %s (autosafe_torch's watchdog, %s)" % (
+            self.what(), "AUTOSAFE_TORCH_HANG_TIMEOUT")
+        if self.dump:
+            text += "\n" + clip(self.dump)
+        return RuntimeError(text)
+
+    def __repr__(self):
+        return "Failure(%s: %s)" % (self.kind, self.what())
+
+
+def _first_line(exc):
+    """The line that says what failed: for an error torch re-raised from a
+    worker ("Caught RuntimeError in DataLoader worker process 0. Original
+    Traceback ..."), the worker's own last line."""
+    if exc is None:
+        return ""
+    text = [line for line in str(exc).strip().splitlines() if line.strip()]
+    if len(text) > 1 and text[0].startswith("Caught "):
+        return text[-1].strip()
+    return "%s: %s" % (type(exc).__name__, text[0] if text else "")

@@ -1,0 +1,135 @@
+"""Worker failures seen, not predicted (DL210-DL213): the recovery ladder.
+
+The rules at ``dataloader.iter`` act on hazards they can predict before the
+workers start. A prediction can be wrong (a native handle judged
+fork-safe, a thread pool nobody saw, a /dev/shm estimate for a dataset
+that cannot be sized without running it). So the workers are watched
+(``remedies/recovery.py``): a worker's death, a shared-memory or
+open-file failure, or no batch for the watchdog's limit while every worker
+lives, rebuilds the iterator on the next rung and resumes at the first
+batch not yet delivered.
+
+The checks here run at ``dataloader.failure``, once a recovery has
+delivered its first batch (verified, not predicted): ``ctx.failure`` is the
+first failure (``inspection.failures.Failure``), ``ctx.tried`` the rungs
+that failed on the way, ``ctx.rung`` the one that works, ``ctx.exact``
+None or why the batches may differ. Each check returns the finding the
+engine records; ``next_rung`` (pure) chooses the rungs.
+"""
+
+from ..inspection.failures import DIED, FDS, HUNG, SHM
+from . import rule
+from .resources import DOCKER_FIX
+
+GROUP = "dataloader"
+
+AS_ASKED = "workers as asked"
+RESTART = "restart workers"
+FEWER = "fewer batches in flight"
+FILE_SYSTEM = "file_system sharing"
+EMULATED = "emulated workers (in process)"
+
+# Fewer workers is no rung: each worker is seeded base_seed + worker_id and
+# batches go to workers round robin, so the batches would change. Emulated
+# workers are exact and need no process, shared memory or descriptor.
+LADDERS = {
+    DIED: (RESTART, EMULATED),
+    HUNG: (RESTART, EMULATED),
+    SHM: (FEWER, EMULATED),
+    FDS: (FILE_SYSTEM, EMULATED),
+}
+# The settings a real-worker rung adds; they stay for the later rungs.
+SETTINGS = {FEWER: "prefetch_factor=1", FILE_SYSTEM: "file_system sharing"}
+MAX_FAILURES = 2  # a rung that failed twice is not tried again
+
+
+def next_rung(kind, failures):
+    """The first rung for ``kind`` that has not failed ``MAX_FAILURES`` times
+    (``failures``: rung -> count; a failure of the workers as asked counts as
+    one of RESTART, which starts them as they were), or None."""
+    for rung in LADDERS[kind]:
+        if failures.get(rung, 0) < MAX_FAILURES:
+            return rung
+    return None
+
+
+def _recovered(check, kind, ctx):
+    failure = ctx.failure
+    if failure.kind != kind:
+        return None
+    why = "%s while batch %d was awaited" % (failure.what(), failure.batch)
+    for rung, later in ctx.tried:
+        why += "; %s failed too (%s)" % (rung, later.what())
+    why += "; resumed at batch %d on %s" % (failure.batch, ctx.rung)
+    why += (", every batch delivered once, as in a run without the failure"
+            if ctx.exact is None else " (not exact: %s)" % ctx.exact)
+    if failure.dump:
+        why += ". The worker's faulthandler output (%s):\n%s" % (
+            "every worker's stacks" if kind == HUNG else "its traceback", failure.dump)
+    elif failure.note:
+        why += " (%s)" % failure.note
+    return check.rule.finding(failure.before(ctx.first_rung), why=why, strategy=ctx.rung,
+                              state={"rung": ctx.rung})
+
+
+@rule("DL210", "worker-died", GROUP,
+      "a DataLoader worker died (an exit code or a signal): the iterator is rebuilt (new "
+      "workers, then emulated workers) and resumes at the first batch not delivered; the "
+      "log names the worker, its signal or exit code and its Python traceback",
+      "RuntimeError: DataLoader worker (pid N) exited unexpectedly with exit code 1. "
+      "Details are lost due to multiprocessing; ... is killed by signal: Segmentation "
+      "fault / Killed; ConnectionResetError, EOFError",
+      "read the worker's traceback in the log: a native library that is not fork-safe "
+      "(create it in worker_init_fn, or use spawn); SIGKILL is the out-of-memory killer "
+      "(fewer workers, a smaller prefetch_factor, smaller samples)",
+      at="dataloader.failure")
+def worker_died(args, ctx):
+    return _recovered(worker_died, DIED, ctx)
+
+
+@rule("DL211", "worker-hung", GROUP,
+      "no batch for the watchdog's limit (AUTOSAFE_TORCH_HANG_TIMEOUT, longer where batches "
+      "are slow, never shorter than timeout) while every worker lives: every worker's stack "
+      "is logged, the iterator rebuilt and resumed at the first batch not delivered",
+      "a training loop that waits forever for its next batch (a lock or thread pool "
+      "inherited through fork, a read without a timeout); RuntimeError: DataLoader timed out "
+      "after N seconds",
+      "read where the workers wait in the log: create locks, pools and connections in "
+      "worker_init_fn or lazily in __getitem__, and give network reads a timeout",
+      at="dataloader.failure")
+def worker_hung(args, ctx):
+    return _recovered(worker_hung, HUNG, ctx)
+
+
+@rule("DL214", "shared-memory-failed", GROUP,
+      "a worker could not hand over a batch through /dev/shm (a bus error, 'unable to "
+      "allocate shared memory'): fewer batches in flight, then emulated workers, resumed at "
+      "the first batch not delivered",
+      "RuntimeError: unable to allocate shared memory(shm) for file </torch_...>; "
+      "DataLoader worker (pid N) is killed by signal: Bus error",
+      DOCKER_FIX,
+      at="dataloader.failure")
+def shared_memory_failed(args, ctx):
+    return _recovered(shared_memory_failed, SHM, ctx)
+
+
+@rule("DL213", "open-files-exhausted", GROUP,
+      "batches could not be received for lack of file descriptors: file_system sharing, "
+      "then emulated workers, resumed at the first batch not delivered",
+      "RuntimeError: Too many open files. Communication with the workers is no longer "
+      "possible; RuntimeError: received 0 items of ancdata",
+      "raise the limit before starting (ulimit -n <hard limit>), or call "
+      "torch.multiprocessing.set_sharing_strategy('file_system') at start",
+      at="dataloader.failure")
+def open_files_exhausted(args, ctx):
+    return _recovered(open_files_exhausted, FDS, ctx)
+
+
+KINDS = {"DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS}
+
+
+def kinds_watched(enabled):
+    """The failure kinds recovered, given ``enabled(rule)`` (AUTOSAFE_TORCH_DISABLE)."""
+    from . import checks_at
+
+    return frozenset(KINDS[c.rule.code] for c in checks_at("dataloader.failure", enabled))

@@ -1,0 +1,273 @@
+"""Recovery from failing workers (DL210-DL213, autosafe_torch/remedies/recovery.py).
+
+Each fault of tests/scenarios/recovery/scenario.py runs in a real
+subprocess with real workers under fork, spawn and forkserver; the batches
+(index, worker id and seed, four random draws, the dataset copy's fetch
+count) must be those of an uninterrupted run, the recovery must be in the
+JSON log with its code and strategy, and the wall time bounded. Controls:
+the healthy loader gives the same batches with and without the shim and
+records nothing; without the shim each fault crashes; the user's own
+ValueError is raised as torch raises it, with no recovery.
+
+Slow by nature: about 20 runs, a spawn worker start costs seconds each on
+2 busy cores, and the hang scenario waits twice for the watchdog (2 s here,
+AUTOSAFE_TORCH_HANG_TIMEOUT).
+"""
+
+import json
+import re
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autosafe_torch import config, report
+from autosafe_torch.inspection import failures
+from autosafe_torch.rules import recovery as ladder
+from support import PLATFORM_SIM, SCENARIOS, START_METHODS, Result, clean_env
+from test_resources import needs_private_shm
+
+SCENARIO = SCENARIOS / "recovery" / "scenario.py"
+WALL_S = 90  # per run, recovery included
+NO_PREDICTION = "DL303,DL304"  # the predicting rules stand aside: recovery is under test
+
+
+def run(tmp_path, fault, start_method="fork", shim=True, env=None, shm=None, nofile=None):
+    """(Result, records from the JSON log, seconds)."""
+    log = tmp_path / ("log-%s-%s.jsonl" % (fault, start_method))
+    extra = {"SCENARIO_TMP": str(tmp_path), "AUTOSAFE_TEST_START_METHOD": start_method,
+             "PYTHONPATH": str(PLATFORM_SIM)}
+    if shim:
+        extra.update(AUTOSAFE_TORCH="1", AUTOSAFE_TORCH_LOG_FILE=str(log),
+                     AUTOSAFE_TORCH_DISABLE=NO_PREDICTION)
+    extra.update(env or {})
+    cmd = [sys.executable, str(SCENARIO), fault]
+    if shm:
+        cmd = ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=%s tmpfs /dev/shm && "
+               "exec %s %s %s" % (shm, sys.executable, SCENARIO, fault)]
+
+    def lower_limit():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=clean_env(extra), capture_output=True,
+                          text=True, timeout=WALL_S + 30, preexec_fn=lower_limit)
+    seconds = time.monotonic() - start
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() \
+        else []
+    return Result(proc), records, seconds
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """BATCHES of uninterrupted runs without the shim (fork), per dataset."""
+    tmp = tmp_path_factory.mktemp("reference")
+    found = {}
+    for fault in ("none", "shm", "fds"):
+        result, _, _ = run(tmp, fault, shim=False)
+        assert result.rc == 0 and result.batches, result
+        found[fault] = result.batches
+    return found
+
+
+def recovered(result, records, seconds, code, strategies):
+    assert result.rc == 0, result
+    assert seconds < WALL_S, seconds
+    mine = [r for r in records if r["code"].startswith("DL21")]
+    assert [r["code"] for r in mine] == [code], records
+    record = mine[0]
+    assert record["action"] == "fixed" and record["strategy"] in strategies, record
+    assert record["before"]["rung"] == ladder.AS_ASKED
+    assert record["after"] == {"rung": record["strategy"]}
+    assert "resumed at batch %d" % record["before"]["batch"] in record["why"], record
+    return record
+
+
+# -- controls -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_healthy_loader_same_batches_nothing_recorded(tmp_path, reference, start_method):
+    result, records, _ = run(tmp_path, "none", start_method)
+    assert result.rc == 0, result
+    assert result.batches == reference["none"]
+    assert records == [] and "autosafe_torch" not in result.stderr
+
+
+def test_without_the_shim_each_fault_crashes(tmp_path):
+    for fault in ("kill", "segv"):
+        result, _, _ = run(tmp_path, fault, shim=False)
+        assert result.rc != 0 and any(words in result.output for words in (
+            "DataLoader worker", "ConnectionResetError", "EOFError")), result
+
+
+# -- faults, under every start method ---------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_worker_killed_mid_epoch(tmp_path, reference, start_method):
+    result, records, seconds = run(tmp_path, "kill", start_method)
+    record = recovered(result, records, seconds, "DL210", {ladder.RESTART})
+    assert result.batches == reference["none"]
+    assert record["before"]["worker"] == 1 and "SIGKILL" in record["before"]["status"]
+    assert "no traceback" in record["why"] and "out-of-memory" in record["why"]
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_worker_segfaults_on_one_index(tmp_path, reference, start_method):
+    """Every worker process crashes on index 13: the restart fails the same
+    way, the rung is not tried a third time, emulated workers finish."""
+    result, records, seconds = run(tmp_path, "segv", start_method)
+    record = recovered(result, records, seconds, "DL210", {ladder.EMULATED})
+    assert result.batches == reference["none"]
+    assert "SIGSEGV" in record["before"]["status"]
+    assert record["why"].count("restart workers failed too") == 1
+    # the worker's own Python traceback, no longer lost
+    assert "Fatal Python error: Segmentation fault" in record["why"]
+    assert re.search(r"scenario\.py:\d+ in __getitem__", record["why"]), record["why"]
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
+    result, records, seconds = run(tmp_path, "hang", start_method,
+                                   env={"AUTOSAFE_TORCH_HANG_TIMEOUT": "2"})
+    record = recovered(result, records, seconds, "DL211", {ladder.EMULATED})
+    assert result.batches == reference["none"]
+    assert record["before"]["status"] == "hung"
+    # every worker's stack, the hung one in the user's __getitem__
+    assert "every worker's stacks" in record["why"]
+    assert "worker 0 (pid" in record["why"] and "worker 1 (pid" in record["why"]
+    assert re.search(r'scenario\.py", line \d+ in __getitem__', record["why"])
+
+
+@needs_private_shm
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_dev_shm_exhausted(tmp_path, reference, start_method):
+    result, records, seconds = run(tmp_path, "shm", start_method, shm="3m")
+    record = recovered(result, records, seconds, "DL214", {ladder.FEWER, ladder.EMULATED})
+    assert result.batches == reference["shm"]
+    assert "unable to allocate shared memory" in record["why"] \
+        or "SIGBUS" in record["before"]["status"], record
+
+
+@needs_private_shm
+def test_dev_shm_exhausted_without_the_shim(tmp_path):
+    result, _, _ = run(tmp_path, "shm", shim=False, shm="3m")
+    assert result.rc != 0 and ("unable to allocate shared memory" in result.output
+                               or "Bus error" in result.output), result
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file_descriptor sharing")
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_open_file_limit_exhausted(tmp_path, reference, start_method):
+    result, records, seconds = run(tmp_path, "fds", start_method, nofile=160)
+    recovered(result, records, seconds, "DL213", {ladder.FILE_SYSTEM, ladder.EMULATED})
+    assert result.batches == reference["fds"]
+    without, _, _ = run(tmp_path, "fds", start_method, shim=False, nofile=160) \
+        if start_method == "fork" else (None, None, None)
+    if without is not None:
+        assert without.rc != 0 and "Too many open files" in without.output, without
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_the_users_own_error_is_raised_as_torch_raises_it(tmp_path, start_method):
+    result, records, seconds = run(tmp_path, "valueerror", start_method)
+    assert result.rc != 0 and seconds < WALL_S
+    assert [r for r in records if r["code"].startswith("DL21")] == []
+    assert "ValueError: bad sample 13" in result.stderr
+    assert "Caught ValueError in DataLoader worker process" in result.stderr
+    assert 'raise ValueError("bad sample %d" % i)' in result.stderr  # the real traceback
+    assert "autosafe_torch[pid" not in result.stderr  # no recovery, no log line
+
+
+# -- the pieces, in process ----------------------------------------------------------
+
+
+def test_ladder_is_bounded():
+    """A rung that failed twice is not tried again; None when all have."""
+    assert ladder.next_rung("died", {}) == ladder.RESTART
+    assert ladder.next_rung("died", {ladder.RESTART: 1}) == ladder.RESTART
+    assert ladder.next_rung("died", {ladder.RESTART: 2}) == ladder.EMULATED
+    assert ladder.next_rung("died", {ladder.RESTART: 2, ladder.EMULATED: 2}) is None
+    assert ladder.next_rung("shm", {}) == ladder.FEWER
+    assert ladder.next_rung("fds", {ladder.FILE_SYSTEM: 2}) == ladder.EMULATED
+    for rungs in ladder.LADDERS.values():  # fewer workers would change the batches
+        assert "fewer workers" not in " ".join(rungs)
+
+
+def test_failures_are_told_apart():
+    assert failures.exception_kind(RuntimeError("received 0 items of ancdata")) == "fds"
+    assert failures.exception_kind(OSError(24, "Too many open files")) == "fds"
+    assert failures.exception_kind(RuntimeError(
+        "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback ...\n"
+        "RuntimeError: unable to allocate shared memory(shm) for file </torch_1>")) == "shm"
+    assert failures.exception_kind(ValueError("bad sample 13")) is None
+    assert failures.death_kind(-7) == "shm" and failures.death_kind(-9) == "died"
+    assert failures.exit_status(-9).startswith("killed by signal SIGKILL")
+    assert failures.exit_status(1) == "exited with code 1"
+
+
+def test_dump_where_and_clip():
+    dump = ('Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call '
+            'first):\n  File "%s/ctypes/__init__.py", line 519 in string_at\n'
+            '  File "/home/u/ds.py", line 61 in __getitem__\n'
+            '  File "/usr/lib/python3/multiprocessing/process.py", line 314 in _bootstrap\n'
+            '  File "/home/u/train.py", line 9 in main\n\nExtension modules: numpy\n') % (
+        __import__("sysconfig").get_paths()["stdlib"])
+    assert failures.where(dump) == "/home/u/ds.py:61 in __getitem__"
+    clipped = failures.clip(dump)
+    assert "train.py" not in clipped and "Extension modules" not in clipped
+    assert "ds.py" in clipped
+
+
+def test_hang_timeout_is_validated_with_one_warning(capsys):
+    name = config.ENV_HANG_TIMEOUT
+    assert config.parse_seconds(name, None, 60.0) == 60.0
+    assert config.parse_seconds(name, "2.5", 60.0) == 2.5
+    assert config.parse_seconds(name, "off", 60.0) == 0.0
+    assert capsys.readouterr().err == ""
+    assert config.parse_seconds(name, "soon", 60.0) == 60.0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and name in err and "using 60" in err
+    assert config.Config.from_env({name: "-3"}).hang_timeout == 60.0
+
+
+def test_watchdog_limit_from_observed_batch_times():
+    from autosafe_torch.remedies.recovery import STARTUP_MIN_S, _Watch
+
+    watch = _Watch(frozenset({"hung"}), 5.0, 0)
+    assert watch.limit() == STARTUP_MIN_S  # workers starting
+    watch.observed(4.0)  # the start: not a batch time
+    assert watch.limit() == 5.0
+    watch.observed(1.5)
+    assert watch.limit() == 15.0  # 10x the slowest wait
+    assert _Watch(frozenset({"hung"}), 5.0, 120).limit() >= 120  # never below timeout
+    assert _Watch(frozenset({"died"}), 5.0, 7).limit() == 7  # no watchdog: torch's timeout
+    assert _Watch(frozenset({"died"}), 5.0, 0).limit() is None
+
+
+def test_not_watched_in_warn_mode_or_disabled():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import autosafe_torch
+    from autosafe_torch.remedies.recovery import RecoveringIter
+
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=1,
+                        multiprocessing_context="fork")
+    was = config.CONFIG.mode
+    try:
+        autosafe_torch.activate("test")
+        it = iter(loader)
+        assert isinstance(it, RecoveringIter) and [b[0].tolist() for b in it][0] == [0, 1]
+        config.CONFIG.mode = "warn"
+        assert not isinstance(iter(loader), RecoveringIter)
+        config.CONFIG.mode = was
+        config.CONFIG.disabled = frozenset({"DL210", "DL211", "DL213", "DL214"})
+        assert not isinstance(iter(loader), RecoveringIter)
+    finally:
+        config.CONFIG.mode = was
+    assert report.interventions() == []
