@@ -26,7 +26,7 @@ import pytest
 from autosafe_torch import config, report
 from autosafe_torch.inspection import failures
 from autosafe_torch.rules import recovery as ladder
-from support import PLATFORM_SIM, SCENARIOS, START_METHODS, Result, clean_env
+from support import PLATFORM_SIM, SCENARIOS, START_METHODS, Result, clean_env, one_of
 from test_resources import needs_private_shm
 
 SCENARIO = SCENARIOS / "recovery" / "scenario.py"
@@ -89,7 +89,7 @@ def recovered(result, records, seconds, code, strategies):
 # -- controls -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'fork'))
 def test_healthy_loader_same_batches_nothing_recorded(tmp_path, reference, start_method):
     result, records, _ = run(tmp_path, "none", start_method)
     assert result.rc == 0, result
@@ -107,7 +107,7 @@ def test_without_the_shim_each_fault_crashes(tmp_path):
 # -- faults, under every start method ---------------------------------------------
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_worker_killed_mid_epoch(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "kill", start_method)
     record = recovered(result, records, seconds, "DL210", {ladder.RESTART})
@@ -116,7 +116,7 @@ def test_worker_killed_mid_epoch(tmp_path, reference, start_method):
     assert "no traceback" in record["why"] and "out-of-memory" in record["why"]
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'forkserver'))
 def test_worker_segfaults_on_one_index(tmp_path, reference, start_method):
     """Every worker process crashes on index 13: the restart fails the same
     way, the rung is not tried a third time, emulated workers finish."""
@@ -130,7 +130,7 @@ def test_worker_segfaults_on_one_index(tmp_path, reference, start_method):
     assert re.search(r"scenario\.py:\d+ in __getitem__", record["why"]), record["why"]
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'fork'))
 def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "hang", start_method,
                                    env={"AUTOSAFE_TORCH_HANG_TIMEOUT": "2"})
@@ -144,7 +144,7 @@ def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
 
 
 @needs_private_shm
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_dev_shm_exhausted(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "shm", start_method, shm="3m")
     record = recovered(result, records, seconds, "DL214", {ladder.FEWER, ladder.EMULATED})
@@ -161,7 +161,7 @@ def test_dev_shm_exhausted_without_the_shim(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file_descriptor sharing")
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'forkserver'))
 def test_open_file_limit_exhausted(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "fds", start_method, nofile=160)
     recovered(result, records, seconds, "DL213", {ladder.FILE_SYSTEM, ladder.EMULATED})
@@ -172,7 +172,7 @@ def test_open_file_limit_exhausted(tmp_path, reference, start_method):
         assert without.rc != 0 and "Too many open files" in without.output, without
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'fork'))
 def test_the_users_own_error_is_raised_as_torch_raises_it(tmp_path, start_method):
     result, records, seconds = run(tmp_path, "valueerror", start_method)
     assert result.rc != 0 and seconds < WALL_S
