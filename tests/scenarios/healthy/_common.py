@@ -80,6 +80,9 @@ def finish():
 
 def _show(message, category, filename, lineno, file=None, line=None):
     # Warnings are observable: torch's own (e.g. too many workers) must reach the user.
+    # ResourceWarning is not: when the garbage collector closes a file varies.
+    if issubclass(category, ResourceWarning):
+        return
     text = str(message).splitlines()[0] if str(message) else ""
     print("STATE warning %s: %s" % (category.__name__, text), flush=True)
 

@@ -1,6 +1,7 @@
 """A dataset that opens its file lazily, once per process (checking os.getpid()),
 then seeks and reads. Correct under every start method: a forked worker
-that inherits the parent's handle sees another pid and opens its own.
+that inherits the parent's handle sees another pid and opens its own; a
+pickled copy (spawn, forkserver) leaves the handle behind.
 
 The script first reads it with num_workers=0 (the known-safe run), which
 leaves the parent's handle open, as a training script's evaluation would.
@@ -29,6 +30,12 @@ class LazyRecords(Dataset):
         self.path = path
         self.file = None
         self.pid = None
+
+    def __getstate__(self):
+        # A handle does not travel (spawn, forkserver): the receiver opens its own.
+        values = dict(self.__dict__)
+        values["file"] = values["pid"] = None
+        return values
 
     def _handle(self):
         if self.pid != os.getpid():
