@@ -152,62 +152,139 @@ def _fired_text(fired):
                      for code, sites in sorted(fired.items(), key=str)) or "none"
 
 
+def rule_codes(python):
+    """Every rule code of the installed autosafe_torch."""
+    out = subprocess.run([python, "-m", "autosafe_torch", "rules", "--format", "json"],
+                         capture_output=True, text=True)
+    try:
+        return sorted(r["code"] for r in json.loads(out.stdout))
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+class Rerun:
+    """Runs one test alone, with the shim and a set of rules disabled."""
+
+    def __init__(self, args, workdir, copy, name):
+        self.args, self.workdir, self.copy, self.name = args, workdir, copy, name
+        self.slug = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        self.count = 0
+        self.last_command = ""
+
+    def __call__(self, disabled, quiet=False):
+        """(outcome, message, {rule: call sites} fired) with ``disabled`` rules off."""
+        tag = "%s-%d" % (self.slug, self.count)
+        self.count += 1
+        log_file = self.workdir / ("rerun-%s.jsonl" % tag)
+        junit = self.workdir / ("rerun-%s.xml" % tag)
+        for stale in (log_file, junit):
+            if stale.exists():
+                stale.unlink()
+        env = environment(True, self.args.activation, log_file, ",".join(sorted(disabled)))
+        cmd = pytest_command(self.args.python, self.copy, junit, [node_id(self.copy, self.name)],
+                             self.args.rerun_timeout)
+        run_pytest(cmd, env, self.workdir, self.workdir / ("rerun-%s.log" % tag),
+                   wall_limit=1800)
+        result, message = outcomes(junit).get(self.name, ("absent", ""))
+        fired = rules_fired(log_file)
+        self.last_command = "cd %s && %s %s" % (
+            shlex.quote(str(self.workdir)),
+            " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())
+                     if k.startswith("AUTOSAFE_") or k == "PYTHONPATH"),
+            " ".join(shlex.quote(c) for c in cmd))
+        label = ("AUTOSAFE_TORCH_DISABLE=%s" % ",".join(sorted(disabled))) if disabled \
+            else "every rule on"
+        if not quiet:
+            print("  %s [%s]: %s; rules fired: %s" % (self.name, label, result,
+                                                      _fired_text(fired)), flush=True)
+            if result != "passed" and message:
+                print("      %s" % short(message))
+        return result, message, fired
+
+
+def _ok(result):
+    return result in ("passed", "skipped")
+
+
+def bisect_rules(run, disabled, candidates):
+    """A small set of ``candidates`` whose disabling (with ``disabled``) makes the test
+    pass, for a change no rule recorded (a hang before the log is written, user code
+    run while planning). Assumes that disabling all of ``candidates`` passes."""
+    if len(candidates) <= 1:
+        return set(candidates)
+    half = len(candidates) // 2
+    first, second = candidates[:half], candidates[half:]
+    print("      bisecting: %s" % ",".join(first), flush=True)
+    if _ok(run(disabled | set(first), quiet=True)[0]):
+        return bisect_rules(run, disabled, first)
+    print("      bisecting: %s" % ",".join(second), flush=True)
+    if _ok(run(disabled | set(second), quiet=True)[0]):
+        return bisect_rules(run, disabled, second)
+    # Rules from both halves are needed.
+    need_second = bisect_rules(run, disabled | set(first), second)
+    return bisect_rules(run, disabled | need_second, first) | need_second
+
+
 def rerun(args, workdir, copy, name, rounds=6):
-    """Re-run one differing test alone: with the shim, then with rules disabled.
+    """Re-run one differing test alone: without the shim, with it, with rules disabled.
 
     With ``--disable`` the given rules are disabled. Otherwise the rules that
     fired are disabled, and the test is run again; a test stops at its first
     failing assertion, so a later call may need another rule: the rules that
-    fire in each round are added, until it passes or no new rule fires.
-    Returns True when it passes with only by-design rules disabled.
+    fire in each round are added, until it passes or no new rule fires. Still
+    failing then, it is run with every rule disabled (``*``); if that passes,
+    a rule changed something without recording it, and the rules are bisected
+    to name it. Returns True when it passes with only by-design rules disabled.
     """
     slug = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    selection = [node_id(copy, name)]
     # First alone without the shim: a test that fails alone too (load, timing) is
     # not the shim's doing.
     junit = workdir / ("rerun-%s-without.xml" % slug)
-    cmd = pytest_command(args.python, copy, junit, selection, args.timeout)
+    cmd = pytest_command(args.python, copy, junit, [node_id(copy, name)], args.rerun_timeout)
     run_pytest(cmd, environment(False), workdir, workdir / ("rerun-%s-without.log" % slug),
                wall_limit=1800)
     base, base_message = outcomes(junit).get(name, ("absent", ""))
-    print("  %s [alone, without autosafe_torch]: %s" % (name, base), flush=True)
-    if base != "passed":
+    print("  %s [without autosafe_torch]: %s" % (name, base), flush=True)
+    if not _ok(base):
         print("      %s" % short(base_message))
+        print("      => fails alone without autosafe_torch too: not the shim's doing")
+        return True
+
+    run = Rerun(args, workdir, copy, name)
     disabled = set(c.strip() for c in (args.disable or "").split(",") if c.strip())
-    result, message, fired_total = "absent", "", {}
-    for round_ in range(rounds):
-        tag = "%s-%d" % (slug, round_)
-        log_file = workdir / ("rerun-%s.jsonl" % tag)
-        junit = workdir / ("rerun-%s.xml" % tag)
-        for stale in (log_file, junit):
-            if stale.exists():
-                stale.unlink()
-        env = environment(True, args.activation, log_file, ",".join(sorted(disabled)))
-        cmd = pytest_command(args.python, copy, junit, selection, args.timeout)
-        run_pytest(cmd, env, workdir, workdir / ("rerun-%s.log" % tag), wall_limit=1800)
-        result, message = outcomes(junit).get(name, ("absent", ""))
-        fired = rules_fired(log_file)
-        for code, sites in fired.items():
-            fired_total.setdefault(code, set()).update(sites)
-        label = ("AUTOSAFE_TORCH_DISABLE=%s" % ",".join(sorted(disabled))) if disabled \
-            else "alone, every rule on"
-        print("  %s [%s]: %s; rules fired: %s" % (name, label, result, _fired_text(fired)),
-              flush=True)
-        if result != "passed" and message:
-            print("      %s" % short(message))
-        if result in ("passed", "skipped") and disabled:
-            break
+    unrecorded = set()
+    result = "absent"
+    for _ in range(rounds):
+        result, message, fired = run(disabled)
+        if _ok(result):
+            break  # with every rule on, or with the rules disabled so far
         new = set(c for c in fired if c) - disabled
-        if args.disable or not new:
+        if args.disable:
             break
+        if not new:
+            if _ok(result):
+                break
+            # Nothing (more) recorded, still failing: is it the shim at all?
+            everything, _, _ = run({"*"})
+            if not _ok(everything):
+                break
+            codes = [c for c in rule_codes(args.python) if c not in disabled]
+            print("      passes with every rule disabled: bisecting the rules that act "
+                  "without recording it", flush=True)
+            unrecorded = bisect_rules(run, disabled, codes)
+            disabled |= unrecorded
+            continue
         disabled |= new
-    print("      command: cd %s && %s %s" % (
-        shlex.quote(str(workdir)),
-        " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())
-                 if k.startswith("AUTOSAFE_") or k == "PYTHONPATH"),
-        " ".join(shlex.quote(c) for c in cmd)))
-    passes = result in ("passed", "skipped") and bool(disabled)
+    print("      command: %s" % run.last_command)
+    if _ok(result) and not disabled:
+        print("      => %s alone with every rule on: the difference comes from the full "
+              "run (test order, load), not from a rule" % result)
+        return True
+    passes = _ok(result) and bool(disabled)
     not_by_design = sorted(disabled - BY_DESIGN)
+    if unrecorded:
+        print("      unrecorded change: %s changed the outcome without logging an "
+              "intervention" % ",".join(sorted(unrecorded)))
     if not passes:
         print("      => still %s with %s disabled: not explained by a rule" % (
             result, ",".join(sorted(disabled)) or "no rule"))
@@ -233,10 +310,15 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=600,
                    help="seconds per test (pytest-timeout); on a loaded 2-core machine "
                         "test_ind_worker_queue alone takes over 3 minutes")
+    p.add_argument("--rerun-timeout", type=int, default=240,
+                   help="seconds per test when re-running one alone (a hang costs this much)")
     p.add_argument("--disable", default=None,
                    help="re-run the differing tests with these rules disabled "
                         "(default: with the rules each one fired)")
     p.add_argument("--no-rerun", action="store_true", help="only compare the two runs")
+    p.add_argument("--rerun-only", default=None, metavar="SUBSTRINGS",
+                   help="re-run only the differing tests whose Class::test name holds one "
+                        "of these comma-separated substrings")
     p.add_argument("--reuse", action="store_true",
                    help="reuse junit files of an earlier run in --workdir")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -294,9 +376,12 @@ def main(argv=None):
     if not differ or args.no_rerun:
         return 0 if not differ else 1
 
-    print("\nRe-running each differing test alone, with autosafe_torch:")
+    print("\nRe-running each differing test alone, without and with autosafe_torch:")
     all_ok = True
+    wanted = [w for w in (args.rerun_only or "").split(",") if w]
     for name in differ:
+        if wanted and not any(w in name for w in wanted):
+            continue
         all_ok &= rerun(args, workdir, copy, name)
     return 0 if all_ok else 1
 
