@@ -57,3 +57,23 @@ $(COMPAT_STAMP): constraints-compat.txt pyproject.toml $(wildcard autosafe_torch
 compat: $(COMPAT_STAMP)
 	$(COMPAT_PYTHON) -c "import torch, numpy; print('compat: torch', torch.__version__, 'numpy', numpy.__version__)"
 	$(COMPAT_PYTHON) -m pytest -m "not gpu and not integration and not heavy" $(PYTEST_ARGS)
+
+# `make conformance TEST_DATALOADER=path/to/test_dataloader.py`: PyTorch's own
+# DataLoader suite for the installed torch, run without and with autosafe_torch;
+# prints every test whose outcome differs, then re-runs each alone with the rules
+# it fired disabled (see tests/conformance.py). The file is not in this repository:
+# for torch 2.13, cyyever/pytorch at 1e91f44f2d12ab5a9004ea487c92938d3223b731
+# (test/test_dataloader.py). About 12 minutes of CPU. Not part of `make test` or CI.
+# CONFORMANCE_ARGS: e.g. --disable DL101,DL102,DL103 or --activation sitecustomize,
+# and pytest arguments after --.
+TEST_DATALOADER ?=
+CONFORMANCE_ARGS ?=
+CONFORMANCE_DEPS = expecttest psutil pytest-timeout
+
+.PHONY: conformance
+
+conformance:
+	@test -n "$(TEST_DATALOADER)" || { echo "usage: make conformance TEST_DATALOADER=path/to/test_dataloader.py"; exit 2; }
+	$(INSTALL) ".[test]"
+	$(PYTHON) -m pip install -c constraints-test.txt $(CONFORMANCE_DEPS)
+	$(PYTHON) tests/conformance.py "$(TEST_DATALOADER)" $(CONFORMANCE_ARGS)

@@ -339,7 +339,9 @@ def live_threading_objects(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
 # -- code that already takes care of itself ------------------------------------
 
 
-PER_PROCESS_NAMES = frozenset({"getpid"})
+# os.getpid(): it reopens in each process; os.pread/preadv: it reads at explicit
+# offsets and shares none.
+PER_PROCESS_NAMES = frozenset({"getpid", "pread", "preadv"})
 
 
 def _code_names(code, depth=0):
@@ -352,9 +354,9 @@ def _code_names(code, depth=0):
 
 
 def reopens_per_process(obj):
-    """Whether the methods of ``obj``'s own classes ask ``os.getpid()``: the
-    idiom of a dataset that reopens its files in each process by itself (read
-    from the code, never run)."""
+    """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (the idiom
+    of a dataset that reopens its files in each process by itself) or read with
+    ``os.pread`` (no shared offset): read from the code, never run."""
     for cls in type(obj).__mro__:
         if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch."):
             continue
