@@ -1,5 +1,5 @@
 """A dataset with every kind of randomness a worker can have, made unpicklable
-in one ordinary way (argv[1]: lock, lambda or file; plain: none).
+in one ordinary way (argv[1]: lock, lambda, file or generator; plain: none).
 
 Each sample carries: the index, the worker id and seed, draws from torch's
 and Python's and numpy's global generators, from a per-object numpy
@@ -34,6 +34,8 @@ class Augmented(Dataset):
             self.lock = threading.Lock()
         elif kind == "lambda":
             self.transform = lambda x: x * 2
+        elif kind == "generator":  # a spent iterator kept on the dataset: fork is fine
+            self.pending = (x for x in range(3))
         elif kind == "file":
             if not os.path.exists(DATA):
                 with open(DATA, "wb") as f:
