@@ -142,11 +142,14 @@ def _run(args):
 
         os.environ[ENV_AS] = args.rehearse  # workers and children see the same platform
         rehearsal.apply()
-    import runpy
-
     if args.module is not None:
+        import runpy
+
         sys.argv = [args.module] + target
-        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        _name, spec, code = runpy._get_module_details(args.module)
+        sys.argv[0] = spec.origin
+        _exec_as_main(code, __file__=spec.origin, __cached__=spec.cached,
+                      __loader__=spec.loader, __package__=spec.parent, __spec__=spec)
         return 0
     script = target[0]
     if not os.path.exists(script):
@@ -154,5 +157,29 @@ def _run(args):
         return 2
     sys.argv = target
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    if not os.path.isfile(script):  # a directory or zip with __main__.py
+        import runpy
+
+        runpy.run_path(script, run_name="__main__")
+        return 0
+    with open(script, "rb") as f:
+        code = compile(f.read(), script, "exec")
+    _exec_as_main(code, __file__=script, __cached__=None, __loader__=None,
+                  __package__=None, __spec__=None)
     return 0
+
+
+def _exec_as_main(code, **attributes):
+    """Run ``code`` as ``python`` runs a script: in a new ``__main__`` module that
+    ``__mp_main__`` names too. multiprocessing aliases the two when it is first
+    imported; imported before us (a sitecustomize, a .pth), it would have
+    aliased our own ``__main__``, and the batches of a class defined in the
+    script, which spawned workers pickle as ``__mp_main__.X``, could not be
+    found when they come back."""
+    import builtins
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(attributes, __builtins__=builtins)
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = main
+    exec(code, main.__dict__)

@@ -334,3 +334,27 @@ def test_sitecustomize_template_keeps_the_users_own(tmp_path):
             " sys.modules['autosafe_torch'].is_active())\n")
     result = run_script(tmp_path, body, activation="sitecustomize", start_method="spawn")
     assert "METHOD spawn True" in result.stdout, result
+
+
+def test_cli_script_classes_come_back_from_spawn_workers(tmp_path):
+    """multiprocessing imported at start-up (here by the platform simulator)
+    aliases __mp_main__ to the __main__ of that moment; `autosafe-torch run`
+    makes it the script's, as `python script.py` has it, so a batch of a class
+    defined in the script comes back from a spawn worker."""
+    body = """
+import collections
+import torch
+from torch.utils.data import DataLoader, Dataset
+Sample = collections.namedtuple("Sample", "x i")
+class DS(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return Sample(torch.tensor([float(i)]), i)
+if __name__ == "__main__":
+    digest(DataLoader(DS(), batch_size=2, num_workers=2))
+"""
+    plain = run_script(tmp_path, body, start_method="spawn")
+    shimmed = run_script(tmp_path, body, start_method="spawn", activation="cli")
+    assert plain.rc == 0 and shimmed.rc == 0, shimmed
+    assert shimmed.batches == plain.batches
