@@ -14,17 +14,20 @@ _UNSET = object()
 
 
 class Facts:
-    __slots__ = ("platform", "start_method", "cpus_usable", "accelerator", "cuda_initialized",
+    __slots__ = ("platform", "start_method", "cpus_usable", "cpus_affinity", "accelerator",
+                 "cuda_initialized",
                  "shm_available", "open_file_limit", "sharing_strategy",
                  "pin_memory_warns")
 
-    def __init__(self, platform=None, start_method=None, cpus_usable=None,
+    def __init__(self, platform=None, start_method=None, cpus_usable=None, cpus_affinity=None,
                  accelerator=None, cuda_initialized=False,
                  shm_available=None, open_file_limit=None, sharing_strategy=None,
                  pin_memory_warns=True):
         self.platform = platform or _rehearsed_platform()
         self.start_method = start_method or default_start_method(self.platform)
         self.cpus_usable = cpus_usable or 1
+        # What torch's own worker-count warning compares with (affinity only).
+        self.cpus_affinity = cpus_affinity or self.cpus_usable
         # "cuda", "mps", "xpu", ... or None when no accelerator is usable.
         self.accelerator = accelerator
         self.cuda_initialized = cuda_initialized
@@ -116,6 +119,13 @@ def cgroup_cpu_limit(root="/sys/fs/cgroup"):
     except ValueError:
         pass
     return None
+
+
+def cpus_affinity():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def cpus_usable():
@@ -223,7 +233,8 @@ def current(context=None):
     if _override is not None:
         return _override
     if not _static:
-        _static.update(cpus_usable=cpus_usable(), accelerator=accelerator(),
+        _static.update(cpus_usable=cpus_usable(), cpus_affinity=cpus_affinity(),
+                       accelerator=accelerator(),
                        pin_memory_warns=pin_memory_warns())
     return Facts(start_method=effective_start_method(context),
                  cuda_initialized=cuda_initialized(),

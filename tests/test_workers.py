@@ -6,7 +6,6 @@ fork = Linux): without autosafe_torch it fails (or gives wrong samples),
 with it exit 0 and the batches equal those of a ``num_workers=0`` run.
 """
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -306,7 +305,8 @@ AUGMENTED_WORKERS = DATA + textwrap.dedent('''
 def test_dl104_too_many_workers_is_advice_only(tmp_path, method):
     """3 workers on 1 usable CPU: torch warns, and the batches depend on the
     worker count (seeds, get_worker_info). The shim changes nothing, torch's
-    warning still reaches the user, and the record says advised."""
+    warning still reaches the user, and adds nothing to it (DL104 speaks only
+    where torch cannot see the limit: a cgroup quota)."""
     env = {"AUTOSAFE_TEST_CPUS": "1"}
     plain = run_script(tmp_path, AUGMENTED_WORKERS, env=env, start_method=method)
     log = tmp_path / "log.jsonl"
@@ -316,8 +316,7 @@ def test_dl104_too_many_workers_is_advice_only(tmp_path, method):
     assert plain.rc == 0 and warning in plain.stderr, plain
     assert shimmed.rc == 0 and warning in shimmed.stderr, shimmed
     assert shimmed.batches == plain.batches
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [(r["code"], r["action"], r["after"]) for r in records] == [("DL104", "advised", {})]
+    assert not log.exists(), log.read_text()
 
 
 SAFE_LOADERS = DATA + textwrap.dedent('''
@@ -422,12 +421,15 @@ def test_dl104_always_advises():
         def __iter__(self):
             return iter(())
 
+    quota = _facts().replace(cpus_usable=2, cpus_affinity=16)  # a container's CPU quota
     for dataset in (Stream(), [1, 2]):  # iterable or map-style: the count is the user's
         values = {"num_workers": 8, "dataset": dataset, "worker_init_fn": None}
-        found = workers.too_many_workers(values, Context(_facts().replace(cpus_usable=2)))
+        found = workers.too_many_workers(values, Context(quota))
         assert found.after == {} and found.strategy == "advice" and found.is_advice
+    # torch warns itself where the affinity is the limit: nothing to add
+    assert workers.too_many_workers(values, Context(quota.replace(cpus_affinity=2))) is None
     values["num_workers"] = 2
-    assert workers.too_many_workers(values, Context(_facts().replace(cpus_usable=2))) is None
+    assert workers.too_many_workers(values, Context(quota)) is None
 
 
 def test_main_guard_detection(tmp_path):

@@ -72,6 +72,9 @@ def _decide(bound, instance):
     """(bound arguments to call with, findings applied), or None: unchanged."""
     values = dict(_signature["defaults"])
     values.update(bound.arguments)
+    workers = values.get("num_workers")
+    if not isinstance(workers, int) or workers < 0:
+        return None  # torch rejects it, in its own words: nothing of ours applies
     ctx = Context(facts.current(values.get("multiprocessing_context")),
                   defaults=_signature["defaults"])
     found, work = engine.run_checks("dataloader.init", values, ctx)

@@ -28,7 +28,7 @@ GROUP = "dataloader"
 def prefetch_without_workers(args, ctx):
     default = ctx.defaults.get("prefetch_factor")
     value = args["prefetch_factor"]
-    if args["num_workers"] == 0 and value != default and _count(value) and value >= 0:
+    if args["num_workers"] == 0 and value != default and _count(value) and value >= 1:
         return prefetch_without_workers.rule.finding(
             {"prefetch_factor": args["prefetch_factor"]}, {"prefetch_factor": default},
             "prefetching happens in worker processes and there are none")

@@ -33,21 +33,20 @@ SAFE_FORK_PLATFORMS = ("linux",)
 # -- DL104, at construction ----------------------------------------------------
 
 @rule("DL104", "too-many-workers", GROUP,
-      "num_workers above the CPUs usable (affinity and cgroup quota): advice only, "
-      "the count is left as asked (each worker is seeded base_seed + worker_id and "
-      "batches go to workers round robin, so random augmentation, get_worker_info(), "
-      "sharding and barriers depend on it)",
-      "UserWarning: This DataLoader will create N worker processes in total. Our "
-      "suggested max number of worker in current system is M ... might get "
-      "DataLoader running slow or even freeze; oversubscription in containers, "
-      "whose CPU quota PyTorch's check ignores",
+      "num_workers above the container's CPU quota, which torch's own worker-count "
+      "warning (affinity only) misses: advice only, the count is left as asked (each "
+      "worker is seeded base_seed + worker_id and batches go to workers round robin, "
+      "so random augmentation, get_worker_info(), sharding and barriers depend on it)",
+      "oversubscription in containers (slow epochs, freezes) that torch's warning "
+      "'This DataLoader will create N worker processes in total...' does not see: it "
+      "reads the CPU affinity, not the cgroup quota",
       "num_workers=min(wanted, len(os.sched_getaffinity(0))) and the container's CPU quota",
       at="dataloader.init")
 def too_many_workers(values, ctx):
     facts = ctx.facts
     wanted, usable = values["num_workers"], facts.cpus_usable
-    if not wanted or wanted <= usable:
-        return None
+    if not wanted or wanted <= usable or wanted > facts.cpus_affinity:
+        return None  # enough CPUs, or torch warns itself (its message reaches the user)
     # No change: which worker fetches a batch, and with which seed, is part of
     # the batch (random augmentation); a dataset may wait for all its workers.
     return too_many_workers.rule.finding(
