@@ -271,3 +271,32 @@ def test_not_watched_in_warn_mode_or_disabled():
     finally:
         config.CONFIG.mode = was
     assert report.interventions() == []
+
+
+def test_the_users_own_timeout_is_torch_s_error(tmp_path):
+    """A loader with timeout=1 whose batch takes longer: torch's own
+    "DataLoader timed out after 1 seconds", as without the shim, and no
+    recovery (the user chose to give up; PyTorch's test_timeout)."""
+    from support import run_script
+
+    body = """
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        time.sleep(3)
+        return i
+if __name__ == "__main__":
+    try:
+        next(iter(DataLoader(Slow(), batch_size=2, num_workers=2, timeout=1)))
+    except RuntimeError as exc:
+        print("ERROR", exc)
+"""
+    plain = run_script(tmp_path, body, start_method="fork")
+    log = tmp_path / "log.jsonl"
+    shimmed = run_script(tmp_path, body, start_method="fork", activation="env",
+                         env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert "ERROR DataLoader timed out after 1 seconds" in plain.stdout, plain
+    assert shimmed.stdout == plain.stdout and not log.exists(), shimmed

@@ -288,9 +288,10 @@ class _WatchedWorkers(_MP_ITER, _Recording):
             if self._pin_memory and not self._pin_memory_thread.is_alive():
                 raise RuntimeError("Pin memory thread exited unexpectedly")
             waited = time.monotonic() - start
+            if self._timeout > 0 and waited >= self._timeout:
+                # The user's own limit: torch's error, as torch raises it; no recovery.
+                raise RuntimeError("DataLoader timed out after %s seconds" % self._timeout)
             if limit is not None and waited >= limit:
-                if not watch.floor:
-                    raise RuntimeError("DataLoader timed out after %s seconds" % self._timeout)
                 info = self._task_info.get(self._rcvd_idx) or (None,)
                 worker = info[0]
                 pid = self._workers[worker].pid if worker is not None else None
