@@ -437,3 +437,18 @@ def test_main_guard_detection(tmp_path):
     script.write_text("import sys\nx = 1\nif __name__ == '__main__':\n    y = 2\n    z = 3\n")
     lines = guarded_lines(str(script))
     assert lines == {4, 5}
+
+
+def test_a_repair_turned_off_leaves_torch_s_error():
+    """With DL202 disabled, a lambda worker_init_fn under spawn is not taken down
+    the ladder by DL201 either: the user turned that repair off, torch's error
+    stands (PyTorch's test_worker_init_fn_forkserver passes with DL202 off)."""
+    from autosafe_torch.config import CONFIG
+
+    CONFIG.disabled = frozenset({"DL202"})
+    args = {"num_workers": 2, "multiprocessing_context": "spawn",
+            "dataset": [1, 2, 3], "collate_fn": None, "worker_init_fn": lambda i: None,
+            "timeout": 0}
+    found = run_checks("dataloader.iter", args,
+                       Context(_facts(platform="linux"), main_guarded=lambda: True))[0]
+    assert found == []

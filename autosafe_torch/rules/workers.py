@@ -194,12 +194,12 @@ def unpicklable_dataset(args, ctx):
     if not _spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
-    repaired = not plan.failures \
-        and (not (plan.by_value or plan.nested) or ctx.found("DL202")) \
-        and (not plan.pools or ctx.found("DL208")) \
-        and (not plan.classes or ctx.found("DL203"))
-    if not repaired:
+    if plan.failures:
         return _fallback(unpicklable_dataset, args, ctx, None)
+    needed = {"DL202": plan.by_value or plan.nested, "DL203": plan.classes,
+              "DL208": plan.pools}
+    if any(need and not ctx.found(code) for code, need in needed.items()):
+        return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
     if plan.files:
         from ..remedies import reopen
 
