@@ -323,7 +323,8 @@ def test_a_dataset_that_reopens_per_process_is_recognised(tmp_path):
 
 @pytest.mark.parametrize("kind, strategy", [
     ("sqlite", "repair: reopen read-only files by path in each worker"),
-    ("text-lf", "repair: reopen read-only files by path in each worker"),
+    pytest.param("text-lf", "repair: reopen read-only files by path in each worker",
+                 marks=pytest.mark.heavy),
     ("text-crlf", "emulated workers (in process)"),  # as on macOS: no fork rung
 ])
 def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strategy):

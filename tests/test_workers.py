@@ -164,6 +164,7 @@ def test_dl202_lambda_collate_fn_by_value(tmp_path, method):
     assert "DL202 local-function-to-workers: fixed 2 time(s)" in good.stderr
 
 
+@pytest.mark.heavy
 def test_dl202_lambda_behind_an_injected_worker_step(tmp_path):
     """cv2 imported: CV401/CV402 wrap the user's lambda worker_init_fn in a
     step of ours; the lambda inside still travels by value."""
@@ -230,6 +231,7 @@ def test_dl204_unguarded_main(tmp_path, method, reference):
     assert "start method: fork" in _logged(good, "DL204")[0]
 
 
+@pytest.mark.heavy
 def test_dl204_script_from_stdin(tmp_path):
     """`python - < train.py`: spawn children try to run a file named '<stdin>'."""
     body = PRELUDE + "import torch\nfrom torch.utils.data import DataLoader\n" \
