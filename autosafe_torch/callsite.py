@@ -250,6 +250,7 @@ def iteration_site(loader):
 
 
 _sites = {}  # (caller code, line, its caller's code, line) -> "file:line"
+_hot_skip = None
 _SITES_LIMIT = 4096
 
 
@@ -260,7 +261,10 @@ def cached_call_site(instance=None):
     file name is cheap, reading a frame's locals (which ``user_call_site``
     does to skip a subclass's own ``__init__``) is not.
     """
-    skip = _prefixes()[0] + ("<frozen",)
+    global _hot_skip
+    if _hot_skip is None:  # once: this runs on every autocast step that has a finding
+        _hot_skip = _prefixes()[0] + ("<frozen",)
+    skip = _hot_skip
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back
