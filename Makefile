@@ -4,6 +4,8 @@
 # the newest torch with several GB of CUDA packages.
 PYTHON ?= python3
 PYTEST_ARGS ?=
+# pytest-xdist processes for `make test` and `make heavy` (0: serial).
+TEST_JOBS ?= 2
 INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 
 .PHONY: install-test test heavy demo bench readme integration
@@ -12,13 +14,13 @@ install-test:
 	$(INSTALL) ".[test]"
 
 test: install-test
-	$(PYTHON) -m pytest -m "not gpu and not integration and not heavy" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "not gpu and not integration and not heavy" $(PYTEST_ARGS)
 
 # Every scenario under every start method and rehearsed platform: `make test`
 # runs each scenario once, the start method rotating, to stay under 10 minutes
 # on 2 cores; CI runs this too.
 heavy: install-test
-	$(PYTHON) -m pytest -m "heavy and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "heavy and not gpu" $(PYTEST_ARGS)
 
 # Real runs through Lightning, Accelerate, MONAI and torchrun (tests/integration/).
 # The frameworks are pinned with torch in constraints-integration.txt, which

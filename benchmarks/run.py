@@ -262,7 +262,7 @@ FIGURES = {
     "9": lambda: __import__("mission").figure("9"),
     "10": figure10,
     # Figures from other modules, one line each: a module of benchmarks/ with a
-    # function returning a list of common.Row. Last: it imports autosafe_torch here.
+    # function returning a list of common.Row.
     "11": lambda: __import__("recovery").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
@@ -325,6 +325,11 @@ savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster).
    what keeping workers across epochs would save (issue 14 (c)).
 10. (optional, `--only 10`) The JPEG pipeline (benchmarks/pipeline.py) with
    AUTOSAFE_TORCH=1, with and without `AUTOSAFE_TORCH_DISABLE=cv2`.
+11. Recovery (benchmarks/recovery.py, issue 13), in one child: (a) 2 persistent fork
+   workers, trivial batches, epochs alternating between watched and unwatched
+   (DL210-DL214 disabled); (b) the watch's per-batch work timed alone, as % of that
+   batch; (c) an epoch with worker 1 SIGKILLed after batch 3 minus the same epoch
+   unharmed, pairs alternating.
 
 Child processes run without PYTHONDONTWRITEBYTECODE, so cached bytecode is used as on
 a normal installation.

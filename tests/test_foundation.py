@@ -5,9 +5,11 @@ num_workers=0) serves as the probe rule because its failure is a ValueError.
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -304,7 +306,9 @@ def test_cli_options_and_module(tmp_path):
 
 
 def test_console_script_and_doctor():
-    proc = subprocess.run(["autosafe-torch", "doctor", "--json"], capture_output=True, text=True,
+    # the console script installed beside this interpreter, not whichever is first on PATH
+    script = os.path.join(sysconfig.get_path("scripts"), "autosafe-torch")
+    proc = subprocess.run([script, "doctor", "--json"], capture_output=True, text=True,
                           env=clean_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

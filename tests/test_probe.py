@@ -9,9 +9,8 @@ import tracemalloc
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
-from autosafe_torch.inspection.mainmodule import interactive_main
 from autosafe_torch.inspection.probe import probe, probe_loader_parts
-from support import run_script
+from support import clean_env, run_script
 
 
 class Holder(Dataset):
@@ -122,8 +121,23 @@ def test_probe_loader_parts_lists_failing_parts_only():
     assert probe_loader_parts(Holder(), None, None) == []
 
 
-def test_not_interactive_under_pytest():
-    assert interactive_main() is False
+def test_interactive_main_only_where_the_child_cannot_import_it(tmp_path):
+    """A script or ``-m`` module can be re-imported by a spawned child;
+    ``-c`` and stdin cannot (a subprocess each: pytest's own ``__main__``
+    differs by how it was started, e.g. under pytest-xdist it is ``-c``)."""
+    (tmp_path / "showmain.py").write_text(
+        "from autosafe_torch.inspection.mainmodule import interactive_main\n"
+        "print(interactive_main())\n")
+    code = (tmp_path / "showmain.py").read_text()
+    env = clean_env({"PYTHONPATH": str(tmp_path)})
+    seen = {}
+    for how, args, stdin in (("script", ["showmain.py"], None), ("-m", ["-m", "showmain"], None),
+                             ("-c", ["-c", code], None), ("stdin", ["-"], code)):
+        proc = subprocess.run([sys.executable] + args, cwd=tmp_path, env=env, input=stdin,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        seen[how] = proc.stdout.strip()
+    assert seen == {"script": "False", "-m": "False", "-c": "True", "stdin": "True"}
 
 
 def test_interactive_main_classes_fail_as_in_the_child():
