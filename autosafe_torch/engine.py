@@ -77,7 +77,8 @@ def settle(findings, call_site, args=None):
 
 
 _REPEATS_LIMIT = 4096
-_repeats = {}  # (findings, call site) -> the Interventions to count again
+_repeats = {}  # (findings, call site) -> (the Interventions to count again, applied)
+_count_again = None  # report.count_again, bound by the first settle_repeated
 
 
 def settle_repeated(findings, call_site):
@@ -85,24 +86,23 @@ def settle_repeated(findings, call_site):
     at a site, fix mode only adds to the count of the records the first time
     made, as ``report.record`` does for a known (code, call site). For
     findings without remedies (the AMP rules)."""
+    global _count_again
     if CONFIG.mode != "fix":
         return settle(findings, call_site)
     key = (findings, call_site)
     again = _repeats.get(key)
-    if again is None:
-        from .report import interventions
+    if again is not None:  # the hot path: one lookup, one count
+        _count_again(again[0])
+        return again[1]
+    from .report import count_again, interventions
 
-        applied = settle(findings, call_site)
-        if len(_repeats) < _REPEATS_LIMIT:
-            known = {(i.code, i.call_site): i for i in interventions()}
-            _repeats[key] = [known[(f.rule.code, call_site)] for f in findings
-                             if (f.rule.code, call_site) in known]
-        return applied
-    from .report import record
-
-    for intervention in again:
-        record(intervention)
-    return any(not f.is_advice for f in findings)
+    _count_again = count_again
+    applied = settle(findings, call_site)
+    if len(_repeats) < _REPEATS_LIMIT:
+        known = {(i.code, i.call_site): i for i in interventions()}
+        _repeats[key] = ([known[(f.rule.code, call_site)] for f in findings
+                          if (f.rule.code, call_site) in known], applied)
+    return applied
 
 
 def decide_or(default, where, decide, *args):

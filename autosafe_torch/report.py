@@ -151,6 +151,14 @@ def record(intervention):
     return intervention
 
 
+def count_again(recorded):
+    """One more occurrence of each of these already recorded interventions
+    (``record``'s count, for the caller that kept them: autocast every step)."""
+    with _lock:
+        for intervention in recorded:
+            intervention.count += 1
+
+
 def _in_worker_process():
     """True in a process started by multiprocessing (a DataLoader worker)."""
     mp_process = sys.modules.get("multiprocessing.process")
