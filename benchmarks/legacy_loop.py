@@ -8,8 +8,8 @@ into DIR/images.bin (smooth random images, written once).
 DataLoader (batch 16, 64 batches per epoch) with a training step that sleeps
 32 ms, as an accelerator step waits without using the CPU, and prints one
 JSON line: each epoch's time (from ``iter(loader)`` to the end of the last
-step, so the first includes starting the workers), a checksum of the
-images, one of the per-sample random draws, and what autosafe_torch did.
+step, so the first includes starting the workers), the part of it spent
+checking batches, a checksum of the images, one of the per-sample random draws, and what autosafe_torch did.
 
 Datasets (each sample: read from the packed file, three cv2.GaussianBlur,
 a resize to 224×224, HWC -> CHW tensor, a label, and one ``torch.randint``
@@ -115,7 +115,7 @@ def run(directory, dataset, workers, start, epochs, persistent, threads):
     cls = {"legacy": LegacyDataset, "handsafe": HandSafeDataset, "stuck": StuckDataset}[dataset]
     loader = DataLoader(cls(directory), batch_size=BATCH, num_workers=workers,
                         persistent_workers=persistent)
-    images, draws, epoch_s = [], [], []
+    images, draws, epoch_s, check_s = [], [], [], []
     for _ in range(epochs):
         t0 = time.perf_counter()
         if threads:
@@ -124,13 +124,21 @@ def run(directory, dataset, workers, start, epochs, persistent, threads):
             batches = EmulatedWorkersIter(loader, threaded=True)
         else:
             batches = loader
+        checking = 0.0
         for x, _labels, drawn in batches:
-            images.append(int(x.sum()))
+            # The batch check is ours, not the loop's: numpy's sum runs on this
+            # thread. torch's x.sum() would open an OpenMP region on torch's 2
+            # intra-op threads, which stalls while 2 workers hold both cores
+            # (measured: 11-23 ms a batch with workers, 2 ms without).
+            c0 = time.perf_counter()
+            images.append(int(x.numpy().sum(dtype=np.int64)))
             draws.append(tuple(drawn.tolist()))
+            checking += time.perf_counter() - c0
             time.sleep(STEP_S)                   # the accelerator's step
         epoch_s.append(time.perf_counter() - t0)
+        check_s.append(checking)
     mod = sys.modules.get("autosafe_torch")
-    out = {"epoch_s": epoch_s, "batches": len(images),
+    out = {"epoch_s": epoch_s, "check_s": check_s, "batches": len(images),
            "images": hash(tuple(images)) & 0xFFFFFFFF, "draws": hash(tuple(draws)) & 0xFFFFFFFF,
            "autosafe_active": bool(mod and mod.is_active()),
            "interventions": sorted({"%s:%s" % (i.code, i.strategy or "")
