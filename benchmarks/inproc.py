@@ -182,7 +182,8 @@ def fig5():
     n = 2048 if QUICK else 4096
     ds = TensorDataset(torch.arange(n * 8, dtype=torch.float32).view(n, 8),
                        torch.arange(n))
-    blocks, epochs = (4, 1) if QUICK else (40, 1)
+    # 8 epochs (about 130 ms) a block: with 1 (16 ms) the min-max spanned -35 % to +66 %.
+    blocks, epochs = (4, 1) if QUICK else (40, 8)
     rows = []
 
     def measure0():

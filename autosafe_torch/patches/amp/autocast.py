@@ -115,7 +115,13 @@ def patch_deprecated(legacy, call, base):
     @functools.wraps(deprecated_new_func)
     def __new__(cls, *args, **kwargs):
         if cls is legacy:  # the original warns only for the class itself
-            quiet = engine.decide_or(False, "%s.__new__" % call.api, _route_decision, call)
+            try:  # inline, not decide_or: this runs every step
+                quiet = _route_decision(call)
+            except engine.UnsafeCallError:
+                raise
+            except Exception as exc:
+                internal_error("%s.__new__" % call.api, exc)
+                quiet = False
             if not quiet:
                 return deprecated_new_func(cls, *args, **kwargs)
         return base_new(cls)
