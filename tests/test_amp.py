@@ -470,3 +470,29 @@ def test_gpu_legacy_calls_are_routed_with_the_same_results(tmp_path):
     assert with_.stdout == without.stdout == modern.stdout
     logged = set(re.findall(r"(AMP50\d) [a-z-]+ at ", with_.stderr))
     assert logged == {"AMP501", "AMP502"}, with_.stderr
+
+
+@needs_deprecated_names
+def test_a_fault_in_the_legacy_route_runs_the_original_call(tmp_path):
+    """Fail open on the every-step path: the deprecated class is built by
+    torch's own code (its FutureWarning included), and the fault is logged once."""
+    body = """
+import warnings
+import autosafe_torch.patches.amp.autocast as m
+def boom(*a, **k):
+    raise RuntimeError('injected')
+m.cached_call_site = boom
+import torch
+warnings.simplefilter("always")
+for _ in range(3):
+    with warnings.catch_warnings(record=True) as seen:
+        with torch.cuda.amp.autocast(enabled=False):
+            print("INSIDE", torch.is_autocast_enabled("cuda"))
+    print("FUTUREWARNING", any(issubclass(w.category, FutureWarning) for w in seen))
+"""
+    result = run_script(tmp_path, body, activation="import")
+    assert result.rc == 0, result
+    assert result.stdout.count("INSIDE False") == 3, result
+    assert result.stdout.count("FUTUREWARNING True") == 3, result
+    assert result.stderr.count("internal error in torch.cuda.amp.autocast.__new__ "
+                               "(RuntimeError: injected)") == 1, result
