@@ -86,6 +86,20 @@ def run(tmp_path, name, text, shim, start_method, torchrun=False, timeout=600):
     return Run(proc, log)
 
 
+_plain_runs = {}
+
+
+def plain_run(tmp_path, name, method, torchrun=False):
+    """The unchanged script without autosafe_torch, run once per (script,
+    start method) and kept: the reference its shim runs are compared with."""
+    key = (name, method)
+    if key not in _plain_runs:
+        plain = run(tmp_path, name, script_text(name), False, method, torchrun=torchrun)
+        assert plain.rc == 0, plain
+        _plain_runs[key] = plain
+    return _plain_runs[key]
+
+
 def line_of(text, needle):
     for number, line in enumerate(text.splitlines(), 1):
         if needle in line:

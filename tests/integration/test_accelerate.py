@@ -9,7 +9,7 @@ the user's DataLoader line, with Accelerate's frame second.
 
 import pytest
 
-from runner import START_METHODS, line_of, run, script_text, site_re
+from runner import START_METHODS, line_of, plain_run, run, script_text, site_re
 
 FRAMEWORK = "accelerate"
 NAME = "accelerate_train.py"
@@ -22,15 +22,10 @@ PLAIN_ERROR = {
     "unguarded-main": "current process has finished its bootstrapping phase",
 }
 EXPECTED = {"lambda-transform": "DL202", "unguarded-main": "DL204"}  # the lambda by value
-_healthy = {}
 
 
 def healthy(tmp_path, method):
-    if method not in _healthy:
-        plain = run(tmp_path, NAME, script_text(NAME), False, method)
-        assert plain.rc == 0, plain
-        _healthy[method] = plain.batches()
-    return _healthy[method]
+    return plain_run(tmp_path, NAME, method).batches()
 
 
 @pytest.mark.parametrize("method", START_METHODS)

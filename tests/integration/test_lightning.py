@@ -9,21 +9,17 @@ user's lines, never Lightning's.
 
 import pytest
 
-from runner import START_METHODS, line_of, run, script_text, site_re
+from runner import START_METHODS, line_of, plain_run, run, script_text, site_re
 
 FRAMEWORK = "lightning"
 NAME = "lightning_train.py"
 MISTAKE = [("num_workers=NUM_WORKERS)",
             "num_workers=0, prefetch_factor=4, persistent_workers=True)")]
-_healthy = {}
 
 
 def healthy(tmp_path, method):
-    if method not in _healthy:
-        plain = run(tmp_path, NAME, script_text(NAME), False, method)
-        assert plain.rc == 0, plain
-        _healthy[method] = (plain.batches(), plain.batches("PREDICT"))
-    return _healthy[method]
+    plain = plain_run(tmp_path, NAME, method)
+    return plain.batches(), plain.batches("PREDICT")
 
 
 @pytest.mark.parametrize("method", START_METHODS)

@@ -10,20 +10,15 @@ no DataLoader intervention.
 
 import pytest
 
-from runner import START_METHODS, line_of, run, script_text, site_re
+from runner import START_METHODS, line_of, plain_run, run, script_text, site_re
 
 FRAMEWORK = "monai"
 NAME = "monai_train.py"
 MISTAKE = [("func=invert)", "func=lambda x: 1 - x)")]
-_healthy = {}
 
 
 def healthy(tmp_path, method):
-    if method not in _healthy:
-        plain = run(tmp_path, NAME, script_text(NAME), False, method)
-        assert plain.rc == 0, plain
-        _healthy[method] = plain.batches()
-    return _healthy[method]
+    return plain_run(tmp_path, NAME, method).batches()
 
 
 def _no_loader_interventions(run_):

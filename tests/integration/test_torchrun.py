@@ -5,7 +5,7 @@ macOS, launched as ``autosafe-torch run -m torch.distributed.run
 
 import pytest
 
-from runner import START_METHODS, line_of, run, script_text, site_re
+from runner import START_METHODS, line_of, plain_run, run, script_text, site_re
 
 FRAMEWORK = "torch.distributed.run"
 NAME = "torchrun_train.py"
@@ -15,15 +15,12 @@ MISTAKE = [
     ('        if self.file is None:\n            self.file = open(self.path, "rb")\n', ""),
 ]
 EXPECTED = {"fork": "DL207", "spawn": "DL201"}
-_healthy = {}
 
 
 def healthy(tmp_path, method):
-    if method not in _healthy:
-        plain = run(tmp_path, NAME, script_text(NAME), False, method, torchrun=True)
-        assert plain.rc == 0 and sorted(plain.batches()) == [0, 1], plain
-        _healthy[method] = plain.batches()
-    return _healthy[method]
+    plain = plain_run(tmp_path, NAME, method, torchrun=True)
+    assert sorted(plain.batches()) == [0, 1], plain
+    return plain.batches()
 
 
 @pytest.mark.parametrize("method", START_METHODS)
