@@ -105,6 +105,11 @@ def settle_repeated(findings, call_site):
     return applied
 
 
+def forget_repeats():
+    """After ``report.clear()``: the next call at a site is recorded anew."""
+    _repeats.clear()
+
+
 def decide_or(default, where, decide, *args):
     """``decide(*args)``, failing open: an error of ours is logged once and
     ``default`` is returned, so that the caller runs the original call

@@ -201,6 +201,10 @@ def clear():
     with _lock:
         _records.clear()
         _errors_logged.clear()
+    # and the repeats engine.settle_repeated counts into the records just dropped
+    engine = sys.modules.get(__package__ + ".engine")
+    if engine is not None:
+        engine.forget_repeats()
 
 
 def internal_error(where, exc):

@@ -111,6 +111,20 @@ def test_amp501_routes_a_deprecated_autocast_name():
     assert r.deprecated_autocast_api({}, ctx(WITH_CUDA, FakeCaps(), MODERN_AUTOCAST)) is None
 
 
+def test_a_repeated_route_counts_into_the_record_and_is_recorded_anew_after_clear():
+    from autosafe_torch import engine, report
+
+    call = AmpCall("torch.cuda.amp.autocast", device="cuda", takes_device=False,
+                   route="torch.amp.autocast('cuda')")
+    found = (r.deprecated_autocast_api({}, ctx(WITH_CUDA, FakeCaps(), call)),)
+    for _ in range(3):
+        assert engine.settle_repeated(found, "train.py:7") is True
+    assert [(i.code, i.count) for i in report.interventions()] == [("AMP501", 3)]
+    report.clear()
+    assert engine.settle_repeated(found, "train.py:7") is True
+    assert [(i.code, i.count) for i in report.interventions()] == [("AMP501", 1)]
+
+
 def test_amp502_routes_the_legacy_scaler_with_its_device():
     codes, fixed = scaler_outcome(scaler_args(init_scale=1024.0), WITH_CUDA, LEGACY_SCALER)
     assert codes == ["AMP502"]
