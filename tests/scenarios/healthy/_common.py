@@ -14,6 +14,7 @@ shim; everything is deterministic for a given seed, whatever the start method.
 import hashlib
 import pickle
 import random
+import struct
 import sys
 import warnings
 
@@ -104,3 +105,21 @@ def seed_all(seed):
 def num_workers(default=2):
     """Scenarios take the worker count as their first argument."""
     return int(sys.argv[1]) if len(sys.argv) > 1 else default
+
+
+# -- a file of fixed-size (key, value) records, for the open-file scenarios ----
+
+RECORD = struct.Struct("<qd")
+
+
+def write_records(path, n, scale):
+    """Records (i, i * scale) for i < n."""
+    with open(path, "wb") as out:
+        for i in range(n):
+            out.write(RECORD.pack(i, i * scale))
+
+
+def key_value_pairs(batches):
+    """(key, value) pairs of (key, value, augmentation) batches, without the
+    augmentation (which depends on the workers)."""
+    return [(k.tolist(), v.tolist()) for k, v, _ in batches]

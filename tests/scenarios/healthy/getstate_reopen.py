@@ -6,21 +6,14 @@ Checked against the known-safe run: num_workers=0 in the same script.
 """
 
 import os
-import struct
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from _common import digest_of, finish, num_workers, record_warnings, seed_all, state
+from _common import (RECORD, digest_of, finish, key_value_pairs, num_workers,
+                     record_warnings, seed_all, state, write_records)
 
-RECORD = struct.Struct("<qd")
 N = 16
-
-
-def write_data(path):
-    with open(path, "wb") as out:
-        for i in range(N):
-            out.write(RECORD.pack(i, i * 0.5))
 
 
 class Records(Dataset):
@@ -46,23 +39,18 @@ class Records(Dataset):
         return key, value, torch.rand(1)
 
 
-def plain(batches):
-    """(key, value) pairs, without the augmentation (which depends on the workers)."""
-    return [(k.tolist(), v.tolist()) for k, v, _ in batches]
-
-
 def main():
     record_warnings()
-    write_data("records.bin")
+    write_records("records.bin", N, 0.5)
     dataset = Records(os.path.abspath("records.bin"))
     seed_all(11)
-    reference = plain(DataLoader(dataset, batch_size=4, shuffle=True))
+    reference = key_value_pairs(DataLoader(dataset, batch_size=4, shuffle=True))
     seed_all(11)
     loader = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=num_workers())
     state("num_workers", loader.num_workers)
     batches = list(loader)
     print("BATCHES", digest_of(batches), flush=True)
-    pairs = plain(batches)
+    pairs = key_value_pairs(batches)
     state("matches_num_workers_0", pairs == reference)
     state("values_correct", all(v == k * 0.5 for kb, vb in pairs for k, v in zip(kb, vb)))
     finish()

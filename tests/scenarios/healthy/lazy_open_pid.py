@@ -8,21 +8,14 @@ leaves the parent's handle open, as a training script's evaluation would.
 """
 
 import os
-import struct
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from _common import digest_of, finish, num_workers, record_warnings, seed_all, state
+from _common import (RECORD, digest_of, finish, key_value_pairs, num_workers,
+                     record_warnings, seed_all, state, write_records)
 
-RECORD = struct.Struct("<qd")
 N = 16
-
-
-def write_data(path):
-    with open(path, "wb") as out:
-        for i in range(N):
-            out.write(RECORD.pack(i, i * 0.25))
 
 
 class LazyRecords(Dataset):
@@ -53,25 +46,21 @@ class LazyRecords(Dataset):
         return key, value, torch.rand(1)
 
 
-def plain(batches):
-    return [(k.tolist(), v.tolist()) for k, v, _ in batches]
-
-
 def main():
     record_warnings()
-    write_data("records.bin")
+    write_records("records.bin", N, 0.25)
     dataset = LazyRecords(os.path.abspath("records.bin"))
     seed_all(12)
-    reference = plain(DataLoader(dataset, batch_size=4, shuffle=True))
+    reference = key_value_pairs(DataLoader(dataset, batch_size=4, shuffle=True))
     state("parent_opened", dataset.file is not None)
     seed_all(12)
     loader = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=num_workers())
     state("num_workers", loader.num_workers)
     batches = list(loader) + list(loader)
     print("BATCHES", digest_of(batches), flush=True)
-    pairs = plain(batches[: len(batches) // 2])
+    pairs = key_value_pairs(batches[: len(batches) // 2])
     state("matches_num_workers_0", pairs == reference)
-    state("values_correct", all(v == k * 0.25 for kb, vb in plain(batches)
+    state("values_correct", all(v == k * 0.25 for kb, vb in key_value_pairs(batches)
                                 for k, v in zip(kb, vb)))
     finish()
 
