@@ -77,7 +77,7 @@ def healthy_overhead(config, pairs):
         ratios.append(times[True] / times[False])
         base.append(times[False])
     loaders.clear()
-    return (statistics.median(ratios) - 1) * 100, statistics.median(base) * 1e6, ratios
+    return statistics.median(base) * 1e6, ratios
 
 
 def bookkeeping_us(repeats, n=200000):
@@ -124,7 +124,7 @@ def bookkeeping_us(repeats, n=200000):
         watch = _Watch(frozenset({"hung", "died"}), 60.0, 0)
         watched = RecoveringIter(Watched(watch), loader, _Ladder(), watch)
         values.append((per_item(watched) - per_item(Bare())) * 1e6)
-    return statistics.median(values), values
+    return values
 
 
 def recover_killed_worker(pairs):
@@ -159,16 +159,15 @@ def recover_killed_worker(pairs):
         order = (True, False) if i % 2 == 0 else (False, True)
         times = {kill: epoch(kill) for kill in order}
         values.append(times[True] - times[False])
-    return statistics.median(values), values
+    return values
 
 
 def measure():
     """Every value of figure 11, as lists (one per pair or repetition)."""
     config = _setup()
-    pairs = 4 if QUICK else 12
-    _overhead, base_us, ratios = healthy_overhead(config, pairs)
-    _book, book_values = bookkeeping_us(3 if QUICK else 5)
-    _recover, recover_values = recover_killed_worker(3 if QUICK else 5)
+    base_us, ratios = healthy_overhead(config, 4 if QUICK else 12)
+    book_values = bookkeeping_us(3 if QUICK else 5)
+    recover_values = recover_killed_worker(3 if QUICK else 5)
     return {"start_method": "fork",
             "healthy_overhead_pct": [(r - 1) * 100 for r in ratios],
             "healthy_us_per_batch_unwatched": base_us,
