@@ -1,6 +1,7 @@
 """autosafe_torch: run legacy PyTorch scripts safely on any platform.
 
-``import autosafe_torch`` activates it (unless ``AUTOSAFE_TORCH=0``).
+``import autosafe_torch`` activates it (unless ``AUTOSAFE_TORCH=0``); so does
+``%load_ext autosafe_torch`` in IPython or Jupyter.
 Nothing heavy is imported here: the patches are applied when the program
 imports torch or cv2.
 """
@@ -15,6 +16,20 @@ def interventions():
     from . import report
 
     return report.interventions()
+
+
+def load_ipython_extension(ip):
+    """``%load_ext autosafe_torch`` in IPython or Jupyter."""
+    from . import notebook
+
+    notebook.load(ip)
+
+
+def unload_ipython_extension(ip):
+    """``%unload_ext autosafe_torch``."""
+    from . import notebook
+
+    notebook.unload(ip)
 
 
 def __getattr__(name):

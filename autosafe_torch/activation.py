@@ -12,7 +12,7 @@ import sys
 from .config import CONFIG, ENV_SWITCH, switch_state
 from .importhook import PostImportFinder
 
-_state = {"finder": None}
+_state = {"finder": None, "set_switch": False}
 
 
 def _hook_error(where, exc):
@@ -41,7 +41,9 @@ def activate(source="import"):
         return False
     if _state["finder"] is not None:
         return True
-    os.environ.setdefault(ENV_SWITCH, "1")
+    if ENV_SWITCH not in os.environ:  # for workers and children; deactivate() takes it back
+        os.environ[ENV_SWITCH] = "1"
+        _state["set_switch"] = True
     from .patches import TARGETS
 
     late = [name for name in TARGETS if name in sys.modules]
@@ -67,11 +69,15 @@ def activate(source="import"):
 
 
 def deactivate():
-    """Restore every original and stop watching imports."""
+    """Restore every original and stop watching imports (and take back the
+    ``AUTOSAFE_TORCH=1`` that ``activate`` set for workers and children)."""
     finder = _state["finder"]
     if finder is None:
         return
     _state["finder"] = None
+    if _state["set_switch"] and os.environ.get(ENV_SWITCH) == "1":
+        del os.environ[ENV_SWITCH]
+    _state["set_switch"] = False
     finder.uninstall()
     from . import patches
 

@@ -22,6 +22,13 @@ frame comes second:
 The loader built there inherits the origin, so a loader re-made from a
 re-made loader still names the user's line. Nothing here runs user code: it
 reads file names, line numbers and identities.
+
+In a Jupyter kernel each cell is compiled to a temporary file
+(``/tmp/ipykernel_PID/HASH.py``); a site there reads as IPython shows it in
+tracebacks, ``Cell In[4], line 6``.
+
+``as_if_called_from`` keeps torch's own warnings where they point without
+the shim, when a wrapper of ours calls what torch's replaced code called.
 """
 
 import os
@@ -98,7 +105,7 @@ def user_call_site(instance=None):
         filename = frame.f_code.co_filename
         if not (filename.startswith(skip) or filename.startswith("<frozen")
                 or (instance is not None and frame.f_locals.get("self") is instance)):
-            return "%s:%d" % (filename, frame.f_lineno)
+            return place(filename, frame.f_lineno)
         frame = frame.f_back
     return "<unknown>"
 
@@ -173,7 +180,22 @@ def _walk(instance, depth=64):
 
 
 def _here(frame):
-    return "%s:%d" % (frame.f_code.co_filename, frame.f_lineno)
+    return place(frame.f_code.co_filename, frame.f_lineno)
+
+
+def place(filename, lineno):
+    """``file:line``; in a Jupyter kernel, a cell as IPython names it in its
+    tracebacks: ``Cell In[4], line 6``."""
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and filename.endswith(".py"):
+        try:
+            shell = ipython.get_ipython()
+            named = shell.compile.format_code_name(filename) if shell is not None else None
+        except Exception:  # an IPython without format_code_name (before 8.0)
+            named = None
+        if named:
+            return "%s %s, line %d" % (named[0], named[1], lineno)
+    return "%s:%d" % (filename, lineno)
 
 
 def _relative(frame):
@@ -279,3 +301,63 @@ def cached_call_site(instance=None):
         if len(_sites) < _SITES_LIMIT:
             _sites[key] = site
     return site
+
+
+# -- torch's warnings, where torch would raise them ------------------------------
+
+def as_if_called_from(function, call, *args):
+    """``call(*args)``, made from the line of ``function`` (torch's code that a
+    wrapper of ours replaces) that calls it there.
+
+    A warning ``call`` raises with ``stacklevel=2`` names its caller: called
+    from our wrapper, it would name a file of ours. Called through a frame
+    whose code is compiled under ``function``'s file name, at that line, with
+    ``function``'s module globals, it names what it names without the shim
+    (torch's "This DataLoader will create N worker processes" names torch's
+    ``_get_iterator``), the module's once-per-place registry applies, and no
+    warning filter is touched. Where that line cannot be found, a plain call.
+    """
+    caller = _callers.get((function, getattr(call, "__name__", None)))
+    if caller is None:
+        caller = _make_caller(function, getattr(call, "__name__", None))
+        _callers[(function, getattr(call, "__name__", None))] = caller
+    if caller is False:
+        return call(*args)
+    return caller(call, args)
+
+
+_callers = {}
+
+
+def _make_caller(function, name):
+    """A function ``(call, args) -> call(*args)`` whose frame reads as
+    ``function``'s at the line that calls ``name``; False where there is none."""
+    import types
+
+    code = getattr(function, "__code__", None)
+    line = _line_calling(code, name) if code is not None and name else None
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    if line is None or line < 2 or module is None:
+        return False
+    source = "\n" * (line - 2) + "def %s(call, args):\n    return call(*args)\n" % (
+        code.co_name if code.co_name.isidentifier() else "caller")
+    compiled = compile(source, code.co_filename, "exec")
+    inner = next(c for c in compiled.co_consts if isinstance(c, types.CodeType))
+    return types.FunctionType(inner, module.__dict__)
+
+
+def _line_calling(code, name):
+    """The first line of ``code`` that loads ``name`` (a method it calls), or None."""
+    import dis
+
+    current = None
+    for instruction in dis.get_instructions(code):
+        number = getattr(instruction, "line_number", None)  # Python >= 3.13
+        if number is None and not isinstance(instruction.starts_line, bool):
+            number = instruction.starts_line
+        if number is not None:
+            current = number
+        if instruction.argval == name and instruction.opname.startswith(
+                ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL")):
+            return current
+    return None

@@ -1,4 +1,5 @@
-"""``autosafe-torch``: run a script with the shim, inspect the platform, list rules.
+"""``autosafe-torch``: run a script with the shim, inspect the platform, list and
+explain rules.
 
 ``run`` executes the script in this very process, as ``python script.py``
 would (``sys.argv``, ``sys.path[0]``, ``__main__``), after activating and
@@ -43,6 +44,10 @@ def _parser():
 
     rules = sub.add_parser("rules", help="the rule table")
     rules.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+
+    explain = sub.add_parser("explain", help="what a rule fixes, why, an example, the "
+                             "permanent fix and the torch versions it concerns")
+    explain.add_argument("code", metavar="CODE", help="a rule code (DL201) or slug")
     return p
 
 
@@ -103,7 +108,21 @@ def main(argv=None):
         else:
             print(report_text())
         return 0
+    if args.command == "explain":
+        return _explain(args.code)
     return _rules(args.format)
+
+
+def _explain(code):
+    from .rules import explain, find_rule
+
+    rule = find_rule(code)
+    if rule is None:
+        sys.stderr.write("autosafe-torch explain: no rule %r (`autosafe-torch rules` lists "
+                         "them)\n" % code)
+        return 2
+    print(explain(rule))
+    return 0
 
 
 def _rules(fmt):

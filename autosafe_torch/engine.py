@@ -59,21 +59,30 @@ def settle(findings, call_site, args=None):
     from .report import Intervention, record
 
     fixing = CONFIG.mode == "fix"
+    made = []
     for f in findings:
-        if f.is_advice:
-            action = "advised"
-        elif fixing:
-            action = "fixed"
+        action = "advised" if f.is_advice else "fixed" if fixing else "would-fix"
+        r = f.rule
+        made.append(Intervention(r.code, r.slug, f.before, f.after, f.why, f.fix,
+                                 call_site, f.strategy, action, f.done))
+    _join_clauses(findings, made)
+    for f, intervention in zip(findings, made):
+        if fixing and not f.is_advice:
             for remedy in f.remedies:
                 changed = remedy(args)
                 if changed and args is not None:
                     args.update(changed)
-        else:
-            action = "would-fix"
-        r = f.rule
-        record(Intervention(r.code, r.slug, f.before, f.after, f.why, f.fix,
-                            call_site, f.strategy, action))
+        record(intervention)
     return fixing and bool(actions)
+
+
+def _join_clauses(findings, made):
+    """A finding that only makes an earlier one fast (DL209 after DL201) is a
+    clause of that one's line (``Rule.clause_of``), not a line of its own."""
+    for i, f in enumerate(findings):
+        hosts = [made[j] for j in range(i) if findings[j].rule.code in f.rule.clause_of]
+        if hosts:
+            hosts[-1].clauses.append(made[i])
 
 
 _REPEATS_LIMIT = 4096

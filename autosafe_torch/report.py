@@ -5,12 +5,25 @@ it once per (rule code, call site), so a loader built every epoch logs once;
 the count keeps growing in the record. No ``basicConfig``: when neither our
 logger nor the root logger has a handler, a stderr handler of our own
 speaks; as soon as the application configures logging, it takes over.
+
+What a person reads is short, in the convention of compilers and linters::
+
+    train.py:48: DL201 unpicklable-dataset: dataset.fh (an open file) reopened by path in each of 2 workers
+      fix: open files lazily in __getitem__ (or in worker_init_fn), not in __init__
+
+the user's file:line (relative under the working directory; ``Cell In[4],
+line 6`` in a notebook), the rule, what was done to what, and the permanent
+fix. A finding that only makes another one fast (DL209) is a clause of that
+line. The details (before/after, strategy, rung, why) go to the JSON log
+and, with ``AUTOSAFE_TORCH_DEBUG=1``, to the lines below the record.
 """
 
 import json
 import logging
 import os
+import re
 import sys
+import textwrap
 import threading
 import time
 
@@ -22,7 +35,7 @@ logger = logging.getLogger(LOGGER_NAME)
 
 # Field names of a JSON-lines object; documented in the README, keep stable.
 JSON_FIELDS = ("time", "pid", "rank", "code", "slug", "action", "strategy",
-               "call_site", "before", "after", "why", "fix")
+               "call_site", "before", "after", "why", "fix", "done")
 # Added to the object only when the launcher (torchrun) set them.
 JSON_OPTIONAL_FIELDS = ("local_rank", "world_size")
 
@@ -49,10 +62,10 @@ class Intervention:
 
     __slots__ = ("code", "slug", "before", "after", "why", "fix", "call_site",
                  "strategy", "action", "pid", "rank", "local_rank", "world_size", "time",
-                 "count")
+                 "count", "done", "clauses", "said")
 
     def __init__(self, code, slug, before, after, why, fix, call_site,
-                 strategy=None, action="fixed"):
+                 strategy=None, action="fixed", done=None):
         self.code = code
         self.slug = slug
         self.before = before
@@ -68,6 +81,9 @@ class Intervention:
         self.world_size = _env_int("WORLD_SIZE")
         self.time = time.time()
         self.count = 1
+        self.done = done or code
+        self.clauses = []   # interventions said on this one's line (DL209 on DL201's)
+        self.said = False   # said on another's line
 
     def as_dict(self):
         out = {name: getattr(self, name) for name in JSON_FIELDS}
@@ -77,27 +93,81 @@ class Intervention:
                 out[name] = value
         return out
 
+    def headline(self):
+        """``path:line: CODE slug: what was done to what``."""
+        text = "; ".join([self.done] + [c.done for c in self.clauses])
+        if self.action == "would-fix":
+            text = "not applied (warn mode): " + text
+        elif self.action == "advised" and not text.startswith("advice"):
+            text = "advice, nothing changed: " + text
+        if self.rank is not None:
+            text += " (rank %d)" % self.rank
+        return "%s: %s %s: %s" % (shown_site(self.call_site), self.code, self.slug,
+                                  clip(text, HEADLINE_LIMIT))
+
     def message(self):
-        if self.after:
-            verb = "would change" if self.action == "would-fix" else "changed"
-            change = ", ".join("%s %s -> %s" % (k, _short(self.before.get(k)), _short(v))
-                               for k, v in self.after.items())
-        else:  # a repair, or advice: no argument changes
-            verb = {"would-fix": "would act on", "advised": "advice, nothing changed, on"
-                    }.get(self.action, "acted on")
-            change = ", ".join("%s %s" % (k, _short(v)) for k, v in self.before.items())
-        strategy = " [strategy: %s]" % self.strategy if self.strategy else ""
-        return "%s %s at %s: %s %s: %s%s. Permanent fix: %s" % (
-            self.code, self.slug, self.call_site, verb, change, self.why,
-            strategy, self.fix)
+        """The record as a person reads it: the headline, then the permanent fix."""
+        return "%s\n%s" % (self.headline(), textwrap.fill(
+            self.fix, FIX_WIDTH, initial_indent="  fix: ", subsequent_indent="       ",
+            break_on_hyphens=False))
+
+    def details(self):
+        """What ``AUTOSAFE_TORCH_DEBUG=1`` adds below the record (as the JSON log has it)."""
+        lines = ["  strategy: %s" % self.strategy] if self.strategy else []
+        lines += ["  before: %r" % (self.before,), "  after: %r" % (self.after,)]
+        if self.why:
+            lines.append("  why: %s" % self.why)
+        return "\n".join(lines)
 
     def __repr__(self):
-        return "Intervention(%s)" % self.message()
+        return "Intervention(%s)" % self.headline()
 
 
-def _short(value, limit=80):
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+# What a person reads: the headline (beyond the path) and the fix's lines stay
+# under 200 characters; the JSON log keeps everything.
+HEADLINE_LIMIT = 170
+FIX_WIDTH = 100
+
+
+def clip(text, limit):
+    """``text`` cut at a word before ``limit`` characters, marked with "...";
+    one line (a traceback's first line, never the rest of it)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit - 3)
+    return text[: cut if cut > limit // 2 else limit - 3].rstrip(" ,;:") + "..."
+
+
+_SITE = re.compile(r"^(.+?):(\d+)((?: \(via .*)?)$")
+
+
+def shown_path(path):
+    """``path`` as the user gave it: relative when under the working directory."""
+    try:
+        if os.path.isabs(path):
+            cwd = os.getcwd()
+            if path.startswith(cwd.rstrip(os.sep) + os.sep):
+                return os.path.relpath(path, cwd)
+    except (OSError, ValueError):
+        pass
+    return path
+
+
+def shown_site(site):
+    """A call site (``/abs/train.py:48 (via lib.py:3)``) with its path as shown."""
+    found = _SITE.match(site) if isinstance(site, str) else None
+    if found is None:
+        return str(site)
+    return "%s:%s%s" % (shown_path(found.group(1)), found.group(2), found.group(3))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
+
+
+def without_addresses(text):
+    """``<function f at 0x7f...>`` -> ``<function f>``: nothing a person can use."""
+    return _ADDRESS.sub(lambda m: "" if m.group(0).startswith(" at ") else "0x...", text)
 
 
 class _FallbackStderrHandler(logging.StreamHandler):
@@ -121,19 +191,24 @@ logger.setLevel(logging.DEBUG if CONFIG.debug else logging.INFO)
 
 def _prefix():
     rank = os.environ.get("RANK")
-    where = "pid %d" % os.getpid() if rank is None else "pid %d rank %s" % (os.getpid(), rank)
-    return "autosafe_torch[%s]: " % where
+    return "autosafe_torch: " if rank is None else "autosafe_torch[rank %s]: " % rank
 
 
-def log(level, message, *args):
-    """Our one way to speak; honours QUIET (errors still go out)."""
+def log(level, message, *args, named=True):
+    """Our one way to speak; honours QUIET (errors still go out). ``named``:
+    the line begins with ``autosafe_torch:`` (a record begins with the user's
+    file:line instead, as a compiler's or linter's message does)."""
     if CONFIG.quiet and level < logging.ERROR:
         return
-    logger.log(level, _prefix() + message, *args)
+    logger.log(level, (_prefix() if named else "") + message, *args)
 
 
 def record(intervention):
-    """Keep, log once per (code, call site), and write the JSON sink."""
+    """Keep, log once per (code, call site), and write the JSON sink.
+
+    A clause (``intervention.said``: DL209, said on its host's line) has no
+    line of its own when its host was said with it; its record is kept and
+    written to the JSON log all the same."""
     # The user's line: a loader a framework re-makes from the user's is one mistake.
     key = (intervention.code, user_part(intervention.call_site))
     with _lock:
@@ -145,10 +220,21 @@ def record(intervention):
         _arm_summary()
     # A spawned DataLoader worker repeats the parent's fixes for itself (cv2 is
     # imported afresh there): said once, by the parent; a worker only under DEBUG.
-    log(logging.DEBUG if _in_worker_process() else logging.WARNING, "%s",
-        intervention.message())
+    level = logging.DEBUG if _in_worker_process() else logging.WARNING
+    if not intervention.said:
+        intervention.clauses = [c for c in intervention.clauses if _is_new(c)]
+        for clause in intervention.clauses:
+            clause.said = True
+        log(level, "%s", intervention.message(), named=False)
+    if CONFIG.debug:
+        log(logging.DEBUG, "%s", intervention.details(), named=False)
     _write_json(intervention)
     return intervention
+
+
+def _is_new(intervention):
+    with _lock:
+        return (intervention.code, user_part(intervention.call_site)) not in _records
 
 
 def count_again(recorded):
@@ -216,7 +302,7 @@ def internal_error(where, exc):
     try:
         log(logging.ERROR, "internal error in %s (%s: %s); the original call ran "
             "unchanged. Please report it; AUTOSAFE_TORCH_DEBUG=1 shows the traceback.",
-            where, type(exc).__name__, exc)
+            where, type(exc).__name__, clip(without_addresses(str(exc)), 100))
         if CONFIG.debug:
             logger.error("traceback", exc_info=(type(exc), exc, exc.__traceback__))
     except Exception:
@@ -232,24 +318,37 @@ def _arm_summary():
     atexit.register(_summary)
 
 
-def summary_lines():
-    per_code = {}
+VERBS = (("fixed", "fixed"), ("would-fix", "would fix"), ("advised", "advised"))
+
+
+def summary_line():
+    """One line: the counts by code (and call sites, where more than one), by
+    action, and where the JSON log is; "" when nothing was recorded."""
+    per_action = {}
     for rec in interventions():
-        entry = per_code.setdefault(rec.code, [rec.slug, 0, 0, rec.action])
-        entry[1] += rec.count
-        entry[2] += 1
-    verbs = {"would-fix": "would fix", "advised": "advised"}
-    return ["%s %s: %s %d time(s) at %d call site(s)" % (
-        code, slug, verbs.get(action, "fixed"), n, sites)
-        for code, (slug, n, sites, action) in sorted(per_code.items())]
+        entry = per_action.setdefault(rec.action, {}).setdefault(rec.code, [0, 0])
+        entry[0] += rec.count
+        entry[1] += 1
+    parts = []
+    for action, verb in VERBS:
+        codes = per_action.get(action)
+        if codes:
+            parts.append("%s %s" % (verb, ", ".join(
+                "%s x%d%s" % (code, n, " (%d call sites)" % sites if sites > 1 else "")
+                for code, (n, sites) in sorted(codes.items()))))
+    if not parts:
+        return ""
+    if CONFIG.log_file:
+        parts.append("JSON log: %s" % shown_path(CONFIG.log_file))
+    return "summary: " + "; ".join(parts)
 
 
 def _summary():
     if _summary_pid != os.getpid() or _in_worker_process():
         return  # a forked child inherited the registration; workers say nothing
     try:
-        lines = summary_lines()
-        if lines:
-            log(logging.INFO, "summary: %s", "; ".join(lines))
+        line = summary_line()
+        if line:
+            log(logging.INFO, "%s", line)
     except Exception:
         pass

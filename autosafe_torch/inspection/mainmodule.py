@@ -38,6 +38,19 @@ def interactive_main():
     return os.path.splitext(os.path.basename(path))[0] == "ipython"
 
 
+def in_notebook():
+    """True in a Jupyter kernel (ipykernel running an IPython shell): its cells
+    are the main module, which no worker can import."""
+    zmqshell = sys.modules.get("ipykernel.zmqshell")
+    ipython = sys.modules.get("IPython")
+    if zmqshell is None or ipython is None:
+        return False
+    try:
+        return isinstance(ipython.get_ipython(), zmqshell.ZMQInteractiveShell)
+    except Exception:
+        return False
+
+
 def is_main_guard(test):
     """``__name__ == "__main__"`` (either way round)."""
     if not isinstance(test, ast.Compare) or len(test.comparators) != 1 \

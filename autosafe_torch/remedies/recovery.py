@@ -56,7 +56,7 @@ from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as _worker_module
 from torch.utils.data._utils.collate import default_collate
 
-from .. import engine
+from .. import callsite, engine
 from ..config import CONFIG
 from ..inspection import failures as F
 from ..rules import recovery as ladder_rules
@@ -647,6 +647,8 @@ def _start(loader, kinds):
     ladder = _ladder(loader)
     if ladder.emulated:  # this loader's workers failed on every real rung
         return _Emulated(loader)
-    loader.check_worker_number_rationality()
+    callsite.as_if_called_from(  # its warning names torch's line, as without the shim
+        getattr(_dataloader.DataLoader.__dict__.get("_get_iterator"), "__wrapped__", None),
+        loader.check_worker_number_rationality)
     watch = _Watch(kinds, CONFIG.hang_timeout, loader.timeout)
     return RecoveringIter(_real_workers(loader, ladder, watch), loader, ladder, watch)

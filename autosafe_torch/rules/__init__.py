@@ -17,6 +17,11 @@ applies what a finding asks, in fix mode only.
 
 One rule may check at several hooks (CV401: at the cv2 import and at every
 DataLoader): ``@RULES["CV401"].check_at("dataloader.init")``.
+
+What a user reads comes from here too: a finding's ``done`` (what was done
+to what, by the user's attribute path: the first line of its log record),
+the rule's ``fix`` (the second), and ``autosafe-torch explain CODE``, which
+adds the rule's example and the torch versions it concerns (``docs.py``).
 """
 
 import importlib
@@ -44,9 +49,19 @@ _checks = {hook: [] for hook in HOOKS}
 
 
 class Rule:
-    __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks")
+    """A rule as declared: what it fixes, the error it prevents, the permanent
+    fix; ``notebook_fix`` where a notebook needs another (a worker cannot import
+    a notebook); ``clause_of``: codes whose log line this rule's finding joins
+    as a clause, since it only makes their repair fast (DL209); ``example`` and
+    ``versions`` for ``explain`` (from ``docs.py``)."""
 
-    def __init__(self, code, slug, group, summary, prevents, fix):
+    __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks",
+                 "notebook_fix", "clause_of", "example", "versions")
+
+    def __init__(self, code, slug, group, summary, prevents, fix, notebook_fix=None,
+                 clause_of=()):
+        from .docs import DOCS
+
         self.code = code
         self.slug = slug
         self.group = group
@@ -54,6 +69,9 @@ class Rule:
         self.prevents = prevents
         self.fix = fix
         self.hooks = []
+        self.notebook_fix = notebook_fix
+        self.clause_of = tuple(clause_of)
+        self.example, self.versions = DOCS.get(code, (None, None))
 
     def as_dict(self):
         return {"code": self.code, "slug": self.slug, "group": self.group,
@@ -61,8 +79,17 @@ class Rule:
                 "at": list(self.hooks)}
 
     def finding(self, before, changes=None, why="", strategy=None, state=None,
-                remedies=(), fix=None):
-        return Finding(self, before, changes, why, strategy, state, remedies, fix)
+                remedies=(), fix=None, done=None):
+        return Finding(self, before, changes, why, strategy, state, remedies, fix, done)
+
+    def permanent_fix(self):
+        """The fix to show here: the notebook's where the program is a notebook."""
+        if self.notebook_fix is not None:
+            from ..inspection.mainmodule import in_notebook
+
+            if in_notebook():
+                return self.notebook_fix
+        return self.fix
 
     def check_at(self, *hooks):
         """Decorator: ``check`` runs at ``hooks`` for this rule."""
@@ -92,12 +119,18 @@ class Finding:
     A finding with none of the three is advice: logged, nothing changed.
     ``fix``: the permanent fix for this cause, where it is more precise than
     the rule's (a lock, not a file, made the dataset unpicklable).
+    ``done``: what was done to what, in a few words, by the user's attribute
+    path ("dataset.fh (an open file) reopened by path in each of 2 workers"):
+    the log line. Without it, the changed arguments (``changed_text``).
+    ``before``/``after``, ``why`` and ``strategy`` are the details (the JSON
+    log, ``AUTOSAFE_TORCH_DEBUG=1``).
     """
 
-    __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix")
+    __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix",
+                 "done")
 
     def __init__(self, rule, before, changes=None, why="", strategy=None, state=None,
-                 remedies=(), fix=None):
+                 remedies=(), fix=None, done=None):
         self.rule = rule
         self.before = before
         self.changes = changes or {}
@@ -105,7 +138,8 @@ class Finding:
         self.strategy = strategy
         self.state = state or {}
         self.remedies = tuple(remedies)
-        self.fix = fix or rule.fix
+        self.fix = fix or rule.permanent_fix()
+        self.done = done or changed_text(self.before, self.changes) or rule.summary
 
     @property
     def after(self):
@@ -118,6 +152,76 @@ class Finding:
 
     def __repr__(self):
         return "Finding(%s %s -> %s)" % (self.rule.code, self.before, self.after)
+
+
+def brief(value):
+    """A value as a log line may show it: short literals as written, functions
+    and classes by name, anything else by its kind; never a repr of an object
+    (an address, our internals)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else "a string"
+    kind = type(value).__name__
+    try:  # a user's object may raise anything from its attributes
+        ours = __package__.split(".")[0]
+        func = getattr(value, "func", None)  # functools.partial: a worker_init_fn step of ours
+        if func is not None and str(getattr(func, "__module__", "")).startswith(ours):
+            return "a step of %s's" % ours
+        name = getattr(value, "__qualname__", None)
+        if isinstance(name, str) and callable(value):
+            return name
+    except Exception:
+        pass
+    return ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
+
+
+def what_is(value):
+    """A few words for what a dataset holds or a loader is given: "an open
+    file", "a lambda", "a thread pool"... (``brief`` for anything else)."""
+    import types
+
+    from ..inspection import holdings
+
+    try:
+        if isinstance(value, (types.FunctionType, type)):
+            thing = "class" if isinstance(value, type) else "function"
+            if value.__name__ == "<lambda>":
+                return "a lambda"
+            if "<locals>" in value.__qualname__:
+                return "a local " + thing
+            if value.__module__ == "__main__":
+                return "a %s of __main__" % thing
+            return "a " + thing
+        handle = holdings.fork_unsafe(value)
+        if handle is not None:
+            return ("an " if handle[0] in "aeiou" else "a ") + handle
+        if type(value).__name__ == "Connection" and "sqlite" in type(value).__module__:
+            return "a sqlite connection"
+        h5 = holdings.h5py_types()
+        if h5 and isinstance(value, h5):
+            return "an h5py " + type(value).__name__
+        if holdings.is_file_object(value):
+            return "an open file"
+        if holdings.thread_pool_in_use(value) is not None:
+            return "a thread pool"
+        kind = holdings.threading_kind(value)
+        if kind is not None:
+            return "a threading " + kind
+    except Exception:  # a user's object may raise anything from its attributes
+        pass
+    return brief(value)
+
+
+def changed_text(before, changes):
+    """``prefetch_factor 4 -> None, ...``: the arguments a finding changes."""
+    return ", ".join("%s %s -> %s" % (name, brief(before.get(name)), brief(new))
+                     for name, new in changes.items())
+
+
+def number_of(count, thing):
+    """``1 worker``, ``2 workers``."""
+    return "%d %s%s" % (count, thing, "" if count == 1 else "s")
 
 
 class Context:
@@ -134,11 +238,13 @@ class Context:
         return any(f.rule.code == code for f in self.findings)
 
 
-def rule(code, slug, group, summary, prevents, fix, at=None):
+def rule(code, slug, group, summary, prevents, fix, at=None, notebook_fix=None,
+         clause_of=()):
     """Declare rule ``code``; as a decorator, register its check at hook(s) ``at``."""
     if code in RULES:
         raise ValueError("rule %s declared twice" % code)
-    declared = RULES[code] = Rule(code, slug, group, summary, prevents, fix)
+    declared = RULES[code] = Rule(code, slug, group, summary, prevents, fix,
+                                  notebook_fix, clause_of)
     if at is None:
         return declared
     return declared.check_at(*((at,) if isinstance(at, str) else at))
@@ -174,3 +280,44 @@ def table_markdown():
         rows.append("| %s | %s | %s | %s | %s |" % (
             r.code, r.slug, r.summary, r.prevents, r.fix))
     return "\n".join(rows)
+
+
+def find_rule(name):
+    """The rule named by its code (``DL201``, any case) or slug, else None."""
+    load_all()
+    wanted = str(name).strip()
+    rule_ = RULES.get(wanted.upper())
+    if rule_ is None:
+        rule_ = next((r for r in RULES.values() if r.slug == wanted.lower()), None)
+    return rule_
+
+
+def explain(rule_, width=79):
+    """``autosafe-torch explain CODE``: the rule's declaration, its example and
+    the torch versions it concerns, as ruff's ``rule`` command shows a rule."""
+    import textwrap
+
+    def para(text, indent="    "):
+        return textwrap.fill(" ".join(str(text).split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+    def code_block(text):
+        return textwrap.indent(text, "        ")
+
+    before, after = rule_.example or ("", "")
+    out = ["%s %s" % (rule_.code, rule_.slug), "",
+           "What it fixes", para(rule_.summary), "",
+           "Why: what happens without it", para(rule_.prevents), "",
+           "Example", "    This fails:", code_block(before), "",
+           "    The permanent fix:", code_block(after), "",
+           "Permanent fix", para(rule_.fix)]
+    if rule_.notebook_fix:
+        out += ["    In a notebook:", para(rule_.notebook_fix, "        ")]
+    if rule_.clause_of:
+        out += ["", "In the log", para("a clause of the line of the fix it makes fast (%s), "
+                                       "not a line of its own; its record stays in the JSON "
+                                       "log" % ", ".join(rule_.clause_of))]
+    out += ["", "Torch versions", para(rule_.versions or "every supported torch"), "",
+            "Where it checks: %s (group %s). Leave it alone: AUTOSAFE_TORCH_DISABLE=%s"
+            % (", ".join(rule_.hooks), rule_.group, rule_.code)]
+    return "\n".join(out)

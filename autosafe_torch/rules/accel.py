@@ -31,7 +31,7 @@ Looking (``inspection.tensors``) is bounded, copies nothing and calls no
 import sys
 
 from ..inspection.tensors import ACCELERATORS, batch_device, dataset_parts, describe, scan
-from . import rule
+from . import number_of, rule
 
 GROUP = "dataloader"
 
@@ -112,14 +112,18 @@ def accelerator_tensors_in_workers(values, ctx):
             {}, {}, "left on the device: %s. Under %s, workers receive CUDA tensors "
             "through CUDA IPC, which works at the cost of one CUDA context per worker; "
             "moving them would change the device of every batch" % (
-                where, _start_method(values, facts)), strategy="advice only")
+                where, _start_method(values, facts)), strategy="advice only",
+            done="%s left on the device: %s workers receive them through CUDA IPC" % (
+                where, _start_method(values, facts)))
     before, changes = _pin(values, facts)
     state = {}
     device = batch_device(values["dataset"])
     if device is not None:
         before["batch_device"], state["batch_device"] = None, device
         arrive = "each batch is copied back to %s, as it was" % device
+        landing = "batches copied back to %s" % device
     else:
+        landing = "batches arrive on CPU"
         arrive = "batches now arrive on CPU%s" % (
             " in pinned memory" if changes or values["pin_memory"] else "")
     method = _start_method(values, facts)
@@ -127,7 +131,9 @@ def accelerator_tensors_in_workers(values, ctx):
         before, changes, "moved to CPU: %s. Worker processes under %s %s them; %s" % (
             where, method, "would each need a CUDA context for"
             if method in ("spawn", "forkserver") else "cannot use", arrive),
-        strategy="move to CPU", state=state, remedies=[_move_to_cpu(found)])
+        strategy="move to CPU", state=state, remedies=[_move_to_cpu(found)],
+        done="moved to CPU for %s: %s; %s" % (
+            number_of(values["num_workers"], "worker"), where, landing))
 
 
 @rule("DL302", "datasets-on-different-devices", GROUP,
@@ -166,7 +172,8 @@ def datasets_on_different_devices(values, ctx):
     return datasets_on_different_devices.rule.finding(
         before, changes, "parts on %s would be stacked into one batch; moved to CPU: %s"
         % (", ".join(devices), describe(off_cpu)),
-        strategy="move to CPU", remedies=[_move_to_cpu(off_cpu)])
+        strategy="move to CPU", remedies=[_move_to_cpu(off_cpu)],
+        done="moved to CPU, to be stacked with the other parts: %s" % describe(off_cpu))
 
 
 def default_collate(fn):

@@ -97,7 +97,8 @@ def deprecated_autocast_api(args, ctx):
         return deprecated_autocast_api.rule.finding(
             {"api": call.api}, state={"api": call.route}, why=
             "the old name warns on every call and will be removed; the same object is "
-            "built through torch.amp")
+            "built through torch.amp",
+            done="%s built through %s, without the FutureWarning" % (call.api, call.route))
 
 
 @rule("AMP502", "deprecated-grad-scaler", GROUP,
@@ -115,7 +116,9 @@ def deprecated_grad_scaler(args, ctx):
             {"api": call.api}, state={"api": "%s(%r)" % (call.route, _scaler_device(args, call))},
             why=
             "the old name is deprecated and will be removed; the same scaler is built "
-            "through torch.amp")
+            "through torch.amp",
+            done="%s built as %s(%r), without the FutureWarning" % (
+                call.api, call.route, _scaler_device(args, call)))
 
 
 @rule("AMP506", "provided-amp-api", GROUP,
@@ -130,12 +133,15 @@ def provided_amp_api(args, ctx):
         return None
     before, changes = {"api": call.api + " (missing)"}, {}
     why = "this torch has no %s; %s does the same" % (call.api, call.route)
+    done = "%s, missing here, provided by %s" % (call.api, call.route)
     if "device" in args:  # a GradScaler
         device = _scaler_device(args, call)
         if device != "cuda" and args["enabled"]:
             before["enabled"], changes["enabled"] = True, False
             why += ", for CUDA only, so the scaler for %s is disabled" % device
-    return provided_amp_api.rule.finding(before, changes, why, state={"api": call.route})
+            done += " (CUDA only: disabled for %s)" % device
+    return provided_amp_api.rule.finding(before, changes, why, state={"api": call.route},
+                                         done=done)
 
 
 @rule("AMP504", "scaler-device-argument", GROUP,
@@ -161,7 +167,8 @@ def scaler_device_argument(args, ctx):
             after["enabled"] = False
         why = ("this torch has no GradScaler for %s (%s scales %s tensors only); "
                "disabled" % (device, call.api, call.device))
-    return scaler_device_argument.rule.finding({"device": given}, after, why)
+    return scaler_device_argument.rule.finding({"device": given}, after, why,
+                                               done="device=%r accepted: %s" % (device, why))
 
 
 @rule("AMP505", "autocast-unsupported", GROUP,
@@ -178,11 +185,12 @@ def scaler_device_argument(args, ctx):
 def autocast_unsupported(args, ctx):
     facts, caps = ctx.facts, ctx.caps
     given = args["device_type"]
-    before, after, why = {}, {}, []
+    before, after, why, done = {}, {}, [], []
     device = device_type(given)
     if not isinstance(given, str) and hasattr(given, "type"):
         before["device_type"], after["device_type"] = given, device
         why.append("autocast takes the device type as a string")
+        done.append("device_type torch.device(%r) -> %r" % (str(given), device))
     # Only for a device that is here; one that is not is AMP503's.
     if args["enabled"] and device_available(device, facts):
         if not caps.autocast_accepts(device):
@@ -190,15 +198,19 @@ def autocast_unsupported(args, ctx):
             after["device_type"] = inert_device(facts)
             why.append("this torch cannot autocast on %s; the region runs in the "
                        "model's own precision" % device)
+            done.append("autocast on %s disabled: this torch cannot autocast there" % device)
         elif args["dtype"] is not None and not caps.autocast_supports(device, args["dtype"]):
             before["dtype"], before["enabled"], after["enabled"] = args["dtype"], True, False
             why.append("this torch cannot autocast to %s on %s; disabled, as torch "
                        "itself does (or would, instead of raising), so the region runs "
                        "in the model's own precision" % (args["dtype"], device))
+            done.append("autocast to %s on %s disabled, as torch does: this torch cannot "
+                        "autocast to it" % (args["dtype"], device))
         if after.get("enabled") is False:
             _disable_quietly(before, after, args, caps)
     if after:
-        return autocast_unsupported.rule.finding(before, after, "; ".join(why))
+        return autocast_unsupported.rule.finding(before, after, "; ".join(why),
+                                                 done="; ".join(done))
 
 
 @rule("AMP503", "amp-device-unavailable", GROUP,
@@ -226,14 +238,17 @@ def amp_device_unavailable(args, ctx):
         _disable_quietly(before, after, args, caps)
         return amp_device_unavailable.rule.finding(
             before, after,
-            "there is no %s device here, so there is nothing to autocast on it" % device)
+            "there is no %s device here, so there is nothing to autocast on it" % device,
+            done="autocast(%r) disabled: no %s device here" % (device, device))
     device = _scaler_device(args, call)
     if device_available(device, facts):
         return None
     return amp_device_unavailable.rule.finding(
         {"device": device, "enabled": True}, {"enabled": False},
         "there is no %s device here; a disabled scaler passes the loss and the "
-        "optimizer step through unchanged" % device)
+        "optimizer step through unchanged" % device,
+        done="GradScaler(%r) disabled: no %s device here (it passes the loss through)"
+        % (device, device))
 
 # Checks run in their order here, per hook: autocast: AMP505 then AMP503 (a
 # device type is normalised before it is looked up); scaler: AMP502, AMP506,

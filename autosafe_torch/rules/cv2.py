@@ -23,7 +23,7 @@ import sys
 
 from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
-from . import rule
+from . import number_of, rule
 
 GROUP = "cv2"
 
@@ -65,10 +65,13 @@ def _in_this_process(check, ctx, env_pair, setting, now, wanted, why, strategy, 
     if key not in env:
         before[key], after[key] = None, value
     if after:
+        done = [strategy + " in this process"] if setting in after else []
+        if key in after:
+            done.append("%s=%s for the processes it starts" % (key, value))
         return check.rule.finding(
             before, state=after, why="%s; %s=%s for processes started later" % (
                 why, key, env.get(key, value)), strategy=strategy,
-            remedies=[lambda args: remedy(ctx.cv2, env)])
+            remedies=[lambda args: remedy(ctx.cv2, env)], done="; ".join(done))
 
 
 def _add_step(check, args, step, what):
@@ -81,7 +84,9 @@ def _add_step(check, args, step, what):
     return check.rule.finding(
         {"worker_init_fn": old}, {"worker_init_fn": new},
         "cv2 is imported; %s in each worker under every start method, before the "
-        "worker_init_fn of the program" % what, strategy="worker_init_fn step")
+        "worker_init_fn of the program" % what, strategy="worker_init_fn step",
+        done="%s in each of %s (a worker_init_fn step before yours)" % (
+            what, number_of(args["num_workers"], "worker")))
 
 
 @cv2_threads.rule.check_at("dataloader.init")

@@ -14,7 +14,7 @@ untouched (``timeout=-1`` is the user's mistake, and torch says so).
 import numbers
 
 
-from . import rule
+from . import brief, rule
 
 GROUP = "dataloader"
 
@@ -31,7 +31,8 @@ def prefetch_without_workers(args, ctx):
     if args["num_workers"] == 0 and value != default and _count(value) and value >= 1:
         return prefetch_without_workers.rule.finding(
             {"prefetch_factor": args["prefetch_factor"]}, {"prefetch_factor": default},
-            "prefetching happens in worker processes and there are none")
+            "prefetching happens in worker processes and there are none",
+            done="prefetch_factor %s -> %s: num_workers=0" % (brief(value), brief(default)))
 
 
 @rule("DL102", "persistent-without-workers", GROUP,
@@ -43,7 +44,9 @@ def persistent_without_workers(args, ctx):
     if args["num_workers"] == 0 and _flag(args["persistent_workers"]):
         return persistent_without_workers.rule.finding(
             {"persistent_workers": args["persistent_workers"]}, {"persistent_workers": False},
-            "there are no workers to keep alive")
+            "there are no workers to keep alive",
+            done="persistent_workers %s -> False: num_workers=0"
+            % brief(args["persistent_workers"]))
 
 
 @rule("DL103", "context-without-workers", GROUP,
@@ -57,7 +60,9 @@ def context_without_workers(args, ctx):
         return context_without_workers.rule.finding(
             {"multiprocessing_context": args["multiprocessing_context"]},
             {"multiprocessing_context": None},
-            "no worker processes are started, so no start method is used")
+            "no worker processes are started, so no start method is used",
+            done="multiprocessing_context %s -> None: num_workers=0"
+            % brief(args["multiprocessing_context"]))
 
 
 @rule("DL107", "timeout-without-workers", GROUP,
@@ -72,7 +77,8 @@ def timeout_without_workers(args, ctx):
             and not isinstance(timeout, bool) and timeout > 0:
         return timeout_without_workers.rule.finding(
             {"timeout": args["timeout"]}, {"timeout": 0},
-            "timeout bounds the wait for a worker's batch and there are no workers")
+            "timeout bounds the wait for a worker's batch and there are no workers",
+            done="timeout %s -> 0: num_workers=0" % brief(timeout))
 
 
 @rule("DL106", "zero-prefetch-with-workers", GROUP,
@@ -85,7 +91,8 @@ def zero_prefetch_with_workers(args, ctx):
             and args["prefetch_factor"] == 0:
         return zero_prefetch_with_workers.rule.finding(
             {"prefetch_factor": 0}, {"prefetch_factor": 2},
-            "each worker must be allowed at least one batch in flight; 2 is PyTorch's default")
+            "each worker must be allowed at least one batch in flight; 2 is PyTorch's default",
+            done="prefetch_factor 0 -> 2 (torch's default): a worker needs a batch in flight")
 
 
 @rule("DL105", "pin-memory-without-accelerator", GROUP,
@@ -103,7 +110,9 @@ def pin_memory_without_accelerator(args, ctx):
         where = "on MPS pinned memory is not supported" if facts.accelerator == "mps" \
             else "there is no accelerator to copy batches to"
         return pin_memory_without_accelerator.rule.finding(
-            {"pin_memory": True}, {"pin_memory": False}, where)
+            {"pin_memory": True}, {"pin_memory": False}, where,
+            done="pin_memory True -> False: %s" % (
+                "MPS does not pin memory" if facts.accelerator == "mps" else "no accelerator"))
 
 
 def _count(value):

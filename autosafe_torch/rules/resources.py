@@ -33,7 +33,7 @@ import sys
 from ..remedies import limits
 from ..remedies.workerinit import with_step
 from .accel import default_collate
-from . import rule
+from . import number_of, rule
 
 GROUP = "dataloader"
 
@@ -130,7 +130,9 @@ def shm_too_small(values, ctx):
             return shm_too_small.rule.finding(
                 {"prefetch_factor": values["prefetch_factor"]}, {"prefetch_factor": p},
                 head + ". Fewer batches in flight fit; the batches are the same",
-                strategy="lower prefetch_factor")
+                strategy="lower prefetch_factor",
+                done="prefetch_factor %d -> %d: /dev/shm has %s free, %s needed" % (
+                    prefetch, p, _mib(free), _mib(need)))
     # 2. Fewer workers: a map-style dataset (an iterable one is never
     # profiled) gives the same batches in the same order.
     for w in range(workers - 1, 0, -1):
@@ -139,7 +141,9 @@ def shm_too_small(values, ctx):
             return shm_too_small.rule.finding(
                 before, after, head + ". %d worker(s) with one batch each fit; the "
                 "dataset is map-style, so the batches are the same" % w,
-                strategy="fewer workers")
+                strategy="fewer workers",
+                done="num_workers %d -> %d, prefetch_factor -> 1: /dev/shm has %s free, "
+                "%s needed" % (workers, w, _mib(free), _mib(need)))
     # 3. No workers: no shared memory at all.
     after = {"num_workers": 0, "prefetch_factor": defaults.get("prefetch_factor"),
              "persistent_workers": False, "multiprocessing_context": None, "timeout": 0}
@@ -149,7 +153,9 @@ def shm_too_small(values, ctx):
     return shm_too_small.rule.finding(
         before, after, head + ". Not even one worker's batch fits: loading in the "
         "main process, which needs no shared memory; the batches are the same",
-        strategy="no workers")
+        strategy="no workers",
+        done="num_workers %d -> 0: /dev/shm has %s free, not enough for one batch of %s"
+        % (workers, _mib(free), _mib(batch)))
 
 
 @rule("DL304", "open-file-limit-too-low", GROUP,
@@ -188,7 +194,9 @@ def open_file_limit_too_low(values, ctx):
         return open_file_limit_too_low.rule.finding(
             {}, {}, head + ". Raised the soft limit to %d (the hard limit is %s), as "
             "`ulimit -n` does" % (ceiling, "unlimited" if hard == infinite else hard),
-            strategy="raise soft limit", remedies=[limits.raise_soft_limit(ceiling)])
+            strategy="raise soft limit", remedies=[limits.raise_soft_limit(ceiling)],
+            done="open-file soft limit %d -> %d: %s may need about %d" % (
+                soft, ceiling, number_of(workers, "worker"), need))
     # The hard limit is too low as well: no descriptors per tensor at all.
     steps = [limits.file_system_sharing]
     if ceiling > soft:
@@ -198,7 +206,10 @@ def open_file_limit_too_low(values, ctx):
         {"worker_init_fn": old}, {"worker_init_fn": with_step(old, limits.use_file_system_sharing)},
         head + " and the hard limit %d is too low as well: switched torch's sharing "
         "strategy to file_system, in this process and in every worker" % hard,
-        strategy="file_system sharing", remedies=steps)
+        strategy="file_system sharing", remedies=steps,
+        done="tensors shared through file_system here and in each of %s: the open-file "
+        "limit (%d, hard %d) is below the %d needed" % (
+            number_of(workers, "worker"), soft, hard, need))
 
 
 def _infinity():

@@ -52,7 +52,7 @@ def fork_server_available(platform):
       "multiprocessing.get_context('forkserver') after set_forkserver_preload(['torch', "
       "'numpy', 'cv2']) where available; persistent_workers=True where per-epoch worker "
       "seeding does not matter",
-      at="dataloader.iter")
+      at="dataloader.iter", clause_of=REPAIRED_FOR_SPAWN)
 def warm_worker_start(args, ctx):
     if not args["num_workers"] or start_method(args) != "spawn" \
             or not any(ctx.found(code) for code in REPAIRED_FOR_SPAWN) \
@@ -62,7 +62,8 @@ def warm_worker_start(args, ctx):
         return warm_worker_start.rule.finding(
             {"multiprocessing_context": "spawn"}, why="no fork server on %s: each worker "
             "imports torch and the dataset's modules afresh every epoch"
-            % ctx.facts.platform, strategy="plain spawn")
+            % ctx.facts.platform, strategy="plain spawn",
+            done="workers start by plain spawn (no fork server on %s)" % ctx.facts.platform)
     from ..remedies import warmstart
     from ..remedies.workerinit import with_step
 
@@ -74,4 +75,16 @@ def warm_worker_start(args, ctx):
          "worker_init_fn": with_step(args["worker_init_fn"], warmstart.exit_with_parent)},
         "spawn workers would import %s again every epoch; a server that imported them "
         "once forks each worker, which then starts as spawn does" % ", ".join(libraries),
-        strategy="warm forkserver", remedies=[lambda args: warmstart.preload(libraries)])
+        strategy="warm forkserver", remedies=[lambda args: warmstart.preload(libraries)],
+        done="workers start warm, forked from a server that imported %s" % ", ".join(
+            _packages(libraries)))
+
+
+def _packages(modules):
+    """``torch, numpy`` for torch, numpy, torch.utils.data._utils.collate."""
+    names = []
+    for module in modules:
+        name = module.split(".")[0]
+        if name not in names:
+            names.append(name)
+    return names

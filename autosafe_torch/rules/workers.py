@@ -24,10 +24,12 @@ safe platform):
 
 import types
 
-from . import rule
+from . import number_of, rule, what_is
 
 GROUP = "dataloader"
 SAFE_FORK_PLATFORMS = ("linux",)
+NOTEBOOK_FIX = ("move the function or class into a .py module next to the notebook and "
+                "import it from there: workers cannot import a notebook")
 
 
 # -- DL104, at construction ----------------------------------------------------
@@ -52,7 +54,9 @@ def too_many_workers(values, ctx):
     return too_many_workers.rule.finding(
         {"num_workers": wanted}, {}, "only %d CPU(s) are usable here; more workers only "
         "compete for them, but the batches depend on the worker count: left as asked"
-        % usable, strategy="advice")
+        % usable, strategy="advice",
+        done="num_workers=%d left as asked, above the %s usable here (the container's "
+        "CPU quota)" % (wanted, number_of(usable, "CPU")))
 
 
 
@@ -122,15 +126,17 @@ def fork_after_cuda(args, ctx):
       "on older Python)",
       "define the functions, lambdas and classes workers use at module level of an "
       "importable module",
-      at="dataloader.iter")
+      at="dataloader.iter", notebook_fix=NOTEBOOK_FIX)
 def local_function_to_workers(args, ctx):
     if not _spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
     if plan.failures:
         return None  # the ladder (DL201) takes the loader elsewhere
+    workers = number_of(args["num_workers"], "worker")
     found = [local_function_to_workers.rule.finding(
-        {part: args[part]}, {part: new}, why, strategy="by-value")
+        {part: args[part]}, {part: new}, why, strategy="by-value",
+        done="%s (%s) sent by value to %s" % (part, what_is(args[part]), workers))
         for part, (new, why) in plan.by_value.items()]
     if plan.nested:
         from ..remedies import byvalue
@@ -138,7 +144,9 @@ def local_function_to_workers(args, ctx):
         path, why = plan.nested
         found.append(local_function_to_workers.rule.finding(
             {"function": path}, why=why, strategy="by-value",
-            remedies=[lambda args: byvalue.send_by_value_where_needed()]))
+            remedies=[lambda args: byvalue.send_by_value_where_needed()],
+            done="functions and classes workers cannot import (%s, ...) sent by value "
+            "to %s" % (path, workers)))
     return found
 
 
@@ -147,7 +155,7 @@ def local_function_to_workers(args, ctx):
       "spawn/forkserver: pickled by value",
       "AttributeError: Can't get attribute 'DS' on <module '__main__' (built-in)>",
       "move the dataset class into an importable module",
-      at="dataloader.iter")
+      at="dataloader.iter", notebook_fix=NOTEBOOK_FIX)
 def interactive_main_class(args, ctx):
     if not _spawning_workers(args, ctx):
         return None
@@ -158,7 +166,9 @@ def interactive_main_class(args, ctx):
 
     return [interactive_main_class.rule.finding(
         {"class": "%s at %s" % (cls.__qualname__, path)}, why=why, strategy="by-value",
-        remedies=[lambda args, cls=cls: byvalue.register_by_value_class(cls)])
+        remedies=[lambda args, cls=cls: byvalue.register_by_value_class(cls)],
+        done="class %s of __main__ (%s) sent by value to %s" % (
+            cls.__qualname__, path, number_of(args["num_workers"], "worker")))
         for cls, (path, why) in plan.classes.items()]
 
 
@@ -180,7 +190,9 @@ def thread_pool_to_spawned_workers(args, ctx):
     return thread_pool_to_spawned_workers.rule.finding(
         {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
         "spawned worker; each gets a new one of the same size", strategy="new pool per worker",
-        remedies=[lambda args: pools.install_reducers()])
+        remedies=[lambda args: pools.install_reducers()],
+        done="%s (a thread pool) sent as a new, empty pool to each of %s" % (
+            ", ".join(plan.pools), number_of(args["num_workers"], "worker")))
 
 
 @rule("DL201", "unpicklable-dataset", GROUP,
@@ -203,11 +215,13 @@ def unpicklable_dataset(args, ctx):
     if plan.files:
         from ..remedies import reopen
 
-        path, why = plan.files
+        path, why, held = plan.files
         return unpicklable_dataset.rule.finding(
             {"file": path}, why=why,
             strategy="repair: reopen read-only files by path in each worker",
-            remedies=[lambda args: reopen.install_reducers()])
+            remedies=[lambda args: reopen.install_reducers()],
+            done="%s (%s) reopened by path in each of %s" % (
+                path, what_is(held), number_of(args["num_workers"], "worker")))
     return None
 
 
@@ -245,7 +259,10 @@ def shared_file_offset(args, ctx):
         {"worker_init_fn": args["worker_init_fn"]}, {"worker_init_fn": init},
         "forked workers would share one offset per file (%s)" % ", ".join(
             f.path for f in files), strategy="reopen in each worker",
-        remedies=[lambda args: reopen.remember_file_offsets(dataset)])
+        remedies=[lambda args: reopen.remember_file_offsets(dataset)],
+        done="%s (%s) reopened in each of %s, at its own offset" % (
+            ", ".join(f.path for f in files), what_is(files[0].obj),
+            number_of(args["num_workers"], "forked worker")))
 
 
 @rule("DL212", "handle-not-fork-safe", GROUP,
@@ -276,14 +293,17 @@ def handle_not_fork_safe(args, ctx):
                                    "hangs on a capture that cannot be reopened: %s" % where)
         return handle_not_fork_safe.rule.finding(  # a writable lmdb environment
             {"handle": where}, why="not reopened (only read-only environments are); "
-            "forked workers use the parent's", strategy="advice")
+            "forked workers use the parent's", strategy="advice",
+            done="%s left to forked workers: only read-only environments are reopened" % where)
     init = with_step(args["worker_init_fn"], reopen.reopen_files_in_worker)
     changes = {} if init is args["worker_init_fn"] else {"worker_init_fn": init}  # DL207's
     return handle_not_fork_safe.rule.finding(
         {"worker_init_fn": args["worker_init_fn"]}, changes,
         "a forked worker must not use the parent's %s" % where,
         strategy="reopen in each worker",
-        remedies=[lambda args: reopen.remember_file_offsets(dataset)])
+        remedies=[lambda args: reopen.remember_file_offsets(dataset)],
+        done="%s reopened in each of %s" % (
+            where, number_of(args["num_workers"], "forked worker")))
 
 
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
@@ -305,7 +325,9 @@ def thread_pool_under_fork(args, ctx):
         {"worker_init_fn": args["worker_init_fn"]}, {"worker_init_fn": init},
         "the pool at %s has threads in this process; a forked worker would inherit it "
         "without them and wait forever on its first submit()" % ", ".join(used),
-        strategy="new pool per worker")
+        strategy="new pool per worker",
+        done="%s (a thread pool) made anew, empty, in each of %s" % (
+            ", ".join(used), number_of(args["num_workers"], "forked worker")))
 
 
 # -- what it takes to pickle the loader's parts ---------------------------------
@@ -318,7 +340,7 @@ class PicklingPlan:
     why) of the first function or class inside a part that a worker cannot
     import, when all such go by value (DL202); ``classes``: class ->
     (path, why) for classes of an interactive ``__main__`` (DL203); ``files``:
-    (path, why) of the first read-only file, when files travel by path (DL201);
+    (path, why, the file) of the first read-only file, when files travel by path (DL201);
     ``pools``: paths of thread pools, sent as new ones (DL208); ``failures``:
     what still does not pickle with all of these (ProbeResults).
     """
@@ -370,7 +392,7 @@ def _plan_pickling(parts):
             plan.by_value[top] = (new, why)
             parts[top] = new
         elif holdings.file_kind(value) == holdings.READONLY and plan.files is None:
-            plan.files = (failure.path, failure.error)
+            plan.files = (failure.path, failure.error, value)
             planned.update(reopen.file_reducers())
         elif cls.__module__ == "__main__" and interactive_main() and cls not in plan.classes:
             plan.classes[cls] = (failure.path, failure.error)
@@ -431,33 +453,41 @@ def _fork_is_safe(args, facts):
 
 def _fallback(check, args, ctx, why):
     """Rungs 2-4 for a loader that cannot start as asked."""
-    fix = None
+    fix, reason = None, why
     if why is None:
         failures = pickling_plan(args, ctx).failures
         why = "; ".join("%s: %s" % (f.path, f.error) for f in failures) or "does not pickle"
         fix = failures and permanent_fix(failures[0].value)
+        reason = failures and "%s (%s) does not pickle" % (
+            failures[0].path, what_is(failures[0].value)) or why
     if _fork_is_safe(args, ctx.facts):
         return check.rule.finding({"multiprocessing_context": start_method(args)},
                                   {"multiprocessing_context": "fork"}, why,
-                                  strategy="start method: fork", fix=fix)
-    return _emulated(check, args, why, fix)
+                                  strategy="start method: fork", fix=fix,
+                                  done="workers started by fork instead of %s: %s" % (
+                                      start_method(args), reason))
+    return _emulated(check, args, why, fix, reason)
 
 
 def _away_from_fork(check, args, ctx, why):
     if ctx.main_guarded() and not pickling_plan(args, ctx).failures:
         return check.rule.finding({"multiprocessing_context": "fork"},
                                   {"multiprocessing_context": "spawn"}, why,
-                                  strategy="start method: spawn")
+                                  strategy="start method: spawn",
+                                  done="workers started by spawn instead of fork: " + why)
     return _emulated(check, args, why)
 
 
-def _emulated(check, args, why, fix=None):
+def _emulated(check, args, why, fix=None, reason=None):
     """The last rung: the requested workers emulated in this process, one fetch
     at a time, each with its own dataset copy, seeds and worker info, so the
     batches are those the workers would give (remedies/emulated_workers.py)."""
     return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
                               strategy="emulated workers (in process)",
-                              state={"emulated_workers": args["num_workers"]}, fix=fix)
+                              state={"emulated_workers": args["num_workers"]}, fix=fix,
+                              done="%s emulated in this process, with the batches of real "
+                              "ones: %s" % (number_of(args["num_workers"], "worker"),
+                                            reason or why))
 
 
 def permanent_fix(value):

@@ -1,0 +1,44 @@
+"""``%load_ext autosafe_torch``: the shim for a Jupyter kernel and its workers.
+
+IPython's ``%load_ext NAME`` imports NAME and calls its
+``load_ipython_extension(ip)``; ``%unload_ext NAME`` calls
+``unload_ipython_extension(ip)``. Importing the package already activates
+it (as ``import autosafe_torch`` does in a script), with ``AUTOSAFE_TORCH=1``
+in the kernel's environment so that DataLoader workers (and any process the
+kernel starts) are covered too; loading says so. Unloading restores torch's
+and cv2's originals in the kernel and takes that setting back;
+``%load_ext`` turns it on again.
+
+In a kernel the call sites read as IPython names cells (``Cell In[4], line
+6``, see ``callsite.place``), and the permanent fix of DL202/DL203 says to
+move the function or class into a module next to the notebook: a worker
+cannot import a notebook.
+"""
+
+import logging
+
+from .config import ENV_SWITCH
+
+
+def load(ip=None):
+    from .activation import activate
+    from .report import log
+
+    if not activate("notebook"):  # AUTOSAFE_TORCH=0 in the kernel's environment wins
+        log(logging.WARNING, "%s=0 in this kernel's environment: left off", ENV_SWITCH)
+        return
+    log(logging.INFO, "%s", "on in this kernel and its DataLoader workers "
+        "(%unload_ext autosafe_torch turns it off)")
+
+
+def unload(ip=None):
+    from .activation import deactivate, is_active
+    from .report import log, summary_line
+
+    if not is_active():
+        return
+    deactivate()
+    line = summary_line()
+    log(logging.INFO, "off in this kernel%s", ("; " + line) if line else "")
+
+
