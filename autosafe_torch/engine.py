@@ -14,10 +14,13 @@ class UnsafeCallError(RuntimeError):
     """Raised in strict mode instead of correcting a call."""
 
     def __init__(self, finding, call_site):
+        from .report import Intervention
+
         r = finding.rule
-        super().__init__("%s %s at %s: %s (%s). Permanent fix: %s. "
-                         "(AUTOSAFE_TORCH_MODE=strict)" % (
-                             r.code, r.slug, call_site, r.summary, finding.why, finding.fix))
+        # The log's format: the user's line, what the fix would have been, the fix.
+        super().__init__(Intervention(r.code, r.slug, finding.before, finding.after,
+                                      finding.why, finding.fix, call_site, finding.strategy,
+                                      "refused", finding.done).message())
         self.code = r.code
         self.finding = finding
 

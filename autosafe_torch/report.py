@@ -96,8 +96,8 @@ class Intervention:
     def headline(self):
         """``path:line: CODE slug: what was done to what``."""
         text = "; ".join([self.done] + [c.done for c in self.clauses])
-        if self.action == "would-fix":
-            text = "not applied (warn mode): " + text
+        if self.action in NOT_APPLIED:
+            text = NOT_APPLIED[self.action] + text
         elif self.action == "advised" and not text.startswith("advice"):
             text = "advice, nothing changed: " + text
         if self.rank is not None:
@@ -122,6 +122,10 @@ class Intervention:
     def __repr__(self):
         return "Intervention(%s)" % self.headline()
 
+
+# Actions whose fix was not made: what the line says before what it would have done.
+NOT_APPLIED = {"would-fix": "not applied (warn mode): ",
+               "refused": "refused (AUTOSAFE_TORCH_MODE=strict), not applied: "}
 
 # What a person reads: the headline (beyond the path) and the fix's lines stay
 # under 200 characters; the JSON log keeps everything.
@@ -301,7 +305,7 @@ def internal_error(where, exc):
     _errors_logged.add(key)
     try:
         log(logging.ERROR, "internal error in %s (%s: %s); the original call ran "
-            "unchanged. Please report it; AUTOSAFE_TORCH_DEBUG=1 shows the traceback.",
+            "unchanged\n  please report it; AUTOSAFE_TORCH_DEBUG=1 shows the traceback",
             where, type(exc).__name__, clip(without_addresses(str(exc)), 100))
         if CONFIG.debug:
             logger.error("traceback", exc_info=(type(exc), exc, exc.__traceback__))

@@ -8,6 +8,7 @@ test can compare every batch, in order, with a known-safe reference run.
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -49,6 +50,83 @@ PRELUDE = textwrap.dedent('''
         print("BATCHES", h.hexdigest(), flush=True)
         return h.hexdigest()
 ''')
+
+
+# What the shim writes on stderr: its records, ``path:line: CODE slug: what was
+# done`` with ``  fix: ...`` below (its continuation lines indented further),
+# and its own lines, ``autosafe_torch: ...`` (continued by indented lines).
+RECORD = re.compile(r"^(?P<site>\S.*?): (?P<code>[A-Z]+[0-9]{3}) (?P<slug>[a-z0-9]+(?:-[a-z0-9]+)*): "
+                    r"(?P<done>.*)$")
+FIX, FIX_MORE = "  fix: ", "       "
+READABLE_BEYOND_PATH = 200
+ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
+
+
+class Logged:
+    """One record as stderr shows it: ``site``, ``code``, ``slug``, ``done`` (the
+    first line after the slug), ``fix`` (its lines joined), ``line`` (the first line)."""
+
+    def __init__(self, found):
+        self.site, self.code, self.slug, self.done = found.group("site", "code", "slug", "done")
+        self.line = found.group(0)
+        self.fix = None
+
+    def __repr__(self):
+        return "%s\n  fix: %s" % (self.line, self.fix)
+
+
+def logged(stderr, code=None):
+    """The records on ``stderr`` (of rule ``code``), in order."""
+    out = []
+    for line in stderr.splitlines():
+        found = RECORD.match(line)
+        if found:
+            out.append(Logged(found))
+        elif out and line.startswith(FIX) and out[-1].fix is None:
+            out[-1].fix = line[len(FIX):]
+        elif out and line.startswith(FIX_MORE) and out[-1].fix is not None:
+            out[-1].fix += " " + line.strip()
+    return [r for r in out if code is None or r.code == code]
+
+
+def shim_lines(stderr):
+    """Every line of stderr that the shim wrote."""
+    lines, in_block = [], False
+    for line in stderr.splitlines():
+        if RECORD.match(line) or line.startswith("autosafe_torch"):
+            in_block = True
+            lines.append(line)
+        elif in_block and line.startswith("  "):
+            lines.append(line)
+        else:
+            in_block = False
+    return lines
+
+
+PATH = re.compile(r"/[^\s'\":]+")
+
+
+def unreadable_lines(stderr):
+    """Shim lines a person should not have to read: over 200 characters beyond
+    the user's path (a record's site; in another line, the paths it names,
+    which the user gave), or holding a memory address."""
+    bad = []
+    for line in shim_lines(stderr):
+        found = RECORD.match(line)
+        paths = [found.group("site")] if found else PATH.findall(line)
+        beyond = len(line) - sum(len(p) for p in paths)
+        if beyond > READABLE_BEYOND_PATH or ADDRESS.search(line):
+            bad.append(line)
+    return bad
+
+
+def assert_readable(stderr, env=None):
+    """Every test run with the shim checks what it wrote (except under
+    AUTOSAFE_TORCH_DEBUG=1, whose details are for the JSON log's readers)."""
+    if (env or {}).get("AUTOSAFE_TORCH_DEBUG") in ("1", "true", "yes", "on"):
+        return
+    bad = unreadable_lines(stderr)
+    assert not bad, "shim lines too long, or with an address:\n" + "\n".join(bad)
 
 
 class Result:
@@ -144,6 +222,7 @@ def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_arg
         cmd = [sys.executable, str(script), *args]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=full_env, capture_output=True,
                           text=True, timeout=timeout)
+    assert_readable(proc.stderr, full_env)
     return Result(proc)
 
 

@@ -12,7 +12,7 @@ The real frameworks run in tests/integration.
 import json
 import textwrap
 
-from support import line_of, run_script
+from support import line_of, logged, run_script
 
 FAKELIB = '''
 import threading
@@ -98,7 +98,10 @@ def test_loader_remade_by_a_library_names_the_users_line(tmp_path):
     via = "fakelib/__init__.py:%d" % _line_in_lib("return DataLoader(loader.dataset")
     assert rec["code"] == "DL101" and rec["call_site"] == "%s (via %s)" % (user, via), rec
     # The loader re-made from the re-made one is the same mistake at the same line.
-    assert "fixed 2 time(s) at 1 call site(s)" in result.stderr, result
+    assert "summary: fixed DL101 x2; JSON log: log.jsonl" in result.stderr, result
+    (line,) = logged(result.stderr, "DL101")  # relative, as the user runs it
+    assert line.site == "train.py:%d (via %s)" % (line_of(tmp_path, "loader = DataLoader("),
+                                                  via), line
 
 
 def test_loader_made_by_the_users_hook_is_the_users_line_alone(tmp_path):

@@ -14,7 +14,7 @@ from autosafe_torch.remedies import cv2 as cv2_remedies
 from autosafe_torch.remedies.workerinit import steps_of, user_function
 from autosafe_torch.rules import Context
 from autosafe_torch.rules import cv2 as cv2_rules
-from support import run_script
+from support import logged, run_script
 
 # Never import cv2 in this process: autosafe_torch is active here, and its
 # cv2 patch would set OPENCV_* for every later test's subprocess.
@@ -139,8 +139,11 @@ def test_logged_at_the_import_line(tmp_path):
     assert r.rc == 0, r
     script = tmp_path / "train.py"
     line = script.read_text().splitlines().index("import cv2") + 1
-    assert "CV401 cv2-threads at %s:%d" % (script, line) in r.stderr
-    assert "CV402 cv2-opencl at %s:%d" % (script, line) in r.stderr
+    threads, opencl = logged(r.stderr, "CV401"), logged(r.stderr, "CV402")
+    assert [x.site for x in threads + opencl] == ["train.py:%d" % line] * 2, r
+    assert threads[0].done.startswith("cv2.setNumThreads(0) in this process"), threads
+    assert "OPENCV_FOR_THREADS_NUM=1 for the processes it starts" in threads[0].done
+    assert threads[0].fix == "call cv2.setNumThreads(0) at import and in worker_init_fn"
 
 
 WORKER_BODY = '''

@@ -14,7 +14,7 @@ import sysconfig
 import pytest
 
 from autosafe_torch.facts import pin_memory_warns
-from support import clean_env, line_of, run_script
+from support import clean_env, line_of, logged, run_script
 
 BROKEN_LOADER = '''
 import torch
@@ -45,11 +45,13 @@ def test_loader_made_every_epoch_logs_once(tmp_path):
     result = run_script(tmp_path, body, activation="env",
                         env={"AUTOSAFE_TORCH_LOG_FILE": str(log), "RANK": "3"})
     assert result.rc == 0, result
-    lines = [l for l in result.stderr.splitlines() if "DL101 prefetch-without-workers at" in l]
-    assert len(lines) == 1, result
-    assert "rank 3" in lines[0] and "pid " in lines[0] and "train.py:" in lines[0]
-    assert "summary: DL101 prefetch-without-workers: fixed 3 time(s) at 1 call site(s)" \
-        in result.stderr
+    (rec,) = logged(result.stderr, "DL101")
+    assert rec.site == "train.py:%d" % line_of(tmp_path, "return DataLoader"), result
+    assert rec.done == "prefetch_factor 2 -> None: num_workers=0 (rank 3)", rec
+    assert rec.fix == "pass prefetch_factor only when num_workers > 0", rec
+    summary = [l for l in result.stderr.splitlines() if "summary" in l]
+    assert summary == ["autosafe_torch[rank 3]: summary: fixed DL101 x3; JSON log: %s"
+                       % log.name], result
     records = [json.loads(l) for l in log.read_text().splitlines()]
     assert len(records) == 1
     rec = records[0]
@@ -58,7 +60,8 @@ def test_loader_made_every_epoch_logs_once(tmp_path):
     assert rec["action"] == "fixed" and rec["rank"] == 3 and rec["call_site"].endswith(
         ":%d" % line_of(tmp_path, "return DataLoader"))
     assert set(rec) == {"time", "pid", "rank", "code", "slug", "action", "strategy",
-                        "call_site", "before", "after", "why", "fix"}
+                        "call_site", "before", "after", "why", "fix", "done"}
+    assert rec["done"] == "prefetch_factor 2 -> None: num_workers=0"
 
 
 def test_interventions_api(tmp_path):
@@ -77,8 +80,9 @@ def test_warn_mode_logs_and_changes_nothing(tmp_path):
     result = run_script(tmp_path, BROKEN_LOADER + "make()\n", activation="env",
                         env={"AUTOSAFE_TORCH_MODE": "warn"})
     assert result.rc != 0 and DL101_ERROR in result.stderr
-    assert "DL101 prefetch-without-workers at" in result.stderr
-    assert "would change prefetch_factor 2 -> None" in result.stderr
+    (rec,) = logged(result.stderr, "DL101")
+    assert rec.done == "not applied (warn mode): prefetch_factor 2 -> None: num_workers=0"
+    assert "summary: would fix DL101 x1" in result.stderr
 
 
 def test_strict_mode_raises_naming_rule_and_fix(tmp_path):
@@ -91,9 +95,11 @@ except autosafe_torch.UnsafeCallError as exc:
 """
     result = run_script(tmp_path, body, activation="env", env={"AUTOSAFE_TORCH_MODE": "strict"})
     assert result.rc == 0, result
-    line = [l for l in result.stdout.splitlines() if l.startswith("STRICT")][0]
-    assert "DL101" in line and "prefetch-without-workers" in line
-    assert "Permanent fix: pass prefetch_factor only when num_workers > 0" in line
+    at = line_of(tmp_path, "return DataLoader")
+    assert ("STRICT DL101 train.py:%d: DL101 prefetch-without-workers: refused "
+            "(AUTOSAFE_TORCH_MODE=strict), not applied: prefetch_factor 2 -> None: "
+            "num_workers=0\n  fix: pass prefetch_factor only when num_workers > 0" % at) \
+        in result.stdout, result
 
 
 @pytest.mark.parametrize("disable", ["DL101", "dataloader", "*"])
@@ -132,7 +138,10 @@ def test_application_logging_takes_over(tmp_path):
         + BROKEN_LOADER + "digest(make())\n"
     result = run_script(tmp_path, body, activation="env")
     assert result.rc == 0, result
-    assert "APP autosafe_torch autosafe_torch[pid" in result.stdout
+    at = line_of(tmp_path, "return DataLoader")
+    assert "APP autosafe_torch train.py:%d: DL101 prefetch-without-workers" % at \
+        in result.stdout, result
+    assert "APP autosafe_torch autosafe_torch: summary: fixed DL101 x1" in result.stdout
     assert "DL101" not in result.stderr  # no second, unconfigured copy
 
 
@@ -142,7 +151,8 @@ def test_a_handler_on_our_logger_takes_over_too(tmp_path):
             "logging.getLogger('autosafe_torch').addHandler(h)\n") + BROKEN_LOADER + "make()\n"
     result = run_script(tmp_path, body, activation="env")
     assert result.rc == 0, result
-    assert "OURS autosafe_torch[pid" in result.stdout and "DL101" not in result.stderr
+    assert "OURS train.py:%d: DL101 " % line_of(tmp_path, "return DataLoader") \
+        in result.stdout and "DL101" not in result.stderr
 
 
 def test_activation_after_torch_patches_and_says_so(tmp_path):
@@ -187,10 +197,10 @@ print("PIN", b.pin_memory, b.timeout, a.persistent_workers)
     assert result.rc == 0, result
     warns = pin_memory_warns()  # torch 2.0 ignores pin_memory silently: DL105 leaves it
     assert "PIN %s 0 False" % (not warns) in result.stdout
-    sites = [l.split(" at ")[1].split(":")[1] for l in result.stderr.splitlines()
-             if "Permanent fix" in l]
+    sites = [r.site for r in logged(result.stderr)]
     a, b = line_of(tmp_path, "a = MyLoader("), line_of(tmp_path, "b = DataLoader(")
-    assert sites == [str(a)] + [str(b)] * (2 if warns else 1), result.stderr  # the user's lines, not the subclass's
+    assert sites == ["train.py:%d" % a] + ["train.py:%d" % b] * (2 if warns else 1), \
+        result.stderr  # the user's lines, not the subclass's
 
 
 def test_user_type_errors_are_torch_s_own(tmp_path):

@@ -10,7 +10,7 @@ import inspect
 import pytest
 from torch.utils.data import dataloader as torch_dataloader
 
-from support import ACTIVATIONS, run_script
+from support import ACTIVATIONS, logged, run_script
 
 # rule -> (DataLoader keyword arguments that break, the error PyTorch gives)
 CASES = {
@@ -114,9 +114,9 @@ def test_each_case_runs_clean_with_autosafe_torch(tmp_path, activation, referenc
         assert "OK %s" % code in result.stdout, (code, result)
         # logged once per call site, with the user's file:line and the fix;
         # nothing where this torch does not fail (a working call is left alone)
-        lines = [l for l in result.stderr.splitlines() if " %s " % code in l and "Permanent fix" in l]
-        assert len(lines) == (0 if expected_error(code) is None else 1), (code, result)
-        assert all("train.py:" in line for line in lines)
+        records = logged(result.stderr, code)
+        assert len(records) == (0 if expected_error(code) is None else 1), (code, result)
+        assert all(r.site.startswith("train.py:") and r.fix for r in records), records
     assert _batches(result) == reference
 
 
