@@ -81,11 +81,12 @@ def settle(findings, call_site, args=None):
 
 def _join_clauses(findings, made):
     """A finding that only makes an earlier one fast (DL209 after DL201) is a
-    clause of that one's line (``Rule.clause_of``), not a line of its own."""
+    clause of that one's line (``Rule.clause_of``), not a line of its own: of
+    the first such, the one said where a rule found two things at one site."""
     for i, f in enumerate(findings):
         hosts = [made[j] for j in range(i) if findings[j].rule.code in f.rule.clause_of]
         if hosts:
-            hosts[-1].clauses.append(made[i])
+            hosts[0].clauses.append(made[i])
 
 
 _REPEATS_LIMIT = 4096

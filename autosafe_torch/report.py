@@ -103,7 +103,7 @@ class Intervention:
         if self.rank is not None:
             text += " (rank %d)" % self.rank
         return "%s: %s %s: %s" % (shown_site(self.call_site), self.code, self.slug,
-                                  clip(text, HEADLINE_LIMIT))
+                                  clip(_relative_paths(text), HEADLINE_LIMIT))
 
     def message(self):
         """The record as a person reads it: the headline, then the permanent fix."""
@@ -156,6 +156,14 @@ def shown_path(path):
     except (OSError, ValueError):
         pass
     return path
+
+
+def _relative_paths(text):
+    """Paths under the working directory, in a line's text, made relative."""
+    try:
+        return text.replace(os.path.join(os.getcwd(), ""), "")
+    except OSError:
+        return text
 
 
 def shown_site(site):

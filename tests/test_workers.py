@@ -16,7 +16,7 @@ from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection.mainmodule import guarded_lines
 from autosafe_torch.rules import Context, workers
-from support import PRELUDE, clean_env, one_of, run_script
+from support import PRELUDE, clean_env, line_of, logged, one_of, run_script, shim_lines
 
 SPAWNING = ("spawn", "forkserver")
 
@@ -53,7 +53,10 @@ def reference(tmp_path_factory):
 
 
 def _logged(result, code):
-    return [l for l in result.stderr.splitlines() if " %s " % code in l and "Permanent fix" in l]
+    """What the records of ``code`` say was done (each with its fix below it)."""
+    records = logged(result.stderr, code)
+    assert all(r.fix for r in records), records
+    return [r.done for r in records]
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
@@ -65,7 +68,7 @@ def test_dl201_open_file_repaired_by_reopening(tmp_path, method, reference):
     assert good.rc == 0, good
     assert good.batches == reference["FileDataset()"]
     (line,) = _logged(good, "DL201")
-    assert "repair: reopen read-only files" in line and "dataset.f" in line
+    assert line.startswith("dataset.f (an open file) reopened by path in each of 2 workers"), line
 
 
 H5_SCRIPT = '''
@@ -99,7 +102,7 @@ def test_dl201_h5py_file_reopened_by_name(tmp_path):
                       activation="env")
     ref = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "0"))
     assert good.rc == 0 and good.batches == ref.batches, good
-    assert "repair: reopen read-only files" in _logged(good, "DL201")[0]
+    assert "(an h5py File) reopened by path in each of 2 workers" in _logged(good, "DL201")[0]
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
@@ -110,7 +113,9 @@ def test_dl201_fork_rung_when_repair_is_impossible(tmp_path, method, reference):
     good = run_script(tmp_path, body, start_method=method, activation="env")
     assert good.rc == 0, good
     assert good.batches == reference["GeneratorDataset()"]
-    assert "start method: fork" in _logged(good, "DL201")[0]
+    assert _logged(good, "DL201")[0].startswith("workers started by fork instead of %s: "
+                                                 "dataset.gen (a generator) does not pickle"
+                                                 % method), good
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
@@ -123,7 +128,8 @@ def test_dl201_emulated_workers_when_fork_is_unsafe(tmp_path, method, reference)
     ref = run_script(tmp_path, loader_script("LockedDataset()", epochs=2), start_method="fork")
     assert good.batches == ref.batches
     (line,) = _logged(good, "DL201")
-    assert "emulated workers (in process)" in line and "dataset.lock" in line
+    assert line == ("2 workers emulated in this process, with the batches of real ones: "
+                    "dataset.lock (a threading lock) does not pickle"), line
 
 
 def test_dl201_emulated_iterable_dataset_as_two_workers_give_it(tmp_path, reference):
@@ -138,7 +144,7 @@ def test_dl201_emulated_iterable_dataset_as_two_workers_give_it(tmp_path, refere
     assert good.batches == reference["LockedStream()"]
     once = run_script(tmp_path, loader_script("LockedStream()", workers=0))
     assert once.batches != reference["LockedStream()"]
-    assert "[strategy: emulated workers (in process)]" in _logged(good, "DL201")[0]
+    assert "2 workers emulated in this process" in _logged(good, "DL201")[0]
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
@@ -160,8 +166,11 @@ def test_dl202_lambda_collate_fn_by_value(tmp_path, method):
     assert good.rc == 0, good
     assert good.batches == ref.batches
     # collate_fn and worker_init_fn: logged once for the call site, counted twice
-    assert len(_logged(good, "DL202")) == 1
-    assert "DL202 local-function-to-workers: fixed 2 time(s)" in good.stderr
+    (done,) = _logged(good, "DL202")
+    assert done.startswith("collate_fn (a lambda) sent by value to 2 workers" + (
+        "; workers start warm, forked from a server that imported torch"
+        if method == "spawn" else "")), good
+    assert "summary: fixed DL202 x2" in good.stderr
 
 
 @pytest.mark.heavy
@@ -184,7 +193,7 @@ def test_dl202_lambda_behind_an_injected_worker_step(tmp_path):
                       activation="env")
     ref = run_script(tmp_path, body.replace("WORKERS", "0"))
     assert good.rc == 0 and good.batches == ref.batches, good
-    assert "by-value" in _logged(good, "DL202")[0] and "DL201" not in good.stderr
+    assert "sent by value" in _logged(good, "DL202")[0] and "DL201" not in good.stderr
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
@@ -214,7 +223,11 @@ def test_dl203_class_from_interactive_main(tmp_path, method):
     assert good.returncode == 0, good.stderr
     digest = [l for l in good.stdout.splitlines() if l.startswith("BATCHES")]
     assert digest and digest == [l for l in ref.stdout.splitlines() if l.startswith("BATCHES")]
-    assert " DL203 interactive-main-class " in good.stderr
+    (rec,) = logged(good.stderr, "DL203")
+    at = body.splitlines().index("digest(DataLoader(Squares(), batch_size=4, num_workers=WORKERS))")
+    assert rec.site == "<string>:%d" % (at + 1), rec  # python -c: the line in the command
+    assert rec.done.startswith("class Squares of __main__ (dataset) sent by value to 2 "
+                               "workers"), rec
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
@@ -228,7 +241,8 @@ def test_dl204_unguarded_main(tmp_path, method, reference):
     ref = run_script(tmp_path, loader_script("torch.arange(8.)", workers=0))
     assert good.rc == 0, good
     assert good.batches == ref.batches
-    assert "start method: fork" in _logged(good, "DL204")[0]
+    assert _logged(good, "DL204")[0].startswith("workers started by fork instead of %s: "
+                                                 % method), good
 
 
 @pytest.mark.heavy
@@ -250,7 +264,8 @@ def test_dl204_script_from_stdin(tmp_path):
     good, ref = run(2, True), run(0, False)
     assert good.returncode == 0, good.stderr
     assert good.stdout == ref.stdout and "BATCHES" in ref.stdout
-    assert " DL204 unguarded-main " in good.stderr and "start method: fork" in good.stderr
+    (rec,) = logged(good.stderr, "DL204")
+    assert rec.done.startswith("workers started by fork instead of spawn: "), rec
 
 
 def test_dl207_shared_file_offset_under_fork(tmp_path, reference):
@@ -261,7 +276,8 @@ def test_dl207_shared_file_offset_under_fork(tmp_path, reference):
     assert bad.batches != ref or "stack expects each tensor to be equal size" in bad.stderr
     good = run_script(tmp_path, body, start_method="fork", activation="env")
     assert good.rc == 0 and good.batches == ref, good
-    assert "reopen in each worker" in _logged(good, "DL207")[0]
+    assert _logged(good, "DL207") == ["dataset.f (an open file) reopened in each of 2 forked "
+                                      "workers, at its own offset"]
 
 
 WORKER_ARGS = DATA + textwrap.dedent('''
@@ -353,7 +369,7 @@ def test_safe_loaders_are_untouched(tmp_path, method):
     shimmed = run_script(tmp_path, SAFE_LOADERS, start_method=method, activation="env")
     assert plain.rc == 0 and shimmed.rc == 0, (plain, shimmed)
     assert plain.stdout == shimmed.stdout
-    assert "autosafe_torch" not in shimmed.stderr, shimmed
+    assert shim_lines(shimmed.stderr) == [], shimmed
 
 
 def test_warn_mode_changes_nothing_and_strict_raises(tmp_path):
@@ -361,11 +377,13 @@ def test_warn_mode_changes_nothing_and_strict_raises(tmp_path):
     warn = run_script(tmp_path, body, start_method="spawn", activation="env",
                       env={"AUTOSAFE_TORCH_MODE": "warn"})
     assert warn.rc != 0 and "cannot pickle '_io.BufferedReader' object" in warn.stderr
-    assert "would act on" in _logged(warn, "DL201")[0]
+    assert _logged(warn, "DL201")[0].startswith("not applied (warn mode): dataset.f")
     strict = run_script(tmp_path, body, start_method="spawn", activation="env",
                         env={"AUTOSAFE_TORCH_MODE": "strict"})
-    assert strict.rc != 0 and "UnsafeCallError: DL201 unpicklable-dataset" in strict.stderr
-    assert "Permanent fix: open files lazily" in strict.stderr
+    assert strict.rc != 0 and "UnsafeCallError: train.py:%d: DL201 unpicklable-dataset: " \
+        "refused (AUTOSAFE_TORCH_MODE=strict), not applied: dataset.f" % line_of(
+            tmp_path, "digest(DataLoader(") in strict.stderr, strict
+    assert "\n  fix: open files lazily" in strict.stderr
 
 
 # -- the plan with injected facts: platforms and CUDA we do not have ----------

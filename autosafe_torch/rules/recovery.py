@@ -68,9 +68,9 @@ def _recovered(check, kind, ctx):
             "every worker's stacks" if kind == HUNG else "its traceback", failure.dump)
     elif failure.note:
         why += " (%s)" % failure.note
-    done = "resumed at batch %d with %s%s, after %s%s" % (
-        failure.batch, ctx.rung, "" if ctx.exact is None else " (not exact)",
-        failure.what(), "; its traceback: AUTOSAFE_TORCH_DEBUG=1" if failure.dump else "")
+    done = "%s; resumed at batch %d (%s%s)" % (
+        failure.what().replace(",,", ",").rstrip(","), failure.batch, ctx.rung,
+        "" if ctx.exact is None else ", not exact")
     return check.rule.finding(failure.before(ctx.first_rung), why=why, strategy=ctx.rung,
                               state={"rung": ctx.rung}, done=done)
 

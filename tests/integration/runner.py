@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import PLATFORM_SIM, clean_env
+from support import PLATFORM_SIM, assert_readable, clean_env
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 START_METHODS = ("fork", "spawn")
@@ -83,6 +83,7 @@ def run(tmp_path, name, text, shim, start_method, torchrun=False, timeout=600):
         head += ["--as", "macos"]  # as a Mac user runs it: spawn, and no fork rung
     proc = subprocess.run(head + program, cwd=str(tmp_path), env=env, capture_output=True,
                           text=True, timeout=timeout)
+    assert_readable(proc.stderr, env)
     return Run(proc, log)
 
 

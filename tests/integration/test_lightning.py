@@ -49,7 +49,7 @@ def test_prefetch_without_workers_fixed_at_the_users_lines(tmp_path, method):
                      for code in ("DL101", "DL102") for line in (train, pred)}, shim
     # The predict loader Lightning re-made from the user's arguments counts
     # at the user's line: 3 fixes (train, predict, its re-creation), 2 sites.
-    assert "DL101 prefetch-without-workers: fixed 3 time(s) at 2 call site(s)" in shim.stderr
+    assert "summary: fixed DL101 x3 (2 call sites), DL102 x3 (2 call sites)" in shim.stderr
     assert "lightning/" not in "".join(r["call_site"] for r in shim.records)
     assert all(site_re(script, train).match(r["call_site"]) or
                site_re(script, pred).match(r["call_site"]) for r in shim.records)
