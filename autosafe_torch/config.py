@@ -45,7 +45,8 @@ OPTIONS = (
      "the fixes still apply)"),
     (ENV_QUIET, "0", "1: no log lines on stderr (records, JSON sink and strict "
      "errors stay)"),
-    (ENV_DEBUG, "0", "1: debug lines and full tracebacks of internal errors"),
+    (ENV_DEBUG, "0", "1: below each record its details (before and after, strategy, why), "
+     "debug lines, and full tracebacks of internal errors"),
     (ENV_AS, "unset", "macos, windows or linux-py314: run as on that platform "
      "(its start method, and the platform the rules see: no fork rung on macOS or "
      "Windows); what `autosafe-torch run --as` sets"),
