@@ -102,8 +102,9 @@ class Intervention:
             text = "advice, nothing changed: " + text
         if self.rank is not None:
             text += " (rank %d)" % self.rank
-        return "%s: %s %s: %s" % (shown_site(self.call_site), self.code, self.slug,
-                                  clip(_relative_paths(text), HEADLINE_LIMIT))
+        rule = "%s %s: " % (self.code, self.slug)
+        return "%s: %s%s" % (shown_site(self.call_site), rule,
+                             clip(_relative_paths(text), HEADLINE_LIMIT - len(rule)))
 
     def message(self):
         """The record as a person reads it: the headline, then the permanent fix."""
@@ -129,7 +130,7 @@ NOT_APPLIED = {"would-fix": "not applied (warn mode): ",
 
 # What a person reads: the headline (beyond the path) and the fix's lines stay
 # under 200 characters; the JSON log keeps everything.
-HEADLINE_LIMIT = 170
+HEADLINE_LIMIT = 195
 FIX_WIDTH = 100
 
 

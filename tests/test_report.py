@@ -49,8 +49,8 @@ def test_the_demo_says_what_was_done_to_what_in_two_lines(tmp_path):
     # DL209 (the warm start) makes DL201's repair fast: a clause of its line
     assert proc.stderr.splitlines() == [
         "examples/legacy_file_dataset.py:%d: DL201 unpicklable-dataset: dataset.file (an "
-        "open file) reopened by path in each of 2 workers; workers start warm, forked from "
-        "a server that imported torch, numpy" % at,
+        "open file) reopened by path in each of 2 workers; workers start warm, from a fork "
+        "server with torch, numpy imported" % at,
         "  fix: open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
         "autosafe_torch: summary: fixed DL201 x1, DL209 x1; JSON log: %s" % log,
     ], proc.stderr

@@ -16,7 +16,8 @@ from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection.mainmodule import guarded_lines
 from autosafe_torch.rules import Context, workers
-from support import PRELUDE, clean_env, line_of, logged, one_of, run_script, shim_lines
+from support import (PRELUDE, assert_readable, clean_env, line_of, logged, one_of, run_script,
+                     shim_lines)
 
 SPAWNING = ("spawn", "forkserver")
 
@@ -168,7 +169,7 @@ def test_dl202_lambda_collate_fn_by_value(tmp_path, method):
     # collate_fn and worker_init_fn: logged once for the call site, counted twice
     (done,) = _logged(good, "DL202")
     assert done.startswith("collate_fn (a lambda) sent by value to 2 workers" + (
-        "; workers start warm, forked from a server that imported torch"
+        "; workers start warm, from a fork server with torch"
         if method == "spawn" else "")), good
     assert "summary: fixed DL202 x2" in good.stderr
 
@@ -214,8 +215,10 @@ def test_dl203_class_from_interactive_main(tmp_path, method):
         env["PYTHONPATH"] = str(__import__("support").PLATFORM_SIM)
         if activate:
             env["AUTOSAFE_TORCH"] = "1"
-        return subprocess.run([sys.executable, "-c", body.replace("WORKERS", str(workers))],
+        proc = subprocess.run([sys.executable, "-c", body.replace("WORKERS", str(workers))],
                               env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        assert_readable(proc.stderr)
+        return proc
 
     bad = run(2, False)
     assert bad.returncode != 0 and "Can't get attribute 'Squares' on <module '__main__'" in bad.stderr
@@ -256,8 +259,10 @@ def test_dl204_script_from_stdin(tmp_path):
                          "PYTHONPATH": str(__import__("support").PLATFORM_SIM)})
         if activate:
             env["AUTOSAFE_TORCH"] = "1"
-        return subprocess.run([sys.executable, "-"], input=body.replace("WORKERS", str(workers)),
+        proc = subprocess.run([sys.executable, "-"], input=body.replace("WORKERS", str(workers)),
                               env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        assert_readable(proc.stderr)
+        return proc
 
     bad = run(2, False)
     assert bad.returncode != 0 and "No such file or directory" in bad.stderr

@@ -76,7 +76,7 @@ def warm_worker_start(args, ctx):
         "spawn workers would import %s again every epoch; a server that imported them "
         "once forks each worker, which then starts as spawn does" % ", ".join(libraries),
         strategy="warm forkserver", remedies=[lambda args: warmstart.preload(libraries)],
-        done="workers start warm, forked from a server that imported %s" % ", ".join(
+        done="workers start warm, from a fork server with %s imported" % ", ".join(
             _packages(libraries)))
 
 

@@ -145,8 +145,8 @@ def local_function_to_workers(args, ctx):
         found.append(local_function_to_workers.rule.finding(
             {"function": path}, why=why, strategy="by-value",
             remedies=[lambda args: byvalue.send_by_value_where_needed()],
-            done="functions and classes workers cannot import (%s, ...) sent by value "
-            "to %s" % (path, workers)))
+            done="%s and other code workers cannot import sent by value to %s"
+            % (path, workers)))
     return found
 
 
