@@ -261,7 +261,7 @@ def test_dl207_shared_file_offset_under_fork(tmp_path, reference):
     assert bad.batches != ref or "stack expects each tensor to be equal size" in bad.stderr
     good = run_script(tmp_path, body, start_method="fork", activation="env")
     assert good.rc == 0 and good.batches == ref, good
-    assert "reopen in each worker" in _logged(good, "DL207")[0]
+    assert "own offset in each worker" in _logged(good, "DL207")[0]
 
 
 WORKER_ARGS = DATA + textwrap.dedent('''
