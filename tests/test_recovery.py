@@ -174,6 +174,29 @@ def test_open_file_limit_exhausted(tmp_path, reference, start_method):
         assert without.rc != 0 and "Too many open files" in without.output, without
 
 
+@pytest.mark.parametrize("start_method", one_of(START_METHODS, 'forkserver'))
+def test_memory_error_once_is_recovered_with_fewer_batches_in_flight(tmp_path, reference,
+                                                                     start_method):
+    """A worker's MemoryError (memory pressure from workers x prefetch) ends a
+    plain run; once, the shim resumes with prefetch_factor=1 and exact replay."""
+    if start_method == "fork":
+        without, _, _ = run(tmp_path, "memory", shim=False)
+        assert without.rc != 0 and "MemoryError: Caught MemoryError" in without.stderr, without
+    result, records, seconds = run(tmp_path, "memory", start_method)
+    record = recovered(result, records, seconds, "DL215", {ladder.FEWER})
+    assert result.batches == reference["none"]
+    assert "Unable to allocate 1.00 GiB" in record["before"]["status"], record
+
+
+def test_memory_error_again_is_torch_s_error(tmp_path):
+    """Raised again with fewer batches in flight, it is the program's own:
+    torch's error reaches the user, and nothing is recorded as fixed."""
+    result, records, seconds = run(tmp_path, "memory-always")
+    assert result.rc != 0 and seconds < WALL_S
+    assert "MemoryError: Caught MemoryError in DataLoader worker process" in result.stderr
+    assert [r for r in records if r["code"].startswith("DL21")] == []
+
+
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'fork'))
 def test_the_users_own_error_is_raised_as_torch_raises_it(tmp_path, start_method):
     result, records, seconds = run(tmp_path, "valueerror", start_method)
@@ -196,6 +219,11 @@ def test_ladder_is_bounded():
     assert ladder.next_rung("died", {ladder.RESTART: 2, ladder.EMULATED: 2}) is None
     assert ladder.next_rung("shm", {}) == ladder.FEWER
     assert ladder.next_rung("fds", {ladder.FILE_SYSTEM: 2}) == ladder.EMULATED
+    # Memory: once, with fewer batches in flight; a repair a worker could not
+    # apply: emulated workers at once (new workers would fail alike).
+    assert ladder.next_rung("memory", {ladder.RESTART: 1}) == ladder.FEWER
+    assert ladder.next_rung("memory", {ladder.RESTART: 1, ladder.FEWER: 1}) is None
+    assert ladder.next_rung("remedy", {ladder.RESTART: 1}) == ladder.EMULATED
     for rungs in ladder.LADDERS.values():  # fewer workers would change the batches
         assert "fewer workers" not in " ".join(rungs)
 
@@ -207,6 +235,9 @@ def test_failures_are_told_apart():
         "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback ...\n"
         "RuntimeError: unable to allocate shared memory(shm) for file </torch_1>")) == "shm"
     assert failures.exception_kind(ValueError("bad sample 13")) is None
+    assert failures.exception_kind(MemoryError("Caught MemoryError in DataLoader")) == "memory"
+    assert failures.exception_kind(OSError(12, "Cannot allocate memory")) == "memory"
+    assert failures.exception_kind(failures.RemedyFailed("fd 3")) == "remedy"
     assert failures.death_kind(-7) == "shm" and failures.death_kind(-9) == "died"
     assert failures.exit_status(-9).startswith("killed by signal SIGKILL")
     assert failures.exit_status(1) == "exited with code 1"
@@ -268,7 +299,7 @@ def test_not_watched_in_warn_mode_or_disabled():
         config.CONFIG.mode = "warn"
         assert not isinstance(iter(loader), RecoveringIter)
         config.CONFIG.mode = was
-        config.CONFIG.disabled = frozenset({"DL210", "DL211", "DL213", "DL214"})
+        config.CONFIG.disabled = frozenset(ladder.KINDS)
         assert not isinstance(iter(loader), RecoveringIter)
     finally:
         config.CONFIG.mode = was

@@ -113,7 +113,7 @@ def test_by_value_functions():
         assert roundtrip(wrapped)(3) == fn(3)
 
 
-def test_find_files_paths_and_replacement(data):
+def test_find_files_paths(data):
     path, text = data
     with open(path, "rb") as b, open(text) as t:
         ds = Holder(items=[{"f": b}], pair=(t,), t=t)
@@ -123,14 +123,28 @@ def test_find_files_paths_and_replacement(data):
             ("dataset.pair[0]", "readonly-file"),
             ("dataset.t", "readonly-file")]
         assert {f.path: f.settable for f in found}["dataset.pair[0]"] is False
-        replaced = reopen.reopen_files(ds)
-        try:
-            assert sorted(replaced) == ["dataset.items[0]['f']", "dataset.t"]
-            assert ds.items[0]["f"] is not b and ds.items[0]["f"].name == str(path)
-            assert ds.pair[0] is t and ds.t is not t
-        finally:
-            ds.items[0]["f"].close()
-            ds.t.close()
+
+
+def test_fork_plan_isolates_every_read_only_descriptor(data, tmp_path):
+    """Whatever holds it (a tuple, a GzipFile, a text wrapper), a read-only
+    file's descriptor is isolated; one open for writing stays shared; a pipe
+    has no offset to keep."""
+    import gzip
+
+    from autosafe_torch.remedies import isolation
+
+    path, text = data
+    with gzip.open(tmp_path / "d.gz", "wb") as out:
+        out.write(b"x" * 100)
+    r, w = os.pipe()
+    with open(path, "rb") as b, open(text) as t, gzip.open(tmp_path / "d.gz") as g, \
+            open(tmp_path / "log", "a") as log, os.fdopen(r, "rb") as pipe, os.fdopen(w, "wb"):
+        ds = Holder(pair=(t,), items=[b], gz=g, log=log, pipe=pipe, again=b)
+        plan = isolation.plan({"dataset": ds})
+        assert sorted(d.path for d in plan.isolate) == [
+            "dataset.gz.myfileobj", "dataset.items[0]", "dataset.pair[0]"]
+        assert [d.path for d in plan.shared] == ["dataset.log"]
+        assert not plan.unhandled and not plan.handles
 
 
 def test_find_files_through_torch_wrappers(data):
@@ -151,22 +165,32 @@ def test_find_files_through_torch_wrappers(data):
         assert [p for p, *_ in holdings.find_files(chain)] == ["dataset.datasets[0].f"]
 
 
-def test_live_threading_objects():
+def test_fork_blockers_are_held_locks_and_live_threads():
     used = concurrent.futures.ThreadPoolExecutor(1)
     used.submit(int).result()
-    unused = concurrent.futures.ThreadPoolExecutor(1)
     thread = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True)
+    held, held_elsewhere, released = threading.Lock(), threading.RLock(), threading.Event()
     ds = Holder(lock=threading.Lock(), cond=threading.Condition(), more=[threading.RLock()],
-                used=used, unused=unused, idle=threading.Thread(target=int))
+                used=used, idle=threading.Thread(target=int), held=held,
+                sem=threading.Semaphore(), elsewhere=held_elsewhere)
+    holder = threading.Thread(target=lambda: held_elsewhere.acquire() and released.wait(5))
     try:
-        found = dict(holdings.live_threading_objects(ds))
-        assert found == {"dataset.lock": "lock", "dataset.cond": "condition",
-                         "dataset.more[0]": "rlock", "dataset.used": "thread-pool"}
+        # Unheld locks are copied unheld into a forked child; a pool is rebuilt (DL208).
+        assert holdings.fork_blockers(ds) == []
+        held.acquire()
+        ds.cond.acquire()
+        holder.start()
+        while not held_elsewhere.locked() if hasattr(held_elsewhere, "locked") else \
+                held_elsewhere.acquire(blocking=False) and not held_elsewhere.release():
+            pass
+        assert dict(holdings.fork_blockers(ds)) == {
+            "dataset.held": "held lock", "dataset.cond": "held condition",
+            "dataset.elsewhere": "held rlock"}
         thread.start()
-        assert holdings.live_threading_objects(Holder(t=thread)) == [("dataset.t", "thread")]
+        assert holdings.fork_blockers(Holder(t=thread)) == [("dataset.t", "live thread")]
     finally:
+        released.set()
         used.shutdown()
-        unused.shutdown()
 
 
 SPAWN_FILE = """
@@ -207,7 +231,7 @@ FORK_SHARED_OFFSET = """
     import struct, sys, time
     import torch
     from torch.utils.data import DataLoader, Dataset
-    from autosafe_torch.remedies import reopen, workerinit
+    from autosafe_torch.remedies import isolation, workerinit
 
     REC, N = 16384, 16  # records larger than the read buffer: every seek is an lseek
 
@@ -225,23 +249,24 @@ FORK_SHARED_OFFSET = """
             return struct.unpack("<q", self.f.read(8))[0]
 
     if __name__ == "__main__":
+        record = isolation.ForkRecord()
         init = None
-        if "reopen" in sys.argv:
-            init = workerinit.with_step(None, reopen.reopen_files_in_worker)
-        ds = Records("records.bin")
-        reopen.remember_file_offsets(ds)
-        loader = DataLoader(ds, num_workers=2, worker_init_fn=init)
+        if "isolate" in sys.argv:
+            init = workerinit.with_step(None, isolation.worker_step(record))
+        loader = DataLoader(Records("records.bin"), num_workers=2, worker_init_fn=init)
+        record.take(loader)
         got = [int(batch) for batch in loader]
         print("WRONG", sum(g != i for i, g in enumerate(got)))
         digest(loader)
 """
 
 
-def test_fork_shared_offset_gives_wrong_samples_until_reopened(tmp_path):
+def test_fork_shared_offset_gives_wrong_samples_until_isolated(tmp_path):
     broken = run_script(tmp_path, FORK_SHARED_OFFSET, env=OFF, start_method="fork")
     assert "WRONG" in broken.stdout, broken
     assert "WRONG 0" not in broken.stdout, broken
-    fixed = run_script(tmp_path, FORK_SHARED_OFFSET, env=OFF, start_method="fork", args=["reopen"])
+    fixed = run_script(tmp_path, FORK_SHARED_OFFSET, env=OFF, start_method="fork",
+                       args=["isolate"])
     assert "WRONG 0" in fixed.stdout, fixed
 
 
@@ -398,8 +423,32 @@ def test_native_handles_reopened_by_path_in_each_worker(tmp_path, kind, unpickla
     assert "emulated workers (in process)" in {r["strategy"] for r in _logged(log)}
 
 
+def test_read_write_lmdb_reopened_read_only_and_said_so(tmp_path):
+    """An lmdb environment opened read-write (py-lmdb's default) that the
+    dataset only reads: reopened read-only in each worker, under spawn (it does
+    not pickle) and under fork (LMDB forbids the parent's in a child); the
+    record says so. The batches are those of num_workers=0."""
+    from support import run_scenario
+
+    def run(*args, log=None, **kw):
+        env = {"AUTOSAFE_TORCH_LOG_FILE": str(log), "AUTOSAFE_TORCH_AS": kw.pop("platform")} \
+            if log else None
+        return run_scenario(tmp_path, "native_handles.py", args=("lmdb",) + args + ("rw",),
+                            env=env, **kw)
+
+    ref = run("0")
+    assert ref.rc == 0 and ref.batches, ref
+    for platform, method, code in (("macos", None, "DL201"), ("linux", "fork", "DL212")):
+        log = tmp_path / ("%s.jsonl" % platform)
+        good = run("2", log=log, activation="env", platform=platform, start_method=method)
+        assert good.batches == ref.batches, good
+        assert method is None or good.stdout.count("OWN_ENV True") == 2, good
+        (record,) = [r for r in _logged(log) if r["code"] == code]
+        assert "opened read-write, reopened read-only" in record["why"], record
+
+
 def test_native_handles_as_holdings_see_them(tmp_path):
-    """What can be reopened: a read-only lmdb environment (not a writable one),
+    """What can be reopened: an lmdb environment (read-only, even one opened for writing),
     a capture of a file whose arguments the cv2 patch recorded (not one that
     opened nothing); the class stays cv2.VideoCapture, the capture reopens at
     its frame, and unpatching puts the native methods back."""
@@ -431,8 +480,11 @@ def test_native_handles_as_holdings_see_them(tmp_path):
     assert patched or "_autosafe_torch_native" not in vars(cv2.VideoCapture)
 
     with lmdb.open(str(tmp_path / "db"), map_size=1 << 20) as writable:
-        assert holdings.file_kind(writable) == holdings.WRITABLE
+        # Opened read-write (py-lmdb's default), reopened read-only, and said so.
+        assert holdings.file_kind(writable) == holdings.READONLY
         assert holdings.fork_unsafe(writable) == holdings.LMDB_ENV
+        assert reopen._reopen_args(writable)[2]["readonly"] is True
+        assert "opened read-write, reopened read-only" in reopen.read_only_note(writable)
     with lmdb.open(str(tmp_path / "db"), readonly=True, lock=False) as env:
         assert holdings.file_kind(env) == holdings.READONLY
         assert reopen._reopen_args(env)[2]["readonly"] is True

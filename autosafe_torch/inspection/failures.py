@@ -11,7 +11,9 @@ user code.
 
 Kinds: ``died`` (an exit code or a signal), ``shm`` (shared memory: a bus
 error, "unable to allocate shared memory"), ``fds`` (open files), ``hung``
-(no batch for the watchdog's limit while every worker lives).
+(no batch for the watchdog's limit while every worker lives), ``memory``
+(a ``MemoryError`` or ENOMEM raised in a worker), ``remedy`` (a repair of
+ours that a worker could not apply: ``RemedyFailed``).
 """
 
 import errno
@@ -19,7 +21,18 @@ import os
 import signal
 import sysconfig
 
-DIED, HUNG, SHM, FDS = "died", "hung", "shm", "fds"
+DIED, HUNG, SHM, FDS, MEMORY, REMEDY = "died", "hung", "shm", "fds", "memory", "remedy"
+
+
+class RemedyFailed(RuntimeError):
+    """Raised in a worker by a repair chosen before the workers started that
+    meets what it cannot handle there (a file that can no longer be reopened):
+    never run on with the hazard in place. Recovery steps down (DL216);
+    without recovery, the user reads this."""
+
+    def __init__(self, message):
+        super().__init__("autosafe_torch: %s" % message if not message.startswith((
+            "autosafe_torch", "Caught ")) else message)
 
 SHM_WORDS = ("unable to allocate shared memory", "unable to write to file </torch_",
              "unable to mmap")
@@ -41,8 +54,13 @@ def _chain(exc):
 
 
 def exception_kind(exc):
-    """``fds`` or ``shm`` where ``exc`` (or what it was raised from) says so, else None."""
+    """``remedy``, ``memory``, ``fds`` or ``shm`` where ``exc`` (or what it was
+    raised from) says so, else None."""
     for e in _chain(exc):
+        if isinstance(e, RemedyFailed):
+            return REMEDY
+        if isinstance(e, MemoryError) or isinstance(e, OSError) and e.errno == errno.ENOMEM:
+            return MEMORY
         text = str(e)
         if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
             return FDS
@@ -98,9 +116,13 @@ def _library_dirs():
 
 
 def where(dump):
-    """The innermost frame of user code in a faulthandler dump ("file:line in
-    function"), or None: faulthandler lists the most recent call first."""
-    for line in dump.splitlines():
+    """The innermost frame of user code in a dump ("file:line in function"), or
+    None: faulthandler lists the most recent call first, a Python traceback
+    ("Traceback (most recent call last):") last."""
+    lines = dump.splitlines()
+    if "Traceback (most recent call last):" in dump:
+        lines.reverse()
+    for line in lines:
         line = line.strip()
         if not line.startswith('File "'):
             continue
@@ -139,11 +161,13 @@ class Failure:
     ``worker``/``pid``/``status``: the worker to blame, where known;
     ``batch``: how many batches of the epoch had been delivered; ``dump``:
     the worker's faulthandler output (a crash: its traceback; a hang: every
-    worker's stacks); ``note``: why there is none.
+    worker's stacks), or, ``starting``, the traceback of a worker that died
+    while it started (unpickling its dataset, importing the main module);
+    ``note``: why there is none.
     """
 
     __slots__ = ("kind", "exc", "worker", "pid", "status", "batch", "dump", "note",
-                 "waited")
+                 "waited", "starting")
 
     def __init__(self, kind, exc=None, worker=None, pid=None, status=None, waited=None):
         self.kind = kind
@@ -155,6 +179,7 @@ class Failure:
         self.batch = None
         self.dump = ""
         self.note = None
+        self.starting = False  # the dump is a traceback the worker left while starting
 
     def who(self):
         if self.worker is None:

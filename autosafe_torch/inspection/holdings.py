@@ -9,8 +9,8 @@ remedies that act on what is found live in ``autosafe_torch.remedies``.
   handles count as files: h5py objects, lmdb environments, and the
   ``cv2.VideoCapture`` objects whose source the cv2 patch recorded;
 - ``fork_unsafe`` names the handles that a forked child must not use;
-- ``live_threading_objects`` names what makes fork unsafe: locks, threads
-  and thread pools that a forked child inherits in whatever state they were.
+- ``fork_blockers`` names what a forked child cannot inherit: a lock held
+  at the fork, a live thread.
 """
 
 import collections
@@ -19,8 +19,10 @@ import os
 import stat
 import sys
 import threading
+import types
 
 from . import objwalk
+from .objwalk import is_a
 
 READONLY, WRITABLE = "readonly-file", "writable-file"
 
@@ -30,13 +32,13 @@ READONLY, WRITABLE = "readonly-file", "writable-file"
 def raw_file(f):
     """The FileIO under a text or buffered file, or None (BytesIO, gzip...)."""
     try:
-        if isinstance(f, io.TextIOWrapper):
+        if is_a(f, io.TextIOWrapper):
             f = f.buffer
-        if isinstance(f, (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)):
+        if is_a(f, (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)):
             f = f.raw
     except (ValueError, AttributeError):  # detached
         return None
-    return f if isinstance(f, io.FileIO) else None
+    return f if is_a(f, io.FileIO) else None
 
 
 def real_path(raw):
@@ -111,7 +113,7 @@ def _lmdb_kind(obj):
     lmdb = sys.modules.get("lmdb")
     if lmdb is None:
         return None
-    if isinstance(obj, lmdb.Environment):
+    if is_a(obj, lmdb.Environment):
         return LMDB_ENV
     return LMDB_DB if type(obj).__name__ == "_Database" and type(obj).__module__ in (
         "builtins", "lmdb.cffi") else None
@@ -119,7 +121,7 @@ def _lmdb_kind(obj):
 
 def is_video_capture(obj):
     cls = getattr(sys.modules.get("cv2"), "VideoCapture", None)
-    return isinstance(cls, type) and isinstance(obj, cls)
+    return isinstance(cls, type) and is_a(obj, cls)
 
 
 def fork_unsafe(obj):
@@ -151,23 +153,35 @@ def video_source(cap):
 
 def _lmdb_env_kind(env):
     try:
-        flags, path = env.flags(), env.path()
+        path = env.path()
     except Exception:  # closed
         return None
     if not os.path.exists(path):
         return None
-    return READONLY if flags["readonly"] else WRITABLE
+    # Opened read-write or not, it is reopened read-only (``reopen``): a
+    # dataset that only reads reads the same, one that writes fails loudly.
+    return READONLY
+
+
+def lmdb_read_write(env):
+    """Whether an lmdb environment was opened for writing (py-lmdb's default)."""
+    try:
+        return not env.flags()["readonly"]
+    except Exception:
+        return False
 
 
 def file_kind(f):
     """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can reopen).
 
     Read-only means opened for reading only (``'rb'``, ``'r'``, unbuffered or
-    not) on a regular file that its path still names; for native handles, a
-    read-only lmdb environment, a recorded capture of a file.
+    not) on a regular file that its path still names; for native handles, an
+    h5py file opened ``'r'``, a sqlite connection or an lmdb environment (both
+    reopened read-only: see ``reopen.read_only_note``), a recorded capture of
+    a file.
     """
     h5 = h5py_types()
-    if h5 and isinstance(f, h5):
+    if h5 and is_a(f, h5):
         return _h5py_kind(f)
     if sqlite_path(f) is not None:
         return READONLY  # reopened read-only: a dataset that writes fails loudly there
@@ -190,7 +204,7 @@ def sqlite_path(conn):
     """The database file of a sqlite3 connection that could be reopened by path
     (one database, on a regular file, no transaction open), else None."""
     sqlite3 = sys.modules.get("sqlite3")
-    if sqlite3 is None or not isinstance(conn, sqlite3.Connection):
+    if sqlite3 is None or not is_a(conn, sqlite3.Connection):
         return None
     try:
         if conn.in_transaction:
@@ -203,16 +217,24 @@ def sqlite_path(conn):
     return databases[0][2]
 
 
-def is_file_object(obj):
-    if isinstance(obj, io.IOBase):
-        return not isinstance(obj, (io.BytesIO, io.StringIO))
+def is_native_handle(obj):
+    """An h5py object, an lmdb handle or a capture: a handle to a file that a
+    forked child must have its own of, and that holds no descriptor of its
+    own to give."""
     h5 = h5py_types()
-    if h5 and isinstance(obj, h5):
+    return bool(h5 and is_a(obj, h5)) or fork_unsafe(obj) is not None
+
+
+def is_file_object(obj):
+    if is_a(obj, io.IOBase):
+        return not is_a(obj, (io.BytesIO, io.StringIO))
+    h5 = h5py_types()
+    if h5 and is_a(obj, h5):
         return True
     if fork_unsafe(obj) is not None:
         return True
     socket = sys.modules.get("socket")
-    return socket is not None and isinstance(obj, socket.socket)
+    return socket is not None and is_a(obj, socket.socket)
 
 
 # -- finding what a dataset holds ----------------------------------------------
@@ -233,6 +255,11 @@ class HeldFile(tuple):
     @property
     def settable(self):
         return self.edge is not None and self.edge.settable
+
+    @property
+    def fork_unsafe(self):
+        """What the handle is, when a forked child must not use it (``fork_unsafe``)."""
+        return fork_unsafe(self.obj)
 
     def set(self, new):
         if self.edge is None:
@@ -259,10 +286,14 @@ def find_files(obj, path="dataset", items=None):
             continue
         for edge in edges:
             child = edge.child
-            if is_file_object(child):
+            try:
+                if not is_file_object(child):
+                    continue
                 if id(child) not in kinds:
                     kinds[id(child)] = file_kind(child)
                 found.append(HeldFile(here + edge.label(), child, kinds[id(child)], edge))
+            except Exception:  # an object that cannot be looked at: skipped
+                continue
     return found
 
 
@@ -284,10 +315,10 @@ def _threading_kinds():
 
 def thread_pool_in_use(obj):
     futures = sys.modules.get("concurrent.futures.thread")
-    if futures is not None and isinstance(obj, futures.ThreadPoolExecutor):
+    if futures is not None and is_a(obj, futures.ThreadPoolExecutor):
         return bool(getattr(obj, "_threads", ()))
     pool = sys.modules.get("multiprocessing.pool")
-    if pool is not None and isinstance(obj, pool.ThreadPool):
+    if pool is not None and is_a(obj, pool.ThreadPool):
         return bool(getattr(obj, "_pool", ())) and getattr(obj, "_state", None) == "RUN"
     return None  # not a thread pool
 
@@ -301,39 +332,64 @@ def find_thread_pools(obj, path="dataset", items=None):
 
 def threading_kind(obj):
     for cls, kind in _threading_kinds():
-        if isinstance(obj, cls):
+        if is_a(obj, cls):
             return kind
     return None
 
 
 def stop_at(obj):
-    """Objects the walks report but never enter."""
-    if is_file_object(obj) or threading_kind(obj) is not None \
-            or thread_pool_in_use(obj) is not None:
+    """Objects the walks for files, locks and pools report but never enter."""
+    return is_file_object(obj) or stop_at_threading(obj)
+
+
+def stop_at_threading(obj):
+    """Locks, threads, thread pools and loggers: reported, never entered (a
+    logger reaches the whole logging tree; its locks are re-made after fork
+    by logging)."""
+    if threading_kind(obj) is not None or thread_pool_in_use(obj) is not None:
         return True
-    logging = sys.modules.get("logging")  # its locks are re-made after fork by logging
-    return logging is not None and isinstance(obj, (logging.Logger, logging.Handler))
+    logging = sys.modules.get("logging")
+    return logging is not None and is_a(obj, (logging.Logger, logging.Handler))
 
 
-def live_threading_objects(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
-    """``(path, kind)`` for locks, live threads and used thread pools ``obj`` holds.
-
-    A forked worker inherits each in the state it had at fork: a lock another
-    thread held stays held forever, a thread pool has no threads behind it.
-    """
+def fork_blockers(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
+    """``(path, kind)`` for what a forked worker cannot inherit: a lock held
+    right now (by any thread: in the child it stays held forever) and a live
+    thread (the child has none behind it). A lock nobody holds is copied
+    unheld, as a fresh one; a thread pool is rebuilt in each worker (DL208)."""
     found = []
     for here, value, _edge in objwalk.walk(obj, path, stop=stop_at, items=items):
-        in_use = thread_pool_in_use(value)
-        if in_use is not None:
-            if in_use:
-                found.append((here, "thread-pool"))
-            continue
         kind = threading_kind(value)
-        if kind == "thread" and not value.is_alive():
-            continue
-        if kind is not None:
-            found.append((here, kind))
+        if kind == "thread":
+            if value.is_alive():
+                found.append((here, "live thread"))
+        elif kind is not None and _held(value):
+            found.append((here, "held %s" % kind))
     return found
+
+
+def _held(obj):
+    """Whether a lock (or the lock under a Condition, Semaphore, Event or
+    Barrier) is held now, by this thread or another. Unknown: held."""
+    try:
+        try:
+            attrs = object.__getattribute__(obj, "__dict__")
+        except AttributeError:  # a lock: no __dict__
+            attrs = {}
+        for name in ("_cond", "_lock"):  # threading's own attributes
+            inner = attrs.get(name)
+            if inner is not None and threading_kind(inner) is not None:
+                return _held(inner)
+        if is_a(obj, type(threading.Lock())):
+            return obj.locked()
+        if threading_kind(obj) == "rlock":
+            if not obj.acquire(blocking=False):
+                return True  # another thread holds it
+            obj.release()
+            return obj._is_owned()  # this thread held it before
+    except Exception:
+        pass
+    return True
 
 
 # -- code that already takes care of itself ------------------------------------
@@ -361,8 +417,10 @@ def reopens_per_process(obj):
         if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch."):
             continue
         for value in vars(cls).values():
-            func = getattr(value, "__func__", value)
-            code = getattr(func, "__code__", None)
-            if code is not None and _code_names(code) & PER_PROCESS_NAMES:
+            # Only functions' own code is read: a class attribute may be any
+            # object, whose attribute access would be user code.
+            func = value.__func__ if type(value) in (staticmethod, classmethod) else value
+            if type(func) is types.FunctionType \
+                    and _code_names(func.__code__) & PER_PROCESS_NAMES:
                 return True
     return False

@@ -9,6 +9,13 @@ it covers TensorDataset, ConcatDataset, Subset and ChainDataset. It never
 copies, never iterates anything but built-in containers (a dataset is never
 iterated, a generator never consumed), and never enters modules, classes or
 functions (a reference to a module would otherwise reach everything).
+
+It survives any object: an attribute access, ``isinstance`` (which asks an
+object for its ``__class__`` when its type does not match), ``__class__``
+itself or ``__reduce__`` may raise in a user's object (numpy's NpzFile.f, a
+``__getattr__`` delegator, a lazy-module proxy). Types are read with
+``type()``, which asks the object nothing (``is_a``), and an object whose
+inspection raises is skipped, not the whole walk.
 """
 
 import sys
@@ -59,7 +66,7 @@ class Edge:
         """Whether ``set`` can replace the child in place (tuple items cannot)."""
         if self.how == Edge.ATTR:
             return True
-        return self.how == Edge.ITEM and isinstance(self.owner, (list, dict))
+        return self.how == Edge.ITEM and is_a(self.owner, (list, dict))
 
     def set(self, new):
         """Put ``new`` where the child was, in its owner (no copy of the owner)."""
@@ -74,16 +81,30 @@ class Edge:
             raise TypeError("cannot replace an item of %s in place" % type(self.owner).__name__)
 
 
+def is_a(obj, classes):
+    """``isinstance`` by the object's real type: never asks the object anything
+    (its ``__class__`` may raise, or lie as a proxy's does), and False where
+    even the class check raises."""
+    try:
+        return issubclass(type(obj), classes)
+    except Exception:
+        return False
+
+
+def is_atomic(obj):
+    return is_a(obj, ATOMIC)
+
+
 def is_leaf(obj):
-    if isinstance(obj, ATOMIC) or isinstance(obj, OPAQUE):
+    if is_a(obj, ATOMIC) or is_a(obj, OPAQUE):
         return True
     for name in ("torch", "numpy"):
         mod = sys.modules.get(name)
         if mod is None:
             continue
-        if name == "torch" and (isinstance(obj, mod.Tensor) or _is_storage(mod, obj)):
+        if name == "torch" and (is_a(obj, mod.Tensor) or _is_storage(mod, obj)):
             return True
-        if name == "numpy" and isinstance(obj, (mod.ndarray, mod.generic)):
+        if name == "numpy" and is_a(obj, (mod.ndarray, mod.generic)):
             return True
     return False
 
@@ -97,7 +118,7 @@ def _is_storage(torch, obj):
         _storage_kinds.append(tuple(getattr(storage, n) for n in ("TypedStorage", "UntypedStorage")
                                     if storage is not None and hasattr(storage, n)))
     kinds = _storage_kinds[0]
-    return bool(kinds) and isinstance(obj, kinds)
+    return bool(kinds) and is_a(obj, kinds)
 
 
 _slots_of = {}
@@ -134,24 +155,27 @@ def edges(obj, items=None):
     """
     if is_leaf(obj):
         return
-    if isinstance(obj, dict):
-        for key, value in list(islice(obj.items(), items)):
-            if not isinstance(key, ATOMIC):
+    if is_a(obj, dict):
+        for key, value in list(islice(dict.items(obj), items)):
+            if not is_atomic(key):
                 yield Edge(obj, key, Edge.KEY, key)
             yield Edge(obj, key, Edge.ITEM, value)
-    elif isinstance(obj, (list, tuple)):
-        for index, value in enumerate(list(islice(obj, items))):
+    elif is_a(obj, (list, tuple)):
+        # The built-in iterators: a subclass's own __iter__ is user code.
+        items_of = list.__iter__ if is_a(obj, list) else tuple.__iter__
+        for index, value in enumerate(list(islice(items_of(obj), items))):
             yield Edge(obj, index, Edge.ITEM, value)
-    elif isinstance(obj, (set, frozenset)):
-        for index, value in enumerate(list(islice(obj, items))):
+    elif is_a(obj, (set, frozenset)):
+        members = set.__iter__ if is_a(obj, set) else frozenset.__iter__
+        for index, value in enumerate(list(islice(members(obj), items))):
             yield Edge(obj, index, Edge.MEMBER, value)
     try:
         attrs = object.__getattribute__(obj, "__dict__")
     except AttributeError:
         attrs = None
-    if isinstance(attrs, dict):
+    if type(attrs) is dict:
         for name, value in list(attrs.items()):
-            if isinstance(name, str):
+            if type(name) is str:
                 yield Edge(obj, name, Edge.ATTR, value)
     for name in slot_names(type(obj)):
         try:
@@ -166,7 +190,9 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
     """Yield ``(path, obj, edge)`` for ``root`` and what it holds, depth first.
 
     ``edge`` is None for the root. Each object is visited once (by identity).
-    ``stop(obj)`` true means report ``obj`` but do not enter it. ``items``:
+    ``stop(obj)`` true means report ``obj`` but do not enter it; a ``stop``
+    that raises on an object skips that object (it is neither reported nor
+    entered) and the walk goes on. ``items``:
     follow at most that many items of each container (``SAMPLE_ITEMS`` to look).
     ``on_cut()`` is called when a bound (depth, objects) leaves something unseen.
     """
@@ -181,8 +207,12 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
         if id(obj) in seen:
             continue
         seen.add(id(obj))
+        try:
+            stopped = stop is not None and stop(obj)
+        except Exception:  # an object no check can look at: skipped, the walk goes on
+            continue
         yield here, obj, edge
-        if stop is not None and stop(obj):
+        if stopped:
             continue
         if depth >= max_depth:
             if on_cut is not None and not is_leaf(obj):
@@ -194,6 +224,6 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
             continue
         for child_edge in reversed(children):
             child = child_edge.child
-            if isinstance(child, ATOMIC) or id(child) in seen:
+            if is_atomic(child) or id(child) in seen:
                 continue
             stack.append((here + child_edge.label(), child, child_edge, depth + 1))

@@ -148,19 +148,19 @@ class _ProbePickler(pickle.Pickler):
             return None
         if cls is bytes or cls is bytearray:
             return "buffer" if len(obj) >= BIG_BUFFER else None
-        if self.torch_types and isinstance(obj, self.torch_types):
+        if self.torch_types and objwalk.is_a(obj, self.torch_types):
             if getattr(obj, "requires_grad", False) and not obj.is_leaf:
                 raise RuntimeError(
                     "Cowardly refusing to serialize non-leaf tensor which requires_grad, "
                     "since autograd does not support crossing process boundaries.")
             return "tensor"
-        if self.array_type is not None and isinstance(obj, self.array_type) \
+        if self.array_type is not None and objwalk.is_a(obj, self.array_type) \
                 and not obj.dtype.hasobject:
             return "array"
         return None
 
     def reducer_override(self, obj):
-        if not isinstance(obj, (type, types.FunctionType)):
+        if not objwalk.is_a(obj, (type, types.FunctionType)):
             return NotImplemented
         if self.by_value and not importable_by_reference(obj):
             if id(obj) in self._sent_by_value:  # a class its own methods name
@@ -216,12 +216,12 @@ class _Prober:
 
     def children(self, obj):
         """``(label, child)`` in the order pickling would save them."""
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) \
+        if objwalk.is_a(obj, (type, types.FunctionType, types.BuiltinFunctionType)) \
                 or objwalk.is_leaf(obj):
             return []
         if type(obj) in (list, tuple, dict, set, frozenset):
             return [(e.label(), e.child) for e in objwalk.edges(obj)]
-        if isinstance(obj, functools.partial):
+        if objwalk.is_a(obj, functools.partial):
             return ([(".func", obj.func)]
                     + [(".args[%d]" % i, a) for i, a in enumerate(obj.args)]
                     + [(".keywords[%r]" % k, v) for k, v in obj.keywords.items()]
@@ -268,8 +268,12 @@ class _Prober:
         for _ in range(objwalk.MAX_DEPTH):
             if self.objects > MAX_PICKLED:
                 break
-            for label, child in self.children(obj):
-                if isinstance(child, objwalk.ATOMIC) or any(child is a for a in ancestors):
+            try:
+                children = self.children(obj)
+            except Exception:  # an object that cannot even be looked at: the failure is here
+                break
+            for label, child in children:
+                if objwalk.is_atomic(child) or any(child is a for a in ancestors):
                     continue
                 child_exc = self.error(child, ancestors)
                 if child_exc is not None:

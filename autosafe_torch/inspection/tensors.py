@@ -59,9 +59,9 @@ def _torch():
 
 def never_entered(obj, torch):
     """Leaves, models, numpy and pandas objects: no dataset tensor inside."""
-    if isinstance(obj, objwalk.ATOMIC) or isinstance(obj, objwalk.OPAQUE):
+    if objwalk.is_a(obj, objwalk.ATOMIC) or objwalk.is_a(obj, objwalk.OPAQUE):
         return True
-    if torch is not None and isinstance(obj, torch.nn.Module):
+    if torch is not None and objwalk.is_a(obj, torch.nn.Module):
         return True  # a model is the program's, not the dataset's: never moved
     name = type(obj).__module__
     return name.startswith("numpy") or name.startswith("pandas")
@@ -80,7 +80,7 @@ def scan(root, path="dataset", items=objwalk.SAMPLE_ITEMS, max_objects=objwalk.M
     parts = dataset_parts(root, torch)
 
     def stop(obj):
-        return obj is parts or isinstance(obj, torch.Tensor) or never_entered(obj, torch)
+        return obj is parts or objwalk.is_a(obj, torch.Tensor) or never_entered(obj, torch)
 
     def cut():
         result.complete = False
@@ -90,12 +90,12 @@ def scan(root, path="dataset", items=objwalk.SAMPLE_ITEMS, max_objects=objwalk.M
                                           max_objects=max_objects, on_cut=cut):
         if obj is parts:
             roots += [("%s[%d]" % (here, i), part, i) for i, part in enumerate(parts)]
-        elif isinstance(obj, torch.Tensor):
+        elif objwalk.is_a(obj, torch.Tensor):
             result.found.append(HeldTensor(here, obj, None))
     for here, part, index in roots[1:]:
         for there, obj, _edge in objwalk.walk(part, here, stop=stop, items=items,
                                                max_objects=max_objects, on_cut=cut):
-            if isinstance(obj, torch.Tensor):
+            if objwalk.is_a(obj, torch.Tensor):
                 result.found.append(HeldTensor(there, obj, index))
     return result
 
@@ -105,11 +105,11 @@ def dataset_parts(root, torch):
     data = torch.utils.data
     node = root
     for _ in range(8):
-        if isinstance(node, data.Subset):
+        if objwalk.is_a(node, data.Subset):
             node = node.dataset
             continue
         break
-    if isinstance(node, (data.ConcatDataset, data.ChainDataset)):
+    if objwalk.is_a(node, (data.ConcatDataset, data.ChainDataset)):
         parts = node.datasets
         return parts if isinstance(parts, (list, tuple)) else None
     return None
@@ -151,11 +151,11 @@ def batch_device(dataset):
     pending, devices = [dataset], set()
     while pending:
         part = pending.pop()
-        if isinstance(part, Subset):
+        if objwalk.is_a(part, Subset):
             pending.append(part.dataset)
-        elif isinstance(part, ConcatDataset):
+        elif objwalk.is_a(part, ConcatDataset):
             pending.extend(part.datasets)
-        elif isinstance(part, TensorDataset):
+        elif objwalk.is_a(part, TensorDataset):
             devices.update(t.device for t in part.tensors)
         else:
             return None

@@ -98,6 +98,7 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
 
         iterator = EmulatedWorkersIter(loader)
     else:
+        _before_workers_fork(loader)
         from ..remedies import recovery  # watched: a worker's death or hang is recovered
 
         iterator = recovery.watched(loader, wrapped, args, kwargs)
@@ -107,6 +108,19 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
 
         iterator = BatchesTo(iterator, device)
     return iterator
+
+
+def _before_workers_fork(loader):
+    """Where DL207/DL212 gave the loader's workers their own files: what they
+    isolate, and the offsets they start at, taken now, as they fork."""
+    from ..remedies.workerinit import steps_of
+
+    if loader.num_workers and steps_of(loader.worker_init_fn):
+        from ..remedies import isolation
+
+        record = isolation.record_of(loader.worker_init_fn)
+        if record is not None:
+            record.take(loader)
 
 
 def _plan_key(loader):

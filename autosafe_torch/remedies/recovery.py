@@ -38,14 +38,11 @@ watched: ``in_order=False`` (which batches were delivered depends on
 timing) and DataPipes.
 """
 
-import atexit
 import functools
 import itertools
 import multiprocessing.process
 import os
 import re
-import signal
-import tempfile
 import time
 import weakref
 
@@ -60,6 +57,8 @@ from .. import callsite, engine
 from ..config import CONFIG
 from ..inspection import failures as F
 from ..rules import recovery as ladder_rules
+from .dumps import (DUMP_SIGNAL, bootstrap_path, dump_dir, dump_path,
+                    faulthandler_in_worker, read as _read)
 from .emulated_workers import EmulatedWorkersIter
 from .limits import file_system_sharing, use_file_system_sharing
 from .workerinit import with_step
@@ -68,7 +67,6 @@ POLL_S = 0.1          # how often a waiting iterator looks at its workers
 HANG_FACTOR = 10      # the limit, in slowest waits seen
 STARTUP_FACTOR = 3    # while workers start (spawn imports torch in each) ...
 STARTUP_MIN_S = 30.0  # ... and at least this (measured: 6 s for 2 spawn workers, busy 2 cores)
-DUMP_SIGNAL = signal.SIGUSR1
 DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
 DEATH_WAIT_S = 0.5    # for a death behind a broken connection to show
 
@@ -81,62 +79,6 @@ class _Failed(Exception):
     def __init__(self, failure):
         super().__init__(failure)
         self.failure = failure
-
-
-# -- in the workers: faulthandler into a file the parent reads -------------------
-
-_dump_dir = None
-_worker_dump = None  # in a worker: the open dump file, kept for faulthandler
-
-
-def dump_dir():
-    global _dump_dir
-    if _dump_dir is None or not os.path.isdir(_dump_dir):
-        _dump_dir = tempfile.mkdtemp(prefix="autosafe_torch-workers-")
-        atexit.register(_clean_dumps, _dump_dir, os.getpid())
-    return _dump_dir
-
-
-def _clean_dumps(directory, pid):
-    """At exit: drop the empty dump files (healthy workers); keep the others,
-    which the log names."""
-    if os.getpid() != pid:
-        return
-    try:
-        for name in os.listdir(directory):
-            path = os.path.join(directory, name)
-            if os.path.getsize(path) == 0:
-                os.unlink(path)
-        os.rmdir(directory)
-    except OSError:
-        pass
-
-
-def dump_path(directory, worker_id, pid):
-    return os.path.join(directory, "worker-%d-pid%d.txt" % (worker_id, pid))
-
-
-def faulthandler_in_worker(directory, worker_id):
-    """Worker step: a crash writes the worker's traceback, and DUMP_SIGNAL
-    every thread's stack, to its file (what "details are lost due to
-    multiprocessing" loses)."""
-    global _worker_dump
-    try:
-        import faulthandler
-
-        _worker_dump = open(dump_path(directory, worker_id, os.getpid()), "w")
-        faulthandler.enable(_worker_dump, all_threads=True)
-        faulthandler.register(DUMP_SIGNAL, _worker_dump, all_threads=True)
-    except Exception:
-        pass  # diagnostics only: the worker runs without them
-
-
-def _read(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 # -- the watched torch iterator -------------------------------------------------
@@ -529,6 +471,8 @@ class RecoveringIter(wrapt.ObjectProxy):
             _stop(self.__wrapped__)
             counted = ladder_rules.RESTART if rung == ladder_rules.AS_ASKED else rung
             ladder.failures[counted] = ladder.failures.get(counted, 0) + 1
+            if current.starting:  # new workers would get the same pickle, and fail alike
+                ladder.failures[ladder_rules.RESTART] = ladder_rules.MAX_FAILURES
             if current is not first:
                 tried.append((rung, current))
             if current.kind not in watch.kinds or loader is None:
@@ -588,6 +532,9 @@ class RecoveringIter(wrapt.ObjectProxy):
                     for i, (p, path) in enumerate(zip(processes, paths)))
             elif failure.worker is not None and failure.pid is not None:
                 failure.dump = _read(dump_path(directory, failure.worker, failure.pid)).rstrip()
+                if not failure.dump:  # died while starting, before its steps ran
+                    failure.dump = _read(bootstrap_path(directory, failure.pid)).rstrip()
+                    failure.starting = bool(failure.dump)
                 if not failure.dump and failure.status:
                     exitcode = processes[failure.worker].exitcode
                     failure.note = F.why_no_traceback(exitcode)

@@ -10,18 +10,17 @@ and ``cv2.VideoCapture`` objects of a file (reopened at the same frame).
   (written files, pipes, sockets, closed or deleted files) still raises the
   TypeError it always did, so nothing whose state cannot be duplicated is
   duplicated.
-- Under fork the dataset is not pickled, but every worker shares one OS file
-  offset with the parent and its siblings: a dataset that seeks then reads
-  returns other samples' bytes. ``reopen_files_in_worker`` gives each worker
-  its own file.
+- Under fork the dataset is not pickled: a plain file keeps its object and
+  gets its own offset (``isolation``); a native handle that a forked child
+  must not share (sqlite, lmdb, a capture; h5py) is reopened by path in each
+  worker (``reopen_in_forked_worker``), from arguments taken at fork.
 """
 
 import io
 import sys
-import weakref
 
-from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, find_files,
-                                   fork_unsafe, h5py_types, one_per_process, raw_file,
+from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, fork_unsafe,
+                                   h5py_types, lmdb_read_write, one_per_process, raw_file,
                                    real_path, sqlite_path, video_source)
 from .pickling import PROTOCOL, install
 
@@ -51,9 +50,9 @@ def _reopen_args(f):
         return None
     if isinstance(f, io.TextIOWrapper):
         # Its newline argument cannot be read back; it changes nothing where the
-        # file holds no carriage return. Where it does, not reopened (CRLF could
-        # silently read as LF).
-        if not _no_carriage_return(path):
+        # file holds no carriage return and lines end at LF. Otherwise not
+        # reopened (CRLF could silently read as LF): exact or nothing.
+        if not _no_carriage_return(path) or not _lines_end_at_lf(f):
             return None
         return ("text", path, offset, f.encoding, f.errors)
     return ("raw" if isinstance(f, io.FileIO) else "binary", path, offset)
@@ -88,6 +87,19 @@ def _no_carriage_return(path):
                 return view.find(b"\r") == -1
         except ValueError:  # an empty file
             return True
+
+
+def _lines_end_at_lf(f):
+    """Whether text file ``f`` ends lines at LF, as the reopened file will
+    (``newline=None``, ``''`` or ``'\n'``), on a file holding no carriage
+    return. A wrapper opened with ``newline='\r'`` or ``'\r\n'`` keeps that
+    very string, and CPython's wrapper lists it among its references; in a
+    file with no CR no other string it holds can be one of those."""
+    import gc
+
+    if sys.implementation.name != "cpython":
+        return False
+    return not any(type(r) is str and r in ("\r", "\r\n") for r in gc.get_referents(f))
 
 
 def _reopen_file(kind, *args):
@@ -175,90 +187,55 @@ def install_reducers():
     install(file_reducers())
 
 
-# -- per-worker reopening -------------------------------------------------------
+# -- native handles in forked workers ----------------------------------------------
 
-_parent_args = {}  # id(file) -> (its type, a weak reference or None, its _reopen_args)
-
-
-def remember_file_offsets(obj, path="dataset"):
-    """Record, in the parent, how to reopen each read-only file before forking.
-
-    Forked workers share the OS offset, so a worker that starts late would
-    read a sibling's position with tell(); it uses the recorded one instead.
-    A native handle is not asked anything in the child either (LMDB forbids
-    using the parent's environment there; a capture's threads stayed behind).
-    Called as each iterator starts, so the record is the position at fork.
-    """
-    for key, (_kind, ref, _args) in list(_parent_args.items()):
-        if ref is not None and ref() is None:
-            del _parent_args[key]
-    for found in find_files(obj, path):
-        if found.kind == READONLY:
-            args = _reopen_args(found.obj)
-            if args is not None:
-                _parent_args[id(found.obj)] = (type(found.obj), _weak(found.obj), args)
-
-
-def _weak(obj):
-    """A weak reference, or None where the type refuses one (cv2.VideoCapture:
-    then the id and type stand for it, as they do from the fork to the
-    worker's first step)."""
-    try:
-        return weakref.ref(obj)
-    except TypeError:
-        return None
-
-
-def _remembered(obj):
-    kind, ref, args = _parent_args.get(id(obj), (None, None, None))
-    if kind is type(obj) and (ref is None or ref() is obj):
-        return args
+def read_only_note(f):
+    """What the log says of a handle that is reopened read-only although it may
+    have been opened for writing (a sqlite connection, an lmdb environment),
+    or None."""
+    if sqlite_path(f) is not None:
+        return "reopened read-only (mode=ro): a write in a worker fails"
+    if fork_unsafe(f) == LMDB_ENV and lmdb_read_write(f):
+        return "opened read-write, reopened read-only: a write in a worker fails"
     return None
+
+
+def fork_reopen_args(found):
+    """For a native handle a forked worker must have its own of (``found``, a
+    ``HeldFile``): ``(args, None, note)`` to reopen it there, or ``(None, why,
+    None)`` when it cannot be (the fork rung is then not for this loader), or
+    ``(None, None, None)`` when it is left as it is without the shim (an h5py
+    file open for writing, a closed handle). The one check for deciding and
+    acting: the worker reopens with these very arguments."""
+    obj = found.obj
+    kind = found.kind
+    if kind is None:
+        if fork_unsafe(obj) == VIDEO:
+            return None, "a capture that cannot be reopened (a camera or a stream)", None
+        return None, None, None
+    if kind != READONLY:
+        return None, None, None
+    if not found.settable:
+        return None, "held where it cannot be replaced (an item of a tuple)", None
+    args = _reopen_args(obj)
+    if args is None:
+        return None, "cannot be reopened by path", None
+    return args, None, read_only_note(obj)
 
 
 _inherited = []  # a forked worker's copies of the parent's captures: never released
 
 
-def reopen_files(obj, path="dataset", forked=False):
-    """Replace each read-only file reachable from ``obj`` by a fresh one, in place.
-
-    Returns the paths replaced. A file held only in a tuple cannot be replaced
-    and is left as it is. The old file objects are not closed: something
-    outside ``obj`` may still use them; but in a forked worker (``forked``)
-    an lmdb environment is closed first: py-lmdb refuses to open one twice in
-    a process, and LMDB forbids the parent's in a child anyway. Elsewhere an
-    lmdb environment is left as it is. A forked worker keeps the parent's
-    captures alive: releasing one joins decoder threads the child does not
-    have, and hangs.
-    """
-    fresh, replaced = {}, []
-    for found in find_files(obj, path):
-        if found.kind != READONLY or not found.settable:
-            continue
-        old = found.obj
-        if one_per_process(old) and not forked:
-            continue
-        if id(old) not in fresh:
-            args = _remembered(old) or _reopen_args(old)
-            if args is None:
-                continue
-            try:
-                if one_per_process(old):
-                    old.close()
-                elif forked and fork_unsafe(old):
-                    _inherited.append(old)
-                fresh[id(old)] = _reopen_file(*args)
-            except Exception:  # OSError, ValueError, lmdb.Error, cv2.error: left as it is
-                continue
-        found.set(fresh[id(old)])
-        replaced.append(found.path)
-    return replaced
-
-
-def reopen_files_in_worker(worker_id):
-    """A worker_init step: this worker's own copy of every read-only file of its dataset."""
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    if info is not None:
-        reopen_files(info.dataset, forked=True)
+def reopen_in_forked_worker(found, args):
+    """In a forked worker: ``found``'s own handle, opened with ``args`` (taken
+    in the parent at fork), put where the inherited one hangs. An lmdb
+    environment is closed first: py-lmdb refuses to open one twice in a
+    process, and LMDB forbids the parent's in a child anyway. A capture is
+    kept alive: releasing one joins decoder threads the child does not have,
+    and hangs. Raises what opening raises."""
+    old = found.obj
+    if one_per_process(old):
+        old.close()
+    elif fork_unsafe(old):
+        _inherited.append(old)
+    found.set(_reopen_file(*args))

@@ -38,6 +38,7 @@ from multiprocessing import context as _mp_context
 __all__ = ["warm_context", "preload", "libraries_for", "exit_with_parent"]
 
 _lock = threading.Lock()
+SERVER_MODULE = "autosafe_torch.remedies.warmserver"  # imported by the server first
 _preload = []          # module names the server imports when it starts
 _state = {"server": None, "started_with": None, "cold": None}
 _noted = set()
@@ -119,7 +120,7 @@ def _server():
         server = _state["server"]
         if server is None:
             server = _state["server"] = forkserver.ForkServer()
-            server.set_forkserver_preload(list(_preload))
+            server.set_forkserver_preload([SERVER_MODULE] + _preload)
         before, now = server._forkserver_pid, _inherited()
         server.ensure_running()  # restarts a server that died
         if server._forkserver_pid != before:
@@ -149,13 +150,38 @@ class _ThroughServer:
         return self._server.connect_to_new_process(fds)
 
 
+class _PreparingWithDumps:
+    """``multiprocessing.spawn`` as our Popen sees it: the preparation data also
+    says where a worker that dies while starting leaves its traceback
+    (``warmserver``), once recovery has a directory for it."""
+
+    def __getattr__(self, name):
+        from multiprocessing import spawn
+
+        return getattr(spawn, name)
+
+    @staticmethod
+    def get_preparation_data(name):
+        from multiprocessing import spawn
+
+        from .dumps import DUMPS_KEY, current_dir
+
+        data = spawn.get_preparation_data(name)
+        directory = current_dir()
+        if directory is not None:
+            data[DUMPS_KEY] = directory
+        return data
+
+
 def _launch_through(server):
     """The stdlib's forkserver ``Popen._launch``, reading ``forkserver`` from
-    ``_ThroughServer(server)``: its code, not a copy of it."""
+    ``_ThroughServer(server)`` and ``spawn`` from ``_PreparingWithDumps``: its
+    code, not a copy of it."""
     from multiprocessing import popen_forkserver
 
     launch = popen_forkserver.Popen._launch
-    scope = dict(launch.__globals__, forkserver=_ThroughServer(server))
+    scope = dict(launch.__globals__, forkserver=_ThroughServer(server),
+                 spawn=_PreparingWithDumps())
     return types.FunctionType(launch.__code__, scope, launch.__name__,
                               launch.__defaults__, launch.__closure__)
 

@@ -179,6 +179,24 @@ DOCS = {
         "# docker run --shm-size=2g (or --ipc=host)\n"
         "DataLoader(images, batch_size=64, num_workers=4)"),
         "every supported torch, on Linux (batches travel through /dev/shm)"),
+    "DL215": ((
+        "# 4 workers x prefetch_factor 4: 16 large batches in flight at once\n"
+        "DataLoader(volumes, batch_size=8, num_workers=4, prefetch_factor=4)",
+        "DataLoader(volumes, batch_size=8, num_workers=4, prefetch_factor=1)\n"
+        "# or fewer workers, smaller samples or batches"),
+        "every supported torch"),
+    "DL216": ((
+        "class Records(Dataset):\n"
+        "    def __init__(self, path):\n"
+        "        self.fh = open(path, 'rb')   # deleted or replaced before the workers start",
+        "class Records(Dataset):\n"
+        "    def __init__(self, path):\n"
+        "        self.path, self.fh = path, None\n"
+        "    def __getitem__(self, i):\n"
+        "        if self.fh is None:\n"
+        "            self.fh = open(self.path, 'rb')   # opened in each worker\n"
+        "        ..."),
+        "every supported torch; fork workers (the repairs of DL207 and DL212)"),
     # -- devices, shared memory, open files ----------------------------------------
     "DL301": ((
         "ds = TensorDataset(x.cuda(), y.cuda())\n"

@@ -1,4 +1,4 @@
-"""Worker failures seen, not predicted (DL210-DL213): the recovery ladder.
+"""Worker failures seen, not predicted (DL210-DL216): the recovery ladder.
 
 The rules at ``dataloader.iter`` act on hazards they can predict before the
 workers start. A prediction can be wrong (a native handle judged
@@ -17,7 +17,7 @@ None or why the batches may differ. Each check returns the finding the
 engine records; ``next_rung`` (pure) chooses the rungs.
 """
 
-from ..inspection.failures import DIED, FDS, HUNG, SHM
+from ..inspection.failures import DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from . import rule
 from .resources import DOCKER_FIX
 
@@ -37,7 +37,13 @@ LADDERS = {
     HUNG: (RESTART, EMULATED),
     SHM: (FEWER, EMULATED),
     FDS: (FILE_SYSTEM, EMULATED),
+    # Memory pressure from workers x prefetch: once, with fewer batches in
+    # flight; raised again, it is the program's own (torch's error).
+    MEMORY: (FEWER,),
+    # A repair that a worker could not apply fails the same way in new workers.
+    REMEDY: (EMULATED,),
 }
+ONCE = (MEMORY,)  # kinds recovered at most once per rung
 # The settings a real-worker rung adds; they stay for the later rungs.
 SETTINGS = {FEWER: "prefetch_factor=1", FILE_SYSTEM: "file_system sharing"}
 MAX_FAILURES = 2  # a rung that failed twice is not tried again
@@ -47,8 +53,9 @@ def next_rung(kind, failures):
     """The first rung for ``kind`` that has not failed ``MAX_FAILURES`` times
     (``failures``: rung -> count; a failure of the workers as asked counts as
     one of RESTART, which starts them as they were), or None."""
+    limit = 1 if kind in ONCE else MAX_FAILURES
     for rung in LADDERS[kind]:
-        if failures.get(rung, 0) < MAX_FAILURES:
+        if failures.get(rung, 0) < limit:
             return rung
     return None
 
@@ -63,7 +70,10 @@ def _recovered(check, kind, ctx):
     why += "; resumed at batch %d on %s" % (failure.batch, ctx.rung)
     why += (", every batch delivered once, as in a run without the failure"
             if ctx.exact is None else " (not exact: %s)" % ctx.exact)
-    if failure.dump:
+    if failure.dump and failure.starting:
+        why += ". It died while starting (unpickling what it was sent, or importing the " \
+            "main module); its traceback:\n%s" % failure.dump
+    elif failure.dump:
         why += ". The worker's faulthandler output (%s):\n%s" % (
             "every worker's stacks" if kind == HUNG else "its traceback", failure.dump)
     elif failure.note:
@@ -128,7 +138,32 @@ def open_files_exhausted(args, ctx):
     return _recovered(open_files_exhausted, FDS, ctx)
 
 
-KINDS = {"DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS}
+@rule("DL215", "worker-out-of-memory", GROUP,
+      "a worker raised MemoryError (or ENOMEM) for a batch: once, the iterator is rebuilt "
+      "with fewer batches in flight (prefetch_factor=1) and resumed at the first batch not "
+      "delivered; raised again, it is torch's error",
+      "numpy.core._exceptions._ArrayMemoryError: Unable to allocate ...; MemoryError in a "
+      "DataLoader worker (memory pressure from num_workers x prefetch_factor batches)",
+      "fewer workers or a smaller prefetch_factor, smaller samples or batches",
+      at="dataloader.failure")
+def worker_out_of_memory(args, ctx):
+    return _recovered(worker_out_of_memory, MEMORY, ctx)
+
+
+@rule("DL216", "repair-failed-in-worker", GROUP,
+      "a repair chosen before the workers started could not be applied in a worker (a file "
+      "that could no longer be reopened there): never run with the hazard in place; the "
+      "iterator is rebuilt on emulated workers and resumed at the first batch not delivered",
+      "a run that goes on with the hazard the repair was for: forked workers sharing a "
+      "file offset (silently wrong samples), a handle a forked child must not use",
+      "open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
+      at="dataloader.failure")
+def repair_failed_in_worker(args, ctx):
+    return _recovered(repair_failed_in_worker, REMEDY, ctx)
+
+
+KINDS = {"DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS, "DL215": MEMORY,
+         "DL216": REMEDY}
 
 
 def kinds_watched(enabled):

@@ -16,7 +16,9 @@ safe platform):
    handles) travel by path, lambdas/local functions and
    interactive-``__main__`` classes by value (``remedies``);
 2. another start method: fork on Linux where safe (no CUDA context, no
-   live locks or thread pools in the dataset), spawn where all pickles;
+   lock held now, no live thread, and every file and handle one that the
+   fork remedies, DL207 and DL212, handle: ``fork_plan``), spawn where all
+   pickles;
 3. emulated workers: the requested workers emulated in this process, each
    with its own copy of the dataset, its seeds and its worker info, so that
    the batches are exactly those of the workers asked for.
@@ -24,6 +26,7 @@ safe platform):
 
 import types
 
+from ..inspection.objwalk import is_a
 from . import number_of, rule, what_is
 
 GROUP = "dataloader"
@@ -213,11 +216,15 @@ def unpicklable_dataset(args, ctx):
     if any(need and not ctx.found(code) for code, need in needed.items()):
         return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
     if plan.files:
+        from ..inspection import holdings, objwalk
         from ..remedies import reopen
 
         path, why, held = plan.files
+        notes = ["%s %s" % (f.path, note) for f in holdings.find_files(
+            args["dataset"], items=objwalk.SAMPLE_ITEMS)
+            for note in [reopen.read_only_note(f.obj)] if note]
         return unpicklable_dataset.rule.finding(
-            {"file": path}, why=why,
+            {"file": path}, why="; ".join([why] + notes),
             strategy="repair: reopen read-only files by path in each worker",
             remedies=[lambda args: reopen.install_reducers()],
             done="%s (%s) reopened by path in each of %s" % (
@@ -225,52 +232,108 @@ def unpicklable_dataset(args, ctx):
     return None
 
 
-def _held_by_forked(args):
-    """The files and handles of a dataset going to forked workers (none for a
-    dataset that reopens per process by itself)."""
+def fork_plan(args, ctx):
+    """What forked workers of this loader would share, and what the fork rung
+    does about it (``remedies.isolation.ForkPlan``), cached on ``ctx``. Empty
+    for a dataset that reopens its files per process by itself. The one check
+    for deciding and acting: the worker step applies the same plan."""
     from ..inspection import holdings, objwalk
+    from ..remedies import isolation
 
-    if not args["num_workers"] or start_method(args) != "fork" \
-            or holdings.reopens_per_process(args["dataset"]):
-        return []
-    return holdings.find_files(args["dataset"], items=objwalk.SAMPLE_ITEMS)
+    key = tuple(id(args[name]) for name in PARTS)
+    cache = ctx.__dict__.setdefault("fork_plans", {})
+    if key not in cache:
+        if holdings.reopens_per_process(args["dataset"]):
+            cache[key] = isolation.ForkPlan()
+        else:
+            cache[key] = isolation.plan(isolation.parts_of(args), items=objwalk.SAMPLE_ITEMS)
+    return cache[key]
+
+
+def _forking(args):
+    return bool(args["num_workers"]) and start_method(args) == "fork"
+
+
+def _with_isolation(args, ctx):
+    """The loader's worker_init_fn with the isolation step first (one record per
+    loader: DL207 and DL212 share it), or as it is when it has one."""
+    from ..remedies import isolation
+    from ..remedies.workerinit import with_step
+
+    if isolation.record_of(args["worker_init_fn"]) is not None:
+        return args["worker_init_fn"]
+    step = ctx.__dict__.setdefault("isolation_step", isolation.worker_step(isolation.ForkRecord()))
+    return with_step(args["worker_init_fn"], step)
+
+
+def _owned(plan, by_dl212):
+    """The handles and the unhandled entries of ``plan`` that are DL212's (native
+    handles a forked child must not use: lmdb, captures) or DL207's (the rest)."""
+    handles = [(held, note) for held, _args, note in plan.handles
+               if bool(held.fork_unsafe) == by_dl212]
+    unhandled = [(path, why) for path, why, fork_unsafe in plan.unhandled
+                 if bool(fork_unsafe) == by_dl212]
+    return handles, unhandled
 
 
 @rule("DL207", "shared-file-offset", GROUP,
-      "fork workers and a dataset holding an open file it seeks and reads: each worker "
-      "reopens it (an injected worker_init_fn that then calls yours)",
-      "silently wrong samples: forked workers share one file offset",
+      "fork workers and a dataset holding a file open for reading (plain, text, or "
+      "inside a GzipFile, ZipFile, TarFile, NpzFile, a wrapper of yours...): each worker "
+      "gets its own offset on the same descriptor, where the fork left it; an h5py file is "
+      "reopened by path in each worker; files open for writing stay "
+      "shared",
+      "silently wrong samples: forked workers share one file offset (zipfile.BadZipFile: "
+      "Bad CRC-32, gzip.BadGzipFile, EOFError: Compressed file ended before the "
+      "end-of-stream marker was reached, other records)",
       "open the file in worker_init_fn or lazily in __getitem__",
       at="dataloader.iter")
 def shared_file_offset(args, ctx):
-    from ..inspection import holdings
-    from ..remedies import reopen
-    from ..remedies.workerinit import with_step
-
-    dataset = args["dataset"]
-    files = [f for f in _held_by_forked(args)
-             if f.kind == holdings.READONLY and not holdings.fork_unsafe(f.obj)]  # DL212's
-    if not files:
+    if not _forking(args):
         return None
-    init = with_step(args["worker_init_fn"], reopen.reopen_files_in_worker)
-    if init is args["worker_init_fn"]:
-        return None  # already reopening
+    plan = fork_plan(args, ctx)
+    handles, unhandled = _owned(plan, by_dl212=False)
+    if unhandled:
+        return _away_from_fork(shared_file_offset, args, ctx, "; ".join(
+            "%s %s" % item for item in unhandled), repairs=False)
+    if not (plan.isolate or handles):
+        return None
+    what = ["%s: own offset" % d.describe() for d in plan.isolate]
+    what += ["%s: reopened by path%s" % (held.path, ", " + note if note else "")
+             for held, note in handles]
+    if plan.shared:
+        what.append("left shared, open for writing: %s" % ", ".join(
+            d.describe() for d in plan.shared))
+    init = _with_isolation(args, ctx)
+    changes = {} if init is args["worker_init_fn"] else {"worker_init_fn": init}
     return shared_file_offset.rule.finding(
-        {"worker_init_fn": args["worker_init_fn"]}, {"worker_init_fn": init},
-        "forked workers would share one offset per file (%s)" % ", ".join(
-            f.path for f in files), strategy="reopen in each worker",
-        remedies=[lambda args: reopen.remember_file_offsets(dataset)],
-        done="%s (%s) reopened in each of %s, at its own offset" % (
-            ", ".join(f.path for f in files), what_is(files[0].obj),
-            number_of(args["num_workers"], "forked worker")))
+        {"worker_init_fn": args["worker_init_fn"]}, changes,
+        "forked workers would share one offset per file; in each worker: %s"
+        % "; ".join(what), strategy="own offset in each worker",
+        done=_fork_done(plan.isolate, handles, plan.shared, args["num_workers"]))
+
+
+def _fork_done(isolated, handles, shared, workers):
+    """The log line of DL207/DL212: what each forked worker gets of its own."""
+    each = number_of(workers, "forked worker")
+    done = []
+    if isolated:
+        done.append("%s: own file offset in each of %s" % (
+            ", ".join(d.path for d in isolated), each))
+    if handles:
+        done.append("%s reopened by path in each of %s" % (", ".join(
+            "%s (%s)" % (held.path, held.fork_unsafe or what_is(held.obj))
+            for held, _note in handles), each))
+    if shared:
+        done.append("left shared, open for writing: %s" % ", ".join(d.path for d in shared))
+    return "; ".join(done)
 
 
 @rule("DL212", "handle-not-fork-safe", GROUP,
       "fork workers and a dataset holding a native handle a forked child must not use: "
-      "a read-only lmdb environment, or a cv2.VideoCapture of a file, is reopened by "
-      "path in each worker (the capture at the same frame); a capture that cannot be "
-      "reopened (a camera, a stream): spawn where everything pickles, else emulated workers; "
-      "a writable lmdb environment: a note",
+      "an lmdb environment (reopened read-only) or a cv2.VideoCapture of a file is "
+      "reopened by path in each worker (the capture at the same frame); a capture that "
+      "cannot be reopened (a camera, a stream): spawn where everything pickles, else "
+      "emulated workers",
       "forked workers that hang in cv2.VideoCapture.read() once the parent has decoded "
       "(RuntimeError: DataLoader timed out after N seconds, or forever); an lmdb "
       "environment used after fork, which LMDB forbids (segfaults, readers registered "
@@ -278,32 +341,25 @@ def shared_file_offset(args, ctx):
       "open the environment or capture in worker_init_fn or lazily in __getitem__",
       at="dataloader.iter")
 def handle_not_fork_safe(args, ctx):
-    from ..inspection import holdings
-    from ..remedies import reopen
-    from ..remedies.workerinit import with_step
-
-    dataset = args["dataset"]
-    handles = [f for f in _held_by_forked(args) if holdings.fork_unsafe(f.obj)]
+    if not _forking(args):
+        return None
+    handles, unhandled = _owned(fork_plan(args, ctx), by_dl212=True)
+    if unhandled:
+        return _away_from_fork(handle_not_fork_safe, args, ctx, "a forked worker must not "
+                               "use the parent's handle, and it cannot be reopened: %s"
+                               % "; ".join("%s %s" % item for item in unhandled),
+                               repairs=False)
     if not handles:
         return None
-    where = ", ".join("%s (%s)" % (f.path, holdings.fork_unsafe(f.obj)) for f in handles)
-    if any(f.kind != holdings.READONLY or not f.settable for f in handles):
-        if any(holdings.fork_unsafe(f.obj) == holdings.VIDEO for f in handles):
-            return _away_from_fork(handle_not_fork_safe, args, ctx, "a forked worker "
-                                   "hangs on a capture that cannot be reopened: %s" % where)
-        return handle_not_fork_safe.rule.finding(  # a writable lmdb environment
-            {"handle": where}, why="not reopened (only read-only environments are); "
-            "forked workers use the parent's", strategy="advice",
-            done="%s left to forked workers: only read-only environments are reopened" % where)
-    init = with_step(args["worker_init_fn"], reopen.reopen_files_in_worker)
+    init = _with_isolation(args, ctx)
     changes = {} if init is args["worker_init_fn"] else {"worker_init_fn": init}  # DL207's
     return handle_not_fork_safe.rule.finding(
         {"worker_init_fn": args["worker_init_fn"]}, changes,
-        "a forked worker must not use the parent's %s" % where,
+        "a forked worker must not use the parent's %s" % ", ".join(
+            "%s (%s)%s" % (held.path, held.fork_unsafe, ", " + note if note else "")
+            for held, note in handles),
         strategy="reopen in each worker",
-        remedies=[lambda args: reopen.remember_file_offsets(dataset)],
-        done="%s reopened in each of %s" % (
-            where, number_of(args["num_workers"], "forked worker")))
+        done=_fork_done((), handles, (), args["num_workers"]))
 
 
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
@@ -351,6 +407,10 @@ class PicklingPlan:
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
         self.nested = self.files = None
 
+    @property
+    def needs_repair(self):
+        return bool(self.by_value or self.nested or self.classes or self.files or self.pools)
+
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
 MAX_REPAIRS = 16  # one failure is found per probe; a dataset has few kinds
@@ -386,7 +446,7 @@ def _plan_pickling(parts):
         value, top = failure.value, failure.path.split(".")[0].split("[")[0]
         new = _by_value(parts.get(top), value) if top in ("collate_fn", "worker_init_fn") \
             else None
-        cls = value if isinstance(value, type) else type(value)
+        cls = value if is_a(value, type) else type(value)
         why = "%s: %s" % (failure.path, failure.error)
         if new is not None:
             plan.by_value[top] = (new, why)
@@ -411,7 +471,7 @@ def _not_importable(value):
     class), or an instance of such a class: cloudpickle can send it by value."""
     from ..inspection.mainmodule import importable_by_reference
 
-    if isinstance(value, (types.FunctionType, type)):
+    if is_a(value, (types.FunctionType, type)):
         return not importable_by_reference(value)
     cls = type(value)
     return "<locals>" in cls.__qualname__ or (
@@ -433,22 +493,24 @@ def _by_value(part, failing):
 
 # -- rungs 2-3: another start method, emulated workers ---------------------------
 
-def _fork_is_safe(args, facts):
+def _fork_is_safe(args, ctx):
+    """Rung 2: fork, where this platform allows it and the fork rung's remedies
+    handle everything forked workers would share: read-only files get their
+    own offsets and native handles are reopened (DL207, DL212: the plan their
+    worker step applies), thread pools are rebuilt (DL208). Not for a lock
+    held now or a live thread, which a forked child cannot inherit."""
     import multiprocessing
 
-    from ..inspection import holdings, objwalk
+    from ..inspection import holdings
 
+    facts = ctx.facts
     if facts.platform not in SAFE_FORK_PLATFORMS or facts.cuda_initialized:
         return False
     if "fork" not in multiprocessing.get_all_start_methods():
         return False
-    # A thread pool is no obstacle: DL208 gives each forked worker a new one;
-    # nor is a capture of a file: DL212 reopens it in each.
-    if any(holdings.fork_unsafe(f.obj) == holdings.VIDEO and f.kind != holdings.READONLY
-           for f in holdings.find_files(args["dataset"], items=objwalk.SAMPLE_ITEMS)):
+    if fork_plan(args, ctx).unhandled:
         return False
-    return not [kind for _path, kind in holdings.live_threading_objects(args["dataset"])
-                if kind != "thread-pool"]
+    return not holdings.fork_blockers(args["dataset"])
 
 
 def _fallback(check, args, ctx, why):
@@ -460,7 +522,7 @@ def _fallback(check, args, ctx, why):
         fix = failures and permanent_fix(failures[0].value)
         reason = failures and "%s (%s) does not pickle" % (
             failures[0].path, what_is(failures[0].value)) or why
-    if _fork_is_safe(args, ctx.facts):
+    if _fork_is_safe(args, ctx):
         return check.rule.finding({"multiprocessing_context": start_method(args)},
                                   {"multiprocessing_context": "fork"}, why,
                                   strategy="start method: fork", fix=fix,
@@ -469,8 +531,12 @@ def _fallback(check, args, ctx, why):
     return _emulated(check, args, why, fix, reason)
 
 
-def _away_from_fork(check, args, ctx, why):
-    if ctx.main_guarded() and not pickling_plan(args, ctx).failures:
+def _away_from_fork(check, args, ctx, why, repairs=True):
+    """Spawn where everything pickles, else emulated workers. ``repairs``:
+    whether the repairs that make it pickle can still be made (the checks
+    that make them, DL201-DL203 and DL208, run before DL207 and DL212)."""
+    plan = pickling_plan(args, ctx)
+    if ctx.main_guarded() and not plan.failures and (repairs or not plan.needs_repair):
         return check.rule.finding({"multiprocessing_context": "fork"},
                                   {"multiprocessing_context": "spawn"}, why,
                                   strategy="start method: spawn",
@@ -499,7 +565,7 @@ def permanent_fix(value):
     if holdings.threading_kind(value) is not None:
         return ("create locks and threads lazily in __getitem__ or in worker_init_fn "
                 "(or use multiprocessing's), not in __init__")
-    if isinstance(value, types.GeneratorType):
+    if is_a(value, types.GeneratorType):
         return "keep no generator on the dataset: make it in __iter__ or __getitem__"
     if holdings.is_file_object(value) or type(value).__name__ == "Connection":
         return "open files and connections lazily in __getitem__ (or in worker_init_fn)"

@@ -1,6 +1,7 @@
 """Datasets holding an lmdb environment or a cv2.VideoCapture opened in __init__.
 
-argv: KIND (lmdb, video), the number of workers, and options: "lock" (the
+argv: KIND (lmdb, video), the number of workers, and options: "rw" (lmdb
+opened read-write, though only read), "lock" (the
 dataset holds a threading.Lock too: nothing pickles, fork is unsafe, so only
 emulated workers remain), "bounded" (DataLoader(timeout=6): for fork runs,
 whose workers start at once). Neither handle pickles under spawn. Under fork,
@@ -33,7 +34,8 @@ class Records(Dataset):
             with lmdb.open(path, map_size=1 << 22) as env, env.begin(write=True) as txn:
                 for i in range(N):
                     txn.put(b"%d" % i, bytes(range(i, i + 8)))
-        self.env = lmdb.open(path, readonly=True, lock=False)
+        # "rw": opened read-write, py-lmdb's default, as much legacy code does.
+        self.env = lmdb.open(path, readonly="rw" not in sys.argv, lock=False)
 
     def __len__(self):
         return N
@@ -75,7 +77,9 @@ PARENT_HANDLE = []  # filled in the parent: a forked worker inherits it, a spawn
 
 def report_env(worker_id):
     if PARENT_HANDLE:
-        print("OWN_ENV", get_worker_info().dataset.env is not PARENT_HANDLE[0], flush=True)
+        # One write: the workers' lines must not interleave.
+        sys.stdout.write("OWN_ENV %s\n" % (get_worker_info().dataset.env is not PARENT_HANDLE[0]))
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

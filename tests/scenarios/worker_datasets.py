@@ -35,10 +35,19 @@ class FileDataset(Dataset):
         return torch.tensor(list(self.f.read(8)))
 
 
+def idle_thread():
+    """A live thread (a cache refresher, a prefetcher): a forked child has none."""
+    thread = threading.Thread(target=threading.Event().wait, daemon=True)
+    thread.start()
+    return thread
+
+
 class LockedDataset(Dataset):
-    """Holds a lock (a cache guard): does not pickle, and fork is unsafe."""
+    """Holds a lock (a cache guard) and the live thread that refreshes the cache:
+    does not pickle, and fork is unsafe (a forked worker has no thread behind it)."""
     def __init__(self):
         self.lock = threading.Lock()
+        self.refresher = idle_thread()
         self.data = torch.arange(64.).reshape(32, 2)
     def __len__(self):
         return 32
@@ -61,5 +70,6 @@ class GeneratorDataset(Dataset):
 class LockedStream(IterableDataset):
     def __init__(self):
         self.lock = threading.Lock()
+        self.refresher = idle_thread()
     def __iter__(self):
         return iter(torch.arange(12.).reshape(6, 2))

@@ -10,7 +10,9 @@ python scenario.py FAULT [EPOCHS]; FAULT is one of:
 - hang: a worker process waits forever on index 13; the main process does not;
 - shm: 1 MiB batches, for a /dev/shm too small (the test mounts one);
 - fds: per-sample tensors kept by the program, for a low open-file limit;
-- valueerror: __getitem__ raises ValueError on index 13, everywhere (the user's bug).
+- valueerror: __getitem__ raises ValueError on index 13, everywhere (the user's bug);
+- memory: a worker process raises MemoryError on index 13, once in the run (memory
+  pressure that passes); memory-always: every time, in every worker process.
 
 Every sample carries its index, the worker id and seed, draws from torch's,
 Python's and numpy's global generators (seeded per worker), from a numpy
@@ -40,6 +42,15 @@ def in_worker_process():
     return os.getpid() != int(os.environ["SCENARIO_PARENT_PID"])
 
 
+def first_time(what, again=False):
+    """True the first time in this run (a marker file per run), or always."""
+    marker = os.path.join(TMP, "%s-%s" % (what, os.environ["SCENARIO_PARENT_PID"]))
+    if os.path.exists(marker) and not again:
+        return False
+    open(marker, "w").close()
+    return True
+
+
 class Augmented(Dataset):
     def __init__(self, fault, n=48):
         self.fault = fault
@@ -63,6 +74,10 @@ class Augmented(Dataset):
                 time.sleep(3600)
             if self.fault == "valueerror":
                 raise ValueError("bad sample %d" % i)
+            if self.fault.startswith("memory") and in_worker_process() and first_time(
+                    "memory", again=self.fault == "memory-always"):
+                raise MemoryError("Unable to allocate 1.00 GiB for an array with shape "
+                                  "(134217728,) and data type float64")
         values = torch.tensor([float(i), float(info.id), float(info.seed % 10007),
                                torch.rand(1).item(), random.random(), float(np.random.rand()),
                                float(self.state.rand()), float(self.fetches)])
