@@ -104,7 +104,8 @@ class Intervention:
             text += " (rank %d)" % self.rank
         rule = "%s %s: " % (self.code, self.slug)
         return "%s: %s%s" % (shown_site(self.call_site), rule,
-                             clip(_relative_paths(text), HEADLINE_LIMIT - len(rule)))
+                             clip(without_addresses(_relative_paths(text)),
+                                  HEADLINE_LIMIT - len(rule)))
 
     def message(self):
         """The record as a person reads it: the headline, then the permanent fix."""
