@@ -43,6 +43,10 @@ def _parser():
 
     rules = sub.add_parser("rules", help="the rule table")
     rules.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+
+    from .codemod import add_parser as add_fix_parser
+
+    add_fix_parser(sub)
     return p
 
 
@@ -103,6 +107,10 @@ def main(argv=None):
         else:
             print(report_text())
         return 0
+    if args.command == "fix":
+        from .codemod import main as fix
+
+        return fix(args)
     return _rules(args.format)
 
 
