@@ -220,17 +220,6 @@ def test_old_positional_amp_arguments_are_given_by_name(tmp_path):
     assert "train.py:5: AMP504 nothing to change" in summary
 
 
-def test_a_computed_worker_count_leaves_the_permanent_fix_as_a_comment(tmp_path):
-    text = ("from torch.utils.data import DataLoader\n"
-            "def main(args):\n"
-            "    loader = DataLoader(args.ds, num_workers=int(args.workers), prefetch_factor=4)\n")
-    new, summary = run_fix(tmp_path, text, [{"code": "DL101", "line": 3,
-                                             "after": {"prefetch_factor": None}}])
-    assert "    # autosafe-torch DL101: the permanent fix of DL101\n    loader = DataLoader(" \
-           "args.ds, num_workers=int(args.workers), prefetch_factor=4)\n" in new
-    assert "train.py:3: DL101 left as a comment: num_workers is computed at the call" in summary
-
-
 def test_without_a_worker_count_the_argument_goes(tmp_path):
     text = ("from torch.utils.data import DataLoader\n"
             "loader = DataLoader(ds, batch_size=2,\n"
@@ -304,46 +293,58 @@ def test_main_guard_keeps_definitions_and_what_they_read(tmp_path):
     assert "DL204 rewritten" in summary
 
 
-@pytest.mark.parametrize("text, reason", [
+NOT_EXACT = [
+    ("from torch.utils.data import DataLoader\n"
+     "def main(args):\n"
+     "    loader = DataLoader(args.ds, num_workers=int(args.workers), prefetch_factor=4)\n",
+     {"code": "DL101", "line": 3, "after": {"prefetch_factor": None}},
+     "num_workers is computed at the call"),
     ("import torch\nfor x in loader:\n    pass\nif __name__ == '__main__':\n    pass\n",
-     "the file has a main guard"),
+     {"code": "DL204", "line": 2}, "the file has a main guard"),
     ("import torch\nfor n in loader:\n    pass\nclass DS:\n    size = n\n",
-     "line 4 binds or reads n"),
-])
-def test_main_guard_where_it_would_not_be_exact(tmp_path, text, reason):
-    new, summary = run_fix(tmp_path, text, [{"code": "DL204", "line": 2}])
-    assert "DL204 left as a comment: %s" % reason in summary
-    assert "# autosafe-torch DL204: the permanent fix of DL204" in new
+     {"code": "DL204", "line": 2}, "line 4 binds or reads n"),
+    ("import torch\ndef train(loader):\n    for x in loader:\n        pass\nprint(1)\n",
+     {"code": "DL204", "line": 3}, "the loader is iterated in train, which this file's"),
+    ("from torch.utils.data import DataLoader\n"
+     "def main(ds):\n"
+     "    k = 1\n"
+     "    loader = DataLoader(ds, num_workers=2, collate_fn=lambda b: b * k)\n"
+     "    k = 2\n"
+     "    for x in loader:\n"
+     "        pass\n",
+     {"code": "DL202", "line": 6, "before": {"collate_fn": "<lambda>"}},
+     "it reads k, assigned more than once"),
+    ("from torch.utils.data import DataLoader\n"
+     "class DS:\n"
+     "    def __init__(self, path):\n"
+     "        self.f = open(path, 'rb')\n"
+     "    def __len__(self):\n"
+     "        return len(self.f.read())\n"
+     "    def __getitem__(self, i):\n"
+     "        return self.f.read(1)\n"
+     "loader = DataLoader(DS('x'), num_workers=2)\n",
+     {"code": "DL201", "line": 9, "before": {"file": "dataset.f"}},
+     "self.f is used in __len__ too"),
+]
 
 
-def test_a_closure_over_a_variable_assigned_twice_is_left_as_a_comment(tmp_path):
-    text = ("from torch.utils.data import DataLoader\n"
-            "def main(ds):\n"
-            "    k = 1\n"
-            "    loader = DataLoader(ds, num_workers=2, collate_fn=lambda b: b * k)\n"
-            "    k = 2\n"
-            "    for x in loader:\n"
-            "        pass\n")
-    new, summary = run_fix(tmp_path, text, [{"code": "DL202", "line": 6,
-                                             "before": {"collate_fn": "<lambda>"}}])
-    assert "DL202 left as a comment: it reads k, assigned more than once" in summary
-    assert "lambda b: b * k" in new
+@pytest.mark.parametrize("text, record, reason", NOT_EXACT,
+                         ids=[r for _, _, r in NOT_EXACT])
+def test_where_a_rewrite_would_not_be_exact_the_fix_is_a_comment(tmp_path, text, record,
+                                                                 reason):
+    new, summary = run_fix(tmp_path, text, [record])
+    code = record["code"]
+    assert "%s left as a comment: %s" % (code, reason) in summary
+    comment = "# autosafe-torch %s: the permanent fix of %s" % (code, code)
+    assert comment in new
+    assert [l for l in new.splitlines() if l.strip() != comment] == text.splitlines()
 
 
-def test_a_file_used_outside_getitem_is_left_as_a_comment(tmp_path):
-    text = ("from torch.utils.data import DataLoader\n"
-            "class DS:\n"
-            "    def __init__(self, path):\n"
-            "        self.f = open(path, 'rb')\n"
-            "    def __len__(self):\n"
-            "        return len(self.f.read())\n"
-            "    def __getitem__(self, i):\n"
-            "        return self.f.read(1)\n"
-            "loader = DataLoader(DS('x'), num_workers=2)\n")
-    new, summary = run_fix(tmp_path, text, [{"code": "DL201", "line": 9,
-                                             "before": {"file": "dataset.f"}}])
-    assert "DL201 left as a comment: self.f is used in __len__ too" in summary
-    assert "self.f = open(path, 'rb')" in new
+def test_a_file_that_does_not_parse_is_left_alone(tmp_path):
+    new, summary = run_fix(tmp_path, "print 'python 2'\n", [{"code": "DL101", "line": 1}])
+    assert new == "print 'python 2'\n"
+    assert "train.py:1: DL101 skipped: not rewritten (ParserSyntaxError: " in summary
+    assert len(summary.splitlines()) == 2
 
 
 def test_without_libcst_one_line_says_how_to_install(tmp_path):

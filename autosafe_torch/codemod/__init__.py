@@ -20,8 +20,6 @@ lines may have moved), so a second ``fix --write`` from the same log
 changes nothing. Run it again under the shim, and fix from the new log.
 """
 
-import difflib
-import os
 import sys
 
 from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED, changed_since, read_log
@@ -61,48 +59,51 @@ def main(args, out=None, err=None):
         files.setdefault(record.path, []).append(record)
     written = []
     for path, file_records in files.items():
-        new_text, file_outcomes = fix_file(path, file_records, records)
+        old, new, file_outcomes = fix_file(path, file_records, records)
         outcomes += [(r.where, r.code, kind, text) for r, kind, text in file_outcomes]
-        if new_text is None:
+        if new == old:
             continue
         shown = file_records[0].shown
         if args.write:
             with open(path, "w", encoding="utf-8", newline="") as f:
-                f.write(new_text)
+                f.write(new)
             written.append(shown)
         else:
-            with open(path, encoding="utf-8", newline="") as f:
-                out.write(unified_diff(f.read(), new_text, shown))
+            out.write(unified_diff(old, new, shown))
     out.flush()
     _summary(err, outcomes, written, args.write)
     return 0
 
 
 def fix_file(path, records, log=()):
-    """(the file's new text or None when unchanged, [(record, kind, text)])."""
+    """(the file's text, its new text, [(record, kind, text)]) for the records of
+    one file; ``log``: every file's. The file stays as it is when it changed
+    since the run, cannot be read or parsed, or an error of ours occurs."""
     if changed_since(path, records):
-        return None, [(r, SKIPPED, "the file changed since the run; run it again and fix "
-                       "from the new log") for r in records]
+        return None, None, [(r, SKIPPED, "the file changed since the run; run it again "
+                             "and fix from the new log") for r in records]
     from .plan import plan
 
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read()
     try:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
         source, outcomes = plan(path, text, records, log)
-        new_text = source.apply()
-    except Exception as exc:  # ours or libcst's: the file stays as it is
+        return text, source.apply(), outcomes
+    except Exception as exc:
         from ..config import CONFIG
 
         if CONFIG.debug:
             import traceback
 
             traceback.print_exc()
-        return None, [(r, SKIPPED, "not rewritten (%s: %s)" % (type(exc).__name__, exc))
-                      for r in records]
-    return (new_text if new_text != text else None), outcomes
+        why = (str(exc).strip().splitlines() or [""])[0]
+        return None, None, [(r, SKIPPED, "not rewritten (%s: %s)" % (type(exc).__name__, why))
+                            for r in records]
 
 
 def unified_diff(old, new, shown):
+    import difflib
+
     lines = []
     for line in difflib.unified_diff(old.splitlines(True), new.splitlines(True),
                                      "a/" + shown, "b/" + shown):

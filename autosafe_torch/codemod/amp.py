@@ -137,7 +137,8 @@ def _plan_modern(source, node, qualified, record):
         done = '%s.amp.%s(%s, ...), positional arguments by name' % (
             torch, kind, source.code(device) if device is not None else '"%s"' % area)
     _forget_legacy_import(source, node)
-    source.comment(node, "%s: torch.amp.%s, the old arguments by name" % (record.code, kind))
+    what = "for %s" % area.upper() if kind.startswith("custom_") else "the old arguments by name"
+    source.comment(node, "%s: torch.amp.%s, %s" % (record.code, kind, what))
     return done
 
 
@@ -196,7 +197,9 @@ def _without_name(statement, name):
                 small = small.with_changes(names=names)
         body.append(small)
     if not body:
-        return cst.RemovalSentinel.REMOVE
+        commented = any(l.comment for l in statement.leading_lines) \
+            or statement.trailing_whitespace.comment
+        return statement if commented else cst.RemovalSentinel.REMOVE  # a comment stays
     return statement.with_changes(body=body)
 
 

@@ -56,7 +56,7 @@ def rewrite(source, records):
     return out
 
 
-def lift_loader_functions(source, call, record):
+def lift_loader_functions(source, call):
     """For DL204: the lifts a spawned loader needs; what cannot be lifted gets
     DL202's permanent fix as a comment. Descriptions of what was done."""
     done = []
@@ -65,7 +65,7 @@ def lift_loader_functions(source, call, record):
             description = _plan_part(source, call, part)
         except NotExact as exc:
             source.comment(call, "DL202: %s: define it at module level (%s)" % (part, exc))
-            description = "%s left as a comment (%s)" % (part, exc)
+            description = "%s left as a comment: %s" % (part, exc)
         if description:
             done.append(description)
     return done
@@ -146,6 +146,12 @@ def _partial(source, name, closure):
         functools, name, ", ".join("%s=%s" % (n, n) for n in closure)))
 
 
+def _leading_lines():
+    """Two blank lines, and the comment naming the rule."""
+    return [cst.EmptyLine(indent=False), cst.EmptyLine(indent=False),
+            cst.EmptyLine(indent=False, comment=cst.Comment("# autosafe-torch " + COMMENT))]
+
+
 def _insert(source, call, function):
     top = source.top_level_of(call)
     source.insert_before(top, [function])
@@ -168,9 +174,7 @@ def _lift_lambda(source, call, part, value):
     if "\n" in body:
         body = "(%s)" % body
     function = cst.parse_statement("def %s(%s):\n    return %s\n" % (name, params, body))
-    function = function.with_changes(leading_lines=[
-        cst.EmptyLine(indent=False), cst.EmptyLine(indent=False),
-        cst.EmptyLine(indent=False, comment=cst.Comment("# autosafe-torch " + COMMENT))])
+    function = function.with_changes(leading_lines=_leading_lines())
     _insert(source, call, function)
     new = _partial(source, name, closure) if closure else cst.Name(name)
     _replace(source, call, part, new)
@@ -199,9 +203,8 @@ def _lift_def(source, call, part, value, assignment):
             else cst.ParamStar()
         params = params.with_changes(star_arg=star,
                                      kwonly_params=list(params.kwonly_params) + extra)
-    lifted = function.with_changes(params=params, leading_lines=[
-        cst.EmptyLine(indent=False), cst.EmptyLine(indent=False),
-        cst.EmptyLine(indent=False, comment=cst.Comment("# autosafe-torch " + COMMENT))])
+    lifted = function.with_changes(params=params, leading_lines=_leading_lines() + [
+        l.with_changes(indent=False) for l in function.leading_lines if l.comment])
     source.edit(function, lambda node: cst.RemovalSentinel.REMOVE)
     _insert(source, call, lifted)
     if closure:
@@ -217,4 +220,4 @@ def _replace(source, call, part, new):
         found = find_arg(node, part, LOADER_POSITIONAL)
         return set_arg_value(node, found[0], new) if found else node
     source.edit(call, edit, order=40)
-    source.comment(call, "DL202: %s defined at module level" % part)
+    source.comment(call, "DL202: %s at module level" % part)

@@ -180,6 +180,14 @@ def rewrite(source, records):
     if not moved:
         return [(r, NOT_EXACT, "no top-level code to move") for r in records]
     moved_binds = set().union(*[binds[i] for i in moved])
+    called = set().union(*[eager[i] for i in moved])
+    for record in records:
+        top = next((i for i, s in enumerate(statements)
+                    if source.lines(s)[0] <= record.line <= source.lines(s)[1]), None)
+        if top is not None and top in kept and not binds[top] & called:
+            return [(r, NOT_EXACT, "the loader is iterated in %s, which this file's top-level "
+                     "code does not call: the guard belongs in the script that runs it"
+                     % ", ".join(sorted(binds[top]))) for r in records]
     for i in sorted(kept):
         clash = (binds[i] | eager[i]) & moved_binds
         if clash:
@@ -187,13 +195,11 @@ def rewrite(source, records):
                      "too" % (source.lines(statements[i])[0], ", ".join(sorted(clash))))
                     for r in records]
     source.move_under_main_guard([statements[i] for i in moved], COMMENT)
-    lifted = []
+    done = 'top-level code from line %d under if __name__ == "__main__":, the ' \
+        'definitions and what they read kept' % source.lines(statements[moved[0]])[0]
+    out = []
     for record in records:
         call = source.dataloader_at(record.line)
-        if call is not None:
-            lifted += local_functions.lift_loader_functions(source, call, record)
-    first = source.lines(statements[moved[0]])[0]
-    done = 'the code from line %d on under if __name__ == "__main__":' % first
-    if lifted:
-        done += "; " + "; ".join(lifted)
-    return [(r, REWRITTEN, done) for r in records]
+        lifted = local_functions.lift_loader_functions(source, call) if call else []
+        out.append((record, REWRITTEN, "; ".join([done] + lifted)))
+    return out

@@ -26,19 +26,16 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 class Record:
     """One intervention at one line of one file (the first process's record)."""
 
-    __slots__ = ("code", "slug", "path", "shown", "line", "before", "after", "strategy",
-                 "fix", "time", "action")
+    __slots__ = ("code", "path", "shown", "line", "before", "after", "fix", "time")
 
     def __init__(self, obj, path, shown, line):
-        self.code = obj.get("code")
-        self.slug = obj.get("slug") or ""
+        self.code = obj["code"]
         self.path, self.shown, self.line = path, shown, line
         self.before = obj.get("before") if isinstance(obj.get("before"), dict) else {}
         self.after = obj.get("after") if isinstance(obj.get("after"), dict) else {}
-        self.strategy = obj.get("strategy")
-        self.fix = obj.get("fix") or ""
-        self.time = obj.get("time") if isinstance(obj.get("time"), (int, float)) else None
-        self.action = obj.get("action")
+        self.fix = obj.get("fix") if isinstance(obj.get("fix"), str) else ""
+        time = obj.get("time")
+        self.time = time if isinstance(time, (int, float)) else None
 
     @property
     def where(self):

@@ -184,6 +184,7 @@ class Source:
         self.wrapper = md.MetadataWrapper(cst.parse_module(text))
         self.module = self.wrapper.module
         self._meta = {}
+        self._nodes = {}      # kind -> its nodes
         self._edits = {}      # id(node as parsed) -> [(order, function of the node)]
         self._comments = {}   # id(statement or decorator) -> [comment text]
         self._before = {}     # id(top-level statement) -> [statements to put before it]
@@ -218,7 +219,10 @@ class Source:
         return self.module.code_for_node(node)
 
     def nodes(self, kind):
-        return [n for n in self.meta(md.PositionProvider) if isinstance(n, kind)]
+        if kind not in self._nodes:
+            self._nodes[kind] = [n for n in self.meta(md.PositionProvider)
+                                 if isinstance(n, kind)]
+        return self._nodes[kind]
 
     def calls_at(self, line, names):
         """Calls spanning ``line`` to one of the qualified ``names``, innermost first."""
@@ -392,6 +396,16 @@ def _names_in(region):
     return [name for part in regions for name in m.findall(part, m.Name())]
 
 
+def _with_comments(result, comments):
+    """``result`` with comment lines above it (above the first of several)."""
+    nodes = _flatten(result)
+    if not nodes or not hasattr(nodes[0], "leading_lines"):
+        return result
+    nodes[0] = nodes[0].with_changes(leading_lines=list(nodes[0].leading_lines) + [
+        cst.EmptyLine(comment=cst.Comment(text)) for text in comments])
+    return cst.FlattenSentinel(nodes) if len(nodes) > 1 else nodes[0]
+
+
 def _flatten(result):
     if isinstance(result, cst.FlattenSentinel):
         return list(result.nodes)
@@ -425,9 +439,8 @@ class _Apply(cst.CSTTransformer):
                                        key=lambda e: e[0]):
             updated = function(updated)
         comments = source._comments.get(id(original))
-        if comments and hasattr(updated, "leading_lines"):
-            updated = updated.with_changes(leading_lines=list(updated.leading_lines) + [
-                cst.EmptyLine(comment=cst.Comment(text)) for text in comments])
+        if comments:
+            updated = _with_comments(updated, comments)
         if id(original) in source._top:
             self.top_results[id(original)] = updated
         return updated
