@@ -18,7 +18,7 @@
 
 import libcst as cst
 
-from .records import COVERED, NOT_EXACT, REWRITTEN
+from .records import COVERED, NOT_EXACT, NotExact, REWRITTEN
 from .source import (append_arg, both, find_arg, has_star, keyword_arg, keywords_for,
                      prepend_arg, remove_arg, set_arg_value, string)
 
@@ -47,10 +47,6 @@ MODERN_PARAMS = {"autocast": ("device_type", "dtype", "enabled", "cache_enabled"
 # Whether a device is here, as torch itself asks before it warns.
 AVAILABLE = {"cuda": "%s.cuda.is_available()", "xpu": "%s.xpu.is_available()",
              "mps": "%s.backends.mps.is_available()"}
-
-
-class NotExact(Exception):
-    pass
 
 
 def _targets(source, line):
@@ -117,27 +113,29 @@ def _api_matches(qualified, api):
 
 def _plan_modern(source, node, qualified, record):
     kind, area = LEGACY[qualified]
+    decorator = isinstance(node, cst.Decorator)  # a bare @torch.cuda.amp.custom_fwd
+    device, skip = (None, 0) if decorator else _legacy_device(node, kind)
+    custom = kind in ("custom_fwd", "custom_bwd")
+    if not decorator and custom and (has_star(node) or find_arg(node, "device_type")):
+        raise NotExact("the call passes arguments by * or ** or names a device")
+    if not decorator and not custom and keywords_for(node, LEGACY_PARAMS[kind], skip) is None:
+        raise NotExact("the call's arguments do not bind to %s's parameters" % kind)
     torch = source.module_name("torch")
     func = cst.parse_expression("%s.amp.%s" % (torch, kind))
-    if isinstance(node, cst.Decorator):  # a bare @torch.cuda.amp.custom_fwd
+    if decorator:
         new = cst.Call(func=func, args=[keyword_arg("device_type", string(area))])
         source.edit(node, lambda d: d.with_changes(decorator=new), order=10)
         done = "@%s" % source.code(new)
-    elif kind in ("custom_fwd", "custom_bwd"):
-        if has_star(node) or find_arg(node, "device_type"):
-            raise NotExact("the call passes arguments by * or ** or names a device")
+    elif custom:
         source.edit(node, lambda c: append_arg(c, keyword_arg("device_type", string(area)))
                     .with_changes(func=func), order=10)
         done = '%s.amp.%s(..., device_type="%s")' % (torch, kind, area)
     else:
-        device, skip = _legacy_device(node, kind)
-        if keywords_for(node, LEGACY_PARAMS[kind], skip) is None:
-            raise NotExact("the call's arguments do not bind to %s's parameters" % kind)
         source.edit(node, lambda c: _to_modern(c, kind, area, func), order=10)
         done = '%s.amp.%s(%s, ...), positional arguments by name' % (
             torch, kind, source.code(device) if device is not None else '"%s"' % area)
     _forget_legacy_import(source, node)
-    what = "for %s" % area.upper() if kind.startswith("custom_") else "the old arguments by name"
+    what = "for %s" % area.upper() if custom else "the old arguments by name"
     source.comment(node, "%s: torch.amp.%s, %s" % (record.code, kind, what))
     return done
 
@@ -214,9 +212,11 @@ def _device_of(record):
 
 
 def _conditional_enabled(source, node, params, condition):
-    """Plan ``enabled=<condition>`` (``enabled=<given> and <condition>``)."""
+    """Plan ``enabled=<condition>`` (``enabled=<given> and <condition>``);
+    ``condition``: its source, ``%s`` standing for the name of torch."""
     if has_star(node):
         raise NotExact("the call passes arguments by * or **")
+    condition = cst.parse_expression(condition % source.module_name("torch"))
 
     def edit(call):
         found = find_arg(call, "enabled", params)
@@ -224,16 +224,17 @@ def _conditional_enabled(source, node, params, condition):
             return append_arg(call, keyword_arg("enabled", condition))
         return set_arg_value(call, found[0], both(found[1].value, condition))
     source.edit(node, edit, order=20)
+    return "enabled=... %s" % source.code(condition)
 
 
 def _plan_unavailable(source, node, kind, params, record):
-    if set(record.after) != {"enabled"}:
-        raise NotExact("the run also changed %s" % ", ".join(sorted(set(record.after) - {"enabled"})))
+    changed = set(record.after) - {"enabled"}
+    if changed or "enabled" not in record.after:
+        raise NotExact("the run also changed %s" % ", ".join(sorted(changed)))
     device = _device_of(record)
-    condition = cst.parse_expression(AVAILABLE[device] % source.module_name("torch"))
-    _conditional_enabled(source, node, params, condition)
+    done = _conditional_enabled(source, node, params, AVAILABLE[device])
     source.comment(node, "AMP503: AMP only where %s is" % device.upper())
-    return "enabled=... %s" % source.code(condition)
+    return done
 
 
 def _plan_unsupported(source, node, kind, params, record):
@@ -251,11 +252,9 @@ def _plan_unsupported(source, node, kind, params, record):
         return "device_type %s" % source.code(new)
     if set(after) == {"enabled"} and _device_of(record) == "cuda" \
             and record.before.get("dtype") == "torch.bfloat16":
-        condition = cst.parse_expression("%s.cuda.is_bf16_supported()"
-                                         % source.module_name("torch"))
-        _conditional_enabled(source, node, params, condition)
+        done = _conditional_enabled(source, node, params, "%s.cuda.is_bf16_supported()")
         source.comment(node, "AMP505: bfloat16 only where the GPU can")
-        return "enabled=... %s" % source.code(condition)
+        return done
     raise NotExact("no condition in code for what this torch cannot autocast")
 
 

@@ -24,16 +24,12 @@ import libcst as cst
 import libcst.matchers as m
 from libcst import metadata as md
 
-from .records import NOT_EXACT, REWRITTEN
+from .records import NOT_EXACT, NotExact, REWRITTEN
 from .source import LOADER_POSITIONAL, find_arg, set_arg_value
 
 CODES = ("DL202",)
 PARTS = ("collate_fn", "worker_init_fn")
 COMMENT = "DL202: at module level, so that spawned workers can unpickle it"
-
-
-class NotExact(Exception):
-    pass
 
 
 def rewrite(source, records):

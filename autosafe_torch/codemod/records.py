@@ -20,6 +20,10 @@ from ..callsite import user_part
 # to change once another record's rewrite is made; not touched at all.
 REWRITTEN, NOT_EXACT, COVERED, SKIPPED = "rewritten", "not exact", "covered", "skipped"
 
+
+class NotExact(Exception):
+    """Raised by a rewrite's planning where it would not be exact; the reason."""
+
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
