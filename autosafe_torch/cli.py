@@ -48,6 +48,10 @@ def _parser():
     explain = sub.add_parser("explain", help="what a rule fixes, why, an example, the "
                              "permanent fix and the torch versions it concerns")
     explain.add_argument("code", metavar="CODE", help="a rule code (DL201) or slug")
+
+    from .codemod import add_parser as add_fix_parser
+
+    add_fix_parser(sub)
     return p
 
 
@@ -110,6 +114,10 @@ def main(argv=None):
         return 0
     if args.command == "explain":
         return _explain(args.code)
+    if args.command == "fix":
+        from .codemod import main as fix
+
+        return fix(args)
     return _rules(args.format)
 
 

@@ -204,6 +204,14 @@ def run_script(tmp_path, body, activation=None, start_method=None, env=None,
     return _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args)
 
 
+def run_file(tmp_path, script, activation=None, start_method=None, env=None, args=(),
+             timeout=180, cli_args=()):
+    """Run an existing script file as it is (activation "env" or "cli", or None):
+    one that a test changes between runs (``run_script`` writes its own)."""
+    assert activation in (None, "env", "cli"), activation
+    return _run(tmp_path, Path(script), activation, start_method, env, args, timeout, cli_args)
+
+
 def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args):
     pythonpath = [str(PLATFORM_SIM), str(SCENARIOS)]  # scenario modules import each other
     extra = dict(env or {})

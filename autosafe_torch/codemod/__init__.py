@@ -1,0 +1,135 @@
+"""``autosafe-torch fix``: turn what a run fixed into a patch of the user's source.
+
+A run under the shim logs every intervention with the user's file:line
+(``run --log-file LOG.jsonl`` or ``AUTOSAFE_TORCH_LOG_FILE``). This reads
+that log and rewrites each such line the way the permanent fix says, so
+that the script runs without the shim, with the batches the shim gave:
+
+    autosafe-torch fix --from LOG.jsonl           # a unified diff, on stdout
+    autosafe-torch fix --from LOG.jsonl --write   # applied
+
+Only where the rewrite is exact (each module says when); anywhere else, a
+comment above the line with the permanent fix. Only the user's files, never
+a library's, the standard library or autosafe_torch. libcst keeps every
+line no rewrite touches, byte for byte; each change carries a short comment
+naming its rule. The summary (on stderr, so that stdout is the patch) lists
+what was rewritten and what was left as a comment.
+
+A log is for the file as it ran: a file modified since is left alone (its
+lines may have moved), so a second ``fix --write`` from the same log
+changes nothing. Run it again under the shim, and fix from the new log.
+"""
+
+import sys
+
+from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED, changed_since, read_log
+
+INSTALL_HINT = ("autosafe-torch fix: needs libcst, to rewrite your source keeping its "
+                "formatting: pip install 'autosafe-torch[fix]'")
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("fix", help="turn what a run fixed into a patch of your source")
+    p.add_argument("--from", dest="log", required=True, metavar="LOG.jsonl",
+                   help="the JSON-lines log of a run (run --log-file, AUTOSAFE_TORCH_LOG_FILE)")
+    p.add_argument("--write", action="store_true",
+                   help="apply the patch (without it, print it as a unified diff)")
+    return p
+
+
+def main(args, out=None, err=None):
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        import libcst  # noqa: F401
+    except ImportError:
+        err.write(INSTALL_HINT + "\n")
+        return 2
+    try:
+        records, unusable = read_log(args.log)
+    except FileNotFoundError:
+        err.write("autosafe-torch fix: no log at %s (a run that changed nothing writes "
+                  "none)\n" % args.log)
+        return 2
+    except OSError as exc:
+        err.write("autosafe-torch fix: cannot read %s (%s)\n" % (args.log, exc.strerror or exc))
+        return 2
+    outcomes = [(u.where, u.code, SKIPPED, u.reason) for u in unusable]
+    files = {}
+    for record in records:
+        files.setdefault(record.path, []).append(record)
+    written = []
+    for path, file_records in files.items():
+        old, new, file_outcomes = fix_file(path, file_records, records)
+        outcomes += [(r.where, r.code, kind, text) for r, kind, text in file_outcomes]
+        if new == old:
+            continue
+        shown = file_records[0].shown
+        if args.write:
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(new)
+            written.append(shown)
+        else:
+            out.write(unified_diff(old, new, shown))
+    out.flush()
+    _summary(err, outcomes, written, args.write)
+    return 0
+
+
+def fix_file(path, records, log=()):
+    """(the file's text, its new text, [(record, kind, text)]) for the records of
+    one file; ``log``: every file's. The file stays as it is when it changed
+    since the run, cannot be read or parsed, or an error of ours occurs."""
+    if changed_since(path, records):
+        return None, None, [(r, SKIPPED, "the file changed since the run; run it again "
+                             "and fix from the new log") for r in records]
+    from .plan import plan
+
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+        source, outcomes = plan(path, text, records, log)
+        return text, source.apply(), outcomes
+    except Exception as exc:
+        from ..config import CONFIG
+
+        if CONFIG.debug:
+            import traceback
+
+            traceback.print_exc()
+        why = (str(exc).strip().splitlines() or [""])[0]
+        return None, None, [(r, SKIPPED, "not rewritten (%s: %s)" % (type(exc).__name__, why))
+                            for r in records]
+
+
+def unified_diff(old, new, shown):
+    import difflib
+
+    lines = []
+    for line in difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                     "a/" + shown, "b/" + shown):
+        lines.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(lines)
+
+
+_VERBS = {REWRITTEN: "rewritten", NOT_EXACT: "left as a comment", COVERED: "nothing to change",
+          SKIPPED: "skipped"}
+
+
+def _summary(err, outcomes, written, write):
+    def key(outcome):
+        where = outcome[0]
+        name, _, line = where.rpartition(":")
+        return (name, int(line) if line.isdigit() else 0, outcome[1] or "")
+
+    counts = {kind: 0 for kind in _VERBS}
+    for where, code, kind, text in sorted(outcomes, key=key):
+        counts[kind] += 1
+        err.write("%s: %s %s: %s\n" % (where, code or "-", _VERBS[kind], text))
+    done = ", ".join("%d %s" % (counts[k], _VERBS[k]) for k in _VERBS if counts[k])
+    if written:
+        tail = "wrote %s" % ", ".join(written)
+    elif write or not any(counts[k] for k in (REWRITTEN, NOT_EXACT)):
+        tail = "nothing to write"
+    else:
+        tail = "--write applies it"
+    err.write("autosafe-torch fix: %s; %s\n" % (done or "no interventions in the log", tail))

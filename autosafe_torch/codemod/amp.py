@@ -1,0 +1,264 @@
+"""AMP501, AMP502 (with AMP504), AMP503, AMP505: the AMP calls the run corrected.
+
+- AMP501/AMP502: ``torch.cuda.amp.autocast(...)`` (and ``torch.cpu.amp``'s,
+  ``custom_fwd``/``custom_bwd``) and ``GradScaler(...)`` become
+  ``torch.amp.autocast("cuda", ...)``, ``torch.amp.GradScaler("cuda", ...)``,
+  ``torch.amp.custom_fwd(..., device_type="cuda")``. Positional arguments are
+  given by the names the old signature bound them to: ``autocast(False)``
+  was ``enabled=False``, and prepending ``"cuda"`` alone would make it the
+  dtype. Calls, decorators and names imported ``from torch.cuda.amp`` alike;
+  such an import goes once nothing else uses the name. A ``device=`` the
+  old scaler was given (AMP504) becomes the new one's device.
+- AMP503: ``enabled=`` made conditional on the device the run asked for being
+  there: ``enabled=torch.cuda.is_available()`` (or ``enabled=x and ...``).
+- AMP505: a ``torch.device`` given as device type becomes its ``.type``;
+  bfloat16 on a GPU that cannot do it: ``enabled=`` conditional on
+  ``torch.cuda.is_bf16_supported()``.
+"""
+
+import libcst as cst
+
+from .records import COVERED, NOT_EXACT, NotExact, REWRITTEN
+from .source import (append_arg, both, find_arg, has_star, keyword_arg, keywords_for,
+                     prepend_arg, remove_arg, set_arg_value, string)
+
+CODES = ("AMP501", "AMP502", "AMP503", "AMP504", "AMP505")
+
+# qualified name -> (what it is, the device it is for)
+LEGACY = {}
+for _area in ("cuda", "cpu"):
+    LEGACY["torch.%s.amp.autocast" % _area] = ("autocast", _area)
+    LEGACY["torch.%s.amp.autocast_mode.autocast" % _area] = ("autocast", _area)
+    LEGACY["torch.%s.amp.GradScaler" % _area] = ("GradScaler", _area)
+    LEGACY["torch.%s.amp.grad_scaler.GradScaler" % _area] = ("GradScaler", _area)
+for _name in ("custom_fwd", "custom_bwd"):
+    LEGACY["torch.cuda.amp.%s" % _name] = (_name, "cuda")
+    LEGACY["torch.cuda.amp.autocast_mode.%s" % _name] = (_name, "cuda")
+MODERN = {"torch.autocast": "autocast", "torch.amp.autocast": "autocast",
+          "torch.amp.autocast_mode.autocast": "autocast", "torch.GradScaler": "GradScaler",
+          "torch.amp.GradScaler": "GradScaler", "torch.amp.grad_scaler.GradScaler": "GradScaler"}
+
+LEGACY_PARAMS = {"autocast": ("enabled", "dtype", "cache_enabled"),
+                 "GradScaler": ("init_scale", "growth_factor", "backoff_factor",
+                                "growth_interval", "enabled")}
+MODERN_PARAMS = {"autocast": ("device_type", "dtype", "enabled", "cache_enabled"),
+                 "GradScaler": ("device", "init_scale", "growth_factor", "backoff_factor",
+                                "growth_interval", "enabled")}
+# Whether a device is here, as torch itself asks before it warns.
+AVAILABLE = {"cuda": "%s.cuda.is_available()", "xpu": "%s.xpu.is_available()",
+             "mps": "%s.backends.mps.is_available()"}
+
+
+def _targets(source, line):
+    """(node, qualified name) of the AMP calls and bare decorators at ``line``."""
+    names = set(LEGACY) | set(MODERN)
+    found = [(call, (source.qualified(call.func) & names).pop())
+             for call in source.calls_at(line, names)]
+    for decorator in source.nodes(cst.Decorator):
+        expression = decorator.decorator
+        if not isinstance(expression, cst.Call) and source.lines(decorator)[0] == line:
+            qualified = source.qualified(expression) & set(LEGACY)
+            if qualified:
+                found.append((decorator, qualified.pop()))
+    return found
+
+
+def rewrite(source, records):
+    by_code = {r.code: r for r in records}
+    targets = _targets(source, records[0].line)
+    legacy = by_code.get("AMP501") or by_code.get("AMP502")
+    if legacy is not None:
+        api = legacy.before.get("api")
+        targets = [t for t in targets if t[1] in LEGACY and _api_matches(t[1], api)]
+    if len(targets) != 1:
+        reason = "no AMP call at this line" if not targets else "several AMP calls at this line"
+        return [(r, NOT_EXACT, reason) for r in records]
+    node, qualified = targets[0]
+    out = []
+    try:
+        modern = _plan_modern(source, node, qualified, legacy) if legacy else None
+    except NotExact as exc:
+        return [(r, NOT_EXACT, str(exc)) for r in records]
+    if legacy is not None:
+        out.append((legacy, REWRITTEN, modern))
+    kind = LEGACY[qualified][0] if qualified in LEGACY else MODERN[qualified]
+    params = MODERN_PARAMS.get(kind) if (legacy or qualified in MODERN) else LEGACY_PARAMS.get(kind)
+    for code in ("AMP504", "AMP503", "AMP505"):
+        record = by_code.get(code)
+        if record is None:
+            continue
+        if code == "AMP504":
+            out.append((record, COVERED, "the device is the new GradScaler's first argument")
+                       if legacy else (record, NOT_EXACT, "the old GradScaler stays"))
+            continue
+        try:
+            if not isinstance(node, cst.Call) or params is None:
+                raise NotExact("not an autocast or GradScaler call")
+            done = (_plan_unavailable if code == "AMP503" else _plan_unsupported)(
+                source, node, kind, params, record)
+            out.append((record, REWRITTEN, done))
+        except NotExact as exc:
+            out.append((record, NOT_EXACT, str(exc)))
+    return out
+
+
+def _api_matches(qualified, api):
+    """Whether the log's ``api`` (torch.cuda.amp.autocast) names this callee."""
+    kind, area = LEGACY[qualified]
+    return not isinstance(api, str) or api == "torch.%s.amp.%s" % (area, kind)
+
+
+# -- AMP501, AMP502 -------------------------------------------------------------------
+
+
+def _plan_modern(source, node, qualified, record):
+    kind, area = LEGACY[qualified]
+    decorator = isinstance(node, cst.Decorator)  # a bare @torch.cuda.amp.custom_fwd
+    device, skip = (None, 0) if decorator else _legacy_device(node, kind)
+    custom = kind in ("custom_fwd", "custom_bwd")
+    if not decorator and custom and (has_star(node) or find_arg(node, "device_type")):
+        raise NotExact("the call passes arguments by * or ** or names a device")
+    if not decorator and not custom and keywords_for(node, LEGACY_PARAMS[kind], skip) is None:
+        raise NotExact("the call's arguments do not bind to %s's parameters" % kind)
+    torch = source.module_name("torch")
+    func = cst.parse_expression("%s.amp.%s" % (torch, kind))
+    if decorator:
+        new = cst.Call(func=func, args=[keyword_arg("device_type", string(area))])
+        source.edit(node, lambda d: d.with_changes(decorator=new), order=10)
+        done = "@%s" % source.code(new)
+    elif custom:
+        source.edit(node, lambda c: append_arg(c, keyword_arg("device_type", string(area)))
+                    .with_changes(func=func), order=10)
+        done = '%s.amp.%s(..., device_type="%s")' % (torch, kind, area)
+    else:
+        source.edit(node, lambda c: _to_modern(c, kind, area, func), order=10)
+        done = '%s.amp.%s(%s, ...), positional arguments by name' % (
+            torch, kind, source.code(device) if device is not None else '"%s"' % area)
+    _forget_legacy_import(source, node)
+    what = "for %s" % area.upper() if custom else "the old arguments by name"
+    source.comment(node, "%s: torch.amp.%s, %s" % (record.code, kind, what))
+    return done
+
+
+def _legacy_device(call, kind):
+    """(device expression, positions it takes) of an old GradScaler given one
+    (AMP504: device= or a leading string), else (None, 0)."""
+    if kind != "GradScaler":
+        return None, 0
+    found = find_arg(call, "device")
+    if found is not None:
+        return found[1].value, 0
+    if call.args and call.args[0].keyword is None and not call.args[0].star \
+            and isinstance(call.args[0].value, cst.SimpleString):
+        return call.args[0].value, 1
+    return None, 0
+
+
+def _to_modern(call, kind, area, func):
+    device, skip = _legacy_device(call, kind)
+    if device is not None:
+        found = find_arg(call, "device")
+        call = remove_arg(call, found[0] if found else 0)
+        skip = 0
+    call = keywords_for(call, LEGACY_PARAMS[kind], skip)
+    device_arg = cst.Arg(value=device if device is not None else string(area))
+    return prepend_arg(call, device_arg).with_changes(func=func)
+
+
+def _forget_legacy_import(source, node):
+    """Once every use of a name imported ``from torch.cuda.amp`` is rewritten,
+    the name leaves the import (and an import left empty goes)."""
+    expression = node.decorator if isinstance(node, cst.Decorator) else node.func
+    if not isinstance(expression, cst.Name):
+        return
+    rewritten = source.notes.setdefault("amp: rewritten names", set())
+    rewritten.add(expression)
+    for assignment in source.referents(expression):
+        if not isinstance(assignment.node, cst.ImportFrom):
+            continue
+        if {access.node for access in assignment.references} <= rewritten:
+            source.edit(source.statement_of(assignment.node),
+                        lambda s, name=assignment.name: _without_name(s, name), order=90)
+
+
+def _without_name(statement, name):
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return statement
+    body = []
+    for small in statement.body:
+        if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+            names = [a for a in small.names if (a.evaluated_alias or a.evaluated_name) != name]
+            if not names:
+                continue
+            if len(names) < len(small.names):
+                names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                small = small.with_changes(names=names)
+        body.append(small)
+    if not body:
+        commented = any(l.comment for l in statement.leading_lines) \
+            or statement.trailing_whitespace.comment
+        return statement if commented else cst.RemovalSentinel.REMOVE  # a comment stays
+    return statement.with_changes(body=body)
+
+
+# -- AMP503, AMP505 -------------------------------------------------------------------
+
+
+def _device_of(record):
+    device = record.before.get("device_type", record.before.get("device"))
+    if not isinstance(device, str) or device not in AVAILABLE:
+        raise NotExact("no availability check for device %r" % (device,))
+    return device
+
+
+def _conditional_enabled(source, node, params, condition):
+    """Plan ``enabled=<condition>`` (``enabled=<given> and <condition>``);
+    ``condition``: its source, ``%s`` standing for the name of torch."""
+    if has_star(node):
+        raise NotExact("the call passes arguments by * or **")
+    condition = cst.parse_expression(condition % source.module_name("torch"))
+
+    def edit(call):
+        found = find_arg(call, "enabled", params)
+        if found is None:
+            return append_arg(call, keyword_arg("enabled", condition))
+        return set_arg_value(call, found[0], both(found[1].value, condition))
+    source.edit(node, edit, order=20)
+    return "enabled=... %s" % source.code(condition)
+
+
+def _plan_unavailable(source, node, kind, params, record):
+    changed = set(record.after) - {"enabled"}
+    if changed or "enabled" not in record.after:
+        raise NotExact("the run also changed %s" % ", ".join(sorted(changed)))
+    device = _device_of(record)
+    done = _conditional_enabled(source, node, params, AVAILABLE[device])
+    source.comment(node, "AMP503: AMP only where %s is" % device.upper())
+    return done
+
+
+def _plan_unsupported(source, node, kind, params, record):
+    after = record.after
+    if set(after) == {"device_type"}:
+        found = find_arg(node, "device_type", params)
+        if found is None or not isinstance(after["device_type"], str):
+            raise NotExact("the device type is not written at the call")
+        value = found[1].value
+        new = string(after["device_type"]) if _is_device_literal(source, value) \
+            else cst.Attribute(value=value, attr=cst.Name("type"))
+        source.edit(node, lambda c: set_arg_value(c, find_arg(c, "device_type", params)[0], new),
+                    order=30)
+        source.comment(node, "AMP505: the device type as a string")
+        return "device_type %s" % source.code(new)
+    if set(after) == {"enabled"} and _device_of(record) == "cuda" \
+            and record.before.get("dtype") == "torch.bfloat16":
+        done = _conditional_enabled(source, node, params, "%s.cuda.is_bf16_supported()")
+        source.comment(node, "AMP505: bfloat16 only where the GPU can")
+        return done
+    raise NotExact("no condition in code for what this torch cannot autocast")
+
+
+def _is_device_literal(source, value):
+    """``torch.device("cuda")``: a call whose type is its string."""
+    return isinstance(value, cst.Call) and "torch.device" in source.qualified(value.func) \
+        and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString)

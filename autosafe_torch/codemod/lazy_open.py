@@ -1,0 +1,205 @@
+"""DL201, DL207: a file the dataset opens in ``__init__``, opened lazily instead.
+
+The log names the line that iterates the loader; its ``DataLoader(...)``
+call gives the dataset, a class of this file. The simple pattern, and only
+it: ``self.f = open(path, "rb")`` in ``__init__`` (read-only), ``self.f``
+used in ``__getitem__`` and nowhere else. It becomes::
+
+    def __init__(self, path):
+        self.f = None
+        self._f_pid = None
+        self._open_f = functools.partial(open, path, "rb")
+
+    def __getitem__(self, i):
+        if self._f_pid != os.getpid():
+            self.f, self._f_pid = self._open_f(), os.getpid()
+        ...
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["f"] = state["_f_pid"] = None
+        return state
+
+Each process opens its own file when it first reads (its own offset: DL207
+under fork), and the dataset pickles (DL201 under spawn) even after the
+parent has read from it. The arguments of ``open`` are evaluated in
+``__init__``, as before. DL201 names the attribute (``dataset.f``); DL207
+covers every file so opened.
+"""
+
+import libcst as cst
+import libcst.matchers as m
+from libcst import metadata as md
+
+from .records import NOT_EXACT, NotExact, REWRITTEN
+from .source import DATALOADER, LOADER_POSITIONAL, find_arg, has_star
+
+CODES = ("DL201", "DL207")
+OPEN_POSITIONAL = ("file", "mode", "buffering", "encoding", "errors", "newline", "closefd",
+                   "opener")
+PICKLING = ("__getstate__", "__setstate__", "__reduce__", "__reduce_ex__", "__slots__")
+
+
+def rewrite(source, records):
+    out = []
+    for record in records:
+        try:
+            out.append((record, REWRITTEN, _plan(source, record)))
+        except NotExact as exc:
+            out.append((record, NOT_EXACT, str(exc)))
+    return out
+
+
+def _plan(source, record):
+    call = source.dataloader_at(record.line)
+    if call is None:
+        raise NotExact("no DataLoader(...) made or iterated at this line")
+    dataset = find_arg(call, "dataset", LOADER_POSITIONAL)
+    cls = _dataset_class(source, dataset[1].value) if dataset else None
+    if cls is None:
+        raise NotExact("the dataset's class is not defined in this file")
+    opened = _opened_in_init(source, cls)
+    if record.code == "DL201":
+        path = str(record.before.get("file", ""))
+        parts = path.split(".")
+        if len(parts) != 2 or parts[1] not in opened:
+            raise NotExact("%s is not opened in %s.__init__ as self.%s = open(...)"
+                           % (path or "the file", cls.name.value, parts[-1]))
+        opened = {parts[1]: opened[parts[1]]}
+    if not opened:
+        raise NotExact("%s.__init__ opens no file as self.x = open(...)" % cls.name.value)
+    _check_class(source, cls, opened)
+    planned = source.notes.setdefault("lazy open", {})
+    for attribute, statement in sorted(opened.items()):
+        if (id(cls), attribute) not in planned:
+            planned[(id(cls), attribute)] = _plan_attribute(source, cls, attribute, statement,
+                                                             record.code)
+    return "; ".join("%s.%s opened lazily in __getitem__, once per process" % (
+        cls.name.value, a) for a in sorted(opened))
+
+
+def _dataset_class(source, value):
+    """The ClassDef (module level, this file) ``value`` is an instance of."""
+    if isinstance(value, cst.Name):
+        assignments = source.referents(value)
+        values = [source.assigned_value(a) for a in assignments]
+        if len(values) != 1 or values[0] is None:
+            return None
+        value = values[0]
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+        return None
+    for assignment in source.referents(value.func):
+        if isinstance(assignment.node, cst.ClassDef) \
+                and isinstance(assignment.scope, md.GlobalScope):
+            return assignment.node
+    return None
+
+
+def _methods(cls):
+    return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+
+
+def _self_name(function):
+    params = function.params.params
+    return params[0].name.value if params else None
+
+
+def _opened_in_init(source, cls):
+    """attribute -> the statement ``self.attribute = open(...)`` of ``__init__``."""
+    init = _methods(cls).get("__init__")
+    this = _self_name(init) if init else None
+    found = {}
+    for statement in (init.body.body if init else ()):
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            continue
+        assign = statement.body[0]
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1):
+            continue
+        target, value = assign.targets[0].target, assign.value
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) \
+                and target.value.value == this and isinstance(value, cst.Call) \
+                and "builtins.open" in source.qualified(value.func):
+            found[target.attr.value] = statement
+    return found
+
+
+def _check_class(source, cls, opened):
+    methods = _methods(cls)
+    bound = {t.target.value for s in cls.body.body if isinstance(s, cst.SimpleStatementLine)
+             for a in s.body if isinstance(a, cst.Assign) for t in a.targets
+             if isinstance(t.target, cst.Name)}
+    for name in PICKLING:
+        if name in methods or name in bound:
+            raise NotExact("%s defines %s" % (cls.name.value, name))
+    if "__getitem__" not in methods:
+        raise NotExact("%s has no __getitem__" % cls.name.value)
+    for attribute, statement in opened.items():
+        open_call = statement.body[0].value
+        mode = find_arg(open_call, "mode", OPEN_POSITIONAL)
+        if has_star(open_call) or (mode and not (
+                isinstance(mode[1].value, cst.SimpleString)
+                and set(mode[1].value.evaluated_value) <= set("rbt"))):
+            raise NotExact("self.%s is not opened read-only" % attribute)
+        for use in m.findall(cls.body, m.Attribute(attr=m.Name(attribute))):
+            method = next((a for a in source.ancestors(use) if isinstance(a, cst.FunctionDef)
+                           and source.parent(source.parent(a)) is cls), None)
+            where = method.name.value if method is not None else None
+            if where == "__getitem__" or (where == "__init__" and
+                                          use is statement.body[0].targets[0].target):
+                continue
+            raise NotExact("self.%s is used in %s too" % (attribute, where or cls.name.value))
+
+
+def _plan_attribute(source, cls, attribute, statement, code):
+    os_name, functools = source.module_name("os"), source.module_name("functools")
+    this = _self_name(_methods(cls)["__init__"])
+    open_call = statement.body[0].value
+    opener = cst.Call(func=cst.parse_expression("%s.partial" % functools), args=[
+        cst.Arg(cst.Name("open"), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    ] + list(open_call.args))
+    new = [cst.parse_statement("%s.%s = None\n" % (this, attribute)),
+           cst.parse_statement("%s._%s_pid = None\n" % (this, attribute)),
+           cst.SimpleStatementLine([cst.Assign(
+               [cst.AssignTarget(cst.parse_expression("%s._open_%s" % (this, attribute)))],
+               opener)], trailing_whitespace=statement.trailing_whitespace)]  # its comment
+    new[0] = new[0].with_changes(leading_lines=list(statement.leading_lines) + [cst.EmptyLine(
+        comment=cst.Comment("# autosafe-torch %s: opened in __getitem__, once in each "
+                            "process" % code))])
+    source.edit(statement, lambda s: cst.FlattenSentinel(new))
+
+    getitem = _methods(cls)["__getitem__"]
+    me = _self_name(getitem)
+    reopen = cst.parse_statement(
+        "if {s}._{a}_pid != {os}.getpid():  # autosafe-torch {code}: a file of its own\n"
+        "    {s}.{a}, {s}._{a}_pid = {s}._open_{a}(), {os}.getpid()\n".format(
+            s=me, a=attribute, os=os_name, code=code))
+
+    def first_in_getitem(function):
+        body = list(function.body.body)
+        at = 1 if body and _is_docstring(body[0]) else 0
+        return function.with_changes(body=function.body.with_changes(
+            body=body[:at] + [reopen] + body[at:]))
+    source.edit(getitem, first_in_getitem)
+
+    attributes = source.notes.setdefault("lazy open: %d" % id(cls), [])
+    if not attributes:
+        source.edit(cls, lambda c: _with_getstate(c, attributes, code))
+    attributes.append(attribute)
+    return attribute
+
+
+def _is_docstring(statement):
+    return isinstance(statement, cst.SimpleStatementLine) and \
+        isinstance(statement.body[0], cst.Expr) and \
+        isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+def _with_getstate(cls, attributes, code):
+    nulls = " = ".join('state["%s"]' % n for a in attributes for n in (a, "_%s_pid" % a))
+    method = cst.parse_statement(
+        "def __getstate__(self):  # autosafe-torch %s: a file does not travel to a worker\n"
+        "    state = dict(self.__dict__)\n"
+        "    %s = None\n"
+        "    return state\n" % (code, nulls))
+    method = method.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+    return cls.with_changes(body=cls.body.with_changes(body=list(cls.body.body) + [method]))

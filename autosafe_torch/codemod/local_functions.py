@@ -1,0 +1,219 @@
+"""DL202: a lambda or local function given to workers, lifted to module level.
+
+Spawned workers unpickle ``collate_fn`` and ``worker_init_fn`` by name, so a
+lambda or a function defined inside another cannot reach them. The log names
+the line that iterates the loader; its ``DataLoader(...)`` call is the one
+assigned to the name iterated there. Its ``collate_fn`` and
+``worker_init_fn`` (the log names the first that failed; each is checked):
+
+- a lambda, or a local function, that reads no local variable becomes a
+  module-level function, placed before the top-level statement it was in;
+- one that reads local variables becomes a module-level function taking
+  them as keyword-only arguments, given as
+  ``functools.partial(f, scale=scale)`` where the loader is made. Exact
+  only where each of them is assigned once, before that, in the function
+  that makes the loader (or is its parameter): the value the closure would
+  read is then the one the partial holds.
+
+Left as a comment: decorators, default values, ``nonlocal``, a local
+function used elsewhere too, names read from an enclosing function further
+out, and anything inside the dataset (the log's ``function`` path).
+"""
+
+import libcst as cst
+import libcst.matchers as m
+from libcst import metadata as md
+
+from .records import NOT_EXACT, NotExact, REWRITTEN
+from .source import LOADER_POSITIONAL, find_arg, set_arg_value
+
+CODES = ("DL202",)
+PARTS = ("collate_fn", "worker_init_fn")
+COMMENT = "DL202: at module level, so that spawned workers can unpickle it"
+
+
+def rewrite(source, records):
+    out = []
+    for record in records:
+        call = source.dataloader_at(record.line)
+        if call is None:
+            out.append((record, NOT_EXACT, "no DataLoader(...) made or iterated at this line"))
+            continue
+        if "function" in record.before:
+            out.append((record, NOT_EXACT, "the function is inside the dataset"))
+            continue
+        try:
+            done = [d for d in (_plan_part(source, call, p) for p in PARTS) if d]
+        except NotExact as exc:
+            out.append((record, NOT_EXACT, str(exc)))
+            continue
+        out.append((record, REWRITTEN, "; ".join(done)) if done
+                   else (record, NOT_EXACT, "no lambda or local function at the call"))
+    return out
+
+
+def lift_loader_functions(source, call):
+    """For DL204: the lifts a spawned loader needs; what cannot be lifted gets
+    DL202's permanent fix as a comment. Descriptions of what was done."""
+    done = []
+    for part in PARTS:
+        try:
+            description = _plan_part(source, call, part)
+        except NotExact as exc:
+            source.comment(call, "DL202: %s: define it at module level (%s)" % (part, exc))
+            description = "%s left as a comment: %s" % (part, exc)
+        if description:
+            done.append(description)
+    return done
+
+
+def _plan_part(source, call, part):
+    """Plan the lift of the loader's ``part``: a description, None when there is
+    nothing to lift; NotExact where it cannot be exact."""
+    planned = source.notes.setdefault("DL202: planned", {})
+    key = (id(call), part)
+    if key in planned:
+        return planned[key]
+    found = find_arg(call, part, LOADER_POSITIONAL)
+    if found is None:
+        return None
+    value = found[1].value
+    if isinstance(value, cst.Lambda):
+        planned[key] = _lift_lambda(source, call, part, value)
+    elif isinstance(value, cst.Name):
+        assignments = source.referents(value)
+        local = [a for a in assignments if isinstance(a.node, cst.FunctionDef)
+                 and not isinstance(a.scope, md.GlobalScope)]
+        if not local:
+            return None
+        if len(assignments) != 1:
+            raise NotExact("%s is bound more than once" % value.value)
+        planned[key] = _lift_def(source, call, part, value, local[0])
+    else:
+        return None
+    return planned[key]
+
+
+def _inside(source, node, container):
+    return node is container or any(a is container for a in source.ancestors(node))
+
+
+def _closure(source, call, function):
+    """The local variables ``function`` (a Lambda or FunctionDef) reads, checked
+    to be assigned once before the loader is made; NotExact otherwise."""
+    scope = source.scope(call)
+    names = {}
+    for name in m.findall(function, m.Name()):
+        for assignment in source.referents(name):
+            if isinstance(assignment.scope, (md.GlobalScope, md.BuiltinScope)) \
+                    or _inside(source, assignment.node, function):
+                continue
+            if assignment.scope is not scope:
+                raise NotExact("it reads %s from a function further out" % name.value)
+            names[name.value] = assignment
+    statement = _statement_in(source, call, scope)
+    for name, assignment in sorted(names.items()):
+        if len(list(scope.assignments[name])) != 1:
+            raise NotExact("it reads %s, assigned more than once" % name)
+        if isinstance(assignment.node, cst.Param):
+            continue
+        holder = source.parent(assignment.node)
+        if not isinstance(holder, cst.AssignTarget):
+            raise NotExact("it reads %s, which is not a plain variable" % name)
+        assigned = _statement_in(source, assignment.node, scope)
+        if assigned is None or statement is None or \
+                source.lines(assigned)[1] >= source.lines(statement)[0]:
+            raise NotExact("it reads %s, not assigned before the loader is made" % name)
+    return sorted(names)
+
+
+def _statement_in(source, node, scope):
+    """The statement directly in the body of ``scope``'s function holding ``node``."""
+    body = getattr(getattr(scope, "node", None), "body", None)
+    for candidate in [node] + list(source.ancestors(node)):
+        if source.parent(candidate) is body:
+            return candidate
+    return None
+
+
+def _partial(source, name, closure):
+    functools = source.module_name("functools")
+    return cst.parse_expression("%s.partial(%s, %s)" % (
+        functools, name, ", ".join("%s=%s" % (n, n) for n in closure)))
+
+
+def _leading_lines():
+    """Two blank lines, and the comment naming the rule."""
+    return [cst.EmptyLine(indent=False), cst.EmptyLine(indent=False),
+            cst.EmptyLine(indent=False, comment=cst.Comment("# autosafe-torch " + COMMENT))]
+
+
+def _insert(source, call, function):
+    top = source.top_level_of(call)
+    source.insert_before(top, [function])
+
+
+def _lift_lambda(source, call, part, value):
+    if any(p.default is not None for p in value.params.params + value.params.kwonly_params):
+        raise NotExact("the lambda has default values")
+    closure = _closure(source, call, value)
+    name = source.free_name(part)
+    params = [source.code(value.params).strip()]
+    if closure:
+        if value.params.star_kwarg is not None:
+            raise NotExact("the lambda takes **keywords")
+        if not isinstance(value.params.star_arg, (cst.Param, cst.ParamStar)):
+            params.append("*")
+        params.append(", ".join(closure))
+    params = ", ".join(p for p in params if p)
+    body = source.code(value.body)
+    if "\n" in body:
+        body = "(%s)" % body
+    function = cst.parse_statement("def %s(%s):\n    return %s\n" % (name, params, body))
+    function = function.with_changes(leading_lines=_leading_lines())
+    _insert(source, call, function)
+    new = _partial(source, name, closure) if closure else cst.Name(name)
+    _replace(source, call, part, new)
+    return "%s: lambda lifted to module level as %s" % (part, source.code(new))
+
+
+def _lift_def(source, call, part, value, assignment):
+    function = assignment.node
+    if function.decorators:
+        raise NotExact("%s is decorated" % value.value)
+    if m.findall(function, m.Nonlocal() | m.Global()):
+        raise NotExact("%s declares nonlocal or global names" % value.value)
+    for param in m.findall(function.params, m.Param()):
+        if param.default is not None:
+            raise NotExact("%s has default values" % value.value)
+    closure = _closure(source, call, function)
+    others = [a.node for a in assignment.references if a.node is not value]
+    if closure and others:
+        raise NotExact("%s is used elsewhere too" % value.value)
+    if value.value in source.globals_bound():
+        raise NotExact("the module has a %s of its own" % value.value)
+    params = function.params
+    if closure:
+        extra = [cst.Param(name=cst.Name(n)) for n in closure]
+        star = params.star_arg if isinstance(params.star_arg, (cst.Param, cst.ParamStar)) \
+            else cst.ParamStar()
+        params = params.with_changes(star_arg=star,
+                                     kwonly_params=list(params.kwonly_params) + extra)
+    lifted = function.with_changes(params=params, leading_lines=_leading_lines() + [
+        l.with_changes(indent=False) for l in function.leading_lines if l.comment])
+    source.edit(function, lambda node: cst.RemovalSentinel.REMOVE)
+    _insert(source, call, lifted)
+    if closure:
+        new = _partial(source, value.value, closure)
+        _replace(source, call, part, new)
+        return "%s: %s lifted to module level, given as %s" % (
+            part, value.value, source.code(new))
+    return "%s: %s lifted to module level" % (part, value.value)
+
+
+def _replace(source, call, part, new):
+    def edit(node):
+        found = find_arg(node, part, LOADER_POSITIONAL)
+        return set_arg_value(node, found[0], new) if found else node
+    source.edit(call, edit, order=40)
+    source.comment(call, "DL202: %s at module level" % part)

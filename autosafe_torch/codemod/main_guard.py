@@ -1,0 +1,205 @@
+"""DL204: unguarded top-level training code moved under ``if __name__ == "__main__":``.
+
+Spawned workers (macOS, Windows, Linux from Python 3.14) import the script
+again; its top-level training code starts workers of its own there. The
+rewrite keeps at module level what workers need: imports, functions,
+classes, and the assignments those read (the names they use, and what those
+assignments read in turn); everything else, in its order, goes under a main
+guard at the end of the file. Under fork the program does what it did: the
+definitions now come first, then the same code in the same order.
+
+Not exact, so left as a comment: a file with a main guard already; a
+definition that, as it runs, reads a name only the moved code binds; a name
+bound both by what stays and by what moves.
+
+The workers of a loader the run took to fork (the DL204 record's strategy)
+were never pickled: its lambdas and local functions are lifted as DL202's
+are, so that the loader also starts under spawn.
+"""
+
+import ast
+import symtable
+
+import libcst as cst
+
+from . import local_functions
+from .records import NOT_EXACT, REWRITTEN
+
+CODES = ("DL204",)
+COMMENT = "DL204: the training code runs only as a script, not in spawned workers"
+
+DEFINITION, ASSIGNMENT, GUARD, CODE = "definition", "assignment", "guard", "code"
+
+
+def _is_main_test(test):
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    left, right = test.left, test.comparisons[0].comparator
+    names = [n for n in (left, right) if isinstance(n, cst.Name) and n.value == "__name__"]
+    strings = [n for n in (left, right) if isinstance(n, cst.SimpleString)
+               and n.evaluated_value == "__main__"]
+    return isinstance(test.comparisons[0].operator, cst.Equal) and names and strings
+
+
+def classify(statement, first=False):
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return DEFINITION
+    if isinstance(statement, cst.If) and _is_main_test(statement.test):
+        return GUARD
+    if isinstance(statement, cst.SimpleStatementLine):
+        kinds = set()
+        for small in statement.body:
+            if isinstance(small, (cst.Import, cst.ImportFrom, cst.Pass)):
+                kinds.add(DEFINITION)
+            elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                kinds.add(ASSIGNMENT)
+            elif first and isinstance(small, cst.Expr) and isinstance(
+                    small.value, (cst.SimpleString, cst.ConcatenatedString)):
+                kinds.add(DEFINITION)  # the docstring
+            else:
+                return CODE
+        return ASSIGNMENT if ASSIGNMENT in kinds else DEFINITION
+    if isinstance(statement, (cst.If, cst.Try)):  # try: import cv2 / except: cv2 = None
+        inner = [s for s in _blocks(statement)]
+        if inner and all(classify(s) in (DEFINITION, ASSIGNMENT) for s in inner):
+            return DEFINITION
+    return CODE
+
+
+def _blocks(statement):
+    parts = [statement.body]
+    parts += [h.body for h in getattr(statement, "handlers", ())]
+    for name in ("orelse", "finalbody"):
+        part = getattr(statement, name, None)
+        if part is not None:
+            parts.append(part.body if isinstance(part, (cst.Else, cst.Finally)) else part)
+    for part in parts:
+        if isinstance(part, cst.If):
+            yield part
+        else:
+            yield from getattr(part, "body", ())
+
+
+# -- what each top-level statement binds and reads (ast, symtable) -----------------
+
+
+def _binds(node):
+    out = set()
+
+    def visit(n):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+            return
+        if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                          ast.GeneratorExp)):
+            return
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in n.names if a.name != "*")
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+        for child in ast.iter_child_nodes(n):
+            visit(child)
+    visit(node)
+    return out
+
+
+def _eager_reads(node):
+    """Names read while the statement runs (not in the bodies of its functions)."""
+    reads, local = set(), set()
+
+    def visit(n):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for child in n.decorator_list + n.args.defaults + [d for d in n.args.kw_defaults if d]:
+                visit(child)
+            return
+        if isinstance(n, ast.Lambda):
+            for child in n.args.defaults + [d for d in n.args.kw_defaults if d]:
+                visit(child)
+            return
+        if isinstance(n, ast.comprehension):
+            local.update(_binds(n.target) | {x.id for x in ast.walk(n.target)
+                                              if isinstance(x, ast.Name)})
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            reads.add(n.id)
+        for child in ast.iter_child_nodes(n):
+            visit(child)
+    visit(node)
+    return reads - local
+
+
+def _lazy_reads(table, spans, out):
+    """Globals each function reads, by the top-level statement it is in."""
+    for child in table.get_children():
+        if child.get_type() == "function":
+            names = {s.get_name() for s in child.get_symbols()
+                     if s.is_global() and s.is_referenced()}
+            for index, (start, end) in enumerate(spans):
+                if start <= child.get_lineno() <= end:
+                    out[index] |= names
+        _lazy_reads(child, spans, out)
+
+
+def analyse(source):
+    """Per top-level statement: (kind, binds, eager reads, lazy reads)."""
+    statements = list(source.module.body)
+    spans = [source.lines(s) for s in statements]
+    tree = ast.parse(source.text, source.path)
+    binds = [set() for _ in statements]
+    eager = [set() for _ in statements]
+    for node in tree.body:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+        for index, (start, end) in enumerate(spans):
+            if start <= first <= end:
+                binds[index] |= _binds(node)
+                eager[index] |= _eager_reads(node)
+    lazy = [set() for _ in statements]
+    _lazy_reads(symtable.symtable(source.text, source.path, "exec"), spans, lazy)
+    kinds = [classify(s, first=(i == 0)) for i, s in enumerate(statements)]
+    return statements, kinds, binds, eager, lazy
+
+
+def rewrite(source, records):
+    statements, kinds, binds, eager, lazy = analyse(source)
+    if GUARD in kinds:
+        at = source.lines(statements[kinds.index(GUARD)])[0]
+        return [(r, NOT_EXACT, "the file has a main guard (line %d): move the code that "
+                 "starts workers into it" % at) for r in records]
+    kept = {i for i, kind in enumerate(kinds) if kind == DEFINITION}
+    needed = set().union(*[eager[i] | lazy[i] for i in kept]) if kept else set()
+    grew = True
+    while grew:
+        grew = False
+        for i, kind in enumerate(kinds):
+            if kind == ASSIGNMENT and i not in kept and binds[i] & needed:
+                kept.add(i)
+                needed |= eager[i] | lazy[i]
+                grew = True
+    moved = [i for i in range(len(statements)) if i not in kept]
+    if not moved:
+        return [(r, NOT_EXACT, "no top-level code to move") for r in records]
+    moved_binds = set().union(*[binds[i] for i in moved])
+    called = set().union(*[eager[i] for i in moved])
+    for record in records:
+        top = next((i for i, s in enumerate(statements)
+                    if source.lines(s)[0] <= record.line <= source.lines(s)[1]), None)
+        if top is not None and top in kept and not binds[top] & called:
+            return [(r, NOT_EXACT, "the loader is iterated in %s, which this file's top-level "
+                     "code does not call: the guard belongs in the script that runs it"
+                     % ", ".join(sorted(binds[top]))) for r in records]
+    for i in sorted(kept):
+        clash = (binds[i] | eager[i]) & moved_binds
+        if clash:
+            return [(r, NOT_EXACT, "line %d binds or reads %s, which the code to move binds "
+                     "too" % (source.lines(statements[i])[0], ", ".join(sorted(clash))))
+                    for r in records]
+    source.move_under_main_guard([statements[i] for i in moved], COMMENT)
+    done = 'top-level code from line %d under if __name__ == "__main__":, the ' \
+        'definitions and what they read kept' % source.lines(statements[moved[0]])[0]
+    out = []
+    for record in records:
+        call = source.dataloader_at(record.line)
+        lifted = local_functions.lift_loader_functions(source, call) if call else []
+        out.append((record, REWRITTEN, "; ".join([done] + lifted)))
+    return out

@@ -1,0 +1,152 @@
+"""What a run's JSON log says, as the codemod needs it: one ``Record`` per
+(rule, user's file, line), and which files are the user's.
+
+The log has one object per intervention and process (workers and ranks
+repeat their parent's), with the documented fields (README, "Reading the
+log"). A call site is ``file:line``, the user's line first when a library
+made the call (``train.py:42 (via lightning/...)``). The file is as Python
+named it: relative when the script was run by a relative path, from the
+directory the run started in, which the log does not record; it is looked
+for from here, then from the log's directory.
+"""
+
+import json
+import os
+
+from ..callsite import user_part
+
+# What became of a record: its site rewritten; left as a comment with the
+# permanent fix (the rewrite would not be exact there, or there is none); nothing
+# to change once another record's rewrite is made; not touched at all.
+REWRITTEN, NOT_EXACT, COVERED, SKIPPED = "rewritten", "not exact", "covered", "skipped"
+
+
+class NotExact(Exception):
+    """Raised by a rewrite's planning where it would not be exact; the reason."""
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class Record:
+    """One intervention at one line of one file (the first process's record)."""
+
+    __slots__ = ("code", "path", "shown", "line", "before", "after", "fix", "time")
+
+    def __init__(self, obj, path, shown, line):
+        self.code = obj["code"]
+        self.path, self.shown, self.line = path, shown, line
+        self.before = obj.get("before") if isinstance(obj.get("before"), dict) else {}
+        self.after = obj.get("after") if isinstance(obj.get("after"), dict) else {}
+        self.fix = obj.get("fix") if isinstance(obj.get("fix"), str) else ""
+        time = obj.get("time")
+        self.time = time if isinstance(time, (int, float)) else None
+
+    @property
+    def where(self):
+        return "%s:%d" % (self.shown, self.line)
+
+
+class Unusable:
+    """A record that names no file of the user's: said in the summary."""
+
+    __slots__ = ("code", "where", "reason")
+
+    def __init__(self, code, where, reason):
+        self.code, self.where, self.reason = code, where, reason
+
+
+def split_site(site):
+    """``(file, line)`` of a call site's user part, or None (``<unknown>``,
+    ``<import cv2>``, a site with no line)."""
+    if not isinstance(site, str):
+        return None
+    site = user_part(site)
+    name, sep, line = site.rpartition(":")
+    if not sep or not line.isdigit() or not name or name.startswith("<"):
+        return None
+    return name, int(line)
+
+
+def _library_dirs():
+    from ..callsite import _installed_dirs
+
+    return (_PACKAGE_DIR,) + _installed_dirs()
+
+
+def library_reason(path):
+    """Why ``path`` is not the user's to change (a library, the standard
+    library, autosafe_torch itself), or None."""
+    real = os.path.realpath(path)
+    parts = real.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return "a library's file"
+    if real.startswith(_PACKAGE_DIR):
+        return "autosafe_torch's own file"
+    if real.startswith(_library_dirs()):
+        return "a library's file"
+    return None
+
+
+def _locate(name, log_dir):
+    candidates = [name] if os.path.isabs(name) else [name, os.path.join(log_dir, name)]
+    for candidate in candidates:
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def read_log(path):
+    """``(records, unusable)``: the records naming a user's file that exists
+    here, one per (code, file, line), in the log's order; and the others,
+    each with why it is left alone. Raises OSError for an unreadable log."""
+    log_dir = os.path.dirname(os.path.abspath(path))
+    records, unusable, seen = [], [], set()
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            unusable.append(Unusable(None, "%s:%d" % (path, number), "not a JSON object"))
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("code"), str):
+            unusable.append(Unusable(None, "%s:%d" % (path, number), "not an intervention"))
+            continue
+        site = split_site(obj.get("call_site"))
+        if site is None:
+            key = (obj["code"], obj.get("call_site"))
+            if key not in seen:
+                seen.add(key)
+                unusable.append(Unusable(obj["code"], str(obj.get("call_site")),
+                                         "no file and line of yours"))
+            continue
+        name, line = site
+        found = _locate(name, log_dir)
+        key = (obj["code"], os.path.realpath(found) if found else name, line)
+        if key in seen:
+            continue  # a worker's or another rank's copy of the same intervention
+        seen.add(key)
+        if found is None:
+            unusable.append(Unusable(obj["code"], "%s:%d" % (name, line), "no such file here"))
+            continue
+        reason = library_reason(found)
+        if reason:
+            unusable.append(Unusable(obj["code"], "%s:%d" % (name, line), reason))
+            continue
+        records.append(Record(obj, os.path.realpath(found), _shown(found), line))
+    return records, unusable
+
+
+def _shown(path):
+    """The path as the user would type it: relative to here where it is below."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative
+
+
+def changed_since(path, records):
+    """Whether ``path`` was modified after the run logged ``records`` (its
+    lines may have moved: a second ``fix --write`` from the same log)."""
+    times = [r.time for r in records if r.time is not None]
+    return bool(times) and os.path.getmtime(path) > min(times)

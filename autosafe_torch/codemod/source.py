@@ -1,0 +1,475 @@
+"""One source file under rewrite: its concrete syntax tree (libcst), what is at
+a line, and the edits the rewrites plan, applied in one pass.
+
+The log's lines are those of the file as it ran, so every rewrite finds its
+nodes in the tree as parsed, and only plans: an edit is a function of the
+node as the pass has made it so far, keyed by the node as parsed. The pass
+then applies them all at once (several edits of one call compose), adds
+comments above statements, functions lifted to module level, imports, and
+the main guard. libcst keeps every byte that no edit touches.
+"""
+
+import libcst as cst
+from libcst import metadata as md
+
+MAIN_GUARD = '__name__ == "__main__"'
+DATALOADER = frozenset(("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"))
+# DataLoader's parameters that may be given by position (torch 1.7 to 2.13).
+LOADER_POSITIONAL = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
+                     "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
+                     "worker_init_fn", "multiprocessing_context", "generator")
+COMMENT_PREFIX = "autosafe-torch "
+
+
+def _value(meta):
+    """libcst resolves some metadata lazily (a callable that computes it once)."""
+    return meta() if callable(meta) else meta
+
+
+def no_space():
+    return cst.SimpleWhitespace("")
+
+
+def keyword_arg(name, value, comma=cst.MaybeSentinel.DEFAULT):
+    return cst.Arg(keyword=cst.Name(name), value=value, comma=comma,
+                   equal=cst.AssignEqual(whitespace_before=no_space(),
+                                         whitespace_after=no_space()))
+
+
+def string(text):
+    return cst.SimpleString('"%s"' % text)
+
+
+ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float,
+         cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString,
+         cst.List, cst.Tuple, cst.Dict, cst.Set)
+
+
+def atom(node):
+    """``node``, parenthesized unless it binds at least as tightly as a comparison."""
+    if node.lpar or isinstance(node, ATOMS):
+        return node
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def simple(node):
+    """Whether evaluating ``node`` twice gives the same value and does nothing
+    else: a name, attribute, literal or constant subscript of those."""
+    if isinstance(node, (cst.Name, cst.Integer, cst.Float, cst.SimpleString)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return simple(node.value)
+    if isinstance(node, cst.Subscript):
+        return simple(node.value) and all(
+            isinstance(e.slice, cst.Index) and simple(e.slice.value) for e in node.slice)
+    if isinstance(node, cst.UnaryOperation):
+        return simple(node.expression)
+    return False
+
+
+def literal(value):
+    """Source of a JSON value that is a Python literal (None, a bool, a number,
+    a string), or None."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    return None
+
+
+def comparison(left, op, right):
+    return cst.Comparison(left=atom(left), comparisons=[cst.ComparisonTarget(op, atom(right))])
+
+
+def workers_test(workers):
+    """``<workers> > 0``."""
+    return comparison(workers, cst.GreaterThan(), cst.Integer("0"))
+
+
+def if_else(body, test, orelse):
+    return cst.IfExp(test=test, body=atom(body), orelse=orelse)
+
+
+def both(left, right):
+    return cst.BooleanOperation(left=atom(left), operator=cst.And(), right=atom(right))
+
+
+def _space():
+    return cst.SimpleWhitespace(" ")
+
+
+# -- arguments of a call ----------------------------------------------------------
+
+
+def has_star(call):
+    return any(arg.star for arg in call.args)
+
+
+def find_arg(call, name, positional=()):
+    """``(index, Arg)`` of the argument ``name`` (a keyword, or the position it has
+    in ``positional``), or None."""
+    position = 0
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is not None:
+            if arg.keyword.value == name:
+                return index, arg
+            continue
+        if position < len(positional) and positional[position] == name:
+            return index, arg
+        position += 1
+    return None
+
+
+def set_arg_value(call, index, value):
+    args = list(call.args)
+    args[index] = args[index].with_changes(value=value)
+    return call.with_changes(args=args)
+
+
+def append_arg(call, arg):
+    """``call`` with ``arg`` last, laid out as the others are (a call with one
+    argument per line keeps one per line, and its trailing comma)."""
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[arg])
+    last = args[-1]
+    separator = cst.Comma(whitespace_after=_space())
+    if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
+        separator = args[-2].comma
+    if isinstance(last.comma, cst.Comma):  # a trailing comma: the new one ends as it did
+        arg = arg.with_changes(comma=last.comma)
+    args[-1] = last.with_changes(comma=separator)
+    return call.with_changes(args=args + [arg])
+
+
+def prepend_arg(call, arg):
+    if call.args:
+        arg = arg.with_changes(comma=cst.Comma(whitespace_after=_space()))
+    return call.with_changes(args=[arg] + list(call.args))
+
+
+def remove_arg(call, index):
+    args = list(call.args)
+    removed = args.pop(index)
+    if index == len(args) and args:  # it was last: the one before ends as it did
+        args[-1] = args[-1].with_changes(comma=removed.comma)
+    return call.with_changes(args=args)
+
+
+def keywords_for(call, names, skip=0):
+    """``call`` with its positional arguments after the first ``skip`` given by
+    keyword (``names`` in their order), or None when they do not bind (a
+    ``*args``, more positions than names)."""
+    if has_star(call):
+        return None
+    args, position = [], 0
+    for index, arg in enumerate(call.args):
+        if arg.keyword is None and index >= skip:
+            if position >= len(names):
+                return None
+            arg = keyword_arg(names[position], arg.value, comma=arg.comma)
+            position += 1
+        args.append(arg)
+    return call.with_changes(args=args)
+
+
+# -- the file -----------------------------------------------------------------------
+
+
+class Source:
+    """A parsed file, questions about it, and the edits planned for it."""
+
+    def __init__(self, path, text):
+        self.path, self.text = path, text
+        self.wrapper = md.MetadataWrapper(cst.parse_module(text))
+        self.module = self.wrapper.module
+        self._meta = {}
+        self._nodes = {}      # kind -> its nodes
+        self._edits = {}      # id(node as parsed) -> [(order, function of the node)]
+        self._comments = {}   # id(statement or decorator) -> [comment text]
+        self._before = {}     # id(top-level statement) -> [statements to put before it]
+        self._moved = []      # top-level statements moved under the main guard
+        self._guard_comment = None
+        self._imports = []    # modules to import at module level
+        self._top = {id(s) for s in self.module.body}
+        self.notes = {}       # what a rewrite remembers across the sites of this file
+
+    # -- what is where ----------------------------------------------------------
+
+    def meta(self, provider):
+        if provider not in self._meta:
+            self._meta[provider] = self.wrapper.resolve(provider)
+        return self._meta[provider]
+
+    def lines(self, node):
+        position = self.meta(md.PositionProvider)[node]
+        return position.start.line, position.end.line
+
+    def parent(self, node):
+        return self.meta(md.ParentNodeProvider).get(node)
+
+    def scope(self, node):
+        return self.meta(md.ScopeProvider).get(node)
+
+    def qualified(self, node):
+        names = self.meta(md.QualifiedNameProvider).get(node)
+        return {q.name for q in _value(names)} if names is not None else set()
+
+    def code(self, node):
+        return self.module.code_for_node(node)
+
+    def nodes(self, kind):
+        if kind not in self._nodes:
+            self._nodes[kind] = [n for n in self.meta(md.PositionProvider)
+                                 if isinstance(n, kind)]
+        return self._nodes[kind]
+
+    def calls_at(self, line, names):
+        """Calls spanning ``line`` to one of the qualified ``names``, innermost first."""
+        found = []
+        for call in self.nodes(cst.Call):
+            start, end = self.lines(call)
+            if start <= line <= end and self.qualified(call.func) & names:
+                found.append((end - start, start, call))
+        return [call for _, _, call in sorted(found, key=lambda t: t[:2])]
+
+    def ancestors(self, node):
+        node = self.parent(node)
+        while node is not None:
+            yield node
+            node = self.parent(node)
+
+    def statement_of(self, node):
+        """The statement (or decorator) holding ``node``: where a comment goes."""
+        for candidate in [node] + list(self.ancestors(node)):
+            if isinstance(candidate, cst.Decorator):
+                return candidate
+            if isinstance(candidate, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                return candidate
+        return None
+
+    def top_level_of(self, node):
+        for candidate in [node] + list(self.ancestors(node)):
+            if id(candidate) in self._top:
+                return candidate
+        return None
+
+    def innermost_statement_at(self, line):
+        """The innermost statement whose lines hold ``line``."""
+        best, best_key = None, None
+        for statement in self.nodes((cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            start, end = self.lines(statement)
+            if start <= line <= end and (best is None or (start, -end) > best_key):
+                best, best_key = statement, (start, -end)
+        return best
+
+    def referents(self, name):
+        """The assignments in this file a Name node reads (libcst's scope
+        analysis; a builtin has none)."""
+        scope = self.scope(name)
+        if scope is None:
+            return set()
+        found = set()
+        for access in scope.accesses[name.value]:
+            if access.node is name:
+                found |= {a for a in access.referents if hasattr(a, "node")}
+        return found
+
+    def assigned_value(self, assignment):
+        """The value of ``name = value`` for an assignment of a plain name, or None."""
+        target = self.parent(assignment.node)
+        statement = self.parent(target) if isinstance(target, cst.AssignTarget) else None
+        if isinstance(statement, cst.Assign) and len(statement.targets) == 1:
+            return statement.value
+        return None
+
+    def dataloader_at(self, line):
+        """The ``DataLoader(...)`` call made at ``line``, or the one iterated there
+        (the call of the one assignment of a name the line reads), or None."""
+        calls = self.calls_at(line, DATALOADER)
+        if calls:
+            return calls[0]
+        statement = self.innermost_statement_at(line)
+        header = {cst.For: "iter", cst.While: "test", cst.If: "test", cst.With: "items"}
+        region = getattr(statement, header.get(type(statement), ""), statement)
+        if region is None:
+            return None
+        found = []
+        for name in _names_in(region):
+            for assignment in self.referents(name):
+                value = self.assigned_value(assignment)
+                if isinstance(value, cst.Call) and self.qualified(value.func) & DATALOADER \
+                        and value not in found:
+                    found.append(value)
+        return found[0] if len(found) == 1 else None
+
+    def module_binding(self, module):
+        """The name a top-level ``import module`` (``import module.sub``, ``import
+        module as x``) binds to ``module``, or None."""
+        for statement in self.module.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if not isinstance(small, cst.Import):
+                    continue
+                for alias in small.names:
+                    dotted = self.code(alias.name)
+                    if alias.asname is None and dotted.split(".")[0] == module:
+                        return module
+                    if alias.asname is not None and dotted == module:
+                        return alias.asname.name.value
+        return None
+
+    def module_name(self, module):
+        """A name this file can use for ``module`` at module level: its own
+        import's, else an ``import module`` the pass will add."""
+        bound = self.module_binding(module)
+        if bound is None:
+            if module not in self._imports:
+                self._imports.append(module)
+            bound = module
+        return bound
+
+    def globals_bound(self):
+        scope = self.scope(self.module)
+        return {a.name for a in scope.assignments} if scope is not None else set()
+
+    def free_name(self, wanted):
+        """``wanted``, or ``wanted_2``...: a name no scope of the file uses (nor
+        one given out before); it is then given out."""
+        used = self.notes.setdefault("names given out", set())
+        given = used
+        used = set(used)
+        for scope in set(self.meta(md.ScopeProvider).values()):
+            if scope is not None:
+                used |= {a.name for a in scope.assignments}
+                used |= {a.node.value for a in scope.accesses if isinstance(a.node, cst.Name)}
+        name, n = wanted, 1
+        while name in used:
+            n += 1
+            name = "%s_%d" % (wanted, n)
+        given.add(name)
+        return name
+
+    # -- planning -----------------------------------------------------------------
+
+    def edit(self, node, function, order=50):
+        """Change ``node`` by ``function(node as edited so far)``; lower orders first."""
+        self._edits.setdefault(id(node), []).append((order, function))
+
+    def comment(self, node, text):
+        """Comment lines ``# autosafe-torch <text>`` (a line of ``text`` each) above
+        the statement of ``node``, unless they are there already."""
+        anchor = self.statement_of(node)
+        if anchor is None:
+            return False
+        first, *rest = text.split("\n")
+        lines = ["# " + COMMENT_PREFIX + first] + ["#     " + line for line in rest]
+        existing = [getattr(l.comment, "value", None) for l in anchor.leading_lines]
+        planned = self._comments.setdefault(id(anchor), [])
+        if lines[0] not in existing and lines[0] not in planned:
+            planned.extend(lines)
+        return True
+
+    def insert_before(self, top_statement, statements):
+        self._before.setdefault(id(top_statement), []).extend(statements)
+
+    def move_under_main_guard(self, top_statements, comment):
+        self._moved = list(top_statements)
+        self._guard_comment = comment
+
+    def changed(self):
+        return bool(self._edits or self._comments or self._before or self._moved
+                    or self._imports)
+
+    def apply(self):
+        """The new text of the file."""
+        if not self.changed():
+            return self.text
+        return self.module.visit(_Apply(self)).code
+
+
+def _names_in(region):
+    import libcst.matchers as m
+
+    regions = region if isinstance(region, (list, tuple)) else [region]
+    return [name for part in regions for name in m.findall(part, m.Name())]
+
+
+def _with_comments(result, comments):
+    """``result`` with comment lines above it (above the first of several)."""
+    nodes = _flatten(result)
+    if not nodes or not hasattr(nodes[0], "leading_lines"):
+        return result
+    nodes[0] = nodes[0].with_changes(leading_lines=list(nodes[0].leading_lines) + [
+        cst.EmptyLine(comment=cst.Comment(text)) for text in comments])
+    return cst.FlattenSentinel(nodes) if len(nodes) > 1 else nodes[0]
+
+
+def _flatten(result):
+    if isinstance(result, cst.FlattenSentinel):
+        return list(result.nodes)
+    if isinstance(result, cst.RemovalSentinel):
+        return []
+    return [result]
+
+
+def _is_import(statement):
+    return isinstance(statement, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+
+
+def _is_docstring(statement):
+    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
+        and isinstance(statement.body[0], cst.Expr) \
+        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+class _Apply(cst.CSTTransformer):
+    def __init__(self, source):
+        super().__init__()
+        self.source = source
+        self.top_results = {}
+
+    def on_leave(self, original, updated):
+        source = self.source
+        if isinstance(original, cst.Module):
+            return self._module(original, updated)
+        for _order, function in sorted(source._edits.get(id(original), ()),
+                                       key=lambda e: e[0]):
+            updated = function(updated)
+        comments = source._comments.get(id(original))
+        if comments:
+            updated = _with_comments(updated, comments)
+        if id(original) in source._top:
+            self.top_results[id(original)] = updated
+        return updated
+
+    def _module(self, original, updated):
+        source = self.source
+        moved = {id(s) for s in source._moved}
+        body, guard = [], []
+        for statement in original.body:
+            body.extend(source._before.get(id(statement), ()))
+            nodes = _flatten(self.top_results.get(id(statement), statement))
+            (guard if id(statement) in moved else body).extend(nodes)
+        if source._imports:
+            at = 0
+            for index, statement in enumerate(body):
+                if _is_import(statement) or (index == 0 and _is_docstring(statement)):
+                    at = index + 1
+                elif not isinstance(statement, cst.SimpleStatementLine) or at:
+                    break
+            new = [cst.parse_statement("import %s\n" % m) for m in sorted(source._imports)]
+            body[at:at] = new
+        if guard:
+            first = guard[0]
+            guard[0] = first.with_changes(leading_lines=[
+                l for l in first.leading_lines if l.comment is not None])
+            lines = [cst.EmptyLine(indent=False)] * 2
+            if source._guard_comment:
+                lines.append(cst.EmptyLine(indent=False, comment=cst.Comment(
+                    "# " + COMMENT_PREFIX + source._guard_comment)))
+            body.append(cst.If(test=cst.parse_expression(MAIN_GUARD),
+                               body=cst.IndentedBlock(body=guard), leading_lines=lines))
+        return updated.with_changes(body=body)
