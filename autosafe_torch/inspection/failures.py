@@ -189,7 +189,7 @@ class Failure:
     def what(self):
         """One line: who failed, how, and where in user code."""
         if self.kind == HUNG:
-            text = "%s gave no batch for %.1f s, every worker alive," % (
+            text = "%s gave no batch for %.1f s, every worker alive" % (
                 self.who(), self.waited or 0.0)
         elif self.status:
             text = "%s %s" % (self.who(), self.status)

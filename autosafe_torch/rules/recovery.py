@@ -92,7 +92,8 @@ def _recovered(check, kind, ctx):
       "RuntimeError: DataLoader worker (pid N) exited unexpectedly with exit code 1. "
       "Details are lost due to multiprocessing; ... is killed by signal: Segmentation "
       "fault / Killed; ConnectionResetError, EOFError",
-      "read the worker's traceback in the log: a native library that is not fork-safe "
+      "read the worker's traceback (the JSON log's why, or AUTOSAFE_TORCH_DEBUG=1): a native "
+      "library that is not fork-safe "
       "(create it in worker_init_fn, or use spawn); SIGKILL is the out-of-memory killer "
       "(fewer workers, a smaller prefetch_factor, smaller samples)",
       at="dataloader.failure")
@@ -107,7 +108,8 @@ def worker_died(args, ctx):
       "a training loop that waits forever for its next batch (a lock or thread pool "
       "inherited through fork, a read without a timeout); RuntimeError: DataLoader timed out "
       "after N seconds",
-      "read where the workers wait in the log: create locks, pools and connections in "
+      "read where the workers wait (the JSON log's why, or AUTOSAFE_TORCH_DEBUG=1): create "
+      "locks, pools and connections in "
       "worker_init_fn or lazily in __getitem__, and give network reads a timeout",
       at="dataloader.failure")
 def worker_hung(args, ctx):
