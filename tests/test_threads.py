@@ -14,10 +14,11 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
-from support import run_script, venv_with
+from support import run_scenario, run_script, venv_with
 
 THREADLIB = '''
     """An installed library whose import starts a thread (THREADLIB_THREAD=1)."""
@@ -87,8 +88,8 @@ def python(tmp_path_factory):
 
 
 def run(tmp_path, python, kind, thread, **kw):
-    res = run_script(tmp_path, SCRIPT, python=python, args=(kind,),
-                     env={"THREADLIB_THREAD": "1" if thread else "0"}, **kw)
+    env = dict(kw.pop("env", {}), THREADLIB_THREAD="1" if thread else "0")
+    res = run_script(tmp_path, SCRIPT, python=python, args=(kind,), env=env, **kw)
     res.started_by = [l.split()[1] for l in res.stdout.splitlines()
                       if l.startswith("STARTED_BY")]
     return res
@@ -148,6 +149,10 @@ def test_the_count_follows_the_threads_this_process_starts():
     finally:
         stop.set()
         worker.join()
+    # join() returns when Python is done with the thread; the OS thread ends just after
+    deadline = time.monotonic() + 5
+    while threads.count() != before and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert threads.count() == before
 
 
@@ -166,3 +171,126 @@ def test_a_platform_without_a_count_is_not_single_threaded(monkeypatch):
 
     monkeypatch.setattr(sys, "platform", "sunos5")
     assert threads.count() is None and not threads.single_threaded()
+
+
+# -- the fork rung, rehearsing macOS ----------------------------------------------------
+
+UNGUARDED = '''
+import threading
+import torch
+from torch.utils.data import DataLoader
+
+if THREAD:
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+torch.manual_seed(0)
+digest(DataLoader(torch.arange(16.), batch_size=2, num_workers=WORKERS, shuffle=True), epochs=2)
+'''
+
+
+def unguarded(workers, thread):
+    return UNGUARDED.replace("WORKERS", str(workers)).replace("THREAD", str(thread))
+
+
+@pytest.mark.parametrize("thread", [False, True], ids=["one-thread", "two-threads"])
+def test_rehearsing_macos_the_fork_rung_needs_one_thread(tmp_path, thread):
+    """An unguarded main under spawn (DL204): fork where the process has one
+    thread (numpy's BLAS pool kept from starting), else emulated workers."""
+    env = {"OPENBLAS_NUM_THREADS": "1"}
+    bad = run_script(tmp_path, unguarded(2, thread), start_method="spawn", env=env)
+    assert bad.rc != 0 and "bootstrapping phase" in bad.stderr, bad
+    res = run_script(tmp_path, unguarded(2, thread), activation="cli", env=env,
+                     cli_args=("--as", "macos"))
+    ref = run_script(tmp_path, unguarded(0, thread), env=env)
+    assert res.rc == 0 and res.batches == ref.batches, res
+    dl204 = [l for l in res.stderr.splitlines() if " DL204 " in l and "Permanent fix" in l]
+    expected = "emulated workers" if thread else "start method: fork"
+    assert len(dl204) == 1 and expected in dl204[0], res
+    assert " DL206 " not in res.stderr, res
+
+
+def test_rehearsing_macos_a_forking_loader_moves_to_spawn_only_with_threads(tmp_path):
+    """DL206: the loader asks for fork; macOS aborts the children of a process
+    that had a second thread, and leaves those of a single-threaded one alone."""
+    body = '''
+        import threading
+        import torch
+        from torch.utils.data import DataLoader
+
+        if __name__ == "__main__":
+            if THREAD:
+                threading.Thread(target=threading.Event().wait, daemon=True).start()
+            torch.manual_seed(0)
+            digest(DataLoader(torch.arange(16.), batch_size=2, num_workers=2, shuffle=True,
+                              multiprocessing_context="fork"))
+    '''
+    env = {"OPENBLAS_NUM_THREADS": "1"}
+    plain = run_script(tmp_path, body.replace("THREAD", "True"), env=env)
+    res = run_script(tmp_path, body.replace("THREAD", "True"), activation="cli", env=env,
+                     cli_args=("--as", "macos"))
+    assert res.rc == 0 and res.batches == plain.batches, res
+    assert " DL206 fork-on-macos " in res.stderr and "more than one thread" in res.stderr
+    quiet = run_script(tmp_path, body.replace("THREAD", "False"), activation="cli", env=env,
+                       cli_args=("--as", "macos"))
+    assert quiet.rc == 0 and quiet.batches == plain.batches, quiet
+    assert "DL206" not in quiet.stderr, quiet
+
+
+# -- Python 3.12+: no fork warning a plain run would not show ---------------------------
+
+FORK_WARNING = "is multi-threaded, use of fork() may lead to deadlocks"
+SHOW = {"PYTHONWARNINGS": "always::DeprecationWarning"}  # children inherit it
+py312 = pytest.mark.skipif(sys.version_info < (3, 12),
+                           reason="Python 3.12 added the multi-threaded fork() warning")
+
+
+@py312
+def test_the_fork_warning_shows_in_these_runs(tmp_path):
+    """The control: a process with a second thread that forks shows it here."""
+    res = run_script(tmp_path, '''
+        import os, threading
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    ''', env=SHOW)
+    assert res.rc == 0 and FORK_WARNING in res.stderr, res
+
+
+def _warm(tmp_path, shim):
+    return run_scenario(tmp_path, "warmstart/loader.py", activation="env" if shim else None,
+                        start_method="spawn", args=("legacy" if shim else "healthy",),
+                        env=SHOW)
+
+
+def _fork_rung(tmp_path, shim):
+    from test_workers import loader_script
+
+    return run_script(tmp_path, loader_script("GeneratorDataset()", epochs=2), env=SHOW,
+                      start_method="spawn" if shim else "fork",
+                      activation="env" if shim else None)
+
+
+def _recovery(tmp_path, shim):
+    return run_scenario(tmp_path, "recovery/scenario.py", activation="env" if shim else None,
+                        start_method="fork", args=("kill" if shim else "none", "2"), env=SHOW)
+
+
+@py312
+@pytest.mark.parametrize("case", [_warm, _fork_rung, _recovery],
+                         ids=["warm-server", "fork-rung", "recovery"])
+def test_no_fork_warning_a_plain_run_would_not_show(tmp_path, case):
+    """Each repair against its safe plain run (the hand-safe loader, fork on
+    Linux, no fault), every DeprecationWarning shown, in workers and servers too."""
+    plain, fixed = case(tmp_path, False), case(tmp_path, True)
+    assert plain.rc == 0 and fixed.rc == 0, (plain, fixed)
+    assert fixed.batches == plain.batches
+    assert FORK_WARNING not in plain.stderr and FORK_WARNING not in fixed.stderr, fixed
+
+
+@py312
+def test_no_fork_warning_from_a_refused_server(tmp_path, python, reference):
+    res = run(tmp_path, python, "legacy", True, activation="env", start_method="spawn",
+              env=SHOW)
+    assert res.rc == 0 and REFUSED in res.stderr, res
+    assert FORK_WARNING not in res.stderr and res.batches == reference.batches, res

@@ -87,16 +87,18 @@ def unguarded_main(args, ctx):
 
 
 @rule("DL206", "fork-on-macos", GROUP,
-      "fork workers on macOS: spawn where everything pickles, else emulated workers",
+      "fork workers on macOS from a process that has (or had) more than one thread: "
+      "spawn where everything pickles, else emulated workers",
       "objc[...]: +[NSNumber initialize] may have been in progress in another thread when "
       "fork() was called. Crashing instead.",
       "leave macOS's default start method (spawn) alone",
       at="dataloader.iter")
 def fork_on_macos(args, ctx):
     if args["num_workers"] > 0 and start_method(args) == "fork" \
-            and ctx.facts.platform == "darwin":
+            and ctx.facts.platform == "darwin" and not platform_forks(ctx.facts.platform):
         return _away_from_fork(fork_on_macos, args, ctx,
-                               "fork is unsafe on macOS (Objective-C runtime)")
+                               "this process has more than one thread, and macOS aborts "
+                               "the children it forks (Objective-C runtime)")
 
 
 @rule("DL205", "fork-after-cuda", GROUP,
@@ -411,12 +413,23 @@ def _by_value(part, failing):
 
 # -- rungs 2-3: another start method, emulated workers ---------------------------
 
+def platform_forks(platform):
+    """Whether this process may fork workers on ``platform``: on Linux, as its
+    default start method does; on macOS (or rehearsing it) only while it has one
+    thread (inspection/threads.py): the Objective-C runtime aborts the children
+    of a process that had more."""
+    from ..inspection import threads
+
+    return platform in SAFE_FORK_PLATFORMS or (platform == "darwin"
+                                              and threads.single_threaded())
+
+
 def _fork_is_safe(args, facts):
     import multiprocessing
 
     from ..inspection import holdings, objwalk
 
-    if facts.platform not in SAFE_FORK_PLATFORMS or facts.cuda_initialized:
+    if not platform_forks(facts.platform) or facts.cuda_initialized:
         return False
     if "fork" not in multiprocessing.get_all_start_methods():
         return False
