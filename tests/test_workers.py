@@ -402,7 +402,21 @@ def test_dl205_unpicklable_goes_to_threads():
     assert found[0].rule.code == "DL205" and found[0].strategy == "emulated workers (in process)"
 
 
-def test_dl206_fork_on_macos_goes_to_spawn():
+@pytest.fixture
+def second_thread():
+    """A thread of this process: macOS forks a single-threaded process safely,
+    so a fork there is refused for a multi-threaded one (test_threads.py)."""
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+
+
+def test_dl206_fork_on_macos_goes_to_spawn(second_thread):
     import torch
 
     found = plan(torch.arange(4.), _facts(platform="darwin"))
@@ -411,7 +425,7 @@ def test_dl206_fork_on_macos_goes_to_spawn():
     assert found[1].strategy == "warm forkserver"
 
 
-def test_fork_is_never_chosen_on_macos_for_unpicklable_data():
+def test_fork_is_not_chosen_on_macos_for_unpicklable_data(second_thread):
     found = plan((x for x in range(3)), _facts(platform="darwin"), method="spawn")
     assert found[0].rule.code == "DL201" and found[0].strategy == "emulated workers (in process)"
 
