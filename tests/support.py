@@ -51,6 +51,19 @@ PRELUDE = textwrap.dedent('''
 ''')
 
 
+def cannot_pickle(kind):
+    """A regular expression for pickle's refusal of an ``_io`` object of ``kind``
+    ('BufferedReader'): "cannot pickle '_io.BufferedReader' object", and from
+    Python 3.13 "cannot pickle 'BufferedReader' instances"."""
+    return r"cannot pickle '(_io\.%s' object|%s' instances)" % (kind, kind)
+
+
+# Python 3.13 words these two of pickle's errors otherwise: "Can't get local object"
+# and the child's built-in __main__ named by its loader.
+LOCAL_OBJECT = r"Can't (pickle|get) local object"
+CHILD_MAIN = r"<module '__main__' \((built-in|<class '_frozen_importlib\.BuiltinImporter'>)\)>"
+
+
 class Result:
     def __init__(self, proc):
         self.rc = proc.returncode
