@@ -58,7 +58,50 @@ $(COMPAT_STAMP): constraints-compat.txt pyproject.toml $(wildcard autosafe_torch
 
 compat: $(COMPAT_STAMP)
 	$(COMPAT_PYTHON) -c "import torch, numpy; print('compat: torch', torch.__version__, 'numpy', numpy.__version__)"
-	$(COMPAT_PYTHON) -m pytest -m "not gpu and not integration and not heavy" $(PYTEST_ARGS)
+	$(COMPAT_PYTHON) -m pytest -m "$(SUITE)" $(PYTEST_ARGS)
+
+SUITE = not gpu and not integration and not heavy
+VERSIONS = import sys, torch, numpy; print('Python', sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__)
+
+# `make compat-python`: the same suite on CPython 3.9 and 3.13 (pyenv's builds), each in
+# its own virtual environment (.venv-py3.9.18, .venv-py3.13.0), built once like `make
+# compat`. torch comes from the registry for them (constraints-compat-python.txt: 2.8.0,
+# the newest release with wheels for 3.9 as well as 3.13; a CUDA build that runs on the
+# CPU; 6.7 GB installed per environment, its nvidia packages downloaded once: pip caches them).
+# Both Pythons run even when the first fails; the target fails if either did.
+PYENV_VERSIONS ?= $(HOME)/.pyenv/versions
+COMPAT_PYTHONS ?= 3.9.18 3.13.0
+COMPAT_PYTHON_STAMPS = $(foreach v,$(COMPAT_PYTHONS),.venv-py$(v)/.autosafe-compat-installed)
+
+.PHONY: compat-python compat-torch
+
+.venv-py%/.autosafe-compat-installed: constraints-compat-python.txt pyproject.toml $(wildcard autosafe_torch/_site/*)
+	test -x .venv-py$*/bin/python || $(PYENV_VERSIONS)/$*/bin/python -m venv .venv-py$*
+	.venv-py$*/bin/python -m pip install -c constraints-compat-python.txt torch numpy
+	.venv-py$*/bin/python -m pip install -c constraints-compat-python.txt -e ".[test]"
+	touch $@
+
+compat-python: $(COMPAT_PYTHON_STAMPS)
+	@failed=; for v in $(COMPAT_PYTHONS); do \
+	    .venv-py$$v/bin/python -c "$(VERSIONS)"; \
+	    .venv-py$$v/bin/python -m pytest -m "$(SUITE)" $(PYTEST_ARGS) || failed="$$failed $$v"; \
+	done; test -z "$$failed" || { echo "compat-python: failed on$$failed"; exit 1; }
+
+# `make compat-torch TORCH=2.14.1`: the suite on another torch release with this
+# PYTHON, in .venv-torch<version>, built once (2.14.1 for Python 3.11 lies on this
+# machine's disk: about 5.5 GB installed, no download). The version is the pin.
+TORCH ?= 2.14.1
+COMPAT_TORCH_VENV = .venv-torch$(TORCH)
+
+$(COMPAT_TORCH_VENV)/.autosafe-compat-installed: pyproject.toml $(wildcard autosafe_torch/_site/*)
+	test -x $(COMPAT_TORCH_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_TORCH_VENV)
+	$(COMPAT_TORCH_VENV)/bin/python -m pip install "torch==$(TORCH)" numpy
+	$(COMPAT_TORCH_VENV)/bin/python -m pip install -e ".[test]" "torch==$(TORCH)"
+	touch $@
+
+compat-torch: $(COMPAT_TORCH_VENV)/.autosafe-compat-installed
+	$(COMPAT_TORCH_VENV)/bin/python -c "$(VERSIONS)"
+	$(COMPAT_TORCH_VENV)/bin/python -m pytest -m "$(SUITE)" $(PYTEST_ARGS)
 
 # `make conformance TEST_DATALOADER=path/to/test_dataloader.py`: PyTorch's own
 # DataLoader suite for the installed torch, run without and with autosafe_torch;

@@ -129,6 +129,19 @@ def assert_readable(stderr, env=None):
     assert not bad, "shim lines too long, or with an address:\n" + "\n".join(bad)
 
 
+def cannot_pickle(kind):
+    """A regular expression for pickle's refusal of an ``_io`` object of ``kind``
+    ('BufferedReader'): "cannot pickle '_io.BufferedReader' object", and from
+    Python 3.13 "cannot pickle 'BufferedReader' instances"."""
+    return r"cannot pickle '(_io\.%s' object|%s' instances)" % (kind, kind)
+
+
+# Python 3.13 words these two of pickle's errors otherwise: "Can't get local object"
+# and the child's built-in __main__ named by its loader.
+LOCAL_OBJECT = r"Can't (pickle|get) local object"
+CHILD_MAIN = r"<module '__main__' \((built-in|<class '_frozen_importlib\.BuiltinImporter'>)\)>"
+
+
 class Result:
     def __init__(self, proc):
         self.rc = proc.returncode
@@ -187,21 +200,23 @@ def write_script(tmp_path, body, name="train.py", activation=None):
 
 
 def run_scenario(tmp_path, name, activation=None, start_method=None, env=None, args=(),
-                 timeout=180, cli_args=()):
+                 timeout=180, cli_args=(), python=None):
     """Run the scenario file ``tests/scenarios/<name>`` as it is (activation "env"
     or "cli", or None); its data files go to ``tmp_path`` (SCENARIO_TMP)."""
     assert activation in (None, "env", "cli"), activation
     extra = dict(env or {}, SCENARIO_TMP=str(tmp_path))
     return _run(tmp_path, SCENARIOS / name, activation, start_method, extra, args, timeout,
-                cli_args)
+                cli_args, python)
 
 
 def run_script(tmp_path, body, activation=None, start_method=None, env=None,
-               args=(), timeout=180, name="train.py", cli_args=()):
-    """Run ``body`` as a script; ``activation`` None means without autosafe_torch."""
+               args=(), timeout=180, name="train.py", cli_args=(), python=None):
+    """Run ``body`` as a script; ``activation`` None means without autosafe_torch;
+    ``python``: another interpreter than this one (a virtual environment's)."""
     assert activation in (None,) + ACTIVATIONS, activation
     script = write_script(tmp_path, body, name, activation)
-    return _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args)
+    return _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args,
+                python)
 
 
 def run_file(tmp_path, script, activation=None, start_method=None, env=None, args=(),
@@ -212,7 +227,8 @@ def run_file(tmp_path, script, activation=None, start_method=None, env=None, arg
     return _run(tmp_path, Path(script), activation, start_method, env, args, timeout, cli_args)
 
 
-def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args):
+def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_args,
+         python=None):
     pythonpath = [str(PLATFORM_SIM), str(SCENARIOS)]  # scenario modules import each other
     extra = dict(env or {})
     if start_method:
@@ -224,14 +240,35 @@ def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_arg
         pythonpath.insert(0, str(TEMPLATE_DIR))
     full_env = clean_env(extra)
     full_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    python = str(python or sys.executable)
     if activation == "cli":
-        cmd = [sys.executable, "-m", "autosafe_torch", "run", *cli_args, str(script), *args]
+        cmd = [python, "-m", "autosafe_torch", "run", *cli_args, str(script), *args]
     else:
-        cmd = [sys.executable, str(script), *args]
+        cmd = [python, str(script), *args]
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     assert_readable(proc.stderr, full_env)
     return Result(proc)
+
+
+def venv_with(root, modules):
+    """A virtual environment under ``root`` that sees this one's packages (torch,
+    autosafe_torch) and has ``modules`` ({file name: source}) installed in its own
+    site-packages, where an installed library lies; its python."""
+    import sysconfig
+
+    venv = Path(root) / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
+                                "print(sysconfig.get_paths()['purelib'])"], check=True,
+                               capture_output=True, text=True).stdout.strip())
+    # As --system-site-packages would, but for this environment's packages.
+    (site / "_this_venv.pth").write_text(
+        "import site; site.addsitedir(%r)\n" % sysconfig.get_paths()["purelib"])
+    for name, source in modules.items():
+        (site / name).write_text(textwrap.dedent(source))
+    return python
 
 
 def line_of(tmp_path, text, name="train.py"):

@@ -148,13 +148,18 @@ def _names_bound_in_child(tree):
     return frozenset(names)
 
 
+# How the child's built-in __main__ reads in pickle's error (Python 3.13 names its loader).
+_CHILD_MAIN = "<module '__main__' (%s)>" % (
+    "built-in" if sys.version_info < (3, 13) else "<class '_frozen_importlib.BuiltinImporter'>")
+
+
 def missing_in_child(obj):
     """The child's error text if ``obj`` (a class or function of ``__main__``) is absent there."""
     qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     if not isinstance(qualname, str) or "<locals>" in qualname or "<lambda>" in qualname:
         return None  # the parent's own pickle error says it better
     if interactive_main():
-        return "Can't get attribute %r on <module '__main__' (built-in)>" % qualname
+        return "Can't get attribute %r on %s" % (qualname, _CHILD_MAIN)
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     tree = _script_tree(path)
     names = None if tree is None else _names_bound_in_child(tree)

@@ -77,8 +77,28 @@ def _probe_dispatch_table(planned=None):
     for cls, reducer in ForkingPickler._extra_reducers.items():
         if getattr(reducer, "__module__", "") != _TORCH_REDUCERS_MODULE:
             table[cls] = reducer
+    if sys.version_info < (3, 10):
+        table.update(_fork_semlock_reducers())
     table.update(planned or {})
     return table
+
+
+def _fork_semlock_reducers():
+    """Python 3.9 pickles a lock or semaphore of a fork context for a spawned
+    child, which then fails to open it (its name was unlinked at creation):
+    refuse it as Python 3.10 and later do."""
+    from multiprocessing import synchronize
+
+    def reduce(lock):
+        if sys.platform != "win32" and lock._semlock.name is None:
+            raise RuntimeError("A SemLock created in a fork context is being shared with a "
+                               "process in a spawn context. This is not supported. Please "
+                               "use the same context to create multiprocessing objects and "
+                               "Process.")
+        return lock.__reduce_ex__(PROTOCOL)
+
+    return {cls: reduce for cls in (synchronize.Lock, synchronize.RLock, synchronize.Semaphore,
+                                    synchronize.BoundedSemaphore)}
 
 
 def _payload_types():

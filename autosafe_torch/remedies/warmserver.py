@@ -1,4 +1,25 @@
-"""Imported by the warm server of DL209 as it starts (never by your process).
+"""Inside the warm server of DL209: it forks only while it has one OS thread,
+and a worker that dies while starting leaves its traceback for recovery.
+
+``remedies/warmstart.py`` names this module last in the server's preload
+list, so the server imports it once the libraries are imported, before it
+serves. ``multiprocessing.forkserver.main`` imports its preload list, then
+runs only its own loop (wait, accept, receive the fds, fork, reap): no
+import, no library code but what runs in the libraries' own threads. Only
+a thread starts a thread, so a server with one thread now has one at every
+fork, and one with more is refused now, before any worker: the server
+exits with ``REFUSED`` and the training process starts its workers by plain
+spawn. A check inside the loop, before each fork, would need our code in
+the stdlib's loop, inherited by every worker, and a refusal there could
+only end the server mid-epoch, taking the exit codes of the workers it
+started with it.
+
+On Linux a library may stop its threads at fork (OpenBLAS's pool, numpy's
+and torch's BLAS, through pthread_atfork) and start them again only when
+used, which the server never does: one fork whose child exits at once
+(``_settle``) shows what is left at the first worker's fork. On macOS the
+Objective-C runtime asks whether a second thread has ever run
+(``inspection/threads.py``), so nothing settles there.
 
 A worker forked from the server goes through spawn's start: the
 preparation data, then the pickled process object. A failure there (a
@@ -6,24 +27,61 @@ dataset whose unpickling raises, a main module that does not import) kills
 the worker before any of its steps run, and multiprocessing prints the
 traceback to a stderr the training process cannot read. The server's
 children are ours to start, so each is told (in its preparation data,
-under ``DUMPS_KEY``) where to leave that traceback for recovery to read
+under ``dumps.DUMPS_KEY``) where to leave that traceback
 (``dumps.bootstrap_path``).
+
+Imported anywhere else, this module does nothing.
 """
 
+import functools
 import os
 import sys
-from multiprocessing import spawn
+import warnings
 
+from ..inspection import threads
 from .dumps import DUMPS_KEY, bootstrap_path
 
-_prepare = spawn.prepare
+REFUSED = 86    # the server's exit status: more than one thread after its preload
+UNCHECKED = 87  # its first child's: the server did not import this module
+_checked = []   # in the server: its threads were counted, and it forks
 
 
-def _prepare_and_report(data):
+class Hello:
+    """The server's first child, sent by the training process (``warmstart._greet``):
+    its exit status 0 says the server counted its threads and forks."""
+
+    def _bootstrap(self, parent_sentinel=None):
+        return 0 if _checked else UNCHECKED
+
+
+def forks_safely():
+    """Whether this process may fork workers: one thread, after ``_settle``."""
+    if threads.single_threaded():
+        return True
+    if sys.platform.startswith("linux") and threads.count():
+        _settle()
+        return threads.single_threaded()
+    return False
+
+
+def _settle():
+    """Fork a child that exits at once, so that the libraries whose threads stop
+    at fork stop them now, as they would at the first worker's fork."""
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when a multi-threaded process forks: here that is
+        # the question being asked, answered by the count that follows.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _prepare_and_report(data, prepare):
     directory = data.pop(DUMPS_KEY, None)
     if directory:
         _leave_traceback_in(directory)
-    return _prepare(data)
+    return prepare(data)
 
 
 def _leave_traceback_in(directory):
@@ -44,4 +102,21 @@ def _leave_traceback_in(directory):
     sys.excepthook = hook
 
 
-spawn.prepare = _prepare_and_report
+def _in_fork_server():
+    from multiprocessing import forkserver
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is forkserver.main.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+if _in_fork_server():
+    if not forks_safely():
+        os._exit(REFUSED)
+    _checked.append(True)
+    from multiprocessing import spawn
+
+    spawn.prepare = functools.partial(_prepare_and_report, prepare=spawn.prepare)

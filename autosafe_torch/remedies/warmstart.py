@@ -9,8 +9,11 @@ worker then goes through spawn's own steps: the preparation data
 (``sys.path``, ``argv``, the working directory, the main module imported as
 ``__mp_main__``), the pickled process object (the dataset travels by
 pickle), and torch's worker loop with its per-worker seeds; it bears the
-name spawn would give it. The server is single-threaded and holds no lock
-of the parent's.
+name spawn would give it. The server holds no lock of the parent's, and
+forks only while it has one OS thread (``remedies/warmserver.py``): a
+preloaded library that starts a thread at import makes it refuse, before
+any worker, and the workers start by plain spawn (logged once, naming the
+libraries it had imported).
 
 What a worker takes from the server instead of from the parent at its
 start: the environment, the standard output and error, the CPU affinity and
@@ -38,9 +41,11 @@ from multiprocessing import context as _mp_context
 __all__ = ["warm_context", "preload", "libraries_for", "exit_with_parent"]
 
 _lock = threading.Lock()
-SERVER_MODULE = "autosafe_torch.remedies.warmserver"  # imported by the server first
 _preload = []          # module names the server imports when it starts
 _state = {"server": None, "started_with": None, "cold": None}
+# Imported last by the server: its thread check, and where a worker that dies
+# while starting leaves its traceback.
+GUARD = "autosafe_torch.remedies.warmserver"
 _noted = set()
 
 
@@ -120,18 +125,78 @@ def _server():
         server = _state["server"]
         if server is None:
             server = _state["server"] = forkserver.ForkServer()
-            server.set_forkserver_preload([SERVER_MODULE] + _preload)
+        libraries = list(_preload)
+        server.set_forkserver_preload(libraries + [GUARD])
         before, now = server._forkserver_pid, _inherited()
         server.ensure_running()  # restarts a server that died
         if server._forkserver_pid != before:
             _state["started_with"] = now
-            return server
+            refused = _greet(server, ", ".join(libraries) or "nothing")
+            if refused is None:
+                return server
+            _state.update(cold=True, server=None)
+            _note(refused + ": workers start by plain spawn from now on")
+            return None
     changed = [k for k, v in _state["started_with"].items() if now[k] != v]
     if changed:
         _note("the %s changed since the warm server started: this worker starts by "
               "plain spawn" % " and ".join(changed))
         return None
     return server
+
+
+def _greet(server, libraries):
+    """Wait for a server just started to import ``libraries`` and say whether it
+    forks: None when it does (its first child, a ``warmserver.Hello`` sent before
+    any dataset is pickled, exits with 0), else why not (the server is stopped)."""
+    from multiprocessing import forkserver, reduction
+
+    from .warmserver import REFUSED, UNCHECKED, Hello
+
+    status = None
+    try:
+        status_r, data_w = server.connect_to_new_process([])
+        try:
+            with open(data_w, "wb", closefd=True) as f:
+                # Our path only (to unpickle Hello): the main module is not imported.
+                reduction.dump({"sys_path": sys.path}, f)
+                reduction.dump(Hello(), f)
+            forkserver.read_signed(status_r)  # the child's pid, then its exit status
+            status = forkserver.read_signed(status_r)
+        finally:
+            os.close(status_r)
+    except (OSError, EOFError):
+        pass  # the server ended: its own exit status says why
+    if status == 0:
+        return None
+    ended = _stop(server)
+    if ended == REFUSED:
+        return ("the warm server had more than one thread after importing %s (a library "
+                "starts one at import), and a process forks safely only with one (macOS "
+                "aborts such children; Python 3.12+ warns)" % libraries)
+    if status == UNCHECKED:
+        return ("the warm server could not import autosafe_torch to count its threads "
+                "after importing %s" % libraries)
+    return "the warm server did not start its first process after importing %s (%s)" % (
+        libraries, "exit status %s" % (ended if status is None else status))
+
+
+def _stop(server, wait_s=5.0):
+    """Stop ``server`` (it reads EOF on its pipe from us) and return its exit
+    status (None: not seen in ``wait_s``)."""
+    import time
+
+    os.close(server._forkserver_alive_fd)
+    pid, deadline = server._forkserver_pid, time.monotonic() + wait_s
+    try:
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.01)
+    except ChildProcessError:
+        pass
+    return None
 
 
 class _ThroughServer:

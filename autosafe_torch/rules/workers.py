@@ -94,16 +94,29 @@ def unguarded_main(args, ctx):
 
 
 @rule("DL206", "fork-on-macos", GROUP,
-      "fork workers on macOS: spawn where everything pickles, else emulated workers",
+      "fork workers on macOS from a process that has (or had) more than one thread: "
+      "spawn where everything pickles, else emulated workers",
       "objc[...]: +[NSNumber initialize] may have been in progress in another thread when "
       "fork() was called. Crashing instead.",
       "leave macOS's default start method (spawn) alone",
       at="dataloader.iter")
 def fork_on_macos(args, ctx):
     if args["num_workers"] > 0 and start_method(args) == "fork" \
-            and ctx.facts.platform == "darwin":
+            and ctx.facts.platform == "darwin" and not _macos_forks_safely():
         return _away_from_fork(fork_on_macos, args, ctx,
-                               "fork is unsafe on macOS (Objective-C runtime)")
+                               "this process has more than one thread, and macOS aborts "
+                               "the children it forks (Objective-C runtime)")
+
+
+def _macos_forks_safely():
+    """A fork the user asked for on macOS is left alone only while this process
+    has one thread (``inspection/threads.py``): the Objective-C runtime aborts
+    the children of a process that has, or had, more. The ladder itself never
+    chooses fork on macOS: a library may start a thread at any time, and
+    spawn's semantics are what a Mac user's script was written for."""
+    from ..inspection import threads
+
+    return threads.single_threaded()
 
 
 @rule("DL205", "fork-after-cuda", GROUP,

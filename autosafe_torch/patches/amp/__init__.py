@@ -53,12 +53,14 @@ def patch(torch):
     for area in ("cuda", "cpu"):
         module = getattr(getattr(torch, area, None), "amp", None)
         legacy = getattr(module, "autocast", None)
-        if is_subclass(legacy, autocast_cls) and is_deprecated(legacy) \
-                and "__new__" in legacy.__dict__:
-            api = "torch.%s.amp.autocast" % area
-            autocast.patch_deprecated(
-                legacy, AmpCall(api, device=area, takes_device=False,
-                                route="torch.amp.autocast(%r)" % area), autocast_cls)
+        if not is_subclass(legacy, autocast_cls):
+            continue
+        call = AmpCall("torch.%s.amp.autocast" % area, device=area, takes_device=False,
+                       route="torch.amp.autocast(%r)" % area)
+        if is_deprecated(legacy) and "__new__" in legacy.__dict__:
+            autocast.patch_deprecated(legacy, call, autocast_cls)
+        elif is_deprecated(legacy.__dict__.get("__init__")):  # torch 2.4-2.8 mark __init__
+            autocast.patch_deprecated_init(legacy, call)
     cuda_amp = getattr(getattr(torch, "cuda", None), "amp", None)
     if cuda_amp is not None and hasattr(amp, "custom_fwd") and hasattr(amp, "custom_bwd") \
             and is_deprecated(getattr(cuda_amp, "custom_fwd", None)):

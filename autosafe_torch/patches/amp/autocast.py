@@ -149,6 +149,24 @@ def patch_deprecated(legacy, call, base):
     replace(legacy, "__init_subclass__", classmethod(__init_subclass__))
 
 
+def patch_deprecated_init(legacy, call):
+    """The same routing where the deprecation marks ``legacy.__init__`` (torch
+    2.4-2.8): quiet, the undecorated ``__init__`` runs (it calls torch.amp's
+    with the device); else the deprecated one, which warns."""
+    deprecated_init = legacy.__dict__["__init__"]
+    inner = getattr(deprecated_init, "__wrapped__", None)
+    if inner is None:
+        return
+
+    @functools.wraps(inner)
+    def __init__(self, *args, **kwargs):
+        quiet = engine.decide_or(False, "%s.__init__" % call.api, _route_decision, call)
+        return (inner if quiet else deprecated_init)(self, *args, **kwargs)
+
+    __init__.__dict__.pop("__deprecated__", None)
+    replace(legacy, "__init__", __init__)
+
+
 def patch_custom_decorators(torch, module, call_of):
     """torch.cuda.amp.custom_fwd/custom_bwd -> torch.amp's, device_type="cuda"."""
     modern_fwd, modern_bwd = torch.amp.custom_fwd, torch.amp.custom_bwd

@@ -1,0 +1,92 @@
+"""How many OS threads this process has, and whether a fork now is safe by that.
+
+A forked child has one thread, the one that called fork(); whatever the
+other threads held (a lock, an Objective-C class half initialised) stays
+held in the child forever. macOS aborts such a child when it touches an
+Objective-C class ("+[NSNumber initialize] may have been in progress in
+another thread when fork() was called. Crashing instead."), and Python
+3.12 and later warn ("This process (pid=...) is multi-threaded, use of
+fork() may lead to deadlocks in the child."). Every thread counts: those of
+C libraries (a BLAS pool, a telemetry client) as well as Python's.
+
+- Linux: the entries of ``/proc/self/task``.
+- macOS: the Mach task's threads (``task_threads``; the thread ports and
+  the array it returns are given back). The Objective-C runtime does not
+  count: it asks ``pthread_is_threaded_np()``, which stays true once a
+  second thread has ever run, so a process is single-threaded there only
+  when both say so.
+- Elsewhere, or when the count cannot be read: unknown (None), and a
+  caller must take unknown for unsafe.
+"""
+
+import os
+import sys
+
+__all__ = ["count", "single_threaded"]
+
+_mach = {}
+
+
+def count():
+    """This process's OS threads now, or None where they cannot be read."""
+    if sys.platform.startswith("linux"):
+        try:
+            return len(os.listdir("/proc/self/task"))
+        except OSError:
+            return None
+    if sys.platform == "darwin":
+        try:
+            return _mach_thread_count()
+        except Exception:
+            return None
+    return None
+
+
+def single_threaded():
+    """Whether this process has one thread (and, on macOS, never had another):
+    False where that cannot be known."""
+    if count() != 1:
+        return False
+    if sys.platform == "darwin":
+        try:
+            return _libsystem().pthread_is_threaded_np() == 0
+        except Exception:
+            return False
+    return True
+
+
+def _libsystem():
+    if "lib" not in _mach:
+        import ctypes
+
+        lib = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
+        port = ctypes.c_uint  # mach_port_t, thread_act_t, mach_msg_type_number_t
+        lib.task_threads.argtypes = [port, ctypes.POINTER(ctypes.POINTER(port)),
+                                     ctypes.POINTER(port)]
+        lib.task_threads.restype = ctypes.c_int  # kern_return_t
+        lib.mach_port_deallocate.argtypes = [port, port]
+        lib.mach_port_deallocate.restype = ctypes.c_int
+        lib.vm_deallocate.argtypes = [port, ctypes.c_size_t, ctypes.c_size_t]
+        lib.vm_deallocate.restype = ctypes.c_int
+        lib.pthread_is_threaded_np.argtypes = []
+        lib.pthread_is_threaded_np.restype = ctypes.c_int
+        _mach.update(lib=lib, ctypes=ctypes, port=port)
+    return _mach["lib"]
+
+
+def _mach_thread_count():
+    lib = _libsystem()
+    ctypes, port = _mach["ctypes"], _mach["port"]
+    task = port.in_dll(lib, "mach_task_self_").value  # what mach_task_self() reads
+    threads, n = ctypes.POINTER(port)(), port()
+    if lib.task_threads(task, ctypes.byref(threads), ctypes.byref(n)) != 0:
+        return None
+    try:
+        return n.value
+    finally:
+        # task_threads gives a send right per thread and an array in our
+        # address space: both are ours to release.
+        for i in range(n.value):
+            lib.mach_port_deallocate(task, threads[i])
+        lib.vm_deallocate(task, ctypes.cast(threads, ctypes.c_void_p).value or 0,
+                          n.value * ctypes.sizeof(port))
