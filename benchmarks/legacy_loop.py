@@ -26,6 +26,10 @@ every rung, another with ``num_workers=0``):
   pickle, so the ladder takes the next rung (fork on Linux, emulated
   workers in process where fork is unsafe: ``AUTOSAFE_TORCH_AS=macos``).
 
+``--setup S``: S seconds of the program's own setup (building a model, on
+this thread) between building the loader and iterating it, as a training
+script does; the first epoch is timed from ``iter(loader)`` as ever.
+
 ``--threads``: the loader's workers emulated on a thread
 (``EmulatedWorkersIter(loader, threaded=True)``), iterated directly: the
 ladder does not choose that rung by itself.
@@ -106,7 +110,17 @@ class StuckDataset(LegacyDataset):
         self.pending = (n for n in ())
 
 
-def run(directory, dataset, workers, start, epochs, persistent, threads):
+def setup(seconds):
+    """The program's own setup between building the loader and iterating it:
+    building a model (layers initialised on this thread), for ``seconds``."""
+    end = time.perf_counter() + seconds
+    layers = []
+    while time.perf_counter() < end:
+        layers.append(torch.nn.Linear(256, 256))
+        del layers[:-8]
+
+
+def run(directory, dataset, workers, start, epochs, persistent, threads, setup_s=0.0):
     import multiprocessing
 
     if start:
@@ -115,6 +129,10 @@ def run(directory, dataset, workers, start, epochs, persistent, threads):
     cls = {"legacy": LegacyDataset, "handsafe": HandSafeDataset, "stuck": StuckDataset}[dataset]
     loader = DataLoader(cls(directory), batch_size=BATCH, num_workers=workers,
                         persistent_workers=persistent)
+    if setup_s:
+        rng = torch.get_rng_state()
+        setup(setup_s)
+        torch.set_rng_state(rng)  # the batches stay those of a run without setup
     images, draws, epoch_s, check_s = [], [], [], []
     for _ in range(epochs):
         t0 = time.perf_counter()
@@ -161,8 +179,10 @@ def main(argv):
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--threads", action="store_true")
+    p.add_argument("--setup", type=float, default=0.0)
     a = p.parse_args(argv)
-    run(a.directory, a.dataset, a.workers, a.start, a.epochs, a.persistent, a.threads)
+    run(a.directory, a.dataset, a.workers, a.start, a.epochs, a.persistent, a.threads,
+        a.setup)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import sys
 
 from .. import engine, facts
 from .. import callsite
+from ..config import CONFIG
 from ..rules import Context
 from . import wrap
 
@@ -61,10 +62,12 @@ def _init_wrapper(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)  # the user's own mistake: torch says it
     decided = engine.decide_or(None, "DataLoader.__init__", _decide, bound, instance)
     if decided is None:
-        return wrapped(*args, **kwargs)
-    new, applied = decided
-    result = wrapped(*new.args, **new.kwargs)
-    _keep_state(instance, applied)
+        result = wrapped(*args, **kwargs)
+    else:
+        new, applied = decided
+        result = wrapped(*new.args, **new.kwargs)
+        _keep_state(instance, applied)
+    engine.decide_or(None, "DataLoader warm start", _warm_ahead, instance, sys._getframe(1))
     return result
 
 
@@ -140,7 +143,9 @@ def _decide_workers(loader, frame):
     state[_PLAN_ATTR] = _plan_key(loader)
 
 
-def _check_workers(loader, frame):
+def _plan_workers(loader, frame):
+    """The worker checks' findings for ``loader`` and the arguments they leave:
+    planned, nothing applied."""
     from ..inspection.mainmodule import main_is_guarded
 
     guarded = []
@@ -153,9 +158,39 @@ def _check_workers(loader, frame):
     values = {name: getattr(loader, name) for name in ITER_ARGS}
     ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded)
     found, work = engine.run_checks("dataloader.iter", values, ctx)
+    return values, found, work
+
+
+def _check_workers(loader, frame):
+    values, found, work = _plan_workers(loader, frame)
     if not found or not engine.settle(found, callsite.iteration_site(loader), work):
         return
     for name in ITER_ARGS:
         if work[name] is not values[name]:
             setattr(loader, name, work[name])
     _keep_state(loader, found)
+
+
+def _warm_ahead(loader, frame):
+    """At construction: where the worker checks will start this loader's
+    workers warm (DL209: a loader repaired for spawn), the warm server starts
+    now, in the background, so that its imports overlap the program's setup.
+    Only planned here (recorded and applied at the first iterator, as ever);
+    a loader that forks, or one that needs no repair, starts nothing."""
+    if not loader.num_workers or CONFIG.mode != "fix" or not _may_spawn(loader):
+        return
+    _values, found, work = _plan_workers(loader, frame)
+    if any(f.rule.code == "DL209" and f.strategy == "warm forkserver" for f in found):
+        from ..remedies import warmstart
+
+        warmstart.start_ahead(warmstart.libraries_for(
+            [work["dataset"], work["collate_fn"], work["worker_init_fn"]]))
+
+
+def _may_spawn(loader):
+    """Whether the workers may start by spawn: the start method, or fork where the
+    ladder moves it away (macOS, CUDA initialised). Cheap: no probe."""
+    method = facts.effective_start_method(loader.multiprocessing_context)
+    return method == "spawn" or method == "fork" and (
+        facts.current(loader.multiprocessing_context).platform == "darwin"
+        or facts.cuda_initialized())

@@ -40,9 +40,10 @@ from multiprocessing import context as _mp_context
 
 __all__ = ["warm_context", "preload", "libraries_for", "exit_with_parent"]
 
-_lock = threading.Lock()
+_lock = threading.Lock()    # the server's state; held while a new server starts
+_names_lock = threading.Lock()  # the preload list and the contexts: never held for long
 _preload = []          # module names the server imports when it starts
-_state = {"server": None, "started_with": None, "cold": None}
+_state = {"server": None, "started_with": None, "cold": None, "ahead": False}
 # Imported last by the server: its thread check, and where a worker that dies
 # while starting leaves its traceback.
 GUARD = "autosafe_torch.remedies.warmserver"
@@ -86,7 +87,7 @@ def preload(names):
     """Add ``names`` to what the server imports when it starts (a remedy: the
     engine runs it in fix mode; once the server runs, later names are
     imported by each worker, as under spawn)."""
-    with _lock:
+    with _names_lock:
         _preload.extend(n for n in names if n not in _preload)
 
 
@@ -125,7 +126,8 @@ def _server():
         server = _state["server"]
         if server is None:
             server = _state["server"] = forkserver.ForkServer()
-        libraries = list(_preload)
+        with _names_lock:
+            libraries = list(_preload)
         server.set_forkserver_preload(libraries + [GUARD])
         before, now = server._forkserver_pid, _inherited()
         server.ensure_running()  # restarts a server that died
@@ -197,6 +199,28 @@ def _stop(server, wait_s=5.0):
     except ChildProcessError:
         pass
     return None
+
+
+def start_ahead(libraries):
+    """Start the server now, in the background, importing ``libraries``: for a
+    loader the ladder will repair for spawn, built before it is iterated. The
+    server's imports then overlap the program's own setup (the model, the
+    optimizer) instead of delaying the first epoch. The calling thread only
+    starts a thread; the server starts at most once."""
+    preload(libraries)
+    with _names_lock:
+        if _state["ahead"] or _state["server"] is not None or _state["cold"]:
+            return
+        _state["ahead"] = True
+    threading.Thread(target=_start_quietly, name="autosafe_torch warm start",
+                     daemon=True).start()
+
+
+def _start_quietly():
+    try:
+        _server()
+    except Exception as exc:  # fails open: the loader's first iterator tries again
+        _note("the warm server could not start ahead (%s: %s)" % (type(exc).__name__, exc))
 
 
 class _ThroughServer:
@@ -302,7 +326,7 @@ def warm_context(context):
     """The warm context replacing ``context`` (None or spawn's): its workers bear
     the names spawn would give them (``Process-1``, ``SpawnProcess-1``)."""
     name = "Process" if context is None else "SpawnProcess"
-    with _lock:
+    with _names_lock:
         if name not in _contexts:
             _contexts[name] = WarmContext(name)
         return _contexts[name]
