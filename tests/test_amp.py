@@ -10,6 +10,7 @@ the cases for the deprecated names skip. Real CUDA runs are marked ``gpu``
 and skip without CUDA.
 """
 
+import re
 
 import pytest
 import torch

@@ -173,9 +173,8 @@ def _greet(server, libraries):
         return None
     ended = _stop(server)
     if ended == REFUSED:
-        return ("the warm server had more than one thread after importing %s (a library "
-                "starts one at import), and a process forks safely only with one (macOS "
-                "aborts such children; Python 3.12+ warns)" % libraries)
+        return ("the warm server had more than one thread after importing %s, and only "
+                "a single-threaded process forks safely" % libraries)
     if status == UNCHECKED:
         return ("the warm server could not import autosafe_torch to count its threads "
                 "after importing %s" % libraries)
