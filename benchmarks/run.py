@@ -264,6 +264,7 @@ FIGURES = {
     # Figures from other modules, one line each: a module of benchmarks/ with a
     # function returning a list of common.Row.
     "11": lambda: __import__("recovery").figures(),
+    "12": lambda: __import__("cv2_threads").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
 OPTIONAL = ("10",)

@@ -14,7 +14,7 @@ from autosafe_torch.remedies import cv2 as cv2_remedies
 from autosafe_torch.remedies.workerinit import steps_of, user_function
 from autosafe_torch.rules import Context
 from autosafe_torch.rules import cv2 as cv2_rules
-from support import logged, run_script
+from support import line_of, logged, run_script
 
 # Never import cv2 in this process: autosafe_torch is active here, and its
 # cv2 patch would set OPENCV_* for every later test's subprocess.
@@ -226,3 +226,59 @@ def test_cv2_threads_in_parent_then_resize_in_forked_workers(tmp_path, activatio
                    timeout=90)
     assert r.rc == 0, r
     assert r.batches
+
+
+AT_FORK_BODY = '''
+import os
+import cv2, numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+img = np.random.RandomState(0).rand(1500, 1500).astype(np.float32)
+cv2.GaussianBlur(img, (15, 15), 0)  # the parent's pool, running
+os.register_at_fork(before=lambda: print("AT FORK", cv2.getNumThreads(), flush=True))
+class Blur(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.from_numpy(cv2.GaussianBlur(img[i:i + 200, :200], (5, 5), 0))
+if __name__ == "__main__":
+    digest(DataLoader(Blur(), batch_size=4, num_workers=2), epochs=2)
+'''
+
+
+def test_fork_workers_inherit_a_quiet_pool(tmp_path):
+    """The seeds' hazard: a parent that ran a multi-threaded cv2 call, then fork
+    workers that call cv2. Without the shim each worker is forked from a
+    parent whose pool runs; with it, from one with no pool (CV401 at the
+    import: the only moment no other thread can be inside cv2, see the README),
+    and the batches are the same. (The hang itself does not reproduce with
+    OpenCV 5.0's pthreads backend: see the test above.)"""
+    plain = run_script(tmp_path, AT_FORK_BODY, start_method="fork", timeout=90)
+    shim = run_script(tmp_path, AT_FORK_BODY, start_method="fork", activation="import",
+                      timeout=90)
+    assert plain.rc == 0 and shim.rc == 0, shim
+    running = [int(l.split()[-1]) for l in plain.stdout.splitlines() if l.startswith("AT FORK")]
+    assert len(running) == 4 and min(running) > 1, plain  # two workers, two epochs
+    assert shim.stdout.count("AT FORK 1") == 4, shim
+    assert shim.batches == plain.batches
+
+
+def test_as_on_macos_the_program_keeps_opencv_s_threads(tmp_path):
+    """No worker is forked on macOS (nor Windows): the import leaves the
+    program's threads, OpenCL and environment as they were (with no workers,
+    OpenCV's threads are its only parallelism), and spawned workers still get
+    cv2.setNumThreads(0) and OpenCL off from their worker_init_fn step."""
+    body = WORKER_BODY.replace('for method in ("fork", "spawn", "forkserver"):',
+                               'for method in ("spawn",):').replace(
+        'print("PARENT", cv2.getNumThreads(), int(cv2.ocl.useOpenCL()))',
+        'import os\n    print("PARENT", cv2.getNumThreads(), int(cv2.ocl.useOpenCL()), '
+        'sorted(k for k in os.environ if k.startswith("OPENCV")))')
+    off = run_script(tmp_path, body)
+    on = run_script(tmp_path, body, activation="import", env={"AUTOSAFE_TORCH_AS": "macos"})
+    assert off.rc == 0 and on.rc == 0, on
+    parent = [l for l in off.stdout.splitlines() if l.startswith("PARENT")]
+    assert parent and parent[0] in on.stdout.splitlines() and "PARENT 1 " not in parent[0], on
+    assert "WORKER spawn [(1, 0)]" in on.stdout, on
+    import_line = "train.py:%d" % line_of(tmp_path, "import cv2")
+    sites = [r.site for r in logged(on.stderr, "CV401") + logged(on.stderr, "CV402")]
+    assert sites and import_line not in sites, on  # the loaders' lines only
+    assert on.batches == off.batches

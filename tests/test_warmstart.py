@@ -46,6 +46,19 @@ def reference(tmp_path_factory):
     return res
 
 
+def test_the_server_starts_ahead_for_a_repaired_loader_only(tmp_path, reference):
+    """Built a loader the ladder will repair for spawn, the warm server starts at
+    once, in a thread of its own (the main thread goes on with the program's
+    setup), and runs before the first iterator, with the batches of spawn. A
+    healthy spawn loader starts nothing."""
+    warm = run(tmp_path, "legacy", args=("--ahead",))
+    assert warm.rc == 0 and "AHEAD True True" in warm.stdout, warm
+    assert warm.batches == reference.batches and started_by(warm) == ["server"], warm
+    healthy = run(tmp_path, "healthy", args=("--ahead",))
+    assert healthy.rc == 0 and "AHEAD False False" in healthy.stdout, healthy
+    assert healthy.batches == reference.batches and started_by(healthy) == ["parent"]
+
+
 def test_unrepaired_legacy_loader_fails_under_spawn(tmp_path):
     res = run(tmp_path, "legacy", shim=False)
     assert res.rc != 0 and "cannot pickle" in res.stderr, res

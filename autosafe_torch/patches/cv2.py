@@ -1,4 +1,5 @@
-"""``import cv2``: threads and OpenCL off in this process and its children.
+"""``import cv2``: threads and OpenCL off in this process and its children
+where DataLoader workers may be forked (Linux: rules/cv2.py).
 
 Applied by the import hook once the outermost ``import cv2`` has finished
 (opencv's ``cv2/__init__.py`` re-imports its native module under the name
@@ -22,6 +23,7 @@ import functools
 import os
 
 from .. import engine
+from ..facts import Facts
 from ..inspection import holdings
 from ..rules import Context
 
@@ -38,7 +40,8 @@ def import_site():
 
 def findings(cv2, environ=None):
     """CV401 and CV402 for this process, as the rules see them now."""
-    ctx = Context(None, cv2=cv2, environ=os.environ if environ is None else environ)
+    # The platform the rules see (rehearsal included); nothing here imports torch.
+    ctx = Context(Facts(), cv2=cv2, environ=os.environ if environ is None else environ)
     return engine.run_checks("cv2.import", {}, ctx)[0]
 
 

@@ -7,10 +7,11 @@ forked has been the classic cause of workers that hang in ``cv2.resize``.
 The fix everyone applies by hand: ``cv2.setNumThreads(0)`` and
 ``cv2.ocl.setUseOpenCL(False)``.
 
-Each rule checks at two hooks. At the cv2 import (``cv2.import``): the
-setting in this process, and an environment variable for processes started
-later (spawn and forkserver workers import cv2 afresh, and setting it in the
-parent does not reach them). At every loader with workers
+Each rule checks at two hooks. At the cv2 import (``cv2.import``), where
+workers may be forked from this process (Linux): the setting in this
+process, and an environment variable for processes started later (spawn
+and forkserver workers import cv2 afresh, and setting it in the parent does
+not reach them); elsewhere this process keeps its own (``_workers_may_fork``). At every loader with workers
 (``dataloader.init``): a picklable ``worker_init_fn`` step that makes the
 setting in the worker, before the user's own ``worker_init_fn`` (it covers a
 forkserver started before cv2 was imported).
@@ -29,12 +30,15 @@ GROUP = "cv2"
 
 
 @rule("CV401", "cv2-threads", GROUP,
-      "cv2 imported: cv2.setNumThreads(0) in the parent and in every DataLoader worker",
+      "cv2 imported: cv2.setNumThreads(0) in every DataLoader worker, and in the parent "
+      "where workers may be forked (Linux)",
       "DataLoader workers that hang in cv2 calls after fork; workers x OpenCV "
       "threads oversubscribing the CPUs",
       "call cv2.setNumThreads(0) at import and in worker_init_fn",
       at="cv2.import")
 def cv2_threads(args, ctx):
+    if not _workers_may_fork(ctx):
+        return None
     threads = ctx.cv2.getNumThreads()
     return _in_this_process(cv2_threads, ctx, cv2_remedies.ENV_THREADS, "threads", threads,
                             0, "OpenCV's thread pool in a process that forks DataLoader "
@@ -42,16 +46,33 @@ def cv2_threads(args, ctx):
 
 
 @rule("CV402", "cv2-opencl", GROUP,
-      "cv2 imported: OpenCL off in the parent and in every DataLoader worker",
+      "cv2 imported: OpenCL off in every DataLoader worker, and in the parent where "
+      "workers may be forked (Linux)",
       "the same hangs, and every worker contending for the GPU through OpenCL",
       "call cv2.ocl.setUseOpenCL(False) at import and in worker_init_fn",
       at="cv2.import")
 def cv2_opencl(args, ctx):
+    if not _workers_may_fork(ctx):
+        return None
     ocl = getattr(ctx.cv2, "ocl", None)
     opencl = bool(ocl.useOpenCL()) if ocl is not None else False
     return _in_this_process(cv2_opencl, ctx, cv2_remedies.ENV_OPENCL, "opencl", opencl,
                             False, "OpenCL off in this process",
                             "cv2.ocl.setUseOpenCL(False)", cv2_remedies.opencl_off)
+
+
+def _workers_may_fork(ctx):
+    """Whether DataLoader workers may be forked from this process: on Linux
+    (fork, or the ladder's fork rung). There the pool is stopped at the import,
+    the one moment no other thread of the program can be inside cv2 (changing
+    OpenCV's thread count while another thread runs a cv2 call kills the
+    process: figure 12b), and kept stopped. On macOS and Windows workers are
+    spawned (macOS forks a process only while it has one thread, which a
+    running pool would not leave it): the program keeps OpenCV's threads,
+    its only parallelism where it loads in the main process (figure 12a)."""
+    from .workers import SAFE_FORK_PLATFORMS
+
+    return ctx.facts is None or ctx.facts.platform in SAFE_FORK_PLATFORMS
 
 
 def _in_this_process(check, ctx, env_pair, setting, now, wanted, why, strategy, remedy):

@@ -1,6 +1,6 @@
 """A loader over two epochs, reporting everything its workers can observe.
 
-Run: python loader.py KIND [--env-change] [--die]. KIND ``legacy`` holds an
+Run: python loader.py KIND [--env-change] [--die] [--ahead]. KIND ``legacy`` holds an
 open file (it does not pickle: DL201 repairs it under spawn); ``healthy``
 opens its file per fetch. Each sample carries its bytes, draws from torch's,
 Python's and numpy's global generators, the worker's info and seed, the
@@ -14,6 +14,9 @@ and an environment variable. Prints:
   level appends one line each time it is imported: here, and in every
   worker that imports it as spawn does).
 
+``--ahead`` prints ``AHEAD <starting> <running>`` just after the loader is
+built: whether the warm server (DL209) is being started ahead, in a thread
+of its own, and whether it then runs before the first iterator.
 ``--env-change`` sets SCENARIO_EPOCH before each epoch (the workers read
 it); ``--die`` prints ``WORKERS <pids>`` mid-epoch and kills this process
 with SIGKILL.
@@ -63,6 +66,22 @@ class Samples(Dataset):
                 else "server", "pid": os.getpid()}
 
 
+def report_ahead():
+    """``AHEAD <starting> <running>``, just after DataLoader(...): whether a thread
+    of autosafe_torch is starting the warm server now, and (after waiting for
+    it) whether the server runs, before the first iterator."""
+    import threading
+
+    from autosafe_torch.remedies import warmstart
+
+    starting = [t for t in threading.enumerate() if t.name == "autosafe_torch warm start"]
+    for t in starting:
+        t.join(60)
+    server = warmstart._state["server"]
+    running = server is not None and server._forkserver_pid is not None
+    print("AHEAD", bool(starting), running, flush=True)
+
+
 def main(argv):
     kind = argv[0]
     with open(DATA, "wb") as f:
@@ -70,6 +89,8 @@ def main(argv):
     os.environ["SCENARIO_PARENT"] = str(os.getpid())
     torch.manual_seed(0)
     loader = DataLoader(Samples(kind == "legacy"), batch_size=4, num_workers=2, shuffle=True)
+    if "--ahead" in argv:
+        report_ahead()
     h, started_by = hashlib.sha256(), set()
     for epoch in range(2):
         if "--env-change" in argv:
