@@ -192,5 +192,4 @@ def _may_spawn(loader):
     ladder moves it away (macOS, CUDA initialised). Cheap: no probe."""
     method = facts.effective_start_method(loader.multiprocessing_context)
     return method == "spawn" or method == "fork" and (
-        facts.current(loader.multiprocessing_context).platform == "darwin"
-        or facts.cuda_initialized())
+        facts.Facts().platform == "darwin" or facts.cuda_initialized())
