@@ -328,7 +328,7 @@ savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster).
    AUTOSAFE_TORCH=1, with and without `AUTOSAFE_TORCH_DISABLE=cv2`.
 11. Recovery (benchmarks/recovery.py, issue 13), in one child: (a) 2 persistent fork
    workers, trivial batches, epochs alternating between watched and unwatched
-   (DL210-DL214 disabled); (b) the watch's per-batch work timed alone, as % of that
+   (DL210-DL216 disabled); (b) the watch's per-batch work timed alone, as % of that
    batch; (c) an epoch with worker 1 SIGKILLed after batch 3 minus the same epoch
    unharmed, pairs alternating.
 
