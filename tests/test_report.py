@@ -21,7 +21,7 @@ import pytest
 
 from autosafe_torch import engine, report
 from autosafe_torch.rules import RULES, brief, load_all
-from support import (ROOT, PLATFORM_SIM, clean_env, line_of, logged, run_script,
+from support import (ROOT, PLATFORM_SIM, cannot_pickle, clean_env, line_of, logged, run_script,
                      unreadable_lines)
 
 EXAMPLES = ROOT / "examples"
@@ -41,7 +41,7 @@ def test_the_demo_says_what_was_done_to_what_in_two_lines(tmp_path):
     plain = subprocess.run([sys.executable, str(EXAMPLES / "as_on_macos.py"),
                             str(EXAMPLES / "legacy_file_dataset.py")], env=clean_env(),
                            capture_output=True, text=True, timeout=180)
-    assert plain.returncode != 0 and "cannot pickle '_io.BufferedReader'" in plain.stderr
+    assert plain.returncode != 0 and re.search(cannot_pickle("BufferedReader"), plain.stderr)
     log = tmp_path / "run.jsonl"
     proc = _demo(tmp_path, "--log-file", str(log))
     assert proc.returncode == 0 and "read 8 batches" in proc.stdout, proc.stderr
@@ -74,9 +74,9 @@ def test_debug_adds_the_details_below_the_record(tmp_path):
     assert debug.returncode == 0, debug.stderr
     assert len(debug.stderr.splitlines()) > quiet_lines
     for detail in ("  strategy: repair: reopen read-only files by path in each worker",
-                   "  strategy: warm forkserver", "  before: {'file': 'dataset.file'}",
-                   "  why: cannot pickle '_io.BufferedReader' object"):
+                   "  strategy: warm forkserver", "  before: {'file': 'dataset.file'}"):
         assert detail in debug.stderr, debug.stderr
+    assert re.search("  why: " + cannot_pickle("BufferedReader"), debug.stderr), debug.stderr
 
 
 def _said(caplog):
@@ -182,16 +182,17 @@ def _warnings(stderr):
 
 
 def test_torch_s_worker_count_warning_points_where_it_points_without_the_shim(tmp_path):
-    """16 workers on 1 usable CPU: torch warns at construction and at the start of
-    iteration, naming its own lines (stacklevel=2); once each, by its registry."""
+    """16 workers on 1 usable CPU: torch warns (torch 2.13: at construction and at
+    the start of iteration) naming its own lines (stacklevel=2), once each, by
+    its registry: the same lines with the shim."""
     env = {"AUTOSAFE_TEST_CPUS": "1"}
     plain = run_script(tmp_path, MANY_WORKERS, env=env, start_method="fork")
     shimmed = run_script(tmp_path, MANY_WORKERS, env=env, start_method="fork",
                          activation="env")
     assert plain.rc == 0 and shimmed.rc == 0, (plain, shimmed)
-    warned = _warnings(plain.stderr)
-    assert len(warned) == 2 and all("This DataLoader will create 16 worker processes" in w
-                                    and "torch/utils/data/dataloader.py" in w for w in warned)
+    warned = _warnings(plain.stderr)  # twice on torch 2.13 (construction, iteration), once on 2.8
+    assert warned and all("This DataLoader will create 16 worker processes" in w
+                          and "torch/utils/data/dataloader.py" in w for w in warned), plain
     assert _warnings(shimmed.stderr) == warned, shimmed
     assert "autosafe_torch" not in shimmed.stderr and shimmed.batches == plain.batches
 

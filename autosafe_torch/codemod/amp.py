@@ -56,11 +56,21 @@ def _targets(source, line):
              for call in source.calls_at(line, names)]
     for decorator in source.nodes(cst.Decorator):
         expression = decorator.decorator
-        if not isinstance(expression, cst.Call) and source.lines(decorator)[0] == line:
+        if not isinstance(expression, cst.Call) and line in _decorator_lines(source, decorator):
             qualified = source.qualified(expression) & set(LEGACY)
             if qualified:
                 found.append((decorator, qualified.pop()))
     return found
+
+
+def _decorator_lines(source, decorator):
+    """The lines Python names for a bare decorator's call: its own (3.10 and
+    later), or that of the ``def`` it decorates (3.9)."""
+    lines = {source.lines(decorator)[0]}
+    name = getattr(source.parent(decorator), "name", None)
+    if name is not None:
+        lines.add(source.lines(name)[0])
+    return lines
 
 
 def rewrite(source, records):
