@@ -38,7 +38,7 @@ import threading
 import types
 from multiprocessing import context as _mp_context
 
-__all__ = ["warm_context", "preload", "libraries_for", "exit_with_parent"]
+__all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
 
 _lock = threading.Lock()    # the server's state; held while a new server starts
 _names_lock = threading.Lock()  # the preload list and the contexts: never held for long
@@ -53,9 +53,13 @@ _noted = set()
 # -- what the server preloads -------------------------------------------------------
 
 def _install_dirs():
+    """This interpreter's library directories, and every site directory on
+    sys.path (one a ``.pth`` file or a parent environment adds)."""
     paths = sysconfig.get_paths()
-    return tuple(os.path.realpath(paths[k]) + os.sep
-                 for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths)
+    dirs = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
+    dirs += [p for p in sys.path
+             if isinstance(p, str) and os.path.basename(p) in ("site-packages", "dist-packages")]
+    return tuple(os.path.realpath(d) + os.sep for d in dirs)
 
 
 def _installed(name):
@@ -133,11 +137,11 @@ def _server():
         server.ensure_running()  # restarts a server that died
         if server._forkserver_pid != before:
             _state["started_with"] = now
-            refused = _greet(server, ", ".join(libraries) or "nothing")
+            refused = _greet(server, named(libraries, most=2))
             if refused is None:
                 return server
             _state.update(cold=True, server=None)
-            _note(refused + ": workers start by plain spawn from now on")
+            _note("workers start by plain spawn from now on: " + refused)
             return None
     changed = [k for k, v in _state["started_with"].items() if now[k] != v]
     if changed:
@@ -145,6 +149,21 @@ def _server():
               "plain spawn" % " and ".join(changed))
         return None
     return server
+
+
+def named(libraries, most=3):
+    """``libraries`` as one short line names them: ``threadlib, torch and 1
+    more`` for torch, numpy, threadlib, torch.utils.data._utils.collate,
+    functools. Top-level packages, the standard library left out, others'
+    before torch's and numpy's (the news for the reader), ``most`` at most."""
+    tops = []
+    for name in libraries:
+        top = name.partition(".")[0]
+        if top not in tops and top not in getattr(sys, "stdlib_module_names", ()):
+            tops.append(top)
+    tops.sort(key=lambda top: top in ("torch", "numpy", "cv2"))
+    more = len(tops) - most
+    return (", ".join(tops[:most]) or "nothing") + (" and %d more" % more if more > 0 else "")
 
 
 def _greet(server, libraries):
@@ -173,8 +192,8 @@ def _greet(server, libraries):
         return None
     ended = _stop(server)
     if ended == REFUSED:
-        return ("the warm server had more than one thread after importing %s, and only "
-                "a single-threaded process forks safely" % libraries)
+        return ("the warm server had more than one thread after importing %s "
+                "(unsafe to fork)" % libraries)
     if status == UNCHECKED:
         return ("the warm server could not import autosafe_torch to count its threads "
                 "after importing %s" % libraries)
@@ -219,7 +238,7 @@ def _start_quietly():
     try:
         _server()
     except Exception as exc:  # fails open: the loader's first iterator tries again
-        _note("the warm server could not start ahead (%s: %s)" % (type(exc).__name__, exc))
+        _note("the warm server could not start ahead (%s)" % _failure(exc))
 
 
 class _ThroughServer:
@@ -286,8 +305,8 @@ def _popen(process_obj):
             return popen(process_obj)
     except Exception as exc:
         _state["cold"] = True
-        _note("the warm server failed (%s: %s): workers start by plain spawn from now on"
-              % (type(exc).__name__, exc))
+        _note("workers start by plain spawn from now on: the warm server failed (%s)"
+              % _failure(exc))
     return popen_spawn_posix.Popen(process_obj)
 
 
@@ -311,6 +330,13 @@ def _exit_when_ready(sentinel):
 
     wait([sentinel])
     os._exit(1)
+
+
+def _failure(exc):
+    """An exception as one short clause of a note (its details: DEBUG's traceback)."""
+    from ..report import clip
+
+    return clip("%s: %s" % (type(exc).__name__, exc), 80)
 
 
 def _note(message):

@@ -76,15 +76,5 @@ def warm_worker_start(args, ctx):
         "spawn workers would import %s again every epoch; a server that imported them "
         "once forks each worker, which then starts as spawn does" % ", ".join(libraries),
         strategy="warm forkserver", remedies=[lambda args: warmstart.preload(libraries)],
-        done="workers start warm, from a fork server with %s imported" % ", ".join(
-            _packages(libraries)))
-
-
-def _packages(modules):
-    """``torch, numpy`` for torch, numpy, torch.utils.data._utils.collate."""
-    names = []
-    for module in modules:
-        name = module.split(".")[0]
-        if name not in names:
-            names.append(name)
-    return names
+        done="workers start warm, from a fork server with %s imported"
+             % warmstart.named(libraries))
