@@ -251,12 +251,21 @@ def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_arg
     return Result(proc)
 
 
+def site_dirs():
+    """Where this Python finds its installed packages (torch): its own
+    site-packages, then those a ``--system-site-packages`` venv adds."""
+    import sysconfig
+
+    dirs = [sysconfig.get_paths()["purelib"]]
+    dirs += [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")
+             and p not in dirs]
+    return dirs
+
+
 def venv_with(root, modules):
     """A virtual environment under ``root`` that sees this one's packages (torch,
     autosafe_torch) and has ``modules`` ({file name: source}) installed in its own
     site-packages, where an installed library lies; its python."""
-    import sysconfig
-
     venv = Path(root) / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -265,7 +274,7 @@ def venv_with(root, modules):
                                capture_output=True, text=True).stdout.strip())
     # As --system-site-packages would, but for this environment's packages.
     (site / "_this_venv.pth").write_text(
-        "import site; site.addsitedir(%r)\n" % sysconfig.get_paths()["purelib"])
+        "".join("import site; site.addsitedir(%r)\n" % d for d in site_dirs()))
     for name, source in modules.items():
         (site / name).write_text(textwrap.dedent(source))
     return python

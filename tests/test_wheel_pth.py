@@ -9,13 +9,12 @@ wheel's, which the test checks.
 
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from support import ROOT, clean_env
+from support import ROOT, clean_env, site_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +45,7 @@ def venv(tmp_path_factory):
     purelib = Path(subprocess.check_output(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         text=True).strip())
-    (purelib / "zz_reuse_base_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (purelib / "zz_reuse_base_torch.pth").write_text("".join(d + "\n" for d in site_dirs()))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
                     "--target", str(purelib), str(wheel)], check=True, capture_output=True,
                    timeout=300)
