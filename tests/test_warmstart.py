@@ -174,3 +174,14 @@ def test_only_installed_libraries_are_preloaded():
     names = warmstart.libraries_for([Local(), None, torch.utils.data.default_collate])
     assert "torch" in names and "torch.utils.data._utils.collate" in names
     assert __name__ not in names and "__main__" not in names
+
+
+def test_the_server_libraries_are_named_in_a_few_words():
+    """A log line names the packages, not every module the server imports:
+    the standard library left out, the news (not torch) first."""
+    from autosafe_torch.remedies import warmstart
+
+    imported = ["torch", "numpy", "threadlib", "torch.utils.data._utils.collate", "functools"]
+    assert warmstart.named(imported, most=2) == "threadlib, torch and 1 more"
+    assert warmstart.named(imported) == "threadlib, torch, numpy"
+    assert warmstart.named([]) == "nothing"

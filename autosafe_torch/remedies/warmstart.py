@@ -159,11 +159,23 @@ def named(libraries, most=3):
     tops = []
     for name in libraries:
         top = name.partition(".")[0]
-        if top not in tops and top not in getattr(sys, "stdlib_module_names", ()):
+        if top not in tops and not _in_stdlib(top):
             tops.append(top)
     tops.sort(key=lambda top: top in ("torch", "numpy", "cv2"))
     more = len(tops) - most
     return (", ".join(tops[:most]) or "nothing") + (" and %d more" % more if more > 0 else "")
+
+
+def _in_stdlib(name):
+    names = getattr(sys, "stdlib_module_names", None)  # Python 3.10+
+    if names is not None:
+        return name in names
+    path = getattr(sys.modules.get(name), "__file__", None)
+    if path is None:
+        return name in sys.builtin_module_names
+    path = os.path.realpath(path)
+    return (path.startswith(os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep)
+            and "site-packages" not in path)
 
 
 def _greet(server, libraries):
@@ -333,7 +345,7 @@ def _exit_when_ready(sentinel):
 
 
 def _failure(exc):
-    """An exception as one short clause of a note (its details: DEBUG's traceback)."""
+    """An exception as one short clause of a note: a line, never a traceback."""
     from ..report import clip
 
     return clip("%s: %s" % (type(exc).__name__, exc), 80)
