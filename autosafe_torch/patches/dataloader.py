@@ -179,8 +179,10 @@ def _warm_ahead(loader, frame):
     a loader that forks, or one that needs no repair, starts nothing."""
     if not loader.num_workers or CONFIG.mode != "fix" or not _may_spawn(loader):
         return
+    from ..inspection.probe import probe_loader_parts
+
     if facts.effective_start_method(loader.multiprocessing_context) == "spawn" \
-            and _pickles_as_it_is(loader):
+            and not probe_loader_parts(loader.dataset, loader.collate_fn, loader.worker_init_fn):
         return  # a healthy spawn loader: no repair, no warm start (the common case, cheap)
     _values, found, work = _plan_workers(loader, frame)
     if any(f.rule.code == "DL209" and f.strategy == "warm forkserver" for f in found):
@@ -188,13 +190,6 @@ def _warm_ahead(loader, frame):
 
         warmstart.start_ahead(warmstart.libraries_for(
             [work["dataset"], work["collate_fn"], work["worker_init_fn"]]))
-
-
-def _pickles_as_it_is(loader):
-    from ..inspection.probe import probe
-
-    return all(probe(getattr(loader, name), name).ok for name in
-               ("dataset", "collate_fn", "worker_init_fn") if getattr(loader, name) is not None)
 
 
 def _may_spawn(loader):
