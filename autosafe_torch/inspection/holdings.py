@@ -228,10 +228,7 @@ def is_native_handle(obj):
 def is_file_object(obj):
     if is_a(obj, io.IOBase):
         return not is_a(obj, (io.BytesIO, io.StringIO))
-    h5 = h5py_types()
-    if h5 and is_a(obj, h5):
-        return True
-    if fork_unsafe(obj) is not None:
+    if is_native_handle(obj):
         return True
     socket = sys.modules.get("socket")
     return socket is not None and is_a(obj, socket.socket)
