@@ -79,7 +79,7 @@ def _recovered(check, kind, ctx):
     elif failure.note:
         why += " (%s)" % failure.note
     done = "%s; resumed at batch %d (%s%s)" % (
-        failure.what().replace(",,", ",").rstrip(","), failure.batch, ctx.rung,
+        failure.what(), failure.batch, ctx.rung,
         "" if ctx.exact is None else ", not exact")
     return check.rule.finding(failure.before(ctx.first_rung), why=why, strategy=ctx.rung,
                               state={"rung": ctx.rung}, done=done)
