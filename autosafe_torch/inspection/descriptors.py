@@ -77,15 +77,6 @@ def descriptor_of(obj):
     return None
 
 
-def _kernel_holder(obj):
-    """Objects whose descriptor is asked for, and that are not entered."""
-    return descriptor_of(obj) is not None
-
-
-def _stop(obj):
-    return _kernel_holder(obj) or stop_at_threading(obj)
-
-
 def _describe_fd(fd):
     """``(access, regular, dev, ino, name)`` of an open descriptor, or None."""
     try:
@@ -141,12 +132,22 @@ def find_descriptors(parts, items=None):
     dataset, collate_fn and worker_init_fn), each once (the first path that
     reaches it), in walk order. ``items``: look at that many items of each
     container (``objwalk.SAMPLE_ITEMS`` to decide; None to act)."""
-    found, seen = [], set()
+    found, seen, held = [], set(), {}
+
+    def stop(obj):
+        """A kernel-level holder (its descriptor kept for the loop below) or a
+        lock, thread or logger: reported, never entered."""
+        fd = descriptor_of(obj)
+        if fd is not None:
+            held[id(obj)] = fd
+            return True
+        return stop_at_threading(obj)
+
     for name, part in parts.items():
         if part is None:
             continue
-        for here, obj, _edge in objwalk.walk(part, name, stop=_stop, items=items):
-            fd = descriptor_of(obj)
+        for here, obj, _edge in objwalk.walk(part, name, stop=stop, items=items):
+            fd = held.get(id(obj))
             if fd is None or fd in seen:
                 continue
             seen.add(fd)
