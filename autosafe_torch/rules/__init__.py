@@ -173,7 +173,12 @@ def brief(value):
             return name
     except Exception:
         pass
-    return ("an " if kind[:1].lower() in "aeiou" else "a ") + kind
+    return a_or_an(kind)
+
+
+def a_or_an(noun):
+    """``an lmdb environment``, ``a thread pool``."""
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
 def what_is(value):
@@ -195,7 +200,7 @@ def what_is(value):
             return "a " + thing
         handle = holdings.fork_unsafe(value)
         if handle is not None:
-            return ("an " if handle[0] in "aeiou" else "a ") + handle
+            return a_or_an(handle)
         if type(value).__name__ == "Connection" and "sqlite" in type(value).__module__:
             return "a sqlite connection"
         h5 = holdings.h5py_types()

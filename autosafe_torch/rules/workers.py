@@ -253,14 +253,12 @@ def fork_plan(args, ctx):
     from ..inspection import holdings, objwalk
     from ..remedies import isolation
 
-    key = tuple(id(args[name]) for name in PARTS)
-    cache = ctx.__dict__.setdefault("fork_plans", {})
-    if key not in cache:
+    def make():
         if holdings.reopens_per_process(args["dataset"]):
-            cache[key] = isolation.ForkPlan()
-        else:
-            cache[key] = isolation.plan(isolation.parts_of(args), items=objwalk.SAMPLE_ITEMS)
-    return cache[key]
+            return isolation.ForkPlan()
+        return isolation.plan(isolation.parts_of(args), items=objwalk.SAMPLE_ITEMS)
+
+    return _per_parts(ctx, "fork_plans", args, make)
 
 
 def _forking(args):
@@ -432,10 +430,17 @@ MAX_REPAIRS = 16  # one failure is found per probe; a dataset has few kinds
 def pickling_plan(args, ctx):
     """The ``PicklingPlan`` for ``args``, cached on ``ctx`` (planning installs
     nothing: the probe tries the planned reducers without registering them)."""
-    key = tuple(id(args[name]) for name in PARTS)
-    cache = ctx.__dict__.setdefault("pickling_plans", {})
+    return _per_parts(ctx, "pickling_plans", args,
+                      lambda: _plan_pickling({name: args[name] for name in PARTS}))
+
+
+def _per_parts(ctx, name, args, make):
+    """``make()``, once per check context ``ctx`` and loader parts (by identity),
+    kept in ``ctx`` under ``name``: the checks of one iteration share a plan."""
+    key = tuple(id(args[part]) for part in PARTS)
+    cache = ctx.__dict__.setdefault(name, {})
     if key not in cache:
-        cache[key] = _plan_pickling({name: args[name] for name in PARTS})
+        cache[key] = make()
     return cache[key]
 
 
