@@ -6,6 +6,8 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 # pytest-xdist processes for `make test` and `make heavy` (0: serial).
 TEST_JOBS ?= 2
+# What `make test` runs; the compat targets run the same.
+SUITE = not gpu and not integration and not heavy
 INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 
 .PHONY: install-test test heavy demo bench readme integration
@@ -14,7 +16,7 @@ install-test:
 	$(INSTALL) ".[test]"
 
 test: install-test
-	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "not gpu and not integration and not heavy" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "$(SUITE)" $(PYTEST_ARGS)
 
 # Every scenario under every start method and rehearsed platform: `make test`
 # runs each scenario once, the start method rotating, to stay under 10 minutes
@@ -60,7 +62,6 @@ compat: $(COMPAT_STAMP)
 	$(COMPAT_PYTHON) -c "import torch, numpy; print('compat: torch', torch.__version__, 'numpy', numpy.__version__)"
 	$(COMPAT_PYTHON) -m pytest -m "$(SUITE)" $(PYTEST_ARGS)
 
-SUITE = not gpu and not integration and not heavy
 VERSIONS = import sys, torch, numpy; print('Python', sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__)
 
 # `make compat-python`: the same suite on CPython 3.9 and 3.13 (pyenv's builds), each in
