@@ -37,6 +37,10 @@ def __getattr__(name):
         from .engine import UnsafeCallError
 
         return UnsafeCallError
+    if name == "NoExactRung":
+        from .errors import NoExactRung
+
+        return NoExactRung
     raise AttributeError(name)
 
 

@@ -12,7 +12,7 @@ import sys
 from .config import CONFIG, ENV_SWITCH, switch_state
 from .importhook import PostImportFinder
 
-_state = {"finder": None, "set_switch": False}
+_state = {"finder": None, "set_switch": False, "fork_hook": False}
 
 
 def _hook_error(where, exc):
@@ -52,6 +52,7 @@ def activate(source="import"):
     finder.install()
     for name in TARGETS:
         finder.register(name, _on_import(name))
+    _register_fork_hook()
     try:
         from . import rehearsal
 
@@ -66,6 +67,29 @@ def activate(source="import"):
         log(logging.INFO, "activated after %s was imported (%s); objects created "
             "before now were not checked", " and ".join(late), source)
     return True
+
+
+def _register_fork_hook():
+    """In a fork server (multiprocessing's forkserver, or DL209's warm one),
+    each child gets a description of its own of every file the server reads
+    (``remedies/isolation.py``), as it forks: before anything runs there.
+    Registered once per process; costs a lookup per fork elsewhere."""
+    if _state["fork_hook"] or not hasattr(os, "register_at_fork"):
+        return
+    _state["fork_hook"] = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _after_fork_in_child():
+    if "multiprocessing.forkserver" not in sys.modules or _state["finder"] is None \
+            or CONFIG.mode != "fix" or not CONFIG.rule_enabled("DL207", "dataloader"):
+        return
+    try:
+        from .remedies import isolation
+
+        isolation.after_fork_in_server_child()
+    except Exception:
+        pass  # never break a fork
 
 
 def deactivate():

@@ -56,6 +56,18 @@ def settle(findings, call_site, args=None):
     In fix mode the remedies run here, in order, with ``args`` (the working
     arguments); a remedy's returned changes are merged into ``args``.
     """
+    applied, made = settle_later(findings, call_site, args)
+    for intervention in made:
+        record_outcome(intervention)
+    return applied
+
+
+def settle_later(findings, call_site, args=None):
+    """``settle``, but in fix mode the records are returned, not made:
+    ``(applied, interventions)``. For findings whose remedy acts in the
+    workers, recorded once it held there (``record_outcome``): a record
+    states an outcome, never a plan. Warn and strict mode record (or
+    raise) now, as ``settle`` does, and return no records."""
     actions = [f for f in findings if not f.is_advice]
     if actions and CONFIG.mode == "strict":
         raise UnsafeCallError(actions[0], call_site)
@@ -75,8 +87,21 @@ def settle(findings, call_site, args=None):
                 changed = remedy(args)
                 if changed and args is not None:
                     args.update(changed)
-        record(intervention)
-    return fixing and bool(actions)
+    if not fixing:
+        for intervention in made:
+            record(intervention)
+        return False, []
+    return bool(actions), made
+
+
+def record_outcome(intervention, failed=None):
+    """Record ``intervention`` (from ``settle_later``) now that its remedy ran:
+    as fixed, or, given why (``failed``), as a fix that did not hold."""
+    from .report import record
+
+    if failed is not None:
+        intervention.failed(failed)
+    return record(intervention)
 
 
 def _join_clauses(findings, made):

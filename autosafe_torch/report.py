@@ -85,6 +85,14 @@ class Intervention:
         self.clauses = []   # interventions said on this one's line (DL209 on DL201's)
         self.said = False   # said on another's line
 
+    def failed(self, why):
+        """This fix did not hold (a remedy a worker could not apply, a start
+        that came out otherwise): the record says so, and what happened."""
+        self.action = "failed"
+        self.why = "%s; it was to be: %s" % (why, self.done)
+        self.done = "did not hold: " + why
+        self.clauses = []
+
     def as_dict(self):
         out = {name: getattr(self, name) for name in JSON_FIELDS}
         for name in JSON_OPTIONAL_FIELDS:
@@ -309,6 +317,8 @@ def clear():
 
 def internal_error(where, exc):
     """An error of ours: log it once per place, traceback under DEBUG."""
+    from .inspection.failures import exception_text
+
     key = (where, type(exc).__name__)
     if key in _errors_logged:
         return
@@ -316,7 +326,7 @@ def internal_error(where, exc):
     try:
         log(logging.ERROR, "internal error in %s (%s: %s); the original call ran "
             "unchanged\n  please report it; AUTOSAFE_TORCH_DEBUG=1 shows the traceback",
-            where, type(exc).__name__, clip(without_addresses(str(exc)), 100))
+            where, type(exc).__name__, clip(without_addresses(exception_text(exc)), 100))
         if CONFIG.debug:
             logger.error("traceback", exc_info=(type(exc), exc, exc.__traceback__))
     except Exception:
@@ -332,7 +342,8 @@ def _arm_summary():
     atexit.register(_summary)
 
 
-VERBS = (("fixed", "fixed"), ("would-fix", "would fix"), ("advised", "advised"))
+VERBS = (("fixed", "fixed"), ("failed", "did not hold"), ("would-fix", "would fix"),
+         ("advised", "advised"))
 
 
 def summary_line():

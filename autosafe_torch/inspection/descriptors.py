@@ -1,11 +1,18 @@
-"""The file descriptors a loader's parts reach: what forked workers share.
+"""The file descriptors a process holds, and those a loader's parts reach.
 
 A forked worker inherits every descriptor of its parent with the same open
 file description, and so the same file offset: a dataset that seeks and
-reads a file opened in ``__init__`` reads its siblings' bytes. Which object
-holds the descriptor does not matter (a plain file, a GzipFile, a ZipFile,
-a TarFile, numpy's NpzFile, a user's wrapper), so this module knows no
-library's types: one general mechanism, the descriptor.
+reads a file opened in ``__init__`` reads its siblings' bytes. Who holds
+the descriptor does not matter, and often no object shows it: a raw
+``os.open()`` int, a closure cell, a ``functools.partial``, a weak proxy, a
+C iterator (``csv.reader``), a C library (libsndfile). So the hazard is
+read where it lives, in the kernel (``open_files``: every regular file this
+process holds, from ``/proc/self/fd``, or ``/dev/fd`` on macOS), and the
+remedy acts there (``remedies/isolation.py``).
+
+The object walk (``find_descriptors``) stays for naming: which of those
+descriptors the dataset reaches, and by which attribute path, so that the
+log says ``dataset.fh`` rather than ``fd 5``.
 
 - The kernel-level holders are asked for their descriptor, in C only:
   ``io.FileIO`` and ``socket.socket`` (``fileno()``), and the C wrappers
@@ -154,4 +161,108 @@ def find_descriptors(parts, items=None):
             described = _describe_fd(fd)
             if described is not None:
                 found.append(HeldDescriptor(here, fd, *described))
+    return found
+
+
+# -- what the kernel says the process holds -------------------------------------
+
+
+class OpenFile:
+    """A regular file this process holds open, as the kernel sees it: the
+    descriptor ``fd``, which file (``dev``, ``ino``), the status ``flags``
+    (access mode, ``O_APPEND``...), the ``offset`` now, and a ``name`` to
+    show. ``private``: whether each worker gets a description of its own
+    (open for reading); one only written stays shared, as a forked worker's
+    writes land where the others' do (a log: every line arrives)."""
+
+    __slots__ = ("fd", "dev", "ino", "flags", "offset", "name")
+
+    def __init__(self, fd, dev, ino, flags, offset, name):
+        self.fd = fd
+        self.dev = dev
+        self.ino = ino
+        self.flags = flags
+        self.offset = offset
+        self.name = name
+
+    @property
+    def private(self):
+        return self.flags & os.O_ACCMODE in (os.O_RDONLY, os.O_RDWR)
+
+    def describe(self):
+        return "%s (fd %d)" % (self.name, self.fd)
+
+    def __repr__(self):
+        return "OpenFile(%s, flags=%#o, offset=%d)" % (self.describe(), self.flags, self.offset)
+
+
+FD_DIRS = ("/proc/self/fd", "/dev/fd")  # Linux, then macOS and the BSDs
+STDIO = 3  # 0, 1 and 2 are the terminal's or the launcher's: never touched
+
+
+def _fd_numbers():
+    for directory in FD_DIRS:
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        return sorted(int(n) for n in names if n.isdigit())
+    return []
+
+
+def _shared_memory_devices():
+    """The devices of torch's shared memory (``/dev/shm``): its segments are
+    handed between processes on purpose, never given copies."""
+    devices = set()
+    try:
+        devices.add(os.stat("/dev/shm").st_dev)
+    except OSError:
+        pass
+    return devices
+
+
+def _link(fd):
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
+
+
+def describe_open(fd, shm_devices=None):
+    """The ``OpenFile`` on ``fd``, or None: not open, not a regular file, a
+    path handle, torch's shared memory (``/dev/shm``, memfd)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no fork, nothing shares an offset
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        offset = os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:
+        return None
+    if flags & getattr(os, "O_PATH", 0):
+        return None
+    devices = _shared_memory_devices() if shm_devices is None else shm_devices
+    if st.st_dev in devices:
+        return None
+    link = _link(fd) or ""
+    if link.startswith("/memfd:"):
+        return None
+    return OpenFile(fd, st.st_dev, st.st_ino, flags, offset, file_name(fd))
+
+
+def open_files():
+    """Every regular file this process holds (``OpenFile``), but stdin,
+    stdout and stderr and torch's shared memory: whoever holds each."""
+    shm = _shared_memory_devices()
+    found = []
+    for fd in _fd_numbers():
+        if fd < STDIO:
+            continue
+        described = describe_open(fd, shm)
+        if described is not None:
+            found.append(described)
     return found

@@ -61,7 +61,7 @@ def exception_kind(exc):
             return REMEDY
         if isinstance(e, MemoryError) or isinstance(e, OSError) and e.errno == errno.ENOMEM:
             return MEMORY
-        text = str(e)
+        text = exception_text(e)
         if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
             return FDS
         if any(words in text for words in FD_WORDS):
@@ -229,13 +229,38 @@ class Failure:
         return "Failure(%s: %s)" % (self.kind, self.what())
 
 
+def describe_exception(exc, limit=None):
+    """``Type: message`` for an exception whose ``str()`` may itself raise (a
+    C library's error object): then its type alone. Never raises."""
+    try:
+        name = type(exc).__name__
+    except Exception:
+        return "an exception"
+    try:
+        text = str(exc)
+    except Exception:
+        return name
+    if limit is not None:
+        text = text.strip().splitlines()[0] if text.strip() else ""
+    return "%s: %s" % (name, text) if text else name
+
+
+def exception_text(exc):
+    """``str(exc)``, or its type's name where ``str()`` raises or says nothing."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return text or type(exc).__name__
+
+
 def _first_line(exc):
     """The line that says what failed: for an error torch re-raised from a
     worker ("Caught RuntimeError in DataLoader worker process 0. Original
     Traceback ..."), the worker's own last line."""
     if exc is None:
         return ""
-    text = [line for line in str(exc).strip().splitlines() if line.strip()]
+    text = [line for line in exception_text(exc).strip().splitlines() if line.strip()]
     if len(text) > 1 and text[0].startswith("Caught "):
         return text[-1].strip()
     return "%s: %s" % (type(exc).__name__, text[0] if text else "")

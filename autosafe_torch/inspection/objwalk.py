@@ -4,7 +4,8 @@ The probe (why does this not pickle?) and the repairs (which files, which
 locks does this dataset hold, and how to replace them in a worker) must see
 the same objects under the same names, so both use ``edges`` and ``walk``.
 The walk follows what pickling follows for ordinary objects (instance
-``__dict__``, ``__slots__``, list/tuple/set items, dict keys and values), so
+``__dict__``, ``__slots__``, list/tuple/set items, dict keys and values, a
+``functools.partial``'s function and arguments), so
 it covers TensorDataset, ConcatDataset, Subset and ChainDataset. It never
 copies, never iterates anything but built-in containers (a dataset is never
 iterated, a generator never consumed), and never enters modules, classes or
@@ -18,6 +19,7 @@ itself or ``__reduce__`` may raise in a user's object (numpy's NpzFile.f, a
 inspection raises is skipped, not the whole walk.
 """
 
+import functools
 import sys
 import types
 from itertools import islice
@@ -44,7 +46,7 @@ class Edge:
 
     __slots__ = ("owner", "key", "how", "child")
 
-    ATTR, ITEM, KEY, MEMBER = "attr", "item", "key", "member"
+    ATTR, ITEM, KEY, MEMBER, PART = "attr", "item", "key", "member", "part"
 
     def __init__(self, owner, key, how, child):
         self.owner = owner
@@ -59,6 +61,8 @@ class Edge:
             return "[%r]" % (self.key,)
         if self.how == Edge.KEY:
             return "<key %r>" % (self.key,)
+        if self.how == Edge.PART:
+            return "." + self.key
         return "<member %d>" % self.key
 
     @property
@@ -169,6 +173,12 @@ def edges(obj, items=None):
         members = set.__iter__ if is_a(obj, set) else frozenset.__iter__
         for index, value in enumerate(list(islice(members(obj), items))):
             yield Edge(obj, index, Edge.MEMBER, value)
+    elif is_a(obj, functools.partial):  # what it pickles: func, args, keywords
+        yield Edge(obj, "func", Edge.PART, functools.partial.func.__get__(obj))
+        for index, value in enumerate(functools.partial.args.__get__(obj)):
+            yield Edge(obj, "args[%d]" % index, Edge.PART, value)
+        for key, value in (functools.partial.keywords.__get__(obj) or {}).items():
+            yield Edge(obj, "keywords[%r]" % (key,), Edge.PART, value)
     try:
         attrs = object.__getattribute__(obj, "__dict__")
     except AttributeError:

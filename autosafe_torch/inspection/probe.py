@@ -23,6 +23,7 @@ import sys
 import types
 
 from . import objwalk
+from .failures import exception_text
 from .mainmodule import importable_by_reference, missing_in_child
 
 # ForkingPickler.dumps(obj) passes protocol=None: pickle.DEFAULT_PROTOCOL.
@@ -305,11 +306,6 @@ class _Prober:
         return obj, path, exc
 
 
-def _message(exc):
-    text = str(exc)
-    return text if text else type(exc).__name__
-
-
 def probe(obj, path="dataset", planned=None, by_value=False):
     """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why.
 
@@ -322,7 +318,7 @@ def probe(obj, path="dataset", planned=None, by_value=False):
     if exc is None:
         return ProbeResult(True, path, objects=prober.objects)
     value, where, exc = prober.locate(obj, path, exc)
-    return ProbeResult(False, where, _message(exc), value, prober.objects)
+    return ProbeResult(False, where, exception_text(exc), value, prober.objects)
 
 
 def probe_loader_parts(dataset, collate_fn, worker_init_fn, sampler=None):

@@ -10,7 +10,9 @@ re-made only when what it depends on changes.
 
 A finding's ``changes`` become the call's arguments (or, at iteration, the
 loader's attributes); its ``state`` is kept on the loader for its iterators
-(``batch_device``, ``emulated_workers``) under ``STATE_PREFIX``.
+(``batch_device``, ``emulated_workers``, ``fork_handles``) under
+``STATE_PREFIX``. The records of the worker checks are made once their
+remedies held in the workers (``remedies/recovery.py``), not when planned.
 """
 
 import inspect
@@ -95,35 +97,21 @@ def _decide(bound, instance):
 
 def _iterator_wrapper(wrapped, loader, args, kwargs):
     engine.decide_or(None, "DataLoader iteration", _decide_workers, loader, sys._getframe(1))
+    # The records of this iteration's findings: made once their remedies held.
+    pending = loader.__dict__.pop(STATE_PREFIX + "pending", [])
+    from ..remedies import recovery  # watched: a worker's death or hang is recovered
+
     emulated = loader_state(loader, "emulated_workers")
     if emulated and emulated == loader.num_workers:
-        from ..remedies.emulated_workers import EmulatedWorkersIter
-
-        iterator = EmulatedWorkersIter(loader)
+        iterator = recovery.emulated(loader, pending)
     else:
-        _before_workers_fork(loader)
-        from ..remedies import recovery  # watched: a worker's death or hang is recovered
-
-        iterator = recovery.watched(loader, wrapped, args, kwargs)
+        iterator = recovery.watched(loader, wrapped, args, kwargs, pending)
     device = loader_state(loader, "batch_device")
     if device is not None:
         from ..remedies.batchdevice import BatchesTo
 
         iterator = BatchesTo(iterator, device)
     return iterator
-
-
-def _before_workers_fork(loader):
-    """Where DL207/DL212 gave the loader's workers their own files: what they
-    isolate, and the offsets they start at, taken now, as they fork."""
-    from ..remedies.workerinit import steps_of
-
-    if loader.num_workers and steps_of(loader.worker_init_fn):
-        from ..remedies import isolation
-
-        record = isolation.record_of(loader.worker_init_fn)
-        if record is not None:
-            record.take(loader)
 
 
 def _plan_key(loader):
@@ -163,7 +151,11 @@ def _plan_workers(loader, frame):
 
 def _check_workers(loader, frame):
     values, found, work = _plan_workers(loader, frame)
-    if not found or not engine.settle(found, callsite.iteration_site(loader), work):
+    if not found:
+        return
+    applied, made = engine.settle_later(found, callsite.iteration_site(loader), work)
+    loader.__dict__[STATE_PREFIX + "pending"] = made
+    if not applied:
         return
     for name in ITER_ARGS:
         if work[name] is not values[name]:

@@ -16,11 +16,16 @@ the batches that ``loader`` with its W workers yields on a safe platform
   ``base_seed + id`` for torch and ``random``, numpy through
   ``_generate_state``, its ``WorkerInfo``, the user's ``worker_init_fn``
   once, its own fetcher, and its own copy of the dataset, ``collate_fn`` and
-  ``worker_init_fn`` (``copy_for_worker``).
-- The global random states (torch's CPU generator, ``random``, numpy's) and
-  ``get_worker_info()`` are swapped in around each step of a worker and
-  swapped out after, one worker at a time: no worker sees another's state,
-  and the parent's states end as a real run leaves them (untouched).
+  ``worker_init_fn`` (``copies.py``: files opened again, closures rebuilt;
+  what cannot be copied is refused, never shared: ``NoExactRung``), and its
+  own description of every file the process reads, under the same
+  descriptor number (``Descriptions``: a raw ``os.open()`` descriptor or a
+  C library's reads at the worker's own offset).
+- The global random states (torch's CPU generator, ``random``, numpy's),
+  ``get_worker_info()`` and the worker's file descriptions are swapped in
+  around each step of a worker and swapped out after, one worker at a time:
+  no worker sees another's state, and the parent's states end as a real run
+  leaves them (untouched).
 
 Each worker fetches its tasks in the order it receives them, as a process
 does, and the results are taken in task order. Real workers deliver in
@@ -48,15 +53,17 @@ Not emulated (and why):
   the batches and the parent's states are exact when the caller's code does
   not draw from torch's default CPU generator, ``random`` or numpy's global
   RNG, and does not call ``get_worker_info()``, while the loader iterates
-  (a training step with dropout draws from the torch generator). The
-  in-process mode (``threaded=False``) is exact without that condition.
+  (a training step with dropout draws from the torch generator), and the
+  dataset reads no descriptor by its number (no swap of descriptions while
+  the caller runs). The in-process mode (``threaded=False``) is exact
+  without those conditions.
 """
 
 import collections
 import contextlib
-import copy
 import functools
 import itertools
+import os
 import queue
 import random
 import sys
@@ -68,23 +75,16 @@ from torch.utils.data import _utils
 from torch.utils.data import dataloader as _dataloader
 from torch.utils.data._utils import worker as _worker_module
 
-from ..inspection import holdings, objwalk
-from .reopen import reopen
+from ..errors import NoExactRung
+from .copies import SHARE_AT_BYTES, CopyPlan, Watched, copy_for_worker
 
-__all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK"]
+__all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK",
+           "NoExactRung", "SHARE_AT_BYTES"]
 
 # Held by every step that swaps the global random states or the worker info,
 # in any emulated iterator of the process, and by our main-thread steps that
 # must see the parent's states (the sampler, the base seed).
 SWAP_LOCK = threading.RLock()
-
-# Tensors and arrays at least this large are shared with the workers rather
-# than copied (a forked worker shares them copy-on-write); smaller ones, which
-# a dataset may well mutate (counters, caches of one sample), are copied.
-SHARE_AT_BYTES = 1 << 20
-
-# The most objects a copy may find it cannot copy (each found costs a retry).
-MAX_UNCOPYABLE = 64
 
 _SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
 
@@ -127,118 +127,64 @@ def _seed_as_worker_loop(base_seed, worker_id):
         numpy.random.seed(_worker_module._generate_state(base_seed, worker_id))
 
 
-# -- one copy per worker ----------------------------------------------------------
+# -- one copy per worker: remedies/copies.py ---------------------------------------
 
 
-def _payload_bytes(obj):
-    """Bytes a deep copy of a tensor or array would duplicate, or None."""
-    if isinstance(obj, torch.Tensor):
-        try:
-            return obj.untyped_storage().nbytes()
-        except Exception:  # sparse, nested, meta: not copied by value either
-            return SHARE_AT_BYTES
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(obj, numpy.ndarray):
-        return obj.nbytes
-    return None
+# -- the kernel's part of a worker's copy ------------------------------------------
 
 
-def _why_shared(obj):
-    """Why ``obj`` is given to the workers as it is, or None: copy it."""
-    size = _payload_bytes(obj)
-    if size is not None:
-        return "large tensor or array, read-only by contract" if size >= SHARE_AT_BYTES else None
-    if holdings.one_per_process(obj):
-        return "lmdb handle: one per process, and it holds no position"
-    if holdings.is_file_object(obj):
-        return None if holdings.file_kind(obj) == holdings.READONLY else "file not read-only"
-    if holdings.threading_kind(obj) is not None or holdings.thread_pool_in_use(obj) is not None:
-        return "lock, thread or thread pool"
-    logging = sys.modules.get("logging")
-    if logging is not None and isinstance(obj, (logging.Logger, logging.Handler)):
-        return "logger"
-    return None
+class Descriptions:
+    """Each emulated worker's own description of every file this process
+    reads (``descriptors.open_files``), at the offset it had when the
+    iterator started, swapped in under the same numbers around each of the
+    worker's steps: what DL207 gives a forked worker, for whoever holds the
+    descriptor (a raw ``os.open()`` int, a C library). The copies' own file
+    objects (``copies``) have descriptors of their own besides.
 
+    In process only (``threaded=False``): a step runs between the caller's
+    statements, so no code of the caller's reads a file while a worker's
+    description is under its number. ``shared``: what could not be given
+    (the file can no longer be reopened), left to the workers as it is."""
 
-def _is_readonly_file(obj):
-    return holdings.is_file_object(obj) and not holdings.one_per_process(obj) \
-        and holdings.file_kind(obj) == holdings.READONLY
+    def __init__(self, workers):
+        from ..inspection.descriptors import open_files
+        from . import isolation
 
-
-class CopyPlan:
-    """What a worker's copy shares with the parent, found once per iterator.
-
-    ``shared``: ``(path, type name, why)`` for the log. Files open for
-    reading (h5py's, and a ``cv2.VideoCapture`` of a file, too) are reopened
-    for each worker at the parent's position: own handle, own offset, like
-    DL207's repair. Files open for writing, sockets, locks, threads, pools,
-    loggers, lmdb handles (py-lmdb opens an environment once per process;
-    it has no position) and large tensors/arrays are shared; so is anything
-    else ``copy.deepcopy`` refuses (sqlite connections, a camera's capture,
-    spent generators), named here: the emulated workers then use that one object,
-    one fetch at a time, where forked ones would each have had their own.
-    ``names``: one per object of the tuple ``objects``, for the paths.
-    """
-
-    def __init__(self, objects, names=None):
-        self.objects = objects
+        self.files = [f for f in open_files() if f.private]
         self.shared = []
-        self._shared = {}  # id -> object
-        self._files = {}  # id -> read-only file to reopen
-        self._paths = {}
-        roots = zip(names, objects) if names else [("worker", objects)]
-        for name, root in roots:
-            for path, obj, _edge in objwalk.walk(root, name, stop=self._stop):
-                self._paths.setdefault(id(obj), path)
-                if id(obj) in self._shared or id(obj) in self._files:
-                    continue
-                if _is_readonly_file(obj):
-                    self._files[id(obj)] = obj
-                    continue
-                why = _why_shared(obj)
-                if why is not None:
-                    self._share(obj, why)
-
-    @staticmethod
-    def _stop(obj):
-        return _payload_bytes(obj) is not None or holdings.stop_at(obj)
-
-    def _share(self, obj, why):
-        self._shared[id(obj)] = obj
-        self.shared.append((self._paths.get(id(obj), "worker"), type(obj).__name__, why))
-
-    def copy(self):
-        """A new copy of the objects, as a freshly forked worker holds them."""
-        for _ in range(MAX_UNCOPYABLE):
-            memo = dict(self._shared)
-            for key, f in self._files.items():
+        self.parked = {}
+        self.own = [{} for _ in range(workers)]
+        try:
+            for found in self.files:
                 try:
-                    memo[key] = reopen(f)
-                except (OSError, ValueError):
-                    memo[key] = f
+                    copies = [isolation.private_copy(found) for _ in range(workers)]
+                except OSError as exc:
+                    self.shared.append((found.describe(), "descriptor",
+                                        "cannot be reopened (%s)" % isolation.reason(exc)))
+                    continue
+                self.parked[found.fd] = (isolation.park(found.fd), os.get_inheritable(found.fd))
+                for own, fd in zip(self.own, copies):
+                    own[found.fd] = fd
+        except BaseException:
+            self.close()
+            raise
+
+    def enter(self, worker_id):
+        for fd, own in self.own[worker_id].items():
+            os.dup2(own, fd, inheritable=self.parked[fd][1])
+
+    def leave(self):
+        for fd, (parked, inheritable) in self.parked.items():
+            os.dup2(parked, fd, inheritable=inheritable)
+
+    def close(self):
+        for fd in [p for p, _ in self.parked.values()] + [
+                fd for own in self.own for fd in own.values()]:
             try:
-                return copy.deepcopy(self.objects, memo)
-            except Exception as exc:
-                culprit = _failed_object(exc.__traceback__)
-                if culprit is None or id(culprit) in self._shared:
-                    raise
-                self._share(culprit, "cannot be copied: %s" % exc)
-        raise RuntimeError("too many objects that cannot be copied for emulated workers")
-
-
-def _failed_object(tb):
-    """The innermost object ``copy.deepcopy`` was copying when it raised."""
-    culprit = None
-    while tb is not None:
-        if tb.tb_frame.f_code is copy.deepcopy.__code__:
-            culprit = tb.tb_frame.f_locals.get("x")
-        tb = tb.tb_next
-    return culprit
-
-
-def copy_for_worker(objects):
-    """One worker's copy of ``objects`` (see ``CopyPlan``)."""
-    return CopyPlan(objects).copy()
+                os.close(fd)
+            except OSError:
+                pass
+        self.parked, self.own = {}, []
 
 
 # -- one emulated worker --------------------------------------------------------
@@ -252,8 +198,10 @@ class EmulatedWorker:
     """
 
     def __init__(self, worker_id, num_workers, base_seed, kind, objects, auto_collation,
-                 drop_last, shared_seed):
+                 drop_last, shared_seed, descriptions=None, watched=None):
         self.id = worker_id
+        self._descriptions = descriptions
+        self._watched = watched
         self.seed = base_seed + worker_id
         self._base_seed = base_seed
         self._kind = kind
@@ -283,19 +231,28 @@ class EmulatedWorker:
             parent_threads = torch.get_num_threads()
             if parent_threads != 1:
                 torch.set_num_threads(1)
+            descriptions, watched = self._descriptions, self._watched
             try:
                 if self._states is None:
                     _seed_as_worker_loop(self._base_seed, self.id)
                 else:
                     _restore_states(self._states)
                 _worker_module._worker_info = self.info
+                if descriptions is not None:
+                    descriptions.enter(self.id)
+                if watched:
+                    watched.enter()
                 yield
             finally:
+                if descriptions is not None:
+                    descriptions.leave()
                 self._states = _capture_states()
                 _worker_module._worker_info = parent_info
                 _restore_states(parent_states)
                 if parent_threads != 1:
                     torch.set_num_threads(parent_threads)
+            if watched:
+                watched.leave(self.id)
 
     def _new_fetcher(self):
         return _dataloader._DatasetKind.create_fetcher(
@@ -455,10 +412,13 @@ class EmulatedWorkersIter(_dataloader._BaseDataLoaderIter):
         # Every copy first, as each fork snapshots the parent before any
         # worker_init_fn has run.
         copies = [plan.copy() for _ in range(self._num_workers)]
-        self.shared = plan.shared
+        watched = Watched(plan.watched)
+        self._descriptions = None if threaded else Descriptions(self._num_workers)
+        self.shared = plan.shared + (self._descriptions.shared if self._descriptions else [])
         self._workers = [
             EmulatedWorker(i, self._num_workers, self._base_seed, self._dataset_kind, copies[i],
-                           self._auto_collation, self._drop_last, self._shared_seed)
+                           self._auto_collation, self._drop_last, self._shared_seed,
+                           self._descriptions, watched)
             for i in range(self._num_workers)]
         for worker in self._workers:
             worker.start()
@@ -570,6 +530,8 @@ class EmulatedWorkersIter(_dataloader._BaseDataLoaderIter):
             self._shutdown = True
             self._runner.close()
             self._workers = []  # their dataset copies go with them
+            if self._descriptions is not None:
+                self._descriptions.close()
 
     def __del__(self):
         self._shutdown_workers()

@@ -1,25 +1,51 @@
-"""Fork: each worker gets its own file offsets, and its own native handles.
+"""Every DataLoader worker gets a description of its own of each file the
+training process holds, at the offset it had when the workers started,
+under the same descriptor number: whoever holds the descriptor.
 
 Forked workers share every inherited descriptor's open file description,
 and so its offset: a dataset that seeks then reads a file opened in
 ``__init__`` returns a sibling's bytes, and a GzipFile or ZipFile above it
-breaks. Isolate, don't reconstruct: in each forked worker, every read-only
-regular-file descriptor the loader's parts reach is given an open file
-description of its own, at the offset it had at fork, under the same
-descriptor number (open the same file again, seek, ``dup2`` over it).
-Every Python object above it keeps its state (newline mode, buffers, a
-ZipFile's directory, a GzipFile's decompressor), whatever its type.
+breaks. The object that holds the descriptor may be any: a file object, a
+raw ``os.open()`` int, a closure cell, a ``functools.partial``, a weak
+proxy, ``csv.reader``, a C library (libsndfile). So the remedy acts on the
+kernel's table, not on objects (``descriptors.open_files``): as each
+iterator starts its workers, the parent records every regular file it
+holds open for reading (``DescriptorTable``), and the first step of each
+worker, before any code of the user's, privatizes each: open the same file
+again (``/proc/self/fd/N`` on Linux, which reaches a renamed or deleted
+file too; ``fcntl(F_GETPATH)`` on macOS) with the same access mode and
+status flags (``O_APPEND`` kept), seek to the recorded offset, ``dup2``
+over the same number. Every Python object above it keeps its state
+(newline mode, buffers, a ZipFile's directory, a GzipFile's decompressor).
 
-A descriptor open for writing stays shared, as it is without the shim (the
-record says so). Native handles that hold no descriptor of theirs to give
-(h5py, sqlite, lmdb, ``cv2.VideoCapture``) are reopened by path in each
-worker (``reopen``).
+- fork: the worker inherited the descriptors; they are privatized in place.
+- spawn: multiprocessing passes them to the worker under the same numbers
+  (the table pickles as ``reduction.DupFd``), where they are privatized: a
+  dataset that keeps a descriptor by its number reads what it reads under
+  fork, instead of ``EBADF`` or another file.
+- forkserver and the warm server (DL209): they arrive under other numbers
+  and are put under their own where the worker has that number free; the
+  files the server itself holds (a module-level ``open()`` of the main
+  module it preloaded) are privatized in every child of the server as it
+  forks (``after_fork_in_server_child``), before anything else runs there.
 
-One check decides and acts: ``plan`` (what the rules read to choose the fork
-rung) and the worker step use the same functions, ``can_isolate`` and
-``reopen.fork_reopen_args``. What a worker cannot handle when it acts (the
-file vanished meanwhile, a handle that cannot be reopened) is never left in
-place: the worker raises ``RemedyFailed``, and recovery steps down (DL216).
+Files only written (a log: every worker's lines arrive), pipes, sockets,
+terminals, devices and torch's shared memory (``/dev/shm``, memfd) are left
+alone; so are stdin, stdout and stderr. A new description holds no
+``flock()`` of the parent's: HDF5 and lmdb lock their files, and their
+handles are reopened by path in each forked worker (``reopen``), as native
+handles that hold no descriptor of theirs to give (h5py, lmdb, a
+``cv2.VideoCapture``) must be.
+
+What cannot be privatized in a forked worker (the file can no longer be
+reopened) is never left shared: the worker raises ``RemedyFailed``, and
+recovery steps down (DL216). A descriptor carried to a spawned worker that
+cannot be privatized there is replaced by one that fails every read, so
+that nothing reads another file under its number.
+
+Workers report what they privatized, and which of those they used (the
+offset moved), when they exit (``report_path``): the parent's record says
+what held, never what was planned.
 """
 
 import functools
@@ -27,18 +53,24 @@ import os
 import sys
 
 from ..inspection import holdings
-from ..inspection.descriptors import READ_ONLY, find_descriptors, path_of
-from ..inspection.failures import RemedyFailed
+from ..inspection.descriptors import (STDIO, describe_open, find_descriptors, open_files,
+                                      path_of)
+from ..inspection.failures import RemedyFailed, describe_exception
 from . import reopen
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
+HIGH_FD = 256  # where private and parked descriptors go: above what programs open
+# A fork server takes at most 256 descriptors per start (multiprocessing's
+# MAXFDS_TO_SEND), with its own among them.
+MAX_CARRIED = 200
 
 
 # -- one descriptor -------------------------------------------------------------
 
-def reopen_descriptor(fd, dev, ino):
-    """A new open file description of the file open on ``fd``, read-only, with
-    the same status flags; checked to be the same file. Raises OSError."""
+def reopen_description(fd, dev, ino, flags):
+    """A new open file description of the file open on ``fd``: the same access
+    mode and status flags (``O_APPEND``, ``O_NONBLOCK``...), checked to be the
+    same file. Close-on-exec. Raises OSError."""
     import fcntl
 
     if sys.platform.startswith("linux"):
@@ -47,53 +79,95 @@ def reopen_descriptor(fd, dev, ino):
         path = path_of(fd)  # macOS: fcntl(F_GETPATH)
         if path is None:
             raise OSError("its path cannot be read back")
-    new = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    new = os.open(path, (flags & os.O_ACCMODE) | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     try:
         st = os.fstat(new)
         if (st.st_dev, st.st_ino) != (dev, ino):
             raise OSError("another file is at its path now")
-        fcntl.fcntl(new, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL))
+        fcntl.fcntl(new, fcntl.F_SETFL, flags)
     except BaseException:
         os.close(new)
         raise
     return new
 
 
-def can_isolate(found):
-    """None when ``found`` (a read-only ``HeldDescriptor``) can be given its
-    own offset in a worker; else why not. Tried for real, and undone."""
-    try:
-        os.close(reopen_descriptor(found.fd, found.dev, found.ino))
-    except (OSError, ImportError) as exc:
-        return _reason(exc)
-    return None
-
-
-def isolate(fd, dev, ino, offset):
-    """Put a description of its own, at ``offset``, under ``fd``."""
-    new = reopen_descriptor(fd, dev, ino)
+def privatize(fd, dev, ino, flags, offset, source=None):
+    """Put a description of its own, at ``offset``, under ``fd`` (reopened from
+    ``source``, the descriptor the file arrived on, by default ``fd`` itself).
+    It is inheritable as ``fd`` was; one that arrived is not, as Python opens files."""
+    new = reopen_description(fd if source is None else source, dev, ino, flags)
     try:
         os.lseek(new, offset, os.SEEK_SET)
-        os.dup2(new, fd, inheritable=os.get_inheritable(fd))
+        inheritable = os.get_inheritable(fd) if source is None else False
+        os.dup2(new, fd, inheritable=inheritable)
     finally:
         os.close(new)
 
 
-def _reason(exc):
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+def can_privatize(fd, dev, ino, flags):
+    """None when the file on ``fd`` can be given a description of its own;
+    else why not. Tried for real, and undone."""
+    try:
+        os.close(reopen_description(fd, dev, ino, flags))
+    except (OSError, ImportError) as exc:
+        return reason(exc)
+    return None
 
 
-# -- the plan: what fork means for a loader's parts -----------------------------
+def park(fd):
+    """A second descriptor on ``fd``'s description, above what programs open."""
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+
+
+def private_copy(found):
+    """A new description of ``found`` (an ``OpenFile``) at its recorded offset,
+    parked above what programs open: an emulated worker's own."""
+    new = reopen_description(found.fd, found.dev, found.ino, found.flags)
+    try:
+        os.lseek(new, found.offset, os.SEEK_SET)
+        return park(new)
+    finally:
+        os.close(new)
+
+
+def _is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def reason(exc):
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+        describe_exception(exc)
+
+
+def _fail_reads(fd):
+    """Put a descriptor on which every read fails (a directory) under ``fd``: a
+    number that no file of the parent's reached stays unusable, never another file."""
+    placeholder = os.open(os.sep, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(placeholder, fd, inheritable=False)
+    finally:
+        os.close(placeholder)
+
+
+# -- the plan the rules read: what fork means for a loader's parts ---------------
 
 class ForkPlan:
-    """What forked workers of a loader would share, and what is done about it.
+    """What forked workers of a loader would share, as the loader's parts show
+    it (the names the log uses), and what is done about it.
 
-    ``isolate``: read-only regular-file descriptors (``HeldDescriptor``), each
-    given its own offset; ``shared``: descriptors open for writing, left
+    ``isolate``: descriptors the parts reach (``HeldDescriptor``) that each
+    worker gets its own description of; ``shared``: those only written, left
     shared; ``handles``: ``(HeldFile, reopen args, note)`` native handles
-    reopened by path; ``unhandled``: ``(path, why, fork_unsafe)`` that
-    nothing here can handle (the fork rung must not be chosen for them;
+    reopened by path; ``unhandled``: ``(path, why, fork_unsafe)`` that nothing
+    here can handle (the fork rung must not be chosen for them;
     ``fork_unsafe`` names a handle a forked child must not use, else None).
+    The files no object shows are privatized all the same, in every worker.
     """
 
     __slots__ = ("isolate", "shared", "handles", "unhandled")
@@ -121,101 +195,324 @@ def plan(parts, items=None):
     for found in find_descriptors(parts, items):
         if not found.shared_offset:
             continue  # a pipe, a socket, a terminal: no offset of ours to keep
-        if found.access != READ_ONLY:
+        described = describe_open(found.fd)
+        if described is None or not described.private:
             result.shared.append(found)
             continue
-        why = can_isolate(found)
+        why = can_privatize(found.fd, found.dev, found.ino, described.flags)
         if why is None:
             result.isolate.append(found)
         else:
             result.unhandled.append((found.describe(), "cannot be reopened (%s)" % why, None))
+    result.handles, unhandled = native_handles(parts, items)
+    result.unhandled += unhandled
+    return result
+
+
+def native_handles(parts, items=None):
+    """``([(HeldFile, reopen args, note)], [(path, why, fork_unsafe)])``: the
+    native handles the parts hold that each forked worker reopens by path, and
+    those it cannot."""
+    handles, unhandled = [], []
     for name, part in parts.items():
         if part is None:
             continue
         for found in holdings.find_files(part, name, items=items):
             if not holdings.is_native_handle(found.obj):
-                continue  # a file object: its descriptor is isolated above
+                continue  # a file object: its descriptor is privatized with the others
             args, why, note = reopen.fork_reopen_args(found)
             if args is None:
                 if why is not None:
-                    result.unhandled.append((found.path, why, found.fork_unsafe))
+                    unhandled.append((found.path, why, found.fork_unsafe))
             else:
-                result.handles.append((found, args, note))
-    return result
+                handles.append((found, args, note))
+    return handles, unhandled
 
 
-# -- the record taken as workers fork, and the worker step -----------------------
+# -- the table taken as workers start, and the worker step ------------------------
 
-class ForkRecord:
-    """What the forked workers of one loader isolate: taken in the parent as
-    each iterator starts (the offsets at fork), read by each worker's first
-    step (it inherits this object). Pickled (a loader moved to spawn), it
-    arrives empty: a spawned worker inherits no descriptor."""
+class DescriptorTable:
+    """The files the workers of one iterator get their own of: every regular
+    file the parent holds open for reading (``files``, ``OpenFile`` with the
+    offset at the start), and the native handles to reopen in forked workers
+    (``handles``: ``(HeldFile, reopen args)``). Taken in the parent just
+    before the workers start; inherited by forked workers; pickled for a
+    spawned one, the descriptors travel with it (``carried``)."""
 
-    def __init__(self):
-        self.pid = None
-        self.descriptors = ()
-        self.handles = ()
-        self.unhandled = ()
+    def __init__(self, files=(), handles=(), report_dir=None, forked=True, carry=True):
+        self.pid = os.getpid()
+        self.files = list(files)
+        self.handles = list(handles)
+        self.report_dir = report_dir
+        self.forked = forked  # forked workers privatize them (DL207)
+        self.carry = carry    # spawned workers receive them (DL217)
+        self.carried = None  # in a spawned worker: [(descriptor it arrived on, OpenFile)]
+
+    @classmethod
+    def take(cls, handles=(), report_dir=None, forked=True, carry=True):
+        return cls([f for f in open_files() if f.private], handles, report_dir, forked, carry)
+
+    def __bool__(self):
+        return bool(self.files or self.handles)
 
     def __reduce__(self):
-        return ForkRecord, ()
+        from multiprocessing import context, reduction
+
+        popen = context.get_spawning_popen()
+        files = self.files if popen is not None and self.carry else ()  # at a process start
+        if _through_a_server(popen):
+            files = files[:MAX_CARRIED]
+        sent = [(reduction.DupFd(f.fd), f) for f in files]
+        return _carried, (self.pid, sent, self.report_dir)
 
     def __repr__(self):
-        return "own offsets and handles in each forked worker"
+        return "own file descriptions in each worker"
 
-    def take(self, loader):
-        """In the parent, just before its workers fork. Never fails: what it
-        cannot take, the workers report (they never run with it shared)."""
+
+def _through_a_server(popen):
+    try:
+        from multiprocessing import popen_forkserver
+    except ImportError:  # Windows
+        return False
+    return isinstance(popen, popen_forkserver.Popen)
+
+
+def _carried(pid, sent, report_dir):
+    """In a spawned worker: the table, with the descriptors as they arrived."""
+    table = DescriptorTable((), (), report_dir)
+    table.pid = pid
+    table.carried = []
+    for handle, found in sent:
         try:
-            args = {name: getattr(loader, name) for name in PARTS}
-            found = plan(parts_of(args))
-            descriptors = []
-            for d in found.isolate:
-                try:
-                    offset = os.lseek(d.fd, 0, os.SEEK_CUR)
-                except OSError as exc:
-                    found.unhandled.append((d.describe(), _reason(exc), None))
-                    continue
-                descriptors.append((d.fd, d.dev, d.ino, offset, d))
-            self.descriptors = tuple(descriptors)
-            self.handles = tuple((held, args) for held, args, _note in found.handles)
-            self.unhandled = tuple(found.unhandled)
-        except Exception as exc:  # ours: the workers step down rather than share
-            self.descriptors = self.handles = ()
-            self.unhandled = (("the dataset's files", "could not be looked at (%s: %s)"
-                               % (type(exc).__name__, exc), None),)
-        self.pid = os.getpid()
+            table.carried.append((handle.detach(), found))
+        except Exception:
+            table.carried.append((None, found))
+    return table
 
 
-def isolate_in_worker(record, worker_id):
-    """Worker step (first of all): own offsets, own handles; ``RemedyFailed``
-    for anything that cannot be given its own."""
-    if record.pid is None or os.getppid() != record.pid:
-        return  # an emulated worker (this process), or one not forked from the recorder
-    if record.unhandled:
-        raise RemedyFailed("not given its own in worker %d: %s" % (worker_id, "; ".join(
-            "%s %s" % (path, why) for path, why, _kind in record.unhandled)))
-    for fd, dev, ino, offset, found in record.descriptors:
+FORKED, CARRIED, SERVER = "forked", "carried", "server"
+
+
+class _Report:
+    """What this worker privatized: ``(fd, name, offset at the start, how it
+    came: FORKED, CARRIED or SERVER)``, and what could not reach it
+    (``missing``: ``(name, why)``). A file opened for appending is not
+    counted as read when its offset moves: its writes moved it."""
+
+    def __init__(self):
+        self.private = []
+        self.missing = []
+
+
+def isolate_in_worker(table, worker_id):
+    """Worker step (first of all): own descriptions of the parent's files, own
+    native handles; ``RemedyFailed`` for anything that a forked worker would
+    otherwise share."""
+    if table.pid == os.getpid():
+        return  # an emulated worker: this process (emulated_workers swaps them itself)
+    report = _Report()
+    if table.carried is None:
+        if table.forked:
+            _in_forked_worker(table, worker_id, report)
+    else:
+        _in_spawned_worker(table, report)
+    # What this process privatized as it forked from a server: the server's own
+    # files, not the descriptors that arrived for the step above.
+    arrived = {fd for fd, _found in table.carried or ()}
+    report.private += [entry for entry in _server_files if entry[0] not in arrived]
+    if table.report_dir is not None and (report.private or report.missing):
+        _report_at_exit(table.report_dir, worker_id, report)
+
+
+def _in_forked_worker(table, worker_id, report):
+    for found in table.files:
         try:
-            isolate(fd, dev, ino, offset)
+            privatize(found.fd, found.dev, found.ino, found.flags, found.offset)
         except OSError as exc:
             raise RemedyFailed("%s could not be given its own offset in worker %d (%s)"
-                               % (found.describe(), worker_id, _reason(exc))) from None
-    for held, args in record.handles:
+                               % (found.describe(), worker_id, reason(exc))) from None
+        report.private.append((found.fd, found.name, found.offset, FORKED))
+    for held, args in table.handles:
         try:
             reopen.reopen_in_forked_worker(held, args)
         except Exception as exc:
-            raise RemedyFailed("%s could not be reopened in worker %d (%s: %s)"
-                               % (held.path, worker_id, type(exc).__name__, exc)) from None
+            raise RemedyFailed("%s could not be reopened in worker %d (%s)"
+                               % (held.path, worker_id, describe_exception(exc))) from None
 
 
-def worker_step(record):
-    return functools.partial(isolate_in_worker, record)
+def _in_spawned_worker(table, report):
+    """Each carried descriptor under its own number, privatized; where that
+    number is taken (a fork server's child has descriptors of its own), it
+    is not carried."""
+    for arrived, found in table.carried:
+        fd = found.fd
+        try:
+            if arrived is None:
+                raise OSError("it did not arrive")
+            if arrived != fd and _is_open(fd) and not _replaceable(fd):
+                raise OSError("this worker uses that number for another file")
+            privatize(fd, found.dev, found.ino, found.flags, found.offset, source=arrived)
+            report.private.append((fd, found.name, found.offset, CARRIED))
+        except OSError as exc:
+            report.missing.append((found.describe(), reason(exc)))
+            if arrived == fd:
+                _fail_reads(fd)  # not the parent's shared description, nor another file
+        finally:
+            if arrived is not None and arrived != fd:
+                _close_quietly(arrived)
 
 
-def record_of(worker_init_fn):
-    """The ``ForkRecord`` of the isolation step inside ``worker_init_fn``, or None."""
+def _replaceable(fd):
+    """A descriptor a fork server's child holds that nothing uses: the
+    server's own stdin on /dev/null (multiprocessing gives the worker a new one)."""
+    try:
+        stdin = sys.stdin.fileno() if sys.stdin is not None else None
+    except (OSError, ValueError, AttributeError):
+        stdin = None
+    if fd == stdin:
+        return False
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(os.devnull))
+    except OSError:
+        return False
+
+
+def _appends(fd):
+    import fcntl
+
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
+
+
+def _close_quietly(fd):
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+# -- the files a fork server holds: privatized in each child as it forks -----------
+
+_server_files = []  # in a child of a fork server: what was privatized at its fork
+
+
+def after_fork_in_server_child():
+    """``os.register_at_fork(after_in_child=...)``: in a child of a fork server
+    (multiprocessing's forkserver, or the warm server), before anything else
+    runs there, every file the server holds open for reading gets a
+    description of its own, at the offset the server left it: what its
+    children share otherwise (a file the preloaded main module opened)."""
+    del _server_files[:]
+    if not _forked_by_a_server():
+        return
+    for found in open_files():
+        if not found.private:
+            continue
+        try:
+            privatize(found.fd, found.dev, found.ino, found.flags, found.offset)
+        except OSError:
+            _fail_reads(found.fd)  # never left shared with the server's other children
+            continue
+        _server_files.append((found.fd, found.name, found.offset, SERVER))
+
+
+def _forked_by_a_server():
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is None:
+        return False
+    main = forkserver.main.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is main:
+            return True
+        frame = frame.f_back
+    return False
+
+
+# -- what workers report, and what the parent reads ---------------------------------
+
+def report_path(directory, pid):
+    return os.path.join(directory, "isolated-pid%d.txt" % pid)
+
+
+def _report_at_exit(directory, worker_id, report):
+    from multiprocessing import util
+
+    util.Finalize(None, _write_report, args=(report_path(directory, os.getpid()), worker_id,
+                                            report), exitpriority=0)
+
+
+def _write_report(path, worker_id, report):
+    """At the worker's exit: which descriptions it had of its own, and which
+    of them it used (the offset moved); what did not reach it."""
+    lines = []
+    for fd, name, offset, how in report.private:
+        try:
+            used = os.lseek(fd, 0, os.SEEK_CUR) != offset and not _appends(fd)
+        except OSError:
+            used = False  # closed by the worker: whether it read first is not known
+        lines.append("private\t%s\t%d\t%d\t%s" % (how, fd, used, name))
+    lines += ["missing\t%s\t%s" % item for item in report.missing]
+    try:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    except OSError:
+        pass
+
+
+class Usage:
+    """What the workers of an iterator reported: ``used``, ``{how: {name: fd}}``
+    for the files they read through a description of their own (how it came:
+    FORKED, CARRIED, SERVER); ``missing``: ``{description: why}`` for
+    descriptors that did not reach a spawned worker; ``workers``: how many
+    reported."""
+
+    def __init__(self):
+        self.used, self.missing, self.workers = {}, {}, 0
+
+
+def read_reports(directory, pids):
+    usage = Usage()
+    for pid in pids:
+        path = report_path(directory, pid)
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+            os.unlink(path)
+        except OSError:
+            continue
+        usage.workers += 1
+        for line in lines:
+            fields = line.split("\t")
+            if fields[0] == "private" and len(fields) == 5 and fields[3] == "1":
+                usage.used.setdefault(fields[1], {})[fields[4]] = int(fields[2])
+            elif fields[0] == "missing" and len(fields) == 3:
+                usage.missing[fields[1]] = fields[2]
+    return usage
+
+
+class Outcome:
+    """What the workers of one iterator had of their own, read as they exit
+    (torch joins them): ``said(usage)`` makes the records."""
+
+    def __init__(self, table, said):
+        self.table = table
+        self._said = said
+
+    def workers_exited(self, processes):
+        pids = [p.pid for p in processes if getattr(p, "pid", None)]
+        if not pids or self.table is None or self.table.report_dir is None:
+            return
+        usage = read_reports(self.table.report_dir, pids)
+        if usage.used or usage.missing:
+            self._said(usage)
+
+
+def worker_step(table):
+    return functools.partial(isolate_in_worker, table)
+
+
+def table_of(worker_init_fn):
+    """The ``DescriptorTable`` of the isolation step inside ``worker_init_fn``, or None."""
     from .workerinit import steps_of
 
     for step in steps_of(worker_init_fn):
@@ -223,3 +520,6 @@ def record_of(worker_init_fn):
             return step.args[0]
     return None
 
+
+__all__ = ["DescriptorTable", "ForkPlan", "plan", "privatize", "isolate_in_worker",
+           "worker_step", "table_of", "read_reports", "STDIO"]

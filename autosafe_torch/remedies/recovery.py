@@ -59,6 +59,8 @@ from ..inspection import failures as F
 from ..rules import recovery as ladder_rules
 from .dumps import (DUMP_SIGNAL, bootstrap_path, dump_dir, dump_path,
                     faulthandler_in_worker, read as _read)
+from . import isolation
+from ..errors import NoExactRung
 from .emulated_workers import EmulatedWorkersIter
 from .limits import file_system_sharing, use_file_system_sharing
 from .workerinit import with_step
@@ -87,11 +89,15 @@ class _Failed(Exception):
 class _Watch:
     """What a ``RecoveringIter`` keeps across its inner iterators (it refers to
     neither, so that dropping the iterator still shuts its workers down):
-    the sampler's indices drawn this epoch, the slowest wait seen, the limits."""
+    the sampler's indices drawn this epoch, the slowest wait seen, the limits;
+    the records waiting for the workers to show that their remedies held
+    (``pending``: every worker delivered a batch, ``delivered``), and where
+    the workers report what they had of their own (``outcome``)."""
 
-    __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "dumps")
+    __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "dumps",
+                 "pending", "delivered", "workers", "outcome")
 
-    def __init__(self, kinds, floor, timeout):
+    def __init__(self, kinds, floor, timeout, pending=(), workers=0, outcome=None):
         self.recorder = None
         self.slowest = 0.0
         self.fresh = True
@@ -99,6 +105,10 @@ class _Watch:
         self.floor = floor if F.HUNG in kinds else 0
         self.timeout = timeout if timeout and timeout > 0 else 0
         self.dumps = None
+        self.pending = list(pending)
+        self.delivered = set()
+        self.workers = workers
+        self.outcome = outcome
 
     def limit(self):
         """Seconds to wait for one batch, or None: forever (torch's default)."""
@@ -112,6 +122,41 @@ class _Watch:
             self.fresh = False  # a worker start is no batch time
         elif waited > self.slowest:
             self.slowest = waited
+
+    def delivered_by(self, worker):
+        """Worker ``worker`` handed over a batch: it started, with every step of ours."""
+        if self.pending:
+            self.delivered.add(worker)
+            if len(self.delivered) >= self.workers:
+                self.held()
+
+    def held(self):
+        """Every worker delivered (or the epoch ended): the pending records hold."""
+        pending, self.pending = self.pending, []
+        record_held(pending)
+
+    def did_not_hold(self, failure):
+        """The workers failed before they showed it: a remedy they could not
+        apply, or a start that failed (unpickling what the repairs sent), makes
+        the pending records fixes that did not hold."""
+        if self.pending and (failure.kind == F.REMEDY or failure.starting):
+            pending, self.pending = self.pending, []
+            engine.decide_or(None, "DataLoader records", _record_failed, pending, failure)
+
+
+def record_held(pending):
+    if pending:
+        engine.decide_or(None, "DataLoader records", _record_all, pending)
+
+
+def _record_all(pending):
+    for intervention in pending:
+        engine.record_outcome(intervention)
+
+
+def _record_failed(pending, failure):
+    for intervention in pending:
+        engine.record_outcome(intervention, failed=failure.what())
 
 
 # -- recording, and resuming at a batch: the same seeds, the same indices -------
@@ -212,6 +257,19 @@ class _WatchedWorkers(_MP_ITER, _Recording):
             self._worker_pids_set = False
         super()._reset(loader, first_iter)
 
+    def _process_data(self, data, worker_idx):
+        self._autosafe_watch.delivered_by(worker_idx)
+        return super()._process_data(data, worker_idx)
+
+    def _shutdown_workers(self):
+        try:
+            super()._shutdown_workers()
+        finally:
+            outcome = self._autosafe_watch.outcome
+            if outcome is not None:
+                engine.decide_or(None, "DataLoader worker reports", outcome.workers_exited,
+                                 getattr(self, "_workers", ()))
+
     def _get_data(self):
         watch = self._autosafe_watch
         limit = watch.limit()
@@ -302,7 +360,7 @@ def _raised_in_worker(inner, exc):
     kind = F.exception_kind(exc)
     if kind is None or not isinstance(inner, _WatchedWorkers):
         return None
-    found = _WORKER_WORDS.search(str(exc))
+    found = _WORKER_WORDS.search(F.exception_text(exc))
     worker = int(found.group(1)) if found else None
     pid = inner._workers[worker].pid if worker is not None and worker < len(inner._workers) \
         else None
@@ -350,11 +408,17 @@ def _ladder(loader):
 
 
 def _real_workers(loader, ladder, watch, resume=None):
-    """A watched torch iterator with the ladder's settings, the diagnostics
-    step in its workers; the loader's own attributes are left as they were."""
+    """A watched torch iterator with the ladder's settings, each worker's own
+    file descriptions (first of all) and the diagnostics step in its workers;
+    the loader's own attributes are left as they were."""
     watch.dumps = dump_dir()
     init = with_step(loader.worker_init_fn,
                      functools.partial(faulthandler_in_worker, watch.dumps))
+    table = own_files(loader, watch.dumps)
+    if table is not None:
+        init = with_step(init, isolation.worker_step(table), first=True)
+        if watch.outcome is not None:
+            watch.outcome.table = table
     if ladder_rules.FILE_SYSTEM in ladder.settings:
         file_system_sharing(None)
         init = with_step(init, use_file_system_sharing)
@@ -366,6 +430,32 @@ def _real_workers(loader, ladder, watch, resume=None):
         return _WatchedWorkers(loader, watch, resume)
     finally:
         loader.worker_init_fn, loader.prefetch_factor = saved
+
+
+def own_files(loader, report_dir):
+    """The ``DescriptorTable`` that gives each worker of ``loader`` its own
+    description of every file this process reads (DL207; carried to spawned
+    workers: DL217), or None (both off, or nothing to give: no file open,
+    no native handle)."""
+    from ..rules import RULES
+
+    forked, carry = (CONFIG.mode == "fix" and engine.enabled(RULES[code])
+                     for code in ("DL207", "DL217"))
+    if not (forked or carry):
+        return None
+    handles = ()
+    if forked and _loader_state(loader, "fork_handles"):
+        handles, _unhandled = isolation.native_handles(isolation.parts_of(
+            {name: getattr(loader, name) for name in isolation.PARTS}))
+        handles = [(held, args) for held, args, _note in handles]
+    table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
+    return table if table else None
+
+
+def _loader_state(loader, name):
+    from ..patches.dataloader import loader_state
+
+    return loader_state(loader, name)
 
 
 def _stop(inner):
@@ -441,6 +531,8 @@ class RecoveringIter(wrapt.ObjectProxy):
     def _recover_or_raise(self, failure):
         try:
             recovered = self._recover(failure)
+        except NoExactRung:
+            raise
         except Exception as exc:  # ours: the user gets torch's error
             from ..report import internal_error
 
@@ -457,6 +549,7 @@ class RecoveringIter(wrapt.ObjectProxy):
         if failure.kind not in watch.kinds:
             return False  # its rule is disabled: torch's error, the workers untouched
         failure.batch = self._self_delivered
+        watch.did_not_hold(failure)
         rung = self._self_rung
         if self._self_pending is None:
             first, first_rung, tried, verify_at = failure, rung, [], 0
@@ -482,6 +575,8 @@ class RecoveringIter(wrapt.ObjectProxy):
                 return False
             try:
                 self._rebuild(loader, rung)
+            except NoExactRung:
+                raise  # no rung gives the batches exactly: said, and not run otherwise
             except _Failed as failed:
                 current = failed.failure
                 current.batch = self._self_delivered
@@ -544,7 +639,9 @@ class RecoveringIter(wrapt.ObjectProxy):
 
     def _settle(self):
         """Record a recovery once its rung has delivered every batch that was in
-        flight at the failure (verified, not predicted), or the epoch ended."""
+        flight at the failure (verified, not predicted), or the epoch ended; and
+        the records waiting on the workers, for the batches they delivered."""
+        self._self_watch.held()
         pending, self._self_pending = self._self_pending, None
         if pending is not None:
             engine.decide_or(None, "DataLoader recovery log", _record, pending)
@@ -565,13 +662,51 @@ def _record(pending):
 # -- the entry point --------------------------------------------------------------
 
 
-def watched(loader, wrapped, args, kwargs):
+def watched(loader, wrapped, args, kwargs, pending=()):
     """``wrapped(*args, **kwargs)`` (``DataLoader._get_iterator``), watched and
-    recovered where that is exact; unchanged otherwise, or on an error of ours."""
+    recovered where that is exact; unchanged otherwise, or on an error of ours.
+    ``pending``: the records of this iteration's worker checks, made once the
+    workers showed that their remedies held."""
     start = engine.decide_or(None, "DataLoader recovery", _plan, loader, wrapped)
     if start is None:
-        return wrapped(*args, **kwargs)
-    return start()
+        return _unwatched(loader, wrapped, args, kwargs, pending)
+    return start(pending)
+
+
+def _unwatched(loader, wrapped, args, kwargs, pending):
+    """torch's own iterator, each worker's own files first where there are
+    workers; the records are made once the workers started (not watched:
+    nothing more is seen of them)."""
+    table = engine.decide_or(None, "DataLoader worker isolation", own_files, loader,
+                             dump_dir()) if loader.num_workers else None
+    if table is None:
+        iterator = wrapped(*args, **kwargs)
+    else:
+        saved = loader.worker_init_fn
+        loader.worker_init_fn = with_step(saved, isolation.worker_step(table), first=True)
+        try:
+            iterator = wrapped(*args, **kwargs)
+        finally:
+            loader.worker_init_fn = saved
+    record_held(pending)
+    return iterator
+
+
+def emulated(loader, pending=()):
+    """The emulated-workers rung a rule chose for ``loader``; its records once
+    every worker has its copy (or, where none can be made, as what happened)."""
+    try:
+        iterator = _Emulated(loader)
+    except NoExactRung as refused:
+        engine.decide_or(None, "DataLoader records", _record_refused, pending, refused)
+        raise
+    record_held(pending)
+    return iterator
+
+
+def _record_refused(pending, refused):
+    for intervention in pending:
+        engine.record_outcome(intervention, failed=refused.reason)
 
 
 def _plan(loader, wrapped):
@@ -590,12 +725,34 @@ def _plan(loader, wrapped):
     return functools.partial(_start, loader, kinds)
 
 
-def _start(loader, kinds):
+def _start(loader, kinds, pending):
     ladder = _ladder(loader)
     if ladder.emulated:  # this loader's workers failed on every real rung
-        return _Emulated(loader)
+        return emulated(loader, pending)
     callsite.as_if_called_from(  # its warning names torch's line, as without the shim
         getattr(_dataloader.DataLoader.__dict__.get("_get_iterator"), "__wrapped__", None),
         loader.check_worker_number_rationality)
-    watch = _Watch(kinds, CONFIG.hang_timeout, loader.timeout)
+    site = callsite.iteration_site(loader)
+    named = any(i.code == "DL207" for i in pending)
+    outcome = isolation.Outcome(None, functools.partial(_say_used, site, named,
+                                                        loader.num_workers))
+    watch = _Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
+                   outcome)
     return RecoveringIter(_real_workers(loader, ladder, watch), loader, ladder, watch)
+
+
+def _say_used(site, named, workers, usage):
+    """The records of what the workers read through descriptions of their own
+    that no object named (DL207 said the named ones)."""
+    from ..rules.workers import used_descriptors
+
+    if usage.missing:
+        import logging
+
+        from ..report import log
+
+        log(logging.DEBUG, "%s: not reached in the workers (the number holds another file "
+            "there): %s", site, "; ".join("%s: %s" % item for item in usage.missing.items()))
+    found = used_descriptors(usage, workers, named)
+    if found:
+        engine.settle(found, site)

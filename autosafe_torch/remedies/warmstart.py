@@ -346,9 +346,10 @@ def _exit_when_ready(sentinel):
 
 def _failure(exc):
     """An exception as one short clause of a note: a line, never a traceback."""
+    from ..inspection.failures import describe_exception
     from ..report import clip
 
-    return clip("%s: %s" % (type(exc).__name__, exc), 80)
+    return clip(describe_exception(exc), 80)
 
 
 def _note(message):

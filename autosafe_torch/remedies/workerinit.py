@@ -17,8 +17,9 @@ def _run(steps, user_fn, worker_id):
         user_fn(worker_id)
 
 
-def with_step(worker_init_fn, step):
-    """A worker_init_fn that runs ``step(worker_id)`` first, then the original.
+def with_step(worker_init_fn, step, first=False):
+    """A worker_init_fn that runs ``step(worker_id)`` after the steps it has
+    (``first``: before them), then the original.
 
     ``step`` must be a module-level function (or a partial of one). Adding a
     step that is already there changes nothing.
@@ -27,7 +28,7 @@ def with_step(worker_init_fn, step):
         steps, user_fn = worker_init_fn.args
         if step in steps:
             return worker_init_fn
-        return functools.partial(_run, steps + (step,), user_fn)
+        return functools.partial(_run, (step,) + steps if first else steps + (step,), user_fn)
     return functools.partial(_run, (step,), worker_init_fn)
 
 

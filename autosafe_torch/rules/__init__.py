@@ -27,8 +27,8 @@ adds the rule's example and the torch versions it concerns (``docs.py``).
 import importlib
 
 # Where checks run, in the order the patches call them.
-HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.failure", "autocast", "scaler",
-         "amp.legacy", "amp.provided", "cv2.import")
+HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
+         "autocast", "scaler", "amp.legacy", "amp.provided", "cv2.import")
 
 RULES = {}
 
@@ -162,7 +162,7 @@ def brief(value):
         return repr(value)
     if isinstance(value, str):
         return repr(value) if len(value) <= 40 else "a string"
-    kind = type(value).__name__
+    kind = _kind(type(value))
     try:  # a user's object may raise anything from its attributes
         ours = __package__.split(".")[0]
         func = getattr(value, "func", None)  # functools.partial: a worker_init_fn step of ours
@@ -174,6 +174,18 @@ def brief(value):
     except Exception:
         pass
     return a_or_an(kind)
+
+
+def _kind(cls):
+    """A type as a log names it: ``reader`` is ``csv.reader``, a weak proxy is one."""
+    import weakref
+
+    if cls in (weakref.ProxyType, weakref.CallableProxyType):
+        return "weak proxy"
+    module = getattr(cls, "__module__", "") or ""
+    if module.startswith("_") and module != "__main__":  # a C type: _csv.reader
+        return "%s.%s" % (module.lstrip("_"), cls.__name__)
+    return cls.__name__
 
 
 def a_or_an(noun):

@@ -197,6 +197,23 @@ DOCS = {
         "            self.fh = open(self.path, 'rb')   # opened in each worker\n"
         "        ..."),
         "every supported torch; fork workers (the repairs of DL207 and DL212)"),
+    "DL217": ((
+        "class Records(Dataset):\n"
+        "    def __init__(self, path):\n"
+        "        self.fd = os.open(path, os.O_RDONLY)   # a number: spawn workers have no fd\n"
+        "    def __getitem__(self, i):\n"
+        "        os.lseek(self.fd, i * SIZE, os.SEEK_SET)\n"
+        "        return os.read(self.fd, SIZE)",
+        "class Records(Dataset):\n"
+        "    def __init__(self, path):\n"
+        "        self.path, self.fd = path, None\n"
+        "    def __getitem__(self, i):\n"
+        "        if self.fd is None:\n"
+        "            self.fd = os.open(self.path, os.O_RDONLY)   # in each worker\n"
+        "        os.lseek(self.fd, i * SIZE, os.SEEK_SET)\n"
+        "        return os.read(self.fd, SIZE)"),
+        "every supported torch; spawn workers (macOS, Windows) and forkserver workers "
+        "(Linux from Python 3.14)"),
     # -- devices, shared memory, open files ----------------------------------------
     "DL301": ((
         "ds = TensorDataset(x.cuda(), y.cuda())\n"

@@ -265,18 +265,6 @@ def _forking(args):
     return bool(args["num_workers"]) and start_method(args) == "fork"
 
 
-def _with_isolation(args, ctx):
-    """The loader's worker_init_fn with the isolation step first (one record per
-    loader: DL207 and DL212 share it), or as it is when it has one."""
-    from ..remedies import isolation
-    from ..remedies.workerinit import with_step
-
-    if isolation.record_of(args["worker_init_fn"]) is not None:
-        return args["worker_init_fn"]
-    step = ctx.__dict__.setdefault("isolation_step", isolation.worker_step(isolation.ForkRecord()))
-    return with_step(args["worker_init_fn"], step)
-
-
 def _owned(plan, by_dl212):
     """The handles and the unhandled entries of ``plan`` that are DL212's (native
     handles a forked child must not use: lmdb, captures) or DL207's (the rest)."""
@@ -288,14 +276,14 @@ def _owned(plan, by_dl212):
 
 
 @rule("DL207", "shared-file-offset", GROUP,
-      "fork workers and a dataset holding a file open for reading (plain, text, or "
-      "inside a GzipFile, ZipFile, TarFile, NpzFile, a wrapper of yours...): each worker "
-      "gets its own offset on the same descriptor, where the fork left it; an h5py file is "
-      "reopened by path in each worker; files open for writing stay "
-      "shared",
+      "fork workers (and the children of a fork server): every file the process holds "
+      "open for reading gets a description of its own in each worker, at the offset it "
+      "had, under the same descriptor, whoever holds it (a file object, a raw os.open() "
+      "descriptor, a closure, a C library); an h5py file is reopened by path in each "
+      "worker; files only written stay shared",
       "silently wrong samples: forked workers share one file offset (zipfile.BadZipFile: "
       "Bad CRC-32, gzip.BadGzipFile, EOFError: Compressed file ended before the "
-      "end-of-stream marker was reached, other records)",
+      "end-of-stream marker was reached, other records, half the rows of a csv.reader)",
       "open the file in worker_init_fn or lazily in __getitem__",
       at="dataloader.iter")
 def shared_file_offset(args, ctx):
@@ -307,19 +295,18 @@ def shared_file_offset(args, ctx):
         return _away_from_fork(shared_file_offset, args, ctx, "; ".join(
             "%s %s" % item for item in unhandled), repairs=False)
     if not (plan.isolate or handles):
-        return None
+        return None  # what no object shows is privatized all the same, and said if used
     what = ["%s: own offset" % d.describe() for d in plan.isolate]
     what += ["%s: reopened by path%s" % (held.path, ", " + note if note else "")
              for held, note in handles]
     if plan.shared:
         what.append("left shared, open for writing: %s" % ", ".join(
             d.describe() for d in plan.shared))
-    init = _with_isolation(args, ctx)
-    changes = {} if init is args["worker_init_fn"] else {"worker_init_fn": init}
     return shared_file_offset.rule.finding(
-        {"worker_init_fn": args["worker_init_fn"]}, changes,
-        "forked workers would share one offset per file; in each worker: %s"
+        {"files": [d.path for d in plan.isolate] + [held.path for held, _ in handles]},
+        why="forked workers would share one offset per file; in each worker: %s"
         % "; ".join(what), strategy="own offset in each worker",
+        state={"fork_handles": bool(handles)},
         done=_fork_done(plan.isolate, handles, plan.shared, args["num_workers"]))
 
 
@@ -362,15 +349,86 @@ def handle_not_fork_safe(args, ctx):
                                repairs=False)
     if not handles:
         return None
-    init = _with_isolation(args, ctx)
-    changes = {} if init is args["worker_init_fn"] else {"worker_init_fn": init}  # DL207's
     return handle_not_fork_safe.rule.finding(
-        {"worker_init_fn": args["worker_init_fn"]}, changes,
-        "a forked worker must not use the parent's %s" % ", ".join(
+        {"handles": [held.path for held, _note in handles]},
+        why="a forked worker must not use the parent's %s" % ", ".join(
             "%s (%s)%s" % (held.path, held.fork_unsafe, ", " + note if note else "")
             for held, note in handles),
-        strategy="reopen in each worker",
+        strategy="reopen in each worker", state={"fork_handles": True},
         done=_fork_done((), handles, (), args["num_workers"]))
+
+
+# -- what the workers report as they exit (``dataloader.outcome``) -----------------
+#
+# ``ctx.usage`` (``remedies.isolation.Usage``): the files the workers read
+# through a description of their own; ``ctx.workers``: how many; ``ctx.named``:
+# whether DL207 already named the loader's files. A record of what held.
+
+
+def _used(usage, how):
+    from ..remedies import isolation
+
+    return sorted((fd, name) for name, fd in usage.used.get(getattr(isolation, how), {}).items())
+
+
+def _files(used):
+    return ", ".join("%s (fd %d)" % (name, fd) for fd, name in used)
+
+
+@shared_file_offset.rule.check_at("dataloader.outcome")
+def read_through_no_object(args, ctx):
+    """What forked workers read through a description of their own that no
+    object of the loader's named (a raw descriptor, a closure, a C library),
+    or that a fork server opened (its children share it otherwise)."""
+    forked = [] if ctx.named else _used(ctx.usage, "FORKED")
+    server = _used(ctx.usage, "SERVER")
+    if not (forked or server):
+        return None
+    done = []
+    if forked:
+        done.append("%s: own file offset in each of %s, which read it through no object "
+                    "the shim can name" % (_files(forked),
+                                           number_of(ctx.workers, "forked worker")))
+    if server:
+        done.append("%s, opened by the fork server: own file offset in each of %s" % (
+            _files(server), number_of(ctx.workers, "worker")))
+    return read_through_no_object.rule.finding(
+        {"files": [name for _fd, name in forked + server]},
+        why="the workers read these files, which forked workers would share one offset "
+        "of", strategy="own offset in each worker", state={"privatized": True},
+        done="; ".join(done))
+
+
+@rule("DL217", "descriptor-to-workers", GROUP,
+      "spawn/forkserver workers of a dataset that reads a file through a descriptor of the "
+      "training process, by its number (a raw os.open(), a library that keeps one): the "
+      "descriptor reaches each worker under its number, at its own offset",
+      "OSError: [Errno 9] Bad file descriptor (or [Errno 29] Illegal seek) in a worker, "
+      "or another file read without an error under that number (a forkserver worker's "
+      "/dev/null)",
+      "keep the path on the dataset and open the file in the process that reads it "
+      "(lazily in __getitem__, or in worker_init_fn)",
+      at="dataloader.outcome")
+def descriptor_to_workers(args, ctx):
+    carried = _used(ctx.usage, "CARRIED")
+    if not carried:
+        return None
+    return descriptor_to_workers.rule.finding(
+        {"files": [name for _fd, name in carried]},
+        why="the workers read these descriptors of the training process by number; "
+        "spawn workers have none of them", strategy="carried to each worker",
+        state={"carried": True},
+        done="%s, read by number: carried to each of %s, at its own offset" % (
+            _files(carried), number_of(ctx.workers, "worker")))
+
+
+def used_descriptors(usage, workers, named):
+    """The findings for what ``workers`` reported (``usage``) as they exited."""
+    from ..engine import run_checks
+    from . import Context
+
+    ctx = Context(None, usage=usage, workers=workers, named=named)
+    return run_checks("dataloader.outcome", {}, ctx)[0]
 
 
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")

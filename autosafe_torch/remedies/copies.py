@@ -1,0 +1,541 @@
+"""One emulated worker's own copy of a loader's parts, as a forked worker has
+it, or a clear refusal: never two workers sharing one stateful object.
+
+A forked worker holds a copy of everything the parent held when it forked.
+An emulated worker (in this process) gets one by ``copy.deepcopy`` of the
+dataset, collate_fn and worker_init_fn, with what deepcopy cannot do done
+here, in its memo:
+
+- a file open for reading (plain, text, buffered, a sqlite connection, an
+  h5py file, a capture of a video file) is opened again for each copy, at
+  the parent's position, with its mode: a description of its own, as
+  DL207 gives a forked worker; read-write files too (``'r+b'``, a
+  ``NamedTemporaryFile``), through the kernel (``/proc/self/fd/N``). A
+  temporary file's copy never deletes the file when dropped.
+- a file only written (a log), a socket, a pipe, a logger, an lmdb handle
+  (one per process, and it holds no position) and large tensors and arrays
+  (data, read-only by contract, shared copy-on-write by forked workers) are
+  shared, as forked workers share them in effect.
+- a function with a closure or defaults is rebuilt around copies of them
+  (its code and globals are shared: a forked worker's globals are its
+  own, emulated workers share this process's: the module's notes say so);
+- locks, events, semaphores and conditions are new ones in the same state
+  (a held lock is refused); a thread pool is a new, empty one of the same
+  size (DL208).
+- anything deepcopy refuses is copied by a pickle round trip, as a spawned
+  worker would receive it; where that fails too (a ``csv.reader``, a C
+  library's handle, a weak proxy, a generator that has started, a text
+  file whose newline mode cannot be read back), the copy is refused:
+  ``NoExactRung`` names the object and the permanent fix.
+"""
+
+import copy
+import io
+import pickle
+import re
+import sys
+import threading
+import types
+import weakref
+
+from ..inspection import holdings, objwalk
+from ..errors import NoExactRung
+from ..inspection.failures import describe_exception
+from .reopen import reopen
+
+# Tensors and arrays at least this large are shared with the workers rather
+# than copied (a forked worker shares them copy-on-write); smaller ones, which
+# a dataset may well mutate (counters, caches of one sample), are copied.
+SHARE_AT_BYTES = 1 << 20
+
+# The most objects a copy may find that deepcopy cannot copy (each costs a retry).
+MAX_UNCOPYABLE = 64
+
+def _payload_bytes(obj):
+    """Bytes a deep copy of a tensor or array would duplicate, or None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and objwalk.is_a(obj, torch.Tensor):
+        try:
+            return obj.untyped_storage().nbytes()
+        except Exception:  # sparse, nested, meta: not copied by value either
+            return SHARE_AT_BYTES
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and objwalk.is_a(obj, numpy.ndarray):
+        return obj.nbytes
+    return None
+
+
+def _shared(obj):
+    """Why ``obj`` is given to the workers as it is, or None."""
+    size = _payload_bytes(obj)
+    if size is not None:
+        return "large tensor or array, read-only by contract" if size >= SHARE_AT_BYTES else None
+    if holdings.one_per_process(obj):
+        return "lmdb handle: one per process, and it holds no position"
+    logging = sys.modules.get("logging")
+    if logging is not None and objwalk.is_a(obj, (logging.Logger, logging.Handler)):
+        return "logger"
+    if _written_or_not_regular(obj):
+        return "not read from a file (written, a pipe, a socket): shared, as forked workers share it"
+    if holdings.threading_kind(obj) == "thread":
+        return "thread"
+    return None
+
+
+def _written_or_not_regular(f):
+    """A file a forked worker shares in effect: one only written (its writes
+    land where the others' do), a pipe, a terminal, a socket."""
+    import os
+    import stat
+
+    socket = sys.modules.get("socket")
+    if socket is not None and objwalk.is_a(f, socket.socket):
+        return True
+    raw = holdings.raw_file(f)
+    if raw is None:
+        return False
+    try:
+        if raw.closed:
+            return False
+        return not raw.readable() or not stat.S_ISREG(os.fstat(io.FileIO.fileno(raw)).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+class CopyPlan:
+    """What a worker's copy does with each object the parts hold, found once per
+    iterator; ``copy()`` makes one worker's copy.
+
+    ``shared``: ``(path, type name, why)`` of what the copies share, for the
+    log; ``names``: a name per object of the tuple ``objects``, for the paths.
+    """
+
+    def __init__(self, objects, names=None):
+        self.objects = objects
+        self.shared = []
+        self._memo_base = {}  # id -> the object itself: shared
+        self._files = {}      # id -> a file to open again for each copy
+        self._functions = {}  # id -> a function to rebuild around copies
+        self._locks = {}      # id -> a threading object to make anew
+        self._pools = {}      # id -> a thread pool to make anew
+        self._closers = {}    # temporary files' closers: their copies never delete
+        self._direct = {}  # id -> an instance built from its __dict__ (pickle's way, not its own)
+        self.watched = {}  # id -> (generator, path): shared while no worker advances it
+        self._buffered = {}  # id -> a buffered file over a Python raw (GzipFile's): rebuilt
+        self._weak = {}  # id -> a weak reference or proxy: to the copy of what it refers to
+        self._by_id = {}  # id -> every object the walk met
+        self._readers = {}  # id -> a decompressing reader (gzip, bz2, lzma): rewound
+        self._paths = {}
+        roots = zip(names, objects) if names else [("worker", objects)]
+        for name, root in roots:
+            for path, obj in _walk(root, name):
+                self._paths.setdefault(id(obj), path)
+                self._by_id[id(obj)] = obj
+                self._classify(path, obj)
+
+    def _classify(self, path, obj):
+        key = id(obj)
+        if key in self._memo_base or key in self._files:
+            return
+        why = _shared(obj)
+        if why is not None:
+            self._share(obj, why)
+        elif _buffered_over_python(obj):
+            self._buffered[key] = obj
+        elif _decompressing(obj):
+            self._readers[key] = obj
+        elif holdings.raw_file(obj) is not None or holdings.is_native_handle(obj) \
+                or holdings.sqlite_path(obj) is not None:
+            self._files[key] = obj
+        elif objwalk.is_a(obj, types.FunctionType) and (obj.__closure__ or obj.__defaults__
+                                                        or obj.__kwdefaults__):
+            self._functions[key] = obj
+        elif holdings.threading_kind(obj) is not None:
+            self._locks[key] = obj
+        elif holdings.thread_pool_in_use(obj) is not None:
+            self._pools[key] = obj
+        elif type(obj).__name__ == "_TemporaryFileCloser" and type(obj).__module__ == "tempfile":
+            self._closers[key] = obj
+        elif objwalk.is_a(obj, _WEAK):
+            self._weak[key] = obj
+        elif _forwards_attributes(obj) or _file_in_python(obj):
+            self._direct[key] = obj
+
+    def _share(self, obj, why):
+        self._memo_base[id(obj)] = obj
+        self.shared.append((self._paths.get(id(obj), "worker"), type(obj).__name__, why))
+
+    def path_of(self, obj):
+        return self._paths.get(id(obj)) or "an object of type %s" % type(obj).__name__
+
+    def copy(self):
+        """A new copy of the objects, as a freshly forked worker holds them."""
+        made = dict(self._memo_base)  # shared, opened anew, made anew: kept over retries
+        opened = []
+        try:
+            for key, f in self._files.items():
+                made[key] = self._own_file(f)
+                opened.append(made[key])
+            for key, lock in self._locks.items():
+                made[key] = self._new_lock(lock)
+            for key, pool in self._pools.items():
+                from .pools import _new_pool, _recipe
+
+                made[key] = _new_pool(*_recipe(pool))
+            for _ in range(MAX_UNCOPYABLE):
+                memo = dict(made)
+                try:
+                    return self._deepcopy(memo)
+                except NoExactRung:
+                    raise
+                except Exception as exc:
+                    culprit = _failed_object(exc.__traceback__)
+                    if culprit is None or id(culprit) in made:
+                        raise NoExactRung("%s cannot be copied for each emulated worker (%s)"
+                                          % (self._named(culprit), _short(exc)))
+                    made[id(culprit)] = self._round_trip(culprit, exc)
+            raise NoExactRung("too many objects that cannot be copied for emulated workers")
+        except BaseException:
+            for f in opened:
+                _close(f)
+            raise
+
+    def _deepcopy(self, memo):
+        # Instances built from their __dict__: empty first, so that whatever
+        # reaches them (a weak proxy's referent) finds their copy.
+        for key, obj in self._direct.items():
+            memo[key] = _new_instance(type(obj))
+        for key, closer in self._closers.items():
+            _closer_copy(closer, memo)
+        for key, reader in self._readers.items():
+            _reader_copy(reader, memo)
+        for key, f in self._buffered.items():
+            _buffered_copy(f, memo)
+        for key, func in self._functions.items():
+            memo[key] = _rebuilt(func, memo)
+        for key, ref in self._weak.items():
+            referent = _referent(ref, self._by_id)
+            if referent is not None:
+                memo[key] = (weakref.proxy if objwalk.is_a(ref, _PROXIES) else weakref.ref)(
+                    copy.deepcopy(referent, memo))
+        for key, obj in self._direct.items():
+            state = object.__getattribute__(obj, "__dict__")
+            object.__getattribute__(memo[key], "__dict__").update(copy.deepcopy(state, memo))
+        return copy.deepcopy(self.objects, memo)
+
+    def _named(self, obj):
+        from ..rules import what_is
+
+        if obj is None:
+            return "an object"
+        return "%s (%s)" % (self.path_of(obj), what_is(obj))
+
+    def _own_file(self, f):
+        try:
+            return reopen(f)
+        except (OSError, ValueError):
+            pass
+        if objwalk.is_a(f, io.TextIOWrapper):
+            raise NoExactRung("%s: each emulated worker needs its own, and its newline mode "
+                              "cannot be read back (the file holds carriage returns)"
+                              % self._named(f))
+        try:
+            return _reopen_binary(f)
+        except (OSError, ValueError) as exc:
+            raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
+                              % (self._named(f), _short(exc)))
+
+    def _new_lock(self, lock):
+        kind = holdings.threading_kind(lock)
+        made = {"lock": threading.Lock, "rlock": threading.RLock}.get(kind)
+        if made is not None:
+            if holdings._held(lock):
+                raise NoExactRung("%s is held now: a worker's copy would wait for it forever"
+                                  % self._named(lock))
+            return made()
+        if kind == "event":
+            new = threading.Event()
+            if lock.is_set():
+                new.set()
+            return new
+        if kind == "semaphore":
+            return type(lock)(lock._value) if not isinstance(lock, threading.BoundedSemaphore) \
+                else threading.BoundedSemaphore(lock._initial_value)
+        if kind == "condition":
+            return threading.Condition()
+        raise NoExactRung("%s cannot be made anew for each emulated worker" % self._named(lock))
+
+    def _round_trip(self, obj, exc):
+        """``obj`` as a spawned worker would receive it, or ``NoExactRung``; a
+        generator is shared, watched: refused as soon as a worker advances it."""
+        if objwalk.is_a(obj, types.GeneratorType):
+            if obj.gi_frame is not None:
+                self.watched[id(obj)] = (obj, self.path_of(obj))
+            self.shared.append((self.path_of(obj), "generator", "shared while no worker "
+                                "advances it (one that does is refused)"))
+            return obj
+        try:
+            from multiprocessing.reduction import ForkingPickler
+
+            return pickle.loads(ForkingPickler.dumps(obj))
+        except Exception:
+            raise NoExactRung("%s neither pickles for spawn workers nor copies for "
+                              "emulated ones, and no two workers may share it"
+                              % self._named(obj)) from None
+
+
+def generator_state(gen):
+    frame = gen.gi_frame
+    return None if frame is None else frame.f_lasti
+
+
+class Watched:
+    """The generators the copies share: their state before a worker's step, and
+    ``NoExactRung`` after it when the step advanced one (a forked worker
+    would have advanced its own)."""
+
+    def __init__(self, watched):
+        self.watched = list(watched.values())
+        self.before = None
+
+    def __bool__(self):
+        return bool(self.watched)
+
+    def enter(self):
+        self.before = [generator_state(gen) for gen, _path in self.watched]
+
+    def leave(self, worker_id):
+        for (gen, path), before in zip(self.watched, self.before):
+            if generator_state(gen) != before:
+                raise NoExactRung("emulated worker %d advanced %s (a generator), which the "
+                                  "emulated workers share: each forked worker would have "
+                                  "advanced its own" % (worker_id, path))
+
+
+def _walk(root, name):
+    """``(path, obj)`` for what a copy meets: the one walker's objects, and
+    what a function's closure, defaults and ``__dict__`` hold."""
+    stack = [(name, root)]
+    seen = set()
+    while stack:
+        path, obj = stack.pop()
+        for here, found, _edge in objwalk.walk(obj, path, stop=_stop):
+            if id(found) in seen:
+                continue
+            seen.add(id(found))
+            yield here, found
+            if objwalk.is_a(found, types.FunctionType):
+                for i, cell in enumerate(found.__closure__ or ()):
+                    try:
+                        stack.append(("%s.<closure %d>" % (here, i), cell.cell_contents))
+                    except ValueError:  # an empty cell
+                        pass
+                for label, value in ((".__defaults__", found.__defaults__),
+                                     (".__kwdefaults__", found.__kwdefaults__)):
+                    if value:
+                        stack.append((here + label, value))
+
+
+def _stop(obj):
+    """Reported, never entered: payloads, what holds a kernel resource itself
+    (a file on a descriptor, a native handle, a socket), locks, pools, loggers.
+    A file object written in Python (GzipFile) is entered: its files are inside."""
+    if _payload_bytes(obj) is not None or holdings.stop_at_threading(obj):
+        return True
+    if holdings.is_file_object(obj):
+        return not (_file_in_python(obj) or _buffered_over_python(obj))
+    return False
+
+
+def _rebuilt(func, memo):
+    """``func`` around copies of its closure cells and defaults (made with
+    ``memo``: a file it closes over is the copy's own)."""
+    if id(func) in memo:
+        return memo[id(func)]
+    cells = None
+    if func.__closure__:
+        cells = tuple(_cell_copy(cell, memo) for cell in func.__closure__)
+    new = types.FunctionType(func.__code__, func.__globals__, func.__name__,
+                             copy.deepcopy(func.__defaults__, memo), cells)
+    new.__kwdefaults__ = copy.deepcopy(func.__kwdefaults__, memo)
+    new.__qualname__, new.__module__ = func.__qualname__, func.__module__
+    new.__dict__.update(copy.deepcopy(func.__dict__, memo))
+    return new
+
+
+_BUFFERED = (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)
+
+
+def _buffered_over_python(f):
+    """A buffered file whose raw is written in Python (a GzipFile's decompressing
+    reader): the buffer is a cache, rebuilt around a copy of the raw."""
+    try:
+        return type(f) in _BUFFERED and not objwalk.is_a(f.raw, io.FileIO)
+    except (ValueError, AttributeError):
+        return False
+
+
+def _decompressing(obj):
+    """The stdlib's decompressing reader (gzip, bz2, lzma): its decompressor
+    cannot be copied (bz2's, lzma's), but the stream can be read again."""
+    compression = sys.modules.get("_compression")
+    cls = getattr(compression, "DecompressReader", None)
+    return cls is not None and objwalk.is_a(obj, cls)
+
+
+def _reader_copy(reader, memo):
+    """A decompressing reader for a copy: the same stream (its file the copy's
+    own), rewound to its start with a fresh decompressor; the buffered file
+    above it seeks to where the parent's stands."""
+    if id(reader) in memo:
+        return memo[id(reader)]
+    twin = _new_instance(type(reader))
+    memo[id(reader)] = twin
+    state = {k: v for k, v in vars(reader).items() if k != "_decompressor"}
+    twin.__dict__.update(copy.deepcopy(state, memo))
+    twin._rewind()
+    return twin
+
+
+def _buffered_copy(f, memo):
+    """A buffered file over a copy of its raw, at the position ``f`` reads from."""
+    if id(f) in memo:
+        return memo[id(f)]
+    raw = f.raw
+    if _decompressing(raw):  # a decompressor copies (gzip's) or not (bz2's, lzma's)
+        try:
+            raw = copy.deepcopy(raw, dict(memo))
+        except Exception:
+            raw = _reader_copy(raw, memo)
+    else:
+        raw = copy.deepcopy(raw, memo)
+    twin = type(f)(raw)
+    memo[id(f)] = twin
+    if not f.closed and f.seekable():
+        twin.seek(f.tell())
+    return twin
+
+
+def _closer_copy(closer, memo):
+    """A temporary file's closer for a copy: it closes the copy's own file and
+    never deletes the parent's (a forked worker's copy is never finalized)."""
+    if id(closer) in memo:
+        return memo[id(closer)]
+    twin = object.__new__(type(closer))
+    memo[id(closer)] = twin
+    twin.__dict__.update(copy.deepcopy(closer.__dict__, memo))
+    twin.delete = False
+    if "delete_on_close" in twin.__dict__:
+        twin.delete_on_close = False
+    return twin
+
+
+def _forwards_attributes(obj):
+    """An instance whose class forwards unknown attributes (``__getattr__``) and
+    copies by default: copy's (and pickle's) look-up of ``__setstate__`` on
+    the empty new instance recurses, or raises, in the forwarding."""
+    cls = type(obj)
+    try:
+        forwards = getattr(cls, "__getattr__", None) is not None \
+            or cls.__getattribute__ is not object.__getattribute__
+        if not forwards or objwalk.slot_names(cls) \
+                or type(object.__getattribute__(obj, "__dict__")) is not dict:
+            return False
+        defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
+                    ("__getstate__", getattr(object, "__getstate__", None)),
+                    ("__setstate__", None), ("__deepcopy__", None))
+        return all(getattr(cls, name, None) is default for name, default in defaults)
+    except Exception:
+        return False
+
+
+def _file_in_python(obj):
+    """A file object written in Python around other files (GzipFile, BZ2File,
+    ZipExtFile, a user's IOBase): its state is its attributes, copied with
+    the copy's own files inside; io's classes refuse deepcopy itself."""
+    cls = type(obj)
+    return objwalk.is_a(obj, io.IOBase) and cls.__module__ not in ("_io", "io") \
+        and "__dict__" in dir(cls) and not objwalk.slot_names(cls)
+
+
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+_WEAK = _PROXIES + (weakref.ReferenceType,)
+_PROXIED = re.compile(r" to .+ at (0x[0-9a-fA-F]+)>$")
+
+
+def _referent(ref, objects):
+    """What the weak reference or proxy ``ref`` refers to, when it is one of
+    ``objects`` (by id): a proxy says it only in its repr (C: the id)."""
+    if objwalk.is_a(ref, weakref.ReferenceType):
+        target = ref()
+        return target if target is not None and id(target) in objects else None
+    found = _PROXIED.search(repr(ref))  # C: the type and address of the referent
+    return objects.get(int(found.group(1), 16)) if found else None
+
+
+def _new_instance(cls):
+    """An empty instance, as pickle's default makes one: io's classes need their own __new__."""
+    return cls.__new__(cls) if issubclass(cls, io.IOBase) else object.__new__(cls)
+
+
+def _cell_copy(cell, memo):
+    try:
+        return types.CellType(copy.deepcopy(cell.cell_contents, memo))
+    except ValueError:  # empty
+        return types.CellType()
+
+
+def _reopen_binary(f):
+    """A binary file (or its raw FileIO) open again on a description of its own,
+    at the position ``f`` reads from, with its mode: through the kernel, so
+    that a file open for reading and writing (``'r+b'``, a temporary file)
+    or one since deleted is reached as it is."""
+    import os
+
+    from .isolation import reopen_description
+
+    raw = holdings.raw_file(f)
+    if raw is None or isinstance(f, io.TextIOWrapper):
+        raise ValueError("not a binary file")
+    import fcntl
+
+    fd = raw.fileno()
+    st = os.fstat(fd)
+    position = f.tell()
+    new = reopen_description(fd, st.st_dev, st.st_ino, fcntl.fcntl(fd, fcntl.F_GETFL))
+    os.lseek(new, position, os.SEEK_SET)
+    twin = io.FileIO(new, raw.mode, closefd=True)
+    twin.name = raw.name
+    if f is raw:
+        return twin
+    kind = type(f) if type(f) in (io.BufferedReader, io.BufferedWriter, io.BufferedRandom) \
+        else io.BufferedRandom
+    return kind(twin)
+
+
+def _short(exc):
+    from ..report import clip
+
+    return clip(describe_exception(exc, 1), 60)
+
+
+def _close(f):
+    try:
+        f.close()
+    except Exception:
+        pass
+
+
+def _failed_object(tb):
+    """The innermost object ``copy.deepcopy`` was copying when it raised."""
+    culprit = None
+    while tb is not None:
+        if tb.tb_frame.f_code is copy.deepcopy.__code__:
+            culprit = tb.tb_frame.f_locals.get("x")
+        tb = tb.tb_next
+    return culprit
+
+
+def copy_for_worker(objects):
+    """One worker's copy of ``objects`` (see ``CopyPlan``)."""
+    return CopyPlan(objects).copy()
