@@ -191,7 +191,6 @@ class Holder:
         self.f.seek(5)
         self.log = open(Path(path).with_suffix(".log"), "a")
         self.lock = threading.Lock()
-        self.db = sqlite3.connect(":memory:")
         self.small = torch.zeros(4)
         self.big = torch.zeros(SHARE_AT_BYTES // 4)
         self.rng = torch.Generator().manual_seed(1)
@@ -210,7 +209,10 @@ def holder_dataset(holder):
     return dataset
 
 
-def test_worker_copies_reopen_files_and_share_what_cannot_be_copied(tmp_path):
+def test_worker_copies_have_their_own_files_and_share_only_what_forked_workers_share(tmp_path):
+    """A file read from is opened again for each copy (its own offset), a lock
+    is a new one; a log only written and a large tensor are shared, as forked
+    workers share them in effect."""
     data = tmp_path / "data.bin"
     data.write_bytes(bytes(range(64)))
     holder = Holder(data)
@@ -219,19 +221,60 @@ def test_worker_copies_reopen_files_and_share_what_cannot_be_copied(tmp_path):
     assert a.f is not holder.f and a.f is not b.f
     assert a.f.tell() == 5 and a.f.read(2) == bytes([5, 6]) and b.f.read(1) == bytes([5])
     assert holder.f.tell() == 5
-    assert a.log is holder.log and a.lock is holder.lock and a.db is holder.db
-    assert a.big is holder.big and a.small is not holder.small
-    assert a.rng is not holder.rng
+    assert a.log is holder.log and a.big is holder.big
+    assert a.lock is not holder.lock and a.lock is not b.lock and not a.lock.locked()
+    assert a.small is not holder.small and a.rng is not holder.rng
     assert torch.rand(1, generator=a.rng) == torch.rand(1, generator=b.rng)
-    why = {path: reason for path, _type, reason in plan.shared}
-    assert set(why) == {"worker.log", "worker.lock", "worker.db", "worker.big"}
-    assert "cannot be copied" in why["worker.db"]
+    assert {path for path, _type, _why in plan.shared} == {"worker.log", "worker.big"}
     it = EmulatedWorkersIter(DataLoader(holder_dataset(holder), num_workers=2), False)
-    assert {path for path, _type, _why in it.shared} == {
-        "dataset.holder.log", "dataset.holder.lock", "dataset.holder.db", "dataset.holder.big"}
+    assert {path for path, _type, _why in it.shared} == {"dataset.holder.log",
+                                                         "dataset.holder.big"}
     for f in (holder.f, holder.log, a.f, b.f):
         f.close()
     assert isinstance(holder.f, io.BufferedReader)
+
+
+def test_what_cannot_be_copied_is_refused_never_shared(tmp_path):
+    """An in-memory sqlite connection neither pickles nor copies nor reopens:
+    the copy is refused, naming it; a file-backed one is reopened read-only."""
+    from autosafe_torch.errors import NoExactRung
+
+    (tmp_path / "data.bin").write_bytes(b"x" * 8)
+    holder = Holder(tmp_path / "data.bin")
+    holder.db = sqlite3.connect(":memory:")
+    with pytest.raises(NoExactRung, match=r"worker\.db \(a sqlite connection\)"):
+        CopyPlan(holder).copy()
+    path = tmp_path / "rows.db"
+    with sqlite3.connect(path) as db:
+        db.execute("create table t (i integer)")
+    holder.db = sqlite3.connect(path)
+    copy = CopyPlan(holder).copy()
+    assert copy.db is not holder.db
+    assert copy.db.execute("select count(*) from t").fetchone() == (0,)
+
+
+def test_a_generator_is_shared_only_while_no_worker_advances_it():
+    """A generator held but never used by the workers is shared (it cannot be
+    copied); the first step that advances it is refused, before its batch."""
+    from autosafe_torch.errors import NoExactRung
+
+    class Held(Dataset):
+        def __init__(self, advance):
+            self.pending = (i for i in range(100))
+            self.advance = advance
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if self.advance:
+                next(self.pending)
+            return torch.tensor([i])
+
+    batches = list(EmulatedWorkersIter(DataLoader(Held(False), batch_size=2, num_workers=2)))
+    assert torch.cat(batches).view(-1).tolist() == list(range(8))
+    with pytest.raises(NoExactRung, match=r"advanced dataset\.pending \(a generator\)"):
+        list(EmulatedWorkersIter(DataLoader(Held(True), batch_size=2, num_workers=2)))
 
 
 @pytest.mark.gpu

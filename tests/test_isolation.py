@@ -10,7 +10,9 @@ IterableDataset that shards with ``get_worker_info()``. Its safe twin opens
 the file in the process that reads it. Each case, under fork, spawn as on
 macOS (no fork rung) and forkserver as on Linux from Python 3.14: the plain
 run fails (an error, or other batches than the twin's), the shimmed run
-gives the twin's batches, and the record names the rung.
+gives the twin's batches, and the record names the rung; or, where no rung
+is exact (a CRLF text file as on macOS), a clear error and a record that
+says the fix did not hold.
 """
 
 import json
@@ -29,6 +31,10 @@ KINDS = ("zip", "tar", "gzip", "bz2", "lzma", "npz", "text-crlf", "delegator", "
 # is its file and its member list; the delegator's and the stream's, a plain
 # file). The rest (a decompressor, a ZipFile's lock, a newline mode) cannot be.
 BY_PATH = ("tar", "delegator", "iterable")
+# As on macOS (no fork rung), emulated workers each need their own copy of the
+# file, with its state: a text file whose newline mode cannot be read back
+# (it holds carriage returns) has none, so the loader is not run.
+NO_COPY = ("text-crlf",)
 PLATFORMS = {"fork": "linux", "spawn": "macos", "forkserver": "linux-py314"}
 FORK, BY_PATH_RUNG = "start method: fork", "repair: reopen read-only files by path in each worker"
 EMULATED = "emulated workers (in process)"
@@ -86,6 +92,11 @@ def test_held_file_runs_with_the_safe_twins_batches(tmp_path, tmp_path_factory, 
     else:
         assert plain.rc != 0 and "cannot pickle" in plain.stderr, plain
     result, records = shimmed(tmp_path, kind, method)
+    if kind in NO_COPY and method == "spawn":
+        assert result.rc != 0 and "NoExactRung" in result.stderr and not result.batches, result
+        assert "its newline mode cannot be read back" in result.stderr, result
+        assert [(r["code"], r["action"]) for r in records] == [("DL201", "failed")], records
+        return
     assert result.rc == 0 and result.batches == safe, result
     assert {(r["code"], r["strategy"]) for r in records} == expected_rungs(kind, method)
     assert "internal error" not in result.stderr, result
@@ -153,16 +164,16 @@ import os, sys, torch
 from torch.utils.data import DataLoader, Dataset
 from autosafe_torch.remedies import isolation
 
-PARENT, reopen_descriptor = os.getpid(), isolation.reopen_descriptor
+PARENT, reopen_description = os.getpid(), isolation.reopen_description
 
-def vanished_in_workers(fd, dev, ino):
+def vanished_in_workers(fd, dev, ino, flags):
     # The file cannot be reopened in the workers (as when its path is gone on
     # macOS): the parent's check passed, the worker's act fails.
     if os.getpid() != PARENT:
         raise OSError(2, "No such file or directory")
-    return reopen_descriptor(fd, dev, ino)
+    return reopen_description(fd, dev, ino, flags)
 
-isolation.reopen_descriptor = vanished_in_workers
+isolation.reopen_description = vanished_in_workers
 
 class Records(Dataset):
     def __init__(self, lazy):
@@ -197,6 +208,10 @@ def test_a_repair_a_worker_cannot_apply_steps_down(tmp_path):
     assert set(records) == {"DL207", "DL216"}
     assert records["DL216"]["strategy"] == EMULATED
     assert "could not be given its own offset" in records["DL216"]["why"]
+    # What was planned did not hold, and its record says so: never "fixed".
+    assert records["DL207"]["action"] == "failed"
+    assert records["DL207"]["done"].startswith("did not hold: "), records["DL207"]
+    assert "did not hold DL207 x1" in result.stderr
     off = run_script(tmp_path, REMEDY_FAILS_IN_WORKERS, start_method="fork", activation="env",
                      env={"AUTOSAFE_TORCH_DISABLE": "DL216"})
     assert off.rc != 0 and "RemedyFailed" in off.stderr, off
