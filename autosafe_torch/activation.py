@@ -53,6 +53,7 @@ def activate(source="import"):
     for name in TARGETS:
         finder.register(name, _on_import(name))
     _register_fork_hook()
+    _report_a_failed_start()
     try:
         from . import rehearsal
 
@@ -67,6 +68,20 @@ def activate(source="import"):
         log(logging.INFO, "activated after %s was imported (%s); objects created "
             "before now were not checked", " and ".join(late), source)
     return True
+
+
+def _report_a_failed_start():
+    """In a spawned worker (activated through the environment before its start
+    runs): an exception that ends the start (unpickling the dataset, importing
+    the main module) is written where the parent's recovery reads it."""
+    if getattr(sys, "argv", [])[-1:] != ["--multiprocessing-fork"]:
+        return  # not a process multiprocessing spawned
+    try:
+        from .remedies import dumps
+
+        dumps.leave_start_traceback(dumps.parents_dump_dir)
+    except Exception:
+        pass
 
 
 def _register_fork_hook():

@@ -136,6 +136,18 @@ def where(dump):
     return None
 
 
+def exception_line(dump, limit=100):
+    """The exception a Python traceback in ``dump`` ends with ("RecursionError:
+    maximum recursion depth exceeded"), or None (a faulthandler dump: a crash)."""
+    if "Traceback (most recent call last):" not in dump:
+        return None
+    for line in reversed(dump.rstrip().splitlines()):
+        if line and not line.startswith((" ", "\t")):
+            text = line.strip()
+            return text if len(text) <= limit else text[:limit - 3] + "..."
+    return None
+
+
 def clip(dump, lines=TRACEBACK_LINES):
     """A dump as the log shows it: without the frames a forked worker keeps
     from its parent's stack (below multiprocessing's ``_bootstrap``) and the
@@ -200,6 +212,11 @@ class Failure:
             text = "%s failed: %s" % (self.who(), _first_line(self.exc))
         if self.kind in (SHM, FDS) and self.exc is not None and self.status:
             text += " (%s)" % _first_line(self.exc)
+        if self.starting:
+            text += " while starting"
+        raised = exception_line(self.dump) if self.dump else None
+        if raised:
+            text += ": %s" % raised
         found = where(self.dump) if self.dump else None
         if found:
             text += ", in %s" % found

@@ -389,6 +389,30 @@ def _held(obj):
     return True
 
 
+def forwards_attributes(obj):
+    """An instance whose class forwards unknown attributes (``__getattr__`` or
+    its own ``__getattribute__``) and pickles and copies by default: pickle's
+    (and copy's) look-up of ``__setstate__`` on the new, empty instance
+    recurses, or raises, in the forwarding (a RecursionError in a spawned
+    worker). Rebuilt from its ``__dict__`` instead: what pickle's default
+    does, without asking the empty instance anything."""
+    cls = type(obj)
+    try:
+        forwards = getattr(cls, "__getattr__", None) is not None \
+            or cls.__getattribute__ is not object.__getattribute__
+        if not forwards or objwalk.slot_names(cls) \
+                or issubclass(cls, (list, dict, set, frozenset, tuple)) \
+                or type(object.__getattribute__(obj, "__dict__")) is not dict:
+            return False
+        defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
+                    ("__getstate__", getattr(object, "__getstate__", None)),
+                    ("__setstate__", None), ("__deepcopy__", None),
+                    ("__getnewargs__", None), ("__getnewargs_ex__", None))
+        return all(getattr(cls, name, None) is default for name, default in defaults)
+    except Exception:
+        return False
+
+
 # -- code that already takes care of itself ------------------------------------
 
 

@@ -158,7 +158,7 @@ class CopyPlan:
             self._closers[key] = obj
         elif objwalk.is_a(obj, _WEAK):
             self._weak[key] = obj
-        elif _forwards_attributes(obj) or _file_in_python(obj):
+        elif holdings.forwards_attributes(obj) or _file_in_python(obj):
             self._direct[key] = obj
 
     def _share(self, obj, why):
@@ -430,25 +430,6 @@ def _closer_copy(closer, memo):
     return twin
 
 
-def _forwards_attributes(obj):
-    """An instance whose class forwards unknown attributes (``__getattr__``) and
-    copies by default: copy's (and pickle's) look-up of ``__setstate__`` on
-    the empty new instance recurses, or raises, in the forwarding."""
-    cls = type(obj)
-    try:
-        forwards = getattr(cls, "__getattr__", None) is not None \
-            or cls.__getattribute__ is not object.__getattribute__
-        if not forwards or objwalk.slot_names(cls) \
-                or type(object.__getattribute__(obj, "__dict__")) is not dict:
-            return False
-        defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
-                    ("__getstate__", getattr(object, "__getstate__", None)),
-                    ("__setstate__", None), ("__deepcopy__", None))
-        return all(getattr(cls, name, None) is default for name, default in defaults)
-    except Exception:
-        return False
-
-
 def _file_in_python(obj):
     """A file object written in Python around other files (GzipFile, BZ2File,
     ZipExtFile, a user's IOBase): its state is its attributes, copied with
@@ -474,8 +455,8 @@ def _referent(ref, objects):
 
 
 def _new_instance(cls):
-    """An empty instance, as pickle's default makes one: io's classes need their own __new__."""
-    return cls.__new__(cls) if issubclass(cls, io.IOBase) else object.__new__(cls)
+    """An empty instance, as pickle's default makes one (``copyreg.__newobj__``)."""
+    return cls.__new__(cls)
 
 
 def _cell_copy(cell, memo):

@@ -5,29 +5,38 @@ worker's Python traceback, and on ``DUMP_SIGNAL`` every thread's stack, to
 ``dump_path``: what "details are lost due to multiprocessing" loses. A
 worker that dies before its steps run, while it starts (unpickling its
 dataset, importing the main module), leaves its traceback at
-``bootstrap_path`` where the shim owns that path: the warm server's
-children (``warmserver``). Files of healthy workers are empty and removed
-at exit; the others stay, and the log names them.
+``bootstrap_path``: the warm server's children are told the directory
+(``warmserver``), a spawned worker finds its parent's by name (the
+directory's name holds the parent's pid; ``leave_start_traceback``). One
+that left no dump file at all never ran its first step: it died starting.
+Files of healthy workers are empty and removed at exit; the others stay,
+and the log names them.
 """
 
 import atexit
+import glob
 import os
 import signal
+import sys
 import tempfile
 
 DUMP_SIGNAL = signal.SIGUSR1
-# Where a warm worker is told the directory, in its preparation data (``warmserver``).
+# Where a warm worker is told the directory, in its preparation data (``warmserver``),
+# and the environment and umask of the parent at that start.
 DUMPS_KEY = "autosafe_torch_dumps"
+ENVIRON_KEY = "autosafe_torch_environ"
+UMASK_KEY = "autosafe_torch_umask"
 
 _dump_dir = None
 _worker_dump = None  # in a worker: the open dump file, kept for faulthandler
+_PREFIX = "autosafe_torch-workers-%d-"  # the pid of the process whose workers dump there
 
 
 def dump_dir():
     """This process's directory for its workers' dumps, made on first use."""
     global _dump_dir
     if _dump_dir is None or not os.path.isdir(_dump_dir):
-        _dump_dir = tempfile.mkdtemp(prefix="autosafe_torch-workers-")
+        _dump_dir = tempfile.mkdtemp(prefix=_PREFIX % os.getpid())
         atexit.register(_clean_dumps, _dump_dir, os.getpid())
     return _dump_dir
 
@@ -82,3 +91,37 @@ def read(path):
             return f.read()
     except OSError:
         return ""
+
+
+def parents_dump_dir():
+    """In a spawned worker: its parent's directory (made by ``dump_dir``, owned
+    by this user), or None."""
+    pattern = os.path.join(tempfile.gettempdir(), _PREFIX % os.getppid() + "*")
+    for directory in glob.glob(pattern):
+        try:
+            if os.path.isdir(directory) and os.stat(directory).st_uid == os.getuid():
+                return directory
+        except OSError:
+            continue
+    return None
+
+
+def leave_start_traceback(directory_of):
+    """In a worker that is starting: an exception that ends its start is also
+    written to ``bootstrap_path`` in ``directory_of()`` (looked up only then),
+    for the parent's record. multiprocessing reports it through ``sys.excepthook``."""
+    shown = sys.excepthook
+
+    def hook(kind, value, tb):
+        try:
+            import traceback
+
+            directory = directory_of()
+            if directory is not None:
+                with open(bootstrap_path(directory, os.getpid()), "w") as f:
+                    traceback.print_exception(kind, value, tb, file=f)
+        except Exception:
+            pass
+        shown(kind, value, tb)
+
+    sys.excepthook = hook

@@ -9,6 +9,25 @@ mode, and ``uninstall_reducers`` puts back what was there before.
 PROTOCOL = __import__("pickle").DEFAULT_PROTOCOL
 
 _MISSING = object()
+
+
+def built_from_attributes(cls, state):
+    """In a worker: an instance of ``cls`` as pickle's default builds it
+    (``cls.__new__``, then its ``__dict__``), without asking the empty
+    instance for ``__setstate__``: a class that forwards unknown attributes
+    would recurse there (``holdings.forwards_attributes``)."""
+    obj = cls.__new__(cls)
+    object.__getattribute__(obj, "__dict__").update(state)
+    return obj
+
+
+def reduce_from_attributes(obj):
+    return built_from_attributes, (type(obj), dict(object.__getattribute__(obj, "__dict__")))
+
+
+def forwarder_reducers(classes):
+    """Reducers for instances of ``classes`` (attribute forwarders)."""
+    return {cls: reduce_from_attributes for cls in classes}
 _installed = {}  # type -> the reducer it had before us (or _MISSING)
 
 

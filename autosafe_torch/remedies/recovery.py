@@ -549,7 +549,6 @@ class RecoveringIter(wrapt.ObjectProxy):
         if failure.kind not in watch.kinds:
             return False  # its rule is disabled: torch's error, the workers untouched
         failure.batch = self._self_delivered
-        watch.did_not_hold(failure)
         rung = self._self_rung
         if self._self_pending is None:
             first, first_rung, tried, verify_at = failure, rung, [], 0
@@ -561,6 +560,8 @@ class RecoveringIter(wrapt.ObjectProxy):
             # Verified once every batch in flight at the failure is delivered.
             verify_at = max(verify_at, getattr(self.__wrapped__, "_send_idx", 0))
             self._diagnose(current)
+            if current is failure:
+                watch.did_not_hold(failure)  # now that it is known whether it died starting
             _stop(self.__wrapped__)
             counted = ladder_rules.RESTART if rung == ladder_rules.AS_ASKED else rung
             ladder.failures[counted] = ladder.failures.get(counted, 0) + 1
@@ -626,11 +627,13 @@ class RecoveringIter(wrapt.ObjectProxy):
                     i, p.pid, _read(path).rstrip() or "(no stack written)")
                     for i, (p, path) in enumerate(zip(processes, paths)))
             elif failure.worker is not None and failure.pid is not None:
-                failure.dump = _read(dump_path(directory, failure.worker, failure.pid)).rstrip()
-                if not failure.dump:  # died while starting, before its steps ran
+                own = dump_path(directory, failure.worker, failure.pid)
+                failure.dump = _read(own).rstrip()
+                if not failure.dump:  # died while starting, before its steps ran?
                     failure.dump = _read(bootstrap_path(directory, failure.pid)).rstrip()
-                    failure.starting = bool(failure.dump)
-                if not failure.dump and failure.status:
+                    # Its first step makes its dump file: none, and it never ran it.
+                    failure.starting = bool(failure.dump) or not os.path.exists(own)
+                if not failure.dump and failure.status and not failure.starting:
                     exitcode = processes[failure.worker].exitcode
                     failure.note = F.why_no_traceback(exitcode)
             failure.dump = F.clip(failure.dump) if failure.dump else ""
@@ -679,6 +682,7 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     nothing more is seen of them)."""
     table = engine.decide_or(None, "DataLoader worker isolation", own_files, loader,
                              dump_dir()) if loader.num_workers else None
+    mark = _warm_mark(pending)
     if table is None:
         iterator = wrapped(*args, **kwargs)
     else:
@@ -688,6 +692,7 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
             iterator = wrapped(*args, **kwargs)
         finally:
             loader.worker_init_fn = saved
+    engine.decide_or(None, "DataLoader records", _warm_outcome, pending, mark)
     record_held(pending)
     return iterator
 
@@ -738,7 +743,40 @@ def _start(loader, kinds, pending):
                                                         loader.num_workers))
     watch = _Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
                    outcome)
-    return RecoveringIter(_real_workers(loader, ladder, watch), loader, ladder, watch)
+    mark = _warm_mark(pending)
+    inner = _real_workers(loader, ladder, watch)
+    engine.decide_or(None, "DataLoader records", _warm_outcome, pending, mark)
+    return RecoveringIter(inner, loader, ladder, watch)
+
+
+def _warm_mark(pending):
+    """Where the warm starts stood before this iterator's workers (DL209), or None."""
+    if not any(i.code == "DL209" for i in pending):
+        return None
+    from . import warmstart
+
+    return warmstart.starts().mark()
+
+
+def _warm_outcome(pending, mark):
+    """DL209's record says how the workers came once they started: from the
+    warm server, or, where some came by plain spawn, that it did not hold
+    and why (its own line, with the user's file:line)."""
+    if mark is None:
+        return
+    from ..rules import number_of
+    from . import warmstart
+
+    started = warmstart.starts()
+    _warm, plain = started.since(mark)
+    for warm in [i for i in pending if i.code == "DL209" and i.strategy == "warm forkserver"]:
+        if not plain:
+            continue
+        for host in pending:
+            if warm in host.clauses:
+                host.clauses.remove(warm)
+        warm.failed("%s started by plain spawn: %s" % (
+            number_of(plain, "worker"), started.reason or "the warm server did not start"))
 
 
 def _say_used(site, named, workers, usage):

@@ -39,7 +39,7 @@ import sys
 import warnings
 
 from ..inspection import threads
-from .dumps import DUMPS_KEY, bootstrap_path
+from .dumps import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, leave_start_traceback
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module
@@ -78,28 +78,18 @@ def _settle():
 
 
 def _prepare_and_report(data, prepare):
+    """Before spawn's own preparation: the parent's environment and umask at
+    this start, and where a failure to start leaves its traceback."""
+    environ, umask = data.pop(ENVIRON_KEY, None), data.pop(UMASK_KEY, None)
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+    if umask is not None:
+        os.umask(umask)
     directory = data.pop(DUMPS_KEY, None)
     if directory:
-        _leave_traceback_in(directory)
+        leave_start_traceback(lambda: directory)
     return prepare(data)
-
-
-def _leave_traceback_in(directory):
-    """In the worker: an exception that ends its start is also written down.
-    (The forkserver's child reports it through ``sys.excepthook``.)"""
-    shown = sys.excepthook
-
-    def hook(kind, value, tb):
-        try:
-            import traceback
-
-            with open(bootstrap_path(directory, os.getpid()), "w") as f:
-                traceback.print_exception(kind, value, tb, file=f)
-        except Exception:
-            pass
-        shown(kind, value, tb)
-
-    sys.excepthook = hook
 
 
 def _in_fork_server():

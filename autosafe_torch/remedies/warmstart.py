@@ -98,7 +98,9 @@ def preload(names):
 # -- the server -----------------------------------------------------------------------
 
 def _inherited():
-    """What a forked worker gets from the server rather than from us."""
+    """What a forked worker gets from the server rather than from us, and no
+    start request can set (the environment, working directory, ``sys.path``
+    and umask travel with each: ``_PreparingWithDumps``)."""
     def stdio(fd):
         try:
             st = os.fstat(fd)
@@ -116,8 +118,8 @@ def _inherited():
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):
         nofile = None
-    return {"environment": dict(os.environ), "stdout/stderr": (stdio(1), stdio(2)),
-            "CPU affinity": affinity, "open-file limit": nofile}
+    return {"stdout/stderr": (stdio(1), stdio(2)), "CPU affinity": affinity,
+            "open-file limit": nofile}
 
 
 def _server():
@@ -141,14 +143,17 @@ def _server():
             if refused is None:
                 return server
             _state.update(cold=True, server=None)
-            _note("workers start by plain spawn from now on: " + refused)
+            _went_cold("workers start by plain spawn from now on: " + refused)
             return None
     changed = [k for k, v in _state["started_with"].items() if now[k] != v]
     if changed:
-        _note("the %s changed since the warm server started: this worker starts by "
-              "plain spawn" % " and ".join(changed))
+        _starts.reason = ("the %s changed since the warm server started (a fork of it "
+                          "cannot take the new one)" % " and ".join(changed))
         return None
     return server
+
+
+_OURS = __package__.partition(".")[0]
 
 
 def named(libraries, most=3):
@@ -159,7 +164,7 @@ def named(libraries, most=3):
     tops = []
     for name in libraries:
         top = name.partition(".")[0]
-        if top not in tops and not _in_stdlib(top):
+        if top not in tops and top != _OURS and not _in_stdlib(top):
             tops.append(top)
     tops.sort(key=lambda top: top in ("torch", "numpy", "cv2"))
     more = len(tops) - most
@@ -283,13 +288,25 @@ class _PreparingWithDumps:
     def get_preparation_data(name):
         from multiprocessing import spawn
 
-        from .dumps import DUMPS_KEY, current_dir
+        from .dumps import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, current_dir
 
         data = spawn.get_preparation_data(name)
         directory = current_dir()
         if directory is not None:
             data[DUMPS_KEY] = directory
+        # The parent's at this start (spawn's data already has sys.path and
+        # the working directory): a server started before the program's
+        # setup (an optimizer sets TORCHINDUCTOR_CACHE_DIR) forks workers
+        # that see what a spawned one would.
+        data[ENVIRON_KEY] = dict(os.environ)
+        data[UMASK_KEY] = _umask()
         return data
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _launch_through(server):
@@ -314,11 +331,14 @@ def _popen(process_obj):
         if server is not None:
             popen = type("WarmPopen", (popen_forkserver.Popen,),
                          {"_launch": _launch_through(server)})
-            return popen(process_obj)
+            started = popen(process_obj)
+            _starts.warm += 1
+            return started
     except Exception as exc:
         _state["cold"] = True
-        _note("workers start by plain spawn from now on: the warm server failed (%s)"
-              % _failure(exc))
+        _went_cold("workers start by plain spawn from now on: the warm server failed (%s)"
+                   % _failure(exc))
+    _starts.plain += 1
     return popen_spawn_posix.Popen(process_obj)
 
 
@@ -352,12 +372,43 @@ def _failure(exc):
     return clip(describe_exception(exc), 80)
 
 
+class _Starts:
+    """How this process's warm workers came: from the server (``warm``), or by
+    plain spawn (``plain``) and why (``reason``, the latest). The DL209 record
+    is made from these, once the workers of an iterator started."""
+
+    def __init__(self):
+        self.warm = self.plain = 0
+        self.reason = None
+
+    def mark(self):
+        return self.warm, self.plain
+
+    def since(self, mark):
+        """``(warm, plain)`` workers started since ``mark``."""
+        return self.warm - mark[0], self.plain - mark[1]
+
+
+_starts = _Starts()
+
+
+def starts():
+    return _starts
+
+
+def _went_cold(reason):
+    _starts.reason = reason
+    _note(reason)
+
+
 def _note(message):
+    """Said once, at debug level: what a user reads is DL209's record, with
+    their line, once the workers started (``recovery``)."""
     if message not in _noted:
         _noted.add(message)
         from ..report import log
 
-        log(logging.WARNING, "DL209 warm-worker-start: %s", message)
+        log(logging.DEBUG, "DL209 warm-worker-start: %s", message)
 
 
 def warm_context(context):

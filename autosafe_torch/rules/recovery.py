@@ -70,9 +70,11 @@ def _recovered(check, kind, ctx):
     why += "; resumed at batch %d on %s" % (failure.batch, ctx.rung)
     why += (", every batch delivered once, as in a run without the failure"
             if ctx.exact is None else " (not exact: %s)" % ctx.exact)
-    if failure.dump and failure.starting:
+    if failure.starting:
         why += ". It died while starting (unpickling what it was sent, or importing the " \
-            "main module); its traceback:\n%s" % failure.dump
+            "main module)"
+        why += "; its traceback:\n%s" % failure.dump if failure.dump else \
+            ", before any of its steps ran"
     elif failure.dump:
         why += ". The worker's faulthandler output (%s):\n%s" % (
             "every worker's stacks" if kind == HUNG else "its traceback", failure.dump)

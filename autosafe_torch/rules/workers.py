@@ -27,7 +27,7 @@ safe platform):
 import types
 
 from ..inspection.objwalk import is_a
-from . import number_of, rule, what_is
+from . import a_or_an, number_of, rule, what_is
 
 GROUP = "dataloader"
 SAFE_FORK_PLATFORMS = ("linux",)
@@ -212,10 +212,13 @@ def thread_pool_to_spawned_workers(args, ctx):
 
 
 @rule("DL201", "unpicklable-dataset", GROUP,
-      "spawn/forkserver workers and a dataset that does not pickle: the repair ladder "
-      "(reopen read-only files per worker, else fork, else emulated workers)",
+      "spawn/forkserver workers and a dataset that does not pickle (or whose class "
+      "forwards attributes and so does not unpickle): the repair ladder (reopen read-only "
+      "files per worker, rebuild forwarders from their attributes, else fork, else "
+      "emulated workers)",
       "TypeError: cannot pickle '_io.BufferedReader' object (also 'sqlite3.Connection', "
-      "h5py and lmdb handles, '_thread.lock')",
+      "h5py and lmdb handles, '_thread.lock'); RecursionError in a worker unpickling a "
+      "__getattr__ forwarder (DataLoader worker exited unexpectedly)",
       "open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
       at="dataloader.iter")
 def unpicklable_dataset(args, ctx):
@@ -228,21 +231,58 @@ def unpicklable_dataset(args, ctx):
               "DL208": plan.pools}
     if any(need and not ctx.found(code) for code, need in needed.items()):
         return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
-    if plan.files:
-        from ..inspection import holdings, objwalk
-        from ..remedies import reopen
+    if not (plan.files or plan.forwarders):
+        return None
+    from ..remedies import pickling, reopen
 
+    whys, remedies, done = [], [], []
+    if plan.files:
         path, why, held = plan.files
-        notes = ["%s %s" % (f.path, note) for f in holdings.find_files(
-            args["dataset"], items=objwalk.SAMPLE_ITEMS)
-            for note in [reopen.read_only_note(f.obj)] if note]
-        return unpicklable_dataset.rule.finding(
-            {"file": path}, why="; ".join([why] + notes),
-            strategy="repair: reopen read-only files by path in each worker",
-            remedies=[lambda args: reopen.install_reducers()],
-            done="%s (%s) reopened by path in each of %s" % (
-                path, what_is(held), number_of(args["num_workers"], "worker")))
-    return None
+        files = _read_only_files(args) or [(path, held)]
+        whys += [why] + ["%s %s" % (where, note) for where, f in files
+                         for note in [reopen.read_only_note(f)] if note]
+        remedies.append(lambda args: reopen.install_reducers())
+        done.append("%s reopened by path" % _named(files))
+    if plan.forwarders:
+        classes = list(plan.forwarders)
+        whys.append("a worker's unpickling of %s recurses in its __getattr__ (it asks the "
+                    "empty instance for __setstate__)" % ", ".join(plan.forwarders.values()))
+        remedies.append(lambda args: pickling.install(pickling.forwarder_reducers(classes)))
+        done.append("%s rebuilt from its attributes" % ", ".join(
+            "%s (%s)" % (where, a_or_an(cls.__name__)) for cls, where in plan.forwarders.items()))
+    return unpicklable_dataset.rule.finding(
+        {"repaired": [where for where in plan.forwarders.values()]
+         + ([plan.files[0]] if plan.files else [])},
+        why="; ".join(whys), strategy="repair: reopen read-only files by path in each worker"
+        if plan.files else "repair: rebuild attribute forwarders in each worker",
+        remedies=remedies, fix=None if plan.files else FORWARDER_FIX,
+        done="%s in each of %s" % (" and ".join(done), number_of(args["num_workers"], "worker")))
+
+
+FORWARDER_FIX = ("let __getattr__ raise AttributeError for the names it does not forward: "
+                 "unpickling asks the new, empty instance for __setstate__")
+
+
+def _read_only_files(args):
+    """``(path, file)`` for each read-only file the parts hold (the reducers
+    reopen every one of them), as the sampling walk finds them."""
+    from ..inspection import holdings, objwalk
+
+    found, seen = [], set()
+    for name in PARTS:
+        for held in holdings.find_files(args[name], name, items=objwalk.SAMPLE_ITEMS) \
+                if args[name] is not None else ():
+            if held.kind == holdings.READONLY and id(held.obj) not in seen:
+                seen.add(id(held.obj))
+                found.append((held.path, held.obj))
+    return found
+
+
+def _named(items, most=3):
+    """``dataset.a (an open file), dataset.b (an h5py Dataset) and 2 more``."""
+    shown = ["%s (%s)" % (path, what_is(obj)) for path, obj in items[:most]]
+    more = len(items) - most
+    return ", ".join(shown) + (" and %d more" % more if more > 0 else "")
 
 
 def fork_plan(args, ctx):
@@ -466,19 +506,24 @@ class PicklingPlan:
     import, when all such go by value (DL202); ``classes``: class ->
     (path, why) for classes of an interactive ``__main__`` (DL203); ``files``:
     (path, why, the file) of the first read-only file, when files travel by path (DL201);
-    ``pools``: paths of thread pools, sent as new ones (DL208); ``failures``:
-    what still does not pickle with all of these (ProbeResults).
+    ``pools``: paths of thread pools, sent as new ones (DL208);
+    ``forwarders``: class -> path of the first instance of a class that
+    forwards unknown attributes, whose unpickling would recurse, built from
+    its attributes instead (DL201); ``failures``: what still does not pickle
+    with all of these (ProbeResults).
     """
 
-    __slots__ = ("by_value", "nested", "classes", "files", "pools", "failures")
+    __slots__ = ("by_value", "nested", "classes", "files", "pools", "forwarders", "failures")
 
     def __init__(self):
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
+        self.forwarders = {}
         self.nested = self.files = None
 
     @property
     def needs_repair(self):
-        return bool(self.by_value or self.nested or self.classes or self.files or self.pools)
+        return bool(self.by_value or self.nested or self.classes or self.files or self.pools
+                    or self.forwarders)
 
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
@@ -505,13 +550,16 @@ def _per_parts(ctx, name, args, make):
 def _plan_pickling(parts):
     from ..inspection import holdings, probe
     from ..inspection.mainmodule import interactive_main
-    from ..remedies import byvalue, pools, reopen
+    from ..remedies import byvalue, pickling, pools, reopen
 
     plan, planned = PicklingPlan(), {}
     if parts["dataset"] is not None:
         plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])]
         if plan.pools:
             planned.update(pools.pool_reducers())
+    plan.forwarders = _forwarders(parts)
+    if plan.forwarders:
+        planned.update(pickling.forwarder_reducers(plan.forwarders))
     for _ in range(MAX_REPAIRS):
         failures = [r for name, part in parts.items() if part is not None
                     for r in [probe.probe(part, name, planned, plan.nested is not None)]
@@ -540,6 +588,22 @@ def _plan_pickling(parts):
             return plan
     plan.failures = failures
     return plan
+
+
+def _forwarders(parts):
+    """``{class: path}``: classes of the parts' objects that forward unknown
+    attributes (``holdings.forwards_attributes``), each at its first instance."""
+    from ..inspection import holdings, objwalk
+
+    found = {}
+    for name, part in parts.items():
+        if part is None:
+            continue
+        for here, obj, _edge in objwalk.walk(part, name, stop=holdings.stop_at,
+                                             items=objwalk.SAMPLE_ITEMS):
+            if holdings.forwards_attributes(obj):
+                found.setdefault(type(obj), here)
+    return found
 
 
 def _not_importable(value):
