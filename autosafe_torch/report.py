@@ -35,7 +35,7 @@ logger = logging.getLogger(LOGGER_NAME)
 
 # Field names of a JSON-lines object; documented in the README, keep stable.
 JSON_FIELDS = ("time", "pid", "rank", "code", "slug", "action", "strategy",
-               "call_site", "before", "after", "why", "fix", "done")
+               "call_site", "cwd", "before", "after", "why", "fix", "done")
 # Added to the object only when the launcher (torchrun) set them.
 JSON_OPTIONAL_FIELDS = ("local_rank", "world_size")
 
@@ -94,7 +94,10 @@ class Intervention:
         self.clauses = []
 
     def as_dict(self):
-        out = {name: getattr(self, name) for name in JSON_FIELDS}
+        out = {name: getattr(self, name) for name in JSON_FIELDS if name != "cwd"}
+        # The call site as the stderr line shows it; ``cwd`` resolves a relative path.
+        out["call_site"] = shown_site(self.call_site)
+        out["cwd"] = _cwd()
         for name in JSON_OPTIONAL_FIELDS:
             value = getattr(self, name)
             if value is not None:
@@ -166,6 +169,13 @@ def shown_path(path):
     except (OSError, ValueError):
         pass
     return path
+
+
+def _cwd():
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def _relative_paths(text):

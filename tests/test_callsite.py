@@ -95,14 +95,14 @@ def test_loader_remade_by_a_library_names_the_users_line(tmp_path):
     result, log = _run(tmp_path, REMADE, activation="env")
     assert result.rc == 0 and result.batches, result
     (rec,) = _records(log)
-    user = "%s:%d" % (tmp_path / "train.py", line_of(tmp_path, "loader = DataLoader("))
+    user = "train.py:%d" % line_of(tmp_path, "loader = DataLoader(")
     via = "fakelib/__init__.py:%d" % _line_in_lib("return DataLoader(loader.dataset")
     assert rec["code"] == "DL101" and rec["call_site"] == "%s (via %s)" % (user, via), rec
+    assert rec["cwd"] == str(tmp_path), rec
     # The loader re-made from the re-made one is the same mistake at the same line.
     assert "summary: fixed DL101 x2; JSON log: log.jsonl" in result.stderr, result
     (line,) = logged(result.stderr, "DL101")  # relative, as the user runs it
-    assert line.site == "train.py:%d (via %s)" % (line_of(tmp_path, "loader = DataLoader("),
-                                                  via), line
+    assert line.site == rec["call_site"], (line, rec)  # the same on stderr and in the log
 
 
 def test_loader_made_by_the_users_hook_is_the_users_line_alone(tmp_path):
@@ -117,8 +117,8 @@ def test_loader_made_by_the_users_hook_is_the_users_line_alone(tmp_path):
     result, log = _run(tmp_path, body, activation="env")
     assert result.rc == 0, result
     (rec,) = _records(log)
-    assert rec["call_site"] == "%s:%d" % (tmp_path / "train.py", line_of(
-        tmp_path, "return DataLoader(TensorDataset")), rec
+    assert rec["call_site"] == "train.py:%d" % line_of(
+        tmp_path, "return DataLoader(TensorDataset"), rec
 
 
 def test_loader_iterated_in_a_library_thread_names_where_it_was_made(tmp_path):
@@ -152,6 +152,6 @@ def test_loader_iterated_in_a_library_thread_names_where_it_was_made(tmp_path):
     assert result.rc == 0, result
     assert "BATCHES [[0, 1], [2, 3], [4, 5], [6, 7]]" in result.stdout, result
     (rec,) = [r for r in _records(log) if r["code"].startswith("DL") and r["code"] != "DL209"]
-    user = "%s:%d" % (tmp_path / "train.py", line_of(tmp_path, "loader = DataLoader("))
+    user = "train.py:%d" % line_of(tmp_path, "loader = DataLoader(")
     assert rec["code"] == "DL201" and rec["call_site"].startswith(user + " (via "), rec
     assert "fakelib/__init__.py:%d" % _line_in_lib("for batch in loader") in rec["call_site"]

@@ -74,7 +74,7 @@ def test_debug_adds_the_details_below_the_record(tmp_path):
     assert debug.returncode == 0, debug.stderr
     assert len(debug.stderr.splitlines()) > quiet_lines
     for detail in ("  strategy: repair: reopen read-only files by path in each worker",
-                   "  strategy: warm forkserver", "  before: {'repaired': ['dataset.file']}"):
+                   "  strategy: warm forkserver", "  before: {'files': ['dataset.file']}"):
         assert detail in debug.stderr, debug.stderr
     assert re.search("  why: " + cannot_pickle("BufferedReader"), debug.stderr), debug.stderr
 

@@ -60,12 +60,18 @@ def _plan(source, record):
         raise NotExact("the dataset's class is not defined in this file")
     opened = _opened_in_init(source, cls)
     if record.code == "DL201":
-        path = str(record.before.get("file", ""))
-        parts = path.split(".")
-        if len(parts) != 2 or parts[1] not in opened:
-            raise NotExact("%s is not opened in %s.__init__ as self.%s = open(...)"
-                           % (path or "the file", cls.name.value, parts[-1]))
-        opened = {parts[1]: opened[parts[1]]}
+        files = record.before.get("files") or [record.before.get("file", "")]
+        if not any(files) and record.before.get("forwarders"):
+            raise NotExact("no file to open lazily: %s forwards attributes (its fix is by hand)"
+                           % ", ".join(map(str, record.before["forwarders"])))
+        named = {}
+        for path in map(str, files):
+            parts = path.split(".")
+            if len(parts) != 2 or parts[1] not in opened:
+                raise NotExact("%s is not opened in %s.__init__ as self.%s = open(...)"
+                               % (path or "the file", cls.name.value, parts[-1]))
+            named[parts[1]] = opened[parts[1]]
+        opened = named
     if not opened:
         raise NotExact("%s.__init__ opens no file as self.x = open(...)" % cls.name.value)
     _check_class(source, cls, opened)

@@ -87,8 +87,14 @@ def library_reason(path):
     return None
 
 
-def _locate(name, log_dir):
-    candidates = [name] if os.path.isabs(name) else [name, os.path.join(log_dir, name)]
+def _locate(name, log_dir, cwd=None):
+    """The file a record names: absolute as is; relative to the recording
+    process's working directory (the record's ``cwd``), here, or the log's folder."""
+    if os.path.isabs(name):
+        candidates = [name]
+    else:
+        candidates = ([os.path.join(cwd, name)] if isinstance(cwd, str) else []) + [
+            name, os.path.join(log_dir, name)]
     for candidate in candidates:
         if os.path.isfile(candidate):
             return candidate
@@ -123,7 +129,7 @@ def read_log(path):
                                          "no file and line of yours"))
             continue
         name, line = site
-        found = _locate(name, log_dir)
+        found = _locate(name, log_dir, obj.get("cwd"))
         key = (obj["code"], os.path.realpath(found) if found else name, line)
         if key in seen:
             continue  # a worker's or another rank's copy of the same intervention

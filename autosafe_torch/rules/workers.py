@@ -235,24 +235,25 @@ def unpicklable_dataset(args, ctx):
         return None
     from ..remedies import pickling, reopen
 
-    whys, remedies, done = [], [], []
+    whys, remedies, done, before = [], [], [], {}
     if plan.files:
         path, why, held = plan.files
         files = _read_only_files(args) or [(path, held)]
+        before["files"] = [where for where, _f in files]
         whys += [why] + ["%s %s" % (where, note) for where, f in files
                          for note in [reopen.read_only_note(f)] if note]
         remedies.append(lambda args: reopen.install_reducers())
         done.append("%s reopened by path" % _named(files))
     if plan.forwarders:
         classes = list(plan.forwarders)
+        before["forwarders"] = list(plan.forwarders.values())
         whys.append("a worker's unpickling of %s recurses in its __getattr__ (it asks the "
                     "empty instance for __setstate__)" % ", ".join(plan.forwarders.values()))
         remedies.append(lambda args: pickling.install(pickling.forwarder_reducers(classes)))
         done.append("%s rebuilt from its attributes" % ", ".join(
             "%s (%s)" % (where, a_or_an(cls.__name__)) for cls, where in plan.forwarders.items()))
     return unpicklable_dataset.rule.finding(
-        {"repaired": [where for where in plan.forwarders.values()]
-         + ([plan.files[0]] if plan.files else [])},
+        before,
         why="; ".join(whys), strategy="repair: reopen read-only files by path in each worker"
         if plan.files else "repair: rebuild attribute forwarders in each worker",
         remedies=remedies, fix=None if plan.files else FORWARDER_FIX,

@@ -109,8 +109,12 @@ def line_of(text, needle):
 
 
 def site_re(script, line, via=None):
-    """A call_site of the user's script:line, optionally (via a library frame)."""
-    pattern = re.escape("%s:%d" % (script, line))
+    """A call_site of the user's script:line, optionally (via a library frame):
+    absolute, or relative to the run's working directory (the script's folder),
+    as the stderr line shows it."""
+    script = str(script)
+    pattern = "(?:%s|%s)" % (re.escape(script), re.escape(os.path.basename(script)))
+    pattern += re.escape(":%d" % line)
     if via:
         pattern += re.escape(" (via %s" % via) + r"[^)]*:\d+\)"
     return re.compile("^%s$" % pattern)
