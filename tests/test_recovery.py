@@ -132,6 +132,24 @@ def test_worker_segfaults_on_one_index(tmp_path, reference, start_method):
     assert re.search(r"scenario\.py:\d+ in __getitem__", record["why"]), record["why"]
 
 
+def test_worker_that_dies_while_starting_is_named_by_its_own_exception(tmp_path, reference):
+    """Plain spawn (no warm server): every worker raises while importing the main
+    module. Without the shim torch says only that a worker exited; with it the
+    record names the worker's own exception and line, no restart is tried (it
+    would die the same way), and emulated workers give the uninterrupted batches."""
+    plain, _, _ = run(tmp_path, "startup", "spawn", shim=False)
+    assert plain.rc != 0 and "exited unexpectedly" in plain.stderr, plain
+    result, records, seconds = run(tmp_path, "startup", "spawn",
+                                   env={"AUTOSAFE_TORCH_DISABLE": NO_PREDICTION + ",DL209"})
+    record = recovered(result, records, seconds, "DL210", {ladder.EMULATED})
+    assert result.batches == reference["none"]
+    assert "restart workers failed" not in record["why"], record
+    (line,) = [l for l in shim_lines(result.stderr) if ": DL210 worker-died: " in l]
+    assert re.search(r"exited with code 1 while starting: ImportError: libscenario\.so: "
+                     r"cannot open shared object file, in \S*scenario\.py:\d+", line), line
+    assert record["fix"] == ladder.STARTING_FIX
+
+
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'fork'))
 def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "hang", start_method,

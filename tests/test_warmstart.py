@@ -183,7 +183,8 @@ def test_the_server_libraries_are_named_in_a_few_words():
     the standard library left out, the news (not torch) first."""
     from autosafe_torch.remedies import warmstart
 
-    imported = ["torch", "numpy", "threadlib", "torch.utils.data._utils.collate", "functools"]
+    imported = ["torch", "numpy", "autosafe_torch.remedies.warmserver", "threadlib",
+                "torch.utils.data._utils.collate", "functools"]
     assert warmstart.named(imported, most=2) == "threadlib, torch and 1 more"
     assert warmstart.named(imported) == "threadlib, torch, numpy"
     assert warmstart.named([]) == "nothing"

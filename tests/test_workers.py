@@ -77,19 +77,23 @@ H5_SCRIPT = '''
 import os, sys
 import h5py, numpy as np, torch
 from torch.utils.data import DataLoader, Dataset
-PATH = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "data.h5")
+HERE = os.path.dirname(os.path.abspath(sys.argv[0]))
+PATH, LABELS = os.path.join(HERE, "data.h5"), os.path.join(HERE, "labels.h5")
 if not os.path.exists(PATH):
     with h5py.File(PATH, "w") as f:
         f["x"] = np.arange(64, dtype=np.float32).reshape(32, 2)
+    with h5py.File(LABELS, "w") as f:
+        f["y"] = np.arange(32, dtype=np.int64) % 5
 
 class H5Dataset(Dataset):
+    """Two h5py datasets in two files: the line names both."""
     def __init__(self):
-        self.file = h5py.File(PATH, "r")
-        self.x = self.file["x"]
+        self.x = h5py.File(PATH, "r")["x"]
+        self.y = h5py.File(LABELS, "r")["y"]
     def __len__(self):
         return 32
     def __getitem__(self, i):
-        return torch.from_numpy(self.x[i])
+        return torch.from_numpy(self.x[i]), int(self.y[i])
 
 if __name__ == "__main__":
     digest(DataLoader(H5Dataset(), batch_size=4, num_workers=WORKERS))
@@ -104,7 +108,9 @@ def test_dl201_h5py_file_reopened_by_name(tmp_path):
                       activation="env")
     ref = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "0"))
     assert good.rc == 0 and good.batches == ref.batches, good
-    assert "(an h5py File) reopened by path in each of 2 workers" in _logged(good, "DL201")[0]
+    (line,) = _logged(good, "DL201")
+    assert line.startswith("dataset.x (an h5py Dataset), dataset.y (an h5py Dataset) "
+                           "reopened by path in each of 2 workers"), line
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))

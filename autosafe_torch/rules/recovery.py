@@ -84,7 +84,14 @@ def _recovered(check, kind, ctx):
         failure.what(), failure.batch, ctx.rung,
         "" if ctx.exact is None else ", not exact")
     return check.rule.finding(failure.before(ctx.first_rung), why=why, strategy=ctx.rung,
-                              state={"rung": ctx.rung}, done=done)
+                              state={"rung": ctx.rung}, done=done,
+                              fix=STARTING_FIX if failure.starting else None)
+
+
+STARTING_FIX = ("a spawned worker imports your main module and unpickles the dataset before "
+                "any of your code runs: keep module-level work under if __name__ == "
+                "'__main__': and make what that module imports importable in a new process "
+                "(the exception above names the line)")
 
 
 @rule("DL210", "worker-died", GROUP,

@@ -12,7 +12,10 @@ python scenario.py FAULT [EPOCHS]; FAULT is one of:
 - fds: per-sample tensors kept by the program, for a low open-file limit;
 - valueerror: __getitem__ raises ValueError on index 13, everywhere (the user's bug);
 - memory: a worker process raises MemoryError on index 13, once in the run (memory
-  pressure that passes); memory-always: every time, in every worker process.
+  pressure that passes); memory-always: every time, in every worker process;
+- startup: a spawned worker's import of this module (``__mp_main__``) raises, as a
+  module-level import of a library missing in new processes would; every worker
+  dies while starting, before any of its steps.
 
 Every sample carries its index, the worker id and seed, draws from torch's,
 Python's and numpy's global generators (seeded per worker), from a numpy
@@ -120,6 +123,9 @@ def main():
     rng.update(repr(random.getstate()).encode())
     print("RNG", rng.hexdigest(), flush=True)
 
+
+if __name__ == "__mp_main__" and sys.argv[1:2] == ["startup"]:
+    raise ImportError("libscenario.so: cannot open shared object file")
 
 if __name__ == "__main__":
     main()
