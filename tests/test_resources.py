@@ -72,20 +72,14 @@ def test_shm_first_rung_lowers_prefetch_only():
     assert "--shm-size" in f.rule.fix and "--ipc=host" in f.rule.fix
 
 
-def test_shm_second_rung_fewer_workers():
+def test_shm_second_rung_emulates_the_requested_workers():
+    """Never fewer workers: the requested ones, emulated, with no shared memory."""
     v = loader_values(mib_dataset(), batch_size=4, num_workers=4, prefetch_factor=2)
     f = shm_too_small(v, ctx(Facts(shm_available=int(4.5 * MiB))))
-    assert f.after == {"num_workers": 1, "prefetch_factor": 1}
-    assert f.strategy == "fewer workers"
-
-
-def test_shm_last_rung_no_workers_resets_worker_only_arguments():
-    v = loader_values(mib_dataset(), batch_size=4, num_workers=2, prefetch_factor=2,
-                      persistent_workers=True, timeout=5, multiprocessing_context="fork")
-    f = shm_too_small(v, ctx(Facts(shm_available=2 * MiB)))
-    assert f.after == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
-                       "multiprocessing_context": None, "timeout": 0}
-    assert f.strategy == "no workers"
+    assert f.state == {"emulated_workers": 4} and "num_workers" not in f.after
+    assert f.strategy == "emulated workers (in process)"
+    assert f.done.startswith("4 workers emulated in this process, with the batches of real "
+                             "ones: /dev/shm has 4.5 MiB free"), f.done
 
 
 def test_shm_iterable_dataset_is_not_sampled():
@@ -183,7 +177,7 @@ _references = {}
 
 
 def reference_batches(tmp_path, body):
-    """BATCHES of a known-safe run (no workers), once per body."""
+    """BATCHES of a run without the shim, where /dev/shm is large enough."""
     if body not in _references:
         result = run_script(tmp_path, body)
         assert result.rc == 0 and result.batches, result
@@ -228,20 +222,33 @@ def run_with_shm(tmp_path, body, size, activation):
 
 SHM_BODY = '''
 import torch
-from torch.utils.data import DataLoader, TensorDataset
-ds = TensorDataset(torch.arange(64 * 65536, dtype=torch.float32).reshape(64, 65536))
-digest(DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor={pf}))
+from torch.utils.data import DataLoader, TensorDataset, default_collate
+
+def augment(samples):
+    """Per-worker random augmentation: batch i shows which worker's stream made it."""
+    (x,) = default_collate(samples)
+    return x + torch.rand(x.shape[0], 1)
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    ds = TensorDataset(torch.arange(64 * 65536, dtype=torch.float32).reshape(64, 65536))
+    digest(DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor={pf}, collate_fn={collate}))
 '''
 
 
 @needs_private_shm
-@pytest.mark.parametrize("pf,size,done", [(4, "8m", "prefetch_factor 4 -> "),  # fewer in flight
-                                          (2, "3m", "num_workers 2 -> 0: ")])   # no workers
-def test_small_dev_shm_fails_without_and_runs_with(tmp_path, pf, size, done):
-    body = SHM_BODY.format(pf=pf)
-    reference = reference_batches(tmp_path, SHM_BODY.format(pf="None")
-                                  .replace("num_workers=2", "num_workers=0"))
-    without = run_with_shm(tmp_path, body, size, None)
+@pytest.mark.parametrize("pf,size,collate,done", [
+    (4, "8m", "None", "prefetch_factor 4 -> "),  # fewer in flight
+    # not even one batch per worker fits: the requested workers, emulated
+    (2, "3m", "augment", "2 workers emulated in this process")])
+def test_small_dev_shm_fails_without_and_runs_with(tmp_path, pf, size, collate, done):
+    """The batches are those of the requested workers on a large /dev/shm (with
+    per-worker random augmentation, where fewer workers would change them)."""
+    body = SHM_BODY.format(pf=pf, collate=collate)
+    reference = reference_batches(tmp_path, body)
+    # Without the shim the loader fails (with augment, plain torch may hang after
+    # the workers' errors instead: the loader without it shows the failure at once).
+    without = run_with_shm(tmp_path, SHM_BODY.format(pf=pf, collate="None"), size, None)
     assert without.rc != 0, without
     # torch's words, in the main process or (when the main one loses the race) the worker's
     assert any(words in without.output for words in (

@@ -338,3 +338,15 @@ def explain(rule_, width=79):
             "Where it checks: %s (group %s). Leave it alone: AUTOSAFE_TORCH_DISABLE=%s"
             % (", ".join(rule_.hooks), rule_.group, rule_.code)]
     return "\n".join(out)
+
+
+def emulated_workers(check, args, why, fix=None, reason=None):
+    """The last rung: the requested workers emulated in this process, one fetch
+    at a time, each with its own dataset copy, seeds and worker info, so the
+    batches are those the workers would give (remedies/emulated_workers.py)."""
+    return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
+                              strategy="emulated workers (in process)",
+                              state={"emulated_workers": args["num_workers"]}, fix=fix,
+                              done="%s emulated in this process, with the batches of real "
+                              "ones: %s" % (number_of(args["num_workers"], "worker"),
+                                            reason or why))

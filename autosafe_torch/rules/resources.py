@@ -33,7 +33,7 @@ import sys
 from ..remedies import limits
 from ..remedies.workerinit import with_step
 from .accel import default_collate
-from . import number_of, rule
+from . import emulated_workers, number_of, rule
 
 GROUP = "dataloader"
 
@@ -99,14 +99,15 @@ def _mib(n):
 
 @rule("DL303", "shm-too-small", GROUP,
       "/dev/shm cannot hold the batches in flight: fewer batches in flight "
-      "(prefetch_factor), then fewer workers, and say so",
+      "(prefetch_factor), else the requested workers emulated in this process (no shared "
+      "memory; each worker's seed and batches as asked), never fewer workers",
       "RuntimeError: unable to allocate shared memory(shm) for file </torch_...>: "
       "No space left on device (28); 'DataLoader worker (pid N) is killed by "
       "signal: Bus error'",
       DOCKER_FIX,
       at="dataloader.init")
 def shm_too_small(values, ctx):
-    facts, defaults = ctx.facts, ctx.defaults
+    facts = ctx.facts
     workers = values["num_workers"]
     free = facts.shm_available
     if workers <= 0 or free is None or free >= SHM_PROBE_BELOW:
@@ -123,7 +124,6 @@ def shm_too_small(values, ctx):
     head = ("%d workers x prefetch_factor %d need about %s of /dev/shm for "
             "batches of %s; %s is free" % (workers, prefetch, _mib(need), _mib(batch),
                                            _mib(free)))
-    before = {"num_workers": workers, "prefetch_factor": values["prefetch_factor"]}
     # 1. Fewer batches in flight: the batches themselves do not change.
     for p in range(prefetch - 1, 0, -1):
         if shm_needed(batch, workers, p) <= free:
@@ -133,29 +133,13 @@ def shm_too_small(values, ctx):
                 strategy="lower prefetch_factor",
                 done="prefetch_factor %d -> %d: /dev/shm has %s free, %s needed" % (
                     prefetch, p, _mib(free), _mib(need)))
-    # 2. Fewer workers: a map-style dataset (an iterable one is never
-    # profiled) gives the same batches in the same order.
-    for w in range(workers - 1, 0, -1):
-        if shm_needed(batch, w, 1) <= free:
-            after = {"num_workers": w, "prefetch_factor": 1}
-            return shm_too_small.rule.finding(
-                before, after, head + ". %d worker(s) with one batch each fit; the "
-                "dataset is map-style, so the batches are the same" % w,
-                strategy="fewer workers",
-                done="num_workers %d -> %d, prefetch_factor -> 1: /dev/shm has %s free, "
-                "%s needed" % (workers, w, _mib(free), _mib(need)))
-    # 3. No workers: no shared memory at all.
-    after = {"num_workers": 0, "prefetch_factor": defaults.get("prefetch_factor"),
-             "persistent_workers": False, "multiprocessing_context": None, "timeout": 0}
-    before.update(persistent_workers=values["persistent_workers"],
-                  multiprocessing_context=values["multiprocessing_context"],
-                  timeout=values["timeout"])
-    return shm_too_small.rule.finding(
-        before, after, head + ". Not even one worker's batch fits: loading in the "
-        "main process, which needs no shared memory; the batches are the same",
-        strategy="no workers",
-        done="num_workers %d -> 0: /dev/shm has %s free, not enough for one batch of %s"
-        % (workers, _mib(free), _mib(batch)))
+    # 2. The requested workers, emulated in this process: no shared memory, and
+    # each worker's seed, worker info and share of the batches as asked. Fewer
+    # workers (or none) would hand batch i to another worker's random stream.
+    return emulated_workers(
+        shm_too_small, values, head + ". Not even one batch per worker fits",
+        reason="/dev/shm has %s free, %s needed with one batch per worker" % (
+            _mib(free), _mib(shm_needed(batch, workers, 1))))
 
 
 @rule("DL304", "open-file-limit-too-low", GROUP,

@@ -27,7 +27,7 @@ safe platform):
 import types
 
 from ..inspection.objwalk import is_a
-from . import a_or_an, number_of, rule, what_is
+from . import a_or_an, emulated_workers, number_of, rule, what_is
 
 GROUP = "dataloader"
 SAFE_FORK_PLATFORMS = ("linux",)
@@ -669,7 +669,7 @@ def _fallback(check, args, ctx, why):
                                   strategy="start method: fork", fix=fix,
                                   done="workers started by fork instead of %s: %s" % (
                                       start_method(args), reason))
-    return _emulated(check, args, why, fix, reason)
+    return emulated_workers(check, args, why, fix, reason)
 
 
 def _away_from_fork(check, args, ctx, why, repairs=True):
@@ -682,19 +682,7 @@ def _away_from_fork(check, args, ctx, why, repairs=True):
                                   {"multiprocessing_context": "spawn"}, why,
                                   strategy="start method: spawn",
                                   done="workers started by spawn instead of fork: " + why)
-    return _emulated(check, args, why)
-
-
-def _emulated(check, args, why, fix=None, reason=None):
-    """The last rung: the requested workers emulated in this process, one fetch
-    at a time, each with its own dataset copy, seeds and worker info, so the
-    batches are those the workers would give (remedies/emulated_workers.py)."""
-    return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
-                              strategy="emulated workers (in process)",
-                              state={"emulated_workers": args["num_workers"]}, fix=fix,
-                              done="%s emulated in this process, with the batches of real "
-                              "ones: %s" % (number_of(args["num_workers"], "worker"),
-                                            reason or why))
+    return emulated_workers(check, args, why)
 
 
 def permanent_fix(value):
