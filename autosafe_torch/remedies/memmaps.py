@@ -20,8 +20,9 @@ Exact or nothing: an array is sent by reference only where the worker can
 map exactly what pickling would send, else it is pickled as it always was:
 
 - its data lie in a shared file mapping of this process (``/proc/self/maps``:
-  the file, the device and inode, the offset in the file), whose file is
-  still the one at that path (same device and inode), a regular file. A
+  the file, the device and inode, the offset in the file), of a regular
+  file that is where the kernel says it is now (same device and inode at
+  that path: a moved file is mapped from where it went). A
   ``mode='c'`` memmap is a private mapping: it may hold changes of this
   process that are not in the file, so it is pickled. So is one whose file
   was deleted or replaced, and every array on a system without
