@@ -265,9 +265,10 @@ FIGURES = {
     # function returning a list of common.Row.
     "11": lambda: __import__("recovery").figures(),
     "12": lambda: __import__("cv2_threads").figures(),
+    "13": lambda: __import__("memmap").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
-OPTIONAL = ("10",)
+OPTIONAL = ("10", "13")
 
 
 def _cell(text):

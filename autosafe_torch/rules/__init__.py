@@ -37,6 +37,7 @@ RULES = {}
 RULE_MODULES = (
     "autosafe_torch.rules.workers",
     "autosafe_torch.rules.warmstart",  # after the ladder: it reads its findings
+    "autosafe_torch.rules.memmap",  # after both: it sees the start method they chose
     "autosafe_torch.rules.loader_args",
     "autosafe_torch.rules.amp",
     "autosafe_torch.rules.accel",

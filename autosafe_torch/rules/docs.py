@@ -214,6 +214,24 @@ DOCS = {
         "        return os.read(self.fd, SIZE)"),
         "every supported torch; spawn workers (macOS, Windows) and forkserver workers "
         "(Linux from Python 3.14)"),
+    "DL218": ((
+        "class Images(Dataset):\n"
+        "    def __init__(self, path):\n"
+        "        # pickled whole into every spawn worker start\n"
+        "        self.images = np.memmap(path, np.uint8, 'r', shape=(N, 3, 224, 224))\n"
+        "    def __getitem__(self, i):\n"
+        "        return torch.from_numpy(self.images[i].copy())",
+        "class Images(Dataset):\n"
+        "    def __init__(self, path):\n"
+        "        self.path, self.images = path, None\n"
+        "    def __getitem__(self, i):\n"
+        "        if self.images is None:   # mapped in each worker\n"
+        "            self.images = np.memmap(self.path, np.uint8, 'r',\n"
+        "                                    shape=(N, 3, 224, 224))\n"
+        "        return torch.from_numpy(self.images[i].copy())"),
+        "every supported torch; spawn workers (macOS, Windows) and forkserver workers "
+        "(Linux from Python 3.14). Maps are found through /proc/self/maps: on macOS and "
+        "Windows the memmap is pickled as before"),
     # -- devices, shared memory, open files ----------------------------------------
     "DL301": ((
         "ds = TensorDataset(x.cuda(), y.cuda())\n"
