@@ -191,6 +191,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.rule("DL216")
 def test_a_repair_a_worker_cannot_apply_steps_down(tmp_path):
     """Decided in the parent, failed in the workers: never run on with the
     offset shared. Recovery resumes on emulated workers (DL216), with the

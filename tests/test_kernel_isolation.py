@@ -71,6 +71,7 @@ def shim_run(tmp_path, kind, rung, name="log"):
     return result, records
 
 
+@pytest.mark.rule("DL217")
 @pytest.mark.parametrize("kind, rung", rotated(KINDS, RUNGS))
 def test_every_holder_on_every_rung(tmp_path, tmp_path_factory, kind, rung):
     safe = twin(tmp_path_factory, kind)

@@ -106,6 +106,7 @@ def test_each_case_fails_without_autosafe_torch(tmp_path):
         assert failed and error in failed[0], (code, result)
 
 
+@pytest.mark.rule("DL101", "DL102", "DL103", "DL105", "DL106", "DL107")
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_each_case_runs_clean_with_autosafe_torch(tmp_path, activation, reference):
     result = run_script(tmp_path, _script(), activation=activation)

@@ -47,6 +47,7 @@ def mapped(result, name="images"):
 
 @pytest.mark.parametrize("kind, method", [("whole", "spawn"), ("view", "spawn-linux"),
                                           ("whole", "forkserver")])
+@pytest.mark.rule("DL218")
 def test_memmap_is_mapped_in_each_worker_with_the_same_batches(tmp_path, kind, method):
     plain, _ = run(tmp_path, kind, method, shim=False)
     assert plain.rc == 0 and plain.batches, plain

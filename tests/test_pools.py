@@ -9,6 +9,7 @@ from autosafe_torch.remedies import pools
 from support import one_of, run_scenario
 
 
+@pytest.mark.rule("DL208")
 @pytest.mark.parametrize("method", one_of(("fork", "spawn", "forkserver"), "fork"))
 def test_a_used_pool_hangs_or_fails_without_and_runs_with(tmp_path, method):
     ref = run_scenario(tmp_path, "thread_pool.py", args=("0",))

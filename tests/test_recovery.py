@@ -109,6 +109,7 @@ def test_without_the_shim_each_fault_crashes(tmp_path):
 # -- faults, under every start method ---------------------------------------------
 
 
+@pytest.mark.rule("DL210")
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_worker_killed_mid_epoch(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "kill", start_method)
@@ -150,6 +151,7 @@ def test_worker_that_dies_while_starting_is_named_by_its_own_exception(tmp_path,
     assert record["fix"] == ladder.STARTING_FIX
 
 
+@pytest.mark.rule("DL211")
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'fork'))
 def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "hang", start_method,
@@ -163,6 +165,7 @@ def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
     assert re.search(r'scenario\.py", line \d+ in __getitem__', record["why"])
 
 
+@pytest.mark.rule("DL214")
 @needs_private_shm
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_dev_shm_exhausted(tmp_path, reference, start_method):
@@ -180,6 +183,7 @@ def test_dev_shm_exhausted_without_the_shim(tmp_path):
                                or "Bus error" in result.output), result
 
 
+@pytest.mark.rule("DL213")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file_descriptor sharing")
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'forkserver'))
 def test_open_file_limit_exhausted(tmp_path, reference, start_method):
@@ -192,6 +196,7 @@ def test_open_file_limit_exhausted(tmp_path, reference, start_method):
         assert without.rc != 0 and "Too many open files" in without.output, without
 
 
+@pytest.mark.rule("DL215")
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'forkserver'))
 def test_memory_error_once_is_recovered_with_fewer_batches_in_flight(tmp_path, reference,
                                                                      start_method):

@@ -387,6 +387,7 @@ def _logged(log):
 
 @pytest.mark.parametrize("kind, unpicklable", [("lmdb", "'Environment'"),
                                                ("video", "'cv2.VideoCapture'")])
+@pytest.mark.rule("DL212")
 def test_native_handles_reopened_by_path_in_each_worker(tmp_path, kind, unpicklable):
     """A read-only lmdb environment, or a cv2.VideoCapture of a file, held by a
     dataset. Spawn cannot pickle it (DL201 reopens it by path in each worker);

@@ -241,6 +241,7 @@ if __name__ == "__main__":
     (4, "8m", "None", "prefetch_factor 4 -> "),  # fewer in flight
     # not even one batch per worker fits: the requested workers, emulated
     (2, "3m", "augment", "2 workers emulated in this process")])
+@pytest.mark.rule("DL303")
 def test_small_dev_shm_fails_without_and_runs_with(tmp_path, pf, size, collate, done):
     """The batches are those of the requested workers on a large /dev/shm (with
     per-worker random augmentation, where fewer workers would change them)."""
@@ -302,6 +303,7 @@ def _hard_limit():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file_descriptor sharing")
 @pytest.mark.parametrize("hard,done", [("high", "open-file soft limit 160 -> "),
                                        (160, "tensors shared through file_system")])
+@pytest.mark.rule("DL304")
 def test_low_open_file_limit_fails_without_and_runs_with(tmp_path, hard, done):
     if hard == "high":
         hard = _hard_limit()

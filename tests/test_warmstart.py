@@ -64,6 +64,7 @@ def test_unrepaired_legacy_loader_fails_under_spawn(tmp_path):
     assert res.rc != 0 and "cannot pickle" in res.stderr, res
 
 
+@pytest.mark.rule("DL209")
 def test_repaired_loader_starts_warm_with_the_batches_of_spawn(tmp_path, reference):
     warm = run(tmp_path, "legacy")
     assert warm.rc == 0, warm

@@ -173,9 +173,15 @@ def _warm_ahead(loader, frame):
         return
     from ..inspection.probe import probe_loader_parts
 
+    from ..rules.workers import attribute_forwarders
+
+    parts = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
+             "worker_init_fn": loader.worker_init_fn}
     if facts.effective_start_method(loader.multiprocessing_context) == "spawn" \
-            and not probe_loader_parts(loader.dataset, loader.collate_fn, loader.worker_init_fn):
-        return  # a healthy spawn loader: no repair, no warm start (the common case, cheap)
+            and not probe_loader_parts(*parts.values()) and not attribute_forwarders(parts):
+        # A healthy spawn loader: no repair, no warm start (the common case, cheap).
+        # A forwarder pickles, but its unpickling recurses: DL201 repairs it.
+        return
     _values, found, work = _plan_workers(loader, frame)
     if any(f.rule.code == "DL209" and f.strategy == "warm forkserver" for f in found):
         from ..remedies import warmstart

@@ -558,7 +558,7 @@ def _plan_pickling(parts):
         plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])]
         if plan.pools:
             planned.update(pools.pool_reducers())
-    plan.forwarders = _forwarders(parts)
+    plan.forwarders = attribute_forwarders(parts)
     if plan.forwarders:
         planned.update(pickling.forwarder_reducers(plan.forwarders))
     for _ in range(MAX_REPAIRS):
@@ -591,7 +591,7 @@ def _plan_pickling(parts):
     return plan
 
 
-def _forwarders(parts):
+def attribute_forwarders(parts):
     """``{class: path}``: classes of the parts' objects that forward unknown
     attributes (``holdings.forwards_attributes``), each at its first instance."""
     from ..inspection import holdings, objwalk
