@@ -265,6 +265,7 @@ FIGURES = {
     # function returning a list of common.Row.
     "11": lambda: __import__("recovery").figures(),
     "12": lambda: __import__("cv2_threads").figures(),
+    "13": lambda: __import__("privatize").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
 OPTIONAL = ("10",)
@@ -343,6 +344,12 @@ the other", ≤ budget).
    batch; (c) an epoch with worker 1 SIGKILLed after batch 3 minus the same epoch
    unharmed, pairs alternating.
 12. OpenCV's threads (benchmarks/cv2_threads.py).
+13. Kernel-level isolation per forked worker (benchmarks/privatize.py, issue 26), in
+   one child holding 10 or 100 regular files open: (a, b) the worker step
+   `isolate_in_worker` timed inside an `os.fork()` child; (c, d) the first epoch of a
+   new 2-worker fork loader, shim vs shim with DL207/DL217 disabled (and
+   deactivated, in the note), in one process, the order rotating; the parent's
+   offset of a descriptor the workers seek shows the isolation held.
 
 Child processes run without PYTHONDONTWRITEBYTECODE, so cached bytecode is used as on
 a normal installation.
