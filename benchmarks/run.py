@@ -266,6 +266,7 @@ FIGURES = {
     "11": lambda: __import__("recovery").figures(),
     "12": lambda: __import__("cv2_threads").figures(),
     "13": lambda: __import__("privatize").figures(),
+    "14": lambda: __import__("forwarder").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
 OPTIONAL = ("10",)
@@ -300,7 +301,7 @@ alternating (A B A B, with the order rotated), and gives the median of the
 per-pair (or per-block) values with their min – max and count. Differences are
 "with autosafe_torch − without"; ratios for costs are "with / without"; ratios for
 savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster),
-except the budgets on time taken (7c, 9c: "time with autosafe_torch / time of
+except the budgets on time taken (7c, 9c, 14a: "time with autosafe_torch / time of
 the other", ≤ budget).
 
 1. Two venvs of the same interpreter whose site-packages link to every entry of the
@@ -350,6 +351,11 @@ the other", ≤ budget).
    new 2-worker fork loader, shim vs shim with DL207/DL217 disabled (and
    deactivated, in the note), in one process, the order rotating; the parent's
    offset of a descriptor the workers seek shows the isolation held.
+14. A `__getattr__`-forwarding dataset wrapper under spawn as on macOS (benchmarks/
+   forwarder.py, issue 27 item 4): the legacy loop's hand-safe dataset inside the
+   wrapper, shim with 2 workers vs `num_workers=0`, fresh processes alternating;
+   whole run and steady epoch; the shim's samples must come from real worker
+   processes (children of the warm server).
 
 Child processes run without PYTHONDONTWRITEBYTECODE, so cached bytecode is used as on
 a normal installation.
