@@ -225,7 +225,8 @@ def run(directory, dataset, workers, start, epochs, persistent, threads,
         check_s.append(checking)
     run_s = time.perf_counter() - t_run
     mod = sys.modules.get("autosafe_torch")
-    out = {"epoch_s": epoch_s, "intra_op_threads": torch.get_num_threads(), "check_s": check_s, "setup_s": setup_s, "run_s": run_s,
+    out = {"epoch_s": epoch_s, "check_s": check_s, "setup_s": setup_s, "run_s": run_s,
+           "intra_op_threads": torch.get_num_threads(),
            "cache_dir_set_by_setup": cache_dir_set, "batches": len(images),
            "started_by": started_by(pids),
            "images": hash(tuple(images)) & 0xFFFFFFFF, "draws": hash(tuple(draws)) & 0xFFFFFFFF,
