@@ -184,7 +184,7 @@ def measure():
     config = _setup()
     with tempfile.TemporaryDirectory() as directory:
         steps = worker_steps(6 if QUICK else 30, directory)
-        epochs, moved = first_epochs(config, 3 if QUICK else 12, directory)
+        epochs, moved = first_epochs(config, 3 if QUICK else 20, directory)
         release(0)
     return {"steps": steps, "epochs": epochs, "moved": moved}
 
