@@ -19,7 +19,8 @@ step, so the first includes starting the workers), the part of it spent
 checking batches, the time of the setup (model and optimizer), the whole
 run (from ``DataLoader(...)`` to the end of the last epoch), a checksum of
 the images, one of the per-sample random draws, who started the workers
-(this process, or a fork server) and how many there were, and what
+(this process, or a fork server) and how many there were, whether the warm
+server was starting just after ``DataLoader(...)`` (started ahead), and what
 autosafe_torch did.
 
 Datasets (each sample: read from the packed file, three cv2.GaussianBlur,
@@ -181,6 +182,18 @@ def started_by(pids):
     return {"kinds": kinds, "workers": len({pid for pid, _ in pids if pid != me})}
 
 
+def server_ahead():
+    """Whether autosafe_torch's warm server (DL209) is starting, or runs, just
+    after ``DataLoader(...)``: started ahead, its imports overlap the setup."""
+    import threading
+
+    warmstart = sys.modules.get("autosafe_torch.remedies.warmstart")
+    if warmstart is None:
+        return False
+    return warmstart._state.get("server") is not None or any(
+        t.name == "autosafe_torch warm start" for t in threading.enumerate())
+
+
 def run(directory, dataset, workers, start, epochs, persistent, threads,
         intra_op=INTRA_OP_THREADS, wrap=False):
     import multiprocessing
@@ -196,6 +209,7 @@ def run(directory, dataset, workers, start, epochs, persistent, threads,
     ds = Forwarding(cls(directory)) if wrap else cls(directory)
     loader = DataLoader(ds, batch_size=BATCH, num_workers=workers,
                         persistent_workers=persistent)
+    ahead = server_ahead()
     t_setup = time.perf_counter()
     model, optimizer = build_model()
     setup_s = time.perf_counter() - t_setup
@@ -226,7 +240,7 @@ def run(directory, dataset, workers, start, epochs, persistent, threads,
     run_s = time.perf_counter() - t_run
     mod = sys.modules.get("autosafe_torch")
     out = {"epoch_s": epoch_s, "check_s": check_s, "setup_s": setup_s, "run_s": run_s,
-           "intra_op_threads": torch.get_num_threads(),
+           "intra_op_threads": torch.get_num_threads(), "server_ahead": ahead,
            "cache_dir_set_by_setup": cache_dir_set, "batches": len(images),
            "started_by": started_by(pids),
            "images": hash(tuple(images)) & 0xFFFFFFFF, "draws": hash(tuple(draws)) & 0xFFFFFFFF,

@@ -230,9 +230,12 @@ def _figure9(same, wrong):
             "imports overlap the setup; the optimizer's torch._dynamo import changes "
             "os.environ after the server started, and each start request carries the "
             "parent's environment of that moment, so the workers still come from the "
-            "server (7c)." % (median(_epoch("W", 0)), median(_epoch("H", 0)),
-                              median(r["setup_s"] for r in _RUNS["out"]["W"]),
-                              median(r["setup_s"] for r in _RUNS["out"]["H"]))),
+            "server (7c). The server was starting just after DataLoader(...) in every "
+            "repaired run: %s." % (median(_epoch("W", 0)), median(_epoch("H", 0)),
+                                    median(r["setup_s"] for r in _RUNS["out"]["W"]),
+                                    median(r["setup_s"] for r in _RUNS["out"]["H"]),
+                                    "yes" if all(r["server_ahead"] for r in _RUNS["out"]["W"])
+                                    else "NO")),
         Row(9, "9b steady epoch: warm, new workers each epoch / workers kept "
             "(persistent_workers=True, not applied)", None, None, "x", _ratios("W", "P", 1),
             "steady epoch (median): warm %.2f s, kept %.2f s: what reusing workers "
