@@ -5,11 +5,23 @@ into DIR/images.bin (smooth random images, written once).
 
 ``python legacy_loop.py run DIR --dataset legacy|handsafe|stuck --workers K
 [--start spawn|fork] [--persistent] [--threads] [--epochs E]``: iterates a
-DataLoader (batch 16, 64 batches per epoch) with a training step that sleeps
-32 ms, as an accelerator step waits without using the CPU, and prints one
+DataLoader (batch 16, 64 batches per epoch) and trains a model on it, as a
+training script does: after ``DataLoader(...)`` it builds a small conv net
+and its optimizer (``torch.optim.SGD``: building any optimizer imports
+``torch._dynamo``, which sets ``TORCHINDUCTOR_CACHE_DIR`` in ``os.environ``
+after the loader was built), then runs forward, backward and ``step()`` on
+every batch (about 25 ms on one core; the step runs on one intra-op thread,
+``--intra-op``, and competes with the workers for the CPU, as on a laptop
+without an accelerator). Each sample also carries the pid of the process
+that fetched it and that process's parent. Prints one
 JSON line: each epoch's time (from ``iter(loader)`` to the end of the last
 step, so the first includes starting the workers), the part of it spent
-checking batches, a checksum of the images, one of the per-sample random draws, and what autosafe_torch did.
+checking batches, the time of the setup (model and optimizer), the whole
+run (from ``DataLoader(...)`` to the end of the last epoch), a checksum of
+the images, one of the per-sample random draws, who started the workers
+(this process, or a fork server) and how many there were, whether the warm
+server was starting just after ``DataLoader(...)`` (started ahead), and what
+autosafe_torch did.
 
 Datasets (each sample: read from the packed file, three cv2.GaussianBlur,
 a resize to 224×224, HWC -> CHW tensor, a label, and one ``torch.randint``
@@ -26,13 +38,12 @@ every rung, another with ``num_workers=0``):
   pickle, so the ladder takes the next rung (fork on Linux, emulated
   workers in process where fork is unsafe: ``AUTOSAFE_TORCH_AS=macos``).
 
-``--setup S``: S seconds of the program's own setup (building a model, on
-this thread) between building the loader and iterating it, as a training
-script does; the first epoch is timed from ``iter(loader)`` as ever.
-
 ``--threads``: the loader's workers emulated on a thread
 (``EmulatedWorkersIter(loader, threaded=True)``), iterated directly: the
-ladder does not choose that rung by itself.
+ladder does not choose that rung by itself. ``--wrap``: the dataset inside
+``Forwarding``, a wrapper that forwards attributes with ``__getattr__``
+(figure 14). ``--intra-op N``: the step's
+``torch.set_num_threads`` (default 1; 0: torch's default, one per core).
 """
 
 import json
@@ -46,7 +57,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 IMAGES, SIDE = 1024, 184
-BATCH, BATCHES, STEP_S = 16, 64, 0.032
+BATCH, BATCHES = 16, 64
+WIDTH = 12  # the conv net's first layer: a step of about 25 ms on one core
+# The training step's intra-op threads (torch.set_num_threads), the same in
+# every variant; None: torch's default (one per core). With 2 workers on 2
+# cores, torch's OpenMP threads wait at every barrier for a core a worker
+# holds; on a busy 2-core machine the default makes the step 3-5x slower.
+INTRA_OP_THREADS = 1
 
 
 def make(directory, seed=0):
@@ -83,7 +100,8 @@ class LegacyDataset(Dataset):
         return self.f.read(size)
 
     def __getitem__(self, i):
-        return transform(self.read(i)), i % 10, torch.randint(1 << 30, ()).item()
+        return (transform(self.read(i)), i % 10, torch.randint(1 << 30, ()).item(),
+                (os.getpid(), os.getppid()))
 
 
 class HandSafeDataset(LegacyDataset):
@@ -110,30 +128,93 @@ class StuckDataset(LegacyDataset):
         self.pending = (n for n in ())
 
 
-def setup(seconds):
-    """The program's own setup between building the loader and iterating it:
-    building a model (layers initialised on this thread), for ``seconds``."""
-    end = time.perf_counter() + seconds
-    layers = []
-    while time.perf_counter() < end:
-        layers.append(torch.nn.Linear(256, 256))
-        del layers[:-8]
+class Forwarding(Dataset):
+    """A user's wrapper that forwards every attribute it lacks to the dataset it
+    wraps. Unpickling it recurses (pickle asks the new, empty instance for
+    ``__setstate__``, which asks for ``self.inner``...): a RecursionError in
+    each spawned worker without autosafe_torch; DL201 pickles it by its
+    attributes."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
 
 
-def run(directory, dataset, workers, start, epochs, persistent, threads, setup_s=0.0):
+def build_model(width=WIDTH):
+    """The program's own setup after ``DataLoader(...)``: a small conv net for
+    224x224 images, 10 classes, and its optimizer. Building the optimizer
+    imports ``torch._dynamo`` (over a second, the first time), which sets
+    ``TORCHINDUCTOR_CACHE_DIR`` in ``os.environ``."""
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv2d(3, width, 5, stride=4, padding=2), nn.ReLU(),
+        nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, optimizer
+
+
+def train_step(model, optimizer, x, labels):
+    """forward, backward, step() on one batch; the loss."""
+    optimizer.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x.float().div_(255)), labels)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def started_by(pids):
+    """Who started the processes that fetched the samples: ``parent`` (this
+    process: fork or plain spawn), ``server`` (a fork server), ``none`` (this
+    process fetched them: num_workers=0 or emulated workers); with the count
+    of distinct worker processes."""
+    me = os.getpid()
+    kinds = sorted({"none" if pid == me else "parent" if ppid == me else "server"
+                    for pid, ppid in pids})
+    return {"kinds": kinds, "workers": len({pid for pid, _ in pids if pid != me})}
+
+
+def server_ahead():
+    """Whether autosafe_torch's warm server (DL209) is starting, or runs, just
+    after ``DataLoader(...)``: started ahead, its imports overlap the setup."""
+    import threading
+
+    warmstart = sys.modules.get("autosafe_torch.remedies.warmstart")
+    if warmstart is None:
+        return False
+    return warmstart._state.get("server") is not None or any(
+        t.name == "autosafe_torch warm start" for t in threading.enumerate())
+
+
+def run(directory, dataset, workers, start, epochs, persistent, threads,
+        intra_op=INTRA_OP_THREADS, wrap=False):
     import multiprocessing
 
+    if intra_op:
+        torch.set_num_threads(intra_op)
     if start:
         multiprocessing.set_start_method(start, force=True)
     torch.manual_seed(0)
     cls = {"legacy": LegacyDataset, "handsafe": HandSafeDataset, "stuck": StuckDataset}[dataset]
-    loader = DataLoader(cls(directory), batch_size=BATCH, num_workers=workers,
+    cache_dir_before = "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    t_run = time.perf_counter()
+    ds = Forwarding(cls(directory)) if wrap else cls(directory)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=workers,
                         persistent_workers=persistent)
-    if setup_s:
-        rng = torch.get_rng_state()
-        setup(setup_s)
-        torch.set_rng_state(rng)  # the batches stay those of a run without setup
-    images, draws, epoch_s, check_s = [], [], [], []
+    ahead = server_ahead()
+    t_setup = time.perf_counter()
+    model, optimizer = build_model()
+    setup_s = time.perf_counter() - t_setup
+    cache_dir_set = not cache_dir_before and "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    images, draws, epoch_s, check_s, pids = [], [], [], [], set()
     for _ in range(epochs):
         t0 = time.perf_counter()
         if threads:
@@ -143,7 +224,7 @@ def run(directory, dataset, workers, start, epochs, persistent, threads, setup_s
         else:
             batches = loader
         checking = 0.0
-        for x, _labels, drawn in batches:
+        for x, labels, drawn, (pid, ppid) in batches:
             # The batch check is ours, not the loop's: numpy's sum runs on this
             # thread. torch's x.sum() would open an OpenMP region on torch's 2
             # intra-op threads, which stalls while 2 workers hold both cores
@@ -151,12 +232,17 @@ def run(directory, dataset, workers, start, epochs, persistent, threads, setup_s
             c0 = time.perf_counter()
             images.append(int(x.numpy().sum(dtype=np.int64)))
             draws.append(tuple(drawn.tolist()))
+            pids.update(zip(pid.tolist(), ppid.tolist()))
             checking += time.perf_counter() - c0
-            time.sleep(STEP_S)                   # the accelerator's step
+            train_step(model, optimizer, x, labels)
         epoch_s.append(time.perf_counter() - t0)
         check_s.append(checking)
+    run_s = time.perf_counter() - t_run
     mod = sys.modules.get("autosafe_torch")
-    out = {"epoch_s": epoch_s, "check_s": check_s, "batches": len(images),
+    out = {"epoch_s": epoch_s, "check_s": check_s, "setup_s": setup_s, "run_s": run_s,
+           "intra_op_threads": torch.get_num_threads(), "server_ahead": ahead,
+           "cache_dir_set_by_setup": cache_dir_set, "batches": len(images),
+           "started_by": started_by(pids),
            "images": hash(tuple(images)) & 0xFFFFFFFF, "draws": hash(tuple(draws)) & 0xFFFFFFFF,
            "autosafe_active": bool(mod and mod.is_active()),
            "interventions": sorted({"%s:%s" % (i.code, i.strategy or "")
@@ -179,10 +265,13 @@ def main(argv):
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--threads", action="store_true")
-    p.add_argument("--setup", type=float, default=0.0)
+    p.add_argument("--wrap", action="store_true",
+                   help="wrap the dataset in Forwarding (a __getattr__ forwarder)")
+    p.add_argument("--intra-op", type=int, default=INTRA_OP_THREADS,
+                   help="torch.set_num_threads for the training step; 0: torch's default")
     a = p.parse_args(argv)
     run(a.directory, a.dataset, a.workers, a.start, a.epochs, a.persistent, a.threads,
-        a.setup)
+        a.intra_op, a.wrap)
 
 
 if __name__ == "__main__":

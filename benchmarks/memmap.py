@@ -1,4 +1,4 @@
-"""Figure 13: a numpy memmap dataset under spawn (DL218), against the hand fix.
+"""Figure 15: a numpy memmap dataset under spawn (DL218), against the hand fix.
 
 A 300 MiB float32 file, rows of 3x64x64, a dataset holding
 ``np.memmap(path, mode='r')``; 2 spawn workers, 3 epochs, a small model and
@@ -201,9 +201,9 @@ def figures():
     note += " (median; plain: pickled whole into each worker start); the same data in every " \
         "run: %s" % ("yes" if same else "NO")
     return [
-        Row(13, "13a 300 MiB np.memmap, 2 spawn workers, 3 epochs: time, shim / hand fix", 1.1,
+        Row(15, "15a 300 MiB np.memmap, 2 spawn workers, 3 epochs: time, shim / hand fix", 1.1,
             "le", "x", ratios("wall_s"), note),
-        Row(13, "13b the same: peak memory (parent + workers' peak RSS), shim / hand fix", 1.1,
+        Row(15, "15b the same: peak memory (parent + workers' peak RSS), shim / hand fix", 1.1,
             "le", "x", ratios("memory"), "hand fix: the dataset maps the file in each worker"),
     ]
 

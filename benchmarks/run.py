@@ -265,10 +265,12 @@ FIGURES = {
     # function returning a list of common.Row.
     "11": lambda: __import__("recovery").figures(),
     "12": lambda: __import__("cv2_threads").figures(),
-    "13": lambda: __import__("memmap").figures(),
+    "13": lambda: __import__("privatize").figures(),
+    "14": lambda: __import__("forwarder").figures(),
+    "15": lambda: __import__("memmap").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
-OPTIONAL = ("10", "13")
+OPTIONAL = ("10", "15")
 
 
 def _cell(text):
@@ -299,7 +301,9 @@ How to read it: every figure compares variants run side by side in one run,
 alternating (A B A B, with the order rotated), and gives the median of the
 per-pair (or per-block) values with their min – max and count. Differences are
 "with autosafe_torch − without"; ratios for costs are "with / without"; ratios for
-savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster).
+savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster),
+except the budgets on time taken (7c, 9c, 14a: "time with autosafe_torch / time of
+the other", ≤ budget).
 
 1. Two venvs of the same interpreter whose site-packages link to every entry of the
    real one; "not installed" lacks only autosafe_torch's files. Wall time of
@@ -317,14 +321,23 @@ savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster).
 7-9. The legacy loop of issue 14 (benchmarks/legacy_loop.py, benchmarks/mission.py):
    a dataset that opens its packed file of 1024 raw 184×184 images in `__init__`;
    per sample three `cv2.GaussianBlur` (11×11) and a resize to 224×224; batch 16,
-   64 batches per epoch; a training step that sleeps 32 ms (an accelerator's step
-   uses no CPU); 2 workers, non-persistent, spawn as on macOS; 2 epochs per run
-   (the first includes starting the workers). Eight variants, 3 rounds, the order
-   rotated per round; each run is checked for the rung it was meant to take and
-   for its batches (images everywhere; per-worker `torch.randint` draws in every
-   2-worker run). 7: the mission's goals (issue 14 (a)). 8: each rung, forced by
-   what the dataset needs, not by a switch (issue 14 (b)). 9: worker start, and
-   what keeping workers across epochs would save (issue 14 (c)).
+   64 batches per epoch; a real training step: a small conv net and its SGD
+   optimizer built after `DataLoader(...)` (building an optimizer imports
+   torch._dynamo, which sets TORCHINDUCTOR_CACHE_DIR in os.environ), forward,
+   backward and step() per batch on one intra-op thread (about 25 ms; the hand fix
+   with torch's default threads too, in 7a's note: with workers on every core,
+   torch's OpenMP threads wait at each barrier for a core a worker holds); 2 workers,
+   non-persistent, spawn as on macOS; 2 epochs per run (the first includes
+   starting the workers). Nine variants, 3 rounds, the order rotated per round;
+   each run is checked for the rung it was meant to take, for who fetched its
+   samples (this process, its own workers, or the warm server's children) and for
+   its batches (images everywhere; per-worker `torch.randint` draws in every
+   2-worker run). 7: the mission's goals (issue 14 (a), issue 27 item 2): steady
+   epoch against the hand fix and the hand-safe fork loader, and the whole run
+   (process start to exit, workers' start included) against the fork loader's.
+   8: each rung, forced by what the dataset needs, not by a switch (issue 14
+   (b)). 9: worker start, and what keeping workers across epochs would save
+   (issue 14 (c)).
 10. (optional, `--only 10`) The JPEG pipeline (benchmarks/pipeline.py) with
    AUTOSAFE_TORCH=1, with and without `AUTOSAFE_TORCH_DISABLE=cv2`.
 11. Recovery (benchmarks/recovery.py, issue 13), in one child: (a) 2 persistent fork
@@ -332,6 +345,18 @@ savings (7-10) are "time of the other / time with autosafe_torch" (> 1: faster).
    (DL210-DL216 disabled); (b) the watch's per-batch work timed alone, as % of that
    batch; (c) an epoch with worker 1 SIGKILLed after batch 3 minus the same epoch
    unharmed, pairs alternating.
+12. OpenCV's threads (benchmarks/cv2_threads.py).
+13. Kernel-level isolation per forked worker (benchmarks/privatize.py, issue 26), in
+   one child holding 10 or 100 regular files open: (a, b) the worker step
+   `isolate_in_worker` timed inside an `os.fork()` child; (c, d) the first epoch of a
+   new 2-worker fork loader, shim vs shim with DL207/DL217 disabled (and
+   deactivated, in the note), in one process, the order rotating; the parent's
+   offset of a descriptor the workers seek shows the isolation held.
+14. A `__getattr__`-forwarding dataset wrapper under spawn as on macOS (benchmarks/
+   forwarder.py, issue 27 item 4): the legacy loop's hand-safe dataset inside the
+   wrapper, shim with 2 workers vs `num_workers=0`, fresh processes alternating;
+   whole run and steady epoch; the shim's samples must come from real worker
+   processes (children of the warm server).
 
 Child processes run without PYTHONDONTWRITEBYTECODE, so cached bytecode is used as on
 a normal installation.

@@ -73,6 +73,9 @@ def test_repaired_loader_starts_warm_with_the_batches_of_spawn(tmp_path, referen
     assert rec.code == "DL201" and "; workers start warm, from a fork server with torch" \
         in rec.done, warm
     assert "summary: fixed DL201 x1, DL209 x1" in warm.stderr
+    # the optimizer, built after the loader, changed os.environ: the workers still come
+    # from the server
+    assert "SETUP_CHANGED_ENV True" in warm.stdout, warm
     assert started_by(warm) == ["server"], warm
     cold = run(tmp_path, "legacy", env={"AUTOSAFE_TORCH_DISABLE": "DL209"})
     assert cold.rc == 0 and started_by(cold) == ["parent"], cold

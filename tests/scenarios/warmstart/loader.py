@@ -14,6 +14,12 @@ and an environment variable. Prints:
   level appends one line each time it is imported: here, and in every
   worker that imports it as spawn does).
 
+As a training script does, it builds a model and its optimizer after the
+loader, and runs forward, backward and ``step()`` on every batch: building
+the optimizer imports ``torch._dynamo``, which sets TORCHINDUCTOR_CACHE_DIR
+in ``os.environ`` after the loader (and the warm server) started; it prints
+``SETUP_CHANGED_ENV True`` when it did.
+
 ``--ahead`` prints ``AHEAD <starting> <running>`` just after the loader is
 built: whether the warm server (DL209) is being started ahead, in a thread
 of its own, and whether it then runs before the first iterator.
@@ -91,6 +97,11 @@ def main(argv):
     loader = DataLoader(Samples(kind == "legacy"), batch_size=4, num_workers=2, shuffle=True)
     if "--ahead" in argv:
         report_ahead()
+    had_cache_dir = "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    print("SETUP_CHANGED_ENV", not had_cache_dir and "TORCHINDUCTOR_CACHE_DIR" in os.environ,
+          flush=True)
     h, started_by = hashlib.sha256(), set()
     for epoch in range(2):
         if "--env-change" in argv:
@@ -101,6 +112,9 @@ def main(argv):
             if "--die" in argv:
                 print("WORKERS", " ".join(str(int(p)) for p in set(pids.tolist())), flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            optimizer.zero_grad()
+            model(batch["data"].float()).pow(2).mean().backward()
+            optimizer.step()
             for key in sorted(batch):
                 h.update(key.encode() + repr(batch[key].tolist() if torch.is_tensor(batch[key])
                                              else batch[key]).encode())
