@@ -54,6 +54,11 @@ def test_the_server_starts_ahead_for_a_repaired_loader_only(tmp_path, reference)
     warm = run(tmp_path, "legacy", args=("--ahead",))
     assert warm.rc == 0 and "AHEAD True True" in warm.stdout, warm
     assert warm.batches == reference.batches and started_by(warm) == ["server"], warm
+    # A forwarder pickles, so the probe finds nothing; its unpickling recurses,
+    # so DL201 repairs it and the server starts ahead all the same.
+    forwarder = run(tmp_path, "forwarder", args=("--ahead",))
+    assert forwarder.rc == 0 and "AHEAD True True" in forwarder.stdout, forwarder
+    assert forwarder.batches == reference.batches and started_by(forwarder) == ["server"]
     healthy = run(tmp_path, "healthy", args=("--ahead",))
     assert healthy.rc == 0 and "AHEAD False False" in healthy.stdout, healthy
     assert healthy.batches == reference.batches and started_by(healthy) == ["parent"]

@@ -2,7 +2,9 @@
 
 Run: python loader.py KIND [--env-change] [--die] [--ahead]. KIND ``legacy`` holds an
 open file (it does not pickle: DL201 repairs it under spawn); ``healthy``
-opens its file per fetch. Each sample carries its bytes, draws from torch's,
+opens its file per fetch; ``forwarder`` wraps the healthy one in a class
+that forwards attributes with ``__getattr__`` (it pickles, but a worker's
+unpickling recurses: DL201 rebuilds it from its attributes). Each sample carries its bytes, draws from torch's,
 Python's and numpy's global generators, the worker's info and seed, the
 dataset copy's fetch count, the worker's process name, the modules it had,
 and an environment variable. Prints:
@@ -72,6 +74,22 @@ class Samples(Dataset):
                 else "server", "pid": os.getpid()}
 
 
+class Forwarding(Dataset):
+    """A wrapper as libraries write them: unknown attributes go to the inner dataset."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+
 def report_ahead():
     """``AHEAD <starting> <running>``, just after DataLoader(...): whether a thread
     of autosafe_torch is starting the warm server now, and (after waiting for
@@ -94,7 +112,10 @@ def main(argv):
         f.write(bytes(range(256)) * 4)
     os.environ["SCENARIO_PARENT"] = str(os.getpid())
     torch.manual_seed(0)
-    loader = DataLoader(Samples(kind == "legacy"), batch_size=4, num_workers=2, shuffle=True)
+    dataset = Samples(kind == "legacy")
+    if kind == "forwarder":
+        dataset = Forwarding(dataset)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, shuffle=True)
     if "--ahead" in argv:
         report_ahead()
     had_cache_dir = "TORCHINDUCTOR_CACHE_DIR" in os.environ
