@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
@@ -137,24 +135,34 @@ def test_control_without_the_thread_the_server_forks_the_workers(tmp_path, pytho
 
 # -- the count -------------------------------------------------------------------------
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
-def test_the_count_follows_the_threads_this_process_starts():
-    from autosafe_torch.inspection import threads
+COUNTING = """
+import threading, time
+from autosafe_torch.inspection import threads
+before, stop = threads.count(), threading.Event()
+worker = threading.Thread(target=stop.wait)
+worker.start()
+during, single = threads.count(), threads.single_threaded()
+stop.set()
+worker.join()
+deadline = time.monotonic() + 30  # join() returns before the OS thread has ended
+while threads.count() >= during and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(threads.single_threaded() if before == 1 else "n/a", before, during, single,
+      threads.count())
+"""
 
-    before, stop = threads.count(), threading.Event()
-    worker = threading.Thread(target=stop.wait)
-    worker.start()
-    try:
-        assert threads.count() == before + 1
-        assert not threads.single_threaded()
-    finally:
-        stop.set()
-        worker.join()
-    # join() returns when Python is done with the thread; the OS thread ends just after
-    deadline = time.monotonic() + 5
-    while threads.count() != before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert threads.count() == before
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
+def test_the_count_follows_the_threads_a_process_starts():
+    """In a fresh interpreter (no test runner's threads): the count rises with a
+    thread and falls when it ends; no exact count is assumed."""
+    out = subprocess.run([sys.executable, "-c", COUNTING], capture_output=True, text=True,
+                         env=dict(os.environ, AUTOSAFE_TORCH="0"), timeout=120)
+    single_after, before, during, single_during, after = out.stdout.split()
+    assert int(during) > int(before) and single_during == "False", out
+    assert int(after) < int(during), out
+    if before == "1":
+        assert single_after == "True", out
 
 
 def test_a_fresh_interpreter_is_single_threaded_until_it_starts_one():
@@ -163,8 +171,9 @@ def test_a_fresh_interpreter_is_single_threaded_until_it_starts_one():
             "threading.Thread(target=e.wait, daemon=True).start(); "
             "print(a, threads.single_threaded(), threads.count())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, AUTOSAFE_TORCH="0"))
-    assert out.stdout.split() == ["True", "False", "2"], out
+                         env=dict(os.environ, AUTOSAFE_TORCH="0"), timeout=120)
+    first, then, count = out.stdout.split()
+    assert (first, then) == ("True", "False") and int(count) >= 2, out
 
 
 def test_a_platform_without_a_count_is_not_single_threaded(monkeypatch):
