@@ -60,7 +60,7 @@ def healthy_overhead(config, pairs):
         for _ in loaders[on]:  # the first epoch starts the workers: not timed
             pass
     _watching(config, True)
-    from autosafe_torch.remedies.recovery import RecoveringIter
+    from autosafe_torch.patches.supervisor import RecoveringIter
 
     assert isinstance(loaders[True]._iterator, RecoveringIter)
     assert not isinstance(loaders[False]._iterator, RecoveringIter)
@@ -88,7 +88,7 @@ def bookkeeping_us(repeats, n=200000):
     clock reads, the observation), against the bare stand-in."""
     from types import SimpleNamespace
 
-    from autosafe_torch.remedies.recovery import RecoveringIter, _Ladder, _Recorder, _Watch
+    from autosafe_torch.patches.supervisor import RecoveringIter, _Ladder, _Recorder, _Watch
 
     class Bare:
         def __init__(self):

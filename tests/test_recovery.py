@@ -1,4 +1,4 @@
-"""Recovery from failing workers (DL210-DL213, autosafe_torch/remedies/recovery.py).
+"""Recovery from failing workers (DL210-DL213, autosafe_torch/patches/supervisor.py).
 
 Each fault of tests/scenarios/recovery/scenario.py runs in a real
 subprocess with real workers under fork, spawn and forkserver; the batches
@@ -293,7 +293,7 @@ def test_hang_timeout_is_validated_with_one_warning(capsys):
 
 
 def test_watchdog_limit_from_observed_batch_times():
-    from autosafe_torch.remedies.recovery import STARTUP_MIN_S, _Watch
+    from autosafe_torch.patches.supervisor import STARTUP_MIN_S, _Watch
 
     watch = _Watch(frozenset({"hung"}), 5.0, 0)
     assert watch.limit() == STARTUP_MIN_S  # workers starting
@@ -311,7 +311,7 @@ def test_not_watched_in_warn_mode_or_disabled():
     from torch.utils.data import DataLoader, TensorDataset
 
     import autosafe_torch
-    from autosafe_torch.remedies.recovery import RecoveringIter
+    from autosafe_torch.patches.supervisor import RecoveringIter
 
     loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=1,
                         multiprocessing_context="fork")

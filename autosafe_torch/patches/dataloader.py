@@ -12,7 +12,7 @@ A finding's ``changes`` become the call's arguments (or, at iteration, the
 loader's attributes); its ``state`` is kept on the loader for its iterators
 (``batch_device``, ``emulated_workers``, ``fork_handles``) under
 ``STATE_PREFIX``. The records of the worker checks are made once their
-remedies held in the workers (``remedies/recovery.py``), not when planned.
+remedies held in the workers (``patches/supervisor.py``), not when planned.
 """
 
 import inspect
@@ -99,13 +99,13 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
     engine.decide_or(None, "DataLoader iteration", _decide_workers, loader, sys._getframe(1))
     # The records of this iteration's findings: made once their remedies held.
     pending = loader.__dict__.pop(STATE_PREFIX + "pending", [])
-    from ..remedies import recovery  # watched: a worker's death or hang is recovered
+    from . import supervisor  # watched: a worker's death or hang is recovered
 
     emulated = loader_state(loader, "emulated_workers")
     if emulated and emulated == loader.num_workers:
-        iterator = recovery.emulated(loader, pending)
+        iterator = supervisor.emulated(loader, pending, lambda: wrapped(*args, **kwargs))
     else:
-        iterator = recovery.watched(loader, wrapped, args, kwargs, pending)
+        iterator = supervisor.watched(loader, wrapped, args, kwargs, pending)
     device = loader_state(loader, "batch_device")
     if device is not None:
         from ..remedies.batchdevice import BatchesTo

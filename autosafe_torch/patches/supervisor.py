@@ -40,6 +40,7 @@ timing) and DataPipes.
 
 import functools
 import itertools
+import logging
 import multiprocessing.process
 import os
 import re
@@ -57,13 +58,14 @@ from .. import callsite, engine
 from ..config import CONFIG
 from ..inspection import failures as F
 from ..rules import recovery as ladder_rules
-from .dumps import (DUMP_SIGNAL, bootstrap_path, dump_dir, dump_path,
+from ..remedies.dumps import (DUMP_SIGNAL, bootstrap_path, dump_dir, dump_path,
                     faulthandler_in_worker, read as _read)
-from . import isolation
+from ..remedies import isolation
 from ..errors import NoExactRung
-from .emulated_workers import EmulatedWorkersIter
-from .limits import file_system_sharing, use_file_system_sharing
-from .workerinit import with_step
+from ..remedies.emulated_workers import EmulatedWorkersIter
+from ..remedies.limits import file_system_sharing, use_file_system_sharing
+from ..remedies.workerinit import with_step
+from . import torch_seams
 
 POLL_S = 0.1          # how often a waiting iterator looks at its workers
 HANG_FACTOR = 10      # the limit, in slowest waits seen
@@ -453,7 +455,7 @@ def own_files(loader, report_dir):
 
 
 def _loader_state(loader, name):
-    from ..patches.dataloader import loader_state
+    from .dataloader import loader_state
 
     return loader_state(loader, name)
 
@@ -572,7 +574,8 @@ class RecoveringIter(wrapt.ObjectProxy):
             if current.kind not in watch.kinds or loader is None:
                 return False
             rung = ladder_rules.next_rung(current.kind, ladder.failures)
-            if rung is None:
+            if rung is None or rung == ladder_rules.EMULATED and _lacks(
+                    "emulated", torch_seams.emulated_missing(), "workers are not emulated"):
                 return False
             try:
                 self._rebuild(loader, rung)
@@ -697,9 +700,16 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     return iterator
 
 
-def emulated(loader, pending=()):
+def emulated(loader, pending=(), torch_s=None):
     """The emulated-workers rung a rule chose for ``loader``; its records once
-    every worker has its copy (or, where none can be made, as what happened)."""
+    every worker has its copy (or, where none can be made, as what happened).
+    ``torch_s()`` makes torch's own iterator, for a torch whose private names
+    the emulated workers need have moved: the records then say it did not hold."""
+    if torch_s is not None and _lacks("emulated", torch_seams.emulated_missing(),
+                                      "workers are not emulated"):
+        engine.decide_or(None, "DataLoader records", _record_refused, pending,
+                         NoExactRung("this torch lacks what emulated workers need"))
+        return torch_s()
     try:
         iterator = _Emulated(loader)
     except NoExactRung as refused:
@@ -727,7 +737,23 @@ def _plan(loader, wrapped):
     kinds = ladder_rules.kinds_watched(engine.enabled)
     if not kinds:
         return None
+    if _lacks("watched", torch_seams.watched_missing(), "workers not watched"):
+        return None
     return functools.partial(_start, loader, kinds)
+
+
+_said = set()
+
+
+def _lacks(seam, missing, consequence):
+    """Whether this torch lacks what ``seam`` needs; said once per process."""
+    if missing and seam not in _said:
+        _said.add(seam)
+        from ..report import clip, log
+
+        log(logging.WARNING, "torch %s lacks %s: %s; torch's own iterator runs instead",
+            torch.__version__, clip(missing, 80), consequence)
+    return bool(missing)
 
 
 def _start(loader, kinds, pending):
@@ -753,7 +779,7 @@ def _warm_mark(pending):
     """Where the warm starts stood before this iterator's workers (DL209), or None."""
     if not any(i.code == "DL209" for i in pending):
         return None
-    from . import warmstart
+    from ..remedies import warmstart
 
     return warmstart.starts().mark()
 
@@ -765,7 +791,7 @@ def _warm_outcome(pending, mark):
     if mark is None:
         return
     from ..rules import number_of
-    from . import warmstart
+    from ..remedies import warmstart
 
     started = warmstart.starts()
     _warm, plain = started.since(mark)

@@ -1,0 +1,96 @@
+"""A torch whose private DataLoader names moved (patches/torch_seams.py).
+
+The script itself moves them, as a later torch release might, before it
+builds a loader: torch's own loop is rewritten to call the new name, so
+torch works; the shim's supervisor and emulated workers, which call the old
+names, must step aside with one line, and the loader yields torch's batches
+(or torch's own error), never an AttributeError of ours.
+"""
+
+import pytest
+
+from support import logged, run_script, shim_lines
+
+# torch renames _MultiProcessingDataLoaderIter._try_get_data to _try_fetch.
+MOVED_TRY_GET_DATA = '''
+import inspect, textwrap
+from torch.utils.data import dataloader as _dl
+_I = _dl._MultiProcessingDataLoaderIter
+_I._try_fetch = _I._try_get_data
+del _I._try_get_data
+_ns = {}
+exec(textwrap.dedent(inspect.getsource(_I._get_data)).replace("_try_get_data", "_try_fetch"),
+     _dl.__dict__, _ns)
+_I._get_data = _ns["_get_data"]
+'''
+
+# torch renames its worker module's WorkerInfo (what emulated workers build).
+MOVED_WORKER_INFO = '''
+from torch.utils.data._utils import worker as _w
+_w.WorkerInfoV2 = _w.WorkerInfo
+del _w.WorkerInfo
+'''
+
+AUGMENTED = '''
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+{moved}
+class Augmented(Dataset):
+    def __len__(self):
+        return 24
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return torch.tensor([float(i), float(info.id), torch.rand(()).item()])
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    digest(DataLoader(Augmented(), batch_size=4, num_workers=2), epochs=2)
+'''
+
+GENERATOR = '''
+import torch
+from torch.utils.data import DataLoader, Dataset
+{moved}
+class Streamed(Dataset):
+    def __init__(self):
+        self.gen = (i for i in range(10 ** 6))
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.tensor(float(i))
+
+if __name__ == "__main__":
+    digest(DataLoader(Streamed(), batch_size=2, num_workers=2))
+'''
+
+
+def test_a_moved_iterator_method_leaves_torch_s_own_iterator(tmp_path):
+    body = AUGMENTED.format(moved=MOVED_TRY_GET_DATA)
+    plain = run_script(tmp_path, body, start_method="fork")
+    assert plain.rc == 0 and plain.batches, plain
+    shim = run_script(tmp_path, body, start_method="fork", activation="env")
+    assert shim.rc == 0 and shim.batches == plain.batches, shim
+    lines = shim_lines(shim.stderr)
+    assert len(lines) == 1, lines  # once per process, not per epoch
+    assert "lacks _MultiProcessingDataLoaderIter._try_get_data(timeout)" in lines[0], lines
+    assert "torch's own iterator runs instead" in lines[0]
+    # The same torch, unmoved: the same batches (the control).
+    healthy = run_script(tmp_path, AUGMENTED.format(moved=""), start_method="fork",
+                         activation="env")
+    assert healthy.batches == plain.batches and not shim_lines(healthy.stderr), healthy
+
+
+def test_moved_worker_names_leave_torch_s_error_and_say_the_fix_did_not_hold(tmp_path):
+    """As on macOS a generator does not pickle and the ladder's last rung is
+    emulated workers; a torch without the names they need gets torch's own
+    error, and the record says the fix did not hold."""
+    body = GENERATOR.format(moved=MOVED_WORKER_INFO)
+    env = {"AUTOSAFE_TORCH_AS": "macos"}
+    plain = run_script(tmp_path, body, start_method="spawn")
+    assert plain.rc != 0 and "cannot pickle 'generator' object" in plain.stderr, plain
+    shim = run_script(tmp_path, body, env=env, activation="env")
+    assert shim.rc != 0 and "cannot pickle 'generator' object" in shim.stderr, shim
+    assert "AttributeError" not in shim.stderr, shim
+    assert "lacks torch.utils.data._utils.worker.WorkerInfo" in shim.stderr, shim
+    (record,) = logged(shim.stderr, "DL201")
+    assert record.done.startswith("did not hold: this torch lacks"), record
