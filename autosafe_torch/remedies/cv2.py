@@ -108,14 +108,15 @@ def opencl_runtime_loaded(environ=None):
     names = _runtime_names(os.environ if environ is None else environ)
     try:
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").rpartition(" ")[2]
-                base = os.path.basename(path)
-                if any(base.startswith(name) for name in names):
-                    _loaded.append(base)
-                    return base
+            text = maps.read()  # one read and a substring test: cheap at each epoch
     except OSError:
-        pass  # no /proc: not Linux, where workers are not forked
+        return None  # no /proc: not Linux, where workers are not forked
+    for name in names:
+        at = text.find("/" + name)
+        if at >= 0:
+            base = text[at + 1:text.find("\n", at)]
+            _loaded.append(base)
+            return base
     return None
 
 
