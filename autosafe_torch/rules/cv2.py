@@ -61,9 +61,9 @@ def cv2_threads_in_workers(args, ctx):
       "workers. Nothing where no OpenCL device is usable",
       "forked workers that hang in cv2 calls on cv2.UMat: they inherit the parent's "
       "OpenCL context (even with OpenCL off in worker_init_fn)",
-      "use OpenCL (cv2.UMat) in the main process only after the loader's workers "
-      "started, or start them with multiprocessing_context='forkserver' (or 'spawn'), "
-      "and call cv2.ocl.setUseOpenCL(False) in worker_init_fn",
+      "where the main process uses OpenCL (cv2.UMat), start the workers with "
+      "multiprocessing_context='forkserver' (or 'spawn') and call "
+      "cv2.ocl.setUseOpenCL(False) in worker_init_fn",
       at="dataloader.iter")
 def cv2_opencl_context(args, ctx):
     from .workers import start_method
