@@ -452,3 +452,25 @@ def test_no_opencl_device_means_nothing_about_opencl(tmp_path):
     shim = run_script(tmp_path, body, start_method="fork", activation="import", env=env)
     assert plain.rc == 0 and shim.rc == 0 and shim.batches == plain.batches, shim
     assert not logged(shim.stderr, "CV402"), shim.stderr
+
+
+def test_opencl_used_and_a_dataset_that_cannot_travel_emulates_the_workers(
+        tmp_path, opencl_env):
+    """The dataset holds an open file (it pickles only once repaired): no warm
+    server; the workers are emulated in this process, no fork, and the
+    batches are those of real workers forked before the parent's OpenCL use."""
+    data = tmp_path / "rows.bin"
+    data.write_bytes(bytes(range(256)) * 4)
+    body = _opencl_body(True).replace(
+        "class UBlur(Dataset):\n", "class UBlur(Dataset):\n"
+        "    def __init__(self):\n        self.f = open(%r, 'rb')\n" % str(data))
+    shim = run_script(tmp_path, body, start_method="fork", activation="import",
+                      env=opencl_env, timeout=300)
+    safe = run_script(tmp_path, _opencl_body(False).replace(
+        "class UBlur(Dataset):\n", "class UBlur(Dataset):\n"
+        "    def __init__(self):\n        self.f = open(%r, 'rb')\n" % str(data)),
+        start_method="fork", env=opencl_env, timeout=300)
+    assert safe.rc == 0 and safe.batches and "FAILED" not in safe.stdout, safe
+    assert shim.rc == 0 and shim.batches == safe.batches, shim
+    opencl = logged(shim.stderr, "CV402")
+    assert len(opencl) == 1 and "emulated" in opencl[0].done, shim.stderr
