@@ -21,8 +21,13 @@ def cv2_state():
     try:
         import cv2
 
+        from .remedies.cv2 import opencl_device_usable, opencl_runtime_loaded
+
+        # Never cv2.ocl.useOpenCL() here: it creates the OpenCL context that
+        # forked workers must not inherit (CV402); a fresh interpreter is asked.
         return {"version": cv2.__version__, "threads": cv2.getNumThreads(),
-                "opencl": bool(cv2.ocl.useOpenCL())}
+                "opencl_device": opencl_device_usable(),
+                "opencl_used_here": opencl_runtime_loaded() is not None}
     except Exception as exc:
         return {"error": repr(exc)}
 

@@ -229,8 +229,8 @@ def figure10():
                       for off, on in zip(runs["off"], runs["on"])]
             if workers == 0:
                 rows.append(Row(10, name, None, None, "x", values, (
-                    "time off / time on; no workers: CV401 makes the parent's cv2 "
-                    "single-threaded (threads on %s, off %s)." % (
+                    "time off / time on; no workers: the parent keeps its cv2 "
+                    "threads (on %s, off %s)." % (
                         warm["on"]["parent_cv2_threads"], warm["off"]["parent_cv2_threads"]))))
                 continue
             if epoch == 0:

@@ -1,23 +1,32 @@
-"""CV401/CV402: OpenCV threads and OpenCL off, in the parent and every worker."""
+"""CV401/CV402: OpenCV in DataLoader workers, by measurement.
 
+The program keeps its own OpenCV threads, OpenCL and environment; each
+worker gets ``cv2.setNumThreads(0)`` (never another count) before the
+program's code runs there; OpenCL is acted on only where a device is usable
+and the parent used OpenCL before its workers fork.
+"""
+
+import ast
+import ctypes.util
 import importlib.util
+import os
 import pickle
+import re
+import subprocess
 import sys
 import types
 
 import pytest
 
-from autosafe_torch.config import CONFIG
 from autosafe_torch.facts import Facts
 from autosafe_torch.patches import cv2 as cv2_patch
 from autosafe_torch.remedies import cv2 as cv2_remedies
 from autosafe_torch.remedies.workerinit import steps_of, user_function
 from autosafe_torch.rules import Context
 from autosafe_torch.rules import cv2 as cv2_rules
-from support import line_of, logged, run_script
+from support import clean_env, logged, run_script
 
-# Never import cv2 in this process: autosafe_torch is active here, and its
-# cv2 patch would set OPENCV_* for every later test's subprocess.
+# Never import cv2 in this process: autosafe_torch is active here.
 if importlib.util.find_spec("cv2") is None:
     pytest.skip("opencv is not installed", allow_module_level=True)
 
@@ -39,27 +48,24 @@ def test_no_step_without_cv2_or_without_workers(monkeypatch):
     assert cv2_rules.cv2_threads_in_workers(values(num_workers=0), Context(Facts())) is None
 
 
-def test_steps_merge_pickle_and_keep_the_users_function(monkeypatch):
+def test_the_step_pickles_and_keeps_the_users_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", types.ModuleType("cv2"))
     v = values(worker_init_fn=user_init)
-    f1 = cv2_rules.cv2_threads_in_workers(v, Context(Facts()))
-    v.update(f1.after)
-    f2 = cv2_rules.cv2_opencl_in_workers(v, Context(Facts()))
-    fn = f2.after["worker_init_fn"]
-    assert steps_of(fn) == (cv2_remedies.worker_threads_off, cv2_remedies.worker_opencl_off)
+    fn = cv2_rules.cv2_threads_in_workers(v, Context(Facts())).after["worker_init_fn"]
+    assert steps_of(fn) == (cv2_remedies.worker_threads_off,)
     assert user_function(fn) is user_init
-    again = pickle.loads(pickle.dumps(fn))
-    assert steps_of(again) == steps_of(fn)
-    v.update(f2.after)
+    assert steps_of(pickle.loads(pickle.dumps(fn))) == steps_of(fn)
+    v["worker_init_fn"] = fn
     assert cv2_rules.cv2_threads_in_workers(v, Context(Facts())) is None  # already there
 
 
 class FakeCV2:
     def __init__(self, threads=4, opencl=True):
-        self.threads = threads
-        self.ocl = types.SimpleNamespace(useOpenCL=lambda: self.opencl,
-                                         setUseOpenCL=self._set_ocl)
-        self.opencl = opencl
+        self.threads, self.calls, self.opencl = threads, [], opencl
+        self.ocl = types.SimpleNamespace(useOpenCL=self._use_ocl, setUseOpenCL=self._set_ocl)
+
+    def _use_ocl(self):
+        raise AssertionError("useOpenCL() creates the OpenCL context: never asked here")
 
     def _set_ocl(self, on):
         self.opencl = on
@@ -68,40 +74,50 @@ class FakeCV2:
         return self.threads
 
     def setNumThreads(self, n):
+        self.calls.append(n)
         self.threads = n
 
 
-def test_parent_findings_apply_settings_and_environment():
+def test_import_cv2_changes_nothing_in_the_program():
+    """No finding at the import: threads, OpenCL and environment stay."""
     fake, env = FakeCV2(), {}
-    found = cv2_patch.findings(fake, env)
-    assert [f.rule.code for f in found] == ["CV401", "CV402"]
-    for f in found:
-        for remedy in f.remedies:
-            remedy({})
-    assert fake.threads == 0 and fake.opencl is False
-    assert env == {"OPENCV_FOR_THREADS_NUM": "1", "OPENCV_OPENCL_RUNTIME": "disabled"}
     assert cv2_patch.findings(fake, env) == []
+    assert fake.threads == 4 and fake.calls == [] and fake.opencl is True and env == {}
 
 
-def test_parent_keeps_an_environment_the_user_chose_and_honours_disable():
-    fake, env = FakeCV2(), {"OPENCV_FOR_THREADS_NUM": "3"}
-    for f in cv2_patch.findings(fake, env):
-        for remedy in f.remedies:
-            remedy({})
-    assert env["OPENCV_FOR_THREADS_NUM"] == "3"
-    CONFIG.disabled = frozenset({"cv2"})
-    assert cv2_patch.findings(FakeCV2(), {}) == []
+@pytest.mark.parametrize("setting", [None, "4", "1", "-1", "0", "junk"])
+def test_a_worker_is_never_given_a_non_zero_thread_count(monkeypatch, setting):
+    """Whatever OPENCV_FOR_THREADS_NUM says, the worker step and the fork hook
+    call setNumThreads(0) and nothing else (OpenCV reads the variable only for
+    a negative count; any non-zero count in a forked child hangs it)."""
+    if setting is None:
+        monkeypatch.delenv("OPENCV_FOR_THREADS_NUM", raising=False)
+    else:
+        monkeypatch.setenv("OPENCV_FOR_THREADS_NUM", setting)
+    fake = FakeCV2()
+    monkeypatch.setitem(sys.modules, "cv2", fake)
+    cv2_remedies.worker_threads_off(0)
+    worker = types.SimpleNamespace(_target=types.SimpleNamespace(
+        __name__="_worker_loop", __module__="torch.utils.data._utils.worker"))
+    monkeypatch.setattr("multiprocessing.current_process", lambda: worker)
+    cv2_remedies._after_fork(None)
+    assert fake.calls == [0, 0]
+    # ... and nowhere in the code: every setNumThreads passes WORKER_THREADS.
+    assert cv2_remedies.WORKER_THREADS == 0
+    for module in (cv2_remedies, cv2_rules, cv2_patch):
+        calls = [node for node in ast.walk(ast.parse(open(module.__file__).read()))
+                 if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "setNumThreads"]
+        assert all([ast.unparse(a) for a in c.args] == ["WORKER_THREADS"] for c in calls)
 
 
-def test_parent_findings_name_only_what_changes():
-    """OpenCL already off: CV402 is about the environment alone, never
-    "opencl False -> False"; with the environment set too, nothing fires."""
-    found = cv2_patch.findings(FakeCV2(threads=0, opencl=False), {})
-    assert [(f.rule.code, f.before, f.after) for f in found] == [
-        ("CV401", {"OPENCV_FOR_THREADS_NUM": None}, {"OPENCV_FOR_THREADS_NUM": "1"}),
-        ("CV402", {"OPENCV_OPENCL_RUNTIME": None}, {"OPENCV_OPENCL_RUNTIME": "disabled"})]
-    env = {"OPENCV_FOR_THREADS_NUM": "1", "OPENCV_OPENCL_RUNTIME": "disabled"}
-    assert cv2_patch.findings(FakeCV2(threads=0, opencl=False), env) == []
+def test_the_fork_hook_acts_in_dataloader_workers_only(monkeypatch):
+    fake = FakeCV2()
+    monkeypatch.setitem(sys.modules, "cv2", fake)
+    for target in (print, types.SimpleNamespace(__name__="_worker_loop", __module__="mine")):
+        monkeypatch.setattr("multiprocessing.current_process",
+                            lambda: types.SimpleNamespace(_target=target))
+        cv2_remedies._after_fork(None)
+    assert fake.calls == []
 
 
 def test_patch_never_breaks_import_cv2():
@@ -110,7 +126,7 @@ def test_patch_never_breaks_import_cv2():
             raise RuntimeError("boom")
 
     cv2_patch.unpatch()
-    cv2_patch.patch(Broken())  # logged as an internal error, no exception
+    cv2_patch.patch(Broken())  # nothing raised
     cv2_patch.unpatch()
 
 
@@ -124,26 +140,46 @@ def spy(trigger, module):
     return _orig(trigger, module)
 P.apply_for = spy
 import cv2
-print("SEEN", seen, cv2.getNumThreads())
+print("SEEN", seen)
 '''
 
 
 def test_hook_fires_once_with_the_package_not_the_native_module(tmp_path):
     r = run_script(tmp_path, HOOK_BODY, activation="import")
     assert r.rc == 0, r
-    assert "SEEN [('cv2', 'cv2', True, True)] 1" in r.stdout
+    assert "SEEN [('cv2', 'cv2', True, True)]" in r.stdout
 
 
-def test_logged_at_the_import_line(tmp_path):
-    r = run_script(tmp_path, "import os\nimport cv2\n", activation="import")
-    assert r.rc == 0, r
-    script = tmp_path / "train.py"
-    line = script.read_text().splitlines().index("import cv2") + 1
-    threads, opencl = logged(r.stderr, "CV401"), logged(r.stderr, "CV402")
-    assert [x.site for x in threads + opencl] == ["train.py:%d" % line] * 2, r
-    assert threads[0].done.startswith("cv2.setNumThreads(0) in this process"), threads
-    assert "OPENCV_FOR_THREADS_NUM=1 for the processes it starts" in threads[0].done
-    assert threads[0].fix == "call cv2.setNumThreads(0) at import and in worker_init_fn"
+HEALTHY_BODY = '''
+import os
+import cv2, numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+img = np.random.RandomState(0).rand(800, 800).astype(np.float32)
+class Blur(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.from_numpy(cv2.GaussianBlur(np.roll(img, i, 0), (15, 15), 0))
+if __name__ == "__main__":
+    print("THREADS", cv2.getNumThreads(), int(cv2.ocl.useOpenCL()),
+          sorted(k for k in os.environ if k.startswith("OPENCV")))
+    digest(DataLoader(Blur(), batch_size=4, num_workers=0), epochs=2)
+    print("THREADS", cv2.getNumThreads())
+'''
+
+
+def test_healthy_program_keeps_its_cv2_threads(tmp_path):
+    """A program that uses cv2 threads in its main process: the same thread
+    count, OpenCL and environment with and without the shim, the same
+    batches, and no record at all."""
+    off = run_script(tmp_path, HEALTHY_BODY)
+    on = run_script(tmp_path, HEALTHY_BODY, activation="import")
+    assert off.rc == 0 and on.rc == 0, on
+    threads = [l for l in off.stdout.splitlines() if l.startswith("THREADS")]
+    assert threads == [l for l in on.stdout.splitlines() if l.startswith("THREADS")], on
+    assert "THREADS 1 " not in threads[0], off  # a real pool (2 threads on 2 CPUs)
+    assert on.batches == off.batches
+    assert logged(on.stderr) == [], on.stderr
 
 
 WORKER_BODY = '''
@@ -159,38 +195,37 @@ class Report(Dataset):
         import cv2
         return torch.tensor([cv2.getNumThreads(), int(cv2.ocl.useOpenCL())])
 
-class Pixels(Dataset):
-    def __len__(self):
-        return 8
-    def __getitem__(self, i):
-        import numpy as np
-        img = np.full((32, 32), i, dtype=np.uint8)
-        return torch.from_numpy(cv2.resize(img, (16, 16)))
+def late_init(worker_id):
+    pass
 
 if __name__ == "__main__":
-    print("PARENT", cv2.getNumThreads(), int(cv2.ocl.useOpenCL()))
+    print("PARENT", cv2.getNumThreads())
     for method in ("fork", "spawn", "forkserver"):
         ctx = mp.get_context(method)
         states = {tuple(row) for b in DataLoader(Report(), batch_size=2, num_workers=1,
                                                   multiprocessing_context=ctx) for row in b.tolist()}
         print("WORKER", method, sorted(states))
-    digest(DataLoader(Pixels(), batch_size=4, num_workers=2))
+    # worker_init_fn set after construction: the shim's step is not there;
+    # fork workers still get no pool, from the after-fork hook.
+    loader = DataLoader(Report(), batch_size=2, num_workers=2)
+    loader.worker_init_fn = late_init
+    print("LATE", sorted({tuple(row) for b in loader for row in b.tolist()}))
 '''
 
 
-def test_worker_thread_count_and_opencl_under_every_start_method(tmp_path):
-    off = run_script(tmp_path, WORKER_BODY)
-    on = run_script(tmp_path, WORKER_BODY, activation="import")
-    assert off.rc == 0, off
-    assert on.rc == 0, on
-    default = int(next(l.split()[1] for l in off.stdout.splitlines()
-                       if l.startswith("PARENT")))
+def test_workers_get_no_pool_under_every_start_method(tmp_path):
+    """Even where the environment asks OpenCV for three threads."""
+    env = {"OPENCV_FOR_THREADS_NUM": "3"}
+    off = run_script(tmp_path, WORKER_BODY, env=env)
+    on = run_script(tmp_path, WORKER_BODY, activation="import", env=env)
+    assert off.rc == 0 and on.rc == 0, on
     for method in ("fork", "spawn", "forkserver"):
         assert "WORKER %s [(1, 0)]" % method in on.stdout, on
-        # without it, workers run OpenCV's default pool (2 threads on 2 CPUs)
-        assert "WORKER %s [(%d, 0)]" % (method, default) in off.stdout, off
-    assert "PARENT 1 0" in on.stdout
-    assert on.batches == off.batches
+        assert "WORKER %s [(3, 0)]" % method in off.stdout, off  # what it is without
+    assert "LATE [(1, 0)]" in on.stdout and "LATE [(3, 0)]" in off.stdout, on
+    assert "PARENT 3" in on.stdout and "PARENT 3" in off.stdout  # the program's own
+    sites = {r.code for r in logged(on.stderr)}
+    assert sites == {"CV401"}, on.stderr
 
 
 DEADLOCK_BODY = '''
@@ -211,22 +246,11 @@ class Resize(Dataset):
         return 16
     def __getitem__(self, i):
         return torch.from_numpy(cv2.resize(img[i:i + 400, :400], (100, 100)))
-digest(DataLoader(Resize(), batch_size=4, num_workers=2))
+digest(DataLoader(Resize(), batch_size=4, num_workers=2, timeout=60))
 stop = True
 for t in threads:
     t.join()
 '''
-
-
-@pytest.mark.parametrize("activation", [None, "import"])
-def test_cv2_threads_in_parent_then_resize_in_forked_workers(tmp_path, activation):
-    """The known hang. With OpenCV 5.0's pthreads backend it did not hang here,
-    with or without autosafe_torch; the timeout keeps a hang from blocking CI."""
-    r = run_script(tmp_path, DEADLOCK_BODY, activation=activation, start_method="fork",
-                   timeout=90)
-    assert r.rc == 0, r
-    assert r.batches
-
 
 AT_FORK_BODY = '''
 import os
@@ -241,44 +265,212 @@ class Blur(Dataset):
     def __getitem__(self, i):
         return torch.from_numpy(cv2.GaussianBlur(img[i:i + 200, :200], (5, 5), 0))
 if __name__ == "__main__":
-    digest(DataLoader(Blur(), batch_size=4, num_workers=2), epochs=2)
+    digest(DataLoader(Blur(), batch_size=4, num_workers=2, timeout=60), epochs=2)
 '''
 
 
-def test_fork_workers_inherit_a_quiet_pool(tmp_path):
-    """The seeds' hazard: a parent that ran a multi-threaded cv2 call, then fork
-    workers that call cv2. Without the shim each worker is forked from a
-    parent whose pool runs; with it, from one with no pool (CV401 at the
-    import: the only moment no other thread can be inside cv2, see the README),
-    and the batches are the same. (The hang itself does not reproduce with
-    OpenCV 5.0's pthreads backend: see the test above.)"""
-    plain = run_script(tmp_path, AT_FORK_BODY, start_method="fork", timeout=90)
-    shim = run_script(tmp_path, AT_FORK_BODY, start_method="fork", activation="import",
-                      timeout=90)
+@pytest.mark.parametrize("body", [DEADLOCK_BODY, AT_FORK_BODY], ids=["threads", "pool"])
+def test_the_seeds_deadlock_scenarios_give_the_fork_runs_batches(tmp_path, body):
+    """The parent's pool running (threads of the program in cv2, or a
+    multi-threaded call before the loader), fork workers calling cv2. With
+    the shim the parent keeps its pool (AT FORK 2) and the workers get none;
+    the batches are the plain fork run's."""
+    plain = run_script(tmp_path, body, start_method="fork", timeout=120)
+    shim = run_script(tmp_path, body, start_method="fork", activation="import", timeout=120)
     assert plain.rc == 0 and shim.rc == 0, shim
-    running = [int(l.split()[-1]) for l in plain.stdout.splitlines() if l.startswith("AT FORK")]
-    assert len(running) == 4 and min(running) > 1, plain  # two workers, two epochs
-    assert shim.stdout.count("AT FORK 1") == 4, shim
     assert shim.batches == plain.batches
+    if "AT FORK" in plain.stdout:
+        assert "AT FORK 1" not in plain.stdout + shim.stdout, shim  # nobody stops it
+    assert {r.code for r in logged(shim.stderr)} == {"CV401"}, shim.stderr
 
 
-def test_as_on_macos_the_program_keeps_opencv_s_threads(tmp_path):
-    """No worker is forked on macOS (nor Windows): the import leaves the
-    program's threads, OpenCL and environment as they were (with no workers,
-    OpenCV's threads are its only parallelism), and spawned workers still get
-    cv2.setNumThreads(0) and OpenCL off from their worker_init_fn step."""
-    body = WORKER_BODY.replace('for method in ("fork", "spawn", "forkserver"):',
-                               'for method in ("spawn",):').replace(
-        'print("PARENT", cv2.getNumThreads(), int(cv2.ocl.useOpenCL()))',
-        'import os\n    print("PARENT", cv2.getNumThreads(), int(cv2.ocl.useOpenCL()), '
-        'sorted(k for k in os.environ if k.startswith("OPENCV")))')
-    off = run_script(tmp_path, body)
-    on = run_script(tmp_path, body, activation="import", env={"AUTOSAFE_TORCH_AS": "macos"})
-    assert off.rc == 0 and on.rc == 0, on
-    parent = [l for l in off.stdout.splitlines() if l.startswith("PARENT")]
-    assert parent and parent[0] in on.stdout.splitlines() and "PARENT 1 " not in parent[0], on
-    assert "WORKER spawn [(1, 0)]" in on.stdout, on
-    import_line = "train.py:%d" % line_of(tmp_path, "import cv2")
-    sites = [r.site for r in logged(on.stderr, "CV401") + logged(on.stderr, "CV402")]
-    assert sites and import_line not in sites, on  # the loaders' lines only
-    assert on.batches == off.batches
+RATE_BODY = '''
+import os, signal, sys, threading, time
+import cv2, numpy as np
+N, FIX = int(sys.argv[1]), sys.argv[2] == "fix"
+if FIX:
+    from autosafe_torch.remedies.cv2 import worker_threads_off
+img = np.random.RandomState(0).rand(600, 600).astype(np.float32)
+stop = []
+def busy():
+    while not stop:
+        cv2.GaussianBlur(img, (9, 9), 0)
+        cv2.resize(img, (300, 300))
+for _ in range(8):
+    threading.Thread(target=busy, daemon=True).start()
+live, hangs, died = {}, 0, 0
+def reap(limit):
+    global hangs, died
+    while len(live) > limit:
+        for pid, since in list(live.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                died += status != 0
+                del live[pid]
+            elif time.monotonic() - since > 10:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                hangs += 1
+                del live[pid]
+        time.sleep(0.001)
+for i in range(N):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if FIX:
+                worker_threads_off(0)  # the shim's worker step, as the fork hook runs it
+            cv2.GaussianBlur(img[:200, :200], (9, 9), 0)
+            cv2.resize(img[:200, :200], (100, 100))
+        finally:
+            os._exit(0)
+    live[pid] = time.monotonic()
+    reap(4)
+reap(0)
+stop.append(1)
+print("CHILDREN", N, "HANGS", hangs, "DIED", died, "OPENCV", cv2.__version__, flush=True)
+os._exit(0)
+'''
+RATE = 300  # children per run (measured: 2-10 hangs in 3000 on 5.0.0 with no fix)
+
+
+def _rate(tmp_path, mode):
+    r = run_script(tmp_path, RATE_BODY, args=(str(RATE), mode), name="rate_%s.py" % mode,
+                   timeout=300)
+    assert r.rc == 0, r
+    found = re.search(r"CHILDREN (\d+) HANGS (\d+) DIED (\d+) OPENCV (\S+)", r.stdout)
+    return int(found.group(2)), int(found.group(3)), found.group(4)
+
+
+def test_high_rate_forks_do_not_hang_with_the_worker_fix(tmp_path):
+    """8 threads of the parent in cv2, children forked as fast as they end,
+    each running the worker step first: none hangs, none dies."""
+    assert _rate(tmp_path, "fix")[:2] == (0, 0)
+
+
+def test_regression_does_opencv_hang_here_with_no_fix(tmp_path):
+    """A record, not a requirement: whether the installed OpenCV hangs
+    forked children with no fix at all (the reason of the skip says)."""
+    hangs, died, version = _rate(tmp_path, "none")
+    pytest.skip("OpenCV %s with no fix: %d of %d high-rate forked children hung, %d "
+                "died (measured before: 2-10 of 3000 on 5.0.0, none on 4.x)"
+                % (version, hangs, RATE, died))
+
+
+# -- OpenCL, where a CPU OpenCL runtime is installed -----------------------------------
+
+def _opencl_env():
+    """An environment in which OpenCV finds a CPU OpenCL device, or None.
+    AUTOSAFE_TEST_OPENCL_RUNTIME: a libOpenCL (ICD loader) outside the system
+    paths; else the system's (Debian: apt-get install pocl-opencl-icd
+    ocl-icd-libopencl1)."""
+    runtime = os.environ.get("AUTOSAFE_TEST_OPENCL_RUNTIME") or ctypes.util.find_library("OpenCL")
+    if not runtime:
+        return None
+    env = {"OPENCV_OPENCL_RUNTIME": runtime if os.path.isabs(runtime) else "",
+           "OPENCV_OPENCL_DEVICE": ":CPU:"}
+    env = {k: v for k, v in env.items() if v}
+    out = subprocess.run([sys.executable, "-c", "import cv2; print(int(cv2.ocl.haveOpenCL() "
+                          "and cv2.ocl.useOpenCL()))"], env=clean_env(env),
+                         capture_output=True, text=True, timeout=120).stdout
+    return env if out.strip().endswith("1") else None
+
+
+OPENCL_BODY = '''
+import cv2, numpy as np, torch
+from torch.utils.data import DataLoader, Dataset
+img = np.random.RandomState(0).rand(128, 128).astype(np.float32)
+class UBlur(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.from_numpy(cv2.GaussianBlur(cv2.UMat(np.roll(img, i, 0)), (5, 5), 0).get())
+def no_opencl(worker_id):
+    cv2.ocl.setUseOpenCL(False)
+if __name__ == "__main__":
+    import multiprocessing as mp
+    if PARENT_USES_OPENCL:
+        cv2.GaussianBlur(cv2.UMat(img), (5, 5), 0).get()
+    kw = dict(batch_size=2, num_workers=2, timeout=60)
+    if HAND_FIX:  # the known-safe run: clean workers, OpenCL off in them
+        kw.update(multiprocessing_context=mp.get_context("spawn"), worker_init_fn=no_opencl)
+    try:
+        digest(DataLoader(UBlur(), **kw))
+    except RuntimeError as exc:
+        print("FAILED", str(exc).splitlines()[0], flush=True)
+'''
+
+
+def _opencl_body(parent_uses, hand_fix=False):
+    return OPENCL_BODY.replace("PARENT_USES_OPENCL", str(parent_uses)).replace(
+        "HAND_FIX", str(hand_fix))
+
+
+@pytest.fixture(scope="module")
+def opencl_env():
+    env = _opencl_env()
+    if env is None:
+        pytest.skip("no CPU OpenCL runtime that OpenCV can use (Debian: apt-get install "
+                    "pocl-opencl-icd ocl-icd-libopencl1; or AUTOSAFE_TEST_OPENCL_RUNTIME="
+                    "path to a libOpenCL.so.1)")
+    return env
+
+
+def test_opencl_used_in_the_parent_workers_start_warm(tmp_path, opencl_env):
+    """Parent used OpenCL, fork workers use cv2.UMat: plain torch hangs (the
+    DataLoader's timeout ends it); with the shim the workers start from the
+    warm server, with the batches of the hand-fixed run."""
+    body = _opencl_body(True)
+    plain = run_script(tmp_path, body, start_method="fork", env=opencl_env, timeout=300)
+    shim = run_script(tmp_path, body, start_method="fork", activation="import",
+                      env=opencl_env, timeout=300)
+    safe = run_script(tmp_path, _opencl_body(True, hand_fix=True), env=opencl_env, timeout=300)
+    assert safe.rc == 0 and safe.batches, safe
+    assert "FAILED" in plain.stdout or plain.rc != 0, plain
+    assert shim.rc == 0 and shim.batches == safe.batches, shim
+    opencl = logged(shim.stderr, "CV402")
+    assert len(opencl) == 1 and "warm server" in opencl[0].done, shim.stderr
+
+
+def test_opencl_in_workers_only_is_left_alone(tmp_path, opencl_env):
+    """Healthy control on an OpenCL machine: workers use cv2.UMat, the parent
+    never used OpenCL: no CV402, the very batches of the plain run."""
+    body = _opencl_body(False)
+    plain = run_script(tmp_path, body, start_method="fork", env=opencl_env, timeout=300)
+    shim = run_script(tmp_path, body, start_method="fork", activation="import",
+                      env=opencl_env, timeout=300)
+    assert plain.rc == 0 and plain.batches and "FAILED" not in plain.stdout, plain
+    assert shim.rc == 0 and shim.batches == plain.batches, shim
+    assert not logged(shim.stderr, "CV402"), shim.stderr
+
+
+def test_no_opencl_device_means_nothing_about_opencl(tmp_path):
+    """The usual Linux machine (no OpenCL device): the parent's UMat work
+    changes nothing; fork workers stay forked, with the plain run's batches."""
+    env = {"OPENCV_OPENCL_RUNTIME": "disabled"}
+    body = _opencl_body(True)
+    plain = run_script(tmp_path, body, start_method="fork", env=env)
+    shim = run_script(tmp_path, body, start_method="fork", activation="import", env=env)
+    assert plain.rc == 0 and shim.rc == 0 and shim.batches == plain.batches, shim
+    assert not logged(shim.stderr, "CV402"), shim.stderr
+
+
+def test_opencl_used_and_a_dataset_that_cannot_travel_emulates_the_workers(
+        tmp_path, opencl_env):
+    """The dataset holds an open file (it pickles only once repaired): no warm
+    server; the workers are emulated in this process, no fork, and the
+    batches are those of real workers forked before the parent's OpenCL use."""
+    data = tmp_path / "rows.bin"
+    data.write_bytes(bytes(range(256)) * 4)
+    body = _opencl_body(True).replace(
+        "class UBlur(Dataset):\n", "class UBlur(Dataset):\n"
+        "    def __init__(self):\n        self.f = open(%r, 'rb')\n" % str(data))
+    shim = run_script(tmp_path, body, start_method="fork", activation="import",
+                      env=opencl_env, timeout=300)
+    safe = run_script(tmp_path, _opencl_body(False).replace(
+        "class UBlur(Dataset):\n", "class UBlur(Dataset):\n"
+        "    def __init__(self):\n        self.f = open(%r, 'rb')\n" % str(data)),
+        start_method="fork", env=opencl_env, timeout=300)
+    assert safe.rc == 0 and safe.batches and "FAILED" not in safe.stdout, safe
+    assert shim.rc == 0 and shim.batches == safe.batches, shim
+    opencl = logged(shim.stderr, "CV402")
+    assert len(opencl) == 1 and "emulated" in opencl[0].done, shim.stderr

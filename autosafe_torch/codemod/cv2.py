@@ -1,23 +1,27 @@
-"""CV401, CV402: the two calls after ``import cv2``.
+"""CV401: no OpenCV pool in DataLoader workers, the program's own left as it is.
 
-The log names the import. ``cv2.setNumThreads(0)`` and
-``cv2.ocl.setUseOpenCL(False)`` go right after it. Exact where the import
-runs at module level: forked workers inherit the setting, and spawned ones
-import the module again, and with it cv2 and the two calls. An import
-inside a function is left as a comment (spawned workers would not run it).
+The shim gives each worker ``cv2.setNumThreads(0)`` (a worker_init_fn step,
+and an after-fork hook for fork workers) and never touches the program's
+threads. The rewrite does the same in the file that imports cv2 at module
+level, right after the import: forked children get the call from an
+``os.register_at_fork`` hook, and spawn/forkserver workers, which import the
+main module again as ``__mp_main__``, from the module itself. Never another
+count: a non-zero one hangs forked workers. An import inside a function, or
+none in this file, is left as a comment (the rule's fix, at the loader).
 
-The shim still logs CV401/CV402 at that import in a later run: it acts when
-cv2 is imported, before any line of the program after the import can run.
-Calls already right after the import are not added again.
+CV402 (workers moved away from the parent's OpenCL context) has no rewrite:
+its fix is the start method, named in the comment.
 """
 
 import libcst as cst
 
 from .records import COVERED, NOT_EXACT, REWRITTEN
 
-CODES = ("CV401", "CV402")
-CALLS = {"CV401": ("%s.setNumThreads(0)", "no OpenCV threads in workers (fork hangs)"),
-         "CV402": ("%s.ocl.setUseOpenCL(False)", "no OpenCL in this process or its workers")}
+CODES = ("CV401",)
+HOOK = "%s.register_at_fork(after_in_child=lambda: %s.setNumThreads(0))"
+WHY = "  # autosafe-torch CV401: no OpenCV pool in forked workers (never another count)\n"
+SPAWNED = ('if __name__ == "__mp_main__":  # autosafe-torch CV401: a spawned worker\n'
+           "    %s.setNumThreads(0)\n")
 
 
 def _cv2_name(statement):
@@ -31,49 +35,21 @@ def _cv2_name(statement):
 
 
 def rewrite(source, records):
-    """All of a file's CV401/CV402 records: those at ``import cv2`` get the calls;
-    those at a loader (the shim's worker_init_fn step) need nothing more once
-    the calls follow a module-level import, which workers run or inherit."""
-    at_import = [r for r in records if "worker_init_fn" not in r.after]
-    out = []
-    for line in sorted({r.line for r in at_import}):
-        out += _at_import(source, [r for r in at_import if r.line == line])
-    served = {r.code: r.where for r, kind, _ in out if kind in (REWRITTEN, COVERED)}
-    for record in records:
-        if record in at_import:
-            continue
-        elsewhere = [r.where for r in source.notes.get("log", ())
-                     if r.code == record.code and "worker_init_fn" not in r.after]
-        where = served.get(record.code) or (elsewhere[0] if elsewhere else None)
-        if where is None:
-            out.append((record, NOT_EXACT, "the log names no `import cv2` for the calls"))
-        else:
-            out.append((record, COVERED, "workers run or inherit the call after `import "
-                        "cv2` at %s" % where))
-    return out
-
-
-def _at_import(source, records):
-    statement = source.innermost_statement_at(records[0].line)
-    name = _cv2_name(statement) if isinstance(statement, cst.SimpleStatementLine) else None
-    if name is None:
-        return [(r, NOT_EXACT, "no `import cv2` at this line") for r in records]
-    if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in source.ancestors(statement)):
-        return [(r, NOT_EXACT, "cv2 is imported in a function, which spawned workers do "
-                 "not run") for r in records]
-    body = list(getattr(source.parent(statement), "body", ()))
-    at = next((i for i, s in enumerate(body) if s is statement), len(body))
-    following = [source.code(s).strip() for s in body[at + 1:at + 5]]
-    out, lines = [], []
-    for record in sorted(records, key=lambda r: r.code):
-        call, why = CALLS[record.code]
-        call = call % name
-        if any(line.startswith(call) for line in following):
-            out.append((record, COVERED, "%s follows the import already" % call))
-            continue
-        lines.append(cst.parse_statement("%s  # autosafe-torch %s: %s\n" % (
-            call, record.code, why)))
-        out.append((record, REWRITTEN, "%s after the import" % call))
-    if lines:
-        source.edit(statement, lambda s: cst.FlattenSentinel([s] + lines))
-    return out
+    """Every CV401 record of the file (one per loader) is answered by the calls
+    after the file's first module-level ``import cv2``."""
+    body = list(source.module.body)
+    at = next((i for i, s in enumerate(body)
+               if isinstance(s, cst.SimpleStatementLine) and _cv2_name(s)), None)
+    if at is None:
+        return [(r, NOT_EXACT, "no module-level `import cv2` in this file") for r in records]
+    statement, name = body[at], _cv2_name(body[at])
+    following = [source.code(s) for s in body[at + 1:at + 4]]
+    if any("register_at_fork(after_in_child=lambda: %s.setNumThreads(0))" % name in line
+           for line in following):
+        return [(r, COVERED, "the calls follow `import cv2` already") for r in records]
+    os_name = source.module_name("os")
+    lines = [cst.parse_statement(HOOK % (os_name, name) + WHY),
+             cst.parse_statement(SPAWNED % name)]
+    source.edit(statement, lambda s: cst.FlattenSentinel([s] + lines))
+    return [(r, REWRITTEN, "cv2.setNumThreads(0) in every worker, after `import cv2` at "
+             "line %d" % source.lines(statement)[0]) for r in records]

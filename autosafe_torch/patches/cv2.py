@@ -1,5 +1,7 @@
-"""``import cv2``: threads and OpenCL off in this process and its children
-where DataLoader workers may be forked (Linux: rules/cv2.py).
+"""``import cv2``: the program's own process is left as it is (its OpenCV
+threads, OpenCL and environment: rules/cv2.py); an after-fork hook is
+registered, silently, that gives each forked DataLoader worker
+``setNumThreads(0)`` before any code of the program runs there.
 
 Applied by the import hook once the outermost ``import cv2`` has finished
 (opencv's ``cv2/__init__.py`` re-imports its native module under the name
@@ -103,7 +105,15 @@ def patch(cv2):
 
         internal_error("recording cv2.VideoCapture", exc)
     try:
-        found = findings(cv2)
+        from ..remedies import cv2 as cv2_remedies
+
+        cv2_remedies.install_fork_hook()
+    except Exception as exc:
+        from ..report import internal_error
+
+        internal_error("registering the cv2 fork hook", exc)
+    try:
+        found = findings(cv2)  # none today: checks at "cv2.import" may come back
         if found:
             engine.settle(found, import_site())
     except engine.UnsafeCallError as exc:

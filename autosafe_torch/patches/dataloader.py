@@ -117,7 +117,14 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
 def _plan_key(loader):
     return (tuple(id(getattr(loader, name)) for name in ITER_ARGS),
             facts.effective_start_method(loader.multiprocessing_context),
-            facts.cuda_initialized())
+            facts.cuda_initialized(), _opencl_used())
+
+
+def _opencl_used():
+    # CV402: the program's first OpenCL use between epochs changes the plan.
+    from ..remedies.cv2 import opencl_runtime_loaded
+
+    return opencl_runtime_loaded()
 
 
 def _decide_workers(loader, frame):

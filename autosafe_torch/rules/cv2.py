@@ -1,20 +1,31 @@
-"""OpenCV in DataLoader workers (CV401, CV402).
+"""OpenCV in DataLoader workers (CV401, CV402), by measurement.
 
-OpenCV runs its own thread pool (and, where there is a runtime, OpenCL).
-Used inside DataLoader workers it oversubscribes the CPUs (workers x
-OpenCV threads), and a pool that existed in the parent when a worker was
-forked has been the classic cause of workers that hang in ``cv2.resize``.
-The fix everyone applies by hand: ``cv2.setNumThreads(0)`` and
-``cv2.ocl.setUseOpenCL(False)``.
+Measured on opencv-python-headless 4.5.1 .. 5.0.0 (pthreads backend, two
+cores, fork workers; README, "Devices, shared memory, open files and
+OpenCV"): DataLoader workers with no fix did not hang; raw forks at a high
+rate while the parent's threads ran cv2 did, rarely (5.0.0), and never
+with ``cv2.setNumThreads(0)`` in the child; ``setNumThreads`` with any
+non-zero count in a forked child hung or crashed on every release. With a
+usable OpenCL device, a parent that used OpenCL (``cv2.UMat``) hands its
+context to forked workers, and workers that use UMat then hang, whatever
+they set in ``worker_init_fn``. Stopping the parent's pool at ``import
+cv2`` cost main-process cv2 code 0.57x.
 
-Each rule checks at two hooks. At the cv2 import (``cv2.import``), where
-workers may be forked from this process (Linux): the setting in this
-process, and an environment variable for processes started later (spawn
-and forkserver workers import cv2 afresh, and setting it in the parent does
-not reach them); elsewhere this process keeps its own (``_workers_may_fork``). At every loader with workers
-(``dataloader.init``): a picklable ``worker_init_fn`` step that makes the
-setting in the worker, before the user's own ``worker_init_fn`` (it covers a
-forkserver started before cv2 was imported).
+So:
+
+- CV401: the program keeps its threads. Each worker gets
+  ``setNumThreads(0)`` (never another count) before any code of the
+  program runs in it: fork workers as they fork (an after-fork hook of
+  multiprocessing, for torch's ``_worker_loop`` processes only, installed
+  silently at ``import cv2`` by patches/cv2.py), every start method through a
+  ``worker_init_fn`` step (spawn and forkserver workers import cv2 afresh).
+- CV402: OpenCL only where the hazard is a fact: fork workers, a usable
+  OpenCL device, and the OpenCL runtime already loaded in the parent
+  (it used OpenCL) when the workers are about to fork. Then the workers
+  start from the warm server (spawn's semantics, a clean process) where
+  the dataset travels there, or are emulated in this process where it
+  does not; and OpenCL is off in the workers. Elsewhere (no device: the
+  usual Linux machine; or no OpenCL use in the parent) nothing is done.
 
 Nothing here imports cv2: the steps are added only when the program has
 imported it, and a worker imports it only then.
@@ -30,72 +41,79 @@ GROUP = "cv2"
 
 
 @rule("CV401", "cv2-threads", GROUP,
-      "cv2 imported: cv2.setNumThreads(0) in every DataLoader worker, and in the parent "
-      "where workers may be forked (Linux)",
+      "cv2 imported and a DataLoader with workers: cv2.setNumThreads(0) in each worker "
+      "before your code runs there (fork workers as they fork); your program keeps "
+      "its own OpenCV threads",
       "DataLoader workers that hang in cv2 calls after fork; workers x OpenCV "
       "threads oversubscribing the CPUs",
-      "call cv2.setNumThreads(0) at import and in worker_init_fn",
-      at="cv2.import")
-def cv2_threads(args, ctx):
-    if not _workers_may_fork(ctx):
-        return None
-    threads = ctx.cv2.getNumThreads()
-    return _in_this_process(cv2_threads, ctx, cv2_remedies.ENV_THREADS, "threads", threads,
-                            0, "OpenCV's thread pool in a process that forks DataLoader "
-                            "workers", "cv2.setNumThreads(0)", cv2_remedies.threads_off)
+      "call cv2.setNumThreads(0) in worker_init_fn (never a non-zero count in a "
+      "forked worker)",
+      at="dataloader.init")
+def cv2_threads_in_workers(args, ctx):
+    return _add_step(cv2_threads_in_workers, args, cv2_remedies.worker_threads_off,
+                     "cv2.setNumThreads(0)", "; fork workers also as they fork")
 
 
 @rule("CV402", "cv2-opencl", GROUP,
-      "cv2 imported: OpenCL off in every DataLoader worker, and in the parent where "
-      "workers may be forked (Linux)",
-      "the same hangs, and every worker contending for the GPU through OpenCL",
-      "call cv2.ocl.setUseOpenCL(False) at import and in worker_init_fn",
-      at="cv2.import")
-def cv2_opencl(args, ctx):
-    if not _workers_may_fork(ctx):
+      "fork workers while this process has used OpenCL on a usable OpenCL device: the "
+      "workers start from the warm server (a clean process, spawn's semantics) where "
+      "the dataset travels there, else emulated in this process; OpenCL off in the "
+      "workers. Nothing where no OpenCL device is usable",
+      "forked workers that hang in cv2 calls on cv2.UMat: they inherit the parent's "
+      "OpenCL context (even with OpenCL off in worker_init_fn)",
+      "where the main process uses OpenCL (cv2.UMat), start the workers with "
+      "multiprocessing_context='forkserver' (or 'spawn') and call "
+      "cv2.ocl.setUseOpenCL(False) in worker_init_fn",
+      at="dataloader.iter")
+def cv2_opencl_context(args, ctx):
+    from .workers import start_method
+
+    if args["num_workers"] <= 0 or "cv2" not in sys.modules \
+            or start_method(args) != "fork":
         return None
-    ocl = getattr(ctx.cv2, "ocl", None)
-    opencl = bool(ocl.useOpenCL()) if ocl is not None else False
-    return _in_this_process(cv2_opencl, ctx, cv2_remedies.ENV_OPENCL, "opencl", opencl,
-                            False, "OpenCL off in this process",
-                            "cv2.ocl.setUseOpenCL(False)", cv2_remedies.opencl_off)
+    if any(f.state.get("emulated_workers") for f in ctx.findings):
+        return None  # no worker is forked
+    runtime = cv2_remedies.opencl_runtime_loaded()
+    if runtime is None or not cv2_remedies.opencl_device_usable():
+        return None  # the parent has not used OpenCL, or it is inert here
+    why = "this process has used OpenCL (%s loaded) on a usable device, and a forked " \
+        "worker would inherit its OpenCL context" % runtime
+    return _away_from_the_context(cv2_opencl_context, args, ctx, why)
 
 
-def _workers_may_fork(ctx):
-    """Whether DataLoader workers may be forked from this process: on Linux
-    (fork, or the ladder's fork rung). There the pool is stopped at the import,
-    the one moment no other thread of the program can be inside cv2 (changing
-    OpenCV's thread count while another thread runs a cv2 call kills the
-    process: figure 12b), and kept stopped. On macOS and Windows workers are
-    spawned (macOS forks a process only while it has one thread, which a
-    running pool would not leave it): the program keeps OpenCV's threads,
-    its only parallelism where it loads in the main process (figure 12a)."""
-    from .workers import SAFE_FORK_PLATFORMS
+def _away_from_the_context(check, args, ctx, why):
+    """Warm server where the dataset travels (it pickles as it is, and the
+    main module can be imported by a worker), else emulated workers."""
+    from ..remedies import warmstart
+    from .warmstart import fork_server_available
+    from .workers import _emulated, pickling_plan
 
-    return ctx.facts is None or ctx.facts.platform in SAFE_FORK_PLATFORMS
-
-
-def _in_this_process(check, ctx, env_pair, setting, now, wanted, why, strategy, remedy):
-    """A finding for what differs here: the setting, and the environment
-    variable that carries it to processes started later. Only what changes
-    is named (never "opencl False -> False")."""
-    env, (key, value) = ctx.environ, env_pair
-    before, after = {}, {}
-    if now != wanted:
-        before[setting], after[setting] = now, wanted
-    if key not in env:
-        before[key], after[key] = None, value
-    if after:
-        done = [strategy + " in this process"] if setting in after else []
-        if key in after:
-            done.append("%s=%s for the processes it starts" % (key, value))
-        return check.rule.finding(
-            before, state=after, why="%s; %s=%s for processes started later" % (
-                why, key, env.get(key, value)), strategy=strategy,
-            remedies=[lambda args: remedy(ctx.cv2, env)], done="; ".join(done))
+    plan = pickling_plan(args, ctx)
+    if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
+            and fork_server_available(ctx.facts.platform)):
+        reason = "the dataset cannot travel to a clean worker (%s)" % (
+            "; ".join("%s: %s" % (f.path, f.error) for f in plan.failures)
+            or ("it pickles only once repaired" if plan.needs_repair
+                else "no fork server here" if ctx.main_guarded()
+                else "the main module is not guarded"))
+        return _emulated(check, args, why + "; " + reason)
+    libraries = warmstart.libraries_for(
+        [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
+    init = with_step(args["worker_init_fn"], warmstart.exit_with_parent)
+    init = with_step(init, cv2_remedies.worker_opencl_off)
+    return check.rule.finding(
+        {"multiprocessing_context": "fork"},
+        {"multiprocessing_context": warmstart.warm_context(args["multiprocessing_context"]),
+         "worker_init_fn": init},
+        why + "; the dataset travels, so each worker starts from the warm server, "
+        "clean, as spawn starts it", strategy="warm forkserver",
+        remedies=[lambda args: warmstart.preload(libraries)],
+        done="workers start from the warm server, not forked from this process that used "
+        "OpenCL (they would inherit its context); OpenCL off in each of %s"
+        % number_of(args["num_workers"], "worker"))
 
 
-def _add_step(check, args, step, what):
+def _add_step(check, args, step, what, note=""):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules:
         return None
     old = args["worker_init_fn"]
@@ -105,18 +123,7 @@ def _add_step(check, args, step, what):
     return check.rule.finding(
         {"worker_init_fn": old}, {"worker_init_fn": new},
         "cv2 is imported; %s in each worker under every start method, before the "
-        "worker_init_fn of the program" % what, strategy="worker_init_fn step",
-        done="%s in each of %s (a worker_init_fn step before yours)" % (
-            what, number_of(args["num_workers"], "worker")))
-
-
-@cv2_threads.rule.check_at("dataloader.init")
-def cv2_threads_in_workers(args, ctx):
-    return _add_step(cv2_threads_in_workers, args, cv2_remedies.worker_threads_off,
-                     "cv2.setNumThreads(0)")
-
-
-@cv2_opencl.rule.check_at("dataloader.init")
-def cv2_opencl_in_workers(args, ctx):
-    return _add_step(cv2_opencl_in_workers, args, cv2_remedies.worker_opencl_off,
-                     "cv2.ocl.setUseOpenCL(False)")
+        "worker_init_fn of the program; never a non-zero count in a forked worker"
+        % what, strategy="worker_init_fn step",
+        done="%s in each of %s (a worker_init_fn step before yours%s)" % (
+            what, number_of(args["num_workers"], "worker"), note))

@@ -263,21 +263,22 @@ DOCS = {
     "CV401": ((
         "import cv2\n"
         "DataLoader(images_resized_with_cv2, num_workers=4)",
-        "import cv2\n"
-        "cv2.setNumThreads(0)\n\n"
+        "import cv2\n\n"
         "def worker_init(worker_id):\n"
-        "    cv2.setNumThreads(0)\n\n"
+        "    cv2.setNumThreads(0)  # 0, never another count, in a forked worker\n\n"
         "DataLoader(images_resized_with_cv2, num_workers=4, worker_init_fn=worker_init)"),
         "every supported torch; any OpenCV (opencv-python, -headless, -contrib)"),
     "CV402": ((
         "import cv2\n"
-        "DataLoader(images_resized_with_cv2, num_workers=4)",
-        "import cv2\n"
-        "cv2.ocl.setUseOpenCL(False)\n\n"
+        "cv2.GaussianBlur(cv2.UMat(image), (5, 5), 0)  # OpenCL in the main process\n"
+        "DataLoader(images_blurred_with_umat, num_workers=4)",
+        "import multiprocessing\n"
+        "import cv2\n\n"
         "def worker_init(worker_id):\n"
         "    cv2.ocl.setUseOpenCL(False)\n\n"
-        "DataLoader(images_resized_with_cv2, num_workers=4, worker_init_fn=worker_init)"),
-        "every supported torch; OpenCV builds with OpenCL"),
+        "DataLoader(images_blurred_with_umat, num_workers=4, worker_init_fn=worker_init,\n"
+        "           multiprocessing_context=multiprocessing.get_context('forkserver'))"),
+        "every supported torch; OpenCV builds with OpenCL, where an OpenCL device is usable"),
     # -- AMP ------------------------------------------------------------------------
     "AMP501": ((
         "with torch.cuda.amp.autocast(True):\n"
