@@ -213,6 +213,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.rule("CV401")
 def test_workers_get_no_pool_under_every_start_method(tmp_path):
     """Even where the environment asks OpenCV for three threads."""
     env = {"OPENCV_FOR_THREADS_NUM": "3"}
@@ -415,6 +416,7 @@ def opencl_env():
     return env
 
 
+@pytest.mark.rule("CV402")
 def test_opencl_used_in_the_parent_workers_start_warm(tmp_path, opencl_env):
     """Parent used OpenCL, fork workers use cv2.UMat: plain torch hangs (the
     DataLoader's timeout ends it); with the shim the workers start from the
