@@ -249,8 +249,8 @@ def test_fork_workers_inherit_a_quiet_pool(tmp_path):
     """The seeds' hazard: a parent that ran a multi-threaded cv2 call, then fork
     workers that call cv2. Without the shim each worker is forked from a
     parent whose pool runs; with it, from one with no pool (CV401 at the
-    import: the only moment no other thread can be inside cv2, see the README),
-    and the batches are the same. (The hang itself does not reproduce with
+    import: the only moment no other thread can be inside cv2, see
+    docs/how-it-decides.md), and the batches are the same. (The hang itself does not reproduce with
     OpenCV 5.0's pthreads backend: see the test above.)"""
     plain = run_script(tmp_path, AT_FORK_BODY, start_method="fork", timeout=90)
     shim = run_script(tmp_path, AT_FORK_BODY, start_method="fork", activation="import",
