@@ -39,8 +39,12 @@ demo:
 	$(INSTALL) ".[demo]"
 	$(PYTHON) examples/run_demo.py
 
+# The generated tables (autosafe_torch/readme.py: FILES): configuration in the
+# README, rules in docs/rules.md.
+READMES = README.md docs/rules.md
+
 readme:
-	$(PYTHON) -m autosafe_torch.readme README.md --write
+	$(PYTHON) -m autosafe_torch.readme --write $(READMES)
 
 # `make compat`: the test suite on the oldest torch supported (constraints-compat.txt),
 # in its own virtual environment, built once: the stamp skips the install on later runs

@@ -1,9 +1,11 @@
-"""Generate the README's rule and configuration tables from the code.
+"""Generate the documentation's rule and configuration tables from the code.
 
-``python -m autosafe_torch.readme --write README.md`` rewrites the text
-between the ``<!-- rules:start -->``/``<!-- rules:end -->`` and
-``<!-- config:start -->``/``<!-- config:end -->`` markers; ``--check``
-exits 1 when the README disagrees with the registry (a test runs it).
+``python -m autosafe_torch.readme --write README.md docs/rules.md`` rewrites,
+in each file, the text between the markers it holds:
+``<!-- rules:start -->``/``<!-- rules:end -->`` (docs/rules.md) and
+``<!-- config:start -->``/``<!-- config:end -->`` (README.md); ``--check``
+exits 1 when a file disagrees with the registry (a test checks the same).
+Every table must be held by one of the files given.
 """
 
 import argparse
@@ -22,36 +24,63 @@ def config_markdown():
 
 SECTIONS = {"rules": table_markdown, "config": config_markdown}
 
+# Each file with generated tables, from the repository root, and the tables it holds
+# (`make readme` and tests/test_readme.py).
+FILES = {"README.md": ("config",), "docs/rules.md": ("rules",)}
 
-def render(text):
-    for name, make in SECTIONS.items():
-        start, end = "<!-- %s:start -->" % name, "<!-- %s:end -->" % name
+
+def _markers(name):
+    return "<!-- %s:start -->" % name, "<!-- %s:end -->" % name
+
+
+def sections_in(text):
+    """The tables whose two markers the text holds."""
+    return [name for name in SECTIONS if all(m in text for m in _markers(name))]
+
+
+def render(text, names=None):
+    """The text with each named table (default: every table it has markers
+    for) regenerated between its markers."""
+    for name in sections_in(text) if names is None else names:
+        start, end = _markers(name)
         if start not in text or end not in text:
-            raise SystemExit("README lacks the %s markers" % name)
+            raise SystemExit("the text lacks the %s markers" % name)
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)
-        text = "%s%s\n%s\n%s%s" % (head, start, make(), end, tail)
+        text = "%s%s\n%s\n%s%s" % (head, start, SECTIONS[name](), end, tail)
     return text
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m autosafe_torch.readme")
-    p.add_argument("path")
+    p.add_argument("paths", nargs="+", metavar="path")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
-    with open(args.path, encoding="utf-8") as f:
-        current = f.read()
-    wanted = render(current)
-    if args.write:
-        with open(args.path, "w", encoding="utf-8") as f:
-            f.write(wanted)
-        return 0
-    if wanted != current:
-        print("%s is out of date: run `make readme`" % args.path)
-        return 1
-    return 0
+    current, held = {}, set()
+    for path in args.paths:
+        with open(path, encoding="utf-8") as f:
+            current[path] = f.read()
+        names = sections_in(current[path])
+        if not names:
+            raise SystemExit("%s holds no table markers" % path)
+        held.update(names)
+    missing = [name for name in SECTIONS if name not in held]
+    if missing:
+        raise SystemExit("no file given holds the %s markers" % ", ".join(missing))
+    stale = []
+    for path, text in current.items():
+        wanted = render(text)
+        if wanted == text:
+            continue
+        if args.write:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(wanted)
+        else:
+            print("%s is out of date: run `make readme`" % path)
+            stale.append(path)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from .config import CONFIG
 LOGGER_NAME = "autosafe_torch"
 logger = logging.getLogger(LOGGER_NAME)
 
-# Field names of a JSON-lines object; documented in the README, keep stable.
+# Field names of a JSON-lines object; documented in docs/reading-the-log.md, keep stable.
 JSON_FIELDS = ("time", "pid", "rank", "code", "slug", "action", "strategy",
                "call_site", "cwd", "before", "after", "why", "fix", "done")
 # Added to the object only when the launcher (torchrun) set them.

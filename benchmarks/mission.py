@@ -21,7 +21,7 @@ order rotated each round, so that every variant sees the same load.
   server started ahead, at ``DataLoader(...)``) against the hand-safe fork
   loader's; and the steady epoch of warm workers against workers kept
   across epochs (``persistent_workers=True``, which autosafe_torch does not
-  apply: see the README).
+  apply: see docs/how-it-decides.md).
 
 Every run trains: a small conv net and its optimizer built after the
 loader (building the optimizer imports ``torch._dynamo``, which changes

@@ -2,10 +2,10 @@
 
 Runs every figure (each in child processes), prints the table, writes
 benchmarks/RESULTS.md and benchmarks/results.json, and replaces the
-text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in README.md
-(when both markers are there). ``BENCH_QUICK=1``: a smoke run (< 90 s) with
-few repetitions; its numbers are not worth reporting and it leaves README.md
-alone unless ``--readme`` is given.
+text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in
+docs/performance.md (when both markers are there; the README links to it). ``BENCH_QUICK=1``: a smoke run (< 90 s) with
+few repetitions; its numbers are not worth reporting and it leaves
+docs/performance.md alone unless ``--readme`` is given.
 
     python benchmarks/run.py [--only 1,2,...] [--no-readme | --readme]
 """
@@ -27,6 +27,7 @@ from common import (HERE, QUICK, RESULTS_DIR, ROOT, ChildFailed, Row,  # noqa: E
                     child_env, json_child, log, median)
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+PERFORMANCE_DOC = "docs/performance.md"  # the file holding the markers, from the root
 
 
 # ---------------------------------------------------------------- machine
@@ -374,26 +375,26 @@ def write_outputs(m, rows, elapsed, readme, out_dir):
         {"machine": m, "quick": QUICK, "elapsed_s": elapsed,
          "rows": [r.as_dict() for r in rows] + []}, indent=1, default=str))
     if readme:
-        path = ROOT / "README.md"
+        path = ROOT / PERFORMANCE_DOC
         text = path.read_text()
         lines = text.splitlines(keepends=True)
         starts = [i for i, l in enumerate(lines) if l.strip() == START]
         ends = [i for i, l in enumerate(lines) if l.strip() == END]
         if starts and ends and ends[0] > starts[0]:
             body = "%s\n\n%s\n\nHow each figure is measured: " \
-                   "[benchmarks/RESULTS.md](benchmarks/RESULTS.md).\n" % (head, tbl)
+                   "[benchmarks/RESULTS.md](../benchmarks/RESULTS.md).\n" % (head, tbl)
             new = "".join(lines[:starts[0] + 1]) + body + "".join(lines[ends[0]:])
             path.write_text(new)
-            log("README.md: table written between the bench markers")
+            log("%s: table written between the bench markers" % PERFORMANCE_DOC)
         else:
-            log("README.md has no %s ... %s markers: left alone" % (START, END))
+            log("%s has no %s ... %s markers: left alone" % (PERFORMANCE_DOC, START, END))
     return head, tbl
 
 
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--only", default="", help="comma-separated figures, e.g. 1,4,7")
-    p.add_argument("--readme", action="store_true", help="update README.md even when quick")
+    p.add_argument("--readme", action="store_true", help="update %s even when quick" % PERFORMANCE_DOC)
     p.add_argument("--no-readme", action="store_true")
     p.add_argument("--out", default=None, help="folder for RESULTS.md and results.json "
                    "(default: benchmarks/, or benchmarks/results/ when BENCH_QUICK=1)")

@@ -2,8 +2,8 @@
 (rule, user's file, line), and which files are the user's.
 
 The log has one object per intervention and process (workers and ranks
-repeat their parent's), with the documented fields (README, "Reading the
-log"). A call site is ``file:line``, the user's line first when a library
+repeat their parent's), with the documented fields (docs/reading-the-log.md).
+A call site is ``file:line``, the user's line first when a library
 made the call (``train.py:42 (via lightning/...)``). The file is as Python
 named it: relative when the script was run by a relative path, from the
 directory the run started in, which the log does not record; it is looked

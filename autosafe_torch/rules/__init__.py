@@ -1,7 +1,7 @@
 """The rule registry: where each rule runs, and what a finding says.
 
 A rule is declared once, with a stable code and slug, the error it prevents
-and the permanent fix (``autosafe-torch rules`` and the README table are
+and the permanent fix (``autosafe-torch rules`` and the docs/rules.md table are
 generated from here), and with the hook where its check runs::
 
     @rule("DL101", "prefetch-without-workers", GROUP, summary, prevents, fix,
@@ -289,7 +289,7 @@ def rules_in_group(group):
 
 
 def table_markdown():
-    """The README's rule table."""
+    """The rule table of docs/rules.md (`make readme`)."""
     load_all()
     rows = ["| code | slug | what it fixes | error it prevents | permanent fix |",
             "|---|---|---|---|---|"]
