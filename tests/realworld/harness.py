@@ -93,6 +93,8 @@ def check_linux_shim(shim, reference, allowed=()):
     assert shim.rc == 0, shim
     assert shim.losses == reference.losses, shim
     assert shim.fixes(allowed) == [], shim
+    said = [r for r in logged(shim.stderr) if r.code not in allowed]
+    assert all(r.done.startswith("advice") for r in said), shim
     if shim.summary is not None:
         fixed = [c for part in shim.summary.split("; ") if part.startswith(
             ("autosafe_torch: summary: fixed", "fixed"))
