@@ -87,25 +87,25 @@ def run(tmp_path, program, way, args=(), timeout=400):
     return Run(way, proc, log)
 
 
-def check_linux_shim(shim, reference, allowed=()):
-    """Linux with the shim: the reference run's losses, exactly; no fix, advice at
-    most (``allowed``: codes that act in every run and never change data)."""
-    assert shim.rc == 0, shim
-    assert shim.losses == reference.losses, shim
-    assert shim.fixes(allowed) == [], shim
-    said = [r for r in logged(shim.stderr) if r.code not in allowed]
-    assert all(r.done.startswith("advice") for r in said), shim
-    if shim.summary is not None:
-        fixed = [c for part in shim.summary.split("; ") if part.startswith(
+def check_same_losses(run_, reference):
+    """A shimmed run: it ran, and trained with the reference run's losses, exactly;
+    no fix of the shim's failed."""
+    assert run_.rc == 0, run_
+    assert run_.losses == reference.losses, run_
+    assert [r for r in run_.records if r["action"] == "failed"] == [], run_
+    assert run_.summary is None or "did not hold" not in run_.summary, run_
+
+
+def check_no_fix(run_, allowed=()):
+    """A shimmed run of a program that works as it is: no fix, advice at most,
+    in the JSON log, on stderr and in the summary line (``allowed``: codes that
+    act in every run and never change data)."""
+    assert run_.fixes(allowed) == [], run_
+    said = [r for r in logged(run_.stderr) if r.code not in allowed]
+    assert all(r.done.startswith("advice") for r in said), run_
+    if run_.summary is not None:
+        fixed = [c for part in run_.summary.split("; ") if part.startswith(
             ("autosafe_torch: summary: fixed", "fixed"))
                  for c in part.split("fixed ", 1)[1].split(", ")]
-        assert all(c.split()[0] in allowed for c in fixed), shim
-        assert "did not hold" not in shim.summary and "would fix" not in shim.summary, shim
-
-
-def check_macos_shim(shim, reference):
-    """As on macOS with the shim: the Linux run's losses, exactly."""
-    assert shim.rc == 0, shim
-    assert shim.losses == reference.losses, shim
-    assert [r for r in shim.records if r["action"] == "failed"] == [], shim
-    assert shim.summary is None or "did not hold" not in shim.summary, shim
+        assert all(c.split()[0] in allowed for c in fixed), run_
+        assert "did not hold" not in run_.summary and "would fix" not in run_.summary, run_

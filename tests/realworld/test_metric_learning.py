@@ -3,12 +3,12 @@ OpenCV and augmented by albumentations (programs/pml_albumentations.py), 2
 workers each augmenting with its own seed; a lambda in the pipeline."""
 
 import numpy as np
-import pytest
 
-from harness import CV2_CODES, check_linux_shim, check_macos_shim, run
+from harness import CV2_CODES, check_no_fix, check_same_losses
 
 PACKAGES = ("pytorch_metric_learning", "albumentations", "cv2")
 PROGRAM = "pml_albumentations.py"
+STEPS = 12  # 2 epochs of 6 batches
 
 
 def make_data(folder):
@@ -32,29 +32,15 @@ def make_data(folder):
             assert cv2.imwrite(str(folder_c / ("%02d.png" % n)), image)
 
 
-@pytest.fixture(scope="module")
-def linux(tmp_path_factory):
-    """Data, and the plain Linux run (fork, no shim): the reference losses."""
-    folder = tmp_path_factory.mktemp("metric_learning")
-    make_data(folder)
-    plain = run(folder, PROGRAM, "linux", [folder])
-    assert plain.rc == 0 and plain.losses and len(plain.losses) == 12, plain
-    return folder, plain
+def test_linux_with_the_shim_same_losses_no_fix(linux, linux_shim):
+    check_same_losses(linux_shim, linux)
+    check_no_fix(linux_shim, allowed=CV2_CODES)
 
 
-def test_linux_with_the_shim_same_losses_no_fix(linux):
-    folder, plain = linux
-    check_linux_shim(run(folder, PROGRAM, "linux-shim", [folder]), plain, allowed=CV2_CODES)
+def test_as_on_macos_without_the_shim_the_lambda_does_not_pickle(macos):
+    assert macos.rc != 0 and "Can't pickle <function <lambda>" in macos.stderr, macos
 
 
-def test_as_on_macos_without_the_shim_the_lambda_does_not_pickle(linux):
-    folder, _ = linux
-    mac = run(folder, PROGRAM, "macos", [folder])
-    assert mac.rc != 0 and "<lambda>" in mac.stderr, mac
-
-
-def test_as_on_macos_with_the_shim_the_linux_losses(linux):
-    folder, plain = linux
-    shim = run(folder, PROGRAM, "macos-shim", [folder])
-    check_macos_shim(shim, plain)
-    assert "DL202" in [r["code"] for r in shim.fixes()], shim
+def test_as_on_macos_with_the_shim_the_linux_losses(linux, macos_shim):
+    check_same_losses(macos_shim, linux)
+    assert "DL202" in [r["code"] for r in macos_shim.fixes()], macos_shim  # by value

@@ -4,12 +4,12 @@ random augmentation seeded per transform in each worker; a script without a
 ``__main__`` guard."""
 
 import numpy as np
-import pytest
 
-from harness import CV2_CODES, check_linux_shim, check_macos_shim, run
+from harness import CV2_CODES, check_no_fix, check_same_losses
 
 PACKAGES = ("monai", "ignite")
 PROGRAM = "monai_segmentation.py"
+STEPS = 15  # 3 epochs of 5 batches
 
 
 def make_data(folder):
@@ -26,29 +26,15 @@ def make_data(folder):
         np.save(str(folder / ("seg%02d.npy" % n)), mask)
 
 
-@pytest.fixture(scope="module")
-def linux(tmp_path_factory):
-    """Data, and the plain Linux run (fork, no shim): the reference losses."""
-    folder = tmp_path_factory.mktemp("monai")
-    make_data(folder)
-    plain = run(folder, PROGRAM, "linux", [folder])
-    assert plain.rc == 0 and plain.losses and len(plain.losses) == 15, plain
-    return folder, plain
+def test_linux_with_the_shim_same_losses_no_fix(linux, linux_shim):
+    check_same_losses(linux_shim, linux)
+    check_no_fix(linux_shim, allowed=CV2_CODES)
 
 
-def test_linux_with_the_shim_same_losses_no_fix(linux):
-    folder, plain = linux
-    check_linux_shim(run(folder, PROGRAM, "linux-shim", [folder]), plain, allowed=CV2_CODES)
+def test_as_on_macos_without_the_shim_the_unguarded_script_fails(macos):
+    assert macos.rc != 0 and "bootstrapping phase" in macos.stderr, macos
 
 
-def test_as_on_macos_without_the_shim_the_unguarded_script_fails(linux):
-    folder, _ = linux
-    mac = run(folder, PROGRAM, "macos", [folder])
-    assert mac.rc != 0 and "bootstrapping phase" in mac.stderr, mac
-
-
-def test_as_on_macos_with_the_shim_the_linux_losses(linux):
-    folder, plain = linux
-    shim = run(folder, PROGRAM, "macos-shim", [folder])
-    check_macos_shim(shim, plain)
-    assert "DL204" in [r["code"] for r in shim.fixes()], shim
+def test_as_on_macos_with_the_shim_the_linux_losses(linux, macos_shim):
+    check_same_losses(macos_shim, linux)
+    assert "DL204" in [r["code"] for r in macos_shim.fixes()], macos_shim  # emulated workers

@@ -4,10 +4,11 @@ __init__ (programs/skorch_h5py.py), 2 workers, random augmentation per worker.""
 import numpy as np
 import pytest
 
-from harness import check_linux_shim, check_macos_shim, run
+from harness import check_no_fix, check_same_losses
 
 PACKAGES = ("skorch", "h5py")
 PROGRAM = "skorch_h5py.py"
+STEPS = 3  # epochs: skorch keeps the mean loss of each
 
 
 def make_data(folder):
@@ -25,14 +26,8 @@ def make_data(folder):
         f.create_dataset("labels", data=labels.astype(np.int64))
 
 
-@pytest.fixture(scope="module")
-def linux(tmp_path_factory):
-    """Data, and the plain Linux run (fork, no shim): the reference losses."""
-    folder = tmp_path_factory.mktemp("skorch")
-    make_data(folder)
-    plain = run(folder, PROGRAM, "linux", [folder])
-    assert plain.rc == 0 and plain.losses and len(plain.losses) == 3, plain
-    return folder, plain
+def test_linux_with_the_shim_same_losses(linux, linux_shim):
+    check_same_losses(linux_shim, linux)
 
 
 # The spec: on Linux with fork, a program that works gets no fix record. h5py reads
@@ -41,19 +36,15 @@ def linux(tmp_path_factory):
 # (the losses stay the same). Kept as the spec says, for the package to meet.
 @pytest.mark.xfail(strict=True, reason="DL207 records a fix for h5py under fork, where "
                    "plain fork is safe (h5py reads with pread: no shared offset)")
-def test_linux_with_the_shim_same_losses_no_fix(linux):
-    folder, plain = linux
-    check_linux_shim(run(folder, PROGRAM, "linux-shim", [folder]), plain)
+def test_linux_with_the_shim_no_fix(linux_shim):
+    check_no_fix(linux_shim)
 
 
-def test_as_on_macos_without_the_shim_the_h5py_file_does_not_pickle(linux):
-    folder, _ = linux
-    mac = run(folder, PROGRAM, "macos", [folder])
-    assert mac.rc != 0 and "h5py objects cannot be pickled" in mac.stderr, mac
+def test_as_on_macos_without_the_shim_the_h5py_file_does_not_pickle(macos):
+    assert macos.rc != 0 and "h5py objects cannot be pickled" in macos.stderr, macos
 
 
-def test_as_on_macos_with_the_shim_the_linux_losses(linux):
-    folder, plain = linux
-    shim = run(folder, PROGRAM, "macos-shim", [folder])
-    check_macos_shim(shim, plain)
-    assert [r["code"] for r in shim.fixes() if r["code"] != "DL209"] == ["DL201"], shim
+def test_as_on_macos_with_the_shim_the_linux_losses(linux, macos_shim):
+    check_same_losses(macos_shim, linux)
+    codes = [r["code"] for r in macos_shim.fixes() if r["code"] != "DL209"]
+    assert codes == ["DL201"], macos_shim  # the file reopened by path in each worker

@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from harness import check_linux_shim, check_macos_shim, run
+from harness import check_no_fix, check_same_losses
 
 PACKAGES = ("transformers", "tokenizers", "accelerate")
 PROGRAM = "hf_masked_lm.py"
+STEPS = 40  # 2 epochs of 20 batches
 
 SUBJECTS = ["the %s %s" % (a, n) for a in ("red", "small", "old", "quick", "quiet")
             for n in ("fox", "robot", "river", "teacher", "engine", "garden")]
@@ -37,24 +38,17 @@ def make_data(folder):
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
-@pytest.fixture(scope="module")
-def linux(tmp_path_factory):
-    """Data, and the plain Linux run (fork, no shim): the reference losses."""
-    folder = tmp_path_factory.mktemp("transformers")
-    make_data(folder)
-    plain = run(folder, PROGRAM, "linux", [folder])
-    assert plain.rc == 0 and plain.losses and len(plain.losses) == 40, plain
-    return folder, plain
+def test_linux_with_the_shim_same_losses_no_fix(linux, linux_shim):
+    check_same_losses(linux_shim, linux)
+    check_no_fix(linux_shim)
 
 
-def test_linux_with_the_shim_same_losses_no_fix(linux):
-    folder, plain = linux
-    check_linux_shim(run(folder, PROGRAM, "linux-shim", [folder]), plain)
+def test_as_on_macos_without_the_shim_it_runs(linux, macos):
+    assert macos.rc == 0 and macos.losses == linux.losses, macos  # the tokenizer pickles
 
 
-def test_as_on_macos_with_the_shim_the_linux_losses(linux):
-    folder, plain = linux
-    check_macos_shim(run(folder, PROGRAM, "macos-shim", [folder]), plain)
+def test_as_on_macos_with_the_shim_the_linux_losses(linux, macos_shim):
+    check_same_losses(macos_shim, linux)
 
 
 # The spec: a program that works keeps working, and a rule changes something only
@@ -64,10 +58,6 @@ def test_as_on_macos_with_the_shim_the_linux_losses(linux):
 # attributes" (with a DL209 warm start). Kept as the spec says, for the package to meet.
 @pytest.mark.xfail(strict=True, reason="DL201 repairs transformers' tokenizer (a "
                    "__getattr__ that raises AttributeError) though it pickles as it is")
-def test_as_on_macos_without_the_shim_it_runs_so_the_shim_repairs_nothing(linux):
-    folder, plain = linux
-    mac = run(folder, PROGRAM, "macos", [folder])
-    assert mac.rc == 0 and mac.losses == plain.losses, mac  # the tokenizer pickles
-    shim = run(folder, PROGRAM, "macos-shim", [folder])
-    assert shim.rc == 0 and shim.losses == plain.losses, shim
-    assert [r["code"] for r in shim.fixes()] == [], shim
+def test_as_on_macos_with_the_shim_no_repair_where_none_is_needed(macos, macos_shim):
+    assert macos.rc == 0, macos
+    assert [r["code"] for r in macos_shim.fixes()] == [], macos_shim
