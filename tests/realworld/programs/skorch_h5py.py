@@ -43,8 +43,8 @@ class SmallCNN(nn.Module):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
-        self.head = nn.Linear(16, classes)
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Linear(16 * 4 * 4, classes)
 
     def forward(self, x):
         return self.head(self.features(x).flatten(1))
@@ -56,8 +56,8 @@ def main(data_dir):
     net = NeuralNetClassifier(
         SmallCNN,
         criterion=nn.CrossEntropyLoss,
-        optimizer=torch.optim.SGD,
-        lr=0.1,
+        optimizer=torch.optim.Adam,
+        lr=0.01,
         max_epochs=3,
         batch_size=32,
         train_split=None,
