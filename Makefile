@@ -1,4 +1,5 @@
-# The commands of the README: `make demo`, `make test`, `make integration`, `make heavy`.
+# The commands of the README: `make demo`, `make test`, `make integration`, `make heavy`,
+# `make realworld`.
 # torch is pinned in constraints-test.txt for the tests, the demo and the
 # benchmarks only (users get a wide range); without the pin pip would fetch
 # the newest torch with several GB of CUDA packages.
@@ -7,10 +8,10 @@ PYTEST_ARGS ?=
 # pytest-xdist processes for `make test` and `make heavy` (0: serial).
 TEST_JOBS ?= 2
 # What `make test` runs; the compat targets run the same.
-SUITE = not gpu and not integration and not heavy
+SUITE = not gpu and not integration and not heavy and not realworld
 INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 
-.PHONY: install-test test heavy demo bench readme integration
+.PHONY: install-test test heavy demo bench readme integration realworld
 
 install-test:
 	$(INSTALL) ".[test]"
@@ -30,6 +31,18 @@ heavy: install-test
 integration:
 	$(PYTHON) -m pip install -c constraints-integration.txt -e ".[test]" lightning accelerate monai
 	$(PYTHON) -m pytest -m integration tests/integration $(PYTEST_ARGS)
+
+# Real programs we did not write (tests/realworld/): skorch's NeuralNetClassifier,
+# transformers' Trainer, pytorch-metric-learning's trainer with albumentations, MONAI's
+# SupervisedTrainer, run offline on data each test generates, without autosafe_torch
+# on Linux, with it on Linux (same losses, no fix) and as on macOS (the same losses).
+# Pinned with torch in constraints-realworld.txt.
+REALWORLD_PACKAGES = skorch transformers tokenizers accelerate pytorch-metric-learning \
+	albumentations monai pytorch-ignite
+
+realworld:
+	$(PYTHON) -m pip install -c constraints-realworld.txt -e ".[test]" $(REALWORLD_PACKAGES)
+	$(PYTHON) -m pytest -m realworld tests/realworld $(PYTEST_ARGS)
 
 bench:
 	$(INSTALL) ".[cv2]"
