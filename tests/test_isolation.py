@@ -232,6 +232,33 @@ class Recursing:
         return getattr(self.inner, name)
 
 
+class AnswersPickle:
+    """A ``__getattr__`` that raises AttributeError for what it does not hold (as
+    transformers' tokenizers do): it unpickles as it is, no forwarder to rebuild."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        if name.startswith("__") or "inner" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["inner"], name)
+
+
+def test_a_forwarder_is_one_whose_unpickling_would_fail():
+    import pickle
+
+    from autosafe_torch.inspection.holdings import forwards_attributes
+
+    recursing, answering = Recursing(), AnswersPickle([1, 2])
+    recursing.inner = [1, 2]
+    with pytest.raises(RecursionError):
+        pickle.loads(pickle.dumps(recursing))
+    assert forwards_attributes(recursing)
+    assert pickle.loads(pickle.dumps(answering)).inner == [1, 2]
+    assert not forwards_attributes(answering)
+
+
 class LazyModule:
     """A lazy-module proxy: touching any attribute imports (counted here)."""
 

@@ -113,6 +113,18 @@ def test_dl201_h5py_file_reopened_by_name(tmp_path):
                            "reopened by path in each of 2 workers"), line
 
 
+def test_h5py_under_fork_is_left_as_it_is(tmp_path):
+    """Plain fork works with an h5py file opened in __init__ (HDF5 reads at explicit
+    offsets; each worker's descriptor gets its own description at the kernel): the
+    same batches, and no record."""
+    pytest.importorskip("h5py")
+    body = H5_SCRIPT.replace("WORKERS", "2")
+    plain = run_script(tmp_path, body, start_method="fork")
+    shim = run_script(tmp_path, body, start_method="fork", activation="env")
+    assert plain.rc == 0 and shim.rc == 0 and shim.batches == plain.batches, shim
+    assert not logged(shim.stderr), shim.stderr
+
+
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
 def test_dl201_fork_rung_when_repair_is_impossible(tmp_path, method, reference):
     body = loader_script("GeneratorDataset()")

@@ -391,11 +391,12 @@ def _held(obj):
 
 def forwards_attributes(obj):
     """An instance whose class forwards unknown attributes (``__getattr__`` or
-    its own ``__getattribute__``) and pickles and copies by default: pickle's
-    (and copy's) look-up of ``__setstate__`` on the new, empty instance
-    recurses, or raises, in the forwarding (a RecursionError in a spawned
-    worker). Rebuilt from its ``__dict__`` instead: what pickle's default
-    does, without asking the empty instance anything."""
+    its own ``__getattribute__``) and pickles and copies by default, where
+    pickle's (and copy's) look-up of ``__setstate__`` on the new, empty
+    instance recurses, or raises, in the forwarding (a RecursionError in a
+    spawned worker). Rebuilt from its ``__dict__`` instead: what pickle's
+    default does, without asking the empty instance anything. A forwarder
+    that answers that look-up (an AttributeError) unpickles as it is."""
     cls = type(obj)
     try:
         forwards = getattr(cls, "__getattr__", None) is not None \
@@ -408,9 +409,37 @@ def forwards_attributes(obj):
                     ("__getstate__", getattr(object, "__getstate__", None)),
                     ("__setstate__", None), ("__deepcopy__", None),
                     ("__getnewargs__", None), ("__getnewargs_ex__", None))
-        return all(getattr(cls, name, None) is default for name, default in defaults)
+        if not all(getattr(cls, name, None) is default for name, default in defaults):
+            return False
+        # Its own __getattribute__ answers every look-up: never asked here.
+        return cls.__getattribute__ is not object.__getattribute__ or _unpickling_fails(cls)
     except Exception:
         return False
+
+
+_unpickling_checked = {}  # class -> whether an empty instance fails pickle's look-up
+
+
+def _unpickling_fails(cls):
+    """Whether the one question unpickling asks a new, empty instance of ``cls``
+    (its ``__setstate__``, which reaches ``__getattr__``) fails. Asked here,
+    once per class, only of a dataset about to be pickled for workers (or
+    copied for emulated ones): each worker's unpickling would ask the same.
+    transformers' tokenizers answer it (AttributeError) and need nothing."""
+    if cls not in _unpickling_checked:
+        try:
+            empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
+        except Exception:
+            _unpickling_checked[cls] = False  # pickle's own error, as without the shim
+        else:
+            try:
+                getattr(empty, "__setstate__", None)
+                _unpickling_checked[cls] = False
+            except BaseException as exc:  # RecursionError, or the forwarder's own error
+                if not isinstance(exc, Exception):
+                    raise
+                _unpickling_checked[cls] = True
+    return _unpickling_checked[cls]
 
 
 # -- code that already takes care of itself ------------------------------------

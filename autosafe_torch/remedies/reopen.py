@@ -19,6 +19,7 @@ and ``cv2.VideoCapture`` objects of a file (reopened at the same frame).
 import io
 import sys
 
+from ..inspection.objwalk import is_a
 from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, fork_unsafe,
                                    h5py_types, lmdb_read_write, one_per_process, raw_file,
                                    real_path, sqlite_path, video_source)
@@ -209,6 +210,12 @@ def fork_reopen_args(found):
     acting: the worker reopens with these very arguments."""
     obj = found.obj
     kind = found.kind
+    h5 = h5py_types()
+    if h5 and is_a(obj, h5):
+        # Left as it is: its descriptor gets its own open file description in each
+        # worker at the kernel (isolation.py), HDF5 reads at explicit offsets, and
+        # its caches are the worker's own copy after fork. Plain fork works.
+        return None, None, None
     if kind is None:
         if fork_unsafe(obj) == VIDEO:
             return None, "a capture that cannot be reopened (a camera or a stream)", None

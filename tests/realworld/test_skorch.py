@@ -30,13 +30,8 @@ def test_linux_with_the_shim_same_losses(linux, linux_shim):
     check_same_losses(linux_shim, linux)
 
 
-# The spec: on Linux with fork, a program that works gets no fix record. h5py reads
-# with pread (no shared file offset), so forked workers are safe as they are; the
-# shim reopens the file in each worker all the same and records DL207 "fixed"
-# (the losses stay the same). Kept as the spec says, for the package to meet.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="DL207 records a fix for h5py under fork, where plain fork "
-                   "is safe (h5py reads with pread: no shared offset)")
+# On Linux with fork, a program that works gets no fix record: h5py reads with
+# pread (no shared file offset), so forked workers are safe as they are.
 def test_linux_with_the_shim_no_fix(linux_shim):
     check_no_fix(linux_shim)
 

@@ -51,14 +51,10 @@ def test_as_on_macos_with_the_shim_the_linux_losses(linux, macos_shim):
     check_same_losses(macos_shim, linux)
 
 
-# The spec: a program that works keeps working, and a rule changes something only
-# where the program would fail. Spawned plainly, this one runs (transformers'
-# tokenizer pickles and unpickles), but the shim takes the tokenizer's __getattr__
-# for a forwarder that would not unpickle and records DL201 "rebuilt from its
-# attributes" (with a DL209 warm start). Kept as the spec says, for the package to meet.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="DL201 repairs transformers' tokenizer (a __getattr__ that "
-                   "raises AttributeError) though it pickles as it is")
+# A program that works keeps working, and a rule changes something only where the
+# program would fail. Spawned plainly, this one runs: transformers' tokenizer has a
+# __getattr__, but one that answers pickle's question (AttributeError), so it is
+# no forwarder to rebuild.
 def test_as_on_macos_with_the_shim_no_repair_where_none_is_needed(macos, macos_shim):
     assert macos.rc == 0, macos
     assert [r["code"] for r in macos_shim.fixes()] == [], macos_shim
