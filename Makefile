@@ -53,8 +53,8 @@ demo:
 	$(PYTHON) examples/run_demo.py
 
 # The generated tables (autosafe_torch/readme.py: FILES): configuration in the
-# README, rules in docs/rules.md.
-READMES = README.md docs/rules.md
+# README, rules in docs/rules.md, fix's rewrites in docs/fix.md.
+READMES = README.md docs/rules.md docs/fix.md
 
 readme:
 	$(PYTHON) -m autosafe_torch.readme --write $(READMES)

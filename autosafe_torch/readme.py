@@ -2,7 +2,8 @@
 
 ``python -m autosafe_torch.readme --write README.md docs/rules.md`` rewrites,
 in each file, the text between the markers it holds:
-``<!-- rules:start -->``/``<!-- rules:end -->`` (docs/rules.md) and
+``<!-- rules:start -->``/``<!-- rules:end -->`` (docs/rules.md),
+``<!-- rewrites:start -->``/``<!-- rewrites:end -->`` (docs/fix.md) and
 ``<!-- config:start -->``/``<!-- config:end -->`` (README.md); ``--check``
 exits 1 when a file disagrees with the registry (a test checks the same).
 Every table must be held by one of the files given.
@@ -12,7 +13,7 @@ import argparse
 import sys
 
 from .config import OPTIONS
-from .rules import table_markdown
+from .rules import rewrites_markdown, table_markdown
 
 
 def config_markdown():
@@ -22,11 +23,11 @@ def config_markdown():
     return "\n".join(rows)
 
 
-SECTIONS = {"rules": table_markdown, "config": config_markdown}
+SECTIONS = {"rules": table_markdown, "rewrites": rewrites_markdown, "config": config_markdown}
 
 # Each file with generated tables, from the repository root, and the tables it holds
 # (`make readme` and tests/test_readme.py).
-FILES = {"README.md": ("config",), "docs/rules.md": ("rules",)}
+FILES = {"README.md": ("config",), "docs/rules.md": ("rules",), "docs/fix.md": ("rewrites",)}
 
 
 def _markers(name):

@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from autosafe_torch.rules import RULES, explain, find_rule, load_all
-from autosafe_torch.rules.docs import DOCS
 from support import clean_env
 
 SECTIONS = ("What it fixes", "Why: what happens without it", "Example", "This fails:",
-            "The permanent fix:", "Permanent fix", "Torch versions", "Where it checks:")
+            "The permanent fix:", "Permanent fix", "autosafe-torch fix", "Torch versions",
+            "Where it checks:")
 
 
 def _cli(*args):
@@ -21,7 +21,6 @@ def _cli(*args):
 
 def test_every_registered_rule_is_explained():
     load_all()
-    assert set(DOCS) == set(RULES), "docs.py and the registry disagree"
     for code, rule in RULES.items():
         before, after = rule.example
         assert before.strip() and after.strip() and before != after, code
@@ -43,6 +42,24 @@ def test_explain_from_the_command_line():
     assert proc.stdout.startswith("DL201 unpicklable-dataset\n")
     assert "self.fh = open(path, 'rb')" in proc.stdout
     assert _cli("dl201").stdout == _cli("unpicklable-dataset").stdout == proc.stdout
+
+
+def test_explain_says_whether_fix_rewrites_the_rule():
+    """From the rule's declaration: the rewrite, what it serves, or a comment."""
+    flat = lambda code: " ".join(explain(find_rule(code)).split())
+    assert "rewrites the code at the logged line: `self.f = open(path, ...)`" in flat("DL201")
+    assert "rewrites nothing: once the repair it served (DL201, DL202) is in the code" \
+        in flat("DL209")
+    assert "does not rewrite it: it writes the permanent fix as a comment" in flat("DL104")
+
+
+def test_the_codemod_plans_from_the_declarations():
+    from autosafe_torch.codemod import plan
+
+    site = dict(plan.rewrites("site"))
+    assert ("DL201", "DL207") in site and ("DL101", "DL102", "DL103", "DL105", "DL107") in site
+    assert [codes for codes, _ in plan.rewrites("file")] == [("DL204",), ("CV401",)]
+    assert plan.serves("DL209") == ("DL201", "DL202")
 
 
 def test_the_clause_and_the_notebook_fix_are_explained():

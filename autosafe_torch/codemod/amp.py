@@ -22,7 +22,6 @@ from .records import COVERED, NOT_EXACT, NotExact, REWRITTEN
 from .source import (append_arg, both, find_arg, has_star, keyword_arg, keywords_for,
                      prepend_arg, remove_arg, set_arg_value, string)
 
-CODES = ("AMP501", "AMP502", "AMP503", "AMP504", "AMP505")
 
 # qualified name -> (what it is, the device it is for)
 LEGACY = {}

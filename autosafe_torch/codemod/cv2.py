@@ -17,7 +17,6 @@ import libcst as cst
 
 from .records import COVERED, NOT_EXACT, REWRITTEN
 
-CODES = ("CV401",)
 HOOK = "%s.register_at_fork(after_in_child=lambda: %s.setNumThreads(0))"
 WHY = "  # autosafe-torch CV401: no OpenCV pool in forked workers (never another count)\n"
 SPAWNED = ('if __name__ == "__mp_main__":  # autosafe-torch CV401: a spawned worker\n'

@@ -34,7 +34,6 @@ from libcst import metadata as md
 from .records import NOT_EXACT, NotExact, REWRITTEN
 from .source import DATALOADER, LOADER_POSITIONAL, find_arg, has_star
 
-CODES = ("DL201", "DL207")
 OPEN_POSITIONAL = ("file", "mode", "buffering", "encoding", "errors", "newline", "closefd",
                    "opener")
 PICKLING = ("__getstate__", "__setstate__", "__reduce__", "__reduce_ex__", "__slots__")

@@ -23,7 +23,6 @@ from .source import (DATALOADER, LOADER_POSITIONAL, both, find_arg, has_star, if
 
 WORKER_ONLY = {"DL101": "prefetch_factor", "DL102": "persistent_workers",
                "DL103": "multiprocessing_context", "DL107": "timeout"}
-CODES = tuple(WORKER_ONLY) + ("DL105",)
 
 
 def _with_arg(name, change):

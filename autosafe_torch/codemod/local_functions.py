@@ -27,7 +27,6 @@ from libcst import metadata as md
 from .records import NOT_EXACT, NotExact, REWRITTEN
 from .source import LOADER_POSITIONAL, find_arg, set_arg_value
 
-CODES = ("DL202",)
 PARTS = ("collate_fn", "worker_init_fn")
 COMMENT = "DL202: at module level, so that spawned workers can unpickle it"
 

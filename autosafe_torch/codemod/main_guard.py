@@ -25,7 +25,6 @@ import libcst as cst
 from . import local_functions
 from .records import NOT_EXACT, REWRITTEN
 
-CODES = ("DL204",)
 COMMENT = "DL204: the training code runs only as a script, not in spawned workers"
 
 DEFINITION, ASSIGNMENT, GUARD, CODE = "definition", "assignment", "guard", "code"

@@ -1,19 +1,39 @@
 """Which rewrite answers which record of a file, and the comment where none can."""
 
+import importlib
 import textwrap
 
-from . import amp, cv2, lazy_open, loader_args, local_functions, main_guard
 from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED
 from .source import Source
 
-# Each plans for the records of one site (a line), or of the whole file.
-SITE_REWRITES = ((loader_args.CODES, loader_args.rewrite), (amp.CODES, amp.rewrite),
-                 (local_functions.CODES, local_functions.rewrite),
-                 (lazy_open.CODES, lazy_open.rewrite))
-FILE_REWRITES = ((main_guard.CODES, main_guard.rewrite), (cv2.CODES, cv2.rewrite))
-# DL209 (warm worker start) serves a repair: once the repair is in the code, the
-# loader pickles and needs no warm start.
-SERVES = {"DL209": ("DL201", "DL202", "DL203", "DL208")}
+# The order the rewrites plan in: the file's shape first (the main guard, the
+# cv2 import), then each line's calls.
+ORDER = ("main_guard", "cv2", "loader_args", "amp", "local_functions", "lazy_open")
+
+
+def rewrites(scope):
+    """``[(codes, rewrite)]`` of ``scope`` ("site" or "file"), from the rules'
+    declarations (``Rule.rewrite``): which codemod module answers which codes."""
+    from ..rules import RULES, load_all
+
+    load_all()
+    codes = {}
+    for code in sorted(RULES):
+        declared = RULES[code].rewrite
+        if declared is not None and declared.scope == scope:
+            codes.setdefault(declared.module, []).append(code)
+    return [(tuple(codes[m]), importlib.import_module("%s.%s" % (__package__, m)).rewrite)
+            for m in sorted(codes, key=ORDER.index)]
+
+
+def serves(code):
+    """The codes whose rewrite makes ``code``'s fix unneeded (DL209: the repairs
+    it makes fast)."""
+    from ..rules import RULES
+
+    return RULES[code].serves() if code in RULES else ()
+
+
 COMMENT_WIDTH = 72
 
 
@@ -24,12 +44,12 @@ def plan(path, text, records, log=()):
     source.notes["log"] = log
     outcomes = []
     rewritable = set()
-    for codes, rewrite in FILE_REWRITES:
+    for codes, rewrite in rewrites("file"):
         rewritable |= set(codes)
         mine = [r for r in records if r.code in codes]
         if mine:
             outcomes += rewrite(source, mine)
-    for codes, rewrite in SITE_REWRITES:
+    for codes, rewrite in rewrites("site"):
         rewritable |= set(codes)
         sites = {}
         for record in records:
@@ -41,7 +61,7 @@ def plan(path, text, records, log=()):
     for record in records:
         if record.code in rewritable:
             continue
-        if any((record.line, code) in done for code in SERVES.get(record.code, ())):
+        if any((record.line, code) in done for code in serves(record.code)):
             outcomes.append((record, COVERED, "it served a repair that is now in the code"))
         else:
             outcomes.append((record, NOT_EXACT, "no rewrite for %s" % record.code))

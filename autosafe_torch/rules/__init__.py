@@ -1,10 +1,15 @@
 """The rule registry: where each rule runs, and what a finding says.
 
-A rule is declared once, with a stable code and slug, the error it prevents
-and the permanent fix (``autosafe-torch rules`` and the docs/rules.md table are
-generated from here), and with the hook where its check runs::
+A rule is one declaration: a stable code and slug, then keyword fields for
+everything said about it (``autosafe-torch rules``, ``explain``, the
+docs/rules.md and docs/fix.md tables and the codemod's plan all read them),
+and the hook where its check runs::
 
-    @rule("DL101", "prefetch-without-workers", GROUP, summary, prevents, fix,
+    @rule("DL101", "prefetch-without-workers", GROUP,
+          summary="what it fixes", prevents="the error it prevents",
+          fix="the permanent fix", example=(fails, fixed),
+          versions="the torch versions it concerns",
+          rewrite=Rewrite("loader_args", "site", does, not_where),  # or None
           at="dataloader.init")
     def prefetch_without_workers(args, ctx): ...
 
@@ -15,13 +20,11 @@ returns a ``Finding``, a list of them, or None. It changes nothing: no
 reducer installed, no environment touched, no tensor moved. The engine
 applies what a finding asks, in fix mode only.
 
-One rule may check at several hooks (CV401: at the cv2 import and at every
-DataLoader): ``@RULES["CV401"].check_at("dataloader.init")``.
+One rule may check at several hooks: ``@RULES[code].check_at(hook)``.
 
 What a user reads comes from here too: a finding's ``done`` (what was done
 to what, by the user's attribute path: the first line of its log record),
-the rule's ``fix`` (the second), and ``autosafe-torch explain CODE``, which
-adds the rule's example and the torch versions it concerns (``docs.py``).
+the rule's ``fix`` (the second), and ``autosafe-torch explain CODE``.
 """
 
 import importlib
@@ -49,20 +52,35 @@ RULE_MODULES = (
 _checks = {hook: [] for hook in HOOKS}
 
 
+class Rewrite:
+    """How ``autosafe-torch fix`` rewrites a rule's records: the codemod module
+    that does it (``codemod/<module>.py``, its ``rewrite``), for the records of
+    one line (``scope`` "site") or of the whole file ("file"); what it writes
+    (``does``) and where it leaves the permanent fix as a comment instead
+    (``not_where``). Rules that share a rewrite share one object."""
+
+    __slots__ = ("module", "scope", "does", "not_where")
+
+    def __init__(self, module, scope, does, not_where):
+        if scope not in ("site", "file"):
+            raise ValueError("a rewrite's scope is 'site' or 'file', not %r" % (scope,))
+        self.module, self.scope, self.does, self.not_where = module, scope, does, not_where
+
+
 class Rule:
-    """A rule as declared: what it fixes, the error it prevents, the permanent
-    fix; ``notebook_fix`` where a notebook needs another (a worker cannot import
-    a notebook); ``clause_of``: codes whose log line this rule's finding joins
-    as a clause, since it only makes their repair fast (DL209); ``example`` and
-    ``versions`` for ``explain`` (from ``docs.py``)."""
+    """A rule as declared: what it fixes (``summary``), the error it prevents,
+    the permanent fix; ``example`` (the code that fails, the fixed code) and
+    ``versions`` (the torch versions it concerns) for ``explain``; ``rewrite``
+    (a ``Rewrite``) where ``autosafe-torch fix`` rewrites its records;
+    ``notebook_fix`` where a notebook needs another fix (a worker cannot
+    import a notebook); ``clause_of``: codes whose log line this rule's
+    finding joins as a clause, since it only makes their repair fast (DL209)."""
 
-    __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks",
-                 "notebook_fix", "clause_of", "example", "versions")
+    __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks", "example",
+                 "versions", "rewrite", "notebook_fix", "clause_of")
 
-    def __init__(self, code, slug, group, summary, prevents, fix, notebook_fix=None,
-                 clause_of=()):
-        from .docs import DOCS
-
+    def __init__(self, code, slug, group, *, summary, prevents, fix, example, versions,
+                 rewrite=None, notebook_fix=None, clause_of=()):
         self.code = code
         self.slug = slug
         self.group = group
@@ -70,9 +88,16 @@ class Rule:
         self.prevents = prevents
         self.fix = fix
         self.hooks = []
+        self.example = tuple(example)
+        self.versions = versions
+        self.rewrite = rewrite
         self.notebook_fix = notebook_fix
         self.clause_of = tuple(clause_of)
-        self.example, self.versions = DOCS.get(code, (None, None))
+
+    def serves(self):
+        """The rules whose rewrite makes this one's fix unneeded in the code: the
+        repairs it only makes fast (``clause_of``) that ``fix`` rewrites."""
+        return tuple(c for c in self.clause_of if c in RULES and RULES[c].rewrite)
 
     def as_dict(self):
         return {"code": self.code, "slug": self.slug, "group": self.group,
@@ -256,13 +281,12 @@ class Context:
         return any(f.rule.code == code for f in self.findings)
 
 
-def rule(code, slug, group, summary, prevents, fix, at=None, notebook_fix=None,
-         clause_of=()):
-    """Declare rule ``code``; as a decorator, register its check at hook(s) ``at``."""
+def rule(code, slug, group, *, at=None, **fields):
+    """Declare rule ``code`` (``fields``: ``Rule``'s keyword fields); as a
+    decorator, register its check at hook(s) ``at``."""
     if code in RULES:
         raise ValueError("rule %s declared twice" % code)
-    declared = RULES[code] = Rule(code, slug, group, summary, prevents, fix,
-                                  notebook_fix, clause_of)
+    declared = RULES[code] = Rule(code, slug, group, **fields)
     if at is None:
         return declared
     return declared.check_at(*((at,) if isinstance(at, str) else at))
@@ -286,6 +310,39 @@ def checks_at(hook, enabled=None):
 def rules_in_group(group):
     load_all()
     return [r for code, r in sorted(RULES.items()) if r.group == group]
+
+
+def fix_rewrites(rule_):
+    """What ``autosafe-torch fix`` does with the rule's records, in a line or two."""
+    if rule_.rewrite is not None:
+        return ["rewrites the code at the logged line: %s." % rule_.rewrite.does,
+                "Left as a comment (the permanent fix) where %s." % rule_.rewrite.not_where]
+    served = rule_.serves()
+    if served:
+        return ["rewrites nothing: once the repair it served (%s) is in the code, it is not "
+                "needed." % ", ".join(served)]
+    return ["does not rewrite it: it writes the permanent fix as a comment at the logged "
+            "line."]
+
+
+def rewrites_markdown():
+    """The rewrite table of docs/fix.md (`make readme`): one row per rewrite,
+    with the rules it answers, and one per rule its rewrites serve."""
+    load_all()
+    rows = ["| rule | rewrite | left as a comment where |", "|---|---|---|"]
+    grouped = {}
+    for code in sorted(RULES):
+        declared = RULES[code].rewrite
+        if declared is not None:
+            grouped.setdefault(id(declared), (declared, []))[1].append(code)
+    for declared, codes in grouped.values():
+        rows.append("| %s | %s | %s |" % (", ".join(codes), declared.does, declared.not_where))
+    for code in sorted(RULES):
+        served = RULES[code].serves()
+        if served:
+            rows.append("| %s | nothing once the repair it served (%s) is in the code | |"
+                        % (code, ", ".join(served)))
+    return "\n".join(rows)
 
 
 def table_markdown():
@@ -335,6 +392,7 @@ def explain(rule_, width=79):
         out += ["", "In the log", para("a clause of the line of the fix it makes fast (%s), "
                                        "not a line of its own; its record stays in the JSON "
                                        "log" % ", ".join(rule_.clause_of))]
+    out += ["", "autosafe-torch fix"] + [para(line) for line in fix_rewrites(rule_)]
     out += ["", "Torch versions", para(rule_.versions or "every supported torch"), "",
             "Where it checks: %s (group %s). Leave it alone: AUTOSAFE_TORCH_DISABLE=%s"
             % (", ".join(rule_.hooks), rule_.group, rule_.code)]

@@ -91,14 +91,20 @@ def _pin(values, facts):
 
 
 @rule("DL301", "accelerator-tensors-in-workers", GROUP,
-      "dataset holds CUDA/MPS/XPU tensors and num_workers > 0: move them to CPU "
-      "in place (pin_memory on with CUDA); a one-device TensorDataset's batches are "
-      "copied back to its device",
-      "fork: 'RuntimeError: Cannot re-initialize CUDA in forked subprocess' or "
-      "'CUDA error: initialization error' in the worker; MPS/XPU tensors cannot be "
-      "sent to workers; spawn: one CUDA context per worker",
-      "keep datasets on CPU and move each batch: "
-      "batch.to(device, non_blocking=True) with pin_memory=True",
+      summary=("dataset holds CUDA/MPS/XPU tensors and num_workers > 0: move them to CPU "
+               "in place (pin_memory on with CUDA); a one-device TensorDataset's batches "
+               "are copied back to its device"),
+      prevents=("fork: 'RuntimeError: Cannot re-initialize CUDA in forked subprocess' or "
+                "'CUDA error: initialization error' in the worker; MPS/XPU tensors "
+                "cannot be sent to workers; spawn: one CUDA context per worker"),
+      fix=("keep datasets on CPU and move each batch: batch.to(device, "
+           "non_blocking=True) with pin_memory=True"),
+      example=(("ds = TensorDataset(x.cuda(), y.cuda())\n"
+                "DataLoader(ds, num_workers=2)"),
+               ("ds = TensorDataset(x, y)                      # on CPU\n"
+                "for xb, yb in DataLoader(ds, num_workers=2, pin_memory=True):\n"
+                "    xb, yb = xb.cuda(non_blocking=True), yb.cuda(non_blocking=True)")),
+      versions="every supported torch with an accelerator (CUDA, MPS, XPU)",
       at="dataloader.init")
 def accelerator_tensors_in_workers(values, ctx):
     facts = ctx.facts
@@ -137,12 +143,20 @@ def accelerator_tensors_in_workers(values, ctx):
 
 
 @rule("DL302", "datasets-on-different-devices", GROUP,
-      "the datasets of one loader (ConcatDataset, ChainDataset parts) are on "
-      "different devices: move the accelerator parts to CPU",
-      "RuntimeError: Expected all tensors to be on the same device, but found at "
-      "least two devices, cpu and cuda:0! (in collate, even with num_workers=0)",
-      "put every part of a ConcatDataset on the same device (CPU), and move "
-      "batches with .to(device)",
+      summary=("the datasets of one loader (ConcatDataset, ChainDataset parts) are on "
+               "different devices: move the accelerator parts to CPU"),
+      prevents=("RuntimeError: Expected all tensors to be on the same device, but found "
+                "at least two devices, cpu and cuda:0! (in collate, even with "
+                "num_workers=0)"),
+      fix=("put every part of a ConcatDataset on the same device (CPU), and move batches "
+           "with .to(device)"),
+      example=(("ds = ConcatDataset([TensorDataset(a), TensorDataset(b.cuda())])\n"
+                "DataLoader(ds, batch_size=8)"),
+               ("ds = ConcatDataset([TensorDataset(a), TensorDataset(b)])   # all on "
+                "CPU\n"
+                "for (xb,) in DataLoader(ds, batch_size=8):\n"
+                "    xb = xb.to(device)")),
+      versions="every supported torch with an accelerator",
       at="dataloader.init")
 def datasets_on_different_devices(values, ctx):
     facts = ctx.facts

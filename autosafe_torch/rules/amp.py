@@ -18,7 +18,7 @@ A routing finding changes the pseudo-argument ``api``: the patch builds the
 object through the modern class instead of the deprecated one.
 """
 
-from . import rule
+from . import Rewrite, rule
 
 GROUP = "amp"
 
@@ -83,13 +83,46 @@ def _scaler_device(args, call):
     return device_type(args["device"]) or call.device or "cuda"
 
 
+
+# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
+TORCH_AMP_REWRITE = Rewrite(
+    'amp', 'site',
+    '`torch.amp.autocast("cuda", ...)`, `torch.amp.GradScaler("cuda", ...)`, '
+    '`torch.amp.custom_fwd(device_type="cuda")`, with the old positional arguments '
+    "given by the names they bound to (`autocast(False)` is `enabled=False`, not a "
+    "dtype); calls, decorators, and names imported `from torch.cuda.amp` (the import "
+    "goes once nothing uses it); a `device=` the old scaler was given becomes the new "
+    "one's device",
+    "`*args`, `**kwargs`; the call is not at the logged line")
+
+ENABLED_REWRITE = Rewrite(
+    'amp', 'site',
+    "`enabled=torch.cuda.is_available()` for the device the run asked for "
+    "(`torch.backends.mps`, `torch.xpu` likewise; `enabled=x and ...` for a given value)",
+    "the run changed more than `enabled` (an old torch)")
+
+DTYPE_REWRITE = Rewrite(
+    'amp', 'site',
+    "a `torch.device` as device type: `device.type`; bfloat16 on a GPU that cannot: "
+    "`enabled=... torch.cuda.is_bf16_supported()`",
+    "any other dtype the device cannot autocast to")
+
 @rule("AMP501", "deprecated-autocast-api", GROUP,
-      "torch.cuda.amp.autocast, torch.cpu.amp.autocast, torch.cuda.amp.custom_fwd and "
-      "custom_bwd: built through torch.amp, the old positional arguments kept by name",
-      "FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated. Please use "
-      "`torch.amp.autocast('cuda', args...)` instead.",
-      "torch.amp.autocast('cuda', enabled=..., dtype=...) with keywords (a positional "
-      "`enabled` would now be the dtype); torch.amp.custom_fwd(device_type='cuda')",
+      summary=("torch.cuda.amp.autocast, torch.cpu.amp.autocast, "
+               "torch.cuda.amp.custom_fwd and custom_bwd: built through torch.amp, the "
+               "old positional arguments kept by name"),
+      prevents=("FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated. Please "
+                "use `torch.amp.autocast('cuda', args...)` instead."),
+      fix=("torch.amp.autocast('cuda', enabled=..., dtype=...) with keywords (a "
+           "positional `enabled` would now be the dtype); "
+           "torch.amp.custom_fwd(device_type='cuda')"),
+      example=(("with torch.cuda.amp.autocast(True):\n"
+                "    loss = model(x)"),
+               ("with torch.amp.autocast('cuda', enabled=True):\n"
+                "    loss = model(x)")),
+      versions=("torch 2.4 and later warn (the old names are deprecated); earlier torch "
+                "has torch.amp.autocast too"),
+      rewrite=TORCH_AMP_REWRITE,
       at="amp.legacy")
 def deprecated_autocast_api(args, ctx):
     call = ctx.call
@@ -102,12 +135,17 @@ def deprecated_autocast_api(args, ctx):
 
 
 @rule("AMP502", "deprecated-grad-scaler", GROUP,
-      "torch.cuda.amp.GradScaler, torch.cpu.amp.GradScaler: built as "
-      "torch.amp.GradScaler(device, ...), the old positional arguments kept by name",
-      "FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated. Please use "
-      "`torch.amp.GradScaler('cuda', args...)` instead.",
-      "torch.amp.GradScaler('cuda', init_scale=..., ...) with keywords (a positional "
-      "init_scale would now be the device)",
+      summary=("torch.cuda.amp.GradScaler, torch.cpu.amp.GradScaler: built as "
+               "torch.amp.GradScaler(device, ...), the old positional arguments kept by "
+               "name"),
+      prevents=("FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated. "
+                "Please use `torch.amp.GradScaler('cuda', args...)` instead."),
+      fix=("torch.amp.GradScaler('cuda', init_scale=..., ...) with keywords (a "
+           "positional init_scale would now be the device)"),
+      example=("scaler = torch.cuda.amp.GradScaler(2.0 ** 16)",
+               "scaler = torch.amp.GradScaler('cuda', init_scale=2.0 ** 16)"),
+      versions="torch 2.4 and later warn; torch.amp.GradScaler exists from torch 2.3",
+      rewrite=TORCH_AMP_REWRITE,
       at="scaler")
 def deprecated_grad_scaler(args, ctx):
     call = ctx.call
@@ -122,10 +160,14 @@ def deprecated_grad_scaler(args, ctx):
 
 
 @rule("AMP506", "provided-amp-api", GROUP,
-      "torch.amp.GradScaler / torch.amp.autocast missing on this torch: provided "
-      "(GradScaler by the CUDA one; for another device, disabled)",
-      "AttributeError: module 'torch.amp' has no attribute 'GradScaler'",
-      "torch >= 2.3, or torch.cuda.amp.GradScaler() / torch.autocast(...) on older torch",
+      summary=("torch.amp.GradScaler / torch.amp.autocast missing on this torch: "
+               "provided (GradScaler by the CUDA one; for another device, disabled)"),
+      prevents="AttributeError: module 'torch.amp' has no attribute 'GradScaler'",
+      fix=("torch >= 2.3, or torch.cuda.amp.GradScaler() / torch.autocast(...) on older "
+           "torch"),
+      example=("scaler = torch.amp.GradScaler('cuda')   # on torch 2.2",
+               "scaler = torch.cuda.amp.GradScaler()    # or torch >= 2.3"),
+      versions="torch before 2.3 (no torch.amp.GradScaler)",
       at=("scaler", "amp.provided"))
 def provided_amp_api(args, ctx):
     call = ctx.call
@@ -145,11 +187,19 @@ def provided_amp_api(args, ctx):
 
 
 @rule("AMP504", "scaler-device-argument", GROUP,
-      "GradScaler(device=...) on a class that takes no device (torch.cuda.amp.GradScaler; "
-      "GradScaler before torch 2.3): accepted and routed",
-      "TypeError: GradScaler.__init__() got an unexpected keyword argument 'device'",
-      "torch.amp.GradScaler(device, ...) on torch >= 2.3; on older torch, "
-      "torch.cuda.amp.GradScaler(...) without a device",
+      summary=("GradScaler(device=...) on a class that takes no device "
+               "(torch.cuda.amp.GradScaler; GradScaler before torch 2.3): accepted and "
+               "routed"),
+      prevents=("TypeError: GradScaler.__init__() got an unexpected keyword argument "
+                "'device'"),
+      fix=("torch.amp.GradScaler(device, ...) on torch >= 2.3; on older torch, "
+           "torch.cuda.amp.GradScaler(...) without a device"),
+      example=("scaler = torch.cuda.amp.GradScaler(device='cuda')",
+               ("scaler = torch.amp.GradScaler('cuda')          # torch >= 2.3\n"
+                "scaler = torch.cuda.amp.GradScaler()           # older torch")),
+      versions=("torch before 2.3 (GradScaler takes no device), and "
+                "torch.cuda.amp.GradScaler on every torch"),
+      rewrite=TORCH_AMP_REWRITE,
       at="scaler")
 def scaler_device_argument(args, ctx):
     call = ctx.call
@@ -172,15 +222,22 @@ def scaler_device_argument(args, ctx):
 
 
 @rule("AMP505", "autocast-unsupported", GROUP,
-      "autocast with a dtype (or on a device) this torch cannot autocast to: disabled, "
-      "as torch itself would, without the warning or the error; a torch.device given as "
-      "device_type: its type string",
-      "UserWarning: In CPU autocast, but the target dtype is not supported. Disabling "
-      "autocast. / RuntimeError: Current CUDA Device does not support bfloat16. Please "
-      "switch dtype to float16. / ValueError: Expected `device_type` of type `str`, got: "
-      "`<class 'torch.device'>`",
-      "pass device_type=device.type, and a dtype the device autocasts to on your oldest "
-      "torch (bfloat16 on CPU, float16 on MPS before torch 2.6)",
+      summary=("autocast with a dtype (or on a device) this torch cannot autocast to: "
+               "disabled, as torch itself would, without the warning or the error; a "
+               "torch.device given as device_type: its type string"),
+      prevents=("UserWarning: In CPU autocast, but the target dtype is not supported. "
+                "Disabling autocast. / RuntimeError: Current CUDA Device does not "
+                "support bfloat16. Please switch dtype to float16. / ValueError: "
+                "Expected `device_type` of type `str`, got: `<class 'torch.device'>`"),
+      fix=("pass device_type=device.type, and a dtype the device autocasts to on your "
+           "oldest torch (bfloat16 on CPU, float16 on MPS before torch 2.6)"),
+      example=(("with torch.autocast('cpu', dtype=torch.float16):\n"
+                "    loss = model(x)"),
+               ("with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+                "    loss = model(x)")),
+      versions=("any: which device types and dtypes autocast takes is asked of the "
+                "installed torch (probed once), not read from its version number"),
+      rewrite=DTYPE_REWRITE,
       at="autocast")
 def autocast_unsupported(args, ctx):
     facts, caps = ctx.facts, ctx.caps
@@ -214,14 +271,22 @@ def autocast_unsupported(args, ctx):
 
 
 @rule("AMP503", "amp-device-unavailable", GROUP,
-      "autocast or GradScaler for a device that is not available: disabled, logged once "
-      "per call site",
-      "UserWarning: CUDA is not available or torch_xla is imported. Disabling autocast. / "
-      "UserWarning: torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
-      "Disabling. / RuntimeError: User specified autocast device_type must be 'cuda' or "
-      "'cpu' (torch 2.0)",
-      "take the device from the model (device_type=device.type) and pass "
-      "enabled=(device.type == 'cuda') where AMP is CUDA-only",
+      summary=("autocast or GradScaler for a device that is not available: disabled, "
+               "logged once per call site"),
+      prevents=("UserWarning: CUDA is not available or torch_xla is imported. Disabling "
+                "autocast. / UserWarning: torch.cuda.amp.GradScaler is enabled, but CUDA "
+                "is not available.  Disabling. / RuntimeError: User specified autocast "
+                "device_type must be 'cuda' or 'cpu' (torch 2.0)"),
+      fix=("take the device from the model (device_type=device.type) and pass "
+           "enabled=(device.type == 'cuda') where AMP is CUDA-only"),
+      example=(("with torch.autocast('cuda'):       # on a machine without CUDA\n"
+                "    loss = model(x)"),
+               ("device = next(model.parameters()).device\n"
+                "with torch.autocast(device.type, enabled=device.type == 'cuda'):\n"
+                "    loss = model(x)")),
+      versions=("every supported torch; torch 2.0 raises for a device type other than "
+                "cuda or cpu"),
+      rewrite=ENABLED_REWRITE,
       at=("autocast", "scaler"))
 def amp_device_unavailable(args, ctx):
     facts, caps, call = ctx.facts, ctx.caps, ctx.call

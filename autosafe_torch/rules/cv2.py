@@ -35,19 +35,40 @@ import sys
 
 from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
-from . import number_of, rule
+from . import Rewrite, number_of, rule
 
 GROUP = "cv2"
 
 
+
+# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
+CV2_WORKERS_REWRITE = Rewrite(
+    'cv2', 'file',
+    "after `import cv2`: `os.register_at_fork(after_in_child=lambda: "
+    "cv2.setNumThreads(0))`, and `cv2.setNumThreads(0)` under `if __name__ == "
+    '"__mp_main__":` (spawned workers import the module again); your program\'s own '
+    "threads untouched",
+    "cv2 is not imported at module level in the file")
+
 @rule("CV401", "cv2-threads", GROUP,
-      "cv2 imported and a DataLoader with workers: cv2.setNumThreads(0) in each worker "
-      "before your code runs there (fork workers as they fork); your program keeps "
-      "its own OpenCV threads",
-      "DataLoader workers that hang in cv2 calls after fork; workers x OpenCV "
-      "threads oversubscribing the CPUs",
-      "call cv2.setNumThreads(0) in worker_init_fn (never a non-zero count in a "
-      "forked worker)",
+      summary=("cv2 imported and a DataLoader with workers: cv2.setNumThreads(0) in each "
+               "worker before your code runs there (fork workers as they fork); your "
+               "program keeps its own OpenCV threads"),
+      prevents=("DataLoader workers that hang in cv2 calls after fork; workers x OpenCV "
+                "threads oversubscribing the CPUs"),
+      fix=("call cv2.setNumThreads(0) in worker_init_fn (never a non-zero count in a "
+           "forked worker)"),
+      example=(("import cv2\n"
+                "DataLoader(images_resized_with_cv2, num_workers=4)"),
+               ("import cv2\n"
+                "\n"
+                "def worker_init(worker_id):\n"
+                "    cv2.setNumThreads(0)  # 0, never another count, in a forked worker\n"
+                "\n"
+                "DataLoader(images_resized_with_cv2, num_workers=4, "
+                "worker_init_fn=worker_init)")),
+      versions="every supported torch; any OpenCV (opencv-python, -headless, -contrib)",
+      rewrite=CV2_WORKERS_REWRITE,
       at="dataloader.init")
 def cv2_threads_in_workers(args, ctx):
     return _add_step(cv2_threads_in_workers, args, cv2_remedies.worker_threads_off,
@@ -55,15 +76,32 @@ def cv2_threads_in_workers(args, ctx):
 
 
 @rule("CV402", "cv2-opencl", GROUP,
-      "fork workers while this process has used OpenCL on a usable OpenCL device: the "
-      "workers start from the warm server (a clean process, spawn's semantics) where "
-      "the dataset travels there, else emulated in this process; OpenCL off in the "
-      "workers. Nothing where no OpenCL device is usable",
-      "forked workers that hang in cv2 calls on cv2.UMat: they inherit the parent's "
-      "OpenCL context (even with OpenCL off in worker_init_fn)",
-      "where the main process uses OpenCL (cv2.UMat), start the workers with "
-      "multiprocessing_context='forkserver' (or 'spawn') and call "
-      "cv2.ocl.setUseOpenCL(False) in worker_init_fn",
+      summary=("fork workers while this process has used OpenCL on a usable OpenCL "
+               "device: the workers start from the warm server (a clean process, spawn's "
+               "semantics) where the dataset travels there, else emulated in this "
+               "process; OpenCL off in the workers. Nothing where no OpenCL device is "
+               "usable"),
+      prevents=("forked workers that hang in cv2 calls on cv2.UMat: they inherit the "
+                "parent's OpenCL context (even with OpenCL off in worker_init_fn)"),
+      fix=("where the main process uses OpenCL (cv2.UMat), start the workers with "
+           "multiprocessing_context='forkserver' (or 'spawn') and call "
+           "cv2.ocl.setUseOpenCL(False) in worker_init_fn"),
+      example=(("import cv2\n"
+                "cv2.GaussianBlur(cv2.UMat(image), (5, 5), 0)  # OpenCL in the main "
+                "process\n"
+                "DataLoader(images_blurred_with_umat, num_workers=4)"),
+               ("import multiprocessing\n"
+                "import cv2\n"
+                "\n"
+                "def worker_init(worker_id):\n"
+                "    cv2.ocl.setUseOpenCL(False)\n"
+                "\n"
+                "DataLoader(images_blurred_with_umat, num_workers=4, "
+                "worker_init_fn=worker_init,\n"
+                "           "
+                "multiprocessing_context=multiprocessing.get_context('forkserver'))")),
+      versions=("every supported torch; OpenCV builds with OpenCL, where an OpenCL "
+                "device is usable"),
       at="dataloader.iter")
 def cv2_opencl_context(args, ctx):
     from .workers import start_method

@@ -14,16 +14,37 @@ untouched (``timeout=-1`` is the user's mistake, and torch says so).
 import numbers
 
 
-from . import brief, rule
+from . import Rewrite, brief, rule
 
 GROUP = "dataloader"
 
 
+
+# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
+WORKER_ARGUMENT_REWRITE = Rewrite(
+    'loader_args', 'site',
+    "the argument made conditional on the call's own `num_workers` expression, with the "
+    "value the run gave it: `prefetch_factor=4 if NUM_WORKERS > 0 else None`, "
+    "`persistent_workers=NUM_WORKERS > 0`; removed where the call gives no workers",
+    "`num_workers` is computed at the call (it would be evaluated twice)")
+
+PIN_MEMORY_REWRITE = Rewrite(
+    'loader_args', 'site',
+    "`pin_memory=torch.cuda.is_available()` (`pin_memory=x and ...` for an expression)",
+    "the argument is not written at the call")
+
 @rule("DL101", "prefetch-without-workers", GROUP,
-      "prefetch_factor given with num_workers=0: reset to the default",
-      "ValueError: prefetch_factor option could only be specified in multiprocessing."
-      "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.",
-      "pass prefetch_factor only when num_workers > 0",
+      summary="prefetch_factor given with num_workers=0: reset to the default",
+      prevents=("ValueError: prefetch_factor option could only be specified in "
+                "multiprocessing.let num_workers > 0 to enable multiprocessing, "
+                "otherwise set prefetch_factor to None."),
+      fix="pass prefetch_factor only when num_workers > 0",
+      example=("DataLoader(ds, batch_size=32, num_workers=0, prefetch_factor=4)",
+               ("DataLoader(ds, batch_size=32, num_workers=workers,\n"
+                "           prefetch_factor=4 if workers > 0 else None)")),
+      versions=("every supported torch (2.0 to 2.14): DataLoader.__init__ refuses any "
+                "prefetch_factor but None without workers (torch 1.x refused any but 2)"),
+      rewrite=WORKER_ARGUMENT_REWRITE,
       at="dataloader.init")
 def prefetch_without_workers(args, ctx):
     default = ctx.defaults.get("prefetch_factor")
@@ -36,9 +57,13 @@ def prefetch_without_workers(args, ctx):
 
 
 @rule("DL102", "persistent-without-workers", GROUP,
-      "persistent_workers=True with num_workers=0: set to False",
-      "ValueError: persistent_workers option needs num_workers > 0",
-      "pass persistent_workers=num_workers > 0",
+      summary="persistent_workers=True with num_workers=0: set to False",
+      prevents="ValueError: persistent_workers option needs num_workers > 0",
+      fix="pass persistent_workers=num_workers > 0",
+      example=("DataLoader(ds, num_workers=0, persistent_workers=True)",
+               "DataLoader(ds, num_workers=workers, persistent_workers=workers > 0)"),
+      versions="every supported torch (2.0 to 2.14)",
+      rewrite=WORKER_ARGUMENT_REWRITE,
       at="dataloader.init")
 def persistent_without_workers(args, ctx):
     if args["num_workers"] == 0 and _flag(args["persistent_workers"]):
@@ -50,10 +75,15 @@ def persistent_without_workers(args, ctx):
 
 
 @rule("DL103", "context-without-workers", GROUP,
-      "multiprocessing_context given with num_workers=0: set to None",
-      "ValueError: multiprocessing_context can only be used with multi-process "
-      "loading (num_workers > 0), but got num_workers=0",
-      "pass multiprocessing_context only when num_workers > 0",
+      summary="multiprocessing_context given with num_workers=0: set to None",
+      prevents=("ValueError: multiprocessing_context can only be used with multi-process "
+                "loading (num_workers > 0), but got num_workers=0"),
+      fix="pass multiprocessing_context only when num_workers > 0",
+      example=("DataLoader(ds, num_workers=0, multiprocessing_context='spawn')",
+               ("DataLoader(ds, num_workers=workers,\n"
+                "           multiprocessing_context='spawn' if workers > 0 else None)")),
+      versions="every supported torch (2.0 to 2.14)",
+      rewrite=WORKER_ARGUMENT_REWRITE,
       at="dataloader.init")
 def context_without_workers(args, ctx):
     if args["num_workers"] == 0 and _valid_context(args["multiprocessing_context"]):
@@ -66,10 +96,14 @@ def context_without_workers(args, ctx):
 
 
 @rule("DL107", "timeout-without-workers", GROUP,
-      "timeout > 0 with num_workers=0: set to 0",
-      "AssertionError: _SingleProcessDataLoaderIter requires timeout == 0 "
-      "(a bare AssertionError on torch 2.0), at the start of every epoch",
-      "pass timeout only when num_workers > 0",
+      summary="timeout > 0 with num_workers=0: set to 0",
+      prevents=("AssertionError: _SingleProcessDataLoaderIter requires timeout == 0 (a "
+                "bare AssertionError on torch 2.0), at the start of every epoch"),
+      fix="pass timeout only when num_workers > 0",
+      example=("DataLoader(ds, num_workers=0, timeout=60)",
+               "DataLoader(ds, num_workers=workers, timeout=60 if workers > 0 else 0)"),
+      versions="every supported torch; the message is a bare AssertionError on torch 2.0",
+      rewrite=WORKER_ARGUMENT_REWRITE,
       at="dataloader.init")
 def timeout_without_workers(args, ctx):
     timeout = args["timeout"]
@@ -82,9 +116,12 @@ def timeout_without_workers(args, ctx):
 
 
 @rule("DL106", "zero-prefetch-with-workers", GROUP,
-      "prefetch_factor=0 with workers: use the default (2)",
-      "AssertionError (prefetch_factor > 0) when the first iterator is created",
-      "pass prefetch_factor >= 1, or leave it unset",
+      summary="prefetch_factor=0 with workers: use the default (2)",
+      prevents="AssertionError (prefetch_factor > 0) when the first iterator is created",
+      fix="pass prefetch_factor >= 1, or leave it unset",
+      example=("DataLoader(ds, num_workers=2, prefetch_factor=0)",
+               "DataLoader(ds, num_workers=2)  # or prefetch_factor >= 1"),
+      versions="every supported torch (2.0 to 2.14)",
       at="dataloader.init")
 def zero_prefetch_with_workers(args, ctx):
     if args["num_workers"] > 0 and _count(args["prefetch_factor"]) \
@@ -96,12 +133,17 @@ def zero_prefetch_with_workers(args, ctx):
 
 
 @rule("DL105", "pin-memory-without-accelerator", GROUP,
-      "pin_memory=True with no usable accelerator (or on MPS), where torch warns "
-      "about it: set to False",
-      "UserWarning every epoch: 'pin_memory' argument is set as true but no "
-      "accelerator is found, then device pinned memory won't be used. "
-      "(on MPS: ... but not supported on MPS now)",
-      "pass pin_memory=torch.cuda.is_available()",
+      summary=("pin_memory=True with no usable accelerator (or on MPS), where torch "
+               "warns about it: set to False"),
+      prevents=("UserWarning every epoch: 'pin_memory' argument is set as true but no "
+                "accelerator is found, then device pinned memory won't be used. (on MPS: "
+                "... but not supported on MPS now)"),
+      fix="pass pin_memory=torch.cuda.is_available()",
+      example=("DataLoader(ds, num_workers=2, pin_memory=True)  # on a CPU-only machine",
+               "DataLoader(ds, num_workers=2, pin_memory=torch.cuda.is_available())"),
+      versions=("torch versions whose DataLoader warns about it (2.13 does, 2.0 does "
+                "not): the installed torch is asked, not its version number"),
+      rewrite=PIN_MEMORY_REWRITE,
       at="dataloader.init")
 def pin_memory_without_accelerator(args, ctx):
     facts = ctx.facts

@@ -21,17 +21,36 @@ from .workers import GROUP, PARTS, _spawning_workers, pickling_plan
 
 
 @rule("DL218", "memmap-by-reference", GROUP,
-      "a numpy memmap in the dataset of spawn/forkserver workers: sent as file, offset, "
-      "shape, dtype and order, and mapped again copy-on-write in each worker (what pickling "
-      "gives: a writable private array of the same bytes), not copied into every worker "
-      "start; a mode='c' map, a strided view, a deleted file: pickled as before. Assumes "
-      "the file does not change while the workers run; a worker that finds it changed "
-      "or gone fails loudly",
-      "no error: each worker start pickles the whole mapped file (a 300 MiB memmap under "
-      "spawn with 2 workers: 1.4 GiB and 15-16 s where mapping it in each worker takes "
-      "0.5 GiB and 13.6 s)",
-      "open the np.memmap lazily in each worker (in __getitem__ or worker_init_fn), "
-      "keeping only its path on the dataset",
+      summary=("a numpy memmap in the dataset of spawn/forkserver workers: sent as file, "
+               "offset, shape, dtype and order, and mapped again copy-on-write in each "
+               "worker (what pickling gives: a writable private array of the same "
+               "bytes), not copied into every worker start; a mode='c' map, a strided "
+               "view, a deleted file: pickled as before. Assumes the file does not "
+               "change while the workers run; a worker that finds it changed or gone "
+               "fails loudly"),
+      prevents=("no error: each worker start pickles the whole mapped file (a 300 MiB "
+                "memmap under spawn with 2 workers: 1.4 GiB and 15-16 s where mapping it "
+                "in each worker takes 0.5 GiB and 13.6 s)"),
+      fix=("open the np.memmap lazily in each worker (in __getitem__ or worker_init_fn), "
+           "keeping only its path on the dataset"),
+      example=(("class Images(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        # pickled whole into every spawn worker start\n"
+                "        self.images = np.memmap(path, np.uint8, 'r', shape=(N, 3, 224, "
+                "224))\n"
+                "    def __getitem__(self, i):\n"
+                "        return torch.from_numpy(self.images[i].copy())"),
+               ("class Images(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.path, self.images = path, None\n"
+                "    def __getitem__(self, i):\n"
+                "        if self.images is None:   # mapped in each worker\n"
+                "            self.images = np.memmap(self.path, np.uint8, 'r',\n"
+                "                                    shape=(N, 3, 224, 224))\n"
+                "        return torch.from_numpy(self.images[i].copy())")),
+      versions=("every supported torch; spawn workers (macOS, Windows) and forkserver "
+                "workers (Linux from Python 3.14). Maps are found through "
+                "/proc/self/maps: on macOS and Windows the memmap is pickled as before"),
       at="dataloader.iter")
 def memmap_by_reference(args, ctx):
     numpy = sys.modules.get("numpy")

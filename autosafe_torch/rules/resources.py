@@ -98,13 +98,19 @@ def _mib(n):
 
 
 @rule("DL303", "shm-too-small", GROUP,
-      "/dev/shm cannot hold the batches in flight: fewer batches in flight "
-      "(prefetch_factor), else the requested workers emulated in this process (no shared "
-      "memory; each worker's seed and batches as asked), never fewer workers",
-      "RuntimeError: unable to allocate shared memory(shm) for file </torch_...>: "
-      "No space left on device (28); 'DataLoader worker (pid N) is killed by "
-      "signal: Bus error'",
-      DOCKER_FIX,
+      summary=("/dev/shm cannot hold the batches in flight: fewer batches in flight "
+               "(prefetch_factor), else the requested workers emulated in this process "
+               "(no shared memory; each worker's seed and batches as asked), never fewer "
+               "workers"),
+      prevents=("RuntimeError: unable to allocate shared memory(shm) for file "
+                "</torch_...>: No space left on device (28); 'DataLoader worker (pid N) "
+                "is killed by signal: Bus error'"),
+      fix=DOCKER_FIX,
+      example=(("# docker run (64 MiB of /dev/shm)\n"
+                "DataLoader(TensorDataset(images), batch_size=256, num_workers=4)"),
+               ("# docker run --shm-size=2g (or --ipc=host)\n"
+                "DataLoader(TensorDataset(images), batch_size=256, num_workers=4)")),
+      versions="every supported torch, on Linux",
       at="dataloader.init")
 def shm_too_small(values, ctx):
     facts = ctx.facts
@@ -143,12 +149,17 @@ def shm_too_small(values, ctx):
 
 
 @rule("DL304", "open-file-limit-too-low", GROUP,
-      "open-file soft limit too low for file_descriptor sharing: raise it toward "
-      "the hard limit, or share through the file system",
-      "RuntimeError: Too many open files. Communication with the workers is no "
-      "longer possible...; RuntimeError: received 0 items of ancdata",
-      "raise the limit before starting (ulimit -n <hard limit>), or call "
-      "torch.multiprocessing.set_sharing_strategy('file_system') at start",
+      summary=("open-file soft limit too low for file_descriptor sharing: raise it "
+               "toward the hard limit, or share through the file system"),
+      prevents=("RuntimeError: Too many open files. Communication with the workers is no "
+                "longer possible...; RuntimeError: received 0 items of ancdata"),
+      fix=("raise the limit before starting (ulimit -n <hard limit>), or call "
+           "torch.multiprocessing.set_sharing_strategy('file_system') at start"),
+      example=(("# ulimit -n 256\n"
+                "DataLoader(TensorDataset(x, y), batch_size=64, num_workers=8)"),
+               ("# ulimit -n 65536 before starting, or:\n"
+                "torch.multiprocessing.set_sharing_strategy('file_system')")),
+      versions="every supported torch, on Linux (file_descriptor sharing)",
       at="dataloader.init")
 def open_file_limit_too_low(values, ctx):
     facts = ctx.facts

@@ -41,18 +41,28 @@ def fork_server_available(platform):
 
 
 @rule("DL209", "warm-worker-start", GROUP,
-      "spawn workers of a loader repaired by DL201/DL202/DL203/DL208 (or moved to spawn "
-      "by DL205/DL206): forked from a warm server that has imported torch, numpy, cv2 "
-      "and the dataset's installed libraries, with spawn's semantics (pickled dataset, "
-      "main module imported in each worker); plain spawn where there is no fork server "
-      "(Windows)",
-      "a repaired loader slower than num_workers=0: spawn workers import torch, numpy "
-      "and cv2 again every epoch (over a second of CPU each)",
-      "make the dataset pickle (see the DL20x line), then multiprocessing_context="
-      "multiprocessing.get_context('forkserver') after set_forkserver_preload(['torch', "
-      "'numpy', 'cv2']) where available; persistent_workers=True where per-epoch worker "
-      "seeding does not matter",
-      at="dataloader.iter", clause_of=REPAIRED_FOR_SPAWN)
+      summary=("spawn workers of a loader repaired by DL201/DL202/DL203/DL208 (or moved "
+               "to spawn by DL205/DL206): forked from a warm server that has imported "
+               "torch, numpy, cv2 and the dataset's installed libraries, with spawn's "
+               "semantics (pickled dataset, main module imported in each worker); plain "
+               "spawn where there is no fork server (Windows)"),
+      prevents=("a repaired loader slower than num_workers=0: spawn workers import "
+                "torch, numpy and cv2 again every epoch (over a second of CPU each)"),
+      fix=("make the dataset pickle (see the DL20x line), then "
+           "multiprocessing_context=multiprocessing.get_context('forkserver') after "
+           "set_forkserver_preload(['torch', 'numpy', 'cv2']) where available; "
+           "persistent_workers=True where per-epoch worker seeding does not matter"),
+      example=(("# a loader repaired for spawn (DL201, DL202, DL203, DL208, DL205, "
+                "DL206):\n"
+                "# its workers import torch again every epoch\n"
+                "DataLoader(ds, num_workers=2)"),
+               ("ctx = multiprocessing.get_context('forkserver')\n"
+                "ctx.set_forkserver_preload(['torch', 'numpy'])\n"
+                "DataLoader(ds, num_workers=2, multiprocessing_context=ctx)")),
+      versions=("every supported torch; spawn with a fork server (macOS, Linux under "
+                "spawn); plain spawn on Windows"),
+      at="dataloader.iter",
+      clause_of=REPAIRED_FOR_SPAWN)
 def warm_worker_start(args, ctx):
     if not args["num_workers"] or start_method(args) != "spawn" \
             or not any(ctx.found(code) for code in REPAIRED_FOR_SPAWN) \

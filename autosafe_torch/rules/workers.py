@@ -27,7 +27,7 @@ safe platform):
 import types
 
 from ..inspection.objwalk import is_a
-from . import a_or_an, emulated_workers, number_of, rule, what_is
+from . import Rewrite, a_or_an, emulated_workers, number_of, rule, what_is
 
 GROUP = "dataloader"
 SAFE_FORK_PLATFORMS = ("linux",)
@@ -37,15 +37,49 @@ NOTEBOOK_FIX = ("move the function or class into a .py module next to the notebo
 
 # -- DL104, at construction ----------------------------------------------------
 
+
+# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
+MAIN_GUARD_REWRITE = Rewrite(
+    'main_guard', 'file',
+    "the top-level training code moved, in its order, under `if __name__ == "
+    '"__main__":` at the end; imports, functions, classes and the assignments they read '
+    "stay at module level; the loader's lambdas lifted as for DL202",
+    "the file has a main guard; what stays would read or bind a name the moved code "
+    "binds")
+
+LOCAL_FUNCTION_REWRITE = Rewrite(
+    'local_functions', 'site',
+    "a lambda or local `collate_fn`/`worker_init_fn` becomes a module-level function; "
+    "one that reads local variables takes them as keyword-only arguments, given as "
+    "`functools.partial(f, scale=scale)`",
+    "a variable it reads is assigned more than once or after the loader is made; "
+    "decorators, defaults, `nonlocal`; a function inside the dataset")
+
+LAZY_OPEN_REWRITE = Rewrite(
+    'lazy_open', 'site',
+    "`self.f = open(path, ...)` in `__init__`, used in `__getitem__` only: opened "
+    "lazily there, once per process (`os.getpid()`: forked workers get their own "
+    "offset), left behind when the dataset is pickled (`__getstate__`)",
+    "opened for writing; used elsewhere too; the class pickles itself (`__getstate__`, "
+    "`__reduce__`, `__slots__`); the dataset's class is not in the file")
+
 @rule("DL104", "too-many-workers", GROUP,
-      "num_workers above the container's CPU quota, which torch's own worker-count "
-      "warning (affinity only) misses: advice only, the count is left as asked (each "
-      "worker is seeded base_seed + worker_id and batches go to workers round robin, "
-      "so random augmentation, get_worker_info(), sharding and barriers depend on it)",
-      "oversubscription in containers (slow epochs, freezes) that torch's warning "
-      "'This DataLoader will create N worker processes in total...' does not see: it "
-      "reads the CPU affinity, not the cgroup quota",
-      "num_workers=min(wanted, len(os.sched_getaffinity(0))) and the container's CPU quota",
+      summary=("num_workers above the container's CPU quota, which torch's own "
+               "worker-count warning (affinity only) misses: advice only, the count is "
+               "left as asked (each worker is seeded base_seed + worker_id and batches "
+               "go to workers round robin, so random augmentation, get_worker_info(), "
+               "sharding and barriers depend on it)"),
+      prevents=("oversubscription in containers (slow epochs, freezes) that torch's "
+                "warning 'This DataLoader will create N worker processes in total...' "
+                "does not see: it reads the CPU affinity, not the cgroup quota"),
+      fix=("num_workers=min(wanted, len(os.sched_getaffinity(0))) and the container's "
+           "CPU quota"),
+      example=(("# in a container limited to 2 CPUs (cgroup quota) on a 64-core host\n"
+                "DataLoader(ds, num_workers=16)"),
+               ("DataLoader(ds, num_workers=min(16, usable_cpus()))  # affinity and the "
+                "quota")),
+      versions=("every supported torch: its own warning reads the CPU affinity, never "
+                "the cgroup quota"),
       at="dataloader.init")
 def too_many_workers(values, ctx):
     facts = ctx.facts
@@ -80,11 +114,23 @@ def _spawning_workers(args, ctx):
 
 
 @rule("DL204", "unguarded-main", GROUP,
-      "workers started from unguarded top-level code of __main__ (or a script read from "
-      "stdin) under spawn/forkserver: fork where safe, else emulated workers",
-      "RuntimeError: An attempt has been made to start a new process before the current "
-      "process has finished its bootstrapping phase. (BrokenPipeError on Windows)",
-      "put the training code under if __name__ == \"__main__\":",
+      summary=("workers started from unguarded top-level code of __main__ (or a script "
+               "read from stdin) under spawn/forkserver: fork where safe, else emulated "
+               "workers"),
+      prevents=("RuntimeError: An attempt has been made to start a new process before "
+                "the current process has finished its bootstrapping phase. "
+                "(BrokenPipeError on Windows)"),
+      fix='put the training code under if __name__ == "__main__":',
+      example=(("loader = DataLoader(ds, num_workers=2)\n"
+                "for batch in loader:\n"
+                "    train(batch)"),
+               ('if __name__ == "__main__":\n'
+                "    loader = DataLoader(ds, num_workers=2)\n"
+                "    for batch in loader:\n"
+                "        train(batch)")),
+      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
+                "from Python 3.14)"),
+      rewrite=MAIN_GUARD_REWRITE,
       at="dataloader.iter")
 def unguarded_main(args, ctx):
     method = start_method(args)
@@ -94,11 +140,15 @@ def unguarded_main(args, ctx):
 
 
 @rule("DL206", "fork-on-macos", GROUP,
-      "fork workers on macOS from a process that has (or had) more than one thread: "
-      "spawn where everything pickles, else emulated workers",
-      "objc[...]: +[NSNumber initialize] may have been in progress in another thread when "
-      "fork() was called. Crashing instead.",
-      "leave macOS's default start method (spawn) alone",
+      summary=("fork workers on macOS from a process that has (or had) more than one "
+               "thread: spawn where everything pickles, else emulated workers"),
+      prevents=("objc[...]: +[NSNumber initialize] may have been in progress in another "
+                "thread when fork() was called. Crashing instead."),
+      fix="leave macOS's default start method (spawn) alone",
+      example=(("multiprocessing.set_start_method('fork')   # on macOS\n"
+                "DataLoader(ds, num_workers=2)"),
+               "DataLoader(ds, num_workers=2)              # macOS's default: spawn"),
+      versions="every supported torch, on macOS",
       at="dataloader.iter")
 def fork_on_macos(args, ctx):
     if args["num_workers"] > 0 and start_method(args) == "fork" \
@@ -120,12 +170,16 @@ def _macos_forks_safely():
 
 
 @rule("DL205", "fork-after-cuda", GROUP,
-      "fork workers after CUDA was initialised in the parent: spawn where everything "
-      "pickles, else emulated workers",
-      "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
-      "multiprocessing, you must use the 'spawn' start method; CUDA error: initialization "
-      "error",
-      "pass multiprocessing_context='spawn' (and keep CUDA out of the dataset)",
+      summary=("fork workers after CUDA was initialised in the parent: spawn where "
+               "everything pickles, else emulated workers"),
+      prevents=("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use "
+                "CUDA with multiprocessing, you must use the 'spawn' start method; CUDA "
+                "error: initialization error"),
+      fix="pass multiprocessing_context='spawn' (and keep CUDA out of the dataset)",
+      example=(("model = Net().cuda()               # CUDA is initialised here\n"
+                "DataLoader(ds, num_workers=2)      # Linux: fork workers"),
+               "DataLoader(ds, num_workers=2, multiprocessing_context='spawn')"),
+      versions="every supported torch with CUDA, on Linux (fork)",
       at="dataloader.iter")
 def fork_after_cuda(args, ctx):
     if args["num_workers"] > 0 and start_method(args) == "fork" \
@@ -136,13 +190,27 @@ def fork_after_cuda(args, ctx):
 
 
 @rule("DL202", "local-function-to-workers", GROUP,
-      "lambda, local function or local class as collate_fn/worker_init_fn or anywhere "
-      "in the dataset, under spawn/forkserver: pickled by value (cloudpickle)",
-      "AttributeError: Can't pickle local object 'main.<locals>.<lambda>' (PicklingError "
-      "on older Python)",
-      "define the functions, lambdas and classes workers use at module level of an "
-      "importable module",
-      at="dataloader.iter", notebook_fix=NOTEBOOK_FIX)
+      summary=("lambda, local function or local class as collate_fn/worker_init_fn or "
+               "anywhere in the dataset, under spawn/forkserver: pickled by value "
+               "(cloudpickle)"),
+      prevents=("AttributeError: Can't pickle local object 'main.<locals>.<lambda>' "
+                "(PicklingError on older Python)"),
+      fix=("define the functions, lambdas and classes workers use at module level of an "
+           "importable module"),
+      example=(("def main():\n"
+                "    loader = DataLoader(ds, num_workers=2, collate_fn=lambda b: "
+                "torch.stack(b))"),
+               ("def stack(batch):                  # module level of an importable "
+                "module\n"
+                "    return torch.stack(batch)\n"
+                "\n"
+                "def main():\n"
+                "    loader = DataLoader(ds, num_workers=2, collate_fn=stack)")),
+      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
+                "from Python 3.14)"),
+      rewrite=LOCAL_FUNCTION_REWRITE,
+      at="dataloader.iter",
+      notebook_fix=NOTEBOOK_FIX)
 def local_function_to_workers(args, ctx):
     if not _spawning_workers(args, ctx):
         return None
@@ -167,11 +235,24 @@ def local_function_to_workers(args, ctx):
 
 
 @rule("DL203", "interactive-main-class", GROUP,
-      "dataset class defined in an interactive __main__ (notebook, -c, stdin) under "
-      "spawn/forkserver: pickled by value",
-      "AttributeError: Can't get attribute 'DS' on <module '__main__' (built-in)>",
-      "move the dataset class into an importable module",
-      at="dataloader.iter", notebook_fix=NOTEBOOK_FIX)
+      summary=("dataset class defined in an interactive __main__ (notebook, -c, stdin) "
+               "under spawn/forkserver: pickled by value"),
+      prevents=("AttributeError: Can't get attribute 'DS' on <module '__main__' "
+                "(built-in)>"),
+      fix="move the dataset class into an importable module",
+      example=(("# a notebook cell, or python -c / stdin\n"
+                "class Squares(Dataset): ...\n"
+                "DataLoader(Squares(), num_workers=2)"),
+               ("# squares.py, next to the notebook\n"
+                "class Squares(Dataset): ...\n"
+                "\n"
+                "# the notebook\n"
+                "from squares import Squares\n"
+                "DataLoader(Squares(), num_workers=2)")),
+      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
+                "from Python 3.14)"),
+      at="dataloader.iter",
+      notebook_fix=NOTEBOOK_FIX)
 def interactive_main_class(args, ctx):
     if not _spawning_workers(args, ctx):
         return None
@@ -189,11 +270,25 @@ def interactive_main_class(args, ctx):
 
 
 @rule("DL208", "thread-pool-in-workers", GROUP,
-      "dataset holds a thread pool: each worker gets a new, empty one of the same size "
-      "(fork: a worker_init step; spawn/forkserver: sent as a new pool)",
-      "fork: workers hang forever on their first submit() to a pool whose threads stayed "
-      "in the parent; spawn: TypeError: cannot pickle '_thread.lock' object",
-      "create the pool lazily in __getitem__ or in worker_init_fn, not in __init__",
+      summary=("dataset holds a thread pool: each worker gets a new, empty one of the "
+               "same size (fork: a worker_init step; spawn/forkserver: sent as a new "
+               "pool)"),
+      prevents=("fork: workers hang forever on their first submit() to a pool whose "
+                "threads stayed in the parent; spawn: TypeError: cannot pickle "
+                "'_thread.lock' object"),
+      fix="create the pool lazily in __getitem__ or in worker_init_fn, not in __init__",
+      example=(("class Decoded(Dataset):\n"
+                "    def __init__(self):\n"
+                "        self.pool = ThreadPoolExecutor(4)"),
+               ("class Decoded(Dataset):\n"
+                "    def __init__(self):\n"
+                "        self.pool = None\n"
+                "    def __getitem__(self, i):\n"
+                "        if self.pool is None:\n"
+                "            self.pool = ThreadPoolExecutor(4)   # made in each worker\n"
+                "        ...")),
+      versions=("every supported torch; fork (a hang) and spawn/forkserver (a pickling "
+                "error)"),
       at="dataloader.iter")
 def thread_pool_to_spawned_workers(args, ctx):
     if not _spawning_workers(args, ctx):
@@ -212,14 +307,32 @@ def thread_pool_to_spawned_workers(args, ctx):
 
 
 @rule("DL201", "unpicklable-dataset", GROUP,
-      "spawn/forkserver workers and a dataset that does not pickle (or whose class "
-      "forwards attributes and so does not unpickle): the repair ladder (reopen read-only "
-      "files per worker, rebuild forwarders from their attributes, else fork, else "
-      "emulated workers)",
-      "TypeError: cannot pickle '_io.BufferedReader' object (also 'sqlite3.Connection', "
-      "h5py and lmdb handles, '_thread.lock'); RecursionError in a worker unpickling a "
-      "__getattr__ forwarder (DataLoader worker exited unexpectedly)",
-      "open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
+      summary=("spawn/forkserver workers and a dataset that does not pickle (or whose "
+               "class forwards attributes and so does not unpickle): the repair ladder "
+               "(reopen read-only files per worker, rebuild forwarders from their "
+               "attributes, else fork, else emulated workers)"),
+      prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
+                "'sqlite3.Connection', h5py and lmdb handles, '_thread.lock'); "
+                "RecursionError in a worker unpickling a __getattr__ forwarder "
+                "(DataLoader worker exited unexpectedly)"),
+      fix="open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
+      example=(("class Frames(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.fh = open(path, 'rb')        # does not pickle\n"
+                "    def __getitem__(self, i):\n"
+                "        self.fh.seek(i * SIZE)\n"
+                "        return self.fh.read(SIZE)"),
+               ("class Frames(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.path, self.fh = path, None\n"
+                "    def __getitem__(self, i):\n"
+                "        if self.fh is None:\n"
+                "            self.fh = open(self.path, 'rb')  # opened in each worker\n"
+                "        self.fh.seek(i * SIZE)\n"
+                "        return self.fh.read(SIZE)")),
+      versions=("every supported torch; the platforms that start workers by spawn "
+                "(macOS, Windows) or forkserver (Linux from Python 3.14)"),
+      rewrite=LAZY_OPEN_REWRITE,
       at="dataloader.iter")
 def unpicklable_dataset(args, ctx):
     if not _spawning_workers(args, ctx):
@@ -317,15 +430,30 @@ def _owned(plan, by_dl212):
 
 
 @rule("DL207", "shared-file-offset", GROUP,
-      "fork workers (and the children of a fork server): every file the process holds "
-      "open for reading gets a description of its own in each worker, at the offset it "
-      "had, under the same descriptor, whoever holds it (a file object, a raw os.open() "
-      "descriptor, a closure, a C library); an h5py file is reopened by path in each "
-      "worker; files only written stay shared",
-      "silently wrong samples: forked workers share one file offset (zipfile.BadZipFile: "
-      "Bad CRC-32, gzip.BadGzipFile, EOFError: Compressed file ended before the "
-      "end-of-stream marker was reached, other records, half the rows of a csv.reader)",
-      "open the file in worker_init_fn or lazily in __getitem__",
+      summary=("fork workers (and the children of a fork server): every file the process "
+               "holds open for reading gets a description of its own in each worker, at "
+               "the offset it had, under the same descriptor, whoever holds it (a file "
+               "object, a raw os.open() descriptor, a closure, a C library); an h5py "
+               "file is reopened by path in each worker; files only written stay shared"),
+      prevents=("silently wrong samples: forked workers share one file offset "
+                "(zipfile.BadZipFile: Bad CRC-32, gzip.BadGzipFile, EOFError: Compressed "
+                "file ended before the end-of-stream marker was reached, other records, "
+                "half the rows of a csv.reader)"),
+      fix="open the file in worker_init_fn or lazily in __getitem__",
+      example=(("class Records(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.fh = open(path, 'rb')   # one offset, shared by forked "
+                "workers\n"
+                "    def __getitem__(self, i):\n"
+                "        self.fh.seek(i * SIZE)\n"
+                "        return self.fh.read(SIZE)"),
+               ("def open_in_worker(worker_id):\n"
+                "    ds = torch.utils.data.get_worker_info().dataset\n"
+                "    ds.fh = open(ds.path, 'rb')\n"
+                "\n"
+                "DataLoader(Records(path), num_workers=2, worker_init_fn=open_in_worker)")),
+      versions="every supported torch; fork workers (Linux's default before Python 3.14)",
+      rewrite=LAZY_OPEN_REWRITE,
       at="dataloader.iter")
 def shared_file_offset(args, ctx):
     if not _forking(args):
@@ -368,16 +496,27 @@ def _fork_done(isolated, handles, shared, workers):
 
 
 @rule("DL212", "handle-not-fork-safe", GROUP,
-      "fork workers and a dataset holding a native handle a forked child must not use: "
-      "an lmdb environment (reopened read-only) or a cv2.VideoCapture of a file is "
-      "reopened by path in each worker (the capture at the same frame); a capture that "
-      "cannot be reopened (a camera, a stream): spawn where everything pickles, else "
-      "emulated workers",
-      "forked workers that hang in cv2.VideoCapture.read() once the parent has decoded "
-      "(RuntimeError: DataLoader timed out after N seconds, or forever); an lmdb "
-      "environment used after fork, which LMDB forbids (segfaults, readers registered "
-      "under the parent's pid)",
-      "open the environment or capture in worker_init_fn or lazily in __getitem__",
+      summary=("fork workers and a dataset holding a native handle a forked child must "
+               "not use: an lmdb environment (reopened read-only) or a cv2.VideoCapture "
+               "of a file is reopened by path in each worker (the capture at the same "
+               "frame); a capture that cannot be reopened (a camera, a stream): spawn "
+               "where everything pickles, else emulated workers"),
+      prevents=("forked workers that hang in cv2.VideoCapture.read() once the parent has "
+                "decoded (RuntimeError: DataLoader timed out after N seconds, or "
+                "forever); an lmdb environment used after fork, which LMDB forbids "
+                "(segfaults, readers registered under the parent's pid)"),
+      fix="open the environment or capture in worker_init_fn or lazily in __getitem__",
+      example=(("class Frames(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.env = lmdb.open(path, readonly=True)   # used after fork"),
+               ("class Frames(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.path, self.env = path, None\n"
+                "    def __getitem__(self, i):\n"
+                "        if self.env is None:\n"
+                "            self.env = lmdb.open(self.path, readonly=True)\n"
+                "        ...")),
+      versions="every supported torch; fork workers",
       at="dataloader.iter")
 def handle_not_fork_safe(args, ctx):
     if not _forking(args):
@@ -441,14 +580,33 @@ def read_through_no_object(args, ctx):
 
 
 @rule("DL217", "descriptor-to-workers", GROUP,
-      "spawn/forkserver workers of a dataset that reads a file through a descriptor of the "
-      "training process, by its number (a raw os.open(), a library that keeps one): the "
-      "descriptor reaches each worker under its number, at its own offset",
-      "OSError: [Errno 9] Bad file descriptor (or [Errno 29] Illegal seek) in a worker, "
-      "or another file read without an error under that number (a forkserver worker's "
-      "/dev/null)",
-      "keep the path on the dataset and open the file in the process that reads it "
-      "(lazily in __getitem__, or in worker_init_fn)",
+      summary=("spawn/forkserver workers of a dataset that reads a file through a "
+               "descriptor of the training process, by its number (a raw os.open(), a "
+               "library that keeps one): the descriptor reaches each worker under its "
+               "number, at its own offset"),
+      prevents=("OSError: [Errno 9] Bad file descriptor (or [Errno 29] Illegal seek) in "
+                "a worker, or another file read without an error under that number (a "
+                "forkserver worker's /dev/null)"),
+      fix=("keep the path on the dataset and open the file in the process that reads it "
+           "(lazily in __getitem__, or in worker_init_fn)"),
+      example=(("class Records(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.fd = os.open(path, os.O_RDONLY)   # a number: spawn "
+                "workers have no fd\n"
+                "    def __getitem__(self, i):\n"
+                "        os.lseek(self.fd, i * SIZE, os.SEEK_SET)\n"
+                "        return os.read(self.fd, SIZE)"),
+               ("class Records(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.path, self.fd = path, None\n"
+                "    def __getitem__(self, i):\n"
+                "        if self.fd is None:\n"
+                "            self.fd = os.open(self.path, os.O_RDONLY)   # in each "
+                "worker\n"
+                "        os.lseek(self.fd, i * SIZE, os.SEEK_SET)\n"
+                "        return os.read(self.fd, SIZE)")),
+      versions=("every supported torch; spawn workers (macOS, Windows) and forkserver "
+                "workers (Linux from Python 3.14)"),
       at="dataloader.outcome")
 def descriptor_to_workers(args, ctx):
     carried = _used(ctx.usage, "CARRIED")
