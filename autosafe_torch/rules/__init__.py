@@ -268,13 +268,43 @@ def number_of(count, thing):
 
 
 class Context:
-    """What a check sees besides the arguments: ``facts``, the findings made so
-    far at this hook, and what the hook adds (``defaults``, ``caps``, ``call``...)."""
+    """What a check sees besides the arguments, by name. Every hook gives
+    ``facts`` (the platform, as the rules see it); ``findings`` are those made
+    so far at this hook, in order (``found(code)``); ``plans`` caches what the
+    checks of one hook share (the pickling and fork plans). The rest is what
+    one hook knows, None elsewhere:
 
-    def __init__(self, facts, **known):
+    - ``dataloader.init``: ``defaults``, DataLoader's own argument defaults;
+    - ``dataloader.iter``: ``main_guarded()``, whether the main module runs
+      its training under ``if __name__ == "__main__":``;
+    - ``autocast``, ``scaler``, ``amp.*``: ``caps``, what this torch's AMP can
+      do, and ``call``, the call being made;
+    - ``dataloader.outcome``: ``usage`` (what the workers reported using),
+      ``workers`` (their count), ``named`` (whether a record already named
+      the objects);
+    - ``dataloader.failure``: ``failure``, the first failure; ``first_rung``,
+      the rung it happened on; ``tried``, the rungs that failed on the way;
+      ``rung``, the one that works; ``exact``, None or why the batches may
+      differ;
+    - ``cv2.import``: ``cv2``, the module; ``environ``, the environment.
+    """
+
+    __slots__ = ("facts", "findings", "plans", "defaults", "main_guarded", "caps", "call",
+                 "usage", "workers", "named", "failure", "first_rung", "tried", "rung",
+                 "exact", "cv2", "environ")
+
+    def __init__(self, facts, *, defaults=None, main_guarded=None, caps=None, call=None,
+                 usage=None, workers=None, named=None, failure=None, first_rung=None,
+                 tried=(), rung=None, exact=None, cv2=None, environ=None):
         self.facts = facts
         self.findings = []
-        self.__dict__.update(known)
+        self.plans = {}
+        self.defaults, self.main_guarded = defaults, main_guarded
+        self.caps, self.call = caps, call
+        self.usage, self.workers, self.named = usage, workers, named
+        self.failure, self.first_rung, self.tried = failure, first_rung, tried
+        self.rung, self.exact = rung, exact
+        self.cv2, self.environ = cv2, environ
 
     def found(self, code):
         """Whether an earlier check at this hook made a finding for ``code``."""

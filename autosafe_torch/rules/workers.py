@@ -700,7 +700,7 @@ def _per_parts(ctx, name, args, make):
     """``make()``, once per check context ``ctx`` and loader parts (by identity),
     kept in ``ctx`` under ``name``: the checks of one iteration share a plan."""
     key = tuple(id(args[part]) for part in PARTS)
-    cache = ctx.__dict__.setdefault(name, {})
+    cache = ctx.plans.setdefault(name, {})
     if key not in cache:
         cache[key] = make()
     return cache[key]
