@@ -230,9 +230,29 @@ def log(level, message, *args, named=True):
     """Our one way to speak; honours QUIET (errors still go out). ``named``:
     the line begins with ``autosafe_torch:`` (a record begins with the user's
     file:line instead, as a compiler's or linter's message does)."""
+    global _tool_named
     if CONFIG.quiet and level < logging.ERROR:
         return
+    _tool_named = _tool_named or (named and level >= logging.INFO)
     logger.log(level, (_prefix() if named else "") + message, *args)
+
+
+_tool_named = False  # whether a line of this process has named autosafe_torch
+
+
+def _named_once():
+    """A line under the first record of a process where nothing has named the
+    tool and no summary will (a notebook's kernel does not exit): what speaks."""
+    global _tool_named
+    if _tool_named:
+        return ""
+    from .inspection.mainmodule import in_notebook
+
+    if not in_notebook():
+        return ""  # a script: the summary at exit names it
+    _tool_named = True
+    return "\n  (autosafe_torch: `autosafe-torch explain CODE` says more; " \
+        "%unload_ext autosafe_torch turns it off)"
 
 
 def record(intervention):
@@ -257,7 +277,7 @@ def record(intervention):
         intervention.clauses = [c for c in intervention.clauses if _is_new(c)]
         for clause in intervention.clauses:
             clause.said = True
-        log(level, "%s", intervention.message(), named=False)
+        log(level, "%s%s", intervention.message(), _named_once(), named=False)
     if CONFIG.debug:
         log(logging.DEBUG, "%s", intervention.details(), named=False)
     _write_json(intervention)

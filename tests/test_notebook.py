@@ -146,12 +146,18 @@ def test_load_ext_repairs_it_with_the_batches_of_fork(tmp_path, fork_batches):
     assert loaded.stderr == "autosafe_torch: on in this kernel and its DataLoader workers " \
         "(%unload_ext autosafe_torch turns it off)\n", loaded.stderr
     _repaired(cells[:-1], fork_batches)
+    # named by the %load_ext line already: the record says nothing more
+    assert "says more" not in "".join(cell.stderr for cell in cells), cells[-2].stderr
     unloaded = cells[-1]
     assert "AFTER None function" in unloaded.stdout, unloaded.stdout + unloaded.stderr
     assert "autosafe_torch: off in this kernel; summary: fixed " in unloaded.stderr
 
 
 def test_the_environment_switch_repairs_it_too(tmp_path, fork_batches):
+    """Nothing named the tool before the record (no %load_ext line, and a kernel
+    prints no summary): the first record says whose it is, once."""
     cells = run_notebook(tmp_path, CELLS, "spawn",
                          env={"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_AS": "macos"})
     _repaired(cells, fork_batches)
+    said = "".join(cell.stderr for cell in cells)
+    assert said.count("(autosafe_torch: `autosafe-torch explain CODE` says more") == 1, said
