@@ -32,7 +32,7 @@ import libcst.matchers as m
 from libcst import metadata as md
 
 from .records import NOT_EXACT, NotExact, REWRITTEN
-from .source import DATALOADER, LOADER_POSITIONAL, find_arg, has_star
+from .source import DATALOADER, LOADER_POSITIONAL, find_arg, has_star, is_docstring
 
 OPEN_POSITIONAL = ("file", "mode", "buffering", "encoding", "errors", "newline", "closefd",
                    "opener")
@@ -181,7 +181,7 @@ def _plan_attribute(source, cls, attribute, statement, code):
 
     def first_in_getitem(function):
         body = list(function.body.body)
-        at = 1 if body and _is_docstring(body[0]) else 0
+        at = 1 if body and is_docstring(body[0]) else 0
         return function.with_changes(body=function.body.with_changes(
             body=body[:at] + [reopen] + body[at:]))
     source.edit(getitem, first_in_getitem)
@@ -191,12 +191,6 @@ def _plan_attribute(source, cls, attribute, statement, code):
         source.edit(cls, lambda c: _with_getstate(c, attributes, code))
     attributes.append(attribute)
     return attribute
-
-
-def _is_docstring(statement):
-    return isinstance(statement, cst.SimpleStatementLine) and \
-        isinstance(statement.body[0], cst.Expr) and \
-        isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
 
 
 def _with_getstate(cls, attributes, code):

@@ -386,7 +386,23 @@ class Source:
         """The new text of the file."""
         if not self.changed():
             return self.text
-        return self.module.visit(_Apply(self)).code
+        module = self.module.visit(_Apply(self))
+        if self._imports:
+            module = _with_imports(module, self._imports)
+        return module.code
+
+
+def _with_imports(module, imports):
+    """``module`` with an ``import m`` for each of ``imports``, where libcst's
+    AddImportsVisitor puts one: with the file's imports, after its docstring
+    and any ``from __future__`` import, never twice."""
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import AddImportsVisitor
+
+    context = CodemodContext()
+    for name in sorted(imports):
+        AddImportsVisitor.add_needed_import(context, name)
+    return AddImportsVisitor(context).transform_module(module)
 
 
 def _names_in(region):
@@ -414,12 +430,7 @@ def _flatten(result):
     return [result]
 
 
-def _is_import(statement):
-    return isinstance(statement, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
-
-
-def _is_docstring(statement):
+def is_docstring(statement):
     return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 \
         and isinstance(statement.body[0], cst.Expr) \
         and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
@@ -453,15 +464,6 @@ class _Apply(cst.CSTTransformer):
             body.extend(source._before.get(id(statement), ()))
             nodes = _flatten(self.top_results.get(id(statement), statement))
             (guard if id(statement) in moved else body).extend(nodes)
-        if source._imports:
-            at = 0
-            for index, statement in enumerate(body):
-                if _is_import(statement) or (index == 0 and _is_docstring(statement)):
-                    at = index + 1
-                elif not isinstance(statement, cst.SimpleStatementLine) or at:
-                    break
-            new = [cst.parse_statement("import %s\n" % m) for m in sorted(source._imports)]
-            body[at:at] = new
         if guard:
             first = guard[0]
             guard[0] = first.with_changes(leading_lines=[
