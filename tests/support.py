@@ -183,8 +183,16 @@ def one_of(choices, kept):
     return [pytest.param(c, marks=() if c == kept else (pytest.mark.heavy,)) for c in choices]
 
 
+# Set in os.environ by torch itself (building an optimizer imports torch._dynamo):
+# an in-process test of this pytest worker leaves it, a fresh shell has none.
+SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
 def clean_env(extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSAFE_TORCH")}
+    """The environment of a child as a fresh shell would start it: none of ours,
+    none that torch set in this process."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("AUTOSAFE_TORCH") and k not in SET_BY_TORCH}
     env.pop("PYTHONPATH", None)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})

@@ -60,7 +60,7 @@ def test_loader_made_every_epoch_logs_once(tmp_path):
     assert rec["action"] == "fixed" and rec["rank"] == 3 and rec["call_site"].endswith(
         ":%d" % line_of(tmp_path, "return DataLoader"))
     assert set(rec) == {"time", "pid", "rank", "code", "slug", "action", "strategy",
-                        "call_site", "before", "after", "why", "fix", "done"}
+                        "call_site", "cwd", "before", "after", "why", "fix", "done"}
     assert rec["done"] == "prefetch_factor 2 -> None: num_workers=0"
 
 

@@ -317,30 +317,34 @@ def _iter_plan(dataset, method, platform="linux"):
 
 def test_one_check_for_deciding_and_acting(tmp_path):
     """The fork rung is chosen, or kept, only where its remedies handle every
-    object found, by the functions they act with: a read-only h5py file held
-    in a tuple cannot be replaced in a forked worker, so a fork loader goes to
-    spawn (where it travels by path), and a spawn loader that must leave spawn
-    is not sent to fork (emulated workers). A lock nobody holds is no
-    obstacle to fork; one held now is."""
+    object found, by the functions they act with: an lmdb environment (which a
+    forked child must not use) held in a tuple cannot be replaced in a forked
+    worker, so a fork loader goes to spawn (where it travels by path), and a
+    spawn loader that must leave spawn is not sent to fork (emulated workers).
+    A lock nobody holds is no obstacle to fork; one held now is. (An h5py file
+    needs nothing under fork: its descriptor is privatized at the kernel.)"""
     import threading
 
-    import h5py
+    import lmdb
 
-    path = tmp_path / "rows.h5"
-    with h5py.File(path, "w") as out:
-        out["x"] = np.arange(4)
-    with h5py.File(path, "r") as h5:
-        in_tuple = Holder(handles=(h5,))
+    path = str(tmp_path / "rows.lmdb")
+    with lmdb.open(path, map_size=1 << 20) as env, env.begin(write=True) as txn:
+        txn.put(b"0", b"row")
+    env = lmdb.open(path, readonly=True, lock=False)
+    try:
+        in_tuple = Holder(handles=(env,))
         found = _iter_plan(in_tuple, "fork")
         # Spawn would need it sent by path, a repair decided before DL207: emulated.
-        assert [(f.rule.code, f.strategy) for f in found] == [("DL207", EMULATED)]
+        assert [(f.rule.code, f.strategy) for f in found] == [("DL212", EMULATED)]
         assert "item of a tuple" in found[0].why
-        unpicklable = Holder(handles=(h5,), gen=(x for x in ()))
+        unpicklable = Holder(handles=(env,), gen=(x for x in ()))
         found = _iter_plan(unpicklable, "spawn")  # not to fork: the tuple again
         assert (found[0].rule.code, found[0].strategy) == ("DL201", EMULATED)
-        in_attribute = Holder(h5=h5)  # replaceable: reopened in each forked worker
+        in_attribute = Holder(env=env)  # replaceable: reopened in each forked worker
         assert [(f.rule.code, f.strategy) for f in _iter_plan(in_attribute, "fork")] == [
-            ("DL207", "own offset in each worker")]
+            ("DL212", "reopen in each worker")]
+    finally:
+        env.close()
 
     unheld = Holder(lock=threading.Lock(), gen=(x for x in ()))
     found = _iter_plan(unheld, "spawn")
