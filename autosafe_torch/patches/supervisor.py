@@ -808,7 +808,7 @@ def _warm_outcome(pending, mark):
 def _say_used(site, named, workers, usage):
     """The records of what the workers read through descriptions of their own
     that no object named (DL207 said the named ones)."""
-    from ..rules.workers import used_descriptors
+    from ..rules import Context
 
     if usage.missing:
         import logging
@@ -817,6 +817,7 @@ def _say_used(site, named, workers, usage):
 
         log(logging.DEBUG, "%s: not reached in the workers (the number holds another file "
             "there): %s", site, "; ".join("%s: %s" % item for item in usage.missing.items()))
-    found = used_descriptors(usage, workers, named)
+    found = engine.run_checks("dataloader.outcome", {},
+                              Context(None, usage=usage, workers=workers, named=named))[0]
     if found:
         engine.settle(found, site)

@@ -224,7 +224,7 @@ class CopyPlan:
         return copy.deepcopy(self.objects, memo)
 
     def _named(self, obj):
-        from ..rules import what_is
+        from ..inspection.naming import what_is
 
         if obj is None:
             return "an object"

@@ -29,6 +29,8 @@ the rule's ``fix`` (the second), and ``autosafe-torch explain CODE``.
 
 import importlib
 
+from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules' names)
+
 # Where checks run, in the order the patches call them.
 HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
          "autocast", "scaler", "amp.legacy", "amp.provided", "cv2.import")
@@ -178,82 +180,6 @@ class Finding:
 
     def __repr__(self):
         return "Finding(%s %s -> %s)" % (self.rule.code, self.before, self.after)
-
-
-def brief(value):
-    """A value as a log line may show it: short literals as written, functions
-    and classes by name, anything else by its kind; never a repr of an object
-    (an address, our internals)."""
-    if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value) if len(value) <= 40 else "a string"
-    kind = _kind(type(value))
-    try:  # a user's object may raise anything from its attributes
-        ours = __package__.split(".")[0]
-        func = getattr(value, "func", None)  # functools.partial: a worker_init_fn step of ours
-        if func is not None and str(getattr(func, "__module__", "")).startswith(ours):
-            return "a step of %s's" % ours
-        name = getattr(value, "__qualname__", None)
-        if isinstance(name, str) and callable(value):
-            return name
-    except Exception:
-        pass
-    return a_or_an(kind)
-
-
-def _kind(cls):
-    """A type as a log names it: ``reader`` is ``csv.reader``, a weak proxy is one."""
-    import weakref
-
-    if cls in (weakref.ProxyType, weakref.CallableProxyType):
-        return "weak proxy"
-    module = getattr(cls, "__module__", "") or ""
-    if module.startswith("_") and module != "__main__":  # a C type: _csv.reader
-        return "%s.%s" % (module.lstrip("_"), cls.__name__)
-    return cls.__name__
-
-
-def a_or_an(noun):
-    """``an lmdb environment``, ``a thread pool``."""
-    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
-
-
-def what_is(value):
-    """A few words for what a dataset holds or a loader is given: "an open
-    file", "a lambda", "a thread pool"... (``brief`` for anything else)."""
-    import types
-
-    from ..inspection import holdings
-
-    try:
-        if isinstance(value, (types.FunctionType, type)):
-            thing = "class" if isinstance(value, type) else "function"
-            if value.__name__ == "<lambda>":
-                return "a lambda"
-            if "<locals>" in value.__qualname__:
-                return "a local " + thing
-            if value.__module__ == "__main__":
-                return "a %s of __main__" % thing
-            return "a " + thing
-        handle = holdings.fork_unsafe(value)
-        if handle is not None:
-            return a_or_an(handle)
-        if type(value).__name__ == "Connection" and "sqlite" in type(value).__module__:
-            return "a sqlite connection"
-        h5 = holdings.h5py_types()
-        if h5 and isinstance(value, h5):
-            return "an h5py " + type(value).__name__
-        if holdings.is_file_object(value):
-            return "an open file"
-        if holdings.thread_pool_in_use(value) is not None:
-            return "a thread pool"
-        kind = holdings.threading_kind(value)
-        if kind is not None:
-            return "a threading " + kind
-    except Exception:  # a user's object may raise anything from its attributes
-        pass
-    return brief(value)
 
 
 def changed_text(before, changes):

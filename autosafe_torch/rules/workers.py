@@ -621,15 +621,6 @@ def descriptor_to_workers(args, ctx):
             _files(carried), number_of(ctx.workers, "worker")))
 
 
-def used_descriptors(usage, workers, named):
-    """The findings for what ``workers`` reported (``usage``) as they exited."""
-    from ..engine import run_checks
-    from . import Context
-
-    ctx = Context(None, usage=usage, workers=workers, named=named)
-    return run_checks("dataloader.outcome", {}, ctx)[0]
-
-
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
 def thread_pool_under_fork(args, ctx):
     from ..inspection import holdings
