@@ -104,7 +104,7 @@ def user_call_site(instance=None):
     while frame is not None:
         filename = frame.f_code.co_filename
         if not (filename.startswith(skip) or filename.startswith("<frozen")
-                or (instance is not None and frame.f_locals.get("self") is instance)):
+                or (instance is not None and _owned_by(frame, instance))):
             return place(filename, frame.f_lineno)
         frame = frame.f_back
     return "<unknown>"
@@ -152,7 +152,25 @@ def _owned_by(frame, instance):
     code = frame.f_code
     if not code.co_argcount:
         return False
+    if not (_method_of(code, type(instance))
+            or code.co_filename.startswith(_prefixes()[1])):
+        # The user's own function: its locals are never read. Before Python 3.13,
+        # reading f_locals leaves a snapshot on the running frame that keeps every
+        # local alive after the function deletes it (an iterator, and its workers).
+        return False
     return frame.f_locals.get(code.co_varnames[0]) is instance
+
+
+_methods = {}  # (class, code) -> whether the code is a function of the class or a base
+
+
+def _method_of(code, cls):
+    key = (cls, code)
+    if key not in _methods:
+        _methods[key] = any(
+            getattr(getattr(value, "__func__", value), "__code__", None) is code
+            for klass in cls.__mro__ for value in vars(klass).values())
+    return _methods[key]
 
 
 def _walk(instance, depth=64):

@@ -155,3 +155,36 @@ def test_loader_iterated_in_a_library_thread_names_where_it_was_made(tmp_path):
     user = "train.py:%d" % line_of(tmp_path, "loader = DataLoader(")
     assert rec["code"] == "DL201" and rec["call_site"].startswith(user + " (via "), rec
     assert "fakelib/__init__.py:%d" % _line_in_lib("for batch in loader") in rec["call_site"]
+
+
+def test_reading_the_users_frame_keeps_nothing_alive(tmp_path):
+    """PyTorch's test_iterable_style_dataset (persistent workers): the user's
+    function deletes its iterator and waits for the workers to exit. Finding a
+    call site must not read that frame's locals: before Python 3.13 the read
+    leaves a snapshot on the running frame that keeps the iterator, and its
+    workers, alive after ``del``."""
+    body = """
+import weakref, torch
+from torch.utils.data import DataLoader, IterableDataset
+class Count(IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+def train(epochs):
+    loader = DataLoader(Count(), num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    list(it)
+    inner = weakref.ref(getattr(it, "__wrapped__", it))
+    workers = list(it._workers)
+    other = DataLoader(Count(), num_workers=2, persistent_workers=True)  # sites looked up
+    list(iter(other))
+    del it, loader
+    print("FREED", inner() is None)
+    for w in workers:
+        w.join(60)
+    print("EXITED", not any(w.is_alive() for w in workers))
+train(1)
+"""
+    plain, _ = _run(tmp_path, body)
+    assert "FREED True" in plain.stdout and "EXITED True" in plain.stdout, plain
+    shim, _ = _run(tmp_path, body, activation="env")
+    assert "FREED True" in shim.stdout and "EXITED True" in shim.stdout, shim

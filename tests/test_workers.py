@@ -113,6 +113,36 @@ def test_dl201_h5py_file_reopened_by_name(tmp_path):
                            "reopened by path in each of 2 workers"), line
 
 
+def test_a_program_that_takes_one_batch_still_gets_the_record(tmp_path):
+    """PyTorch's test_worker_init_fn_forkserver: a local worker_init_fn under
+    forkserver, one batch taken and the iterator dropped. The record is made
+    once the workers showed the repair held, here when the iterator goes,
+    before every worker delivered: never lost."""
+    body = """
+import multiprocessing, torch
+from torch.utils.data import DataLoader, Dataset
+class Seeds(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return torch.initial_seed()
+def main():
+    def local_init_fn(worker_id):
+        torch.manual_seed(12345)
+    multiprocessing.set_start_method("forkserver", force=True)
+    loader = DataLoader(Seeds(), batch_size=2, num_workers=2, worker_init_fn=local_init_fn)
+    print("FIRST", next(iter(loader)).tolist())
+if __name__ == "__main__":
+    main()
+"""
+    plain = run_script(tmp_path, body)
+    assert plain.rc != 0 and "Can't pickle local object" in plain.stderr, plain
+    shim = run_script(tmp_path, body, activation="env")
+    assert shim.rc == 0 and "FIRST [12345, 12345]" in shim.stdout, shim
+    (line,) = _logged(shim, "DL202")
+    assert "sent by value to 2 workers" in line, line
+
+
 def test_h5py_under_fork_is_left_as_it_is(tmp_path):
     """Plain fork works with an h5py file opened in __init__ (HDF5 reads at explicit
     offsets; each worker's descriptor gets its own description at the kernel): the

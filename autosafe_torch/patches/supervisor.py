@@ -267,7 +267,12 @@ class _WatchedWorkers(_MP_ITER, _Recording):
         try:
             super()._shutdown_workers()
         finally:
-            outcome = self._autosafe_watch.outcome
+            watch = self._autosafe_watch
+            if watch.pending and watch.delivered:
+                # Dropped before every worker delivered (a program that takes one
+                # batch): the workers that did show the remedies held.
+                watch.held()
+            outcome = watch.outcome
             if outcome is not None:
                 engine.decide_or(None, "DataLoader worker reports", outcome.workers_exited,
                                  getattr(self, "_workers", ()))
