@@ -152,11 +152,13 @@ def _owned_by(frame, instance):
     code = frame.f_code
     if not code.co_argcount:
         return False
-    if not (_method_of(code, type(instance))
-            or code.co_filename.startswith(_prefixes()[1])):
-        # The user's own function: its locals are never read. Before Python 3.13,
-        # reading f_locals leaves a snapshot on the running frame that keeps every
-        # local alive after the function deletes it (an iterator, and its workers).
+    if sys.version_info < (3, 13) and code.co_varnames[0] in ("self", "cls") \
+            and not _method_of(code, type(instance)) \
+            and not code.co_filename.startswith(_prefixes()[1]):
+        # A method of another object of the user's (a TestCase, a trainer): its
+        # locals are not read. Before Python 3.13, reading f_locals leaves a
+        # snapshot on the running frame that keeps every local alive after the
+        # method deletes it (an iterator, and its workers, in a long-lived frame).
         return False
     return frame.f_locals.get(code.co_varnames[0]) is instance
 

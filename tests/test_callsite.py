@@ -159,7 +159,7 @@ def test_loader_iterated_in_a_library_thread_names_where_it_was_made(tmp_path):
 
 def test_reading_the_users_frame_keeps_nothing_alive(tmp_path):
     """PyTorch's test_iterable_style_dataset (persistent workers): the user's
-    function deletes its iterator and waits for the workers to exit. Finding a
+    method (a TestCase's) deletes its iterator and waits for the workers to exit. Finding a
     call site must not read that frame's locals: before Python 3.13 the read
     leaves a snapshot on the running frame that keeps the iterator, and its
     workers, alive after ``del``."""
@@ -169,7 +169,8 @@ from torch.utils.data import DataLoader, IterableDataset
 class Count(IterableDataset):
     def __iter__(self):
         return iter(range(8))
-def train(epochs):
+class Trainer:
+  def train(self, epochs):
     loader = DataLoader(Count(), num_workers=2, persistent_workers=True)
     it = iter(loader)
     list(it)
@@ -182,7 +183,7 @@ def train(epochs):
     for w in workers:
         w.join(60)
     print("EXITED", not any(w.is_alive() for w in workers))
-train(1)
+Trainer().train(1)
 """
     plain, _ = _run(tmp_path, body)
     assert "FREED True" in plain.stdout and "EXITED True" in plain.stdout, plain

@@ -55,7 +55,8 @@ def test_groups_and_codes_are_told_apart_by_shape(capsys):
     from autosafe_torch.rules import Rule
 
     assert config.parse_disable("Vision,vis701") == {"vision", "VIS701"}
-    rules = {"VIS701": Rule("VIS701", "slug", "vision", "s", "p", "f")}
+    rules = {"VIS701": Rule("VIS701", "slug", "vision", summary="s", prevents="p", fix="f",
+                            example=("a", "b"), versions="v")}
     c = config.Config(disabled=config.parse_disable("vision,VIS701,nogroup"))
     c.validate_disabled(rules)
     err = capsys.readouterr().err
