@@ -45,8 +45,9 @@ def mapped(result, name="images"):
     return set(said)
 
 
-@pytest.mark.parametrize("kind, method", [("whole", "spawn"), ("view", "spawn-linux"),
-                                          ("whole", "forkserver")])
+@pytest.mark.parametrize("kind, method", [
+    ("whole", "spawn"), ("view", "spawn-linux"),
+    pytest.param("whole", "forkserver", marks=pytest.mark.heavy)])  # make heavy: CI
 @pytest.mark.rule("DL218")
 def test_memmap_is_mapped_in_each_worker_with_the_same_batches(tmp_path, kind, method):
     plain, _ = run(tmp_path, kind, method, shim=False)

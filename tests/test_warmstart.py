@@ -96,6 +96,7 @@ def test_a_healthy_spawn_loader_is_left_alone(tmp_path, reference):
     assert res.batches == reference.batches
 
 
+@pytest.mark.heavy  # make heavy (CI); make test stays under 10 minutes
 def test_forkserver_needs_no_warm_start(tmp_path, reference):
     """Python's fork server has imported the main module (and torch) already."""
     res = run(tmp_path, "legacy", start="forkserver")
@@ -112,6 +113,7 @@ def test_as_on_macos_warm(tmp_path, reference):
     assert res.batches == reference.batches and res.imports == 5
 
 
+@pytest.mark.heavy  # make heavy (CI); make test stays under 10 minutes
 def test_as_on_windows_plain_spawn_logged(tmp_path, reference):
     res = run(tmp_path, "legacy", start=None, env={"AUTOSAFE_TORCH_AS": "windows"})
     assert res.rc == 0, res
