@@ -23,7 +23,6 @@ agree (the same data).
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time

@@ -30,8 +30,6 @@ for fewer repetitions); ``make bench`` runs it as figure 13.
 
 import json
 import os
-import statistics
-import sys
 import tempfile
 import time
 

@@ -7,7 +7,6 @@ names, must step aside with one line, and the loader yields torch's batches
 (or torch's own error), never an AttributeError of ours.
 """
 
-import pytest
 
 from support import logged, run_script, shim_lines
 

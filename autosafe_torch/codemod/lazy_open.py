@@ -32,7 +32,7 @@ import libcst.matchers as m
 from libcst import metadata as md
 
 from .records import NOT_EXACT, NotExact, REWRITTEN
-from .source import DATALOADER, LOADER_POSITIONAL, find_arg, has_star, is_docstring
+from .source import LOADER_POSITIONAL, find_arg, has_star, is_docstring
 
 OPEN_POSITIONAL = ("file", "mode", "buffering", "encoding", "errors", "newline", "closefd",
                    "opener")

@@ -2,7 +2,6 @@
 __init__ (programs/skorch_h5py.py), 2 workers, random augmentation per worker."""
 
 import numpy as np
-import pytest
 
 from harness import check_no_fix, check_same_losses
 
