@@ -6,8 +6,9 @@ registered, silently, that gives each forked DataLoader worker
 Applied by the import hook once the outermost ``import cv2`` has finished
 (opencv's ``cv2/__init__.py`` re-imports its native module under the name
 cv2 while it runs; the hook fires once, with the package that
-``sys.modules`` holds afterwards). The checks at ``cv2.import``
-(rules/cv2.py) decide, the engine applies.
+``sys.modules`` holds afterwards). Checks registered at ``cv2.import``
+would decide there and the engine apply them; none is registered today
+(CV401/CV402 act at the DataLoader, rules/cv2.py).
 
 ``cv2.VideoCapture``'s own ``__init__`` and ``open`` are wrapped to record
 what each capture opened (path or index, apiPreference, params), so that a
