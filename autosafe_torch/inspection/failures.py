@@ -115,10 +115,11 @@ def _library_dirs():
     return _LIBRARY_DIRS
 
 
-def where(dump):
+def where(dump, short=False):
     """The innermost frame of user code in a dump ("file:line in function"), or
     None: faulthandler lists the most recent call first, a Python traceback
-    ("Traceback (most recent call last):") last."""
+    ("Traceback (most recent call last):") last. ``short``: "name:line", the file
+    without its directory (a headline; the traceback beside it has the rest)."""
     lines = dump.splitlines()
     if "Traceback (most recent call last):" in dump:
         lines.reverse()
@@ -132,7 +133,9 @@ def where(dump):
         except ValueError:
             continue
         if not path.startswith(_library_dirs()) and "autosafe_torch" not in path:
-            return "%s:%s in %s" % (path, number.strip(), function.strip())
+            if short:
+                return "%s:%s" % (os.path.basename(path), number.strip(" ,"))
+            return "%s:%s in %s" % (path, number.strip(" ,"), function.strip())
     return None
 
 
@@ -198,8 +201,10 @@ class Failure:
             return "a worker"
         return "worker %d (pid %s)" % (self.worker, self.pid)
 
-    def what(self):
-        """One line: who failed, how, and where in user code."""
+    def what(self, room=None):
+        """One line: who failed, how, and where in user code. ``room``: the
+        characters a headline has for it; the worker's exception is shortened
+        to fit, never who died or where (the file named without its directory)."""
         if self.kind == HUNG:
             text = "%s gave no batch for %.1f s, every worker alive" % (
                 self.who(), self.waited or 0.0)
@@ -214,13 +219,13 @@ class Failure:
             text += " (%s)" % _first_line(self.exc)
         if self.starting:
             text += " while starting"
-        raised = exception_line(self.dump) if self.dump else None
+        found = where(self.dump, short=room is not None) if self.dump else None
+        found = ", in %s" % found if found else ""
+        limit = 100 if room is None else max(30, room - len(text) - len(found) - 2)
+        raised = exception_line(self.dump, limit) if self.dump else None
         if raised:
             text += ": %s" % raised
-        found = where(self.dump) if self.dump else None
-        if found:
-            text += ", in %s" % found
-        return text
+        return text + found
 
     def before(self, rung):
         """The record's ``before``: what failed, for the log and the JSON sink."""

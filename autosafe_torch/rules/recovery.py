@@ -18,6 +18,7 @@ engine records; ``next_rung`` (pure) chooses the rungs.
 """
 
 from ..inspection.failures import DIED, FDS, HUNG, MEMORY, REMEDY, SHM
+from ..report import HEADLINE_LIMIT
 from . import rule
 from .resources import DOCKER_FIX
 
@@ -80,9 +81,12 @@ def _recovered(check, kind, ctx):
             "every worker's stacks" if kind == HUNG else "its traceback", failure.dump)
     elif failure.note:
         why += " (%s)" % failure.note
-    done = "%s; resumed at batch %d (%s%s)" % (
-        failure.what(), failure.batch, ctx.rung,
-        "" if ctx.exact is None else ", not exact")
+    # The headline names the rung by its first words ("emulated workers"): the
+    # record's ``why`` and ``strategy`` have the rest.
+    outcome = "; resumed at batch %d (%s%s)" % (
+        failure.batch, ctx.rung.partition(" (")[0], "" if ctx.exact is None else ", not exact")
+    room = HEADLINE_LIMIT - len("%s %s: " % (check.rule.code, check.rule.slug))
+    done = failure.what(room=room - len(outcome)) + outcome
     return check.rule.finding(failure.before(ctx.first_rung), why=why, strategy=ctx.rung,
                               state={"rung": ctx.rung}, done=done,
                               fix=STARTING_FIX if failure.starting else None)
