@@ -37,6 +37,8 @@ BY_PATH = ("tar", "delegator", "iterable")
 NO_COPY = ("text-crlf",)
 PLATFORMS = {"fork": "linux", "spawn": "macos", "forkserver": "linux-py314"}
 FORK, BY_PATH_RUNG = "start method: fork", "repair: reopen read-only files by path in each worker"
+BY_PATH_AND_FORWARDER_RUNG = ("repair: reopen read-only files by path and rebuild attribute "
+                              "forwarders in each worker")
 EMULATED = "emulated workers (in process)"
 
 _twins = {}
@@ -69,7 +71,7 @@ def expected_rungs(kind, method):
     if kind in BY_PATH:
         # The delegator's unpickling would recurse in its __getattr__ in the
         # worker: DL201 rebuilds it from its attributes, and the workers stay real.
-        rungs = {("DL201", BY_PATH_RUNG)}
+        rungs = {("DL201", BY_PATH_AND_FORWARDER_RUNG if kind == "delegator" else BY_PATH_RUNG)}
         if method == "spawn":
             rungs.add(("DL209", "warm forkserver"))
         return rungs

@@ -68,6 +68,8 @@ def what_is(value):
             return "an h5py " + type(value).__name__
         if holdings.is_file_object(value):
             return "an open file"
+        if type(value).__module__ == "mmap":
+            return "an mmap"
         if holdings.thread_pool_in_use(value) is not None:
             return "a thread pool"
         kind = holdings.threading_kind(value)

@@ -6,6 +6,9 @@ An emulated worker (in this process) gets one by ``copy.deepcopy`` of the
 dataset, collate_fn and worker_init_fn, with what deepcopy cannot do done
 here, in its memo:
 
+- a memory map (``mmap.mmap``) of a named file is mapped again, with its
+  access and position (``memmaps.map_reference``); an anonymous one or one
+  this process wrote to privately is refused;
 - a file open for reading (plain, text, buffered, a sqlite connection, an
   h5py file, a capture of a video file) is opened again for each copy, at
   the parent's position, with its mode: a description of its own, as
@@ -31,6 +34,7 @@ here, in its memo:
 
 import copy
 import io
+import mmap
 import pickle
 import re
 import sys
@@ -145,7 +149,7 @@ class CopyPlan:
         elif _decompressing(obj):
             self._readers[key] = obj
         elif holdings.raw_file(obj) is not None or holdings.is_native_handle(obj) \
-                or holdings.sqlite_path(obj) is not None:
+                or holdings.sqlite_path(obj) is not None or type(obj) is mmap.mmap:
             self._files[key] = obj
         elif objwalk.is_a(obj, types.FunctionType) and (obj.__closure__ or obj.__defaults__
                                                         or obj.__kwdefaults__):
@@ -231,6 +235,8 @@ class CopyPlan:
         return "%s (%s)" % (self.path_of(obj), what_is(obj))
 
     def _own_file(self, f):
+        if type(f) is mmap.mmap:
+            return self._own_map(f)
         try:
             return reopen(f)
         except (OSError, ValueError):
@@ -244,6 +250,19 @@ class CopyPlan:
         except (OSError, ValueError) as exc:
             raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
                               % (self._named(f), _short(exc)))
+
+    def _own_map(self, m):
+        """The map mapped again from its file, as a forked worker holds it."""
+        from . import memmaps
+
+        ref, why = memmaps.map_reference(m)
+        if ref is None:
+            raise NoExactRung("%s cannot be mapped again for each emulated worker (%s)"
+                              % (self._named(m), why))
+        try:
+            return memmaps.map_again(*ref.args())
+        except memmaps.MappedFileChanged as exc:
+            raise NoExactRung("%s: %s" % (self._named(m), exc))
 
     def _new_lock(self, lock):
         kind = holdings.threading_kind(lock)

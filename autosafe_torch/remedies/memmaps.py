@@ -1,4 +1,5 @@
-"""numpy memory maps sent to spawn/forkserver workers by reference (DL218).
+"""Memory maps sent to spawn/forkserver workers by reference: numpy memmaps
+(DL218) and ``mmap.mmap`` objects of named files (DL201).
 
 Pickling a ``numpy.memmap`` copies its data: every worker start of a
 spawn loader reads the whole mapped file into the pickle, and every worker
@@ -44,6 +45,22 @@ takes over. It never maps other data silently.
 Only while a process is being started (``get_spawning_popen()``: spawn,
 forkserver and the warm server set it while they pickle what the child
 gets): a memmap put on a queue later is pickled as before.
+
+An ``mmap.mmap`` does not pickle at all (TypeError): the baseline is what a
+forked worker holds, the parent's map at the fork. The worker maps the same
+range of the same file again, with the same access (``ACCESS_READ``, a
+shared writable map as ``ACCESS_WRITE``, ``ACCESS_COPY``) and at the same
+position. A shared map shows the file's page cache, so the worker sees what
+the parent's map shows, as a forked one does: the file need only be the
+same file (device and inode), not unchanged. A private (``ACCESS_COPY``)
+map goes only while it holds no page the parent wrote (``Anonymous: 0 kB``
+in ``/proc/self/smaps``); an anonymous map, a deleted file, a map made
+with ``prot``/``flags`` this does not rebuild, and every map where there
+is no ``/proc/self/maps`` are not sent: the DL201 ladder goes on (fork,
+emulated workers, or a clear refusal).
+
+The platform the rules see decides (``autosafe-torch run --as macos``): a
+rehearsed Mac has no ``/proc/self/maps`` either.
 """
 
 import mmap
@@ -53,6 +70,9 @@ import stat
 from .pickling import PROTOCOL, install
 
 MAPS = "/proc/self/maps"
+SMAPS = "/proc/self/smaps"
+# What /proc/self/maps names shared anonymous memory by ("... (deleted)").
+_ANONYMOUS = ("/dev/zero", "/memfd:", "/SYSV")
 
 
 class MappedFileChanged(RuntimeError):
@@ -60,17 +80,27 @@ class MappedFileChanged(RuntimeError):
 
 
 class Mapping:
-    """One line of ``/proc/self/maps``: an address range of a file."""
+    """One line of ``/proc/self/maps``: an address range of a file (``perms``:
+    ``r--s``, ``rw-p``...; ``shared``: its fourth letter is ``s``)."""
 
-    __slots__ = ("start", "end", "shared", "offset", "device", "inode", "path")
+    __slots__ = ("start", "end", "perms", "offset", "device", "inode", "path")
 
-    def __init__(self, start, end, shared, offset, device, inode, path):
-        self.start, self.end, self.shared = start, end, shared
+    def __init__(self, start, end, perms, offset, device, inode, path):
+        self.start, self.end, self.perms = start, end, perms
         self.offset, self.device, self.inode, self.path = offset, device, inode, path
+
+    @property
+    def shared(self):
+        return self.perms[3:4] == "s"
 
 
 def file_mappings():
-    """The file mappings of this process, or None where there is no ``/proc/self/maps``."""
+    """The file mappings of this process, or None where there is no
+    ``/proc/self/maps`` (or the platform the rules see has none)."""
+    from .. import rehearsal
+
+    if not rehearsal.platform().startswith("linux"):
+        return None
     try:
         with open(MAPS) as f:
             lines = f.read().splitlines()
@@ -84,7 +114,7 @@ def file_mappings():
         try:
             start, end = (int(x, 16) for x in fields[0].split("-"))
             major, minor = (int(x, 16) for x in fields[3].split(":"))
-            found.append(Mapping(start, end, fields[1][3:4] == "s", int(fields[2], 16),
+            found.append(Mapping(start, end, fields[1], int(fields[2], 16),
                                  os.makedev(major, minor), int(fields[4]), fields[5]))
         except ValueError:
             continue
@@ -127,27 +157,40 @@ def reference(arr, mappings=()):
         nbytes = arr.nbytes
     except Exception as exc:  # not what it seems: leave it to pickle
         return None, type(exc).__name__
-    where = next((m for m in mappings if m.start <= address < m.end), None)
+    where, st, why = _mapped_file(address, nbytes, mappings)
     if where is None:
-        return None, "its data are not in a file mapping"
-    if address + nbytes > where.end:
-        return None, "its data span more than one mapping"
+        return None, why
     if not where.shared:
         return None, "a private (mode='c') map may hold changes not in the file"
-    try:
-        st = os.stat(where.path)
-    except OSError as exc:
-        return None, "its file is gone (%s)" % type(exc).__name__
-    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (where.device, where.inode):
-        return None, "the file at its path is not the one mapped"
     offset = where.offset + (address - where.start)
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    if offset + nbytes > st.st_size:
-        return None, "the file is shorter than the map"
     order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
     return Reference(where.path, (st.st_dev, st.st_ino, st.st_mtime_ns), start,
                      offset - start + nbytes, offset - start, arr.shape, arr.dtype,
                      order), None
+
+
+def _mapped_file(address, nbytes, mappings):
+    """``(Mapping, os.stat_result, None)`` for the file mapping that holds the
+    ``nbytes`` at ``address``, a regular file still at its path, long enough;
+    else ``(None, None, why not)``."""
+    where = next((m for m in mappings if m.start <= address < m.end), None)
+    if where is None:
+        return None, None, "its data are not in a file mapping"
+    if address + nbytes > where.end:
+        return None, None, "its data span more than one mapping"
+    if where.path.endswith(" (deleted)"):
+        return None, None, ("an anonymous map" if where.path.startswith(_ANONYMOUS)
+                            else "its file was deleted")
+    try:
+        st = os.stat(where.path)
+    except OSError as exc:
+        return None, None, "its file is gone (%s)" % type(exc).__name__
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (where.device, where.inode):
+        return None, None, "the file at its path is not the one mapped"
+    if where.offset + (address - where.start) + nbytes > st.st_size:
+        return None, None, "the file is shorter than the map"
+    return where, st, None
 
 
 def mapped_again(path, ident, start, length, delta, shape, dtype, order):
@@ -189,6 +232,170 @@ def install_reducers():
     import numpy as np
 
     install({np.memmap: reduce_memmap})
+
+
+# -- mmap.mmap ----------------------------------------------------------------------
+
+# How a worker maps again what ``/proc/self/maps`` shows: shared read-only,
+# shared writable, private writable (the access modes that make them).
+ACCESS = {"read": mmap.ACCESS_READ, "write": mmap.ACCESS_WRITE, "copy": mmap.ACCESS_COPY}
+
+
+class MapReference:
+    """What a worker needs to map an ``mmap.mmap`` again: the file (``ident``:
+    device and inode), the map's start in it and length, how it is mapped
+    (a key of ``ACCESS``) and the map's position."""
+
+    __slots__ = ("path", "ident", "start", "length", "how", "position")
+
+    def __init__(self, path, ident, start, length, how, position):
+        self.path, self.ident, self.start, self.length = path, ident, start, length
+        self.how, self.position = how, position
+
+    def args(self):
+        return (self.path, self.ident, self.start, self.length, self.how, self.position)
+
+
+def map_reference(m, mappings=()):
+    """``(MapReference, None)`` where the ``mmap.mmap`` ``m`` maps a named file
+    that a worker can map again exactly, else ``(None, why not)``."""
+    if type(m) is not mmap.mmap:  # the type the reducer is registered for
+        return None, "not an mmap.mmap"
+    mappings = file_mappings() if mappings == () else mappings
+    if mappings is None:
+        return None, "no %s here to find the mapped file" % MAPS
+    try:
+        if m.closed:
+            return None, "closed"
+        address, length = buffer_address(m)
+        position = m.tell()
+    except Exception as exc:  # not what it seems: leave it as it is
+        return None, type(exc).__name__
+    where, st, why = _mapped_file(address, length, mappings)
+    if where is None:
+        return None, "an anonymous map" if why.endswith("not in a file mapping") else why
+    how = _access(m, where)
+    if how is None:
+        return None, "a map made with prot/flags (%s) that is not rebuilt" % where.perms
+    if how == "copy" and _written_pages(where) != 0:
+        return None, "a private (ACCESS_COPY) map this process wrote to: its changes are in no file"
+    return MapReference(where.path, (st.st_dev, st.st_ino),
+                        where.offset + (address - where.start), length, how, position), None
+
+
+def _access(m, where):
+    """The key of ``ACCESS`` that maps as ``m`` is mapped, or None."""
+    perms = where.perms
+    if perms == "rw-s":
+        return "write"  # ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing
+    if perms == "rw-p":
+        return "copy"
+    if perms == "r--s":
+        try:
+            m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
+        except TypeError:
+            return "read"
+        return None  # prot=PROT_READ with ACCESS_DEFAULT: a write would crash there
+    return None
+
+
+def _written_pages(where):
+    """Kilobytes of the mapping ``where`` that this process wrote (copied
+    from the file: ``Anonymous`` in ``/proc/self/smaps``); None if unknown."""
+    header = "%x-%x " % (where.start, where.end)
+    try:
+        with open(SMAPS) as f:
+            inside = False
+            for line in f:
+                if inside and line.startswith("Anonymous:"):
+                    return int(line.split()[1])
+                if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    inside = line.startswith(header)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def buffer_address(obj):
+    """``(address, length)`` of the memory ``obj`` exports (the buffer protocol)."""
+    import ctypes
+
+    api, struct = _buffer_api()
+    view = struct()
+    if api.PyObject_GetBuffer(obj, ctypes.byref(view), 0) != 0:
+        raise BufferError("no buffer")
+    try:
+        return view.buf, view.len
+    finally:
+        api.PyBuffer_Release(ctypes.byref(view))
+
+
+_BUFFER_API = []
+
+
+def _buffer_api():
+    """The C API's buffer functions and ``Py_buffer``, typed on a library
+    handle of our own (``ctypes.pythonapi``'s functions are the user's to type)."""
+    if not _BUFFER_API:
+        import ctypes
+
+        class PyBuffer(ctypes.Structure):  # Py_buffer, as the stable ABI defines it
+            _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                        ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                        ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                        ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                        ("internal", ctypes.c_void_p)]
+
+        api = ctypes.PyDLL(None)
+        api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer),
+                                           ctypes.c_int]
+        api.PyObject_GetBuffer.restype = ctypes.c_int
+        api.PyBuffer_Release.argtypes = [ctypes.POINTER(PyBuffer)]
+        api.PyBuffer_Release.restype = None
+        _BUFFER_API[:] = [api, PyBuffer]
+    return _BUFFER_API
+
+
+def map_again(path, ident, start, length, how, position):
+    """In a worker (or for an emulated worker's copy): the map a forked worker
+    would hold, mapped again from the file; ``MappedFileChanged`` if the file
+    at ``path`` is not the one mapped."""
+    try:
+        fd = os.open(path, (os.O_RDWR if how == "write" else os.O_RDONLY) | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != tuple(ident) or st.st_size < start + length:
+                raise MappedFileChanged(
+                    "%s is not the file the training process mapped (DL201): this worker "
+                    "cannot map the data it was sent" % path)
+            m = mmap.mmap(fd, length, access=ACCESS[how], offset=start)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise MappedFileChanged("%s cannot be mapped again in this worker (DL201): %s"
+                                % (path, exc)) from exc
+    m.seek(position)
+    return m
+
+
+def reduce_map(m):
+    """ForkingPickler's reducer for ``mmap.mmap``: by reference while a process
+    is being started; else (or where it cannot go exactly) the TypeError
+    pickling raises, with why it was not sent."""
+    from multiprocessing.context import get_spawning_popen
+
+    if get_spawning_popen() is None:
+        return m.__reduce_ex__(PROTOCOL)  # raises, as ever
+    ref, why = map_reference(m)
+    if ref is None:
+        raise TypeError("cannot pickle 'mmap.mmap' object (not mapped again in the worker: "
+                        "%s)" % why)
+    return map_again, ref.args()
+
+
+def map_reducers():
+    return {mmap.mmap: reduce_map}
 
 
 def size_text(nbytes):

@@ -309,10 +309,12 @@ def thread_pool_to_spawned_workers(args, ctx):
 @rule("DL201", "unpicklable-dataset", GROUP,
       summary=("spawn/forkserver workers and a dataset that does not pickle (or whose "
                "class forwards attributes and so does not unpickle): the repair ladder "
-               "(reopen read-only files per worker, rebuild forwarders from their "
-               "attributes, else fork, else emulated workers)"),
+               "(reopen read-only files per worker, map an mmap.mmap of a named file "
+               "again in each worker with its access and position, rebuild forwarders "
+               "from their attributes, else fork, else emulated workers)"),
       prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
-                "'sqlite3.Connection', h5py and lmdb handles, '_thread.lock'); "
+                "'sqlite3.Connection', 'mmap.mmap', h5py and lmdb handles, "
+                "'_thread.lock'); "
                 "RecursionError in a worker unpickling a __getattr__ forwarder "
                 "(DataLoader worker exited unexpectedly)"),
       fix="open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
@@ -344,11 +346,11 @@ def unpicklable_dataset(args, ctx):
               "DL208": plan.pools}
     if any(need and not ctx.found(code) for code, need in needed.items()):
         return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
-    if not (plan.files or plan.forwarders):
+    if not (plan.files or plan.maps or plan.forwarders):
         return None
-    from ..remedies import pickling, reopen
+    from ..remedies import memmaps, pickling, reopen
 
-    whys, remedies, done, before = [], [], [], {}
+    whys, remedies, done, before, repairs = [], [], [], {}, []
     if plan.files:
         path, why, held = plan.files
         files = _read_only_files(args) or [(path, held)]
@@ -357,6 +359,16 @@ def unpicklable_dataset(args, ctx):
                          for note in [reopen.read_only_note(f)] if note]
         remedies.append(lambda args: reopen.install_reducers())
         done.append("%s reopened by path" % _named(files))
+        repairs.append("reopen read-only files by path")
+    if plan.maps:
+        path, why, held = plan.maps
+        maps = _memory_maps(args) or [(path, held)]
+        before["maps"] = [where for where, _m in maps]
+        whys.append(why)
+        remedies.append(lambda args: pickling.install(memmaps.map_reducers()))
+        done.append("%s mapped again from %s" % (_named(maps), "its file" if len(maps) == 1
+                                                  else "their files"))
+        repairs.append("map memory maps again by path")
     if plan.forwarders:
         classes = list(plan.forwarders)
         before["forwarders"] = list(plan.forwarders.values())
@@ -365,11 +377,11 @@ def unpicklable_dataset(args, ctx):
         remedies.append(lambda args: pickling.install(pickling.forwarder_reducers(classes)))
         done.append("%s rebuilt from its attributes" % ", ".join(
             "%s (%s)" % (where, a_or_an(cls.__name__)) for cls, where in plan.forwarders.items()))
+        repairs.append("rebuild attribute forwarders")
     return unpicklable_dataset.rule.finding(
-        before,
-        why="; ".join(whys), strategy="repair: reopen read-only files by path in each worker"
-        if plan.files else "repair: rebuild attribute forwarders in each worker",
-        remedies=remedies, fix=None if plan.files else FORWARDER_FIX,
+        before, why="; ".join(whys),
+        strategy="repair: %s in each worker" % " and ".join(repairs),
+        remedies=remedies, fix=None if plan.files or plan.maps else FORWARDER_FIX,
         done="%s in each of %s" % (" and ".join(done), number_of(args["num_workers"], "worker")))
 
 
@@ -389,6 +401,24 @@ def _read_only_files(args):
             if held.kind == holdings.READONLY and id(held.obj) not in seen:
                 seen.add(id(held.obj))
                 found.append((held.path, held.obj))
+    return found
+
+
+def _memory_maps(args):
+    """``(path, map)`` for each ``mmap.mmap`` the parts hold, as the sampling
+    walk finds them (the reducer maps every one of them again)."""
+    import mmap
+
+    from ..inspection import holdings, objwalk
+
+    found, seen = [], set()
+    for name in PARTS:
+        for here, obj, _edge in objwalk.walk(args[name], name, stop=holdings.stop_at,
+                                             items=objwalk.SAMPLE_ITEMS) \
+                if args[name] is not None else ():
+            if type(obj) is mmap.mmap and id(obj) not in seen:
+                seen.add(id(obj))
+                found.append((here, obj))
     return found
 
 
@@ -656,6 +686,8 @@ class PicklingPlan:
     import, when all such go by value (DL202); ``classes``: class ->
     (path, why) for classes of an interactive ``__main__`` (DL203); ``files``:
     (path, why, the file) of the first read-only file, when files travel by path (DL201);
+    ``maps``: (path, why, the map) of the first ``mmap.mmap``, when maps of
+    named files are mapped again in each worker (DL201);
     ``pools``: paths of thread pools, sent as new ones (DL208);
     ``forwarders``: class -> path of the first instance of a class that
     forwards unknown attributes, whose unpickling would recurse, built from
@@ -663,17 +695,18 @@ class PicklingPlan:
     with all of these (ProbeResults).
     """
 
-    __slots__ = ("by_value", "nested", "classes", "files", "pools", "forwarders", "failures")
+    __slots__ = ("by_value", "nested", "classes", "files", "maps", "pools", "forwarders",
+                 "failures")
 
     def __init__(self):
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
         self.forwarders = {}
-        self.nested = self.files = None
+        self.nested = self.files = self.maps = None
 
     @property
     def needs_repair(self):
-        return bool(self.by_value or self.nested or self.classes or self.files or self.pools
-                    or self.forwarders)
+        return bool(self.by_value or self.nested or self.classes or self.files or self.maps
+                    or self.pools or self.forwarders)
 
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
@@ -700,7 +733,7 @@ def _per_parts(ctx, name, args, make):
 def _plan_pickling(parts):
     from ..inspection import holdings, probe
     from ..inspection.mainmodule import interactive_main
-    from ..remedies import byvalue, pickling, pools, reopen
+    from ..remedies import byvalue, memmaps, pickling, pools, reopen
 
     plan, planned = PicklingPlan(), {}
     if parts["dataset"] is not None:
@@ -728,6 +761,9 @@ def _plan_pickling(parts):
         elif holdings.file_kind(value) == holdings.READONLY and plan.files is None:
             plan.files = (failure.path, failure.error, value)
             planned.update(reopen.file_reducers())
+        elif plan.maps is None and memmaps.map_reference(value)[0] is not None:
+            plan.maps = (failure.path, failure.error, value)
+            planned.update(memmaps.map_reducers())
         elif cls.__module__ == "__main__" and interactive_main() and cls not in plan.classes:
             plan.classes[cls] = (failure.path, failure.error)
             planned.update(byvalue.class_reducers((cls,)))
