@@ -58,7 +58,7 @@ CASES = [
          r"ValueError: Expected `device_type` of type `str`"),
     case("cv2_workers", "fork", set(AT_IMPORT), None),
     case("cv2_workers", "spawn", set(AT_IMPORT), None, heavy=True),
-    case("unguarded", "spawn", {"DL204"}, "pickle"),
+    case("unguarded", "spawn", {"DL204"}, "pickle", heavy=True),
     case("unguarded", "forkserver", {"DL204"}, "pickle", heavy=True),
     case("local_functions", "spawn", {"DL202"}, LOCAL_OBJECT),
     case("local_functions", "forkserver", {"DL202"}, LOCAL_OBJECT, heavy=True),

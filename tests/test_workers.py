@@ -372,7 +372,7 @@ AUGMENTED_WORKERS = DATA + textwrap.dedent('''
     ''')
 
 
-@pytest.mark.parametrize("method", one_of(("fork",) + SPAWNING, 'spawn'))
+@pytest.mark.parametrize("method", one_of(("fork",) + SPAWNING, 'fork'))
 def test_dl104_too_many_workers_is_advice_only(tmp_path, method):
     """3 workers on 1 usable CPU: torch warns, and the batches depend on the
     worker count (seeds, get_worker_info). The shim changes nothing, torch's
@@ -415,7 +415,7 @@ SAFE_LOADERS = DATA + textwrap.dedent('''
     ''')
 
 
-@pytest.mark.parametrize("method", one_of(("fork",) + SPAWNING, 'forkserver'))
+@pytest.mark.parametrize("method", one_of(("fork",) + SPAWNING, 'fork'))
 def test_safe_loaders_are_untouched(tmp_path, method):
     """Differential: identical batches, and not a single intervention."""
     plain = run_script(tmp_path, SAFE_LOADERS, start_method=method)
