@@ -1,22 +1,28 @@
-"""Figure 15: a numpy memmap dataset under spawn (DL218), against the hand fix.
+"""Figure 15: memory maps under spawn, against the hand fix: a numpy memmap
+(DL218) and an ``mmap.mmap`` (DL201).
 
-A 300 MiB float32 file, rows of 3x64x64, a dataset holding
-``np.memmap(path, mode='r')``; 2 spawn workers, 3 epochs, a small model and
-its optimizer built after the DataLoader, forward/backward/step per batch
-(the legacy loop). Three variants, each in a fresh process, alternating:
+A 300 MiB float32 file, rows of 3x64x64; 2 spawn workers, 3 epochs, a
+small model and its optimizer built after the DataLoader, forward/backward/
+step per batch (the legacy loop). Variants, each in a fresh process,
+alternating:
 
-- ``shim``: that dataset under autosafe_torch (DL218: mapped again in each
-  worker);
+- ``shim``: a dataset holding ``np.memmap(path, mode='r')`` under
+  autosafe_torch (DL218: mapped again in each worker);
 - ``hand``: the hand fix, a dataset that keeps the path and maps the file
   lazily in ``__getitem__`` (in each worker);
-- ``plain``: that dataset without the shim (pickled whole into every worker
-  start).
+- ``plain``: the memmap dataset without the shim (pickled whole into every
+  worker start);
+- ``mmap-shim``: a dataset holding ``mmap.mmap(..., access=ACCESS_READ)``
+  under autosafe_torch (DL201: mapped again in each worker; without the
+  shim it does not start at all: a map does not pickle);
+- ``mmap-hand``: its hand fix, the map made lazily in each worker.
 
 Measured: the wall time of the loop (DataLoader to the last step), and peak
-memory: the parent's peak RSS (VmHWM) plus, per epoch, the sum of its
-workers' peak RSS, the largest epoch. File pages a process touched count in
-its RSS in every variant. Each run also sums every batch: the three must
-agree (the same data).
+memory: the parent's peak RSS (VmHWM) plus, per epoch, the sum of the peak
+RSS of every process below it (workers, and a warm server and the workers
+it forks), the largest epoch. File pages a process touched count in its
+RSS in every variant. Each run also sums every batch: all must agree (the
+same data).
 
     python benchmarks/memmap.py [--mib 300] [--reps 2]
 """
@@ -33,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QUICK, RESULTS_DIR, Row, child_env, json_child, median  # noqa: E402
 
 SHAPE = (3, 64, 64)
-VARIANTS = ("shim", "hand", "plain")
+VARIANTS = ("shim", "hand", "plain", "mmap-shim", "mmap-hand")
 
 
 # ------------------------------------------------------------------ the child
@@ -60,7 +66,7 @@ class Peaks(threading.Thread):
     def run(self):
         me = os.getpid()
         while not self.stop:
-            for pid in _children(me):
+            for pid in _descendants(me):
                 hwm = _hwm(pid)
                 if hwm is not None:
                     epoch, old = self.seen.get(pid, (self.epoch, 0))
@@ -74,22 +80,27 @@ class Peaks(threading.Thread):
         return max(per_epoch.values()) if per_epoch else 0
 
 
-def _children(pid):
-    """The DataLoader workers among ``pid``'s children (not the resource tracker)."""
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            pids = [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-    workers = []
-    for child in pids:
+def _descendants(pid):
+    """Every process below ``pid`` but the resource tracker: the workers, and a
+    warm server with the workers it forks."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
         try:
-            with open("/proc/%d/cmdline" % child, "rb") as f:
-                if b"spawn_main" in f.read():
-                    workers.append(child)
+            with open("/proc/%d/task/%d/children" % (parent, parent)) as f:
+                pids = [int(p) for p in f.read().split()]
         except OSError:
-            pass
-    return workers
+            continue
+        for child in pids:
+            try:
+                with open("/proc/%d/cmdline" % child, "rb") as f:
+                    if b"resource_tracker" in f.read():
+                        continue
+            except OSError:
+                continue
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class Mapped:
@@ -125,6 +136,41 @@ class Lazy(Mapped):
         return Mapped.__getitem__(self, i)
 
 
+class RawMapped(Mapped):
+    """A legacy dataset over an ``mmap.mmap`` made in __init__."""
+
+    def __init__(self, path, rows):
+        import mmap
+
+        self.rows = rows
+        with open(path, "rb") as f:
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+
+        count = int(np.prod(SHAPE))
+        row = np.frombuffer(self.map, np.float32, count=count, offset=4 * count * i)
+        return torch.from_numpy(row.reshape(SHAPE).copy()), i % 10
+
+
+class RawLazy(RawMapped):
+    """Its hand fix: the path, mapped in each worker."""
+
+    def __init__(self, path, rows):
+        self.path, self.rows, self.map = path, rows, None
+
+    def __getitem__(self, i):
+        if self.map is None:
+            RawMapped.__init__(self, self.path, self.rows)
+        return RawMapped.__getitem__(self, i)
+
+
+DATASETS = {"shim": Mapped, "hand": Lazy, "plain": Mapped, "mmap-shim": RawMapped,
+            "mmap-hand": RawLazy}
+
+
 def child(variant, path, rows, epochs):
     import numpy as np
     import torch
@@ -134,7 +180,7 @@ def child(variant, path, rows, epochs):
     peaks.start()
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    loader = DataLoader((Lazy if variant == "hand" else Mapped)(path, rows), batch_size=64, shuffle=True,
+    loader = DataLoader(DATASETS[variant](path, rows), batch_size=64, shuffle=True,
                         num_workers=2, multiprocessing_context="spawn")
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(SHAPE)), 64),
                                 torch.nn.ReLU(), torch.nn.Linear(64, 10))
@@ -175,11 +221,12 @@ def data_file(mib):
 
 def measure(mib=300, reps=2, epochs=3):
     path, rows = data_file(mib)
-    envs = {"shim": {"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_QUIET": "1"},
-            "hand": {"AUTOSAFE_TORCH": "0"}, "plain": {"AUTOSAFE_TORCH": "0"}}
+    shim, plain = {"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_QUIET": "1"}, {"AUTOSAFE_TORCH": "0"}
+    envs = {v: shim if v.endswith("shim") else plain for v in VARIANTS}
     runs = {v: [] for v in VARIANTS}
     for r in range(reps):
-        order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+        turn = r % len(VARIANTS)
+        order = VARIANTS[turn:] + VARIANTS[:turn]
         for variant in order:
             runs[variant].append(json_child(
                 [__file__, "child", variant, str(path), str(rows), str(epochs)],
@@ -191,8 +238,8 @@ def figures():
     runs = measure(mib=50 if QUICK else 300, reps=1 if QUICK else 3, epochs=2 if QUICK else 3)
     same = len({round(r["check"], 3) for v in runs.values() for r in v}) == 1
 
-    def ratios(key):
-        return [a[key] / b[key] for a, b in zip(runs["shim"], runs["hand"])]
+    def ratios(key, shim="shim", hand="hand"):
+        return [a[key] / b[key] for a, b in zip(runs[shim], runs[hand])]
 
     note = "; ".join("%s %.1f s, %.2f GiB" % (v, median([r["wall_s"] for r in runs[v]]),
                                               median([r["memory"] for r in runs[v]]) / 2**30)
@@ -204,6 +251,13 @@ def figures():
             "le", "x", ratios("wall_s"), note),
         Row(15, "15b the same: peak memory (parent + workers' peak RSS), shim / hand fix", 1.1,
             "le", "x", ratios("memory"), "hand fix: the dataset maps the file in each worker"),
+        Row(15, "15c the same file as an mmap.mmap (ACCESS_READ) held by the dataset: time, "
+            "shim / hand fix", 1.1, "le", "x", ratios("wall_s", "mmap-shim", "mmap-hand"),
+            "without the shim the loader does not start (a map does not pickle); DL201 maps "
+            "it again in each worker"),
+        Row(15, "15d the same: peak memory, shim / hand fix", 1.1, "le", "x",
+            ratios("memory", "mmap-shim", "mmap-hand"),
+            "hand fix: the dataset makes its map in each worker"),
     ]
 
 
@@ -225,11 +279,10 @@ def main(argv):
                   % (v, r["wall_s"], r["memory"] / 2**30, r["parent"] / 2**30,
                      r["workers"] / 2**30, r["check"]))
     for key, name in (("wall_s", "time"), ("memory", "peak memory")):
-        shim = median([r[key] for r in runs["shim"]])
-        hand = median([r[key] for r in runs["hand"]])
-        plain = median([r[key] for r in runs["plain"]])
-        print("%s: shim / hand %.2fx (goal <= 1.1x); plain / hand %.2fx"
-              % (name, shim / hand, plain / hand))
+        m = {v: median([r[key] for r in runs[v]]) for v in VARIANTS}
+        print("%s: shim / hand %.2fx (goal <= 1.1x); plain / hand %.2fx; mmap: shim / hand "
+              "%.2fx (goal <= 1.1x)" % (name, m["shim"] / m["hand"], m["plain"] / m["hand"],
+                                        m["mmap-shim"] / m["mmap-hand"]))
 
 
 if __name__ == "__main__":
