@@ -7,6 +7,7 @@ Scripts print ``BATCHES <sha256>`` through ``PRELUDE.digest`` so that a
 test can compare every batch, in order, with a known-safe reference run.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -160,6 +161,14 @@ class Result:
     def __repr__(self):
         return "Result(rc=%s)\n--- stdout\n%s\n--- stderr\n%s" % (
             self.rc, self.stdout[-3000:], self.stderr[-5000:])
+
+
+def json_log(path):
+    """The records of a JSON-lines log (``AUTOSAFE_TORCH_LOG_FILE``); [] where
+    none was written (a run that recorded nothing)."""
+    if path is None or not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def rotated(names, choices=START_METHODS):

@@ -9,11 +9,10 @@ and calls back into the user's code that makes a loader (Lightning's hooks).
 The real frameworks run in tests/integration.
 """
 
-import json
 import re
 import textwrap
 
-from support import cannot_pickle, line_of, logged, run_script
+from support import cannot_pickle, json_log, line_of, logged, run_script
 
 FAKELIB = '''
 import threading
@@ -61,7 +60,7 @@ def _line_in_lib(text):
 
 
 def _records(log):
-    return [json.loads(line) for line in log.read_text().splitlines()]
+    return json_log(log)
 
 
 def _run(tmp_path, body, activation=None, start_method=None):

@@ -9,11 +9,10 @@ with autosafe_torch, as on macOS, Windows and Linux with Python 3.14
 leaves the parent's random state as they do.
 """
 
-import json
 
 import pytest
 
-from support import one_of, rotated, run_scenario
+from support import json_log, one_of, rotated, run_scenario
 
 KINDS = ("lock", "lambda", "file", "generator")
 
@@ -32,7 +31,7 @@ def reference(tmp_path_factory):
 
 
 def _records(path):
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return json_log(path)
 
 
 def test_the_digest_depends_on_the_worker_count(tmp_path, reference):

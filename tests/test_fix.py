@@ -24,7 +24,8 @@ import tokenize
 
 import pytest
 
-from support import LOCAL_OBJECT, ROOT, SCENARIOS, cannot_pickle, clean_env, run_file
+from support import (LOCAL_OBJECT, ROOT, SCENARIOS, cannot_pickle, clean_env, json_log,
+                     run_file)
 
 FIX = SCENARIOS / "fix"
 WARNINGS_AS_ERRORS = "error::FutureWarning,error::UserWarning"
@@ -78,7 +79,7 @@ def fix(tmp_path, log, *options):
 def logged(log):
     if not log.exists():  # a run that changed nothing writes no log
         return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return json_log(log)
 
 
 def comments(text):

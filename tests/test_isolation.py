@@ -24,7 +24,7 @@ from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import descriptors, holdings, probe, tensors
 from autosafe_torch.remedies import isolation
 from autosafe_torch.rules import Context
-from support import run_scenario, run_script, rotated
+from support import json_log, rotated, run_scenario, run_script
 
 KINDS = ("zip", "tar", "gzip", "bz2", "lzma", "npz", "text-crlf", "delegator", "iterable")
 # What spawn can send by path with the same bytes and state (a TarFile's state
@@ -60,7 +60,7 @@ def shimmed(tmp_path, kind, method, name="log"):
     env = {"AUTOSAFE_TORCH_LOG_FILE": str(log), "AUTOSAFE_TORCH_AS": PLATFORMS[method]}
     result = run_scenario(tmp_path, "held_files.py", args=(kind, "held"), activation="env",
                           start_method="fork" if method == "fork" else None, env=env)
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    records = json_log(log)
     return result, records
 
 
@@ -152,7 +152,7 @@ if __name__ == "__main__":
     assert result.rc == 0 and result.batches == reference.batches, result
     assert sorted(map(int, (tmp_path / "fetches.log").read_text().split())) == \
         sorted(list(range(16)) * 2)  # the reference's 16 and the workers' 16, all appended
-    (record,) = [json.loads(line) for line in log.read_text().splitlines()]
+    (record,) = json_log(log)
     assert record["code"] == "DL207"
     assert "dataset.data (fd" in record["why"] and "own offset" in record["why"]
     assert "left shared, open for writing: dataset.log" in record["why"]

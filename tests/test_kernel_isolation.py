@@ -14,11 +14,10 @@ error (``NoExactRung``) where no rung can be exact, and then no record
 says "fixed".
 """
 
-import json
 
 import pytest
 
-from support import run_scenario, rotated
+from support import json_log, rotated, run_scenario
 
 KINDS = ("rawfd", "rplus", "tempfile", "partial", "closure", "weakproxy", "csv", "soundfile")
 RUNGS = ("fork", "forkserver", "spawn", "macos", "emulated")
@@ -67,7 +66,7 @@ def shim_run(tmp_path, kind, rung, name="log"):
         env["AUTOSAFE_TORCH_AS"] = platform
     result = run_scenario(tmp_path, "kernel_holders.py", args=(kind, "held"), activation="env",
                           start_method=method, env=env)
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    records = json_log(log)
     return result, records
 
 

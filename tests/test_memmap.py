@@ -16,7 +16,6 @@ steps down to the fork rung; a rehearsed Mac (no /proc/self/maps, no fork
 rung) refuses with the permanent fix rather than run on a shared map.
 """
 
-import json
 import mmap
 import os
 import pickle
@@ -27,7 +26,7 @@ from multiprocessing import context
 from multiprocessing.reduction import ForkingPickler
 
 from autosafe_torch.remedies import memmaps, pickling
-from support import run_scenario
+from support import json_log, run_scenario
 
 PLATFORMS = {"spawn": {"AUTOSAFE_TORCH_AS": "macos"},
              "spawn-linux": {}, "forkserver": {"AUTOSAFE_TORCH_AS": "linux-py314"}}
@@ -39,8 +38,7 @@ def run(tmp_path, kind, method, shim, *more):
     start = "spawn" if method.startswith("spawn") else method
     result = run_scenario(tmp_path, "memmap_dataset.py", args=(kind,) + more,
                           activation="env" if shim else None, start_method=start, env=env)
-    records = [json.loads(line) for line in log.read_text().splitlines()] \
-        if shim and log.exists() else []
+    records = json_log(log) if shim else []
     return result, records
 
 
@@ -212,8 +210,7 @@ def run_maps(tmp_path, kind, method, shim):
     start = "spawn" if method.startswith("spawn") else method
     result = run_scenario(tmp_path, "mmap_dataset.py", args=(kind,), start_method=start,
                           activation="env" if shim else None, env=env)
-    records = [json.loads(line) for line in log.read_text().splitlines()] \
-        if shim and log.exists() else []
+    records = json_log(log) if shim else []
     return result, records
 
 

@@ -1,12 +1,11 @@
 """DL208: a thread pool held by the dataset, rebuilt in each worker."""
 
-import json
 
 import pytest
 
 from autosafe_torch.inspection import holdings
 from autosafe_torch.remedies import pools
-from support import one_of, run_scenario
+from support import json_log, one_of, run_scenario
 
 
 @pytest.mark.rule("DL208")
@@ -21,7 +20,7 @@ def test_a_used_pool_hangs_or_fails_without_and_runs_with(tmp_path, method):
     good = run_scenario(tmp_path, "thread_pool.py", start_method=method, activation="env",
                         args=("2",), env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
     assert good.rc == 0 and good.batches == ref.batches, good
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = json_log(log)
     warm = [("DL209", "warm forkserver")] if method == "spawn" else []  # repaired for spawn
     assert [(r["code"], r["strategy"]) for r in records] == \
         [("DL208", "new pool per worker")] + warm

@@ -15,7 +15,6 @@ AUTOSAFE_TORCH_HANG_TIMEOUT: far above a batch's time on a loaded 2-core machine
 which would otherwise read as a hang).
 """
 
-import json
 import re
 import resource
 import subprocess
@@ -28,7 +27,7 @@ from autosafe_torch import config, report
 from autosafe_torch.inspection import failures
 from autosafe_torch.rules import recovery as ladder
 from support import (PLATFORM_SIM, SCENARIOS, START_METHODS, Result, assert_readable,
-                     clean_env, one_of, shim_lines)
+                     clean_env, json_log, one_of, shim_lines)
 from test_resources import needs_private_shm
 
 SCENARIO = SCENARIOS / "recovery" / "scenario.py"
@@ -59,8 +58,7 @@ def run(tmp_path, fault, start_method="fork", shim=True, env=None, shm=None, nof
                           text=True, timeout=WALL_S + 30, preexec_fn=lower_limit)
     seconds = time.monotonic() - start
     assert_readable(proc.stderr, extra)
-    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() \
-        else []
+    records = json_log(log)
     return Result(proc), records, seconds
 
 

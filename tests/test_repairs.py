@@ -13,7 +13,7 @@ from multiprocessing.reduction import ForkingPickler
 from autosafe_torch.inspection import holdings
 from autosafe_torch.remedies import byvalue, pickling, reopen
 from autosafe_torch.inspection.probe import probe
-from support import CHILD_MAIN, cannot_pickle, run_script
+from support import CHILD_MAIN, cannot_pickle, json_log, run_script
 
 # The building blocks alone: without the shim's own DataLoader patches.
 OFF = {"AUTOSAFE_TORCH": "0"}
@@ -358,7 +358,6 @@ def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strateg
     holds carriage returns (newline='' could not be honoured: not reopened). As
     on macOS, the CRLF file has no exact rung left (emulated workers would need
     a copy of it each, with its newline mode): a clear error, not a run."""
-    import json
 
     from support import run_scenario
 
@@ -369,7 +368,7 @@ def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strateg
     log = tmp_path / "log.jsonl"
     good = run_scenario(tmp_path, "sqlite_and_text.py", activation="env", args=(kind, "2"),
                         env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_LOG_FILE": str(log)})
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = json_log(log)
     if strategy is None:
         assert good.rc != 0 and "NoExactRung" in good.stderr and not good.batches, good
         assert "its newline mode cannot be read back" in good.stderr, good
@@ -380,9 +379,8 @@ def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strateg
 
 
 def _logged(log):
-    import json
 
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return json_log(log)
 
 
 @pytest.mark.parametrize("kind, unpicklable", [("lmdb", "'Environment'"),

@@ -10,7 +10,6 @@ and to AUTOSAFE_TORCH_DEBUG=1. Every test that runs a script with the shim
 also checks each line it wrote (``support.assert_readable``).
 """
 
-import json
 import logging
 import os
 import re
@@ -21,8 +20,8 @@ import pytest
 
 from autosafe_torch import engine, report
 from autosafe_torch.rules import RULES, brief, load_all
-from support import (ROOT, PLATFORM_SIM, cannot_pickle, clean_env, line_of, logged, run_script,
-                     unreadable_lines)
+from support import (ROOT, PLATFORM_SIM, cannot_pickle, clean_env, json_log, line_of, logged,
+                     run_script, unreadable_lines)
 
 EXAMPLES = ROOT / "examples"
 
@@ -55,7 +54,7 @@ def test_the_demo_says_what_was_done_to_what_in_two_lines(tmp_path):
         "autosafe_torch: summary: fixed DL201 x1, DL209 x1; JSON log: %s" % log,
     ], proc.stderr
     # ... and the JSON log keeps both records, with every documented field
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = json_log(log)
     assert [r["code"] for r in records] == ["DL201", "DL209"]
     for r in records:
         assert set(report.JSON_FIELDS) <= set(r), r

@@ -10,14 +10,13 @@ a read-only file opened in ``__init__``: DL201 repairs it for spawn, and
 DL209 would start its workers warm.
 """
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from support import logged, run_scenario, run_script, venv_with
+from support import json_log, logged, run_scenario, run_script, venv_with
 
 THREADLIB = '''
     """An installed library whose import starts a thread (THREADLIB_THREAD=1)."""
@@ -216,7 +215,7 @@ def test_rehearsing_macos_there_is_no_fork_rung(tmp_path, thread):
                      cli_args=("--as", "macos"))
     ref = run_script(tmp_path, unguarded(0, thread), env=env)
     assert res.rc == 0 and res.batches == ref.batches, res
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = json_log(log)
     assert [(r["code"], r["strategy"]) for r in records] == [
         ("DL204", "emulated workers (in process)")], records
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import PLATFORM_SIM, assert_readable, clean_env
+from support import PLATFORM_SIM, assert_readable, clean_env, json_log
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 START_METHODS = ("fork", "spawn")
@@ -24,9 +24,7 @@ class Run:
         self.rc = proc.returncode
         self.stdout = proc.stdout
         self.stderr = proc.stderr
-        self.records = []
-        if log is not None and log.exists():
-            self.records = [json.loads(line) for line in log.read_text().splitlines()]
+        self.records = json_log(log)
 
     def batches(self, tag="BATCHES"):
         """Checksums the script printed: {rank or None: hex}."""

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import PLATFORM_SIM, assert_readable, clean_env, logged
+from support import PLATFORM_SIM, assert_readable, clean_env, json_log, logged
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 WAYS = ("linux", "linux-shim", "macos-shim", "macos")
@@ -36,9 +36,7 @@ class Run:
         self.rc = proc.returncode
         self.stdout = proc.stdout
         self.stderr = proc.stderr
-        self.records = []
-        if log is not None and log.exists():
-            self.records = [json.loads(line) for line in log.read_text().splitlines()]
+        self.records = json_log(log)
 
     @property
     def losses(self):
