@@ -7,6 +7,8 @@ arguments (``lightning/fabric/utilities/data.py``): the log must name the
 user's lines, never Lightning's.
 """
 
+import os
+
 import pytest
 
 from runner import START_METHODS, line_of, plain_run, run, script_text, site_re
@@ -44,7 +46,8 @@ def test_prefetch_without_workers_fixed_at_the_users_lines(tmp_path, method):
     train = line_of(text, "return DataLoader(Squares(), batch_size=8")
     pred = line_of(text, "return DataLoader(Squares(16)")
     assert shim.codes() == ["DL101", "DL102"], shim
-    sites = {(r["code"], r["call_site"]) for r in shim.records}
+    # call_site is as the stderr line shows it; cwd resolves a relative path
+    sites = {(r["code"], os.path.join(r["cwd"], r["call_site"])) for r in shim.records}
     assert sites == {(code, "%s:%d" % (script, line))
                      for code in ("DL101", "DL102") for line in (train, pred)}, shim
     # The predict loader Lightning re-made from the user's arguments counts
