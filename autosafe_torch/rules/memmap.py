@@ -17,7 +17,7 @@ emulated workers.
 import sys
 
 from . import number_of, rule
-from .workers import GROUP, PARTS, _spawning_workers, pickling_plan
+from .workers import GROUP, _spawning_workers, held_in_parts, pickling_plan
 
 
 @rule("DL218", "memmap-by-reference", GROUP,
@@ -80,24 +80,18 @@ def memmap_by_reference(args, ctx):
 def _memmaps(args, numpy):
     """``(sent, kept)``: ``(path, array, Reference)`` for each memmap of the
     parts that can go by reference, ``(path, why not)`` for the others."""
-    from ..inspection import holdings, objwalk
     from ..remedies import memmaps
 
     sent, kept, mappings = [], [], ()
-    for name in PARTS:
-        if args[name] is None:
-            continue
-        for here, obj, _edge in objwalk.walk(args[name], name, stop=holdings.stop_at,
-                                             items=objwalk.SAMPLE_ITEMS):
-            if type(obj) is not numpy.memmap:  # the type the reducer is registered for
-                continue
-            if mappings == ():
-                mappings = memmaps.file_mappings()  # None: no /proc/self/maps
-            ref, why = memmaps.reference(obj, mappings)
-            if ref is None:
-                kept.append((here, why))
-            else:
-                sent.append((here, obj, ref))
+    # The type the reducer is registered for: a subclass pickles as it always did.
+    for here, obj in held_in_parts(args, lambda obj: type(obj) is numpy.memmap):
+        if mappings == ():
+            mappings = memmaps.file_mappings()  # None: no /proc/self/maps
+        ref, why = memmaps.reference(obj, mappings)
+        if ref is None:
+            kept.append((here, why))
+        else:
+            sent.append((here, obj, ref))
     return sent, kept
 
 

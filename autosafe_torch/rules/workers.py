@@ -405,21 +405,28 @@ def _read_only_files(args):
 
 
 def _memory_maps(args):
-    """``(path, map)`` for each ``mmap.mmap`` the parts hold, as the sampling
-    walk finds them (the reducer maps every one of them again)."""
+    """``(path, map)`` for each ``mmap.mmap`` the parts hold (the reducer maps
+    every one of them again)."""
     import mmap
 
+    return list(held_in_parts(args, lambda obj: type(obj) is mmap.mmap))
+
+
+def held_in_parts(parts, wanted):
+    """``(path, obj)`` for each object the loader's parts (``dataset``,
+    ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
+    once each, as the sampling walk finds them."""
     from ..inspection import holdings, objwalk
 
-    found, seen = [], set()
+    seen = set()
     for name in PARTS:
-        for here, obj, _edge in objwalk.walk(args[name], name, stop=holdings.stop_at,
-                                             items=objwalk.SAMPLE_ITEMS) \
-                if args[name] is not None else ():
-            if type(obj) is mmap.mmap and id(obj) not in seen:
+        if parts[name] is None:
+            continue
+        for here, obj, _edge in objwalk.walk(parts[name], name, stop=holdings.stop_at,
+                                             items=objwalk.SAMPLE_ITEMS):
+            if id(obj) not in seen and wanted(obj):
                 seen.add(id(obj))
-                found.append((here, obj))
-    return found
+                yield here, obj
 
 
 def _named(items, most=3):
@@ -779,16 +786,11 @@ def _plan_pickling(parts):
 def attribute_forwarders(parts):
     """``{class: path}``: classes of the parts' objects that forward unknown
     attributes (``holdings.forwards_attributes``), each at its first instance."""
-    from ..inspection import holdings, objwalk
+    from ..inspection import holdings
 
     found = {}
-    for name, part in parts.items():
-        if part is None:
-            continue
-        for here, obj, _edge in objwalk.walk(part, name, stop=holdings.stop_at,
-                                             items=objwalk.SAMPLE_ITEMS):
-            if holdings.forwards_attributes(obj):
-                found.setdefault(type(obj), here)
+    for here, obj in held_in_parts(parts, holdings.forwards_attributes):
+        found.setdefault(type(obj), here)
     return found
 
 
