@@ -816,8 +816,6 @@ def _say_used(site, named, workers, usage):
     from ..rules import Context
 
     if usage.missing:
-        import logging
-
         from ..report import log
 
         log(logging.DEBUG, "%s: not reached in the workers (the number holds another file "

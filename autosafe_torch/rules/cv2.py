@@ -146,8 +146,10 @@ def _away_from_the_context(check, args, ctx, why):
         why + "; the dataset travels, so each worker starts from the warm server, "
         "clean, as spawn starts it", strategy="warm forkserver",
         remedies=[lambda args: warmstart.preload(libraries)],
-        done="workers start from the warm server, not forked from this process that used "
-        "OpenCL (they would inherit its context); OpenCL off in each of %s"
+        # What the warm context guarantees, however the start goes: a new process
+        # (the server's fork, or plain spawn where the server cannot serve).
+        done="workers start in new processes (from the warm server, else by plain spawn), "
+        "not forked from this one, which used OpenCL; OpenCL off in each of %s"
         % number_of(args["num_workers"], "worker"))
 
 
