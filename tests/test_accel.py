@@ -161,6 +161,22 @@ def test_dl301_under_spawn_moves_only_where_batches_can_go_back(meta_is_accelera
     assert f.strategy == "move to CPU" and f.after == {"batch_device": "meta"}
 
 
+def test_dl301_keeps_the_batches_device_under_fork(meta_is_accelerator, monkeypatch):
+    # One decision per loader, and the batches keep their device. CUDA tensors
+    # (meta plays CUDA) under fork: left as they are, nothing said; a worker
+    # that touches them is restarted by spawn (DL205, observed). Tensors that
+    # reach no worker process (MPS, XPU: meta not shareable): emulated workers.
+    v = values(Holder(x=meta(4, 3)), multiprocessing_context="fork")
+    monkeypatch.setattr(accel, "IPC_SHAREABLE", frozenset({"meta"}))
+    assert accel.accelerator_tensors_in_workers(v, Context(Facts(accelerator="cuda"))) is None
+    assert v["dataset"].x.is_meta
+    monkeypatch.setattr(accel, "IPC_SHAREABLE", frozenset())
+    f = accel.accelerator_tensors_in_workers(v, Context(Facts(accelerator="mps")))
+    assert f.strategy == "emulated workers (in process)" and not f.remedies
+    assert f.state == {"emulated_workers": 2} and "dataset.x" in f.done
+    assert accel.datasets_on_different_devices(v, Context(Facts(accelerator="mps"))) is None
+
+
 def test_no_scan_where_no_device_tensor_can_exist(monkeypatch):
     """On a machine with no accelerator (and CUDA never initialised), a
     DataLoader(...) call pays nothing for DL301/DL302."""
@@ -278,3 +294,30 @@ def test_concat_of_cpu_and_cuda_parts(tmp_path):
     assert with_.rc == 0, with_
     assert "DL302" in with_.stderr
     assert with_.batches == reference.batches
+
+
+# -- DL305: pinning a batch that holds accelerator tensors ----------------------
+
+@pytest.mark.rule("DL305")
+def test_dl305_pinning_hands_accelerator_tensors_on_as_they_are():
+    """torch's own pin_memory, as the iterators and the pin thread call it, with
+    meta tensors standing in for CUDA ones (torch refuses both in the same
+    words): refused tensors go on as they are, once recorded; anything else
+    torch raises stands."""
+    from autosafe_torch import activation, report
+    from torch.utils.data._utils import pin_memory as module
+
+    if activation.is_active():
+        activation.deactivate()
+    batch = {"x": meta(4, 3), "y": [meta(4), "label"]}
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        module.pin_memory(batch)  # without the shim: torch's error
+    activation.activate()
+    out = module.pin_memory(batch)
+    assert out["x"] is batch["x"] and out["y"][0] is batch["y"][0] and out["y"][1] == "label"
+    (record,) = [i for i in report.interventions() if i.code == "DL305"]
+    assert record.action == "fixed" and "meta tensors, which cannot be pinned" in record.done
+    if not torch.cuda.is_available():
+        # A CPU tensor that cannot be pinned here (no accelerator): torch's error.
+        with pytest.raises(RuntimeError, match="accelerator"):
+            module.pin_memory({"x": torch.zeros(2)})

@@ -452,27 +452,6 @@ def _facts(**kw):
     return facts_mod.Facts(cpus_usable=8, **kw)
 
 
-def test_dl205_fork_after_cuda_goes_to_spawn_where_picklable():
-    import torch
-
-    found = plan(torch.arange(4.), _facts(platform="linux", cuda_initialized=True))
-    assert [f.rule.code for f in found] == ["DL205", "DL209"]  # then started warm
-    assert found[0].after == {"multiprocessing_context": "spawn"}
-    assert found[1].strategy == "warm forkserver"
-
-
-def test_dl205_unpicklable_goes_to_threads():
-    import threading
-
-    class Held(list):
-        pass
-
-    ds = Held([1, 2, 3])
-    ds.lock = threading.Lock()
-    found = plan(ds, _facts(platform="linux", cuda_initialized=True))
-    assert found[0].rule.code == "DL205" and found[0].strategy == "emulated workers (in process)"
-
-
 @pytest.fixture
 def second_thread():
     """A thread of this process: macOS forks a single-threaded process safely,

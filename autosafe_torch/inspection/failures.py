@@ -13,7 +13,10 @@ Kinds: ``died`` (an exit code or a signal), ``shm`` (shared memory: a bus
 error, "unable to allocate shared memory"), ``fds`` (open files), ``hung``
 (no batch for the watchdog's limit while every worker lives), ``memory``
 (a ``MemoryError`` or ENOMEM raised in a worker), ``remedy`` (a repair of
-ours that a worker could not apply: ``RemedyFailed``).
+ours that a worker could not apply: ``RemedyFailed``), ``cuda`` (a forked
+worker touched CUDA, which a child forked after the parent initialised it
+cannot: torch's "Cannot re-initialize CUDA in forked subprocess", or
+"CUDA error: initialization error" from a CUDA tensor the dataset holds).
 """
 
 import errno
@@ -21,7 +24,8 @@ import os
 import signal
 import sysconfig
 
-DIED, HUNG, SHM, FDS, MEMORY, REMEDY = "died", "hung", "shm", "fds", "memory", "remedy"
+DIED, HUNG, SHM, FDS, MEMORY, REMEDY, CUDA = ("died", "hung", "shm", "fds", "memory", "remedy",
+                                             "cuda")
 
 
 class RemedyFailed(RuntimeError):
@@ -37,6 +41,11 @@ class RemedyFailed(RuntimeError):
 SHM_WORDS = ("unable to allocate shared memory", "unable to write to file </torch_",
              "unable to mmap")
 FD_WORDS = ("Too many open files", "received 0 items of ancdata")
+# torch's words when a forked child touches CUDA (from __getitem__ calling .cuda(),
+# and from a CUDA tensor inherited from the parent: a RuntimeError on older
+# torch, torch.AcceleratorError from 2.8).
+CUDA_WORDS = ("Cannot re-initialize CUDA in forked subprocess",
+              "CUDA error: initialization error")
 # Raised while unpickling a batch whose worker is gone (its resource sharer
 # or shared memory went with it): a death, once a dead worker is found.
 LOST_PEER = (EOFError, ConnectionError, FileNotFoundError)
@@ -68,6 +77,8 @@ def exception_kind(exc):
             return FDS
         if any(words in text for words in SHM_WORDS):
             return SHM
+        if any(words in text for words in CUDA_WORDS):
+            return CUDA
     return None
 
 
@@ -208,6 +219,10 @@ class Failure:
         if self.kind == HUNG:
             text = "%s gave no batch for %.1f s, every worker alive" % (
                 self.who(), self.waited or 0.0)
+        elif self.kind == CUDA:  # the worker's exception follows, from its traceback
+            text = "%s touched CUDA" % self.who()
+            if not self.dump:
+                text += ": %s" % _first_line(self.exc)
         elif self.status:
             text = "%s %s" % (self.who(), self.status)
         elif self.worker is None:

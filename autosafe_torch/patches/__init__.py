@@ -11,7 +11,8 @@ import importlib
 
 # trigger module -> patch modules applied when it is imported
 TARGETS = {
-    "torch": ("autosafe_torch.patches.dataloader", "autosafe_torch.patches.amp"),
+    "torch": ("autosafe_torch.patches.dataloader", "autosafe_torch.patches.pinning",
+              "autosafe_torch.patches.amp"),
     "cv2": ("autosafe_torch.patches.cv2",),
 }
 

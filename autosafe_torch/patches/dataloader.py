@@ -106,6 +106,10 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
         iterator = supervisor.emulated(loader, pending, lambda: wrapped(*args, **kwargs))
     else:
         iterator = supervisor.watched(loader, wrapped, args, kwargs, pending)
+    if loader.pin_memory and loader.num_workers:
+        from . import pinning
+
+        pinning.serves(iterator, callsite.iteration_site(loader))
     device = loader_state(loader, "batch_device")
     if device is not None:
         from ..remedies.batchdevice import BatchesTo
@@ -116,8 +120,7 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
 
 def _plan_key(loader):
     return (tuple(id(getattr(loader, name)) for name in ITER_ARGS),
-            facts.effective_start_method(loader.multiprocessing_context),
-            facts.cuda_initialized(), _opencl_used())
+            facts.effective_start_method(loader.multiprocessing_context), _opencl_used())
 
 
 def _opencl_used():
@@ -138,9 +141,10 @@ def _decide_workers(loader, frame):
     state[_PLAN_ATTR] = _plan_key(loader)
 
 
-def _plan_workers(loader, frame):
+def _plan_workers(loader, frame, fork_failed=None):
     """The worker checks' findings for ``loader`` and the arguments they leave:
-    planned, nothing applied."""
+    planned, nothing applied. ``fork_failed``: the failure of its forked
+    workers that rules fork out (``Context.fork_failed``)."""
     from ..inspection.mainmodule import main_is_guarded
 
     guarded = []
@@ -151,23 +155,50 @@ def _plan_workers(loader, frame):
         return guarded[0]
 
     values = {name: getattr(loader, name) for name in ITER_ARGS}
-    ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded)
+    ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded,
+                  fork_failed=fork_failed)
     found, work = engine.run_checks("dataloader.iter", values, ctx)
     return values, found, work
 
 
 def _check_workers(loader, frame):
     values, found, work = _plan_workers(loader, frame)
-    if not found:
-        return
+    if found:
+        loader.__dict__[STATE_PREFIX + "pending"] = _apply(loader, values, found, work)
+
+
+def _apply(loader, values, found, work, unsaid=()):
+    """Settle the worker checks' findings for ``loader`` and, in fix mode, set
+    the arguments they changed and keep their state; the records, to be made
+    once the remedies held in the workers (but those of the codes in
+    ``unsaid``, which another record says)."""
     applied, made = engine.settle_later(found, callsite.iteration_site(loader), work)
-    loader.__dict__[STATE_PREFIX + "pending"] = made
-    if not applied:
-        return
-    for name in ITER_ARGS:
-        if work[name] is not values[name]:
-            setattr(loader, name, work[name])
-    _keep_state(loader, found)
+    if applied:
+        for name in ITER_ARGS:
+            if work[name] is not values[name]:
+                setattr(loader, name, work[name])
+        _keep_state(loader, found)
+    return [record for record in made if record.code not in unsaid]
+
+
+def plan_without_fork(loader, failure, frame):
+    """After ``failure`` of ``loader``'s forked workers (one touched CUDA): the
+    worker checks again, with fork ruled out, applied where they start the
+    workers by spawn (DL205, with the repairs and the warm start that spawn
+    needs). Returns the records to make once the new workers delivered, or
+    None where spawn cannot reach them (emulated workers), nothing applied.
+    The loader keeps the plan for its later epochs."""
+    if CONFIG.mode != "fix":
+        return None
+    values, found, work = _plan_workers(loader, frame, fork_failed=failure)
+    moved = [f for f in found if f.rule.code == "DL205"]
+    if not moved or "spawn" not in moved[0].strategy \
+            or any(f.state.get("emulated_workers") for f in found):
+        return None
+    # DL205 is said by the recovery's record, once the new workers delivered.
+    made = _apply(loader, values, found, work, unsaid=("DL205",))
+    loader.__dict__[_PLAN_ATTR] = _plan_key(loader)
+    return made
 
 
 def _warm_ahead(loader, frame):
@@ -199,7 +230,7 @@ def _warm_ahead(loader, frame):
 
 def _may_spawn(loader):
     """Whether the workers may start by spawn: the start method, or fork where the
-    ladder moves it away (macOS, CUDA initialised). Cheap: no probe."""
+    ladder moves it away (macOS). Cheap: no probe. Not for CUDA initialised in
+    this process: fork stays unless its workers touch CUDA (DL205, recovered)."""
     method = facts.effective_start_method(loader.multiprocessing_context)
-    return method == "spawn" or method == "fork" and (
-        facts.Facts().platform == "darwin" or facts.cuda_initialized())
+    return method == "spawn" or method == "fork" and facts.Facts().platform == "darwin"

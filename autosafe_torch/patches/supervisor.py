@@ -44,6 +44,7 @@ import logging
 import multiprocessing.process
 import os
 import re
+import sys
 import time
 import weakref
 
@@ -371,7 +372,10 @@ def _raised_in_worker(inner, exc):
     worker = int(found.group(1)) if found else None
     pid = inner._workers[worker].pid if worker is not None and worker < len(inner._workers) \
         else None
-    return F.Failure(kind, exc, worker, pid)
+    failure = F.Failure(kind, exc, worker, pid)
+    if kind == F.CUDA:  # the worker's own traceback, as torch passed it on: the user's line
+        failure.dump = F.exception_text(exc)
+    return failure
 
 
 def _replay(inner, count):
@@ -457,6 +461,21 @@ def own_files(loader, report_dir):
         handles = [(held, args) for held, args, _note in handles]
     table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
     return table if table else None
+
+
+def _replanned_without_fork(loader, failure, watch):
+    """Whether ``loader``, whose forked workers failed with ``failure`` (one
+    touched CUDA), now starts its workers by spawn, planned again with fork
+    ruled out and its repairs applied; their records wait for the new workers,
+    as those of an iteration do. False: only emulated workers reach it."""
+    from .dataloader import plan_without_fork
+
+    made = plan_without_fork(loader, failure, sys._getframe())
+    if made is None:
+        return False
+    watch.pending.extend(made)
+    watch.delivered = set()
+    return True
 
 
 def _loader_state(loader, name):
@@ -579,6 +598,9 @@ class RecoveringIter(wrapt.ObjectProxy):
             if current.kind not in watch.kinds or loader is None:
                 return False
             rung = ladder_rules.next_rung(current.kind, ladder.failures)
+            if rung == ladder_rules.SPAWN and not _replanned_without_fork(loader, current,
+                                                                          watch):
+                rung = ladder_rules.EMULATED  # it does not reach spawn workers
             if rung is None or rung == ladder_rules.EMULATED and _lacks(
                     "emulated", torch_seams.emulated_missing(), "workers are not emulated"):
                 return False
@@ -612,6 +634,10 @@ class RecoveringIter(wrapt.ObjectProxy):
             if rung in ladder_rules.SETTINGS:
                 ladder.settings.add(rung)
             inner = _real_workers(loader, ladder, watch, resume)
+            if loader.pin_memory:
+                from . import pinning
+
+                pinning.serves(inner, callsite.iteration_site(loader))
         self.__wrapped__ = inner
         _replay(inner, self._self_delivered)
 
@@ -634,7 +660,7 @@ class RecoveringIter(wrapt.ObjectProxy):
                 failure.dump = "\n".join("worker %d (pid %d):\n%s" % (
                     i, p.pid, _read(path).rstrip() or "(no stack written)")
                     for i, (p, path) in enumerate(zip(processes, paths)))
-            elif failure.worker is not None and failure.pid is not None:
+            elif failure.worker is not None and failure.pid is not None and not failure.dump:
                 own = dump_path(directory, failure.worker, failure.pid)
                 failure.dump = _read(own).rstrip()
                 if not failure.dump:  # died while starting, before its steps ran?

@@ -33,7 +33,7 @@ from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules
 
 # Where checks run, in the order the patches call them.
 HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
-         "autocast", "scaler", "amp.legacy", "amp.provided", "cv2.import")
+         "dataloader.pin", "autocast", "scaler", "amp.legacy", "amp.provided", "cv2.import")
 
 RULES = {}
 
@@ -202,7 +202,10 @@ class Context:
 
     - ``dataloader.init``: ``defaults``, DataLoader's own argument defaults;
     - ``dataloader.iter``: ``main_guarded()``, whether the main module runs
-      its training under ``if __name__ == "__main__":``;
+      its training under ``if __name__ == "__main__":``; ``fork_failed``, None,
+      or the failure of this loader's forked workers that rules fork out (one
+      touched CUDA, which a child forked after the parent initialised it
+      cannot: seen, never predicted);
     - ``autocast``, ``scaler``, ``amp.*``: ``caps``, what this torch's AMP can
       do, and ``call``, the call being made;
     - ``dataloader.outcome``: ``usage`` (what the workers reported using),
@@ -212,20 +215,24 @@ class Context:
       the rung it happened on; ``tried``, the rungs that failed on the way;
       ``rung``, the one that works; ``exact``, None or why the batches may
       differ;
+    - ``dataloader.pin``: the arguments are ``batch``, the part of a batch
+      that torch could not pin, and ``error``, what it raised;
     - ``cv2.import``: ``cv2``, the module; ``environ``, the environment.
     """
 
-    __slots__ = ("facts", "findings", "plans", "defaults", "main_guarded", "caps", "call",
+    __slots__ = ("facts", "findings", "plans", "defaults", "main_guarded", "fork_failed",
+                 "caps", "call",
                  "usage", "workers", "named", "failure", "first_rung", "tried", "rung",
                  "exact", "cv2", "environ")
 
-    def __init__(self, facts, *, defaults=None, main_guarded=None, caps=None, call=None,
+    def __init__(self, facts, *, defaults=None, main_guarded=None, fork_failed=None,
+                 caps=None, call=None,
                  usage=None, workers=None, named=None, failure=None, first_rung=None,
                  tried=(), rung=None, exact=None, cv2=None, environ=None):
         self.facts = facts
         self.findings = []
         self.plans = {}
-        self.defaults, self.main_guarded = defaults, main_guarded
+        self.defaults, self.main_guarded, self.fork_failed = defaults, main_guarded, fork_failed
         self.caps, self.call = caps, call
         self.usage, self.workers, self.named = usage, workers, named
         self.failure, self.first_rung, self.tried = failure, first_rung, tried

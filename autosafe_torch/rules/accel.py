@@ -10,19 +10,21 @@ works, at the price of one CUDA context per worker.
 A ConcatDataset whose parts live on different devices fails in collate,
 even with no workers: "Expected all tensors to be on the same device".
 
-The fix moves the tensors to CPU, in place on the dataset: every tensor
-object found is replaced by one CPU tensor, so a tensor referenced twice
-stays one tensor, and views of one storage stay views of one CPU storage.
-With CUDA, ``pin_memory`` is turned on so that the copy back
-(``.to(device, non_blocking=True)``) is fast.
+The batches' device is part of what a loader yields: one decision per
+loader, and every one of them keeps it.
 
-The batches' device is part of what a loader yields. Where every batch is
-certainly on one device (a TensorDataset on one accelerator), the loader
-copies each batch back to it after the move, so the script sees the very
-batches it had. Otherwise batches arrive on CPU: that is done only where the
-script could not run as it is (fork workers, MPS/XPU); where it works (a
-dataset on one device with no workers, or CUDA tensors shared with spawn
-workers through CUDA IPC), DL301 only advises and changes nothing.
+- Where every batch is certainly on one device (a TensorDataset on one
+  accelerator), the tensors move to CPU, in place on the dataset (every
+  tensor object found is replaced by one CPU tensor, so a tensor referenced
+  twice stays one tensor, and views of one storage stay views of one CPU
+  storage), and each batch is copied back to that device. With CUDA,
+  ``pin_memory`` is turned on so that the copy back is fast.
+- Other CUDA tensors are left where they are: spawn workers receive them by
+  CUDA IPC (advice only), and forked workers that touch them are restarted
+  by spawn, or emulated where the dataset does not pickle (DL205, observed
+  by the recovery, not predicted here).
+- MPS and XPU tensors, which reach no worker process: emulated workers, in
+  this process, with the batches of real ones on their own device.
 
 Looking (``inspection.tensors``) is bounded, copies nothing and calls no
 ``__getitem__``; moving (``remedies.relocate``) happens in fix mode only.
@@ -30,8 +32,9 @@ Looking (``inspection.tensors``) is bounded, copies nothing and calls no
 
 import sys
 
+from ..inspection.objwalk import is_a
 from ..inspection.tensors import ACCELERATORS, batch_device, dataset_parts, describe, scan
-from . import number_of, rule
+from . import emulated_workers, number_of, rule
 
 GROUP = "dataloader"
 
@@ -72,16 +75,27 @@ def device_tensors_possible(facts):
     return facts.accelerator is not None or facts.cuda_initialized
 
 
+MOVE, EMULATE = "move", "emulate"
+
+
 def _plan_workers(values, facts):
-    """(found accelerator tensors, whether DL301 moves them) for this loader."""
+    """(found accelerator tensors, what DL301 does with them) for this loader:
+    ``MOVE`` to CPU where every batch is certainly copied back to its one
+    device; ``EMULATE`` where they cannot reach a worker (MPS, XPU: the batches
+    of emulated workers keep their device); None: left as they are. CUDA
+    tensors reach spawn workers by CUDA IPC, and forked workers that touch
+    them are recovered by spawn (DL205): either way the batches keep their
+    device, which moving them would change."""
     if values["num_workers"] <= 0 or not device_tensors_possible(facts):
-        return [], False
+        return [], None
     found = scan(values["dataset"]).on(ACCELERATORS)
     if not found:
-        return [], False
-    spawnish = _start_method(values, facts) in ("spawn", "forkserver")
-    shareable = all(f.device_type in IPC_SHAREABLE for f in found)
-    return found, not (spawnish and shareable) or batch_device(values["dataset"]) is not None
+        return [], None
+    if batch_device(values["dataset"]) is not None:
+        return found, MOVE
+    if all(f.device_type in IPC_SHAREABLE for f in found):
+        return found, None
+    return found, EMULATE
 
 
 def _pin(values, facts):
@@ -108,38 +122,39 @@ def _pin(values, facts):
       at="dataloader.init")
 def accelerator_tensors_in_workers(values, ctx):
     facts = ctx.facts
-    found, move = _plan_workers(values, facts)
+    found, how = _plan_workers(values, facts)
     if not found:
         return None
     where = describe(found)
-    if not move:
+    method = _start_method(values, facts)
+    if how is None:
+        if method not in ("spawn", "forkserver"):
+            return None  # fork: nothing to say unless a worker touches them (DL205)
         # Works as it is (CUDA IPC); moving would change the batches' device.
         return accelerator_tensors_in_workers.rule.finding(
             {}, {}, "left on the device: %s. Under %s, workers receive CUDA tensors "
             "through CUDA IPC, which works at the cost of one CUDA context per worker; "
-            "moving them would change the device of every batch" % (
-                where, _start_method(values, facts)), strategy="advice only",
+            "moving them would change the device of every batch" % (where, method),
+            strategy="advice only",
             done="%s left on the device: %s workers receive them through CUDA IPC" % (
-                where, _start_method(values, facts)))
+                where, method))
+    if how == EMULATE:
+        return emulated_workers(
+            accelerator_tensors_in_workers, values, "%s cannot be sent to worker "
+            "processes; moved to CPU, the batches would change device" % where,
+            reason="%s cannot reach worker processes" % where)
     before, changes = _pin(values, facts)
-    state = {}
     device = batch_device(values["dataset"])
-    if device is not None:
-        before["batch_device"], state["batch_device"] = None, device
-        arrive = "each batch is copied back to %s, as it was" % device
-        landing = "batches copied back to %s" % device
-    else:
-        landing = "batches arrive on CPU"
-        arrive = "batches now arrive on CPU%s" % (
-            " in pinned memory" if changes or values["pin_memory"] else "")
-    method = _start_method(values, facts)
+    before["batch_device"] = None
     return accelerator_tensors_in_workers.rule.finding(
-        before, changes, "moved to CPU: %s. Worker processes under %s %s them; %s" % (
+        before, changes, "moved to CPU: %s. Worker processes under %s %s them; each "
+        "batch is copied back to %s, as it was" % (
             where, method, "would each need a CUDA context for"
-            if method in ("spawn", "forkserver") else "cannot use", arrive),
-        strategy="move to CPU", state=state, remedies=[_move_to_cpu(found)],
-        done="moved to CPU for %s: %s; %s" % (
-            number_of(values["num_workers"], "worker"), where, landing))
+            if method in ("spawn", "forkserver") else "cannot use", device),
+        strategy="move to CPU", state={"batch_device": device},
+        remedies=[_move_to_cpu(found)],
+        done="moved to CPU for %s: %s; batches copied back to %s" % (
+            number_of(values["num_workers"], "worker"), where, device))
 
 
 @rule("DL302", "datasets-on-different-devices", GROUP,
@@ -163,9 +178,9 @@ def datasets_on_different_devices(values, ctx):
     if not device_tensors_possible(facts) or \
             dataset_parts(values["dataset"], sys.modules.get("torch")) is None:
         return None  # only the parts of a ConcatDataset/ChainDataset can differ
-    found, moved = _plan_workers(values, facts)
-    if moved:
-        return None  # DL301 moves them all
+    _found, how = _plan_workers(values, facts)
+    if how is not None:
+        return None  # DL301 moves them all, or emulates the workers
     if values["batch_size"] is None and values["batch_sampler"] is None:
         return None  # no collation of samples into one batch
     if not default_collate(values["collate_fn"]):
@@ -198,4 +213,35 @@ def default_collate(fn):
     except ImportError:
         return False
     return fn is default_collate
+
+
+@rule("DL305", "pin-accelerator-batch", GROUP,
+      summary=("pin_memory=True and a batch that holds accelerator tensors (a dataset "
+               "on the GPU, CUDA tensors from spawn workers): those tensors are handed "
+               "on as they are, the rest of the batch pinned as asked"),
+      prevents=("RuntimeError: cannot pin 'torch.cuda.FloatTensor' only dense CPU "
+                "tensors can be pinned (at the first batch, with or without workers)"),
+      fix=("pin_memory=False for data already on the GPU; or keep the dataset on CPU "
+           "and move each batch with .to(device, non_blocking=True)"),
+      example=(("ds = TensorDataset(x.cuda())\n"
+                "DataLoader(ds, batch_size=32, pin_memory=True)"),
+               ("ds = TensorDataset(x)                      # on CPU\n"
+                "for (xb,) in DataLoader(ds, batch_size=32, pin_memory=True):\n"
+                "    xb = xb.cuda(non_blocking=True)")),
+      versions="every supported torch with CUDA",
+      at="dataloader.pin")
+def pin_accelerator_batch(args, ctx):
+    """Pinning is only a faster copy to the device: a tensor already on one
+    needs none, and it is handed on unchanged, as ``pin_memory=False`` would.
+    Only the tensor torch refused: the ``error`` must be pinning's own."""
+    batch, torch = args["batch"], sys.modules.get("torch")
+    if torch is None or not (is_a(batch, torch.Tensor) and batch.device.type != "cpu"
+                             and "pinned" in str(args["error"])):
+        return None
+    return pin_accelerator_batch.rule.finding(
+        {"pin_memory": True}, {"pin_memory": False}, why="a %s tensor cannot be pinned (pinning is for a copy "
+        "from the CPU), and is already on its device" % batch.device.type,
+        strategy="left unpinned",
+        done="batches hold %s tensors, which cannot be pinned: handed on as they are, "
+        "the rest of each batch pinned" % batch.device.type)
 

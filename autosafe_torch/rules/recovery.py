@@ -17,10 +17,11 @@ None or why the batches may differ. Each check returns the finding the
 engine records; ``next_rung`` (pure) chooses the rungs.
 """
 
-from ..inspection.failures import DIED, FDS, HUNG, MEMORY, REMEDY, SHM
+from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..report import HEADLINE_LIMIT
 from . import rule
 from .resources import DOCKER_FIX
+from .workers import fork_after_cuda
 
 GROUP = "dataloader"
 
@@ -28,6 +29,7 @@ AS_ASKED = "workers as asked"
 RESTART = "restart workers"
 FEWER = "fewer batches in flight"
 FILE_SYSTEM = "file_system sharing"
+SPAWN = "spawn workers"
 EMULATED = "emulated workers (in process)"
 
 # Fewer workers is no rung: each worker is seeded base_seed + worker_id and
@@ -43,6 +45,10 @@ LADDERS = {
     MEMORY: (FEWER,),
     # A repair that a worker could not apply fails the same way in new workers.
     REMEDY: (EMULATED,),
+    # A forked worker touched CUDA: new processes that inherit no CUDA state
+    # (the loader planned again for spawn, with its repairs, where all of it
+    # pickles), else emulated workers, in this process, where CUDA works.
+    CUDA: (SPAWN, EMULATED),
 }
 ONCE = (MEMORY,)  # kinds recovered at most once per rung
 # The settings a real-worker rung adds; they stay for the later rungs.
@@ -76,6 +82,8 @@ def _recovered(check, kind, ctx):
             "main module)"
         why += "; its traceback:\n%s" % failure.dump if failure.dump else \
             ", before any of its steps ran"
+    elif failure.dump and kind == CUDA:  # an exception torch passed on, not a crash
+        why += ". The worker's traceback:\n%s" % failure.dump
     elif failure.dump:
         why += ". The worker's faulthandler output (%s):\n%s" % (
             "every worker's stacks" if kind == HUNG else "its traceback", failure.dump)
@@ -231,7 +239,15 @@ def repair_failed_in_worker(args, ctx):
     return _recovered(repair_failed_in_worker, REMEDY, ctx)
 
 
-KINDS = {"DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS, "DL215": MEMORY,
+@fork_after_cuda.rule.check_at("dataloader.failure")
+def cuda_touched_in_forked_worker(args, ctx):
+    """DL205's record, once the workers that replaced the forked ones delivered:
+    who touched CUDA, at which line of the user's (the worker's traceback),
+    and where the loader resumed."""
+    return _recovered(cuda_touched_in_forked_worker, CUDA, ctx)
+
+
+KINDS = {"DL205": CUDA, "DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS, "DL215": MEMORY,
          "DL216": REMEDY}
 
 

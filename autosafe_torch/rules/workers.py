@@ -15,10 +15,10 @@ safe platform):
 1. repair: read-only files (and h5py, sqlite, lmdb, cv2.VideoCapture
    handles) travel by path, lambdas/local functions and
    interactive-``__main__`` classes by value (``remedies``);
-2. another start method: fork on Linux where safe (no CUDA context, no
-   lock held now, no live thread, and every file and handle one that the
-   fork remedies, DL207 and DL212, handle: ``fork_plan``), spawn where all
-   pickles;
+2. another start method: fork on Linux where safe (no lock held now, no
+   live thread, and every file and handle one that the fork remedies, DL207
+   and DL212, handle: ``fork_plan``; not once forked workers of the loader
+   touched CUDA, DL205), spawn where all pickles;
 3. emulated workers: the requested workers emulated in this process, each
    with its own copy of the dataset, its seeds and its worker info, so that
    the batches are exactly those of the workers asked for.
@@ -170,23 +170,39 @@ def _macos_forks_safely():
 
 
 @rule("DL205", "fork-after-cuda", GROUP,
-      summary=("fork workers after CUDA was initialised in the parent: spawn where "
-               "everything pickles, else emulated workers"),
+      summary=("a forked worker touched CUDA, which the parent had initialised (a CUDA "
+               "tensor the dataset holds, .cuda() in __getitem__): seen, not predicted, "
+               "so the ordinary GPU script whose workers never touch CUDA keeps fork; "
+               "the workers are restarted by spawn (CUDA tensors travel by CUDA IPC, "
+               "the batches keep their device) where everything pickles, else emulated "
+               "in this process, and resume at the first batch not delivered"),
       prevents=("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use "
-                "CUDA with multiprocessing, you must use the 'spawn' start method; CUDA "
-                "error: initialization error"),
-      fix="pass multiprocessing_context='spawn' (and keep CUDA out of the dataset)",
+                "CUDA with multiprocessing, you must use the 'spawn' start method; "
+                "torch.AcceleratorError: CUDA error: initialization error"),
+      fix=("keep CUDA out of the workers: hold CPU data in the dataset and move each "
+           "batch in the training loop (batch.cuda(non_blocking=True), pin_memory=True); "
+           "or pass multiprocessing_context='spawn'"),
       example=(("model = Net().cuda()               # CUDA is initialised here\n"
-                "DataLoader(ds, num_workers=2)      # Linux: fork workers"),
-               "DataLoader(ds, num_workers=2, multiprocessing_context='spawn')"),
+                "class DS(Dataset):\n"
+                "    def __getitem__(self, i):\n"
+                "        return self.x[i].cuda()      # in a forked worker"),
+               ("class DS(Dataset):\n"
+                "    def __getitem__(self, i):\n"
+                "        return self.x[i]             # CPU in the worker\n"
+                "for xb in DataLoader(DS(), num_workers=2, pin_memory=True):\n"
+                "    xb = xb.cuda(non_blocking=True)")),
       versions="every supported torch with CUDA, on Linux (fork)",
       at="dataloader.iter")
 def fork_after_cuda(args, ctx):
+    """At iteration only once forked workers of this loader touched CUDA
+    (``ctx.fork_failed``, from the recovery): never on the prediction that
+    "CUDA is initialised", which holds for every GPU script and says nothing
+    about what its workers do."""
     if args["num_workers"] > 0 and start_method(args) == "fork" \
-            and ctx.facts.cuda_initialized:
+            and ctx.fork_failed is not None:
         return _away_from_fork(fork_after_cuda, args, ctx,
-                               "CUDA is initialised in this process and cannot be used in "
-                               "forked children")
+                               "a forked worker touched CUDA, which this process had "
+                               "initialised: %s" % ctx.fork_failed.what())
 
 
 @rule("DL202", "local-function-to-workers", GROUP,
@@ -826,13 +842,15 @@ def _fork_is_safe(args, ctx):
     handle everything forked workers would share: read-only files get their
     own offsets and native handles are reopened (DL207, DL212: the plan their
     worker step applies), thread pools are rebuilt (DL208). Not for a lock
-    held now or a live thread, which a forked child cannot inherit."""
+    held now or a live thread, which a forked child cannot inherit, nor for
+    a loader whose forked workers were seen to fail (``ctx.fork_failed``).
+    CUDA initialised in this process is no reason: forked workers that do not
+    touch it run, and those that do are recovered (DL205)."""
     import multiprocessing
 
     from ..inspection import holdings
 
-    facts = ctx.facts
-    if facts.platform not in SAFE_FORK_PLATFORMS or facts.cuda_initialized:
+    if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None:
         return False
     if "fork" not in multiprocessing.get_all_start_methods():
         return False
