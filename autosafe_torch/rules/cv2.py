@@ -35,7 +35,8 @@ import sys
 
 from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
-from . import Rewrite, number_of, rule
+from . import Rewrite, emulated_workers, number_of, rule, workers
+from .warmstart import fork_server_available
 
 GROUP = "cv2"
 
@@ -104,10 +105,8 @@ def cv2_threads_in_workers(args, ctx):
                 "device is usable"),
       at="dataloader.iter")
 def cv2_opencl_context(args, ctx):
-    from .workers import start_method
-
     if args["num_workers"] <= 0 or "cv2" not in sys.modules \
-            or start_method(args) != "fork":
+            or workers.start_method(args) != "fork":
         return None
     if any(f.state.get("emulated_workers") for f in ctx.findings):
         return None  # no worker is forked
@@ -122,11 +121,9 @@ def cv2_opencl_context(args, ctx):
 def _away_from_the_context(check, args, ctx, why):
     """Warm server where the dataset travels (it pickles as it is, and the
     main module can be imported by a worker), else emulated workers."""
-    from ..remedies import warmstart
-    from .warmstart import fork_server_available
-    from .workers import _emulated, pickling_plan
+    from ..remedies import warmstart  # the warm server's side: only where it is used
 
-    plan = pickling_plan(args, ctx)
+    plan = workers.pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
             and fork_server_available(ctx.facts.platform)):
         reason = "the dataset cannot travel to a clean worker (%s)" % (
@@ -134,7 +131,10 @@ def _away_from_the_context(check, args, ctx, why):
             or ("it pickles only once repaired" if plan.needs_repair
                 else "no fork server here" if ctx.main_guarded()
                 else "the main module is not guarded"))
-        return _emulated(check, args, why + "; " + reason)
+        # the line says why in short; the details (what does not pickle) are in why
+        return emulated_workers(check, args, why + "; " + reason,
+                                reason="not forked from this one, which used OpenCL, and "
+                                "the dataset cannot travel to a clean worker")
     libraries = warmstart.libraries_for(
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
     init = with_step(args["worker_init_fn"], warmstart.exit_with_parent)
