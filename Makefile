@@ -10,13 +10,35 @@ TEST_JOBS ?= 2
 # What `make test` runs; the compat targets run the same.
 SUITE = not gpu and not integration and not heavy and not realworld
 INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
+# The system packages the suite needs beyond the test extra (Debian's names):
+# PoCL's CPU OpenCL device and the ICD loader, for CV402's tests (tests/test_cv2.py).
+# install-test installs them as root on Debian (apt-get update first), and does
+# nothing when they are installed; elsewhere it says what to install. Under CI=true
+# a test that skips for want of them fails (tests/conftest.py: ALLOWED_SKIPS).
+TEST_APT_PACKAGES = pocl-opencl-icd ocl-icd-libopencl1
+# The static check of `make test` (configured in pyproject.toml: [tool.ruff]).
+LINT_PATHS = autosafe_torch tests
 
 .PHONY: install-test test heavy demo bench readme integration realworld
 
 install-test:
+	@missing=; for p in $(TEST_APT_PACKAGES); do \
+	    dpkg -s $$p 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then \
+	    :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "install-test: no apt-get here: install a CPU OpenCL runtime (Debian:$$missing) for CV402's tests, which otherwise skip"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	    echo "install-test: not root: run 'sudo apt-get update && sudo apt-get install$$missing' for CV402's tests, which otherwise skip"; \
+	else \
+	    echo "install-test: apt-get install$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
 	$(INSTALL) ".[test]"
 
 test: install-test
+	$(PYTHON) -m ruff check $(LINT_PATHS)
 	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "$(SUITE)" $(PYTEST_ARGS)
 
 # Every scenario under every start method and rehearsed platform: `make test`

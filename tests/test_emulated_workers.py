@@ -278,7 +278,7 @@ def test_a_generator_is_shared_only_while_no_worker_advances_it():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinning)")
 def test_batches_are_pinned_as_torch_pins_them():
     loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=2, num_workers=2,
                                  pin_memory=True), False)

@@ -225,6 +225,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.internal_error_expected
 @pytest.mark.parametrize("layer", sorted(FAULTS))
 def test_fail_open_in_each_layer(tmp_path, layer):
     body = FAULTS[layer] + """
@@ -245,6 +246,7 @@ for i in range(2):
     assert result.stderr.count("internal error in DataLoader.__init__ (RuntimeError: injected)") == 1
 
 
+@pytest.mark.internal_error_expected
 def test_fail_open_at_iteration(tmp_path):
     """A fault in the worker decision: the loader starts its workers as asked."""
     body = """
@@ -266,6 +268,7 @@ if __name__ == "__main__":
                                "injected)") == 1
 
 
+@pytest.mark.internal_error_expected
 def test_fail_open_import_hook(tmp_path):
     """A broken patch never breaks `import torch`."""
     body = """
@@ -279,6 +282,7 @@ print("TORCH", torch.__version__)
     assert result.stderr.count("internal error in patching autosafe_torch.no_such_patch") == 1
 
 
+@pytest.mark.internal_error_expected
 def test_debug_shows_traceback(tmp_path):
     body = FAULTS["rule"] + BROKEN_LOADER + "try:\n    make()\nexcept ValueError:\n    pass\n"
     result = run_script(tmp_path, body, activation="import", env={"AUTOSAFE_TORCH_DEBUG": "1"})

@@ -20,7 +20,7 @@ import pytest
 
 from autosafe_torch import engine, report
 from autosafe_torch.rules import RULES, brief, load_all
-from support import (ROOT, PLATFORM_SIM, cannot_pickle, clean_env, json_log, line_of, logged,
+from support import (ROOT, cannot_pickle, clean_env, json_log, line_of, logged,
                      run_script, unreadable_lines)
 
 EXAMPLES = ROOT / "examples"
@@ -196,6 +196,7 @@ def test_torch_s_worker_count_warning_points_where_it_points_without_the_shim(tm
     assert "autosafe_torch" not in shimmed.stderr and shimmed.batches == plain.batches
 
 
+@pytest.mark.internal_error_expected
 def test_internal_error_line_has_no_address(caplog):
     class Opaque:
         pass

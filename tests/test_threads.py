@@ -253,7 +253,8 @@ def test_rehearsing_macos_a_forking_loader_moves_to_spawn_only_with_threads(tmp_
 FORK_WARNING = "is multi-threaded, use of fork() may lead to deadlocks"
 SHOW = {"PYTHONWARNINGS": "always::DeprecationWarning"}  # children inherit it
 py312 = pytest.mark.skipif(sys.version_info < (3, 12),
-                           reason="Python 3.12 added the multi-threaded fork() warning")
+                           reason="needs Python >= 3.12 (it added the multi-threaded fork() "
+                           "warning); this is %d.%d" % sys.version_info[:2])
 
 
 @py312
