@@ -10,6 +10,9 @@ __version__ = "0.1.0"
 
 from .activation import activate, configure, deactivate, is_active  # noqa: E402
 
+__all__ = ["activate", "configure", "deactivate", "is_active", "interventions",
+           "load_ipython_extension", "unload_ipython_extension"]
+
 
 def interventions():
     """The interventions made in this process so far."""

@@ -32,7 +32,10 @@ the shim, when a wrapper of ours calls what torch's replaced code called.
 """
 
 import os
+import site
 import sys
+import sysconfig
+import types
 import weakref
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -53,9 +56,6 @@ def _installed_dirs():
     """Directories whose code is a library's, not the user's: site-packages
     (venv, system, user) and the standard library; longest first, so that a
     frame is shown relative to the most specific one."""
-    import site
-    import sysconfig
-
     dirs = set()
     paths = sysconfig.get_paths()
     for key in ("purelib", "platlib", "stdlib", "platstdlib"):
@@ -352,8 +352,6 @@ _callers = {}
 def _make_caller(function, name):
     """A function ``(call, args) -> call(*args)`` whose frame reads as
     ``function``'s at the line that calls ``name``; False where there is none."""
-    import types
-
     code = getattr(function, "__code__", None)
     line = _line_calling(code, name) if code is not None and name else None
     module = sys.modules.get(getattr(function, "__module__", None) or "")

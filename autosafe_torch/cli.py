@@ -11,11 +11,14 @@ torch.distributed.run --nproc-per-node 2 train.py`` needs no ``--``).
 """
 
 import argparse
+import builtins
 import json
 import os
+import runpy
 import sys
+import types
 
-from . import config
+from . import activation, codemod, config, rehearsal
 from .rehearsal import ENV_AS, PLATFORMS
 
 
@@ -49,9 +52,7 @@ def _parser():
                              "permanent fix and the torch versions it concerns")
     explain.add_argument("code", metavar="CODE", help="a rule code (DL201) or slug")
 
-    from .codemod import add_parser as add_fix_parser
-
-    add_fix_parser(sub)
+    codemod.add_parser(sub)
     return p
 
 
@@ -101,9 +102,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
-    from .activation import deactivate
-
-    deactivate()  # importing the package activated us: report the platform as it is
+    activation.deactivate()  # importing the package activated us: report the platform as it is
     if args.command == "doctor":
         from .doctor import report_text, report
 
@@ -115,9 +114,7 @@ def main(argv=None):
     if args.command == "explain":
         return _explain(args.code)
     if args.command == "fix":
-        from .codemod import main as fix
-
-        return fix(args)
+        return codemod.main(args)
     return _rules(args.format)
 
 
@@ -156,22 +153,16 @@ def _run(args):
         return 2
     if config.switch_state() is not False:  # AUTOSAFE_TORCH=0 still wins
         os.environ[config.ENV_SWITCH] = "1"
-    from .activation import activate, configure
-
     log_file = None
     if args.log_file:  # checked here, to name the option in the one line it may need
         log_file = config.parse_log_file(os.path.abspath(args.log_file), "--log-file") or ""
-    configure(mode=args.mode, disable=",".join(args.disable) or None, log_file=log_file,
-              quiet=True if args.quiet else None)
-    activate("cli")
+    activation.configure(mode=args.mode, disable=",".join(args.disable) or None,
+                         log_file=log_file, quiet=True if args.quiet else None)
+    activation.activate("cli")
     if args.rehearse:
-        from . import rehearsal
-
         os.environ[ENV_AS] = args.rehearse  # workers and children see the same platform
         rehearsal.apply()
     if args.module is not None:
-        import runpy
-
         sys.argv = [args.module] + target
         _name, spec, code = runpy._get_module_details(args.module)
         sys.argv[0] = spec.origin
@@ -185,8 +176,6 @@ def _run(args):
     sys.argv = target
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     if not os.path.isfile(script):  # a directory or zip with __main__.py
-        import runpy
-
         runpy.run_path(script, run_name="__main__")
         return 0
     with open(script, "rb") as f:
@@ -203,9 +192,6 @@ def _exec_as_main(code, **attributes):
     aliased our own ``__main__``, and the batches of a class defined in the
     script, which spawned workers pickle as ``__mp_main__.X``, could not be
     found when they come back."""
-    import builtins
-    import types
-
     main = types.ModuleType("__main__")
     main.__dict__.update(attributes, __builtins__=builtins)
     sys.modules["__main__"] = sys.modules["__mp_main__"] = main

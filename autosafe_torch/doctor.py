@@ -1,19 +1,23 @@
 """``autosafe-torch doctor``: the facts the rules use, what would fire, and
 broken combinations of packages it can detect cheaply, with their fix."""
 
+import importlib.metadata
+import importlib.util
+import json
 import os
 import platform
+import subprocess
 import sys
 
 from . import facts
 from .facts import open_file_limit, shm_bytes  # noqa: F401 (one place: facts)
+from .remedies import cv2 as cv2_remedies
+from .rules import Context, checks_at, loader_args
 
 
 def cv2_state():
     if "cv2" not in sys.modules:
         try:
-            import importlib.util
-
             if importlib.util.find_spec("cv2") is None:
                 return None
         except (ImportError, ValueError):
@@ -21,21 +25,17 @@ def cv2_state():
     try:
         import cv2
 
-        from .remedies.cv2 import opencl_device_usable, opencl_runtime_loaded
-
         # Never cv2.ocl.useOpenCL() here: it creates the OpenCL context that
         # forked workers must not inherit (CV402); a fresh interpreter is asked.
         return {"version": cv2.__version__, "threads": cv2.getNumThreads(),
-                "opencl_device": opencl_device_usable(),
-                "opencl_used_here": opencl_runtime_loaded() is not None}
+                "opencl_device": cv2_remedies.opencl_device_usable(),
+                "opencl_used_here": cv2_remedies.opencl_runtime_loaded() is not None}
     except Exception as exc:
         return {"error": repr(exc)}
 
 
 def default_loader_findings(f):
     """Rules that fire for DataLoader(ds, num_workers=2, pin_memory=True) here."""
-    from .rules import Context, checks_at, loader_args
-
     args = {"num_workers": 2, "prefetch_factor": None, "persistent_workers": False,
             "multiprocessing_context": None, "timeout": 0, "pin_memory": True}
     ctx = Context(f, defaults={"prefetch_factor": None})
@@ -68,8 +68,6 @@ print(json.dumps(out))
 
 
 def _installed(name):
-    import importlib.util
-
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -78,9 +76,7 @@ def _installed(name):
 
 def _dist_version(name):
     try:
-        from importlib.metadata import version
-
-        return version(name)
+        return importlib.metadata.version(name)
     except Exception:
         return None
 
@@ -109,9 +105,6 @@ def broken_combinations(torch_version, timeout=120):
     names = [n for n in NATIVE_COMPANIONS if _installed(n)]
     if not names:
         return []
-    import json
-    import subprocess
-
     env = dict(os.environ, AUTOSAFE_TORCH="0")  # the package as it is, without us
     try:
         proc = subprocess.run([sys.executable, "-c", _IMPORT_PROBE] + names, env=env,

@@ -7,6 +7,7 @@ raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
 (a finding that changes nothing) is recorded as advice in every mode.
 """
 
+from . import report, rules
 from .config import CONFIG
 
 
@@ -14,13 +15,11 @@ class UnsafeCallError(RuntimeError):
     """Raised in strict mode instead of correcting a call."""
 
     def __init__(self, finding, call_site):
-        from .report import Intervention
-
         r = finding.rule
         # The log's format: the user's line, what the fix would have been, the fix.
-        super().__init__(Intervention(r.code, r.slug, finding.before, finding.after,
-                                      finding.why, finding.fix, call_site, finding.strategy,
-                                      "refused", finding.done).message())
+        super().__init__(report.Intervention(
+            r.code, r.slug, finding.before, finding.after, finding.why, finding.fix,
+            call_site, finding.strategy, "refused", finding.done).message())
         self.code = r.code
         self.finding = finding
 
@@ -37,11 +36,9 @@ def run_checks(hook, args, ctx):
     Returns the findings and the arguments with all their changes. Nothing
     is applied: see ``settle``.
     """
-    from .rules import checks_at
-
     work = dict(args)
     findings = ctx.findings = []
-    for check in checks_at(hook, enabled):
+    for check in rules.checks_at(hook, enabled):
         found = check(work, ctx)
         for finding in (found if isinstance(found, (list, tuple)) else (found,)):
             if finding is not None:
@@ -71,15 +68,13 @@ def settle_later(findings, call_site, args=None):
     actions = [f for f in findings if not f.is_advice]
     if actions and CONFIG.mode == "strict":
         raise UnsafeCallError(actions[0], call_site)
-    from .report import Intervention, record
-
     fixing = CONFIG.mode == "fix"
     made = []
     for f in findings:
         action = "advised" if f.is_advice else "fixed" if fixing else "would-fix"
         r = f.rule
-        made.append(Intervention(r.code, r.slug, f.before, f.after, f.why, f.fix,
-                                 call_site, f.strategy, action, f.done))
+        made.append(report.Intervention(r.code, r.slug, f.before, f.after, f.why, f.fix,
+                                        call_site, f.strategy, action, f.done))
     _join_clauses(findings, made)
     for f, intervention in zip(findings, made):
         if fixing and not f.is_advice:
@@ -89,7 +84,7 @@ def settle_later(findings, call_site, args=None):
                     args.update(changed)
     if not fixing:
         for intervention in made:
-            record(intervention)
+            report.record(intervention)
         return False, []
     return bool(actions), made
 
@@ -97,11 +92,9 @@ def settle_later(findings, call_site, args=None):
 def record_outcome(intervention, failed=None):
     """Record ``intervention`` (from ``settle_later``) now that its remedy ran:
     as fixed, or, given why (``failed``), as a fix that did not hold."""
-    from .report import record
-
     if failed is not None:
         intervention.failed(failed)
-    return record(intervention)
+    return report.record(intervention)
 
 
 def _join_clauses(findings, made):
@@ -132,12 +125,10 @@ def settle_repeated(findings, call_site):
     if again is not None:  # the hot path: one lookup, one count
         _count_again(again[0])
         return again[1]
-    from .report import count_again, interventions
-
-    _count_again = count_again
+    _count_again = report.count_again
     applied = settle(findings, call_site)
     if len(_repeats) < _REPEATS_LIMIT:
-        known = {(i.code, i.call_site): i for i in interventions()}
+        known = {(i.code, i.call_site): i for i in report.interventions()}
         _repeats[key] = ([known[(f.rule.code, call_site)] for f in findings
                           if (f.rule.code, call_site) in known], applied)
     return applied
@@ -157,7 +148,5 @@ def decide_or(default, where, decide, *args):
     except UnsafeCallError:
         raise
     except Exception as exc:
-        from .report import internal_error
-
-        internal_error(where, exc)
+        report.internal_error(where, exc)
         return default

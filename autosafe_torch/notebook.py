@@ -17,28 +17,23 @@ cannot import a notebook.
 
 import logging
 
+from . import activation, report
 from .config import ENV_SWITCH
 
 
 def load(ip=None):
-    from .activation import activate
-    from .report import log
-
-    if not activate("notebook"):  # AUTOSAFE_TORCH=0 in the kernel's environment wins
-        log(logging.WARNING, "%s=0 in this kernel's environment: left off", ENV_SWITCH)
+    if not activation.activate("notebook"):  # AUTOSAFE_TORCH=0 in the kernel's environment wins
+        report.log(logging.WARNING, "%s=0 in this kernel's environment: left off", ENV_SWITCH)
         return
-    log(logging.INFO, "%s", "on in this kernel and its DataLoader workers "
+    report.log(logging.INFO, "%s", "on in this kernel and its DataLoader workers "
         "(%unload_ext autosafe_torch turns it off)")
 
 
 def unload(ip=None):
-    from .activation import deactivate, is_active
-    from .report import log, summary_line
-
-    if not is_active():
+    if not activation.is_active():
         return
-    deactivate()
-    line = summary_line()
-    log(logging.INFO, "off in this kernel%s", ("; " + line) if line else "")
+    activation.deactivate()
+    line = report.summary_line()
+    report.log(logging.INFO, "off in this kernel%s", ("; " + line) if line else "")
 
 

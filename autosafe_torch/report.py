@@ -18,6 +18,7 @@ line. The details (before/after, strategy, rung, why) go to the JSON log
 and, with ``AUTOSAFE_TORCH_DEBUG=1``, to the lines below the record.
 """
 
+import atexit
 import json
 import logging
 import os
@@ -368,7 +369,6 @@ def _arm_summary():
     if _summary_pid == os.getpid():
         return
     _summary_pid = os.getpid()
-    import atexit
     atexit.register(_summary)
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from autosafe_torch.facts import Facts
 from autosafe_torch.remedies import limits

@@ -22,6 +22,7 @@ changes nothing. Run it again under the shim, and fix from the new log.
 
 import sys
 
+from ..config import CONFIG
 from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED, changed_since, read_log
 
 INSTALL_HINT = ("autosafe-torch fix: needs libcst, to rewrite your source keeping its "
@@ -90,8 +91,6 @@ def fix_file(path, records, log=()):
         source, outcomes = plan(path, text, records, log)
         return text, source.apply(), outcomes
     except Exception as exc:
-        from ..config import CONFIG
-
         if CONFIG.debug:
             import traceback
 

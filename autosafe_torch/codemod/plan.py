@@ -3,6 +3,7 @@
 import importlib
 import textwrap
 
+from .. import rules
 from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED
 from .source import Source
 
@@ -14,12 +15,10 @@ ORDER = ("main_guard", "cv2", "loader_args", "amp", "local_functions", "lazy_ope
 def rewrites(scope):
     """``[(codes, rewrite)]`` of ``scope`` ("site" or "file"), from the rules'
     declarations (``Rule.rewrite``): which codemod module answers which codes."""
-    from ..rules import RULES, load_all
-
-    load_all()
+    rules.load_all()
     codes = {}
-    for code in sorted(RULES):
-        declared = RULES[code].rewrite
+    for code in sorted(rules.RULES):
+        declared = rules.RULES[code].rewrite
         if declared is not None and declared.scope == scope:
             codes.setdefault(declared.module, []).append(code)
     return [(tuple(codes[m]), importlib.import_module("%s.%s" % (__package__, m)).rewrite)
@@ -29,9 +28,7 @@ def rewrites(scope):
 def serves(code):
     """The codes whose rewrite makes ``code``'s fix unneeded (DL209: the repairs
     it makes fast)."""
-    from ..rules import RULES
-
-    return RULES[code].serves() if code in RULES else ()
+    return rules.RULES[code].serves() if code in rules.RULES else ()
 
 
 COMMENT_WIDTH = 72

@@ -13,7 +13,7 @@ for from here, then from the log's directory.
 import json
 import os
 
-from ..callsite import user_part
+from ..callsite import _installed_dirs, user_part
 
 # What became of a record: its site rewritten; left as a comment with the
 # permanent fix (the rewrite would not be exact there, or there is none); nothing
@@ -68,8 +68,6 @@ def split_site(site):
 
 
 def _library_dirs():
-    from ..callsite import _installed_dirs
-
     return (_PACKAGE_DIR,) + _installed_dirs()
 
 

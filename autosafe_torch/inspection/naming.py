@@ -1,6 +1,9 @@
 """A few words for a value in a log line: never a repr (an address, our
 internals). Used by the rules' records and by the remedies' refusals."""
 
+import types
+import weakref
+
 
 def brief(value):
     """A value as a log line may show it: short literals as written, functions
@@ -26,8 +29,6 @@ def brief(value):
 
 def _kind(cls):
     """A type as a log names it: ``reader`` is ``csv.reader``, a weak proxy is one."""
-    import weakref
-
     if cls in (weakref.ProxyType, weakref.CallableProxyType):
         return "weak proxy"
     module = getattr(cls, "__module__", "") or ""
@@ -44,8 +45,6 @@ def a_or_an(noun):
 def what_is(value):
     """A few words for what a dataset holds or a loader is given: "an open
     file", "a lambda", "a thread pool"... (``brief`` for anything else)."""
-    import types
-
     from . import holdings
 
     try:

@@ -21,6 +21,8 @@ import functools
 import pickle
 import sys
 import types
+from multiprocessing import context
+from multiprocessing.reduction import ForkingPickler
 
 from . import objwalk
 from .failures import exception_text
@@ -72,8 +74,6 @@ _SINK = _NullSink()
 def _probe_dispatch_table(planned=None):
     """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a
     repair would install: the probe tries them without installing them)."""
-    from multiprocessing.reduction import ForkingPickler
-
     table = copyreg.dispatch_table.copy()
     for cls, reducer in ForkingPickler._extra_reducers.items():
         if getattr(reducer, "__module__", "") != _TORCH_REDUCERS_MODULE:
@@ -222,8 +222,6 @@ class _Prober:
         pickler = _ProbePickler(self.table, self.payload, self.by_value)
         if ancestors:
             pickler.memo = {id(a): (i, a) for i, a in enumerate(ancestors)}
-        from multiprocessing import context
-
         spawning = context.get_spawning_popen()
         context.set_spawning_popen(_ProbeSpawning())
         try:

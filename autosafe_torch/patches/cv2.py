@@ -23,11 +23,13 @@ Whatever goes wrong here is logged and never reaches ``import cv2``.
 """
 
 import functools
+import logging
 import os
 
-from .. import engine
+from .. import callsite, engine, report
 from ..facts import Facts
 from ..inspection import holdings
+from ..remedies import cv2 as cv2_remedies
 from ..rules import Context
 
 _state = {"patched": None}
@@ -35,9 +37,7 @@ _state = {"patched": None}
 
 def import_site():
     """file:line of the ``import cv2`` that triggered us, or "<import cv2>"."""
-    from ..callsite import user_call_site
-
-    site = user_call_site()
+    site = callsite.user_call_site()
     return "<import cv2>" if site == "<unknown>" else site
 
 
@@ -102,32 +102,20 @@ def patch(cv2):
     try:
         record_captures(cv2)
     except Exception as exc:
-        from ..report import internal_error
-
-        internal_error("recording cv2.VideoCapture", exc)
+        report.internal_error("recording cv2.VideoCapture", exc)
     try:
-        from ..remedies import cv2 as cv2_remedies
-
         cv2_remedies.install_fork_hook()
     except Exception as exc:
-        from ..report import internal_error
-
-        internal_error("registering the cv2 fork hook", exc)
+        report.internal_error("registering the cv2 fork hook", exc)
     try:
         found = findings(cv2)  # none today: checks at "cv2.import" may come back
         if found:
             engine.settle(found, import_site())
     except engine.UnsafeCallError as exc:
         # Strict mode: said as an error, but an import is never broken.
-        import logging
-
-        from ..report import log
-
-        log(logging.ERROR, "%s", exc)
+        report.log(logging.ERROR, "%s", exc)
     except Exception as exc:
-        from ..report import internal_error
-
-        internal_error("patching cv2", exc)
+        report.internal_error("patching cv2", exc)
 
 
 def unpatch():

@@ -5,6 +5,7 @@ lambda, a local function, or anything defined in an interactive
 ``__main__`` cannot be looked up in a worker. cloudpickle sends them whole.
 """
 
+import copyreg
 import types
 
 from .pickling import PROTOCOL, install, install_override
@@ -73,8 +74,6 @@ def _new_instance_ex(cls, args, kwargs):
 def _reduce_instance_by_value(obj):
     """Only the class goes by value: the state still goes through ForkingPickler,
     so tensors are shared, not copied, and files use the reducers above."""
-    import copyreg
-
     cls = type(obj)
     rv = obj.__reduce_ex__(PROTOCOL)
     if isinstance(rv, str):

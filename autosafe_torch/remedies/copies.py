@@ -35,16 +35,21 @@ here, in its memo:
 import copy
 import io
 import mmap
+import os
 import pickle
 import re
+import stat
 import sys
 import threading
 import types
 import weakref
+from multiprocessing.reduction import ForkingPickler
 
 from ..inspection import holdings, objwalk
 from ..errors import NoExactRung
 from ..inspection.failures import describe_exception
+from ..inspection.naming import what_is
+from ..report import clip
 from .reopen import reopen
 
 # Tensors and arrays at least this large are shared with the workers rather
@@ -89,9 +94,6 @@ def _shared(obj):
 def _written_or_not_regular(f):
     """A file a forked worker shares in effect: one only written (its writes
     land where the others' do), a pipe, a terminal, a socket."""
-    import os
-    import stat
-
     socket = sys.modules.get("socket")
     if socket is not None and objwalk.is_a(f, socket.socket):
         return True
@@ -228,8 +230,6 @@ class CopyPlan:
         return copy.deepcopy(self.objects, memo)
 
     def _named(self, obj):
-        from ..inspection.naming import what_is
-
         if obj is None:
             return "an object"
         return "%s (%s)" % (self.path_of(obj), what_is(obj))
@@ -294,8 +294,6 @@ class CopyPlan:
                                 "advances it (one that does is refused)"))
             return obj
         try:
-            from multiprocessing.reduction import ForkingPickler
-
             return pickle.loads(ForkingPickler.dumps(obj))
         except Exception:
             raise NoExactRung("%s neither pickles for spawn workers nor copies for "
@@ -490,8 +488,6 @@ def _reopen_binary(f):
     at the position ``f`` reads from, with its mode: through the kernel, so
     that a file open for reading and writing (``'r+b'``, a temporary file)
     or one since deleted is reached as it is."""
-    import os
-
     from .isolation import reopen_description
 
     raw = holdings.raw_file(f)
@@ -514,8 +510,6 @@ def _reopen_binary(f):
 
 
 def _short(exc):
-    from ..report import clip
-
     return clip(describe_exception(exc, 1), 60)
 
 

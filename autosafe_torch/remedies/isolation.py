@@ -51,12 +51,14 @@ what held, never what was planned.
 import functools
 import os
 import sys
+from multiprocessing import context, reduction, util
 
 from ..inspection import holdings
 from ..inspection.descriptors import (STDIO, describe_open, find_descriptors, open_files,
                                       path_of)
 from ..inspection.failures import RemedyFailed, describe_exception
 from . import reopen
+from .workerinit import steps_of, user_function
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
 HIGH_FD = 256  # where private and parked descriptors go: above what programs open
@@ -182,8 +184,6 @@ class ForkPlan:
 def parts_of(args):
     """The loader's parts a forked worker uses: the dataset, collate_fn and the
     user's own worker_init_fn (ours adds no files)."""
-    from .workerinit import user_function
-
     return {"dataset": args["dataset"], "collate_fn": args["collate_fn"],
             "worker_init_fn": user_function(args["worker_init_fn"])}
 
@@ -256,8 +256,6 @@ class DescriptorTable:
         return bool(self.files or self.handles)
 
     def __reduce__(self):
-        from multiprocessing import context, reduction
-
         popen = context.get_spawning_popen()
         files = self.files if popen is not None and self.carry else ()  # at a process start
         if _through_a_server(popen):
@@ -435,8 +433,6 @@ def report_path(directory, pid):
 
 
 def _report_at_exit(directory, worker_id, report):
-    from multiprocessing import util
-
     util.Finalize(None, _write_report, args=(report_path(directory, os.getpid()), worker_id,
                                             report), exitpriority=0)
 
@@ -513,8 +509,6 @@ def worker_step(table):
 
 def table_of(worker_init_fn):
     """The ``DescriptorTable`` of the isolation step inside ``worker_init_fn``, or None."""
-    from .workerinit import steps_of
-
     for step in steps_of(worker_init_fn):
         if isinstance(step, functools.partial) and step.func is isolate_in_worker:
             return step.args[0]

@@ -63,10 +63,13 @@ The platform the rules see decides (``autosafe-torch run --as macos``): a
 rehearsed Mac has no ``/proc/self/maps`` either.
 """
 
+import ctypes
 import mmap
 import os
 import stat
+from multiprocessing.context import get_spawning_popen
 
+from .. import rehearsal
 from .pickling import PROTOCOL, install
 
 MAPS = "/proc/self/maps"
@@ -97,8 +100,6 @@ class Mapping:
 def file_mappings():
     """The file mappings of this process, or None where there is no
     ``/proc/self/maps`` (or the platform the rules see has none)."""
-    from .. import rehearsal
-
     if not rehearsal.platform().startswith("linux"):
         return None
     try:
@@ -219,8 +220,6 @@ def mapped_again(path, ident, start, length, delta, shape, dtype, order):
 def reduce_memmap(arr):
     """ForkingPickler's reducer for ``np.memmap``: by reference while a process
     is being started and the array can go exactly; else as pickle does."""
-    from multiprocessing.context import get_spawning_popen
-
     if get_spawning_popen() is not None:
         ref, _why = reference(arr)
         if ref is not None:
@@ -318,8 +317,6 @@ def _written_pages(where):
 
 def buffer_address(obj):
     """``(address, length)`` of the memory ``obj`` exports (the buffer protocol)."""
-    import ctypes
-
     api, struct = _buffer_api()
     view = struct()
     if api.PyObject_GetBuffer(obj, ctypes.byref(view), 0) != 0:
@@ -337,8 +334,6 @@ def _buffer_api():
     """The C API's buffer functions and ``Py_buffer``, typed on a library
     handle of our own (``ctypes.pythonapi``'s functions are the user's to type)."""
     if not _BUFFER_API:
-        import ctypes
-
         class PyBuffer(ctypes.Structure):  # Py_buffer, as the stable ABI defines it
             _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
                         ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
@@ -383,8 +378,6 @@ def reduce_map(m):
     """ForkingPickler's reducer for ``mmap.mmap``: by reference while a process
     is being started; else (or where it cannot go exactly) the TypeError
     pickling raises, with why it was not sent."""
-    from multiprocessing.context import get_spawning_popen
-
     if get_spawning_popen() is None:
         return m.__reduce_ex__(PROTOCOL)  # raises, as ever
     ref, why = map_reference(m)

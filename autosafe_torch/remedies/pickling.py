@@ -6,6 +6,8 @@ installing anything); they are installed when a finding is applied, in fix
 mode, and ``uninstall_reducers`` puts back what was there before.
 """
 
+from multiprocessing.reduction import ForkingPickler
+
 PROTOCOL = __import__("pickle").DEFAULT_PROTOCOL
 
 _MISSING = object()
@@ -33,8 +35,6 @@ _installed = {}  # type -> the reducer it had before us (or _MISSING)
 
 def install(reducers):
     """Register ``{class: reducer}`` with ForkingPickler, remembering the old ones."""
-    from multiprocessing.reduction import ForkingPickler
-
     for cls, reducer in reducers.items():
         if cls not in _installed:
             _installed[cls] = ForkingPickler._extra_reducers.get(cls, _MISSING)
@@ -44,8 +44,6 @@ def install(reducers):
 def install_override(reducer_override):
     """Give ForkingPickler a ``reducer_override`` (functions and classes by
     value), remembering what it had."""
-    from multiprocessing.reduction import ForkingPickler
-
     if _OVERRIDE not in _installed:
         _installed[_OVERRIDE] = ForkingPickler.__dict__.get("reducer_override", _MISSING)
     ForkingPickler.reducer_override = reducer_override
@@ -56,8 +54,6 @@ _OVERRIDE = "reducer_override"
 
 def uninstall_reducers():
     """Put back what ForkingPickler had before any registration made here."""
-    from multiprocessing.reduction import ForkingPickler
-
     previous = _installed.pop(_OVERRIDE, None)
     if previous is _MISSING:
         del ForkingPickler.reducer_override

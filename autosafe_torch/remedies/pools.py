@@ -7,13 +7,13 @@ pickle). In both cases the worker gets a new, empty pool of the same size:
 what a dataset that made its pool lazily would have had.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 from ..inspection import holdings
 
 
 def _new_pool(kind, max_workers, prefix):
     if kind == "executor":
-        from concurrent.futures import ThreadPoolExecutor
-
         return ThreadPoolExecutor(max_workers, thread_name_prefix=prefix)
     from multiprocessing.pool import ThreadPool
 
@@ -22,8 +22,6 @@ def _new_pool(kind, max_workers, prefix):
 
 def _recipe(pool):
     """The arguments that make a pool like ``pool``, empty."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if isinstance(pool, ThreadPoolExecutor):
         return "executor", pool._max_workers, pool._thread_name_prefix
     return "threadpool", pool._processes, ""
@@ -35,10 +33,9 @@ def _reduce_pool(pool):
 
 def pool_reducers():
     """Reducers that send a thread pool to a spawned worker as a new one."""
-    import concurrent.futures
     from multiprocessing.pool import ThreadPool
 
-    return {concurrent.futures.ThreadPoolExecutor: _reduce_pool, ThreadPool: _reduce_pool}
+    return {ThreadPoolExecutor: _reduce_pool, ThreadPool: _reduce_pool}
 
 
 def install_reducers():

@@ -16,7 +16,9 @@ and ``cv2.VideoCapture`` objects of a file (reopened at the same frame).
   worker (``reopen_in_forked_worker``), from arguments taken at fork.
 """
 
+import gc
 import io
+import mmap
 import sys
 
 from ..inspection.objwalk import is_a
@@ -80,8 +82,6 @@ def _position(f):
 
 
 def _no_carriage_return(path):
-    import mmap
-
     with open(path, "rb") as raw:
         try:
             with mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ) as view:
@@ -96,8 +96,6 @@ def _lines_end_at_lf(f):
     return. A wrapper opened with ``newline='\r'`` or ``'\r\n'`` keeps that
     very string, and CPython's wrapper lists it among its references; in a
     file with no CR no other string it holds can be one of those."""
-    import gc
-
     if sys.implementation.name != "cpython":
         return False
     return not any(type(r) is str and r in ("\r", "\r\n") for r in gc.get_referents(f))

@@ -14,6 +14,7 @@ start method they chose, and acts on nothing they sent to fork or to
 emulated workers.
 """
 
+import os
 import sys
 
 from . import number_of, rule
@@ -96,6 +97,4 @@ def _memmaps(args, numpy):
 
 
 def _file_name(path):
-    import os
-
     return os.path.basename(path)

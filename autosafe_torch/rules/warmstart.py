@@ -25,6 +25,7 @@ seeded ``base_seed + worker_id`` from a base seed drawn each epoch.
 
 import sys
 
+from ..remedies.workerinit import with_step
 from . import rule
 from .workers import GROUP, start_method
 
@@ -75,7 +76,6 @@ def warm_worker_start(args, ctx):
             % ctx.facts.platform, strategy="plain spawn",
             done="workers start by plain spawn (no fork server on %s)" % ctx.facts.platform)
     from ..remedies import warmstart
-    from ..remedies.workerinit import with_step
 
     libraries = warmstart.libraries_for(
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])

@@ -9,7 +9,7 @@ import threading
 import time
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 
 PATH = os.path.abspath("data.bin")
 # Item i lies at i * STRIDE: more than one read buffer (8 KiB) apart, so every
