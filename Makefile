@@ -162,3 +162,49 @@ conformance:
 	$(INSTALL) ".[test]"
 	$(PYTHON) -m pip install -c constraints-test.txt $(CONFORMANCE_DEPS)
 	$(PYTHON) tests/conformance.py "$(TEST_DATALOADER)" $(CONFORMANCE_ARGS)
+
+# `make gpu`, on a CUDA machine: the tests marked gpu, then the whole suite with CUDA
+# available (as make test selects it, gpu tests included). Each writes every test's
+# outcome as it ends (pytest -v) to $(GPU_REPORT_DIR)/gpu-tests.log and suite.log, so a
+# run cut short still names what passed and failed; both run, and the target fails if
+# either did. Tests not marked gpu keep the GPU from their children (support.clean_env).
+# Such a machine may have no network, and a Python with torch (a CUDA build), wrapt, cv2,
+# h5py, pytest and pytest-xdist: `make gpu-wheels`, run where the registry is, puts every
+# other wheel the tests need (the test extra and the runtime dependencies of pyproject.toml,
+# less those, for CPython $(GPU_PYTHON_VERSION) on x86_64) in $(GPU_WHEELS)/; `make gpu`
+# installs from there alone, this package too (editable, no build isolation).
+GPU_WHEELS ?= gpu-wheels
+GPU_PYTHON_VERSION ?= 3.12
+GPU_JOBS ?= 8
+GPU_REPORT_DIR ?= .
+GPU_PREINSTALLED = torch wrapt opencv-python-headless h5py pytest pytest-xdist
+GPU_PLATFORMS = manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_28_x86_64 linux_x86_64
+# The requirements of pyproject.toml's test extra and runtime, less GPU_PREINSTALLED.
+GPU_REQUIREMENTS = import re, sys, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	skip = set(sys.argv[1:]); \
+	print('\n'.join(r for r in p['dependencies'] + p['optional-dependencies']['test'] \
+	                if re.split('[<>=!~ ;\[]', r)[0].lower() not in skip))
+
+.PHONY: gpu gpu-wheels
+
+gpu-wheels:
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -c "$(GPU_REQUIREMENTS)" $(GPU_PREINSTALLED) > $(GPU_WHEELS)/requirements.txt
+	echo editables >> $(GPU_WHEELS)/requirements.txt  # hatchling's editable build needs it
+	$(PYTHON) -m pip download -q -d $(GPU_WHEELS) --only-binary=:all: --implementation cp \
+	    --python-version $(GPU_PYTHON_VERSION) $(addprefix --platform ,$(GPU_PLATFORMS)) \
+	    -r $(GPU_WHEELS)/requirements.txt
+	@du -sh $(GPU_WHEELS)
+
+gpu:
+	$(PYTHON) -m pip install -q --no-index --find-links $(GPU_WHEELS) -r $(GPU_WHEELS)/requirements.txt
+	$(PYTHON) -m pip install -q --no-index --no-build-isolation --no-deps -e .
+	$(PYTHON) -c "import torch; assert torch.cuda.is_available(), 'make gpu: no CUDA device here'; \
+	    print('make gpu: torch', torch.__version__, 'on', torch.cuda.get_device_name(0))"
+	@mkdir -p $(GPU_REPORT_DIR); failed=; \
+	$(PYTHON) -m pytest -v --tb=short -m gpu $(PYTEST_ARGS) > $(GPU_REPORT_DIR)/gpu-tests.log 2>&1 \
+	    || failed="$$failed gpu-tests"; tail -n 25 $(GPU_REPORT_DIR)/gpu-tests.log; \
+	$(PYTHON) -m pytest -v --tb=short -n $(GPU_JOBS) -m "not integration and not heavy and not realworld" \
+	    $(PYTEST_ARGS) > $(GPU_REPORT_DIR)/suite.log 2>&1 || failed="$$failed suite"; \
+	tail -n 40 $(GPU_REPORT_DIR)/suite.log; \
+	test -z "$$failed" || { echo "make gpu: failed:$$failed (logs in $(GPU_REPORT_DIR))"; exit 1; }

@@ -2,11 +2,25 @@ import logging
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
 from autosafe_torch import activation, facts, report
 from autosafe_torch.config import CONFIG, Config
+
+
+@pytest.fixture(autouse=True)
+def _gpu_only_where_marked(request):
+    """A test's children see the GPU only when the test is marked gpu (support.clean_env;
+    the test modules have imported it by now)."""
+    support = sys.modules.get("support")
+    if support is None:
+        yield
+        return
+    support.GPU_VISIBLE = request.node.get_closest_marker("gpu") is not None
+    yield
+    support.GPU_VISIBLE = False
 
 
 @pytest.fixture(autouse=True)

@@ -197,13 +197,22 @@ def one_of(choices, kept):
 SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
 
 
+# Whether the running test's children may see a GPU: only a test marked ``gpu``
+# (tests/conftest.py sets it per test). Every other test was written for a machine
+# without one, and pins that in its children, so that the suite means the same where
+# CUDA is (make gpu); a behaviour that differs with CUDA has a gpu test of its own.
+GPU_VISIBLE = False
+
+
 def clean_env(extra=None):
     """The environment of a child as a fresh shell would start it: none of ours,
-    none that torch set in this process."""
+    none that torch set in this process; no GPU unless the test is marked gpu."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("AUTOSAFE_TORCH") and k not in SET_BY_TORCH}
     env.pop("PYTHONPATH", None)
     env["PYTHONUNBUFFERED"] = "1"
+    if not GPU_VISIBLE:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra or {})
     return env
 
