@@ -269,9 +269,10 @@ FIGURES = {
     "13": lambda: __import__("privatize").figures(),
     "14": lambda: __import__("forwarder").figures(),
     "15": lambda: __import__("memmap").figures(),
+    "16": lambda: __import__("fork_after_cuda").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
-OPTIONAL = ("10", "15")
+OPTIONAL = ("10", "15", "16")
 
 
 def _cell(text):
