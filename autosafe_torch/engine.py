@@ -7,6 +7,8 @@ raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
 (a finding that changes nothing) is recorded as advice in every mode.
 """
 
+import sys
+
 from . import report, rules
 from .config import CONFIG
 
@@ -142,7 +144,11 @@ def forget_repeats():
 def decide_or(default, where, decide, *args):
     """``decide(*args)``, failing open: an error of ours is logged once and
     ``default`` is returned, so that the caller runs the original call
-    unchanged. Strict mode's UnsafeCallError is meant for the user: it passes."""
+    unchanged. Strict mode's UnsafeCallError is meant for the user: it passes.
+    Nothing of ours runs once the interpreter is finalising (a ``__del__`` of
+    torch's at exit): imports fail then, and the log is going."""
+    if sys.is_finalizing():
+        return default
     try:
         return decide(*args)
     except UnsafeCallError:

@@ -376,3 +376,24 @@ if __name__ == "__main__":
     shimmed = run_script(tmp_path, body, start_method="spawn", activation="cli")
     assert plain.rc == 0 and shimmed.rc == 0, shimmed
     assert shimmed.batches == plain.batches
+
+
+def test_silent_at_interpreter_shutdown(tmp_path):
+    """Work of ours reached from a ``__del__`` while the interpreter finalises
+    (torch's iterator shutting its workers down at exit) does nothing: no
+    import (they fail then), no "Exception ignored" line after the user's own
+    output."""
+    body = '''
+import autosafe_torch
+from autosafe_torch import engine
+
+class Late:
+    def __del__(self):
+        engine.decide_or(None, "late work", lambda: __import__("xml.dom.minidom"))
+
+keep = Late()
+print("done")
+'''
+    r = run_script(tmp_path, body)
+    assert r.rc == 0 and r.stdout.strip() == "done", r
+    assert "Exception ignored" not in r.stderr and "meta_path" not in r.stderr, r.stderr
