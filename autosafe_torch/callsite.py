@@ -93,6 +93,11 @@ def _prefixes():
     return _skip, _installed
 
 
+def installed_dirs():
+    """The directories of installed libraries and of the standard library."""
+    return _prefixes()[1]
+
+
 def user_call_site(instance=None):
     """file:line of the nearest frame outside autosafe_torch, torch and wrapt.
 

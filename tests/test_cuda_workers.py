@@ -88,11 +88,11 @@ def test_worker_that_touches_cuda_restarts_by_spawn_exactly(tmp_path, spawned, t
 
 @pytest.mark.rule("DL205")
 def test_unpicklable_dataset_that_touches_cuda_goes_to_emulated_workers(tmp_path, spawned):
-    plain, _ = run(tmp_path, "after:0", "lock", shim=False)
+    plain, _ = run(tmp_path, "after:0", "stream", shim=False)
     assert plain.rc != 0 and "Cannot re-initialize CUDA" in plain.stderr
-    shim, records = run(tmp_path, "after:0", "lock")
+    shim, records = run(tmp_path, "after:0", "stream")
     assert shim.rc == 0, shim
-    # The lock is in no sample: the batches are those of the spawn run.
+    # The generator is in no sample: the batches are those of the spawn run.
     assert shim.batches == spawned["after:0"] and pids(shim) == 0
     (record,) = [r for r in records if r["code"] == "DL205"]
     assert record["strategy"] == "emulated workers (in process)"
@@ -142,13 +142,11 @@ def test_once_a_forked_worker_touched_cuda_spawn_where_picklable():
 
 @pytest.mark.rule("DL205")
 def test_once_a_forked_worker_touched_cuda_unpicklable_is_emulated():
-    import threading
-
     class Held(list):
         pass
 
     ds = Held([1, 2, 3])
-    ds.lock = threading.Lock()
+    ds.stream = (x for x in range(3))  # a generator: it does not pickle
     found = plan(ds, _touched())
     assert found[0].rule.code == "DL205"
     assert found[0].strategy == "emulated workers (in process)"

@@ -424,8 +424,14 @@ def test_native_handles_reopened_by_path_in_each_worker(tmp_path, kind, unpickla
     assert ("DL212", "reopen in each worker") in {(r["code"], r["strategy"])
                                                   for r in _logged(log)}
 
+    log = tmp_path / "locked.jsonl"
+    locked = run("2", "lock", log=log, activation="env", platform="macos")
+    assert locked.batches == ref.batches, locked
+    assert ("DL201", "repair: reopen read-only files by path and new unlocked locks in each "
+            "worker") in {(r["code"], r["strategy"]) for r in _logged(log)}
+
     log = tmp_path / "emulated.jsonl"
-    emulated = run("2", "lock", log=log, activation="env", platform="macos")
+    emulated = run("2", "stream", log=log, activation="env", platform="macos")
     assert emulated.batches == ref.batches, emulated
     assert "emulated workers (in process)" in {r["strategy"] for r in _logged(log)}
 

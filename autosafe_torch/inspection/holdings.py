@@ -360,12 +360,12 @@ def fork_blockers(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
         if kind == "thread":
             if value.is_alive():
                 found.append((here, "live thread"))
-        elif kind is not None and _held(value):
+        elif kind is not None and held(value):
             found.append((here, "held %s" % kind))
     return found
 
 
-def _held(obj):
+def held(obj):
     """Whether a lock (or the lock under a Condition, Semaphore, Event or
     Barrier) is held now, by this thread or another. Unknown: held."""
     try:
@@ -376,7 +376,7 @@ def _held(obj):
         for name in ("_cond", "_lock"):  # threading's own attributes
             inner = attrs.get(name)
             if inner is not None and threading_kind(inner) is not None:
-                return _held(inner)
+                return held(inner)
         if is_a(obj, type(threading.Lock())):
             return obj.locked()
         if threading_kind(obj) == "rlock":

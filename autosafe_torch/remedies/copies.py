@@ -268,7 +268,7 @@ class CopyPlan:
         kind = holdings.threading_kind(lock)
         made = {"lock": threading.Lock, "rlock": threading.RLock}.get(kind)
         if made is not None:
-            if holdings._held(lock):
+            if holdings.held(lock):
                 raise NoExactRung("%s is held now: a worker's copy would wait for it forever"
                                   % self._named(lock))
             return made()

@@ -327,7 +327,8 @@ def thread_pool_to_spawned_workers(args, ctx):
                "class forwards attributes and so does not unpickle): the repair ladder "
                "(reopen read-only files per worker, map an mmap.mmap of a named file "
                "again in each worker with its access and position, rebuild forwarders "
-               "from their attributes, else fork, else emulated workers)"),
+               "from their attributes, send the user's locks nobody holds as new, "
+               "unlocked ones, else fork, else emulated workers)"),
       prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
                 "'sqlite3.Connection', 'mmap.mmap', h5py and lmdb handles, "
                 "'_thread.lock'); "
@@ -362,9 +363,9 @@ def unpicklable_dataset(args, ctx):
               "DL208": plan.pools}
     if any(need and not ctx.found(code) for code, need in needed.items()):
         return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
-    if not (plan.files or plan.maps or plan.forwarders):
+    if not (plan.files or plan.maps or plan.forwarders or plan.locks):
         return None
-    from ..remedies import memmaps, pickling, reopen
+    from ..remedies import locks, memmaps, pickling, reopen
 
     whys, remedies, done, before, repairs = [], [], [], {}, []
     if plan.files:
@@ -394,13 +395,27 @@ def unpicklable_dataset(args, ctx):
         done.append("%s rebuilt from its attributes" % ", ".join(
             "%s (%s)" % (where, a_or_an(cls.__name__)) for cls, where in plan.forwarders.items()))
         repairs.append("rebuild attribute forwarders")
+    if plan.locks:
+        path, why = plan.locks
+        parts = {name: args[name] for name in PARTS}
+        found = [(where, lock) for where, lock in held_in_parts(parts, locks.unheld_lock)
+                 if locks.users_own(parts, lock)] or [(path, None)]
+        before["locks"] = [where for where, _lock in found]
+        whys.append(why)
+        remedies.append(lambda args: pickling.install(locks.lock_reducers()))
+        done.append("%s made anew, unlocked," % (_named(found) if found[0][1] is not None
+                                                 else path))
+        repairs.append("new unlocked locks")
     return unpicklable_dataset.rule.finding(
         before, why="; ".join(whys),
         strategy="repair: %s in each worker" % " and ".join(repairs),
-        remedies=remedies, fix=None if plan.files or plan.maps else FORWARDER_FIX,
+        remedies=remedies, fix=None if plan.files or plan.maps
+        else LOCK_FIX if plan.locks and not plan.forwarders else FORWARDER_FIX,
         done="%s in each of %s" % (" and ".join(done), number_of(args["num_workers"], "worker")))
 
 
+LOCK_FIX = ("create locks lazily in __getitem__ or in worker_init_fn (or use "
+            "multiprocessing's), not in __init__")
 FORWARDER_FIX = ("let __getattr__ raise AttributeError for the names it does not forward: "
                  "unpickling asks the new, empty instance for __setstate__")
 
@@ -712,6 +727,8 @@ class PicklingPlan:
     ``maps``: (path, why, the map) of the first ``mmap.mmap``, when maps of
     named files are mapped again in each worker (DL201);
     ``pools``: paths of thread pools, sent as new ones (DL208);
+    ``locks``: (path, why) of the first lock nobody holds, when such locks
+    are sent as new, unlocked ones (DL201);
     ``forwarders``: class -> path of the first instance of a class that
     forwards unknown attributes, whose unpickling would recurse, built from
     its attributes instead (DL201); ``failures``: what still does not pickle
@@ -719,17 +736,17 @@ class PicklingPlan:
     """
 
     __slots__ = ("by_value", "nested", "classes", "files", "maps", "pools", "forwarders",
-                 "failures")
+                 "locks", "failures")
 
     def __init__(self):
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
         self.forwarders = {}
-        self.nested = self.files = self.maps = None
+        self.nested = self.files = self.maps = self.locks = None
 
     @property
     def needs_repair(self):
         return bool(self.by_value or self.nested or self.classes or self.files or self.maps
-                    or self.pools or self.forwarders)
+                    or self.pools or self.forwarders or self.locks)
 
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
@@ -756,7 +773,7 @@ def _per_parts(ctx, name, args, make):
 def _plan_pickling(parts):
     from ..inspection import holdings, probe
     from ..inspection.mainmodule import interactive_main
-    from ..remedies import byvalue, memmaps, pickling, pools, reopen
+    from ..remedies import byvalue, locks, memmaps, pickling, pools, reopen
 
     plan, planned = PicklingPlan(), {}
     if parts["dataset"] is not None:
@@ -787,6 +804,9 @@ def _plan_pickling(parts):
         elif plan.maps is None and memmaps.map_reference(value)[0] is not None:
             plan.maps = (failure.path, failure.error, value)
             planned.update(memmaps.map_reducers())
+        elif plan.locks is None and locks.unheld_lock(value) and locks.users_own(parts, value):
+            plan.locks = (failure.path, failure.error)
+            planned.update(locks.lock_reducers())
         elif cls.__module__ == "__main__" and interactive_main() and cls not in plan.classes:
             plan.classes[cls] = (failure.path, failure.error)
             planned.update(byvalue.class_reducers((cls,)))

@@ -8,8 +8,8 @@ python cuda_workers.py TOUCH [HOLD]
   (``.cuda()`` on a GPU; under the simulation, ``torch.cuda.init()``, the
   first thing any CUDA call does): after:8, each of 2 workers fails on its
   third batch of 4, past batches already delivered;
-- HOLD: ``lock``: the dataset holds a ``threading.Lock``, so it does not
-  pickle and spawn cannot take it.
+- HOLD: ``stream``: the dataset holds a generator, so it does not pickle and
+  spawn cannot take it.
 
 CUDA is initialised in this process before the first batch: on a GPU by
 ``model.cuda()``, built after the loader as real scripts do; without one by
@@ -26,7 +26,6 @@ import hashlib
 import os
 import random
 import sys
-import threading
 
 import numpy as np
 import torch
@@ -38,7 +37,7 @@ INHERITED = []  # filled in the training process before the workers start
 class Samples(Dataset):
     def __init__(self, touch_after, hold):
         self.touch_after = touch_after
-        self.lock = threading.Lock() if hold == "lock" else None
+        self.stream = (i for i in range(3)) if hold == "stream" else None
         self.fetches = 0
 
     def __len__(self):

@@ -2,7 +2,8 @@
 
 argv: KIND (lmdb, video), the number of workers, and options: "rw" (lmdb
 opened read-write, though only read), "lock" (the
-dataset holds a threading.Lock too: nothing pickles, fork is unsafe, so only
+dataset holds a threading.Lock too: it travels to spawned workers as a new one),
+"stream" (the dataset holds a generator too: nothing pickles, so on a Mac only
 emulated workers remain), "bounded" (DataLoader(timeout=6): for fork runs,
 whose workers start at once). Neither handle pickles under spawn. Under fork,
 LMDB forbids the parent's environment in a child (each worker prints
@@ -87,6 +88,8 @@ if __name__ == "__main__":
     ds = Records() if kind == "lmdb" else Frames()
     if "lock" in sys.argv:
         ds.lock = threading.Lock()
+    if "stream" in sys.argv:
+        ds.stream = (i for i in range(3))
     init = None
     if kind == "lmdb" and workers:
         PARENT_HANDLE.append(ds.env)
