@@ -192,7 +192,7 @@ def plan_without_fork(loader, failure, frame):
         return None
     values, found, work = _plan_workers(loader, frame, fork_failed=failure)
     moved = [f for f in found if f.rule.code == "DL205"]
-    if not moved or "spawn" not in moved[0].strategy \
+    if not moved or moved[0].changes.get("multiprocessing_context") != "spawn" \
             or any(f.state.get("emulated_workers") for f in found):
         return None
     # DL205 is said by the recovery's record, once the new workers delivered.
