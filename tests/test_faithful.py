@@ -65,16 +65,18 @@ def test_as_on_each_platform_the_batches_of_two_fork_workers(tmp_path, reference
     strategies = {r["strategy"] for r in records}
     # repaired for spawn: the workers start warm (DL209); forkserver needs no warm start
     warm = {r["strategy"] for r in _records(log) if r["code"] == "DL209"}
-    repaired = kind in ("file", "lambda")  # for spawn: then warm where there is a fork server
+    # for spawn: then warm where there is a fork server
+    repaired = kind in ("file", "lambda", "lock")
     assert warm == ({"warm forkserver"} if repaired and platform == "macos" else
                     {"plain spawn"} if repaired and platform == "windows" else set())
     if kind == "file":  # repaired: reopened by path in each worker
         assert strategies == {"repair: reopen read-only files by path in each worker"}
     elif kind == "lambda":  # repaired: the lambda goes by value
         assert strategies == {"by-value"} and records[0]["code"] == "DL202"
-    else:  # unrepairable: fork where there is one (a lock nobody holds is copied
-        # unheld into a forked worker), else emulated
+    elif kind == "lock":  # repaired: a lock nobody holds goes as a new, unlocked one
+        assert strategies == {"repair: new unlocked locks in each worker"}
+        assert "create locks lazily" in records[0]["fix"]
+    else:  # unrepairable: fork where there is one, else emulated
         assert strategies == ({"start method: fork"} if platform == "linux-py314"
                               else {"emulated workers (in process)"})
-        assert ("keep no generator on the dataset" if kind == "generator"
-                else "create locks and threads lazily") in records[0]["fix"]
+        assert "keep no generator on the dataset" in records[0]["fix"]
