@@ -79,23 +79,24 @@ MOVE, EMULATE = "move", "emulate"
 
 
 def _plan_workers(values, facts):
-    """(found accelerator tensors, what DL301 does with them) for this loader:
-    ``MOVE`` to CPU where every batch is certainly copied back to its one
-    device; ``EMULATE`` where they cannot reach a worker (MPS, XPU: the batches
+    """(found accelerator tensors, what DL301 does with them, the batches' one
+    device or None) for this loader: ``MOVE`` to CPU where every batch is
+    certainly copied back to its one device; ``EMULATE`` where they cannot reach a worker (MPS, XPU: the batches
     of emulated workers keep their device); None: left as they are. CUDA
     tensors reach spawn workers by CUDA IPC, and forked workers that touch
     them are recovered by spawn (DL205): either way the batches keep their
     device, which moving them would change."""
     if values["num_workers"] <= 0 or not device_tensors_possible(facts):
-        return [], None
+        return [], None, None
     found = scan(values["dataset"]).on(ACCELERATORS)
     if not found:
-        return [], None
-    if batch_device(values["dataset"]) is not None:
-        return found, MOVE
+        return [], None, None
+    device = batch_device(values["dataset"])
+    if device is not None:
+        return found, MOVE, device
     if all(f.device_type in IPC_SHAREABLE for f in found):
-        return found, None
-    return found, EMULATE
+        return found, None, None
+    return found, EMULATE, None
 
 
 def _pin(values, facts):
@@ -105,9 +106,11 @@ def _pin(values, facts):
 
 
 @rule("DL301", "accelerator-tensors-in-workers", GROUP,
-      summary=("dataset holds CUDA/MPS/XPU tensors and num_workers > 0: move them to CPU "
-               "in place (pin_memory on with CUDA); a one-device TensorDataset's batches "
-               "are copied back to its device"),
+      summary=("dataset holds CUDA/MPS/XPU tensors and num_workers > 0, one decision that "
+               "keeps the batches' device: a one-device TensorDataset moves to CPU in "
+               "place (pin_memory on with CUDA) and its batches are copied back; other "
+               "CUDA tensors stay (CUDA IPC under spawn, DL205 under fork); MPS/XPU "
+               "tensors get emulated workers"),
       prevents=("fork: 'RuntimeError: Cannot re-initialize CUDA in forked subprocess' or "
                 "'CUDA error: initialization error' in the worker; MPS/XPU tensors "
                 "cannot be sent to workers; spawn: one CUDA context per worker"),
@@ -122,7 +125,7 @@ def _pin(values, facts):
       at="dataloader.init")
 def accelerator_tensors_in_workers(values, ctx):
     facts = ctx.facts
-    found, how = _plan_workers(values, facts)
+    found, how, device = _plan_workers(values, facts)
     if not found:
         return None
     where = describe(found)
@@ -144,7 +147,6 @@ def accelerator_tensors_in_workers(values, ctx):
             "processes; moved to CPU, the batches would change device" % where,
             reason="%s cannot reach worker processes" % where)
     before, changes = _pin(values, facts)
-    device = batch_device(values["dataset"])
     before["batch_device"] = None
     return accelerator_tensors_in_workers.rule.finding(
         before, changes, "moved to CPU: %s. Worker processes under %s %s them; each "
@@ -178,7 +180,7 @@ def datasets_on_different_devices(values, ctx):
     if not device_tensors_possible(facts) or \
             dataset_parts(values["dataset"], sys.modules.get("torch")) is None:
         return None  # only the parts of a ConcatDataset/ChainDataset can differ
-    _found, how = _plan_workers(values, facts)
+    _found, how, _device = _plan_workers(values, facts)
     if how is not None:
         return None  # DL301 moves them all, or emulates the workers
     if values["batch_size"] is None and values["batch_sampler"] is None:
