@@ -19,6 +19,7 @@ import threading
 import weakref
 
 from .. import callsite, engine
+from ..rules import Context
 from . import replace
 
 _sites = weakref.WeakKeyDictionary()  # a pin-memory thread -> its loader's iteration site
@@ -50,8 +51,6 @@ def serves(iterator, site):
 
 def _unpinned(data, exc):
     """Whether ``data``, which torch could not pin, goes on as it is (DL305)."""
-    from ..rules import Context
-
     found, _ = engine.run_checks("dataloader.pin", {"batch": data, "error": exc},
                                  Context(None))
     if not found:
