@@ -204,8 +204,9 @@ from torch.utils.data import DataLoader, Dataset
 
 class OnGpu(Dataset):
     def __init__(self):
+        self.stream = (i for i in range(3)) if {unpicklable} else None
         g = torch.Generator().manual_seed(0)
-        self.items = [{"x": torch.randn(3, generator=g).cuda(), "y": torch.tensor(i).cuda()}
+        self.items = [{{"x": torch.randn(3, generator=g).cuda(), "y": torch.tensor(i).cuda()}}
                       for i in range(32)]
     def __len__(self):
         return len(self.items)
@@ -224,15 +225,19 @@ if __name__ == "__main__":
 @gpu
 @needs_cuda
 @pytest.mark.rule("DL205", "DL301", "DL305")
-@pytest.mark.parametrize("workers, pin, start_method", [
-    (2, False, "fork"), (2, True, "fork"), (0, True, "fork"), (2, True, "spawn")])
+@pytest.mark.parametrize("workers, pin, start_method, unpicklable", [
+    (2, False, "fork", False), (2, True, "fork", False), (0, True, "fork", False),
+    (2, True, "spawn", False), (2, True, "fork", True)])
 def test_real_gpu_held_dataset_keeps_its_batches_devices(tmp_path, workers, pin,
-                                                         start_method):
+                                                         start_method, unpicklable):
+    """Every rung: fork recovered by spawn (CUDA IPC), spawn as asked, and emulated
+    workers for a dataset that does not pickle (a generator beside its tensors)."""
     from support import run_script
 
-    reference = run_script(tmp_path, GPU_HELD.format(workers=0, pin=False))
+    reference = run_script(tmp_path, GPU_HELD.format(workers=0, pin=False,
+                                                     unpicklable=False))
     assert reference.rc == 0, reference
-    body = GPU_HELD.format(workers=workers, pin=pin)
+    body = GPU_HELD.format(workers=workers, pin=pin, unpicklable=unpicklable)
     plain = run_script(tmp_path, body, start_method=start_method)
     shim = run_script(tmp_path, body, activation="import", start_method=start_method)
     assert shim.rc == 0, shim
