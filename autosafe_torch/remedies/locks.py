@@ -10,7 +10,7 @@ Semaphore and Event around one, which pickle by their attributes. A lock held
 right now is refused, by the reducer itself: its pickle fails and the ladder
 takes the next rung, as for fork. Only the user's own locks: one that a
 library's object holds (a ZipFile's, a Queue's) guards that object's state,
-which a new lock beside a copy of it would not be (``users_own``).
+which a new lock beside a copy of it would not be (``UsersLocks``).
 """
 
 import os
@@ -48,22 +48,36 @@ def unheld_lock(value):
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 
 
-def users_own(parts, lock):
-    """Whether ``lock`` is held by an object of the user's own (its class not
+class UsersLocks:
+    """The unheld locks that objects of the user's own hold (their class not
     from an installed library nor the standard library), directly or through
-    threading's primitives and built-in containers. ``parts``: ``{name: part}``."""
-    owners = {}
-    for name, part in parts.items():
-        if part is None:
-            continue
-        for _here, obj, edge in objwalk.walk(part, name, items=objwalk.SAMPLE_ITEMS):
-            if edge is not None:
-                owners.setdefault(id(obj), edge.owner)
-    owner = owners.get(id(lock))
-    while owner is not None and (holdings.threading_kind(owner) is not None
-                                 or objwalk.is_a(owner, _CONTAINERS)):
-        owner = owners.get(id(owner))
-    return owner is not None and _users_class(type(owner))
+    threading's primitives and built-in containers, from one walk of the
+    loader's parts (``{name: part}``): ``holds(lock)`` for any of them, and
+    ``named``, ``(path, obj)`` of each outermost one (a Condition, not the
+    lock inside it), as the log names them."""
+
+    def __init__(self, parts):
+        self._owners, primitives = {}, []
+        for name, part in parts.items():
+            if part is None:
+                continue
+            for here, obj, edge in objwalk.walk(part, name, items=objwalk.SAMPLE_ITEMS):
+                if edge is not None:
+                    self._owners.setdefault(id(obj), edge.owner)
+                if unheld_lock(obj):
+                    primitives.append((here, obj))
+        self.named = [(here, obj) for here, obj in primitives if self._users(obj)
+                      and holdings.threading_kind(self._owners.get(id(obj))) is None]
+
+    def holds(self, lock):
+        return unheld_lock(lock) and self._users(lock)
+
+    def _users(self, obj):
+        owner = self._owners.get(id(obj))
+        while owner is not None and (holdings.threading_kind(owner) is not None
+                                     or objwalk.is_a(owner, _CONTAINERS)):
+            owner = self._owners.get(id(owner))
+        return owner is not None and _users_class(type(owner))
 
 
 def _users_class(cls):

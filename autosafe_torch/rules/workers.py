@@ -396,15 +396,11 @@ def unpicklable_dataset(args, ctx):
             "%s (%s)" % (where, a_or_an(cls.__name__)) for cls, where in plan.forwarders.items()))
         repairs.append("rebuild attribute forwarders")
     if plan.locks:
-        path, why = plan.locks
-        parts = {name: args[name] for name in PARTS}
-        found = [(where, lock) for where, lock in held_in_parts(parts, locks.unheld_lock)
-                 if locks.users_own(parts, lock)] or [(path, None)]
-        before["locks"] = [where for where, _lock in found]
+        path, why, found = plan.locks
+        before["locks"] = [where for where, _lock in found] or [path]
         whys.append(why)
         remedies.append(lambda args: pickling.install(locks.lock_reducers()))
-        done.append("%s made anew, unlocked," % (_named(found) if found[0][1] is not None
-                                                 else path))
+        done.append("%s made anew, unlocked," % (_named(found) if found else path))
         repairs.append("new unlocked locks")
     return unpicklable_dataset.rule.finding(
         before, why="; ".join(whys),
@@ -727,8 +723,9 @@ class PicklingPlan:
     ``maps``: (path, why, the map) of the first ``mmap.mmap``, when maps of
     named files are mapped again in each worker (DL201);
     ``pools``: paths of thread pools, sent as new ones (DL208);
-    ``locks``: (path, why) of the first lock nobody holds, when such locks
-    are sent as new, unlocked ones (DL201);
+    ``locks``: (path, why, the user's locks as ``UsersLocks.named``) of the
+    first lock nobody holds, when such locks are sent as new, unlocked ones
+    (DL201);
     ``forwarders``: class -> path of the first instance of a class that
     forwards unknown attributes, whose unpickling would recurse, built from
     its attributes instead (DL201); ``failures``: what still does not pickle
@@ -804,8 +801,9 @@ def _plan_pickling(parts):
         elif plan.maps is None and memmaps.map_reference(value)[0] is not None:
             plan.maps = (failure.path, failure.error, value)
             planned.update(memmaps.map_reducers())
-        elif plan.locks is None and locks.unheld_lock(value) and locks.users_own(parts, value):
-            plan.locks = (failure.path, failure.error)
+        elif plan.locks is None and locks.unheld_lock(value) \
+                and (users := locks.UsersLocks(parts)).holds(value):
+            plan.locks = (failure.path, failure.error, users.named)
             planned.update(locks.lock_reducers())
         elif cls.__module__ == "__main__" and interactive_main() and cls not in plan.classes:
             plan.classes[cls] = (failure.path, failure.error)
