@@ -86,15 +86,21 @@ def test_worker_that_touches_cuda_restarts_by_spawn_exactly(tmp_path, spawned, t
 
 
 @pytest.mark.rule("DL205")
-def test_unpicklable_dataset_that_touches_cuda_goes_to_emulated_workers(tmp_path, spawned):
-    plain, _ = run(tmp_path, "after:0", "stream", shim=False)
+@pytest.mark.parametrize("hold, rung", [
+    ("stream", "spawn workers"),  # built again in each spawn worker (DL201)
+    ("spent", "emulated workers (in process)")])  # changed after construction: no build gives it
+def test_unpicklable_dataset_that_touches_cuda(tmp_path, spawned, hold, rung):
+    plain, _ = run(tmp_path, "after:0", hold, shim=False)
     assert plain.rc != 0 and "Cannot re-initialize CUDA" in plain.stderr
-    shim, records = run(tmp_path, "after:0", "stream")
+    shim, records = run(tmp_path, "after:0", hold)
     assert shim.rc == 0, shim
     # The generator is in no sample: the batches are those of the spawn run.
-    assert shim.batches == spawned and pids(shim) == 0
+    assert shim.batches == spawned and pids(shim) == (2 if hold == "stream" else 0)
     (record,) = [r for r in records if r["code"] == "DL205"]
-    assert record["strategy"] == "emulated workers (in process)"
+    assert record["strategy"] == rung
+    if hold == "stream":
+        (repair,) = [r for r in records if r["code"] == "DL201"]
+        assert repair["strategy"] == "repair: build the dataset again in each worker"
 
 
 @pytest.mark.heavy

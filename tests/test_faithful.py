@@ -66,7 +66,8 @@ def test_as_on_each_platform_the_batches_of_two_fork_workers(tmp_path, reference
     # repaired for spawn: the workers start warm (DL209); forkserver needs no warm start
     warm = {r["strategy"] for r in _records(log) if r["code"] == "DL209"}
     # for spawn: then warm where there is a fork server
-    repaired = kind in ("file", "lambda", "lock")
+    repaired = kind in ("file", "lambda", "lock") or kind == "generator" and \
+        platform != "linux-py314"
     assert warm == ({"warm forkserver"} if repaired and platform == "macos" else
                     {"plain spawn"} if repaired and platform == "windows" else set())
     if kind == "file":  # repaired: reopened by path in each worker
@@ -76,7 +77,9 @@ def test_as_on_each_platform_the_batches_of_two_fork_workers(tmp_path, reference
     elif kind == "lock":  # repaired: a lock nobody holds goes as a new, unlocked one
         assert strategies == {"repair: new unlocked locks in each worker"}
         assert "create locks lazily" in records[0]["fix"]
-    else:  # unrepairable: fork where there is one, else emulated
-        assert strategies == ({"start method: fork"} if platform == "linux-py314"
-                              else {"emulated workers (in process)"})
+    elif platform == "linux-py314":  # the generator: fork, where there is one
+        assert strategies == {"start method: fork"}
         assert "keep no generator on the dataset" in records[0]["fix"]
+    else:  # no fork rung: the dataset built again in each worker (an unstarted generator)
+        assert strategies == {"repair: build the dataset again in each worker"}
+        assert "built again from its constructor's arguments" in records[0]["done"]

@@ -296,8 +296,10 @@ def test_what_a_worker_maps_is_what_a_forked_one_holds(path, maps_starting, acce
 
 
 def test_maps_that_cannot_be_mapped_again(path, maps_starting, tmp_path):
-    """Refused with why: a private map this process wrote to, an anonymous
-    map, a deleted file, a closed map; never outside a process start."""
+    """Refused with why: a private map this process wrote to, a deleted file,
+    a closed map; never outside a process start. An anonymous map has no file
+    to map again (said so, also where there is no /proc): it goes through
+    shared memory instead (tests/test_holders.py)."""
     with open(path, "rb") as f:
         written = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         written[3] = 1
@@ -308,12 +310,15 @@ def test_maps_that_cannot_be_mapped_again(path, maps_starting, tmp_path):
         os.unlink(gone)
         closed = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         closed.close()
-    cases = {written: "wrote to", mmap.mmap(-1, 4096): "an anonymous map",
-             deleted: "deleted", closed: "closed"}
+    cases = {written: "wrote to", deleted: "deleted", closed: "closed"}
     for m, why in cases.items():
         assert why in memmaps.map_reference(m)[1]
         with pytest.raises(TypeError, match="cannot pickle 'mmap.mmap' object"):
             ForkingPickler.dumps(m)
+    anonymous = mmap.mmap(-1, 4096)
+    assert "an anonymous map" in memmaps.map_reference(anonymous)[1]
+    assert "an anonymous map" in memmaps.map_reference(anonymous, None)[1]  # no /proc
+    assert memmaps.travels(anonymous) and not memmaps.travels(written)
     context.set_spawning_popen(None)
     with open(path, "rb") as f:
         fine = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -59,7 +59,9 @@ class Streamed(Dataset):
         return torch.tensor(float(i))
 
 if __name__ == "__main__":
-    digest(DataLoader(Streamed(), batch_size=2, num_workers=2))
+    dataset = Streamed()
+    next(dataset.gen)  # advanced: no new build gives it (not built again in a worker)
+    digest(DataLoader(dataset, batch_size=2, num_workers=2))
 '''
 
 

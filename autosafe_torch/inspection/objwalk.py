@@ -237,3 +237,27 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
             if is_atomic(child) or id(child) in seen:
                 continue
             stack.append((here + child_edge.label(), child, child_edge, depth + 1))
+
+
+class Owners:
+    """Who holds what among the loader's parts (``{name: part}``), from one
+    walk: ``chain(obj)`` gives ``(path, holder)`` from ``obj`` itself out to
+    the part that holds it."""
+
+    def __init__(self, parts, items=SAMPLE_ITEMS):
+        self._owner, self._path, self._kept = {}, {}, []
+        for name, part in parts.items():
+            if part is None:
+                continue
+            for here, obj, edge in walk(part, name, items=items):
+                self._kept.append(obj)  # ids stay theirs while this lives
+                self._path.setdefault(id(obj), here)
+                if edge is not None:
+                    self._owner.setdefault(id(obj), edge.owner)
+
+    def chain(self, obj):
+        seen = set()
+        while obj is not None and id(obj) in self._path and id(obj) not in seen:
+            seen.add(id(obj))
+            yield self._path[id(obj)], obj
+            obj = self._owner.get(id(obj))

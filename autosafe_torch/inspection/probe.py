@@ -195,6 +195,11 @@ class _ProbePickler(pickle.Pickler):
         return NotImplemented
 
 
+def is_probing():
+    """Whether what is being pickled now goes to the probe, not to a child."""
+    return isinstance(context.get_spawning_popen(), _ProbeSpawning)
+
+
 class _ProbeSpawning:
     """Stands in for the Popen of a child being started, as multiprocessing sets
     one while it pickles for the child: Queues, Locks, Semaphores, Values and

@@ -12,7 +12,7 @@ import importlib
 # trigger module -> patch modules applied when it is imported
 TARGETS = {
     "torch": ("autosafe_torch.patches.dataloader", "autosafe_torch.patches.pinning",
-              "autosafe_torch.patches.amp"),
+              "autosafe_torch.patches.amp", "autosafe_torch.patches.datasets"),
     "cv2": ("autosafe_torch.patches.cv2",),
 }
 

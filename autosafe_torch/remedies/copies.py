@@ -25,6 +25,11 @@ here, in its memo:
 - locks, events, semaphores and conditions are new ones in the same state
   (a held lock is refused); a thread pool is a new, empty one of the same
   size (DL208).
+- a PIL image of several frames, whose copy (its pickle) would keep one
+  frame and drop the file, is opened again at its frame (``images``); any
+  other object whose own pickling drops an open file it holds
+  (``roundtrip.unfaithful``: deepcopy goes through that pickling) is
+  refused, unless its class sets that attribute again itself (a lazy open).
 - anything deepcopy refuses is copied by a pickle round trip, as a spawned
   worker would receive it; where that fails too (a ``csv.reader``, a C
   library's handle, a weak proxy, a generator that has started, a text
@@ -45,12 +50,13 @@ import types
 import weakref
 from multiprocessing.reduction import ForkingPickler
 
-from ..inspection import holdings, objwalk
+from ..inspection import holdings, objwalk, roundtrip
 from ..errors import NoExactRung
 from ..inspection.failures import describe_exception
 from ..inspection.naming import what_is
 from ..report import clip
-from .reopen import reopen
+from . import images
+from .reopen import file_reducers, reopen
 
 # Tensors and arrays at least this large are shared with the workers rather
 # than copied (a forked worker shares them copy-on-write); smaller ones, which
@@ -131,20 +137,24 @@ class CopyPlan:
         self._weak = {}  # id -> a weak reference or proxy: to the copy of what it refers to
         self._by_id = {}  # id -> every object the walk met
         self._readers = {}  # id -> a decompressing reader (gzip, bz2, lzma): rewound
+        self._images = {}  # id -> a PIL image of several frames: opened again at its frame
         self._paths = {}
-        roots = zip(names, objects) if names else [("worker", objects)]
+        roots = list(zip(names, objects)) if names else [("worker", objects)]
         for name, root in roots:
             for path, obj in _walk(root, name):
                 self._paths.setdefault(id(obj), path)
                 self._by_id[id(obj)] = obj
                 self._classify(path, obj)
+        self._refused = _dropping_files(dict(roots))
 
     def _classify(self, path, obj):
         key = id(obj)
         if key in self._memo_base or key in self._files:
             return
         why = _shared(obj)
-        if why is not None:
+        if images.reopens(obj):
+            self._images[key] = obj
+        elif why is not None:
             self._share(obj, why)
         elif _buffered_over_python(obj):
             self._buffered[key] = obj
@@ -176,11 +186,16 @@ class CopyPlan:
 
     def copy(self):
         """A new copy of the objects, as a freshly forked worker holds them."""
+        if self._refused is not None:
+            raise self._refused
         made = dict(self._memo_base)  # shared, opened anew, made anew: kept over retries
         opened = []
         try:
             for key, f in self._files.items():
                 made[key] = self._own_file(f)
+                opened.append(made[key])
+            for key, img in self._images.items():
+                made[key] = self._own_image(img)
                 opened.append(made[key])
             for key, lock in self._locks.items():
                 made[key] = self._new_lock(lock)
@@ -250,6 +265,14 @@ class CopyPlan:
         except (OSError, ValueError) as exc:
             raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
                               % (self._named(f), _short(exc)))
+
+    def _own_image(self, img):
+        """The image opened again at its frame, as a forked worker's reads it."""
+        try:
+            return images.copy_of(img)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
+                              % (self._named(img), _short(exc)), roundtrip.IMAGE_FIX)
 
     def _own_map(self, m):
         """The map mapped again from its file, as a forked worker holds it."""
@@ -355,9 +378,11 @@ def _walk(root, name):
 
 def _stop(obj):
     """Reported, never entered: payloads, what holds a kernel resource itself
-    (a file on a descriptor, a native handle, a socket), locks, pools, loggers.
+    (a file on a descriptor, a native handle, a socket), locks, pools, loggers,
+    PIL images (opened again, or copied as PIL pickles them: never their file).
     A file object written in Python (GzipFile) is entered: its files are inside."""
-    if _payload_bytes(obj) is not None or holdings.stop_at_threading(obj):
+    if _payload_bytes(obj) is not None or holdings.stop_at_threading(obj) \
+            or roundtrip.is_image_file(obj):
         return True
     if holdings.is_file_object(obj):
         return not (_file_in_python(obj) or _buffered_over_python(obj))
@@ -528,6 +553,19 @@ def _failed_object(tb):
             culprit = tb.tb_frame.f_locals.get("x")
         tb = tb.tb_next
     return culprit
+
+
+def _dropping_files(parts):
+    """``NoExactRung`` for the first object of ``parts`` whose own pickling
+    (which deepcopy goes through) drops an open file it holds, and that is not
+    opened again here (``images.reopens``); else None. Files travel as the
+    copies' memo gives them: opened again (``file_reducers``)."""
+    for failure in roundtrip.unfaithful(parts, file_reducers()):
+        if not images.reopens(failure.value):
+            return NoExactRung("%s (%s) cannot be copied for each emulated worker: it %s"
+                               % (failure.path, what_is(failure.value), failure.error),
+                               failure.fix)
+    return None
 
 
 def copy_for_worker(objects):

@@ -260,6 +260,8 @@ def map_reference(m, mappings=()):
     that a worker can map again exactly, else ``(None, why not)``."""
     if type(m) is not mmap.mmap:  # the type the reducer is registered for
         return None, "not an mmap.mmap"
+    if anonymous(m):
+        return None, "an anonymous map (it has no file to map again)"
     mappings = file_mappings() if mappings == () else mappings
     if mappings is None:
         return None, "no %s here to find the mapped file" % MAPS
@@ -374,17 +376,121 @@ def map_again(path, ident, start, length, how, position):
     return m
 
 
+def anonymous(m):
+    """Whether the ``mmap.mmap`` ``m`` maps no file (``mmap.mmap(-1, n)``): its
+    ``size()`` asks the file it has none of. Needs no ``/proc``."""
+    if type(m) is not mmap.mmap:
+        return False
+    try:
+        if m.closed:
+            return False
+        m.size()
+    except OSError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def travels(value):
+    """An ``mmap.mmap`` the reducer sends to a worker: a named file's map that
+    can be mapped again exactly, or an anonymous one shared through shared memory."""
+    return map_reference(value)[0] is not None or (anonymous(value) and _shm_open() is not None)
+
+
 def reduce_map(m):
     """ForkingPickler's reducer for ``mmap.mmap``: by reference while a process
     is being started; else (or where it cannot go exactly) the TypeError
     pickling raises, with why it was not sent."""
     if get_spawning_popen() is None:
         return m.__reduce_ex__(PROTOCOL)  # raises, as ever
+    if anonymous(m):
+        return _reduce_anonymous(m)
     ref, why = map_reference(m)
     if ref is None:
         raise TypeError("cannot pickle 'mmap.mmap' object (not mapped again in the worker: "
                         "%s)" % why)
     return map_again, ref.args()
+
+
+# -- anonymous maps: one block of shared memory for the workers --------------------
+#
+# A forked worker shares an anonymous ``mmap.mmap(-1, n)`` with the parent
+# (MAP_SHARED): the same bytes, its own position. A spawned worker can map
+# only what has a name, so the parent copies the map's bytes into one block
+# of POSIX shared memory (``multiprocessing.shared_memory``) and each worker
+# of the iterator maps that block, with the parent's position and access:
+# they share what they write among themselves, as forked workers do. What
+# the parent writes into its own map once the workers have started is not
+# seen by them (nor theirs by it): the assumption, as for a mapped file, is
+# that the map is not written while the workers run. The block is reused
+# while it holds the map's bytes, and unlinked with the map (or at exit).
+
+_blocks = {}  # id(map) -> SharedMemory holding its bytes
+
+
+def _shm_open():
+    try:
+        import _posixshmem
+    except ImportError:  # Windows: named mappings, not done here
+        return None
+    return _posixshmem.shm_open
+
+
+def _reduce_anonymous(m):
+    from multiprocessing import shared_memory
+    import weakref
+
+    length = len(m)
+    if length == 0 or _shm_open() is None:
+        raise TypeError("cannot pickle 'mmap.mmap' object (an empty anonymous map, or no "
+                        "POSIX shared memory here)")
+    from ..inspection.probe import is_probing
+
+    if is_probing():  # planning: nothing is made for a child that never starts
+        return map_shared_block, ("/probe", length, m.tell(), _writable(m))
+    block = _blocks.get(id(m))
+    if block is None or block.buf[:length] != memoryview(m):
+        block = shared_memory.SharedMemory(create=True, size=length)
+        block.buf[:length] = memoryview(m)
+        previous = _blocks.get(id(m))
+        _blocks[id(m)] = block
+        if previous is None:
+            weakref.finalize(m, _unlink, id(m))
+    return map_shared_block, ("/" + block.name, length, m.tell(), _writable(m))
+
+
+def _writable(m):
+    try:
+        m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
+    except TypeError:
+        return False
+    return True
+
+
+def _unlink(key):
+    block = _blocks.pop(key, None)
+    if block is not None:
+        try:
+            block.close()
+            block.unlink()
+        except Exception:
+            pass
+
+
+def map_shared_block(name, length, position, writable):
+    """In a worker: the anonymous map, as one block shared with the other workers."""
+    try:
+        fd = _shm_open()(name, os.O_RDWR if writable else os.O_RDONLY, mode=0o600)
+    except OSError as exc:
+        raise MappedFileChanged("the shared memory holding an anonymous map is gone (%s): "
+                                "this worker cannot have its bytes (DL201)" % exc) from exc
+    try:
+        m = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    m.seek(position)
+    return m
 
 
 def map_reducers():

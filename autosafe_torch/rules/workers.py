@@ -19,13 +19,18 @@ safe platform):
    live thread, and every file and handle one that the fork remedies, DL207
    and DL212, handle: ``fork_plan``; not once forked workers of the loader
    touched CUDA, DL205), spawn where all pickles;
-3. emulated workers: the requested workers emulated in this process, each
+3. where no fork is safe (macOS): the dataset built again in each worker
+   from its constructor's arguments (``remedies/rebuild.py``), where a
+   second build here holds the same state; below fork because it runs the
+   user's constructor again, which fork never does;
+4. emulated workers: the requested workers emulated in this process, each
    with its own copy of the dataset, its seeds and its worker info, so that
    the batches are exactly those of the workers asked for.
 """
 
 import types
 
+from ..inspection import objwalk
 from ..inspection.objwalk import is_a
 from . import Rewrite, a_or_an, emulated_workers, number_of, rule, what_is
 
@@ -326,12 +331,17 @@ def thread_pool_to_spawned_workers(args, ctx):
       summary=("spawn/forkserver workers and a dataset that does not pickle (or whose "
                "class forwards attributes and so does not unpickle): the repair ladder "
                "(reopen read-only files per worker, map an mmap.mmap of a named file "
-               "again in each worker with its access and position, rebuild forwarders "
-               "from their attributes, send the user's locks nobody holds as new, "
-               "unlocked ones, else fork, else emulated workers)"),
+               "again in each worker with its access and position, share an anonymous "
+               "one through one block of shared memory, rebuild forwarders from their "
+               "attributes, send the user's locks nobody holds as new, unlocked ones, "
+               "make logging handlers again from their file or stream; else fork; "
+               "else, with no fork rung, build the dataset again in each worker from "
+               "its constructor's arguments where a second build here gives the same "
+               "state; else emulated workers)"),
       prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
                 "'sqlite3.Connection', 'mmap.mmap', h5py and lmdb handles, "
-                "'_thread.lock'); "
+                "'_thread.lock', pyarrow's ParquetReader, 'builtins.safe_open', "
+                "pandas' TextReader, a logging handler's lock); "
                 "RecursionError in a worker unpickling a __getattr__ forwarder "
                 "(DataLoader worker exited unexpectedly)"),
       fix="open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
@@ -363,9 +373,11 @@ def unpicklable_dataset(args, ctx):
               "DL208": plan.pools}
     if any(need and not ctx.found(code) for code, need in needed.items()):
         return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
-    if not (plan.files or plan.maps or plan.forwarders or plan.locks):
+    if not (plan.files or plan.maps or plan.forwarders or plan.locks or plan.handlers
+            or plan.images or plan.rebuilt):
         return None
-    from ..remedies import locks, memmaps, pickling, reopen
+    from ..inspection import roundtrip
+    from ..remedies import handlers, images, locks, memmaps, pickling, rebuild, reopen
 
     whys, remedies, done, before, repairs = [], [], [], {}, []
     if plan.files:
@@ -383,9 +395,38 @@ def unpicklable_dataset(args, ctx):
         before["maps"] = [where for where, _m in maps]
         whys.append(why)
         remedies.append(lambda args: pickling.install(memmaps.map_reducers()))
-        done.append("%s mapped again from %s" % (_named(maps), "its file" if len(maps) == 1
-                                                  else "their files"))
-        repairs.append("map memory maps again by path")
+        named = [(where, m) for where, m in maps if not memmaps.anonymous(m)]
+        shared = [(where, m) for where, m in maps if memmaps.anonymous(m)]
+        if named:
+            done.append("%s mapped again from %s" % (
+                _named(named), "its file" if len(named) == 1 else "their files"))
+            repairs.append("map memory maps again by path")
+        if shared:
+            done.append("%s (anonymous) shared through one block of shared memory"
+                        % _named(shared))
+            repairs.append("share anonymous maps")
+    if plan.handlers:
+        before["handlers"] = [where for where, _h in plan.handlers]
+        classes = {type(h) for _where, h in plan.handlers}
+        whys.append("a logging handler's lock and stream do not pickle")
+        remedies.append(lambda args: pickling.install(handlers.handler_reducers(classes)))
+        done.append("%s made again from its file or stream" % _named(plan.handlers))
+        repairs.append("make logging handlers again")
+    if plan.images:
+        before["images"] = [where for where, _why, _img in plan.images]
+        whys += [why for _where, why, _img in plan.images]
+        remedies.append(lambda args: images.install_reducers())
+        done.append("%s opened again at its frame" % _named(
+            [(where, img) for where, _why, img in plan.images]))
+        repairs.append("open images again")
+    if plan.rebuilt:
+        before["rebuilt"] = [where for where, _d, _why in plan.rebuilt]
+        classes = {type(d) for _where, d, _why in plan.rebuilt}
+        whys += [why for _where, _d, why in plan.rebuilt]
+        remedies.append(lambda args: pickling.install(rebuild.reducers(classes)))
+        done.append("%s built again from its constructor's arguments (checked here: the "
+                    "same state)" % _named([(where, d) for where, d, _why in plan.rebuilt]))
+        repairs.append("build the dataset again")
     if plan.forwarders:
         classes = list(plan.forwarders)
         before["forwarders"] = list(plan.forwarders.values())
@@ -406,10 +447,14 @@ def unpicklable_dataset(args, ctx):
         before, why="; ".join(whys),
         strategy="repair: %s in each worker" % " and ".join(repairs),
         remedies=remedies, fix=None if plan.files or plan.maps
+        else roundtrip.IMAGE_FIX if plan.images and not (plan.rebuilt or plan.handlers)
+        else REBUILD_FIX if plan.rebuilt or plan.handlers
         else LOCK_FIX if plan.locks and not plan.forwarders else FORWARDER_FIX,
         done="%s in each of %s" % (" and ".join(done), number_of(args["num_workers"], "worker")))
 
 
+REBUILD_FIX = ("keep paths on the dataset and open files, readers and handlers lazily in "
+               "__getitem__ (or in worker_init_fn), not in __init__")
 LOCK_FIX = ("create locks lazily in __getitem__ or in worker_init_fn (or use "
             "multiprocessing's), not in __init__")
 FORWARDER_FIX = ("let __getattr__ raise AttributeError for the names it does not forward: "
@@ -673,16 +718,28 @@ def read_through_no_object(args, ctx):
                 "workers (Linux from Python 3.14)"),
       at="dataloader.outcome")
 def descriptor_to_workers(args, ctx):
-    carried = _used(ctx.usage, "CARRIED")
-    if not carried:
+    """The carried descriptors the workers read (the offset moved), and those
+    whose number the loader's parts hold, read or not (``os.pread`` moves no
+    offset); the others were carried too, but nothing shows a worker used them."""
+    from ..remedies import isolation
+
+    usage = ctx.usage
+    held = {fd: (name, usage.by_number[fd])
+            for name, fd in usage.private.get(isolation.CARRIED, {}).items()
+            if fd in usage.by_number}
+    moved = [(fd, name) for fd, name in _used(usage, "CARRIED") if fd not in held]
+    if not (held or moved):
         return None
+    named = ["%s: %s (fd %d)" % (where, name, fd) for fd, (name, where) in sorted(held.items())]
+    if moved:
+        named.append(_files(moved))
     return descriptor_to_workers.rule.finding(
-        {"files": [name for _fd, name in carried]},
+        {"files": [name for name, _where in held.values()] + [name for _fd, name in moved]},
         why="the workers read these descriptors of the training process by number; "
         "spawn workers have none of them", strategy="carried to each worker",
         state={"carried": True},
         done="%s, read by number: carried to each of %s, at its own offset" % (
-            _files(carried), number_of(ctx.workers, "worker")))
+            ", ".join(named), number_of(ctx.workers, "worker")))
 
 
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
@@ -728,22 +785,31 @@ class PicklingPlan:
     (DL201);
     ``forwarders``: class -> path of the first instance of a class that
     forwards unknown attributes, whose unpickling would recurse, built from
-    its attributes instead (DL201); ``failures``: what still does not pickle
-    with all of these (ProbeResults).
+    its attributes instead (DL201); ``handlers``: ``(path, handler)`` of
+    logging handlers made again in each worker from their file or stream
+    (DL201); ``images``: ``(path, why, image)`` of PIL images whose pickle
+    would drop their open file, opened again at their frame in each worker
+    (DL201); ``rebuilt``: ``(path, dataset, why)`` of datasets built again in
+    each worker from their constructor's arguments, where no fork rung is
+    safe (DL201, ``remedies/rebuild.py``), and ``refused``: why a dataset
+    could not be; ``failures``: what still does not pickle with all of
+    these (ProbeResults).
     """
 
     __slots__ = ("by_value", "nested", "classes", "files", "maps", "pools", "forwarders",
-                 "locks", "failures")
+                 "locks", "handlers", "images", "rebuilt", "refused", "failures")
 
     def __init__(self):
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
-        self.forwarders = {}
+        self.forwarders, self.handlers, self.rebuilt, self.refused = {}, [], [], []
+        self.images = []
         self.nested = self.files = self.maps = self.locks = None
 
     @property
     def needs_repair(self):
         return bool(self.by_value or self.nested or self.classes or self.files or self.maps
-                    or self.pools or self.forwarders or self.locks)
+                    or self.pools or self.forwarders or self.locks or self.handlers
+                    or self.images or self.rebuilt)
 
 
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
@@ -754,7 +820,8 @@ def pickling_plan(args, ctx):
     """The ``PicklingPlan`` for ``args``, cached on ``ctx`` (planning installs
     nothing: the probe tries the planned reducers without registering them)."""
     return _per_parts(ctx, "pickling_plans", args,
-                      lambda: _plan_pickling({name: args[name] for name in PARTS}))
+                      lambda: _plan_pickling({name: args[name] for name in PARTS},
+                                             lambda: not _fork_is_safe(args, ctx)))
 
 
 def _per_parts(ctx, name, args, make):
@@ -767,12 +834,21 @@ def _per_parts(ctx, name, args, make):
     return cache[key]
 
 
-def _plan_pickling(parts):
+def _plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
+    """The plan for ``parts``. ``may_rebuild()``: whether datasets may be
+    built again in each worker (no fork rung is safe); ``rebuilt``: those
+    approved so far, planned first (planning starts again after each one, so
+    that nothing inside them is planned for)."""
     from ..inspection import holdings, probe
     from ..inspection.mainmodule import interactive_main
-    from ..remedies import byvalue, locks, memmaps, pickling, pools, reopen
+    from ..remedies import (byvalue, handlers, images, locks, memmaps, pickling, pools,
+                            rebuild, reopen)
 
-    plan, planned = PicklingPlan(), {}
+    given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy
+    plan, planned, owners = PicklingPlan(), {}, None
+    plan.rebuilt = list(rebuilt)
+    if plan.rebuilt:
+        planned.update(rebuild.reducers({type(obj) for _path, obj, _why in plan.rebuilt}))
     if parts["dataset"] is not None:
         plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])]
         if plan.pools:
@@ -785,20 +861,32 @@ def _plan_pickling(parts):
                     for r in [probe.probe(part, name, planned, plan.nested is not None)]
                     if not r.ok]
         if not failures:
-            return plan
+            failures = _unfaithful(parts, planned, plan)
+            if not failures:
+                return plan
+            if not plan.images and all(images.reopens(f.value) for f in failures):
+                plan.images = [(f.path, f.error, f.value) for f in failures]
+                planned.update(images.image_reducers())
+                continue
         failure = failures[0]
         value, top = failure.value, failure.path.split(".")[0].split("[")[0]
         new = _by_value(parts.get(top), value) if top in ("collate_fn", "worker_init_fn") \
             else None
         cls = value if is_a(value, type) else type(value)
         why = "%s: %s" % (failure.path, failure.error)
+        if owners is None:
+            owners = objwalk.Owners(parts)
+        handler = handlers.holding(owners, value)
         if new is not None:
             plan.by_value[top] = (new, why)
             parts[top] = new
+        elif handler is not None and handler[1] not in [h for _p, h in plan.handlers]:
+            plan.handlers.append(handler)
+            planned.update(handlers.handler_reducers({type(handler[1])}))
         elif holdings.file_kind(value) == holdings.READONLY and plan.files is None:
             plan.files = (failure.path, failure.error, value)
             planned.update(reopen.file_reducers())
-        elif plan.maps is None and memmaps.map_reference(value)[0] is not None:
+        elif plan.maps is None and memmaps.travels(value):
             plan.maps = (failure.path, failure.error, value)
             planned.update(memmaps.map_reducers())
         elif plan.locks is None and locks.unheld_lock(value) \
@@ -810,11 +898,34 @@ def _plan_pickling(parts):
             planned.update(byvalue.class_reducers((cls,)))
         elif plan.nested is None and _not_importable(value):
             plan.nested = (failure.path, why)
+        elif may_rebuild() and len(plan.rebuilt) < MAX_REPAIRS:
+            here, dataset, refusal = rebuild.approved_owner(owners, value)
+            if dataset is None:
+                plan.refused += [refusal] if refusal else []
+                plan.failures = failures
+                return plan
+            return _plan_pickling(given, may_rebuild, plan.rebuilt + [(here, dataset, why)])
         else:
             plan.failures = failures
             return plan
     plan.failures = failures
     return plan
+
+
+def _unfaithful(parts, planned, plan):
+    """What pickles but loses an open file its methods use (a PIL multi-page
+    image: ``inspection/roundtrip.py``), outside the datasets built again in
+    each worker (their reducer is left out of the round trip: it would build
+    them here)."""
+    from ..inspection import roundtrip
+    from ..remedies import rebuild
+
+    table = {cls: reducer for cls, reducer in planned.items()
+             if reducer is not rebuild.reduce_rebuilt}
+    inside = [where for where, _d, _why in plan.rebuilt]
+    return [f for f in roundtrip.unfaithful(parts, table)
+            if not any(f.path == where or f.path.startswith((where + ".", where + "["))
+                       for where in inside)]
 
 
 def attribute_forwarders(parts):
@@ -882,10 +993,14 @@ def _fallback(check, args, ctx, why):
     fix, reason = None, why
     if why is None:
         failures = pickling_plan(args, ctx).failures
-        why = "; ".join("%s: %s" % (f.path, f.error) for f in failures) or "does not pickle"
-        fix = failures and permanent_fix(failures[0].value)
-        reason = failures and "%s (%s) does not pickle" % (
-            failures[0].path, what_is(failures[0].value)) or why
+        why = "; ".join(["%s: %s" % (f.path, f.error) for f in failures]
+                        + pickling_plan(args, ctx).refused) or "does not pickle"
+        fix = failures and (getattr(failures[0], "fix", None)
+                            or permanent_fix(failures[0].value))
+        reason = failures and ("%s: %s" % (failures[0].path, failures[0].error)
+                               if getattr(failures[0], "fix", None) else
+                               "%s (%s) does not pickle" % (failures[0].path,
+                                                             what_is(failures[0].value))) or why
     if _fork_is_safe(args, ctx):
         return check.rule.finding({"multiprocessing_context": start_method(args)},
                                   {"multiprocessing_context": "fork"}, why,

@@ -9,7 +9,9 @@ python cuda_workers.py TOUCH [HOLD]
   first thing any CUDA call does): after:8, each of 2 workers fails on its
   third batch of 4, past batches already delivered;
 - HOLD: ``stream``: the dataset holds a generator, so it does not pickle and
-  spawn cannot take it.
+  spawn cannot take it (the dataset is built again in each spawn worker, as
+  construction left it); ``spent``: the same, advanced once after
+  construction, so no build gives it (emulated workers).
 
 CUDA is initialised in this process before the first batch: on a GPU by
 ``model.cuda()``, built after the loader as real scripts do; without one by
@@ -37,7 +39,7 @@ INHERITED = []  # filled in the training process before the workers start
 class Samples(Dataset):
     def __init__(self, touch_after, hold):
         self.touch_after = touch_after
-        self.stream = (i for i in range(3)) if hold == "stream" else None
+        self.stream = (i for i in range(3)) if hold in ("stream", "spent") else None
         self.fetches = 0
 
     def __len__(self):
@@ -68,7 +70,10 @@ def main():
     touch_after = None if touch == "never" else int(touch.split(":")[1])
     torch.manual_seed(0)
     INHERITED.append(1)
-    loader = DataLoader(Samples(touch_after, hold), batch_size=4, shuffle=True, num_workers=2)
+    dataset = Samples(touch_after, hold)
+    if hold == "spent":
+        next(dataset.stream)
+    loader = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = torch.nn.Linear(8 if touch_after is None else 7, 1).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

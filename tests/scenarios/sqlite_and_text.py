@@ -1,10 +1,12 @@
 """Datasets holding a read-only sqlite connection, or a text file, opened in __init__.
 
-argv: KIND (sqlite, text-lf, text-crlf) and the number of workers. Under
+argv: KIND (sqlite, text-lf, text-crlf, text-crlf-read: the parent read a
+line after construction) and the number of workers. Under
 spawn none pickles. The sqlite connection and the LF text file can be
 reopened by path in each worker; a CRLF text file cannot (its newline
 argument cannot be read back, and CRLF read as LF would change the samples
-silently), so it takes another rung.
+silently), so it takes another rung: where there is no fork, the dataset
+built again in each worker, unless it was read after construction.
 """
 
 import hashlib
@@ -57,7 +59,9 @@ class Lines(Dataset):
 
 if __name__ == "__main__":
     kind, workers = sys.argv[1], int(sys.argv[2])
-    ds = Rows() if kind == "sqlite" else Lines("\r\n" if kind == "text-crlf" else "\n")
+    ds = Rows() if kind == "sqlite" else Lines("\r\n" if kind.startswith("text-crlf") else "\n")
+    if kind == "text-crlf-read":  # read after construction: no new build is at that place
+        ds.f.readline()
     h = hashlib.sha256()
     for batch in DataLoader(ds, batch_size=4, num_workers=workers):
         h.update(batch.numpy().tobytes())

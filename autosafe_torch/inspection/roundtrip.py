@@ -1,0 +1,504 @@
+"""Does an object that pickles reach a spawn/forkserver worker whole?
+
+The probe answers "does it pickle"; this answers the next question, for the
+objects that hold open files. An object that defines its own pickling
+(``__getstate__``, ``__reduce__``) may pickle without the file its methods
+read: PIL's ``ImageFile`` keeps the current frame's pixels and drops the
+file, and a spawned worker's ``img.seek(i)`` fails (``'TiffImageFile' object
+has no attribute '_min_frame'``) while the parent says nothing.
+
+Cheap: one bounded walk per part (``objwalk.SAMPLE_ITEMS`` items per
+container) finds the open files; a part that holds none costs that walk
+and nothing else. Above each file, only the outermost object on its path
+that pickles itself is round-tripped: pickled with the probe's dispatch
+table (the planned repairs count), loaded again in this process, payloads
+(tensors, arrays, large buffers) and code passed by identity. The files
+reachable after are compared with those before; a file whose places all
+lost it was dropped, and the object that lacks it is named. Whatever the
+round trip opened is closed again.
+
+Not a hazard:
+
+- a PIL image of one frame: its pickle keeps its pixels, all that it reads
+  from the file;
+- an object whose class sets the dropped attribute again in a method of its
+  own (a lazy open: ``if self.fh is None: self.fh = open(self.path)``), or
+  asks ``os.getpid()`` (``holdings.reopens_per_process``).
+
+Fail open: an object whose inspection or round trip raises is skipped.
+"""
+
+import dis
+import functools
+import io
+import os
+import pickle
+import sys
+import types
+from multiprocessing import context
+
+from . import holdings, objwalk
+from .objwalk import Edge, is_a
+from .probe import (BIG_BUFFER, PROTOCOL, ProbeResult, _FAST_LEAVES, _payload_types,
+                    _probe_dispatch_table, _ProbeSpawning)
+
+# Round trips per call: each costs what pickling that object costs (a PIL
+# image: one frame's pixels); objects of one kind repeat, a few tell.
+MAX_ROUND_TRIPS = 16
+
+IMAGE_FIX = ("open the image lazily in __getitem__ (or in worker_init_fn), keeping its path "
+             "on the dataset")
+FILE_FIX = ("open the file lazily in __getitem__ (or in worker_init_fn), keeping its path "
+            "on the dataset")
+
+
+class Unfaithful(ProbeResult):
+    """A ``ProbeResult`` (``ok`` False) for an object that pickles without an
+    open file it holds: ``path`` and ``value`` name the object that lacks it
+    after the round trip; ``fix`` is the permanent fix."""
+
+    __slots__ = ("fix",)
+
+    def __init__(self, path, error, value, fix):
+        super().__init__(False, path, error, value)
+        self.fix = fix
+
+
+# -- PIL ------------------------------------------------------------------------
+
+
+def image_file_class():
+    """``PIL.ImageFile.ImageFile`` where PIL is imported, else None (never imported here)."""
+    cls = getattr(sys.modules.get("PIL.ImageFile"), "ImageFile", None)
+    return cls if isinstance(cls, type) else None
+
+
+def is_image_file(obj):
+    cls = image_file_class()
+    return cls is not None and is_a(obj, cls)
+
+
+def image_stream(img):
+    """``(attribute, stream)``: the open stream a PIL image reads its frames
+    from (``fp``; ``_fp`` once a frame is loaded, when PIL sets ``fp`` to
+    None), or None."""
+    attrs = _attrs(img)
+    for name in ("fp", "_fp"):
+        stream = attrs.get(name)
+        if stream is not None and live_stream(stream):
+            return name, stream
+    return None
+
+
+def single_frame(img):
+    """Whether a PIL image is known to hold one frame, from what PIL already
+    set (``is_animated``, a frame count) or its format (one that cannot seek):
+    never by asking the image, which may read its file. Unknown: not one."""
+    attrs = _attrs(img)
+    animated = attrs.get("is_animated")
+    if type(animated) is bool:
+        return not animated
+    for name in ("_n_frames", "n_frames"):
+        count = attrs.get(name)
+        if type(count) is int:
+            return count <= 1
+    base = getattr(sys.modules.get("PIL.Image"), "Image", None)
+    return base is not None and getattr(type(img), "seek", None) is getattr(base, "seek", None)
+
+
+def _attrs(obj):
+    attrs = object.__getattribute__(obj, "__dict__")
+    return attrs if type(attrs) is dict else {}
+
+
+# -- open streams ------------------------------------------------------------------
+
+
+def live_stream(obj):
+    """An open stream something reads from: a file open for reading, a native
+    handle (``holdings.file_kind``), an in-memory byte stream."""
+    try:
+        if is_a(obj, io.BytesIO):
+            return not obj.closed
+        if is_a(obj, io.IOBase):
+            return not is_a(obj, io.StringIO) and not obj.closed and obj.readable()
+        if holdings.is_native_handle(obj) or holdings.sqlite_path(obj) is not None:
+            return holdings.file_kind(obj) is not None
+    except Exception:  # detached, or a stream that cannot say
+        pass
+    return False
+
+
+def _stream_kind(obj):
+    return is_a(obj, io.BytesIO) or holdings.is_file_object(obj)
+
+
+def _stop_at_streams(obj):
+    return _stream_kind(obj) or holdings.stop_at_threading(obj)
+
+
+def _streams(obj):
+    """``{id: (stream, [paths])}`` of the live streams reachable from ``obj``,
+    at every place that holds one (paths relative to ``obj``)."""
+    found = {}
+    for here, owner, _edge in objwalk.walk(obj, "", stop=_stop_at_streams,
+                                           items=objwalk.SAMPLE_ITEMS):
+        if _stop_at_streams(owner):
+            continue
+        try:
+            edges = list(objwalk.edges(owner, objwalk.SAMPLE_ITEMS))
+        except Exception:
+            continue
+        for edge in edges:
+            try:
+                if _stream_kind(edge.child) and live_stream(edge.child):
+                    found.setdefault(id(edge.child), (edge.child, []))[1].append(
+                        here + edge.label())
+            except Exception:  # an object that cannot be looked at: skipped
+                continue
+    return found
+
+
+def stream_name(stream, img=None):
+    """``frames.tif``, or ``an in-memory stream``: words for the log, no repr."""
+    try:
+        name = _attrs(img).get("filename") if img is not None else None
+        if not name:
+            raw = holdings.raw_file(stream)
+            name = getattr(raw, "name", None) if raw is not None else getattr(stream, "name",
+                                                                               None)
+        if isinstance(name, (str, bytes)) and name:
+            return "open file %s" % os.path.basename(os.fsdecode(name))
+        if is_a(stream, io.BytesIO):
+            return "in-memory stream"
+    except Exception:
+        pass
+    return "open file"
+
+
+# -- objects that pickle themselves -----------------------------------------------
+
+# Containers whose own pickling keeps everything they hold.
+_CONTAINER_MODULES = frozenset({"builtins", "collections", "functools", "types"})
+
+
+def pickles_itself(obj, table):
+    """Whether ``obj``'s pickle is its own (``__getstate__``, ``__reduce__``,
+    ``__reduce_ex__``, or a reducer in ``table``) rather than its attributes."""
+    cls = type(obj)
+    try:
+        return cls in table or _own_pickling(cls)
+    except Exception:  # an unhashable class, or a metaclass that raises
+        return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _own_pickling(cls):
+    if getattr(cls, "__module__", None) in _CONTAINER_MODULES:
+        return False
+    default_state = getattr(object, "__getstate__", None)  # Python 3.11 and later
+    return (cls.__reduce_ex__ is not object.__reduce_ex__
+            or cls.__reduce__ is not object.__reduce__
+            or getattr(cls, "__getstate__", None) is not default_state)
+
+
+# Methods that do not count as setting an attribute again: construction,
+# pickling and copying, closing.
+_SETUP = frozenset({"__init__", "__new__", "__init_subclass__", "__getstate__",
+                    "__setstate__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__",
+                    "__del__", "__exit__", "close"})
+
+
+def sets_again(obj, attribute):
+    """Whether ``obj`` takes care of an attribute its pickle drops: a method of
+    its class (not construction, pickling or closing) sets it to something
+    other than None (the lazy open), or the class reopens per process
+    (``os.getpid()``). Read from the code, never run."""
+    try:
+        return holdings.reopens_per_process(obj) or _sets_again(type(obj), attribute)
+    except Exception:
+        return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _sets_again(cls, attribute):
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins":
+            continue
+        for name, value in vars(klass).items():
+            if name in _SETUP:
+                continue
+            if type(value) in (staticmethod, classmethod):
+                value = value.__func__
+            funcs = (value.fget, value.fset) if type(value) is property else (value,)
+            if any(type(f) is types.FunctionType and _stores(f.__code__, attribute)
+                   for f in funcs):
+                return True
+    return False
+
+
+def _stores(code, attribute, depth=0):
+    """``self.<attribute> = <not None>`` anywhere in ``code`` (or code it nests)."""
+    before = [None, None]
+    for ins in dis.get_instructions(code):
+        if ins.opname == "STORE_ATTR" and ins.argval == attribute:
+            # ``x.a = None`` is LOAD_CONST None, LOAD_FAST x, STORE_ATTR a.
+            if not (before[0] is not None and before[0].opname == "LOAD_CONST"
+                    and before[0].argval is None):
+                return True
+        before = [before[1], ins]
+    if depth < 4:
+        return any(_stores(const, attribute, depth + 1) for const in code.co_consts
+                   if isinstance(const, types.CodeType))
+    return False
+
+
+# -- the round trip ------------------------------------------------------------------
+
+_BY_IDENTITY = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType,
+                types.MethodType)
+
+
+class _Pickler(pickle.Pickler):
+    """The probe's dispatch table; payloads and code kept by identity (their
+    bytes say nothing of files, and classes load as themselves here)."""
+
+    def __init__(self, file, table, payload):
+        super().__init__(file, PROTOCOL)
+        self.dispatch_table = table
+        self.torch_types, self.array_type = payload
+        self.kept = []
+
+    def persistent_id(self, obj):
+        cls = type(obj)
+        if cls in _FAST_LEAVES:
+            return None
+        if cls is bytes or cls is bytearray:
+            return self._keep(obj) if len(obj) >= BIG_BUFFER else None
+        if is_a(obj, _BY_IDENTITY) \
+                or self.torch_types and is_a(obj, self.torch_types) \
+                or self.array_type is not None and is_a(obj, self.array_type) \
+                and not obj.dtype.hasobject:
+            return self._keep(obj)
+        return None
+
+    def _keep(self, obj):
+        self.kept.append(obj)
+        return len(self.kept) - 1
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, kept):
+        super().__init__(file)
+        self.kept = kept
+
+    def persistent_load(self, pid):
+        return self.kept[pid]
+
+
+def round_trip(obj, table, payload=None):
+    """``obj`` pickled as for a spawned worker and loaded back in this process."""
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer, table, payload or _payload_types())
+    spawning = context.get_spawning_popen()
+    context.set_spawning_popen(_ProbeSpawning())  # as the probe pickles: a child starting
+    try:
+        pickler.dump(obj)
+    finally:
+        context.set_spawning_popen(spawning)
+    buffer.seek(0)
+    return _Unpickler(buffer, pickler.kept).load()
+
+
+_MISSING = object()
+_UNKNOWN = object()
+
+
+def _child(obj, edge):
+    """What hangs from ``obj`` where ``edge`` hung in the original, or
+    ``_MISSING``; ``_UNKNOWN`` where the place cannot be followed (a set)."""
+    if edge.how == Edge.ATTR:
+        attrs = _attrs(obj)
+        if edge.key in attrs:
+            return attrs[edge.key]
+        try:
+            return object.__getattribute__(obj, edge.key)
+        except AttributeError:
+            return _MISSING
+    if edge.how == Edge.ITEM:
+        if is_a(obj, dict):
+            return dict.get(obj, edge.key, _MISSING)
+        if is_a(obj, (list, tuple)) and isinstance(edge.key, int):
+            return obj[edge.key] if edge.key < len(obj) else _MISSING
+    return _UNKNOWN
+
+
+class _Checked:
+    """One round trip: the streams before and after, and the copy."""
+
+    __slots__ = ("copy", "before", "lost", "opened")
+
+    def __init__(self, obj, table, payload):
+        self.before = _streams(obj)
+        self.copy = round_trip(obj, table, payload)
+        after = _streams(self.copy)
+        places = {path for _stream, paths in after.values() for path in paths}
+        self.lost = {key for key, (_stream, paths) in self.before.items()
+                     if not places.intersection(paths)}
+        if not self.lost and len(after) < len(self.before):
+            # Fewer files, though every place holds one: some now share a file
+            # that each had its own of.
+            self.lost = set(self.before)
+        self.opened = [stream for key, (stream, _paths) in after.items()
+                       if key not in self.before]
+
+    def close(self):
+        """Close what loading opened in this process (a reopened file, an image)."""
+        for stream in self.opened:
+            try:
+                stream.close()
+            except Exception:
+                pass
+        self.copy = self.opened = None
+
+
+class _Search:
+    def __init__(self, planned):
+        self.planned = planned
+        self._table = self._payload = None  # made for the first file found: none, no cost
+        self.checked = {}  # id(owner) -> _Checked, or None where it raised
+        self.reported = {}  # id(object named) -> Unfaithful
+
+    @property
+    def table(self):
+        if self._table is None:
+            self._table = _probe_dispatch_table(self.planned)
+        return self._table
+
+    @property
+    def payload(self):
+        if self._payload is None:
+            self._payload = _payload_types()
+        return self._payload
+
+    def run(self, parts):
+        try:
+            for name, part in parts.items():
+                if part is not None:
+                    self._part(name, part)
+        finally:
+            for checked in self.checked.values():
+                if checked is not None:
+                    checked.close()
+        return list(self.reported.values())
+
+    def _part(self, name, part):
+        """One walk: the live streams (and PIL images) and where each hangs."""
+        found, places = [], {}
+
+        def stop(obj):
+            if is_image_file(obj):
+                found.append(obj)
+                return True
+            if holdings.is_file_object(obj):
+                if live_stream(obj):
+                    found.append(obj)
+                return True
+            return holdings.stop_at_threading(obj)
+
+        for here, obj, edge in objwalk.walk(part, name, stop=stop, items=objwalk.SAMPLE_ITEMS):
+            places[id(obj)] = (here, obj, edge)
+        for obj in found:
+            try:
+                self._candidate(obj, places)
+            except Exception:  # fail open: this object is skipped
+                continue
+
+    def _candidate(self, obj, places):
+        """Where the stream ``obj`` (or a PIL image's stream) is lost, if anywhere."""
+        chain = []  # (path, node, edge to the next node), from the root down
+        if is_image_file(obj):
+            held = image_stream(obj)
+            if held is None:
+                return
+            here = places[id(obj)][0]
+            chain.append((here, obj, Edge(obj, held[0], Edge.ATTR, held[1])))
+            stream, image = held[1], obj
+        else:
+            stream, image = obj, None
+        node = obj
+        while True:
+            _here, _node, edge = places[id(node)]
+            if edge is None:
+                break
+            node = edge.owner
+            chain.insert(0, (places[id(node)][0], node, edge))
+        owners = [i for i, (_path, node, _edge) in enumerate(chain)
+                  if pickles_itself(node, self.table)]
+        if not owners:
+            return  # pickled by its attributes: the probe's, and the repairs', to judge
+        top = owners[0]
+        if image is not None and top == len(chain) - 1 and single_frame(image):
+            return  # nothing above it pickles itself, and its pixels are all it reads
+        checked = self._check(chain[top][1])
+        if checked is None or id(stream) not in checked.lost:
+            return
+        self._name_dropper(chain[top:], checked.copy, stream)
+
+    def _check(self, owner):
+        key = id(owner)
+        if key not in self.checked:
+            if len(self.checked) >= MAX_ROUND_TRIPS:
+                return None
+            try:
+                self.checked[key] = _Checked(owner, self.table, self.payload)
+            except Exception:  # its pickle or its loading raised: the probe's to say
+                self.checked[key] = None
+        return self.checked[key]
+
+    def _name_dropper(self, chain, copy, stream):
+        """Follow the chain in the copy to the first place that lost its object."""
+        node = copy
+        for path, original, edge in chain:
+            child = _child(node, edge)
+            if child is _UNKNOWN:
+                break  # cannot follow further: the last object of the chain is named
+            if child is _MISSING or child is None \
+                    or edge.child is stream and not live_stream(child):
+                self._report(path, original, edge, stream)
+                return
+            node = child
+        path, original, edge = chain[-1]
+        self._report(path, original, edge, stream)
+
+    def _report(self, path, original, edge, stream):
+        if id(original) in self.reported:
+            return
+        if is_image_file(original):
+            if single_frame(original):
+                return
+            name = stream_name(stream, original)
+            self.reported[id(original)] = Unfaithful(
+                path, "pickles without its %s (PIL's pickle keeps one frame)" % name, original,
+                IMAGE_FIX)
+            return
+        if edge.how == Edge.ATTR and sets_again(original, edge.key):
+            return  # a lazy open: its methods set it again where it arrives
+        self.reported[id(original)] = Unfaithful(
+            path, "pickles without its %s (its pickle drops %s)" % (stream_name(stream),
+                                                                     edge.label()),
+            original, FILE_FIX)
+
+
+def unfaithful(parts, planned=None):
+    """The objects of ``parts`` (``{name: part}``; None parts skipped) that
+    pickle without an open file they hold, as ``Unfaithful`` results (``path``,
+    ``error``: one sentence, ``value``: the object, ``fix``).
+
+    ``planned``: ``{class: reducer}`` a repair would install, used as if
+    installed (nothing is). Fail open: [] where the search itself raises.
+    """
+    try:
+        return _Search(planned).run(parts)
+    except Exception:
+        return []

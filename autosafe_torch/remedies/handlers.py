@@ -1,0 +1,86 @@
+"""Logging handlers a dataset holds, made again in each spawned worker (DL201).
+
+A forked worker inherits a ``FileHandler`` with its open file (the same
+open file description, appending where the parent appends) and a new lock
+(``logging`` reinitialises handler locks in a forked child). A spawned
+worker cannot receive one: its lock and its stream do not pickle. Made
+again from what it exposes, it gives the worker what fork gives: the same
+class with the same attributes (file name, mode, encoding, level,
+formatter, filters, a rotating handler's limits), a new lock, and the file
+opened again for appending (never truncated: a ``mode='w'`` handler's file
+is the parent's, already truncated once). A ``StreamHandler`` on the
+process's stdout or stderr writes to the worker's. Other streams are not
+made again: the ladder goes on.
+"""
+
+import logging
+import pickle
+import sys
+
+PROTOCOL = pickle.DEFAULT_PROTOCOL
+_STDIO = ("stdout", "stderr")
+
+
+def _stdio_name(stream):
+    for name in _STDIO:
+        if stream is getattr(sys, name, None) or stream is getattr(sys, "__%s__" % name, None):
+            return name
+    return None
+
+
+def rebuildable(obj):
+    """A handler a worker can make again: a file handler, or a stream
+    handler on stdout/stderr."""
+    if not isinstance(obj, logging.Handler) or type(obj).__reduce_ex__ \
+            is not object.__reduce_ex__ or "__getstate__" in vars(type(obj)):
+        return False
+    if isinstance(obj, logging.FileHandler):
+        return True
+    return isinstance(obj, logging.StreamHandler) and \
+        _stdio_name(getattr(obj, "stream", None)) is not None
+
+
+def holding(owners, value):
+    """``(path, handler)`` when ``value`` is, or is held by, a handler that a
+    worker can make again (``owners``: ``objwalk.Owners``), else None."""
+    for here, obj in owners.chain(value):
+        if isinstance(obj, logging.Handler):
+            return (here, obj) if rebuildable(obj) else None
+    return None
+
+
+def reduce_handler(handler):
+    if not rebuildable(handler):
+        return handler.__reduce_ex__(PROTOCOL)  # raises, as ever
+    state = dict(vars(handler))
+    stream = state.pop("stream", None)
+    state.pop("lock", None)
+    if isinstance(handler, logging.FileHandler):
+        how = "file" if stream is not None else None  # delay=True, or closed
+    else:
+        how = _stdio_name(stream)
+    return made_again, (type(handler), state, how)
+
+
+def made_again(cls, state, how):
+    """In a worker: the handler as a forked worker would hold it."""
+    handler = cls.__new__(cls)
+    handler.__dict__.update(state)
+    handler.createLock()
+    if how == "file":
+        mode = handler.mode
+        handler.mode = mode.replace("w", "a")  # the parent's file: appended to, as fork does
+        try:
+            handler.stream = handler._open()
+        finally:
+            handler.mode = mode
+    elif how in _STDIO:
+        handler.stream = getattr(sys, how)
+    else:
+        handler.stream = None
+    logging._addHandlerRef(handler)  # flushed and closed at the worker's exit
+    return handler
+
+
+def handler_reducers(classes):
+    return {cls: reduce_handler for cls in classes}

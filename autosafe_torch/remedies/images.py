@@ -1,0 +1,162 @@
+"""PIL images held open, reopened where they arrive, at the same frame (DL201).
+
+PIL pickles an image read from a file (``ImageFile.__getstate__``) as the
+current frame's pixels and the file's name, and drops the open file: a
+spawned worker's copy of a multi-page TIFF (an animated GIF, PNG, WebP...)
+cannot move to another frame (``'TiffImageFile' object has no attribute
+'_min_frame'``). A forked worker has the parent's image over a file of its
+own. So does an image sent by ``image_reducers``, or copied for an emulated
+worker by ``copy_of``: opened again (``Image.open``, the same format) from
+the file the parent has open, then moved to the parent's frame.
+
+- The file is reached by a path that names it now (``holdings.real_path``)
+  and checked where it is opened (device, inode, size, modification time):
+  a file replaced or changed meanwhile fails loudly (``ImageFileChanged``),
+  never read in its place. So does a frame whose mode or size is not the
+  parent's.
+- An image opened by name is opened by name (PIL then owns and closes the
+  file); one opened from a file object, from a file object; one read from
+  memory (``BytesIO``), from a copy of those bytes, as a forked worker's copy.
+- An image of one frame travels as PIL pickles it: its pixels are all that
+  it reads from its file (``roundtrip.single_frame``).
+- Edits made in memory to the current frame of a held-open image are not
+  carried: the parent's own next ``seek`` discards them too.
+"""
+
+import io
+import os
+import sys
+
+from ..inspection import holdings
+from ..inspection.objwalk import is_a
+from ..inspection.failures import RemedyFailed
+from ..inspection.roundtrip import (image_file_class, image_stream, is_image_file,
+                                    single_frame)
+from .pickling import PROTOCOL, install
+
+
+class ImageFileChanged(RemedyFailed):
+    """Where an image arrives: its file is not the one the parent had open."""
+
+
+def _identity(st):
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def reopen_args(img):
+    """What ``reopened`` needs to open ``img`` again where it arrives, or None
+    (not a PIL image read from a file or from memory, or its stream cannot
+    be reached again)."""
+    try:
+        if not is_image_file(img):
+            return None
+        held = image_stream(img)
+        if held is None:
+            return None
+        stream = held[1]
+        attrs = object.__getattribute__(img, "__dict__")
+        shape = (img.format, img.mode, img.size, img.tell())
+        if is_a(stream, io.BytesIO):
+            return ("memory", stream.getvalue(), None) + shape
+        raw = holdings.raw_file(stream)
+        path = holdings.real_path(raw) if raw is not None else None
+        if path is None:
+            return None
+        ident = _identity(os.fstat(raw.fileno()))
+        filename = attrs.get("filename")
+        by_name = bool(filename) and attrs.get("_exclusive_fp") is True
+        return ("name" if by_name else "file", path, (ident, filename)) + shape
+    except Exception:  # a stream or an image that cannot say: not reopened
+        return None
+
+
+def reopens(value):
+    """Whether ``image_reducers`` (and an emulated worker's copy) reopen
+    ``value``: a PIL image that may hold more than one frame, whose file (or
+    in-memory stream) can be reached again."""
+    try:
+        return is_image_file(value) and not single_frame(value) \
+            and reopen_args(value) is not None
+    except Exception:
+        return False
+
+
+def reopened(how, source, check, fmt, mode, size, frame):
+    """Runs where the image arrives: the image opened again and moved to ``frame``."""
+    from PIL import Image
+
+    if how == "memory":
+        img = Image.open(io.BytesIO(source), formats=[fmt])
+        name = "an in-memory image"
+    else:
+        (ident, filename), name = check, source
+        try:
+            f = open(source, "rb")
+        except OSError as exc:
+            raise ImageFileChanged("%s cannot be opened again in this worker (DL201): %s"
+                                   % (source, exc.strerror or exc)) from exc
+        try:
+            if _identity(os.fstat(f.fileno())) != tuple(ident):
+                raise ImageFileChanged(
+                    "%s changed after the training process opened it (DL201): this worker "
+                    "cannot reopen the image it was sent" % source)
+            img = Image.open(f, formats=[fmt])
+        except BaseException:
+            f.close()
+            raise
+        if how == "name":  # as Image.open(path) left the parent's: PIL closes it
+            img.filename, img._exclusive_fp = filename, True
+    try:
+        if frame:
+            img.seek(frame)
+        if (img.mode, img.size) != (mode, tuple(size)):
+            raise ImageFileChanged(
+                "%s is not the image the training process had open (DL201): frame %d is %s "
+                "%dx%d there" % (name, frame, mode, size[0], size[1]))
+    except BaseException:
+        img.close()
+        raise
+    return img
+
+
+def _reduce_image(img):
+    args = reopen_args(img) if not single_frame(img) else None
+    if args is not None:
+        return reopened, args
+    if single_frame(img) or image_stream(img) is None:
+        return img.__reduce_ex__(PROTOCOL)  # its pixels are all it has, as without us
+    raise TypeError("a %s of several frames cannot be sent: its file cannot be opened "
+                    "again by path, and PIL's pickle keeps one frame" % type(img).__name__)
+
+
+def copy_of(img):
+    """An emulated worker's own ``img``: opened again, at its frame (``reopened``)."""
+    args = reopen_args(img)
+    if args is None:
+        raise ValueError("its file cannot be opened again by path")
+    return reopened(*args)
+
+
+def _classes():
+    """PIL's image file classes (its plugins loaded so far), where PIL is imported."""
+    base = image_file_class()
+    found, stack = [], [base] if base is not None else []
+    while stack:
+        cls = stack.pop()
+        if cls not in found:
+            found.append(cls)
+            stack.extend(cls.__subclasses__())
+    return found
+
+
+def image_reducers():
+    """``{class: reducer}``: PIL images of several frames reopened by path
+    where they arrive (``reopened``); others pickled as PIL pickles them."""
+    return {cls: _reduce_image for cls in _classes()}
+
+
+def install_reducers():
+    """Register ``image_reducers`` with ForkingPickler (idempotent; again after
+    a PIL plugin is loaded, to cover its class)."""
+    if "PIL.ImageFile" in sys.modules:
+        install(image_reducers())
