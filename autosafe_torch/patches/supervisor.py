@@ -460,6 +460,10 @@ def own_files(loader, report_dir):
             {name: getattr(loader, name) for name in isolation.PARTS}))
         handles = [(held, args) for held, args, _note in handles]
     table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
+    if carry and table.files:
+        table.by_number = isolation.held_numbers(
+            {name: getattr(loader, name) for name in isolation.PARTS},
+            [f.fd for f in table.files])
     return table if table else None
 
 

@@ -247,6 +247,7 @@ class DescriptorTable:
         self.forked = forked  # forked workers privatize them (DL207)
         self.carry = carry    # spawned workers receive them (DL217)
         self.carried = None  # in a spawned worker: [(descriptor it arrived on, OpenFile)]
+        self.by_number = {}  # {fd: where the loader's parts hold its number}: for the record
 
     @classmethod
     def take(cls, handles=(), report_dir=None, forked=True, carry=True):
@@ -458,12 +459,15 @@ def _write_report(path, worker_id, report):
 class Usage:
     """What the workers of an iterator reported: ``used``, ``{how: {name: fd}}``
     for the files they read through a description of their own (how it came:
-    FORKED, CARRIED, SERVER); ``missing``: ``{description: why}`` for
+    FORKED, CARRIED, SERVER); ``private``, the same for every description they
+    had of their own, read or not; ``missing``: ``{description: why}`` for
     descriptors that did not reach a spawned worker; ``workers``: how many
-    reported."""
+    reported; ``by_number``: ``{fd: path}`` for the descriptors whose number
+    the loader's parts hold (``held_numbers``), set by ``Outcome``."""
 
     def __init__(self):
-        self.used, self.missing, self.workers = {}, {}, 0
+        self.used, self.private, self.missing, self.workers = {}, {}, {}, 0
+        self.by_number = {}
 
 
 def read_reports(directory, pids):
@@ -479,8 +483,10 @@ def read_reports(directory, pids):
         usage.workers += 1
         for line in lines:
             fields = line.split("\t")
-            if fields[0] == "private" and len(fields) == 5 and fields[3] == "1":
-                usage.used.setdefault(fields[1], {})[fields[4]] = int(fields[2])
+            if fields[0] == "private" and len(fields) == 5:
+                usage.private.setdefault(fields[1], {})[fields[4]] = int(fields[2])
+                if fields[3] == "1":
+                    usage.used.setdefault(fields[1], {})[fields[4]] = int(fields[2])
             elif fields[0] == "missing" and len(fields) == 3:
                 usage.missing[fields[1]] = fields[2]
     return usage
@@ -499,8 +505,37 @@ class Outcome:
         if not pids or self.table is None or self.table.report_dir is None:
             return
         usage = read_reports(self.table.report_dir, pids)
-        if usage.used or usage.missing:
+        usage.by_number = self.table.by_number
+        if usage.used or usage.missing or usage.private.get(CARRIED) and usage.by_number:
             self._said(usage)
+
+
+def held_numbers(parts, fds):
+    """``{fd: path}`` for each descriptor of ``fds`` whose number an object of
+    the user's own class among the loader's parts (``{name: part}``) holds as
+    an int attribute (``self.fd = os.open(...)``): a worker reads it by
+    number, whether or not its offset moves (``os.pread``). A library's ints
+    (an image's tag numbers) are not descriptors. Names what was carried;
+    carrying does not depend on it."""
+    from ..inspection import objwalk
+    from .locks import users_class
+
+    wanted, found = {fd for fd in fds if fd > 2}, {}
+    for name, part in parts.items():
+        if part is None or not wanted:
+            continue
+        for here, obj, _edge in objwalk.walk(part, name, items=objwalk.SAMPLE_ITEMS):
+            try:
+                children = list(objwalk.edges(obj, objwalk.SAMPLE_ITEMS))
+            except Exception:
+                continue
+            if not children or not users_class(type(obj)):
+                continue
+            for edge in children:
+                if type(edge.child) is int and edge.child in wanted \
+                        and edge.how == objwalk.Edge.ATTR:
+                    found.setdefault(edge.child, here + edge.label())
+    return found
 
 
 def worker_step(table):

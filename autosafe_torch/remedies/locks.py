@@ -77,10 +77,12 @@ class UsersLocks:
         while owner is not None and (holdings.threading_kind(owner) is not None
                                      or objwalk.is_a(owner, _CONTAINERS)):
             owner = self._owners.get(id(owner))
-        return owner is not None and _users_class(type(owner))
+        return owner is not None and users_class(type(owner))
 
 
-def _users_class(cls):
+def users_class(cls):
+    """A class of the user's own: not from an installed library nor the
+    standard library."""
     name = getattr(cls, "__module__", None)
     if name in ("__main__", "__mp_main__"):
         return True
