@@ -17,7 +17,7 @@ it is deterministic and nothing was changed on it afterwards.
 - Checking, in the training process, before any worker is asked for: the
   dataset is built a second time from the recorded arguments, with the random
   generators (Python's, numpy's, torch's) reseeded for the check and put back
-  after it, output discarded, and any file write refused (an audit hook: an
+  after it, what it prints discarded, and any file write refused (an audit hook: an
   ``open`` for writing, a remove, a rename). Accepted only when the second
   build's state equals the original's now (``digest``: every attribute's
   value, file objects by name, mode, position and the file's size and
@@ -340,30 +340,52 @@ def _generators_put_back(seed=None):
             torch.random.set_rng_state(saved[2])
 
 
+class _Muted:
+    """``sys.stdout``/``sys.stderr`` while a dataset is built again: what the
+    building thread writes goes nowhere; other threads write as ever."""
+
+    def __init__(self, stream, thread):
+        self._stream, self._thread = stream, thread
+
+    def write(self, text):
+        if threading.get_ident() == self._thread:
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 @contextlib.contextmanager
-def _quiet():
-    """What the constructor prints or logs is not printed again."""
+def _quiet(logs=False):
+    """What the constructor prints is not printed again; ``logs``: nor what it
+    logs (in a worker, where nothing else runs yet: ``logging.disable`` is
+    process-wide, so the training process's own check leaves logging alone)."""
     import logging
 
-    out, err = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = io.StringIO()
+    out, err, me = sys.stdout, sys.stderr, threading.get_ident()
+    sys.stdout = _Muted(out, me) if out is not None else None
+    sys.stderr = _Muted(err, me) if err is not None else None
     previous = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
+    if logs:
+        logging.disable(logging.CRITICAL)
     try:
         yield
     finally:
         sys.stdout, sys.stderr = out, err
-        logging.disable(previous)
+        if logs:
+            logging.disable(previous)
 
 
 def build_again(cls, args, kwargs, seed=None, refuse_writes=False):
     """``cls(*args, **kwargs)``, quietly, with the program's generators put
-    back; ``refuse_writes``: ``WritesFiles`` if it writes (or tries to)."""
+    back; ``refuse_writes`` (the check in the training process): file writes
+    refused (``WritesFiles``), and its logging left alone."""
     if refuse_writes:
         _watch_writes()
         _guard.on, _guard.wrote = True, None
     try:
-        with _generators_put_back(seed), _quiet():
+        with _generators_put_back(seed), _quiet(logs=not refuse_writes):
             obj = cls(*args, **kwargs)
     except WritesFiles:
         raise
