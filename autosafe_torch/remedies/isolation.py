@@ -259,6 +259,12 @@ class DescriptorTable:
     def __reduce__(self):
         popen = context.get_spawning_popen()
         files = self.files if popen is not None and self.carry else ()  # at a process start
+        # Only what is still the file it was, each number once: another thread
+        # may have closed one since, its number now a pipe multiprocessing
+        # passes itself ("bad value(s) in fds_to_keep"). Under the same number,
+        # as the worker needs it; a close between here and the child's start is
+        # not seen (a thread that opens and closes files all the time).
+        files = _still_open(files)
         if _through_a_server(popen):
             files = files[:MAX_CARRIED]
         sent = [(reduction.DupFd(f.fd), f) for f in files]
@@ -266,6 +272,22 @@ class DescriptorTable:
 
     def __repr__(self):
         return "own file descriptions in each worker"
+
+
+def _still_open(files):
+    """``files`` whose descriptor is still the file recorded, each number once."""
+    kept, numbers = [], set()
+    for f in files:
+        if f.fd in numbers:
+            continue
+        try:
+            st = os.fstat(f.fd)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (f.dev, f.ino):
+            kept.append(f)
+            numbers.add(f.fd)
+    return kept
 
 
 def _through_a_server(popen):
