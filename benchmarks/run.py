@@ -270,9 +270,10 @@ FIGURES = {
     "14": lambda: __import__("forwarder").figures(),
     "15": lambda: __import__("memmap").figures(),
     "16": lambda: __import__("fork_after_cuda").figures(),
+    "17": lambda: __import__("mapped_tensor").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
-OPTIONAL = ("10", "15", "16")
+OPTIONAL = ("10", "15", "16", "17")
 
 
 def _cell(text):

@@ -9,6 +9,15 @@ worker gets exactly what the map showed; DL218 gives it the same array
 mapped again from the file (``remedies/memmaps.py``: exact or nothing, a
 map that cannot be reproduced exactly is pickled as before).
 
+A tensor whose storage is a file's map (``torch.load(path, mmap=True)``,
+``torch.UntypedStorage.from_file``, ``torch.from_numpy`` of a memmap) is
+sent by torch's reducer through shared memory: the training process copies
+the storage into ``/dev/shm`` and keeps the copy for the tensor's life (a
+``from_file`` storage does not go at all). DL218 sends it by reference too,
+and each worker maps the file again, private and copy-on-write
+(``remedies/mapped_tensors.py``, the same exactness); the reducer acts only
+on tensors of the files this loader's tensors lie in.
+
 It runs after the ladder and the warm start (``RULE_MODULES``): it sees the
 start method they chose, and acts on nothing they sent to fork or to
 emulated workers.
@@ -22,78 +31,116 @@ from .workers import GROUP, _spawning_workers, held_in_parts, pickling_plan
 
 
 @rule("DL218", "memmap-by-reference", GROUP,
-      summary=("a numpy memmap in the dataset of spawn/forkserver workers: sent as file, "
-               "offset, shape, dtype and order, and mapped again copy-on-write in each "
-               "worker (what pickling gives: a writable private array of the same "
-               "bytes), not copied into every worker start; a mode='c' map, a strided "
-               "view, a deleted file: pickled as before. Assumes the file does not "
-               "change while the workers run; a worker that finds it changed or gone "
-               "fails loudly"),
-      prevents=("no error: each worker start pickles the whole mapped file (a 300 MiB "
-                "memmap under spawn with 2 workers: 1.4 GiB and 15-16 s where mapping it "
-                "in each worker takes 0.5 GiB and 13.6 s)"),
-      fix=("open the np.memmap lazily in each worker (in __getitem__ or worker_init_fn), "
-           "keeping only its path on the dataset"),
+      summary=("a numpy memmap, or a tensor mapped from a file (torch.load(mmap=True), "
+               "UntypedStorage.from_file), in the dataset of spawn/forkserver workers: "
+               "sent as file, offset and layout, and mapped again copy-on-write in each "
+               "worker (a writable private copy of the same bytes), not copied into every "
+               "worker start (a memmap) or into /dev/shm (a tensor); a mode='c' map or "
+               "private map the process wrote to, a strided memmap view, a deleted file: "
+               "pickled as before. Assumes the file does not change while the workers "
+               "start; a worker that finds it changed or gone fails loudly"),
+      prevents=("a memmap: no error, each worker start pickles the whole mapped file (a "
+                "300 MiB memmap under spawn with 2 workers: 1.4 GiB and 15-16 s where "
+                "mapping it in each worker takes 0.5 GiB and 13.6 s); a torch.load(mmap=True) "
+                "tensor is copied into /dev/shm for its life (a 200 MB file: +191 MiB), and "
+                "where /dev/shm is smaller (Docker's 64 MiB): 'RuntimeError: unable to "
+                "allocate shared memory(shm) for file </torch_...>: No space left on device "
+                "(28)'; a from_file tensor: 'OSError: [Errno 9] Bad file descriptor'"),
+      fix=("open the np.memmap, or call torch.load(path, mmap=True), lazily in each "
+           "worker (in __getitem__ or worker_init_fn), keeping only its path on the "
+           "dataset"),
       example=(("class Images(Dataset):\n"
-                "    def __init__(self, path):\n"
+                "    def __init__(self, path, tokens_path):\n"
                 "        # pickled whole into every spawn worker start\n"
                 "        self.images = np.memmap(path, np.uint8, 'r', shape=(N, 3, 224, "
                 "224))\n"
+                "        # copied into /dev/shm before the workers start\n"
+                "        self.tokens = torch.load(tokens_path, mmap=True)\n"
                 "    def __getitem__(self, i):\n"
-                "        return torch.from_numpy(self.images[i].copy())"),
+                "        return torch.from_numpy(self.images[i].copy()), self.tokens[i]"),
                ("class Images(Dataset):\n"
-                "    def __init__(self, path):\n"
+                "    def __init__(self, path, tokens_path):\n"
                 "        self.path, self.images = path, None\n"
+                "        self.tokens_path, self.tokens = tokens_path, None\n"
                 "    def __getitem__(self, i):\n"
                 "        if self.images is None:   # mapped in each worker\n"
                 "            self.images = np.memmap(self.path, np.uint8, 'r',\n"
                 "                                    shape=(N, 3, 224, 224))\n"
-                "        return torch.from_numpy(self.images[i].copy())")),
-      versions=("every supported torch; spawn workers (macOS, Windows) and forkserver "
-                "workers (Linux from Python 3.14). Maps are found through "
-                "/proc/self/maps: on macOS and Windows the memmap is pickled as before"),
+                "            self.tokens = torch.load(self.tokens_path, mmap=True)\n"
+                "        return torch.from_numpy(self.images[i].copy()), self.tokens[i]")),
+      versions=("every supported torch (torch.load's mmap=True from 2.1); spawn workers "
+                "(macOS, Windows) and forkserver workers (Linux from Python 3.14). Maps "
+                "are found through /proc/self/maps: on macOS and Windows they are pickled "
+                "as before. A tensor sent by reference is each worker's private map, as a "
+                "forked worker's is: a worker's writes to it stay its own, where torch's "
+                "shared-memory copy would show them to the training process"),
       at="dataloader.iter")
 def memmap_by_reference(args, ctx):
-    numpy = sys.modules.get("numpy")
-    if numpy is None or not _spawning_workers(args, ctx) \
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if (numpy is None and torch is None) or not _spawning_workers(args, ctx) \
             or any(f.state.get("emulated_workers") for f in ctx.findings) \
             or pickling_plan(args, ctx).failures:
         return None
-    sent, kept = _memmaps(args, numpy)
-    if not sent:
+    arrays, tensors, kept = _mapped(args, numpy, torch)
+    if not arrays and not tensors:
         return None
-    from ..remedies import memmaps
+    from ..remedies import mapped_tensors, memmaps
 
     workers = number_of(args["num_workers"], "worker")
     named = ["%s (a numpy memmap of %s, %s)" % (
-        path, _file_name(ref.path), memmaps.size_text(arr.nbytes)) for path, arr, ref in sent]
+        path, _file_name(ref.path), memmaps.size_text(arr.nbytes)) for path, arr, ref in arrays]
+    named += ["%s (a tensor mapped from %s, %s)" % (
+        path, _file_name(ref.path), memmaps.size_text(ref.nbytes)) for path, ref in tensors]
     shown = ", ".join(named[:3]) + (" and %d more" % (len(named) - 3) if len(named) > 3 else "")
-    why = "pickling copies each memmap into every worker start; the worker maps the file " \
-          "again instead (copy-on-write, as writable and private as the copy)"
+    why, remedies, before = [], [], {}
+    if arrays:
+        why.append("pickling copies each memmap into every worker start")
+        remedies.append(lambda args: memmaps.install_reducers())
+        before["memmaps"] = [path for path, _arr, _ref in arrays]
+    if tensors:
+        why.append("torch copies each file-mapped tensor into shared memory (/dev/shm) for "
+                   "the tensor's life")
+        files = {ref.file for _path, ref in tensors}
+        remedies.append(lambda args: mapped_tensors.install_reducers(files))
+        before["tensors"] = [path for path, _ref in tensors]
+    why = "; ".join(why) + "; each worker maps the file again instead, copy-on-write (as " \
+        "writable as the copy, and its own)"
     if kept:
         why += "; pickled as before: %s" % "; ".join("%s (%s)" % item for item in kept)
+    into = "it" if not tensors else "shared memory" if not arrays else "it or shared memory"
     return memmap_by_reference.rule.finding(
-        {"memmaps": [path for path, _arr, _ref in sent]}, why=why, strategy="by reference",
-        remedies=[lambda args: memmaps.install_reducers()],
-        done="%s mapped again in each of %s instead of copied into it" % (shown, workers))
+        before, why=why, strategy="by reference", remedies=remedies,
+        done="%s mapped again in each of %s instead of copied into %s" % (shown, workers, into))
 
 
-def _memmaps(args, numpy):
-    """``(sent, kept)``: ``(path, array, Reference)`` for each memmap of the
-    parts that can go by reference, ``(path, why not)`` for the others."""
-    from ..remedies import memmaps
+def _mapped(args, numpy, torch):
+    """``(arrays, tensors, kept)``: ``(path, array, Reference)`` for each memmap
+    of the parts that can go by reference, ``(path, TensorReference)`` for each
+    file-mapped tensor that can, ``(path, why not)`` for the others (one walk,
+    one read of this process's maps)."""
+    from ..remedies import mapped_tensors, memmaps
 
-    sent, kept, mappings = [], [], ()
-    # The type the reducer is registered for: a subclass pickles as it always did.
-    for here, obj in held_in_parts(args, lambda obj: type(obj) is numpy.memmap):
-        if mappings == ():
-            mappings = memmaps.file_mappings()  # None: no /proc/self/maps
-        ref, why = memmaps.reference(obj, mappings)
-        if ref is None:
+    # The types the reducers are registered for: a subclass pickles as it always did.
+    memmap = numpy.memmap if numpy is not None else None
+    plain = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
+    arrays, tensors, kept, maps = [], [], [], None
+    for here, obj in held_in_parts(args, lambda obj: type(obj) is memmap
+                                   or type(obj) in plain):
+        if maps is None:
+            maps = mapped_tensors.Maps()  # mappings None: no /proc/self/maps
+        if type(obj) is memmap:
+            ref, why = memmaps.reference(obj, maps.mappings)
+            if ref is None:
+                kept.append((here, why))
+            else:
+                arrays.append((here, obj, ref))
+            continue
+        ref, why = mapped_tensors.reference(obj, maps)
+        if ref is not None:
+            tensors.append((here, ref))
+        elif why is not None:
             kept.append((here, why))
-        else:
-            sent.append((here, obj, ref))
-    return sent, kept
+    return arrays, tensors, kept
 
 
 def _file_name(path):

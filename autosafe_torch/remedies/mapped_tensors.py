@@ -1,0 +1,296 @@
+"""Tensors whose storage lies in a file mapping, sent to spawn/forkserver
+workers by reference (DL218): ``torch.load(path, mmap=True)``,
+``torch.UntypedStorage.from_file``, ``torch.from_numpy`` of an ``np.memmap``.
+
+Torch's own reducer (``torch.multiprocessing.reductions.reduce_tensor``)
+moves every CPU storage it sends into shared memory: in the training process
+it allocates the storage's size in ``/dev/shm``, copies the mapped file's
+bytes there and points the tensor at the copy for the rest of its life (a
+200 MB token file: +191 MiB of ``/dev/shm``, the whole file read; under
+Docker's default 64 MiB: ``RuntimeError: unable to allocate shared
+memory(shm) for file </torch_...>: No space left on device (28)``). A
+``from_file`` storage does not go at all (``OSError: [Errno 9] Bad file
+descriptor``: it is a map, not shared memory torch can hand on).
+
+The reducer installed here sends instead what a worker needs to map the file
+itself: its path and what it was (device, inode, modification time and size,
+``ident``), where the storage lies in it, and the tensor's dtype, shape,
+stride, storage offset and ``requires_grad``. The worker maps the whole file
+once, private and copy-on-write (``MAP_PRIVATE``, as ``torch.load(mmap=True)``
+maps it), takes the storage's bytes as a storage of their own, and rebuilds
+the same view, a ``Parameter`` as a ``Parameter`` (as torch's
+``rebuild_tensor`` does). Views of one storage get one storage, and every
+storage of one file one map, in each worker: memory stays one map per
+worker, and the page cache holds the file's pages once for all of them.
+
+Exact or nothing: a tensor goes by reference only where its bytes are the
+file's bytes, else torch's reducer sends it as it always did:
+
+- its storage lies in a file mapping of this process (``/proc/self/maps``,
+  read once per process start: a map made while the child's pickle is
+  written is not in it, and its tensor goes torch's way), of a regular file that is where the kernel
+  says it is now (same device and inode at that path). A private map this
+  process wrote to (``Anonymous`` pages in ``/proc/self/smaps``: any page of
+  it, the whole map counts) holds changes that are in no file; a deleted or
+  replaced file, an anonymous map, shared memory, and every tensor where there
+  is no ``/proc/self/maps`` (macOS, a rehearsed Mac) are not sent;
+- it is a plain CPU tensor that torch's reducer rebuilds as it is: the
+  exact types ``torch.Tensor`` and ``torch.nn.Parameter`` (the types the
+  reducer is registered for), strided, not empty, no conjugate or negative
+  bit, not quantized or nested, no backward hooks (torch warns of them), and
+  not a non-leaf that requires grad (torch refuses it, and its error stays);
+- its file is one that the tensors of a loader's parts lie in (DL218 names
+  them as it installs the reducer): a tensor another program part sends to a
+  process it starts, from another file, keeps torch's sharing.
+
+What differs, said in the rule's docs: a tensor torch sends is shared memory
+between the training process and its workers (a write in one is seen in the
+others); one sent by reference is a private map, as a forked worker's is
+(its writes stay its own; the file is never written). Assumption: the file
+does not change while the workers start. The worker checks that the file is
+the same (device, inode, modification time, size) and fails loudly
+otherwise (``MappedFileChanged``): its start fails, the record says the fix
+did not hold, and the recovery ladder takes over. It never maps other data.
+
+Only while a process is being started (``get_spawning_popen()``): a tensor put
+on a queue later goes through torch's reducer, into shared memory, as ever.
+Fail open: an error of ours while looking sends the tensor torch's way.
+"""
+
+import bisect
+import mmap
+import os
+import sys
+import threading
+import weakref
+from multiprocessing.context import get_spawning_popen
+from multiprocessing.reduction import ForkingPickler
+
+from .memmaps import MappedFileChanged, _mapped_file, _written_pages, file_mappings
+from .pickling import PROTOCOL, install
+
+# The files (device, inode) whose mapped tensors go by reference: those the
+# tensors of a spawn loader's parts lie in (``install_reducers``).
+_files = set()
+_lock = threading.Lock()
+# What /proc/self/maps names anonymous shared memory by: no file to map again.
+NO_FILE = ("/dev/zero", "/memfd:", "/SYSV")
+# Where torch's shared memory and shm_open's segments lie (a file of the user's
+# there is mapped again, a storage torch shares stays torch's).
+SHARED_MEMORY = "/dev/shm/"
+
+
+class TensorReference:
+    """What a worker needs to map a tensor again: the file and what it was
+    (``ident``: device, inode, mtime in ns, size), where the storage's bytes
+    lie in it (``offset``, ``nbytes``), and the view (dtype, size, stride,
+    storage offset, requires_grad)."""
+
+    __slots__ = ("path", "ident", "offset", "nbytes", "dtype", "size", "stride",
+                 "storage_offset", "requires_grad")
+
+    def __init__(self, path, ident, offset, nbytes, dtype, size, stride, storage_offset,
+                 requires_grad):
+        self.path, self.ident, self.offset, self.nbytes = path, ident, offset, nbytes
+        self.dtype, self.size, self.stride = dtype, size, stride
+        self.storage_offset, self.requires_grad = storage_offset, requires_grad
+
+    def args(self, cls):
+        return (cls, self.path, self.ident, self.offset, self.nbytes, self.dtype, self.size,
+                self.stride, self.storage_offset, self.requires_grad)
+
+    @property
+    def file(self):
+        return self.ident[:2]
+
+
+class Maps:
+    """This process's file mappings, sorted to find an address's mapping by
+    bisection (a dataset may hold many tensors), and the pages written to its
+    private ones, looked up once each. None of it where there is no
+    ``/proc/self/maps``."""
+
+    __slots__ = ("mappings", "starts", "written")
+
+    def __init__(self, mappings=()):
+        mappings = file_mappings() if mappings == () else mappings
+        self.mappings = None if mappings is None else sorted(mappings, key=lambda m: m.start)
+        self.starts = [m.start for m in self.mappings or ()]
+        self.written = {}
+
+    def holding(self, address):
+        """The file mapping ``address`` lies in, or None."""
+        i = bisect.bisect_right(self.starts, address) - 1
+        if i >= 0 and address < self.mappings[i].end:
+            return self.mappings[i]
+        return None
+
+    def written_to(self, where):
+        if where.start not in self.written:
+            self.written[where.start] = _written_pages(where)
+        return self.written[where.start]
+
+
+def plain_tensor(tensor):
+    """Whether torch's reducer rebuilds ``tensor`` as a view of its storage's
+    bytes and nothing more (see the module's docstring)."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        return False
+    if tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg():
+        return False
+    if tensor.requires_grad and not tensor.is_leaf:
+        return False  # torch refuses it: its error stays
+    return not getattr(tensor, "_backward_hooks", None)  # torch warns of them
+
+
+def reference(tensor, maps=None):
+    """``(TensorReference, None)`` where ``tensor`` can go by reference
+    exactly; ``(None, why not)`` where its storage lies in a file mapping but
+    cannot; ``(None, None)`` where it lies in none (or cannot be known to:
+    no ``/proc/self/maps``): nothing to say of it."""
+    maps = Maps() if maps is None else maps
+    if maps.mappings is None:
+        return None, None
+    if not plain_tensor(tensor):
+        return None, None
+    storage = tensor.untyped_storage()
+    address, nbytes = storage.data_ptr(), storage.nbytes()
+    if nbytes == 0:
+        return None, None
+    where = maps.holding(address)
+    if where is None or where.path.startswith(NO_FILE) \
+            or where.path.startswith(SHARED_MEMORY) and storage.is_shared():
+        return None, None  # memory of no file, or torch's shared memory: it stays shared
+    where, st, why = _mapped_file(address, nbytes, [where])
+    if where is None:
+        return None, why
+    if not where.shared and maps.written_to(where) != 0:
+        return None, "a private map this process wrote to: its changes are in no file"
+    return TensorReference(
+        where.path, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size),
+        where.offset + (address - where.start), nbytes, tensor.dtype, tuple(tensor.size()),
+        tuple(tensor.stride()), tensor.storage_offset(), tensor.requires_grad), None
+
+
+# -- in the worker ------------------------------------------------------------------
+
+# One map per file and one storage per storage sent, while a tensor uses them.
+_maps = weakref.WeakValueDictionary()
+_storages = weakref.WeakValueDictionary()
+
+
+def mapped_tensor_again(cls, path, ident, offset, nbytes, dtype, size, stride,
+                        storage_offset, requires_grad):
+    """In a worker: the tensor torch's reducer would have given, its storage
+    mapped from the file copy-on-write; ``MappedFileChanged`` if the file is
+    not the one it was."""
+    import torch
+
+    storage = _storage(path, tuple(ident), offset, nbytes)
+    t = torch.empty((0,), dtype=dtype).set_(storage, storage_offset, size, stride)
+    if cls is torch.nn.Parameter:  # as torch's rebuild_tensor: integer tensors need it
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    t.requires_grad = requires_grad
+    return t
+
+
+def _storage(path, ident, offset, nbytes):
+    import torch
+
+    key = (path, ident, offset, nbytes)
+    storage = _storages.get(key)
+    if storage is None:
+        whole = _maps.get((path, ident))
+        if whole is None:
+            whole = _maps[(path, ident)] = _map_file(path, ident)
+        # The storage keeps its map alive (frombuffer holds the buffer's owner).
+        storage = torch.frombuffer(whole, dtype=torch.uint8, count=nbytes,
+                                   offset=offset).untyped_storage()
+        try:
+            _storages[key] = storage
+        except TypeError:  # a torch whose storages take no weak reference: one each
+            pass
+    return storage
+
+
+def _map_file(path, ident):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != ident:
+                raise MappedFileChanged(
+                    "%s changed after the training process sent a tensor mapped from it by "
+                    "reference (DL218): this worker cannot map the data it was sent" % path)
+            # The file as the descriptor just checked shows it: private, writable.
+            return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise MappedFileChanged("%s cannot be mapped again in this worker (DL218): %s"
+                                % (path, exc)) from exc
+
+
+# -- in the training process ---------------------------------------------------------
+
+class TensorReducer:
+    """ForkingPickler's reducer for ``torch.Tensor`` and ``torch.nn.Parameter``:
+    by reference while a process is being started and the tensor lies in a
+    file a loader's tensors lie in and can go exactly; else ``fallback``, the
+    reducer that was registered before (torch's)."""
+
+    __slots__ = ("fallback",)
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+
+    def __call__(self, tensor):
+        popen = get_spawning_popen()
+        if popen is not None and _files:
+            try:
+                ref, _why = reference(tensor, _maps_while_starting(popen))
+            except Exception:  # fail open: torch sends it as ever
+                ref = None
+            if ref is not None and ref.file in _files:
+                return mapped_tensor_again, ref.args(type(tensor))
+        if self.fallback is None:
+            return tensor.__reduce_ex__(PROTOCOL)
+        return self.fallback(tensor)
+
+
+_starting = [None, None]  # a weak reference to the Popen being started, its Maps
+
+
+def _maps_while_starting(popen):
+    """The ``Maps`` of this process, read once per process start: its pickling
+    sends every tensor through the reducer."""
+    with _lock:
+        ref, maps = _starting
+        if ref is not None and ref() is popen:
+            return maps
+        maps = Maps()
+        try:
+            _starting[:] = [weakref.ref(popen), maps]
+        except TypeError:  # a Popen without weak references: read for each tensor
+            pass
+        return maps
+
+
+def install_reducers(files=()):
+    """Register the reducer for the tensor types torch registers its own for,
+    keeping torch's as the fallback; ``files``: ``(device, inode)`` of the
+    files whose mapped tensors may go by reference."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    with _lock:
+        _files.update(files)
+    reducers = {}
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        current = ForkingPickler._extra_reducers.get(cls)
+        if not isinstance(current, TensorReducer):
+            reducers[cls] = TensorReducer(current)
+    install(reducers)
