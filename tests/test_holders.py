@@ -99,7 +99,12 @@ def test_spawn_and_forkserver_on_linux(tmp_path, twins, kind, platform):
     check_repaired(result, records, kind, platform, twins[kind])
 
 
-@pytest.mark.parametrize("kind", KINDS)
+# make test runs half the controls (its 10 minutes); make heavy, all of them.
+CONTROLS = [kind if kind in ("parquet", "handler", "pread")
+            else pytest.param(kind, marks=pytest.mark.heavy) for kind in KINDS]
+
+
+@pytest.mark.parametrize("kind", CONTROLS)
 def test_healthy_fork_loader_is_left_alone(tmp_path, twins, kind):
     result, records = run(tmp_path, kind, start_method="fork")
     assert result.rc == 0 and result.batches == twins[kind], result
