@@ -124,4 +124,7 @@ def test_a_reader_advanced_after_construction_is_not_built_again(tmp_path):
     result, records = run(tmp_path, "pandas", "macos", mode="changed")
     assert result.rc != 0 and "NoExactRung" in result.stderr, result
     assert "a TextReader" in result.stderr
+    # and why the rung above it was refused
+    assert "dataset (CsvChunks) cannot be built again in a worker: built again from its " \
+        "arguments it holds other values" in result.stderr
     assert not any("build the dataset again" in r.get("strategy", "") for r in records)

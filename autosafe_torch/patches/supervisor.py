@@ -749,6 +749,10 @@ def emulated(loader, pending=(), torch_s=None):
         iterator = _Emulated(loader)
     except NoExactRung as refused:
         engine.decide_or(None, "DataLoader records", _record_refused, pending, refused)
+        not_rebuilt = _loader_state(loader, "not_rebuilt")
+        if not_rebuilt:  # the rung above was refused too: why
+            raise NoExactRung("%s\n  %s" % (refused.reason, not_rebuilt), refused.fix) \
+                from None
         raise
     record_held(pending)
     return iterator

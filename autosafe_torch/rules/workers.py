@@ -990,11 +990,11 @@ def _fork_is_safe(args, ctx):
 
 def _fallback(check, args, ctx, why):
     """Rungs 2-4 for a loader that cannot start as asked."""
-    fix, reason = None, why
+    fix, reason, refused = None, why, []
     if why is None:
-        failures = pickling_plan(args, ctx).failures
-        why = "; ".join(["%s: %s" % (f.path, f.error) for f in failures]
-                        + pickling_plan(args, ctx).refused) or "does not pickle"
+        failures, refused = pickling_plan(args, ctx).failures, pickling_plan(args, ctx).refused
+        why = "; ".join(["%s: %s" % (f.path, f.error) for f in failures] + refused) \
+            or "does not pickle"
         fix = failures and (getattr(failures[0], "fix", None)
                             or permanent_fix(failures[0].value))
         reason = failures and ("%s: %s" % (failures[0].path, failures[0].error)
@@ -1007,7 +1007,10 @@ def _fallback(check, args, ctx, why):
                                   strategy="start method: fork", fix=fix,
                                   done="workers started by fork instead of %s: %s" % (
                                       start_method(args), reason))
-    return emulated_workers(check, args, why, fix, reason)
+    found = emulated_workers(check, args, why, fix, reason)
+    if refused:  # said where emulated workers cannot copy it either (NoExactRung)
+        found.state["not_rebuilt"] = "; ".join(refused)
+    return found
 
 
 def _away_from_fork(check, args, ctx, why, repairs=True):
