@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "benchmarks" / "run.py"
 
 
+@pytest.mark.heavy  # make heavy (CI): the benchmarks' own run, not a behaviour
 @pytest.mark.skipif(not DRIVER.exists(), reason="no benchmarks/run.py")
 def test_bench_quick_writes_a_table(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSAFE_TORCH")}

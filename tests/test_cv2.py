@@ -470,6 +470,7 @@ def opencl_env():
     return env
 
 
+@pytest.mark.heavy  # 30 s: make heavy (CI); make test keeps CV402's emulated rung and decisions
 @pytest.mark.rule("CV402")
 def test_opencl_used_in_the_parent_workers_start_warm(tmp_path, opencl_env):
     """Parent used OpenCL, fork workers use cv2.UMat: plain torch hangs (the

@@ -15,7 +15,7 @@ forkserver give the twin's batches from real worker processes:
 - the descriptor is carried, and DL217 names it although pread moves no offset.
 
 Beside each, the healthy control: under fork the script runs as it is, records
-nothing and gives the twin's batches.
+nothing and gives the twin's batches (make test: three kinds; make heavy: all).
 """
 
 import pytest
@@ -44,16 +44,18 @@ def said(result, what):
     return int(result.stdout.split(what + " ")[1].split()[0])
 
 
-@pytest.fixture(scope="module")
-def twins(tmp_path_factory):
-    """The hand fix under spawn, without the shim: each kind's known-safe batches."""
-    found = {}
-    for kind in KINDS:
-        result, _ = run(tmp_path_factory.mktemp(kind), kind, shim=False, mode="lazy",
+_twins = {}
+
+
+def twin(tmp_path_factory, kind):
+    """The hand fix under spawn, without the shim: the kind's known-safe batches
+    (once per test process: each kind's run, not every kind's, where it is needed)."""
+    if kind not in _twins:
+        result, _ = run(tmp_path_factory.mktemp("twin-" + kind), kind, shim=False, mode="lazy",
                         start_method="spawn")
         assert result.rc == 0 and result.batches and said(result, "PIDS") == 2, result
-        found[kind] = result.batches
-    return found
+        _twins[kind] = result.batches
+    return _twins[kind]
 
 
 def check_repaired(result, records, kind, platform, twin):
@@ -81,39 +83,55 @@ def check_repaired(result, records, kind, platform, twin):
         assert "share anonymous maps" in record["strategy"]
 
 
-@pytest.mark.rule("DL201", "DL217")
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_rehearsed_mac_gets_real_workers(tmp_path, twins, kind):
+# make test shows, for these, the failure without the shim and the healthy fork
+# control beside the repair (its 10 minutes); make heavy, for every kind.
+QUICK = ("parquet", "handler", "pread")
+
+
+def check_breaks_without_the_shim(tmp_path, kind, safe):
     plain, _ = run(tmp_path, kind, shim=False, start_method="spawn")
-    assert plain.rc != 0 and plain.batches != twins[kind], plain  # it breaks without the shim
-    result, records = run(tmp_path, kind, "macos")
-    check_repaired(result, records, kind, "macos", twins[kind])
+    assert plain.rc != 0 and plain.batches != safe, plain
 
 
-@pytest.mark.heavy
-@pytest.mark.rule("DL201", "DL217")
-@pytest.mark.parametrize("platform", ["linux", "forkserver"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_spawn_and_forkserver_on_linux(tmp_path, twins, kind, platform):
-    result, records = run(tmp_path, kind, platform)
-    check_repaired(result, records, kind, platform, twins[kind])
-
-
-# make test runs half the controls (its 10 minutes); make heavy, all of them.
-CONTROLS = [kind if kind in ("parquet", "handler", "pread")
-            else pytest.param(kind, marks=pytest.mark.heavy) for kind in KINDS]
-
-
-@pytest.mark.parametrize("kind", CONTROLS)
-def test_healthy_fork_loader_is_left_alone(tmp_path, twins, kind):
+def check_fork_is_left_alone(tmp_path, kind, safe):
     result, records = run(tmp_path, kind, start_method="fork")
-    assert result.rc == 0 and result.batches == twins[kind], result
+    assert result.rc == 0 and result.batches == safe, result
     # The pandas reader's file is read by every forked worker through one shared
     # offset: DL207 gives each its own (its own rule and tests); nothing else acts.
     allowed = {"DL207"} if kind == "pandas" else set()
     assert {r["code"] for r in records} <= allowed, records
     if not allowed:
         assert shim_lines(result.stderr) == []
+
+
+@pytest.mark.rule("DL201", "DL217")
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_rehearsed_mac_gets_real_workers(tmp_path, tmp_path_factory, kind):
+    safe = twin(tmp_path_factory, kind)
+    if kind in QUICK:
+        check_breaks_without_the_shim(tmp_path, kind, safe)
+    result, records = run(tmp_path, kind, "macos")
+    check_repaired(result, records, kind, "macos", safe)
+    if kind in QUICK:
+        check_fork_is_left_alone(tmp_path, kind, safe)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind not in QUICK])
+def test_without_the_shim_it_breaks_and_a_fork_loader_is_left_alone(tmp_path,
+                                                                     tmp_path_factory, kind):
+    safe = twin(tmp_path_factory, kind)
+    check_breaks_without_the_shim(tmp_path, kind, safe)
+    check_fork_is_left_alone(tmp_path, kind, safe)
+
+
+@pytest.mark.heavy
+@pytest.mark.rule("DL201", "DL217")
+@pytest.mark.parametrize("platform", ["linux", "forkserver"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_spawn_and_forkserver_on_linux(tmp_path, tmp_path_factory, kind, platform):
+    result, records = run(tmp_path, kind, platform)
+    check_repaired(result, records, kind, platform, twin(tmp_path_factory, kind))
 
 
 @pytest.mark.rule("DL201")

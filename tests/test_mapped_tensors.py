@@ -102,6 +102,7 @@ def test_mapped_tensor_is_mapped_in_each_worker_with_the_same_batches(tmp_path, 
     assert result.stderr.count("DL218 memmap-by-reference") == 1, result
 
 
+@pytest.mark.heavy  # what a Mac gets is torch's own way: make heavy (CI)
 @pytest.mark.rule("DL218")
 def test_on_macos_tensors_go_through_shared_memory_as_there(tmp_path, plain_load):
     """A Mac has no /proc/self/maps to find a map's file: the rehearsal shows

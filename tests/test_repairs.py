@@ -388,8 +388,9 @@ def _logged(log):
     return json_log(log)
 
 
-@pytest.mark.parametrize("kind, unpicklable", [("lmdb", "'Environment'"),
-                                               ("video", "'cv2.VideoCapture'")])
+@pytest.mark.parametrize("kind, unpicklable", [
+    ("lmdb", "'Environment'"),
+    pytest.param("video", "'cv2.VideoCapture'", marks=pytest.mark.heavy)])  # 19 s: make heavy
 @pytest.mark.rule("DL212")
 def test_native_handles_reopened_by_path_in_each_worker(tmp_path, kind, unpicklable):
     """A read-only lmdb environment, or a cv2.VideoCapture of a file, held by a

@@ -123,6 +123,7 @@ def test_as_on_windows_plain_spawn_logged(tmp_path, reference):
     assert res.batches == reference.batches
 
 
+@pytest.mark.heavy  # 12 s: make heavy (CI)
 def test_a_changed_environment_keeps_the_start_warm(tmp_path):
     """Each start request carries the parent's environment of that moment: when it
     changes between epochs (as building an optimizer does), workers still come from
