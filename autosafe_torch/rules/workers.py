@@ -409,7 +409,8 @@ def unpicklable_dataset(args, ctx):
         before["handlers"] = [where for where, _h in plan.handlers]
         classes = {type(h) for _where, h in plan.handlers}
         whys.append("a logging handler's lock and stream do not pickle")
-        remedies.append(lambda args: pickling.install(handlers.handler_reducers(classes)))
+        remedies.append(lambda args, classes=classes:  # bound now: later blocks reuse the name
+                        pickling.install(handlers.handler_reducers(classes)))
         done.append("%s made again from its file or stream" % _named(plan.handlers))
         repairs.append("make logging handlers again")
     if plan.images:
@@ -423,7 +424,7 @@ def unpicklable_dataset(args, ctx):
         before["rebuilt"] = [where for where, _d, _why in plan.rebuilt]
         classes = {type(d) for _where, d, _why in plan.rebuilt}
         whys += [why for _where, _d, why in plan.rebuilt]
-        remedies.append(lambda args: pickling.install(rebuild.reducers(classes)))
+        remedies.append(lambda args, classes=classes: pickling.install(rebuild.reducers(classes)))
         done.append("%s built again from its constructor's arguments (checked here: the "
                     "same state)" % _named([(where, d) for where, d, _why in plan.rebuilt]))
         repairs.append("build the dataset again")
@@ -850,10 +851,13 @@ def _plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
     if plan.rebuilt:
         planned.update(rebuild.reducers({type(obj) for _path, obj, _why in plan.rebuilt}))
     if parts["dataset"] is not None:
-        plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])]
+        plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])
+                      if not _inside(here, plan.rebuilt)]
         if plan.pools:
             planned.update(pools.pool_reducers())
-    plan.forwarders = attribute_forwarders(parts)
+    # What a dataset built again in each worker holds is made by its constructor there.
+    plan.forwarders = {cls: here for cls, here in attribute_forwarders(parts).items()
+                       if not _inside(here, plan.rebuilt)}
     if plan.forwarders:
         planned.update(pickling.forwarder_reducers(plan.forwarders))
     for _ in range(MAX_REPAIRS):
@@ -922,10 +926,13 @@ def _unfaithful(parts, planned, plan):
 
     table = {cls: reducer for cls, reducer in planned.items()
              if reducer is not rebuild.reduce_rebuilt}
-    inside = [where for where, _d, _why in plan.rebuilt]
-    return [f for f in roundtrip.unfaithful(parts, table)
-            if not any(f.path == where or f.path.startswith((where + ".", where + "["))
-                       for where in inside)]
+    return [f for f in roundtrip.unfaithful(parts, table) if not _inside(f.path, plan.rebuilt)]
+
+
+def _inside(path, rebuilt):
+    """Whether ``path`` lies in one of the datasets ``rebuilt`` (``(path, dataset, why)``)."""
+    return any(path == where or path.startswith((where + ".", where + "["))
+               for where, _dataset, _why in rebuilt)
 
 
 def attribute_forwarders(parts):
