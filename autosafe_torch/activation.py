@@ -77,9 +77,9 @@ def _report_a_failed_start():
     if getattr(sys, "argv", [])[-1:] != ["--multiprocessing-fork"]:
         return  # not a process multiprocessing spawned
     try:
-        from .remedies import dumps
+        from .inspection import diagnostics
 
-        dumps.leave_start_traceback(dumps.parents_dump_dir)
+        diagnostics.leave_start_traceback(diagnostics.parents_dump_dir)
     except Exception:
         pass
 
@@ -97,12 +97,13 @@ def _register_fork_hook():
 
 def _after_fork_in_child():
     if "multiprocessing.forkserver" not in sys.modules or _state["finder"] is None \
-            or CONFIG.mode != "fix" or not CONFIG.rule_enabled("DL207", "dataloader"):
+            or CONFIG.mode != "fix":
         return
     try:
         from .remedies import isolation
 
-        isolation.after_fork_in_server_child()
+        if CONFIG.rule_enabled(*isolation.GOVERNED_BY):
+            isolation.after_fork_in_server_child()
     except Exception:
         pass  # never break a fork
 

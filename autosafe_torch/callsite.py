@@ -384,3 +384,21 @@ def _line_calling(code, name):
                 ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL")):
             return current
     return None
+
+
+# A pin-memory thread has no user frame: the loader's iteration site it serves.
+_pin_thread_sites = weakref.WeakKeyDictionary()
+
+
+def pin_thread_serves(iterator, site):
+    """``iterator``'s pin-memory thread, if it has one, serves the loader
+    iterated at ``site``: the line DL305 names."""
+    from .torch_private import pin_memory_thread
+
+    thread = pin_memory_thread(iterator)
+    if thread is not None:
+        _pin_thread_sites[thread] = site
+
+
+def site_of_pin_thread(thread):
+    return _pin_thread_sites.get(thread)

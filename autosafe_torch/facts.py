@@ -163,11 +163,9 @@ def pin_memory_warns():
     """Whether torch's iterator warns about pin_memory without an accelerator:
     read from its code's constants, not from the version number."""
     try:
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
+        from .torch_private import warns_pin_memory_without_accelerator
 
-        consts = _BaseDataLoaderIter.__init__.__code__.co_consts
-        return any(isinstance(c, str) and "'pin_memory' argument is set as true" in c
-                   for c in consts)
+        return warns_pin_memory_without_accelerator()
     except Exception:
         return True
 

@@ -63,10 +63,10 @@ class Intervention:
 
     __slots__ = ("code", "slug", "before", "after", "why", "fix", "call_site",
                  "strategy", "action", "pid", "rank", "local_rank", "world_size", "time",
-                 "count", "done", "clauses", "said")
+                 "count", "done", "clauses", "said", "rung")
 
     def __init__(self, code, slug, before, after, why, fix, call_site,
-                 strategy=None, action="fixed", done=None):
+                 strategy=None, action="fixed", done=None, rung=None):
         self.code = code
         self.slug = slug
         self.before = before
@@ -85,6 +85,7 @@ class Intervention:
         self.done = done or code
         self.clauses = []   # interventions said on this one's line (DL209 on DL201's)
         self.said = False   # said on another's line
+        self.rung = rung    # the ladder's rung its finding chose (rules.ladder.Rung), or None
 
     def failed(self, why):
         """This fix did not hold (a remedy a worker could not apply, a start

@@ -60,7 +60,7 @@ def healthy_overhead(config, pairs):
         for _ in loaders[on]:  # the first epoch starts the workers: not timed
             pass
     _watching(config, True)
-    from autosafe_torch.patches.supervisor import RecoveringIter
+    from autosafe_torch.recovery import RecoveringIter
 
     assert isinstance(loaders[True]._iterator, RecoveringIter)
     assert not isinstance(loaders[False]._iterator, RecoveringIter)
@@ -83,12 +83,15 @@ def healthy_overhead(config, pairs):
 
 def bookkeeping_us(repeats, n=200000):
     """The per-batch work of the watch, without the inter-process transfer:
-    the real ``RecoveringIter`` and ``_Recorder`` around a stand-in for torch's
+    the real ``RecoveringIter`` and ``Recorder`` around a stand-in for torch's
     iterator that does what the watched ``_get_data`` adds (the limit, two
     clock reads, the observation), against the bare stand-in."""
     from types import SimpleNamespace
 
-    from autosafe_torch.patches.supervisor import RecoveringIter, _Ladder, _Recorder, _Watch
+    from autosafe_torch.recovery import RecoveringIter
+    from autosafe_torch.recovery.rungs import LoaderLadder
+    from autosafe_torch.recovery.watch import Watch
+    from autosafe_torch.torch_private import Recorder
 
     class Bare:
         def __init__(self):
@@ -102,7 +105,7 @@ def bookkeeping_us(repeats, n=200000):
 
     class Watched(Bare):
         def __init__(self, watch):
-            self.sampler = _Recorder(iter(range(n)))
+            self.sampler = Recorder(iter(range(n)))
             self.watch = watch
 
         def __next__(self):
@@ -122,8 +125,8 @@ def bookkeeping_us(repeats, n=200000):
     loader = SimpleNamespace(persistent_workers=False)
     values = []
     for _ in range(repeats):
-        watch = _Watch(frozenset({"hung", "died"}), 60.0, 0)
-        watched = RecoveringIter(Watched(watch), loader, _Ladder(), watch)
+        watch = Watch(frozenset({"hung", "died"}), 60.0, 0)
+        watched = RecoveringIter(Watched(watch), loader, LoaderLadder(), watch)
         values.append((per_item(watched) - per_item(Bare())) * 1e6)
     return values
 

@@ -389,7 +389,7 @@ from autosafe_torch import engine
 
 class Late:
     def __del__(self):
-        engine.decide_or(None, "late work", lambda: __import__("xml.dom.minidom"))
+        engine.fail_open(None, "late work", lambda: __import__("xml.dom.minidom"))
 
 keep = Late()
 print("done")

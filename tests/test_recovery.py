@@ -1,4 +1,4 @@
-"""Recovery from failing workers (DL210-DL213, autosafe_torch/patches/supervisor.py).
+"""Recovery from failing workers (DL210-DL213, autosafe_torch/recovery).
 
 Each fault of tests/scenarios/recovery/scenario.py runs in a real
 subprocess with real workers under fork, spawn and forkserver; the batches
@@ -25,7 +25,7 @@ import pytest
 
 from autosafe_torch import config, report
 from autosafe_torch.inspection import failures
-from autosafe_torch.rules import recovery as ladder
+from autosafe_torch.rules import ladder, recovery
 from support import (PLATFORM_SIM, SCENARIOS, START_METHODS, Result, assert_readable,
                      clean_env, json_log, one_of, shim_lines)
 from test_resources import needs_private_shm
@@ -80,8 +80,9 @@ def recovered(result, records, seconds, code, strategies):
     mine = [r for r in records if r["code"].startswith("DL21")]
     assert [r["code"] for r in mine] == [code], records
     record = mine[0]
-    assert record["action"] == "fixed" and record["strategy"] in strategies, record
-    assert record["before"]["rung"] == ladder.AS_ASKED
+    assert record["action"] == "fixed" and record["strategy"] in {r.value for r in strategies}, \
+        record
+    assert record["before"]["rung"] == ladder.Rung.AS_ASKED
     assert record["after"] == {"rung": record["strategy"]}
     assert "resumed at batch %d" % record["before"]["batch"] in record["why"], record
     return record
@@ -112,7 +113,7 @@ def test_without_the_shim_each_fault_crashes(tmp_path):
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_worker_killed_mid_epoch(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "kill", start_method)
-    record = recovered(result, records, seconds, "DL210", {ladder.RESTART})
+    record = recovered(result, records, seconds, "DL210", {ladder.Rung.RESTART})
     assert result.batches == reference["none"]
     assert record["before"]["worker"] == 1 and "SIGKILL" in record["before"]["status"]
     assert "no traceback" in record["why"] and "out-of-memory" in record["why"]
@@ -123,7 +124,7 @@ def test_worker_segfaults_on_one_index(tmp_path, reference, start_method):
     """Every worker process crashes on index 13: the restart fails the same
     way, the rung is not tried a third time, emulated workers finish."""
     result, records, seconds = run(tmp_path, "segv", start_method)
-    record = recovered(result, records, seconds, "DL210", {ladder.EMULATED})
+    record = recovered(result, records, seconds, "DL210", {ladder.Rung.EMULATED})
     assert result.batches == reference["none"]
     assert "SIGSEGV" in record["before"]["status"]
     assert record["why"].count("restart workers failed too") == 1
@@ -141,7 +142,7 @@ def test_worker_that_dies_while_starting_is_named_by_its_own_exception(tmp_path,
     assert plain.rc != 0 and "exited unexpectedly" in plain.stderr, plain
     result, records, seconds = run(tmp_path, "startup", "spawn",
                                    env={"AUTOSAFE_TORCH_DISABLE": NO_PREDICTION + ",DL209"})
-    record = recovered(result, records, seconds, "DL210", {ladder.EMULATED})
+    record = recovered(result, records, seconds, "DL210", {ladder.Rung.EMULATED})
     assert result.batches == reference["none"]
     assert "restart workers failed" not in record["why"], record
     (line,) = [l for l in shim_lines(result.stderr) if ": DL210 worker-died: " in l]
@@ -150,7 +151,7 @@ def test_worker_that_dies_while_starting_is_named_by_its_own_exception(tmp_path,
     assert re.search(r"exited with code 1 while starting: ImportError: libscenario\.so: "
                      r"cannot open shared object file, in scenario\.py:\d+; "
                      r"resumed at batch 0 \(emulated workers\)$", line), line
-    assert record["fix"] == ladder.STARTING_FIX
+    assert record["fix"] == recovery.STARTING_FIX
 
 
 @pytest.mark.rule("DL211")
@@ -158,7 +159,7 @@ def test_worker_that_dies_while_starting_is_named_by_its_own_exception(tmp_path,
 def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "hang", start_method,
                                    env={"AUTOSAFE_TORCH_HANG_TIMEOUT": "10"})
-    record = recovered(result, records, seconds, "DL211", {ladder.EMULATED})
+    record = recovered(result, records, seconds, "DL211", {ladder.Rung.EMULATED})
     assert result.batches == reference["none"]
     assert record["before"]["status"] == "hung"
     # every worker's stack, the hung one in the user's __getitem__
@@ -172,7 +173,7 @@ def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_dev_shm_exhausted(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "shm", start_method, shm="3m")
-    record = recovered(result, records, seconds, "DL214", {ladder.FEWER, ladder.EMULATED})
+    record = recovered(result, records, seconds, "DL214", {ladder.Rung.FEWER, ladder.Rung.EMULATED})
     assert result.batches == reference["shm"]
     assert "unable to allocate shared memory" in record["why"] \
         or "SIGBUS" in record["before"]["status"], record
@@ -190,7 +191,7 @@ def test_dev_shm_exhausted_without_the_shim(tmp_path):
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'forkserver'))
 def test_open_file_limit_exhausted(tmp_path, reference, start_method):
     result, records, seconds = run(tmp_path, "fds", start_method, nofile=160)
-    recovered(result, records, seconds, "DL213", {ladder.FILE_SYSTEM, ladder.EMULATED})
+    recovered(result, records, seconds, "DL213", {ladder.Rung.FILE_SYSTEM, ladder.Rung.EMULATED})
     assert result.batches == reference["fds"]
     without, _, _ = run(tmp_path, "fds", start_method, shim=False, nofile=160) \
         if start_method == "fork" else (None, None, None)
@@ -208,7 +209,7 @@ def test_memory_error_once_is_recovered_with_fewer_batches_in_flight(tmp_path, r
         without, _, _ = run(tmp_path, "memory", shim=False)
         assert without.rc != 0 and "MemoryError: Caught MemoryError" in without.stderr, without
     result, records, seconds = run(tmp_path, "memory", start_method)
-    record = recovered(result, records, seconds, "DL215", {ladder.FEWER})
+    record = recovered(result, records, seconds, "DL215", {ladder.Rung.FEWER})
     assert result.batches == reference["none"]
     assert "Unable to allocate 1.00 GiB" in record["before"]["status"], record
 
@@ -238,17 +239,17 @@ def test_the_users_own_error_is_raised_as_torch_raises_it(tmp_path, start_method
 
 def test_ladder_is_bounded():
     """A rung that failed twice is not tried again; None when all have."""
-    assert ladder.next_rung("died", {}) == ladder.RESTART
-    assert ladder.next_rung("died", {ladder.RESTART: 1}) == ladder.RESTART
-    assert ladder.next_rung("died", {ladder.RESTART: 2}) == ladder.EMULATED
-    assert ladder.next_rung("died", {ladder.RESTART: 2, ladder.EMULATED: 2}) is None
-    assert ladder.next_rung("shm", {}) == ladder.FEWER
-    assert ladder.next_rung("fds", {ladder.FILE_SYSTEM: 2}) == ladder.EMULATED
+    assert ladder.next_rung("died", {}) == ladder.Rung.RESTART
+    assert ladder.next_rung("died", {ladder.Rung.RESTART: 1}) == ladder.Rung.RESTART
+    assert ladder.next_rung("died", {ladder.Rung.RESTART: 2}) == ladder.Rung.EMULATED
+    assert ladder.next_rung("died", {ladder.Rung.RESTART: 2, ladder.Rung.EMULATED: 2}) is None
+    assert ladder.next_rung("shm", {}) == ladder.Rung.FEWER
+    assert ladder.next_rung("fds", {ladder.Rung.FILE_SYSTEM: 2}) == ladder.Rung.EMULATED
     # Memory: once, with fewer batches in flight; a repair a worker could not
     # apply: emulated workers at once (new workers would fail alike).
-    assert ladder.next_rung("memory", {ladder.RESTART: 1}) == ladder.FEWER
-    assert ladder.next_rung("memory", {ladder.RESTART: 1, ladder.FEWER: 1}) is None
-    assert ladder.next_rung("remedy", {ladder.RESTART: 1}) == ladder.EMULATED
+    assert ladder.next_rung("memory", {ladder.Rung.RESTART: 1}) == ladder.Rung.FEWER
+    assert ladder.next_rung("memory", {ladder.Rung.RESTART: 1, ladder.Rung.FEWER: 1}) is None
+    assert ladder.next_rung("remedy", {ladder.Rung.RESTART: 1}) == ladder.Rung.EMULATED
     for rungs in ladder.LADDERS.values():  # fewer workers would change the batches
         assert "fewer workers" not in " ".join(rungs)
 
@@ -294,17 +295,17 @@ def test_hang_timeout_is_validated_with_one_warning(capsys):
 
 
 def test_watchdog_limit_from_observed_batch_times():
-    from autosafe_torch.patches.supervisor import STARTUP_MIN_S, _Watch
+    from autosafe_torch.recovery.watch import STARTUP_MIN_S, Watch
 
-    watch = _Watch(frozenset({"hung"}), 5.0, 0)
+    watch = Watch(frozenset({"hung"}), 5.0, 0)
     assert watch.limit() == STARTUP_MIN_S  # workers starting
     watch.observed(4.0)  # the start: not a batch time
     assert watch.limit() == 5.0
     watch.observed(1.5)
     assert watch.limit() == 15.0  # 10x the slowest wait
-    assert _Watch(frozenset({"hung"}), 5.0, 120).limit() >= 120  # never below timeout
-    assert _Watch(frozenset({"died"}), 5.0, 7).limit() == 7  # no watchdog: torch's timeout
-    assert _Watch(frozenset({"died"}), 5.0, 0).limit() is None
+    assert Watch(frozenset({"hung"}), 5.0, 120).limit() >= 120  # never below timeout
+    assert Watch(frozenset({"died"}), 5.0, 7).limit() == 7  # no watchdog: torch's timeout
+    assert Watch(frozenset({"died"}), 5.0, 0).limit() is None
 
 
 def test_not_watched_in_warn_mode_or_disabled():
@@ -312,7 +313,7 @@ def test_not_watched_in_warn_mode_or_disabled():
     from torch.utils.data import DataLoader, TensorDataset
 
     import autosafe_torch
-    from autosafe_torch.patches.supervisor import RecoveringIter
+    from autosafe_torch.recovery import RecoveringIter
 
     loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=1,
                         multiprocessing_context="fork")
@@ -324,7 +325,7 @@ def test_not_watched_in_warn_mode_or_disabled():
         config.CONFIG.mode = "warn"
         assert not isinstance(iter(loader), RecoveringIter)
         config.CONFIG.mode = was
-        config.CONFIG.disabled = frozenset(ladder.KINDS)
+        config.CONFIG.disabled = frozenset(recovery.KINDS)
         assert not isinstance(iter(loader), RecoveringIter)
     finally:
         config.CONFIG.mode = was

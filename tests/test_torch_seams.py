@@ -1,8 +1,8 @@
-"""A torch whose private DataLoader names moved (patches/torch_seams.py).
+"""A torch whose private DataLoader names moved (autosafe_torch/torch_private.py).
 
 The script itself moves them, as a later torch release might, before it
 builds a loader: torch's own loop is rewritten to call the new name, so
-torch works; the shim's supervisor and emulated workers, which call the old
+torch works; the shim's recovery and emulated workers, which call the old
 names, must step aside with one line, and the loader yields torch's batches
 (or torch's own error), never an AttributeError of ours.
 """

@@ -16,7 +16,8 @@ import pytest
 from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection.mainmodule import guarded_lines
-from autosafe_torch.rules import Context, workers
+from autosafe_torch.rules import Context
+from autosafe_torch.rules import start_method as start_rules
 from support import (LOCAL_OBJECT, PRELUDE, assert_readable, cannot_pickle, clean_env, line_of,
                      logged, one_of, run_script, shim_lines)
 
@@ -491,12 +492,12 @@ def test_dl104_always_advises():
     quota = _facts().replace(cpus_usable=2, cpus_affinity=16)  # a container's CPU quota
     for dataset in (Stream(), [1, 2]):  # iterable or map-style: the count is the user's
         values = {"num_workers": 8, "dataset": dataset, "worker_init_fn": None}
-        found = workers.too_many_workers(values, Context(quota))
+        found = start_rules.too_many_workers(values, Context(quota))
         assert found.after == {} and found.strategy == "advice" and found.is_advice
     # torch warns itself where the affinity is the limit: nothing to add
-    assert workers.too_many_workers(values, Context(quota.replace(cpus_affinity=2))) is None
+    assert start_rules.too_many_workers(values, Context(quota.replace(cpus_affinity=2))) is None
     values["num_workers"] = 2
-    assert workers.too_many_workers(values, Context(quota)) is None
+    assert start_rules.too_many_workers(values, Context(quota)) is None
 
 
 def test_main_guard_detection(tmp_path):

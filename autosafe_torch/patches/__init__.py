@@ -8,6 +8,7 @@ puts every original back.
 """
 
 import importlib
+import inspect
 
 # trigger module -> patch modules applied when it is imported
 TARGETS = {
@@ -18,6 +19,36 @@ TARGETS = {
 
 _originals = {}   # (owner, attribute name) -> original attribute
 _applied = set()  # patch module names applied
+
+
+def signature_without_self(function):
+    """The signature of a method, as its callers see it."""
+    signature = inspect.signature(function)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def defaults_of(signature):
+    return {p.name: p.default for p in signature.parameters.values()
+            if p.default is not inspect.Parameter.empty}
+
+
+def bind_arguments(signature, defaults, args, kwargs):
+    """``(bound, values)`` for this call: ``inspect.BoundArguments`` and every
+    parameter's value (defaults filled in); None when the call does not bind:
+    the user's own mistake, which torch reports."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    values = dict(defaults)
+    values.update(bound.arguments)
+    return bound, values
+
+
+def bind(signature, defaults, args, kwargs):
+    """Every parameter's value for this call, or None (``bind_arguments``)."""
+    bound = bind_arguments(signature, defaults, args, kwargs)
+    return None if bound is None else bound[1]
 
 
 def wrap(owner, name, wrapper):

@@ -16,17 +16,17 @@ torch raised.
 """
 
 import threading
-import weakref
 
 from .. import callsite, engine
 from ..rules import Context
 from . import replace
 
-_sites = weakref.WeakKeyDictionary()  # a pin-memory thread -> its loader's iteration site
 
 
 def patch(torch):
-    from torch.utils.data._utils import pin_memory as module
+    from ..torch_private import pin_memory_module
+
+    module = pin_memory_module()
 
     torch_s = module.pin_memory
 
@@ -34,19 +34,11 @@ def patch(torch):
         try:
             return torch_s(data, *args, **kwargs)
         except RuntimeError as exc:
-            if engine.decide_or(False, "pin_memory", _unpinned, data, exc):
+            if engine.fail_open(False, "pin_memory", _unpinned, data, exc):
                 return data
             raise
 
     replace(module, "pin_memory", pin_memory)
-
-
-def serves(iterator, site):
-    """``iterator``'s pin-memory thread, if it has one, serves the loader
-    iterated at ``site``: the line DL305 names (the thread has no user frame)."""
-    thread = getattr(iterator, "_pin_memory_thread", None)
-    if thread is not None:
-        _sites[thread] = site
 
 
 def _unpinned(data, exc):
@@ -55,5 +47,6 @@ def _unpinned(data, exc):
                                  Context(None))
     if not found:
         return False
-    site = _sites.get(threading.current_thread()) or callsite.user_call_site()
+    site = callsite.site_of_pin_thread(threading.current_thread()) \
+        or callsite.user_call_site()
     return engine.settle(found, site) or False

@@ -70,12 +70,10 @@ import sys
 import threading
 
 import torch
-from torch._utils import ExceptionWrapper
-from torch.utils.data import _utils
-from torch.utils.data import dataloader as _dataloader
-from torch.utils.data._utils import worker as _worker_module
 
+from .. import torch_private as tp
 from ..errors import NoExactRung
+from ..inspection.parts import PARTS
 from .copies import SHARE_AT_BYTES, CopyPlan, Watched, copy_for_worker
 
 __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK",
@@ -90,12 +88,12 @@ _SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
 
 
 def _numpy():
-    return sys.modules.get("numpy") if _worker_module.HAS_NUMPY else None
+    return sys.modules.get("numpy") if tp.has_numpy() else None
 
 
 def _numpy_for_seeding():
     """numpy, imported if torch can (a real worker seeds it even unused)."""
-    if not _worker_module.HAS_NUMPY:
+    if not tp.has_numpy():
         return None
     import numpy
 
@@ -124,7 +122,7 @@ def _seed_as_worker_loop(base_seed, worker_id):
     torch.default_generator.manual_seed(seed)
     numpy = _numpy_for_seeding()
     if numpy is not None:
-        numpy.random.seed(_worker_module._generate_state(base_seed, worker_id))
+        numpy.random.seed(tp.numpy_seed(base_seed, worker_id))
 
 
 # -- one copy per worker: remedies/copies.py ---------------------------------------
@@ -210,12 +208,12 @@ class EmulatedWorker:
         self._drop_last = drop_last
         self._states = None  # seeded on the first step
         self._shared_rng = torch.Generator()
-        if isinstance(self.dataset, _dataloader.IterDataPipe):
+        if isinstance(self.dataset, tp.ITER_DATAPIPE):
             self._shared_rng.manual_seed(shared_seed)
             self.dataset = torch.utils.data.graph_settings.apply_random_seed(
                 self.dataset, self._shared_rng)
-        self.info = _worker_module.WorkerInfo(id=worker_id, num_workers=num_workers,
-                                              seed=self.seed, dataset=self.dataset)
+        self.info = tp.WorkerInfo(id=worker_id, num_workers=num_workers, seed=self.seed,
+                                 dataset=self.dataset)
         self.fetcher = None
         self.init_exception = None
         self.iteration_end = False
@@ -224,7 +222,7 @@ class EmulatedWorker:
     def active(self):
         with SWAP_LOCK:
             parent_states = _capture_states()
-            parent_info = _worker_module._worker_info
+            parent_info = tp.current_worker_info()
             # One intra-op thread, as _worker_loop sets: what the dataset sees
             # in torch.get_num_threads(), and no OpenMP team contending with
             # the caller's (10x slower fetches measured on a busy 2-core box).
@@ -237,7 +235,7 @@ class EmulatedWorker:
                     _seed_as_worker_loop(self._base_seed, self.id)
                 else:
                     _restore_states(self._states)
-                _worker_module._worker_info = self.info
+                tp.set_worker_info(self.info)
                 if descriptions is not None:
                     descriptions.enter(self.id)
                 if watched:
@@ -247,7 +245,7 @@ class EmulatedWorker:
                 if descriptions is not None:
                     descriptions.leave()
                 self._states = _capture_states()
-                _worker_module._worker_info = parent_info
+                tp.set_worker_info(parent_info)
                 _restore_states(parent_states)
                 if parent_threads != 1:
                     torch.set_num_threads(parent_threads)
@@ -255,7 +253,7 @@ class EmulatedWorker:
                 watched.leave(self.id)
 
     def _new_fetcher(self):
-        return _dataloader._DatasetKind.create_fetcher(
+        return tp.create_fetcher(
             self._kind, self.dataset, self._auto_collation, self.collate_fn, self._drop_last)
 
     def start(self):
@@ -272,7 +270,7 @@ class EmulatedWorker:
         """A persistent worker's ``_ResumeIteration``: a new fetcher, same states."""
         with self.active():
             self.iteration_end = False
-            if isinstance(self.dataset, _dataloader.IterDataPipe):
+            if isinstance(self.dataset, tp.ITER_DATAPIPE):
                 self._shared_rng.manual_seed(shared_seed)
                 self.dataset = torch.utils.data.graph_settings.apply_random_seed(
                     self.dataset, self._shared_rng)
@@ -291,15 +289,15 @@ class EmulatedWorker:
                     raise RuntimeError("the worker's fetcher was not created")
                 return self.fetcher.fetch(index)
             except StopIteration:
-                if self._kind != _dataloader._DatasetKind.Iterable:
+                if not tp.is_iterable_kind(self._kind):
                     return self._wrap_exception()
                 self.iteration_end = True
-                return _worker_module._IterableDatasetStopIteration(self.id)
+                return tp.IterableStop(self.id)
             except Exception:
                 return self._wrap_exception()
 
     def _wrap_exception(self):
-        return ExceptionWrapper(
+        return tp.ExceptionWrapper(
             where="in DataLoader worker %d (emulated in this process by autosafe_torch)" % self.id)
 
 
@@ -386,7 +384,7 @@ def _run_tasks(tasks, results):
 # -- the iterator -----------------------------------------------------------------
 
 
-class EmulatedWorkersIter(_dataloader._BaseDataLoaderIter):
+class EmulatedWorkersIter(tp.BaseIter):
     """What ``DataLoader._get_iterator`` returns for a faithful emulation of
     ``loader.num_workers`` workers; ``threaded`` fetches ahead in a background
     thread (see the module's notes for when that is exact).
@@ -404,11 +402,11 @@ class EmulatedWorkersIter(_dataloader._BaseDataLoaderIter):
         self._prefetch_factor = loader.prefetch_factor or 2
         self._in_order = getattr(loader, "in_order", True)
         worker_init_fn = loader.worker_init_fn
-        if isinstance(self._dataset, (_dataloader.IterDataPipe, _dataloader.MapDataPipe)):
-            worker_init_fn = functools.partial(_dataloader._sharding_worker_init_fn,
+        if isinstance(self._dataset, tp.DATAPIPES):
+            worker_init_fn = functools.partial(tp.sharding_worker_init_fn,
                                                worker_init_fn, self._world_size, self._rank)
         plan = CopyPlan((self._dataset, self._collate_fn, worker_init_fn),
-                        ("dataset", "collate_fn", "worker_init_fn"))
+                        PARTS)
         # Every copy first, as each fork snapshots the parent before any
         # worker_init_fn has run.
         copies = [plan.copy() for _ in range(self._num_workers)]
@@ -476,8 +474,8 @@ class EmulatedWorkersIter(_dataloader._BaseDataLoaderIter):
                                      "when fetching next data")
             idx, data = self._runner.next_result()
             self._tasks_outstanding -= 1
-            if self._dataset_kind == _dataloader._DatasetKind.Iterable:
-                if isinstance(data, _worker_module._IterableDatasetStopIteration):
+            if tp.is_iterable_kind(self._dataset_kind):
+                if isinstance(data, tp.IterableStop):
                     self._workers_status[data.worker_id] = False
                     self._try_put_index()
                     continue
@@ -519,10 +517,10 @@ class EmulatedWorkersIter(_dataloader._BaseDataLoaderIter):
     def _process_data(self, data, worker_idx):
         self._workers_num_tasks[worker_idx] -= 1
         self._try_put_index()
-        if isinstance(data, ExceptionWrapper):
+        if isinstance(data, tp.ExceptionWrapper):
             data.reraise()
         if self._pin_memory:
-            data = _utils.pin_memory.pin_memory(data, self._pin_memory_device)
+            data = tp.pin(data, self._pin_memory_device)
         return data
 
     def _shutdown_workers(self):

@@ -57,10 +57,10 @@ from ..inspection import holdings
 from ..inspection.descriptors import (STDIO, describe_open, find_descriptors, open_files,
                                       path_of)
 from ..inspection.failures import RemedyFailed, describe_exception
+from ..inspection.parts import parts_of
 from . import reopen
 from .workerinit import steps_of, user_function
 
-PARTS = ("dataset", "collate_fn", "worker_init_fn")
 HIGH_FD = 256  # where private and parked descriptors go: above what programs open
 # A fork server takes at most 256 descriptors per start (multiprocessing's
 # MAXFDS_TO_SEND), with its own among them.
@@ -181,11 +181,13 @@ class ForkPlan:
         return bool(self.isolate or self.handles or self.unhandled)
 
 
-def parts_of(args):
-    """The loader's parts a forked worker uses: the dataset, collate_fn and the
-    user's own worker_init_fn (ours adds no files)."""
-    return {"dataset": args["dataset"], "collate_fn": args["collate_fn"],
-            "worker_init_fn": user_function(args["worker_init_fn"])}
+def users_parts(source):
+    """The loader's parts a forked worker uses (``parts.parts_of(source)``: a
+    loader or its arguments), with the user's own worker_init_fn (ours adds
+    no files)."""
+    found = parts_of(source)
+    found["worker_init_fn"] = user_function(found["worker_init_fn"])
+    return found
 
 
 def plan(parts, items=None):
@@ -414,6 +416,11 @@ def _close_quietly(fd):
 # -- the files a fork server holds: privatized in each child as it forks -----------
 
 _server_files = []  # in a child of a fork server: what was privatized at its fork
+
+
+# The rule whose remedy this is, for a fork server's children, where no check
+# runs (AUTOSAFE_TORCH_DISABLE=DL207 turns it off there too).
+GOVERNED_BY = ("DL207", "dataloader")
 
 
 def after_fork_in_server_child():

@@ -27,8 +27,8 @@ dataset whose unpickling raises, a main module that does not import) kills
 the worker before any of its steps run, and multiprocessing prints the
 traceback to a stderr the training process cannot read. The server's
 children are ours to start, so each is told (in its preparation data,
-under ``dumps.DUMPS_KEY``) where to leave that traceback
-(``dumps.bootstrap_path``).
+under ``diagnostics.DUMPS_KEY``) where to leave that traceback
+(``diagnostics.bootstrap_path``).
 
 Imported anywhere else, this module does nothing.
 """
@@ -39,7 +39,7 @@ import sys
 import warnings
 
 from ..inspection import threads
-from .dumps import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, leave_start_traceback
+from ..inspection.diagnostics import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, leave_start_traceback
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module

@@ -288,7 +288,7 @@ class _PreparingWithDumps:
     def get_preparation_data(name):
         from multiprocessing import spawn
 
-        from .dumps import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, current_dir
+        from ..inspection.diagnostics import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, current_dir
 
         data = spawn.get_preparation_data(name)
         directory = current_dir()

@@ -40,7 +40,9 @@ RULES = {}
 # Modules that declare rules; within a hook, checks run in this order, then
 # in their order in the module.
 RULE_MODULES = (
-    "autosafe_torch.rules.workers",
+    "autosafe_torch.rules.start_method",
+    "autosafe_torch.rules.pickling",
+    "autosafe_torch.rules.fork",
     "autosafe_torch.rules.warmstart",  # after the ladder: it reads its findings
     "autosafe_torch.rules.memmap",  # after both: it sees the start method they chose
     "autosafe_torch.rules.loader_args",
@@ -107,8 +109,8 @@ class Rule:
                 "at": list(self.hooks)}
 
     def finding(self, before, changes=None, why="", strategy=None, state=None,
-                remedies=(), fix=None, done=None):
-        return Finding(self, before, changes, why, strategy, state, remedies, fix, done)
+                remedies=(), fix=None, done=None, rung=None):
+        return Finding(self, before, changes, why, strategy, state, remedies, fix, done, rung)
 
     def permanent_fix(self):
         """The fix to show here: the notebook's where the program is a notebook."""
@@ -152,18 +154,22 @@ class Finding:
     the log line. Without it, the changed arguments (``changed_text``).
     ``before``/``after``, ``why`` and ``strategy`` are the details (the JSON
     log, ``AUTOSAFE_TORCH_DEBUG=1``).
+    ``rung``: the ladder's rung this finding puts the loader's workers on
+    (``ladder.Rung``), or None: what the patches and the recovery ask,
+    never the rule's code. Its words are the strategy, unless one is given.
     """
 
     __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix",
-                 "done")
+                 "done", "rung")
 
     def __init__(self, rule, before, changes=None, why="", strategy=None, state=None,
-                 remedies=(), fix=None, done=None):
+                 remedies=(), fix=None, done=None, rung=None):
         self.rule = rule
         self.before = before
         self.changes = changes or {}
         self.why = why
-        self.strategy = strategy
+        self.rung = rung
+        self.strategy = strategy if strategy is not None or rung is None else rung.value
         self.state = state or {}
         self.remedies = tuple(remedies)
         self.fix = fix or rule.permanent_fix()
@@ -209,8 +215,8 @@ class Context:
     - ``autocast``, ``scaler``, ``amp.*``: ``caps``, what this torch's AMP can
       do, and ``call``, the call being made;
     - ``dataloader.outcome``: ``usage`` (what the workers reported using),
-      ``workers`` (their count), ``named`` (whether a record already named
-      the objects);
+      ``workers`` (their count), ``said`` (the iteration's records, which
+      may have named the objects already);
     - ``dataloader.failure``: ``failure``, the first failure; ``first_rung``,
       the rung it happened on; ``tried``, the rungs that failed on the way;
       ``rung``, the one that works; ``exact``, None or why the batches may
@@ -222,19 +228,19 @@ class Context:
 
     __slots__ = ("facts", "findings", "plans", "defaults", "main_guarded", "fork_failed",
                  "caps", "call",
-                 "usage", "workers", "named", "failure", "first_rung", "tried", "rung",
+                 "usage", "workers", "said", "failure", "first_rung", "tried", "rung",
                  "exact", "cv2", "environ")
 
     def __init__(self, facts, *, defaults=None, main_guarded=None, fork_failed=None,
                  caps=None, call=None,
-                 usage=None, workers=None, named=None, failure=None, first_rung=None,
+                 usage=None, workers=None, said=(), failure=None, first_rung=None,
                  tried=(), rung=None, exact=None, cv2=None, environ=None):
         self.facts = facts
         self.findings = []
         self.plans = {}
         self.defaults, self.main_guarded, self.fork_failed = defaults, main_guarded, fork_failed
         self.caps, self.call = caps, call
-        self.usage, self.workers, self.named = usage, workers, named
+        self.usage, self.workers, self.said = usage, workers, said
         self.failure, self.first_rung, self.tried = failure, first_rung, tried
         self.rung, self.exact = rung, exact
         self.cv2, self.environ = cv2, environ
@@ -361,14 +367,3 @@ def explain(rule_, width=79):
             % (", ".join(rule_.hooks), rule_.group, rule_.code)]
     return "\n".join(out)
 
-
-def emulated_workers(check, args, why, fix=None, reason=None):
-    """The last rung: the requested workers emulated in this process, one fetch
-    at a time, each with its own dataset copy, seeds and worker info, so the
-    batches are those the workers would give (remedies/emulated_workers.py)."""
-    return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
-                              strategy="emulated workers (in process)",
-                              state={"emulated_workers": args["num_workers"]}, fix=fix,
-                              done="%s emulated in this process, with the batches of real "
-                              "ones: %s" % (number_of(args["num_workers"], "worker"),
-                                            reason or why))

@@ -34,7 +34,8 @@ import sys
 
 from ..inspection.objwalk import is_a
 from ..inspection.tensors import ACCELERATORS, batch_device, dataset_parts, describe, scan
-from . import emulated_workers, number_of, rule
+from . import number_of, rule
+from .ladder import emulated_workers
 
 GROUP = "dataloader"
 

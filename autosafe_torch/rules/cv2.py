@@ -35,7 +35,9 @@ import sys
 
 from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
-from . import Rewrite, emulated_workers, number_of, rule, workers
+from . import Rewrite, number_of, rule
+from .ladder import emulated_workers, start_method
+from .pickling_plan import pickling_plan
 from .warmstart import fork_server_available
 
 GROUP = "cv2"
@@ -106,7 +108,7 @@ def cv2_threads_in_workers(args, ctx):
       at="dataloader.iter")
 def cv2_opencl_context(args, ctx):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules \
-            or workers.start_method(args) != "fork":
+            or start_method(args) != "fork":
         return None
     if any(f.state.get("emulated_workers") for f in ctx.findings):
         return None  # no worker is forked
@@ -123,7 +125,7 @@ def _away_from_the_context(check, args, ctx, why):
     main module can be imported by a worker), else emulated workers."""
     from ..remedies import warmstart  # the warm server's side: only where it is used
 
-    plan = workers.pickling_plan(args, ctx)
+    plan = pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
             and fork_server_available(ctx.facts.platform)):
         reason = "the dataset cannot travel to a clean worker (%s)" % (

@@ -27,7 +27,8 @@ import os
 import sys
 
 from . import number_of, rule
-from .workers import GROUP, _spawning_workers, held_in_parts, pickling_plan
+from .ladder import GROUP, spawning_workers
+from .pickling_plan import held_in_parts, pickling_plan
 
 
 @rule("DL218", "memmap-by-reference", GROUP,
@@ -77,7 +78,7 @@ from .workers import GROUP, _spawning_workers, held_in_parts, pickling_plan
       at="dataloader.iter")
 def memmap_by_reference(args, ctx):
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
-    if (numpy is None and torch is None) or not _spawning_workers(args, ctx) \
+    if (numpy is None and torch is None) or not spawning_workers(args, ctx) \
             or any(f.state.get("emulated_workers") for f in ctx.findings) \
             or pickling_plan(args, ctx).failures:
         return None

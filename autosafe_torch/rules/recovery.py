@@ -14,58 +14,17 @@ delivered its first batch (verified, not predicted): ``ctx.failure`` is the
 first failure (``inspection.failures.Failure``), ``ctx.tried`` the rungs
 that failed on the way, ``ctx.rung`` the one that works, ``ctx.exact``
 None or why the batches may differ. Each check returns the finding the
-engine records; ``next_rung`` (pure) chooses the rungs.
+engine records; the ladder (``ladder.py``: ``LADDERS``, ``next_rung``)
+chooses the rungs.
 """
 
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..report import HEADLINE_LIMIT
 from . import rule
 from .resources import DOCKER_FIX
-from .workers import fork_after_cuda
+from .start_method import fork_after_cuda
 
 GROUP = "dataloader"
-
-AS_ASKED = "workers as asked"
-RESTART = "restart workers"
-FEWER = "fewer batches in flight"
-FILE_SYSTEM = "file_system sharing"
-SPAWN = "spawn workers"
-EMULATED = "emulated workers (in process)"
-
-# Fewer workers is no rung: each worker is seeded base_seed + worker_id and
-# batches go to workers round robin, so the batches would change. Emulated
-# workers are exact and need no process, shared memory or descriptor.
-LADDERS = {
-    DIED: (RESTART, EMULATED),
-    HUNG: (RESTART, EMULATED),
-    SHM: (FEWER, EMULATED),
-    FDS: (FILE_SYSTEM, EMULATED),
-    # Memory pressure from workers x prefetch: once, with fewer batches in
-    # flight; raised again, it is the program's own (torch's error).
-    MEMORY: (FEWER,),
-    # A repair that a worker could not apply fails the same way in new workers.
-    REMEDY: (EMULATED,),
-    # A forked worker touched CUDA: new processes that inherit no CUDA state
-    # (the loader planned again for spawn, with its repairs, where all of it
-    # pickles), else emulated workers, in this process, where CUDA works.
-    CUDA: (SPAWN, EMULATED),
-}
-ONCE = (MEMORY,)  # kinds recovered at most once per rung
-# The settings a real-worker rung adds; they stay for the later rungs.
-SETTINGS = {FEWER: "prefetch_factor=1", FILE_SYSTEM: "file_system sharing"}
-MAX_FAILURES = 2  # a rung that failed twice is not tried again
-
-
-def next_rung(kind, failures):
-    """The first rung for ``kind`` that has not failed ``MAX_FAILURES`` times
-    (``failures``: rung -> count; a failure of the workers as asked counts as
-    one of RESTART, which starts them as they were), or None."""
-    limit = 1 if kind in ONCE else MAX_FAILURES
-    for rung in LADDERS[kind]:
-        if failures.get(rung, 0) < limit:
-            return rung
-    return None
-
 
 def _recovered(check, kind, ctx):
     failure = ctx.failure
@@ -95,8 +54,8 @@ def _recovered(check, kind, ctx):
         failure.batch, ctx.rung.partition(" (")[0], "" if ctx.exact is None else ", not exact")
     room = HEADLINE_LIMIT - len("%s %s: " % (check.rule.code, check.rule.slug))
     done = failure.what(room=room - len(outcome)) + outcome
-    return check.rule.finding(failure.before(ctx.first_rung), why=why, strategy=ctx.rung,
-                              state={"rung": ctx.rung}, done=done,
+    return check.rule.finding(failure.before(str(ctx.first_rung)), why=why,
+                              strategy=str(ctx.rung), state={"rung": str(ctx.rung)}, done=done,
                               fix=STARTING_FIX if failure.starting else None)
 
 

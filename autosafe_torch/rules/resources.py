@@ -33,7 +33,8 @@ import sys
 from ..remedies import limits
 from ..remedies.workerinit import with_step
 from .accel import default_collate
-from . import emulated_workers, number_of, rule
+from . import number_of, rule
+from .ladder import emulated_workers
 
 GROUP = "dataloader"
 

@@ -27,7 +27,7 @@ import sys
 
 from ..remedies.workerinit import with_step
 from . import rule
-from .workers import GROUP, start_method
+from .ladder import GROUP, Rung, start_method
 
 # Findings that repaired a loader so that its workers start under spawn.
 REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
@@ -85,6 +85,6 @@ def warm_worker_start(args, ctx):
          "worker_init_fn": with_step(args["worker_init_fn"], warmstart.exit_with_parent)},
         "spawn workers would import %s again every epoch; a server that imported them "
         "once forks each worker, which then starts as spawn does" % ", ".join(libraries),
-        strategy="warm forkserver", remedies=[lambda args: warmstart.preload(libraries)],
+        rung=Rung.WARM_SPAWN, remedies=[lambda args: warmstart.preload(libraries)],
         done="workers start warm, from a fork server with %s imported"
              % warmstart.named(libraries))

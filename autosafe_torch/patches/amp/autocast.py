@@ -64,7 +64,7 @@ def make_init(init):
                 if key is not None and len(_autocast_plans) < _PLAN_CACHE_LIMIT:
                     _autocast_plans[key] = plan
             new_kwargs = _planned_kwargs(plan, self)
-        except engine.UnsafeCallError:  # inline, not decide_or: this runs every step
+        except engine.UnsafeCallError:  # inline, not fail_open: this runs every step
             raise
         except Exception as exc:
             internal_error("autocast.__init__", exc)
@@ -87,7 +87,7 @@ def _make_generic_autocast_init(init, signature, defaults):
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        new_kwargs = engine.decide_or(None, "autocast.__init__", lambda: _planned_kwargs(
+        new_kwargs = engine.fail_open(None, "autocast.__init__", lambda: _planned_kwargs(
             _autocast_plan(signature, defaults, args, kwargs), self))
         if new_kwargs is None:
             return init(self, *args, **kwargs)
@@ -115,7 +115,7 @@ def patch_deprecated(legacy, call, base):
     @functools.wraps(deprecated_new_func)
     def __new__(cls, *args, **kwargs):
         if cls is legacy:  # the original warns only for the class itself
-            try:  # inline, not decide_or: this runs every step
+            try:  # inline, not fail_open: this runs every step
                 quiet = _route_decision(call)
             except engine.UnsafeCallError:
                 raise
@@ -137,7 +137,7 @@ def patch_deprecated(legacy, call, base):
 
     @functools.wraps(deprecated_func)
     def __init_subclass__(cls, **kwargs):
-        quiet = engine.decide_or(False, "%s.__init_subclass__" % call.api, _route_decision,
+        quiet = engine.fail_open(False, "%s.__init_subclass__" % call.api, _route_decision,
                                  call)
         if not quiet:
             return deprecated_func(cls, **kwargs)
@@ -160,7 +160,7 @@ def patch_deprecated_init(legacy, call):
 
     @functools.wraps(inner)
     def __init__(self, *args, **kwargs):
-        quiet = engine.decide_or(False, "%s.__init__" % call.api, _route_decision, call)
+        quiet = engine.fail_open(False, "%s.__init__" % call.api, _route_decision, call)
         return (inner if quiet else deprecated_init)(self, *args, **kwargs)
 
     __init__.__dict__.pop("__deprecated__", None)
@@ -174,13 +174,13 @@ def patch_custom_decorators(torch, module, call_of):
 
     @functools.wraps(legacy_fwd)
     def custom_fwd(fwd=None, *, cast_inputs=None):
-        if engine.decide_or(False, "torch.cuda.amp.custom_fwd", _route_decision, call_of("custom_fwd")):
+        if engine.fail_open(False, "torch.cuda.amp.custom_fwd", _route_decision, call_of("custom_fwd")):
             return modern_fwd(fwd, device_type="cuda", cast_inputs=cast_inputs)
         return legacy_fwd(fwd, cast_inputs=cast_inputs)
 
     @functools.wraps(legacy_bwd)
     def custom_bwd(bwd):
-        if engine.decide_or(False, "torch.cuda.amp.custom_bwd", _route_decision, call_of("custom_bwd")):
+        if engine.fail_open(False, "torch.cuda.amp.custom_bwd", _route_decision, call_of("custom_bwd")):
             return modern_bwd(bwd, device_type="cuda")
         return legacy_bwd(bwd)
 

@@ -1,25 +1,13 @@
-"""What the AMP wrappers share: their state, running the checks, signatures."""
-
-import inspect
+"""What the AMP wrappers share: their state, running the checks, signatures
+(binding a call: ``patches.bind``, as the DataLoader's patch does)."""
 
 from ... import engine, facts
 from ...rules import Context
+from .. import bind, defaults_of, signature_without_self  # noqa: F401 (the wrappers' names)
 
 _CLEAN = "clean"      # cached plan: call the original unchanged
 _PLAN_CACHE_LIMIT = 4096
 state = {}            # caps, the autocast call, cached route findings (patch() fills it)
-
-
-def bind(signature, defaults, args, kwargs):
-    """Every parameter's value for this call (defaults filled in), or None when
-    the call does not bind: the user's own mistake, which torch reports."""
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
-        return None
-    values = dict(defaults)
-    values.update(bound.arguments)
-    return values
 
 
 def run(hook, args, call):
@@ -27,16 +15,6 @@ def run(hook, args, call):
     found, fixed = engine.run_checks(hook, args, Context(facts.current(), caps=state["caps"],
                                                          call=call))
     return tuple(found), fixed
-
-
-def signature_without_self(init):
-    signature = inspect.signature(init)
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
-
-
-def defaults_of(signature):
-    return {p.name: p.default for p in signature.parameters.values()
-            if p.default is not inspect.Parameter.empty}
 
 
 def is_deprecated(obj):

@@ -38,7 +38,7 @@ def _scaler_wrapper(call, signature, build):
     defaults = defaults_of(signature)
 
     def wrapper(wrapped, instance, args, kwargs):
-        plan = engine.decide_or(None, "%s.__init__" % call.api, _scaler_plan, instance, call,
+        plan = engine.fail_open(None, "%s.__init__" % call.api, _scaler_plan, instance, call,
                                 signature, defaults, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)

@@ -9,21 +9,27 @@ raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
 
 import sys
 
-from . import report, rules
-from .config import CONFIG
+from .. import report, rules
+from ..config import CONFIG
 
 
 class UnsafeCallError(RuntimeError):
     """Raised in strict mode instead of correcting a call."""
 
     def __init__(self, finding, call_site):
-        r = finding.rule
         # The log's format: the user's line, what the fix would have been, the fix.
-        super().__init__(report.Intervention(
-            r.code, r.slug, finding.before, finding.after, finding.why, finding.fix,
-            call_site, finding.strategy, "refused", finding.done).message())
-        self.code = r.code
+        super().__init__(intervention_of(finding, call_site, "refused").message())
+        self.code = finding.rule.code
         self.finding = finding
+
+
+def intervention_of(finding, call_site, action):
+    """The record of ``finding`` at ``call_site``: ``action`` is "fixed",
+    "would-fix", "advised" or "refused"."""
+    r = finding.rule
+    return report.Intervention(r.code, r.slug, finding.before, finding.after, finding.why,
+                               finding.fix, call_site, finding.strategy, action, finding.done,
+                               finding.rung)
 
 
 def enabled(rule):
@@ -71,12 +77,9 @@ def settle_later(findings, call_site, args=None):
     if actions and CONFIG.mode == "strict":
         raise UnsafeCallError(actions[0], call_site)
     fixing = CONFIG.mode == "fix"
-    made = []
-    for f in findings:
-        action = "advised" if f.is_advice else "fixed" if fixing else "would-fix"
-        r = f.rule
-        made.append(report.Intervention(r.code, r.slug, f.before, f.after, f.why, f.fix,
-                                        call_site, f.strategy, action, f.done))
+    made = [intervention_of(f, call_site,
+                         "advised" if f.is_advice else "fixed" if fixing else "would-fix")
+            for f in findings]
     _join_clauses(findings, made)
     for f, intervention in zip(findings, made):
         if fixing and not f.is_advice:
@@ -141,8 +144,8 @@ def forget_repeats():
     _repeats.clear()
 
 
-def decide_or(default, where, decide, *args):
-    """``decide(*args)``, failing open: an error of ours is logged once and
+def fail_open(default, where, call, *args):
+    """``call(*args)``, failing open: an error of ours is logged once and
     ``default`` is returned, so that the caller runs the original call
     unchanged. Strict mode's UnsafeCallError is meant for the user: it passes.
     Nothing of ours runs once the interpreter is finalising (a ``__del__`` of
@@ -150,7 +153,7 @@ def decide_or(default, where, decide, *args):
     if sys.is_finalizing():
         return default
     try:
-        return decide(*args)
+        return call(*args)
     except UnsafeCallError:
         raise
     except Exception as exc:

@@ -1,0 +1,182 @@
+"""A DataLoader's checks, from its arguments to what the loader keeps.
+
+The patch (``patches/dataloader.py``) calls ``decide_construction`` in
+``DataLoader.__init__`` and ``decide_iteration`` in ``_get_iterator``; the
+recovery (``recovery``) calls ``plan_without_fork`` once forked workers
+failed. Nothing here names a rule: what a finding decided is asked of it
+(its ``rung``, its ``state``).
+
+A finding's ``changes`` become the call's arguments (or, at iteration, the
+loader's attributes); its ``state`` is kept on the loader for its iterators
+(``batch_device``, ``emulated_workers``, ``fork_handles``) under
+``STATE_PREFIX``. The records of the worker checks are made once their
+remedies held in the workers (``recovery``), not when planned: they wait
+on the loader (``take_pending``).
+"""
+
+from .. import callsite, facts
+from ..config import CONFIG
+from ..inspection.parts import parts_of
+from ..rules import Context
+from ..rules.ladder import Rung
+from . import run_checks, settle, settle_later
+
+STATE_PREFIX = "_autosafe_torch_"
+_PLAN_ATTR = STATE_PREFIX + "plan"
+_PENDING_ATTR = STATE_PREFIX + "pending"
+# What the worker checks read off a loader, and may change on it.
+ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
+             "worker_init_fn", "timeout")
+
+
+def _keep_state(loader, findings):
+    for finding in findings:
+        for name, value in finding.state.items():
+            loader.__dict__[STATE_PREFIX + name] = value
+
+
+def loader_state(loader, name):
+    """What a finding's ``state`` left on ``loader`` under ``name``, or None."""
+    return loader.__dict__.get(STATE_PREFIX + name)
+
+
+def take_pending(loader):
+    """The records of this iteration's worker checks, to be made once their
+    remedies held in the workers."""
+    return loader.__dict__.pop(_PENDING_ATTR, [])
+
+
+# -- construction ----------------------------------------------------------------
+
+def decide_construction(values, defaults, instance):
+    """The checks at ``dataloader.init`` for the bound ``values`` (defaults
+    filled in): ``(the arguments they changed, findings applied)``, or None:
+    unchanged. Their state is kept on ``instance`` by ``keep_construction``."""
+    workers = values.get("num_workers")
+    if not isinstance(workers, int) or workers < 0:
+        return None  # torch rejects it, in its own words: nothing of ours applies
+    ctx = Context(facts.current(values.get("multiprocessing_context")), defaults=defaults)
+    found, work = run_checks("dataloader.init", values, ctx)
+    # Always: the site is the loader's origin, which loaders built from it inherit.
+    site = callsite.loader_site(instance, values.get("dataset"))
+    if not found or not settle(found, site, work):
+        return None
+    return {name: value for name, value in work.items() if value is not values[name]}, found
+
+
+def keep_construction(loader, findings):
+    _keep_state(loader, findings)
+
+
+# -- iteration --------------------------------------------------------------------
+
+def _plan_key(loader):
+    return (tuple(id(getattr(loader, name)) for name in ITER_ARGS),
+            facts.effective_start_method(loader.multiprocessing_context), _opencl_used())
+
+
+def _opencl_used():
+    # CV402: the program's first OpenCL use between epochs changes the plan.
+    from ..remedies.cv2 import opencl_runtime_loaded
+
+    return opencl_runtime_loaded()
+
+
+def decide_iteration(loader, frame):
+    """Run the worker checks for ``loader`` once per state of what they read;
+    their records wait on the loader (``take_pending``)."""
+    state = loader.__dict__
+    key = _plan_key(loader)
+    if state.get(_PLAN_ATTR) == key:
+        return
+    if loader.num_workers:
+        values, found, work = _plan_workers(loader, frame)
+        if found:
+            state[_PENDING_ATTR] = _apply(loader, values, found, work)
+    state[_PLAN_ATTR] = _plan_key(loader)
+
+
+def _plan_workers(loader, frame, fork_failed=None):
+    """The worker checks' findings for ``loader`` and the arguments they leave:
+    planned, nothing applied. ``fork_failed``: the failure of its forked
+    workers that rules fork out (``Context.fork_failed``)."""
+    from ..inspection.mainmodule import main_is_guarded
+
+    guarded = []
+
+    def main_guarded():
+        if not guarded:
+            guarded.append(main_is_guarded(frame))
+        return guarded[0]
+
+    values = {name: getattr(loader, name) for name in ITER_ARGS}
+    ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded,
+                  fork_failed=fork_failed)
+    found, work = run_checks("dataloader.iter", values, ctx)
+    return values, found, work
+
+
+def _apply(loader, values, found, work, unsaid=()):
+    """Settle the worker checks' findings for ``loader`` and, in fix mode, set
+    the arguments they changed and keep their state; the records, to be made
+    once the remedies held in the workers (but those of ``unsaid``, which
+    another record says)."""
+    applied, made = settle_later(found, callsite.iteration_site(loader), work)
+    if applied:
+        for name in ITER_ARGS:
+            if work[name] is not values[name]:
+                setattr(loader, name, work[name])
+        _keep_state(loader, found)
+    skipped = {f.rule.code for f in unsaid}
+    return [record for record in made if record.code not in skipped]
+
+
+def plan_without_fork(loader, failure, frame):
+    """After ``failure`` of ``loader``'s forked workers (one touched CUDA): the
+    worker checks again, with fork ruled out, applied where they start the
+    workers by spawn (with the repairs and the warm start that spawn needs).
+    Returns the records to make once the new workers delivered, or None where
+    spawn cannot reach them (emulated workers), nothing applied. The loader
+    keeps the plan for its later epochs."""
+    if CONFIG.mode != "fix":
+        return None
+    values, found, work = _plan_workers(loader, frame, fork_failed=failure)
+    moved = [f for f in found if f.rung is Rung.SPAWN]
+    if not moved or any(f.rung is Rung.EMULATED for f in found):
+        return None
+    # The move is said by the recovery's record, once the new workers delivered.
+    made = _apply(loader, values, found, work, unsaid=moved)
+    loader.__dict__[_PLAN_ATTR] = _plan_key(loader)
+    return made
+
+
+def warm_start_ahead(loader, frame):
+    """At construction: where the worker checks will start this loader's
+    workers warm (a loader repaired for spawn), the warm server starts now,
+    in the background, so that its imports overlap the program's setup. Only
+    planned here (recorded and applied at the first iterator, as ever); a
+    loader that forks, or one that needs no repair, starts nothing."""
+    if not loader.num_workers or CONFIG.mode != "fix" or not _may_spawn(loader):
+        return
+    from ..inspection.probe import probe_loader_parts
+    from ..rules.pickling_plan import attribute_forwarders
+
+    parts = parts_of(loader)
+    if facts.effective_start_method(loader.multiprocessing_context) == "spawn" \
+            and not probe_loader_parts(*parts.values()) and not attribute_forwarders(parts):
+        # A healthy spawn loader: no repair, no warm start (the common case, cheap).
+        # A forwarder pickles, but its unpickling recurses: DL201 repairs it.
+        return
+    _values, found, work = _plan_workers(loader, frame)
+    if any(f.rung is Rung.WARM_SPAWN for f in found):
+        from ..remedies import warmstart
+
+        warmstart.start_ahead(warmstart.libraries_for(list(parts_of(work).values())))
+
+
+def _may_spawn(loader):
+    """Whether the workers may start by spawn: the start method, or fork where the
+    ladder moves it away (macOS). Cheap: no probe. Not for CUDA initialised in
+    this process: fork stays unless its workers touch CUDA (DL205, recovered)."""
+    method = facts.effective_start_method(loader.multiprocessing_context)
+    return method == "spawn" or method == "fork" and facts.Facts().platform == "darwin"

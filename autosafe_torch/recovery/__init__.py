@@ -1,0 +1,201 @@
+"""Recover from a failure of a loader's workers: same batches, none lost or repeated.
+
+``watched(loader, wrapped, args, kwargs)`` builds the multi-process iterator
+torch would build, watched, inside a ``RecoveringIter``:
+
+- Deaths are ours to handle. torch's SIGCHLD handler raises wherever the
+  main thread is (inside ``loss.backward()``), so our workers' pids are
+  taken out of its table; a death is found when a batch is awaited
+  (``_get_data`` polls every ``POLL_S``), and so is a shared-memory or
+  open-file failure (torch's words, or a bus error).
+- A watchdog: no batch for ``limit()`` seconds while every worker lives is
+  a hang. The limit is ``AUTOSAFE_TORCH_HANG_TIMEOUT`` (default 60 s), or
+  ``HANG_FACTOR`` times the slowest wait seen, or the loader's own
+  ``timeout``, whichever is longest; ``STARTUP_FACTOR`` times more while
+  workers start.
+- Each worker runs faulthandler into a file of ours (a step of its
+  ``worker_init_fn``, for that iterator only): a crash leaves its Python
+  traceback there, and ``SIGUSR1`` makes it write every thread's stack,
+  which is how a hang is explained.
+- Then the iterator is rebuilt on the next rung (``rules/ladder.py``:
+  new workers, fewer batches in flight, file_system sharing, emulated
+  workers) and resumes at the first batch not yet delivered.
+
+Exact by replay. A worker's random state after n fetches is known only by
+making them, so the new iterator is the old one again: the same base seed
+(each worker is seeded ``base_seed + id``), the sampler's indices recorded
+as they were sent and then the old sampler iterator itself (never drawn
+twice), the same round-robin dispatch; the batches already delivered are
+fetched again and dropped. Every batch then reaches the user once, in the
+order and with the content of a run without the failure, including
+per-worker RNG state, ``worker_init_fn`` effects and IterableDataset
+shards. Skipping instead of replaying would be exact only for datasets
+that draw nothing. Not exact, and said so in the record: a persistent
+loader after its first epoch (its workers' states carried over from
+earlier epochs are not replayed). Side effects outside the worker (a file
+the dataset appends to) happen again for the replayed fetches. Not
+watched: ``in_order=False`` (which batches were delivered depends on
+timing) and DataPipes.
+
+The package, top to bottom: this module starts an iterator (``watched``,
+``emulated``); ``iterator.py`` is the loop that recovers; ``rungs.py``
+builds an iterator on a rung; ``watch.py`` is what a waiting iterator sees.
+Everything that touches torch's private iterator is ``torch_private.py``;
+its NOTE [the data flow of a repaired loader] follows a batch from the
+sampler to the user, through the workers and back.
+"""
+
+import functools
+import logging
+
+from .. import callsite, engine
+from .. import torch_private as tp
+from ..config import CONFIG
+from ..errors import NoExactRung
+from ..engine import loader as plans
+from ..inspection.diagnostics import dump_dir
+from ..remedies import isolation
+from ..remedies.workerinit import with_step
+from ..rules.ladder import Rung
+from ..rules.recovery import kinds_watched
+from .iterator import RecoveringIter
+from .rungs import Emulated, ladder_of, own_files, real_workers, torch_lacks
+from .watch import Watch, record_failed, record_held
+
+__all__ = ["watched", "emulated", "RecoveringIter"]
+
+
+def watched(loader, wrapped, args, kwargs, pending=()):
+    """``wrapped(*args, **kwargs)`` (``DataLoader._get_iterator``), watched and
+    recovered where that is exact; unchanged otherwise, or on an error of ours.
+    ``pending``: the records of this iteration's worker checks, made once the
+    workers showed that their remedies held."""
+    start = engine.fail_open(None, "DataLoader recovery", _plan, loader, wrapped)
+    if start is None:
+        return _unwatched(loader, wrapped, args, kwargs, pending)
+    return start(pending)
+
+
+def _unwatched(loader, wrapped, args, kwargs, pending):
+    """torch's own iterator, each worker's own files first where there are
+    workers; the records are made once the workers started (not watched:
+    nothing more is seen of them)."""
+    table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader,
+                             dump_dir()) if loader.num_workers else None
+    mark = _warm_mark(pending)
+    if table is None:
+        iterator = wrapped(*args, **kwargs)
+    else:
+        saved = loader.worker_init_fn
+        loader.worker_init_fn = with_step(saved, isolation.worker_step(table), first=True)
+        try:
+            iterator = wrapped(*args, **kwargs)
+        finally:
+            loader.worker_init_fn = saved
+    engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
+    record_held(pending)
+    return iterator
+
+
+def emulated(loader, pending=(), torch_s=None):
+    """The emulated-workers rung a rule chose for ``loader``; its records once
+    every worker has its copy (or, where none can be made, as what happened).
+    ``torch_s()`` makes torch's own iterator, for a torch whose private names
+    the emulated workers need have moved: the records then say it did not hold."""
+    if torch_s is not None and torch_lacks("emulated", tp.emulated_missing(),
+                                           "workers are not emulated"):
+        record_failed(pending, "this torch lacks what emulated workers need")
+        return torch_s()
+    try:
+        iterator = Emulated(loader)
+    except NoExactRung as refused:
+        record_failed(pending, refused.reason)
+        not_rebuilt = plans.loader_state(loader, "not_rebuilt")
+        if not_rebuilt:  # the rung above was refused too: why
+            raise NoExactRung("%s\n  %s" % (refused.reason, not_rebuilt), refused.fix) \
+                from None
+        raise
+    record_held(pending)
+    return iterator
+
+
+def _plan(loader, wrapped):
+    """A callable that starts the watched iterator, or None: leave it to torch."""
+    if CONFIG.mode != "fix" or not loader.num_workers or not getattr(loader, "in_order", True):
+        return None
+    if getattr(wrapped, "__func__", None) is not tp.original_get_iterator() \
+            or not tp.iterator_class_is_torchs():
+        return None  # someone else's iterator: not ours to rebuild
+    if isinstance(loader.dataset, tp.DATAPIPES):
+        return None
+    kinds = kinds_watched(engine.enabled)
+    if not kinds:
+        return None
+    if torch_lacks("watched", tp.watched_missing(), "workers not watched"):
+        return None
+    return functools.partial(_start, loader, kinds)
+
+
+def _start(loader, kinds, pending):
+    ladder = ladder_of(loader)
+    if ladder.emulated:  # this loader's workers failed on every real rung
+        return emulated(loader, pending)
+    callsite.as_if_called_from(  # its warning names torch's line, as without the shim
+        tp.original_get_iterator(), loader.check_worker_number_rationality)
+    site = callsite.iteration_site(loader)
+    outcome = isolation.Outcome(None, functools.partial(_say_used, site, pending,
+                                                        loader.num_workers))
+    watch = Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
+                   outcome)
+    mark = _warm_mark(pending)
+    inner = real_workers(loader, ladder, watch)
+    engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
+    return RecoveringIter(inner, loader, ladder, watch)
+
+
+def _warm_mark(pending):
+    """Where the warm starts stood before this iterator's workers (DL209), or None."""
+    if not any(i.rung is Rung.WARM_SPAWN for i in pending):
+        return None
+    from ..remedies import warmstart
+
+    return warmstart.starts().mark()
+
+
+def _warm_outcome(pending, mark):
+    """DL209's record says how the workers came once they started: from the
+    warm server, or, where some came by plain spawn, that it did not hold
+    and why (its own line, with the user's file:line)."""
+    if mark is None:
+        return
+    from ..rules import number_of
+    from ..remedies import warmstart
+
+    started = warmstart.starts()
+    _warm, plain = started.since(mark)
+    for warm in [i for i in pending if i.rung is Rung.WARM_SPAWN]:
+        if not plain:
+            continue
+        for host in pending:
+            if warm in host.clauses:
+                host.clauses.remove(warm)
+        warm.failed("%s started by plain spawn: %s" % (
+            number_of(plain, "worker"), started.reason or "the warm server did not start"))
+
+
+def _say_used(site, pending, workers, usage):
+    """The records of what the workers read through descriptions of their own
+    (the rules at ``dataloader.outcome``; ``pending``: the records of the
+    iteration, which may have named some already)."""
+    from ..rules import Context
+
+    if usage.missing:
+        from ..report import log
+
+        log(logging.DEBUG, "%s: not reached in the workers (the number holds another file "
+            "there): %s", site, "; ".join("%s: %s" % item for item in usage.missing.items()))
+    found = engine.run_checks("dataloader.outcome", {},
+                              Context(None, usage=usage, workers=workers, said=pending))[0]
+    if found:
+        engine.settle(found, site)
+

@@ -1,0 +1,227 @@
+"""The recovering iterator: a failure of the workers, the next rung, a replay.
+
+``RecoveringIter`` is what ``DataLoader._get_iterator`` returns while the
+workers are watched. Its loop, top to bottom: take the next batch of the
+inner iterator; on a ``Failed`` (``watch.py``) or a worker's error of a
+watched kind, read what the workers left (``diagnose``), stop them, take
+the ladder's next rung for the failure's kind (``rules.ladder.next_rung``),
+build the iterator there (``rungs.py``) and replay the batches already
+delivered; once the rung delivered every batch that was in flight at the
+failure, the recovery's record is made (``dataloader.failure``).
+"""
+
+import multiprocessing.process
+import os
+import time
+import weakref
+
+import wrapt
+
+from .. import callsite, engine
+from .. import torch_private as tp
+from ..errors import NoExactRung
+from ..inspection import failures as F
+from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
+from ..inspection.diagnostics import read as read_dump
+from ..rules import ladder as L
+from .rungs import (ResumedEmulation, real_workers, replanned_without_fork, replay, stop,
+                    torch_lacks)
+from .watch import Failed, raised_in_worker
+
+DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
+
+
+class RecoveringIter(wrapt.ObjectProxy):
+    """What the loader's ``_get_iterator`` returns while its workers are
+    watched. A proxy, so that DataLoader's persistent ``_reset`` and
+    everything else reach the inner iterator, whichever it is now."""
+
+    def __init__(self, inner, loader, ladder, watch):
+        super().__init__(inner)
+        # A persistent loader holds its iterator: no cycle through us.
+        self._self_loader = weakref.ref(loader) if loader.persistent_workers \
+            else (lambda: loader)
+        self._self_ladder = ladder
+        self._self_watch = watch
+        self._self_rung = L.Rung.AS_ASKED
+        self._self_delivered = 0
+        self._self_epoch = 0
+        self._self_pending = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while True:
+            try:
+                data = next(self.__wrapped__)
+            except Failed as failed:
+                failure = failed.failure
+            except StopIteration:
+                self._settle()
+                raise
+            except Exception as exc:
+                failure = raised_in_worker(self.__wrapped__, exc)
+                if failure is None or failure.kind not in self._self_watch.kinds:
+                    self._self_delivered += 1  # the error stands for its batch, as in torch
+                    self._settle()
+                    raise
+            else:
+                self._self_delivered += 1
+                if self._self_pending is not None \
+                        and self._self_delivered >= self._self_pending[-1]:
+                    self._settle()
+                return data
+            self._recover_or_raise(failure)
+
+    def _reset(self, loader, first_iter=False):
+        """A persistent loader's next epoch."""
+        self._settle()
+        self._self_delivered = 0
+        self._self_epoch += 1
+        try:
+            return self.__wrapped__._reset(loader, first_iter)
+        except Failed as failed:
+            failure = failed.failure
+        self._recover_or_raise(failure)
+        return None
+
+    def _recover_or_raise(self, failure):
+        try:
+            recovered = self._recover(failure)
+        except NoExactRung:
+            raise
+        except Exception as exc:  # ours: the user gets torch's error
+            from ..report import internal_error
+
+            internal_error("DataLoader recovery", exc)
+            recovered = False
+        if not recovered:
+            raise failure.error()
+
+    def _recover(self, failure):
+        """Rebuild on the next rung until one resumes; False when none is left
+        (or the failure's kind is not watched)."""
+        loader = self._self_loader()
+        ladder, watch = self._self_ladder, self._self_watch
+        if failure.kind not in watch.kinds:
+            return False  # its rule is disabled: torch's error, the workers untouched
+        failure.batch = self._self_delivered
+        rung = self._self_rung
+        if self._self_pending is None:
+            first, first_rung, tried, verify_at = failure, rung, [], 0
+        else:  # the last recovery's rung failed before it was verified: one story
+            first, first_rung, tried, _rung, _exact, verify_at = self._self_pending
+            self._self_pending = None
+        current = failure
+        while True:
+            # Verified once every batch in flight at the failure is delivered.
+            verify_at = max(verify_at, tp.batches_sent(self.__wrapped__))
+            self._diagnose(current)
+            if current is failure:
+                watch.did_not_hold(failure)  # now that it is known whether it died starting
+            stop(self.__wrapped__)
+            counted = L.Rung.RESTART if rung == L.Rung.AS_ASKED else rung
+            ladder.failures[counted] = ladder.failures.get(counted, 0) + 1
+            if current.starting:  # new workers would get the same pickle, and fail alike
+                ladder.failures[L.Rung.RESTART] = L.MAX_FAILURES
+            if current is not first:
+                tried.append((rung, current))
+            if current.kind not in watch.kinds or loader is None:
+                return False
+            rung = L.next_rung(current.kind, ladder.failures)
+            if rung == L.Rung.SPAWN_WORKERS and not replanned_without_fork(loader, current,
+                                                                          watch):
+                rung = L.Rung.EMULATED  # it does not reach spawn workers
+            if rung is None or rung == L.Rung.EMULATED and torch_lacks(
+                    "emulated", tp.emulated_missing(), "workers are not emulated"):
+                return False
+            try:
+                self._rebuild(loader, rung)
+            except NoExactRung:
+                raise  # no rung gives the batches exactly: said, and not run otherwise
+            except Failed as failed:
+                current = failed.failure
+                current.batch = self._self_delivered
+                continue
+            except Exception as exc:  # it could not start: that rung failed
+                current = F.Failure(F.exception_kind(exc) or current.kind, exc)
+                current.batch = self._self_delivered
+                continue
+            self._self_rung = rung
+            exact = None
+            if loader.persistent_workers and self._self_epoch:
+                exact = ("a persistent loader after its first epoch: the new workers start "
+                         "from their seeds, not from the states earlier epochs left")
+            self._self_pending = (first, first_rung, tried, rung, exact, verify_at)
+            return True
+
+    def _rebuild(self, loader, rung):
+        ladder, watch = self._self_ladder, self._self_watch
+        resume = tp.Resume(tp.base_seed(self.__wrapped__), watch.recorder)
+        if rung == L.Rung.EMULATED:
+            ladder.emulated = True
+            inner = ResumedEmulation(loader, watch, resume)
+        else:
+            if rung in L.SETTINGS:
+                ladder.settings.add(rung)
+            inner = real_workers(loader, ladder, watch, resume)
+            if loader.pin_memory:
+                callsite.pin_thread_serves(inner, callsite.iteration_site(loader))
+        self.__wrapped__ = inner
+        replay(inner, self._self_delivered)
+
+    def _diagnose(self, failure):
+        """The worker's traceback (a crash) or every worker's stacks (a hang)."""
+        try:
+            inner, directory = self.__wrapped__, self._self_watch.dumps
+            processes = [p for p in tp.worker_processes(inner)
+                         if isinstance(p, multiprocessing.process.BaseProcess)]
+            if directory is None or not processes:
+                return
+            if failure.kind == F.HUNG:
+                for process in processes:
+                    if process.is_alive():
+                        os.kill(process.pid, DUMP_SIGNAL)
+                deadline = time.monotonic() + DUMP_WAIT_S
+                paths = [dump_path(directory, i, p.pid) for i, p in enumerate(processes)]
+                while time.monotonic() < deadline and not all(read_dump(p) for p in paths):
+                    time.sleep(0.02)
+                failure.dump = "\n".join("worker %d (pid %d):\n%s" % (
+                    i, p.pid, read_dump(path).rstrip() or "(no stack written)")
+                    for i, (p, path) in enumerate(zip(processes, paths)))
+            elif failure.worker is not None and failure.pid is not None and not failure.dump:
+                own = dump_path(directory, failure.worker, failure.pid)
+                failure.dump = read_dump(own).rstrip()
+                if not failure.dump:  # died while starting, before its steps ran?
+                    failure.dump = read_dump(bootstrap_path(directory, failure.pid)).rstrip()
+                    # Its first step makes its dump file: none, and it never ran it.
+                    failure.starting = bool(failure.dump) or not os.path.exists(own)
+                if not failure.dump and failure.status and not failure.starting:
+                    exitcode = processes[failure.worker].exitcode
+                    failure.note = F.why_no_traceback(exitcode)
+            failure.dump = F.clip(failure.dump) if failure.dump else ""
+        except Exception:
+            pass
+
+    def _settle(self):
+        """Record a recovery once its rung has delivered every batch that was in
+        flight at the failure (verified, not predicted), or the epoch ended; and
+        the records waiting on the workers, for the batches they delivered."""
+        self._self_watch.held()
+        pending, self._self_pending = self._self_pending, None
+        if pending is not None:
+            engine.fail_open(None, "DataLoader recovery log", _record, pending)
+
+
+def _record(pending):
+    from ..callsite import user_call_site
+    from ..rules import Context
+
+    first, first_rung, tried, rung, exact, _verify_at = pending
+    ctx = Context(None, failure=first, first_rung=first_rung, tried=tried, rung=rung,
+                  exact=exact)
+    found, _ = engine.run_checks("dataloader.failure", {}, ctx)
+    if found:
+        engine.settle(found, user_call_site())
+

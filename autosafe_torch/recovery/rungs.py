@@ -1,0 +1,178 @@
+"""Building a loader's iterator on a rung of the ladder (``rules/ladder.py``).
+
+Real workers (as asked, restarted, with fewer batches in flight, with
+file_system sharing, by spawn after forked ones touched CUDA) are torch's
+iterator, watched (``torch_private.Watched``), with each worker's own file
+descriptions and the diagnostics step in its ``worker_init_fn``. Emulated
+workers are ``remedies/emulated_workers.py``, collating in process. Either
+may resume an earlier iterator: the same base seed and indices, then the
+batches already delivered fetched again and dropped (``replay``).
+"""
+
+import functools
+import logging
+import multiprocessing.process
+import sys
+
+import torch
+
+from .. import engine
+from .. import torch_private as tp
+from ..config import CONFIG
+from ..engine import loader as plans
+from ..inspection.diagnostics import dump_dir, faulthandler_in_worker
+from ..inspection.parts import parts_of
+from ..remedies import isolation
+from ..remedies.emulated_workers import EmulatedWorkersIter
+from ..remedies.limits import file_system_sharing, use_file_system_sharing
+from ..remedies.workerinit import with_step
+from ..rules.fork import own_descriptions_wanted
+from ..rules.ladder import Rung
+from .watch import POLL_S, Failed, raised_in_worker
+
+
+class LoaderLadder:
+    """Per loader: how often each rung failed, the settings real workers now
+    start with, and whether the loader has gone to emulated workers."""
+
+    __slots__ = ("failures", "settings", "emulated")
+
+    def __init__(self):
+        self.failures = {}
+        self.settings = set()
+        self.emulated = False
+
+
+_LADDER_ATTR = "_autosafe_torch_recovery"
+
+
+def ladder_of(loader):
+    ladder = loader.__dict__.get(_LADDER_ATTR)
+    if ladder is None:
+        ladder = loader.__dict__[_LADDER_ATTR] = LoaderLadder()
+    return ladder
+
+
+# -- real workers ---------------------------------------------------------------------
+
+def real_workers(loader, ladder, watch, resume=None):
+    """A watched torch iterator with the ladder's settings, each worker's own
+    file descriptions (first of all) and the diagnostics step in its workers;
+    the loader's own attributes are left as they were."""
+    watch.dumps = dump_dir()
+    init = with_step(loader.worker_init_fn,
+                     functools.partial(faulthandler_in_worker, watch.dumps))
+    table = own_files(loader, watch.dumps)
+    if table is not None:
+        init = with_step(init, isolation.worker_step(table), first=True)
+        if watch.outcome is not None:
+            watch.outcome.table = table
+    if Rung.FILE_SYSTEM in ladder.settings:
+        file_system_sharing(None)
+        init = with_step(init, use_file_system_sharing)
+    saved = loader.worker_init_fn, loader.prefetch_factor
+    loader.worker_init_fn = init
+    if Rung.FEWER in ladder.settings:
+        loader.prefetch_factor = 1
+    try:
+        return tp.Watched(loader, watch, resume, poll_s=POLL_S)
+    finally:
+        loader.worker_init_fn, loader.prefetch_factor = saved
+
+
+def own_files(loader, report_dir):
+    """The ``DescriptorTable`` that gives each worker of ``loader`` its own
+    description of every file this process reads (DL207; carried to spawned
+    workers: DL217), or None (both off, or nothing to give: no file open,
+    no native handle)."""
+    if CONFIG.mode != "fix":
+        return None
+    forked, carry = own_descriptions_wanted(engine.enabled)
+    if not (forked or carry):
+        return None
+    handles = ()
+    if forked and plans.loader_state(loader, "fork_handles"):
+        handles, _unhandled = isolation.native_handles(isolation.users_parts(loader))
+        handles = [(held, args) for held, args, _note in handles]
+    table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
+    if carry and table.files:
+        table.by_number = isolation.held_numbers(parts_of(loader), [f.fd for f in table.files])
+    return table if table else None
+
+
+def replanned_without_fork(loader, failure, watch):
+    """Whether ``loader``, whose forked workers failed with ``failure`` (one
+    touched CUDA), now starts its workers by spawn, planned again with fork
+    ruled out and its repairs applied; their records wait for the new workers,
+    as those of an iteration do. False: only emulated workers reach it."""
+    made = plans.plan_without_fork(loader, failure, sys._getframe())
+    if made is None:
+        return False
+    watch.pending.extend(made)
+    watch.delivered = set()
+    return True
+
+
+def stop(inner):
+    """Kill a failed iterator's workers (a hung one would not exit), then let
+    torch clean up its queues."""
+    for process in tp.worker_processes(inner):
+        if isinstance(process, multiprocessing.process.BaseProcess) and process.is_alive():
+            process.kill()
+    try:
+        tp.shut_down(inner)
+    except Exception:
+        pass
+
+
+# -- emulated workers ------------------------------------------------------------------
+
+class Emulated(EmulatedWorkersIter):
+    """The last rung: emulated workers (exact), collating as in process."""
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        for worker in self._workers:
+            if worker.collate_fn is tp.default_collate:
+                worker.collate_fn = tp.collate_in_process
+                if worker.fetcher is not None:
+                    worker.fetcher.collate_fn = tp.collate_in_process
+
+
+class ResumedEmulation(Emulated, tp.Recording):
+    def __init__(self, loader, watch, resume):
+        self._autosafe_watch = watch
+        self._autosafe_resume = resume
+        super().__init__(loader)
+
+
+# -- resuming ---------------------------------------------------------------------------
+
+def replay(inner, count):
+    """Fetch again, and drop, the ``count`` batches already delivered, so
+    that every worker's state is where the failure found it."""
+    for _ in range(count):
+        try:
+            tp.fetch_next(inner)
+        except Failed:
+            raise
+        except Exception as exc:  # the user's own error, delivered once already
+            failure = raised_in_worker(inner, exc)
+            if failure is not None:
+                raise Failed(failure) from None
+    tp.set_yielded(inner, count)
+
+
+_said = set()
+
+
+def torch_lacks(seam, missing, consequence):
+    """Whether this torch lacks what ``seam`` needs (``torch_private``'s
+    ``*_missing``); said once per process."""
+    if missing and seam not in _said:
+        _said.add(seam)
+        from ..report import clip, log
+
+        log(logging.WARNING, "torch %s lacks %s: %s; torch's own iterator runs instead",
+            torch.__version__, clip(missing, 80), consequence)
+    return bool(missing)

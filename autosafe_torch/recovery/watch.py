@@ -1,0 +1,161 @@
+"""What a watched iterator sees while it waits: deliveries, deaths, hangs.
+
+A ``Watch`` is the hooks object of ``torch_private.Watched`` (torch's
+iterator with our hooks): it sets how long a batch may take, notes who
+delivered (the records waiting on the workers hold once each delivered),
+and turns an exception or a silence into a ``Failure`` for the recovery.
+"""
+
+import time
+
+from .. import engine
+from .. import torch_private as tp
+from ..inspection import failures as F
+
+POLL_S = 0.1          # how often a waiting iterator looks at its workers
+HANG_FACTOR = 10      # the limit, in slowest waits seen
+STARTUP_FACTOR = 3    # while workers start (spawn imports torch in each) ...
+STARTUP_MIN_S = 30.0  # ... and at least this (measured: 6 s for 2 spawn workers, busy 2 cores)
+DEATH_WAIT_S = 0.5    # for a death behind a broken connection to show
+
+
+class Failed(Exception):
+    """A failure of the workers, on its way from ``_get_data`` to ``RecoveringIter``."""
+
+    def __init__(self, failure):
+        super().__init__(failure)
+        self.failure = failure
+
+
+class Watch:
+    """What a ``RecoveringIter`` keeps across its inner iterators (it refers to
+    neither, so that dropping the iterator still shuts its workers down):
+    the sampler's indices drawn this epoch, the slowest wait seen, the limits;
+    the records waiting for the workers to show that their remedies held
+    (``pending``: every worker delivered a batch, ``delivered``), and where
+    the workers report what they had of their own (``outcome``)."""
+
+    __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "dumps",
+                 "pending", "delivered", "workers", "outcome")
+
+    def __init__(self, kinds, floor, timeout, pending=(), workers=0, outcome=None):
+        self.recorder = None
+        self.slowest = 0.0
+        self.fresh = True
+        self.kinds = kinds
+        self.floor = floor if F.HUNG in kinds else 0
+        self.timeout = timeout if timeout and timeout > 0 else 0
+        self.dumps = None
+        self.pending = list(pending)
+        self.delivered = set()
+        self.workers = workers
+        self.outcome = outcome
+
+    # -- the hooks of torch_private.Watched, in the order they run --
+
+    def starting(self):
+        self.fresh = True
+
+    def limit(self):
+        """Seconds to wait for one batch, or None: forever (torch's default)."""
+        if not self.floor:
+            return self.timeout or None
+        limit = max(self.floor, HANG_FACTOR * self.slowest, self.timeout)
+        return max(limit, STARTUP_FACTOR * self.floor, STARTUP_MIN_S) if self.fresh else limit
+
+    def observed(self, waited):
+        if self.fresh:
+            self.fresh = False  # a worker start is no batch time
+        elif waited > self.slowest:
+            self.slowest = waited
+
+    def failed(self, iterator, exc):
+        """What to raise instead of ``exc``, raised while a batch was awaited:
+        ``Failed`` for a failure of the workers, None where torch's error stands."""
+        failure = observe(iterator, exc)
+        return None if failure is None else Failed(failure)
+
+    def hung(self, worker, pid, waited):
+        return Failed(F.Failure(F.HUNG, worker=worker, pid=pid, waited=waited))
+
+    def delivered_by(self, worker):
+        """Worker ``worker`` handed over a batch: it started, with every step of ours."""
+        if self.pending:
+            self.delivered.add(worker)
+            if len(self.delivered) >= self.workers:
+                self.held()
+
+    def shut_down(self, workers):
+        """torch shut the workers down (an epoch's end, or the iterator dropped)."""
+        if self.pending and self.delivered:
+            # Dropped before every worker delivered (a program that takes one
+            # batch): the workers that did show the remedies held.
+            self.held()
+        if self.outcome is not None:
+            engine.fail_open(None, "DataLoader worker reports", self.outcome.workers_exited,
+                             workers)
+
+    # -- the records waiting on the workers --
+
+    def held(self):
+        """Every worker delivered (or the epoch ended): the pending records hold."""
+        pending, self.pending = self.pending, []
+        record_held(pending)
+
+    def did_not_hold(self, failure):
+        """The workers failed before they showed it: a remedy they could not
+        apply, or a start that failed (unpickling what the repairs sent), makes
+        the pending records fixes that did not hold."""
+        if self.pending and (failure.kind == F.REMEDY or failure.starting):
+            pending, self.pending = self.pending, []
+            record_failed(pending, failure.what())
+
+
+def record_held(pending):
+    if pending:
+        engine.fail_open(None, "DataLoader records", _record_all, pending, None)
+
+
+def record_failed(pending, why):
+    """The pending records as fixes that did not hold, and ``why``."""
+    if pending:
+        engine.fail_open(None, "DataLoader records", _record_all, pending, why)
+
+
+def _record_all(pending, failed):
+    for intervention in pending:
+        engine.record_outcome(intervention, failed=failed)
+
+
+# -- from an exception to a Failure --------------------------------------------------
+
+def observe(iterator, exc):
+    """The ``Failure`` behind ``exc``, raised while a batch was awaited, or None:
+    not a failure of the workers (torch's error stands)."""
+    kind = F.exception_kind(exc)
+    dead = tp.dead_workers(iterator)
+    deadline = time.monotonic() + DEATH_WAIT_S
+    while not dead and kind is None and F.lost_peer(exc) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        dead = tp.dead_workers(iterator)
+    if dead:
+        worker, process = dead[0]
+        return F.Failure(kind or F.death_kind(process.exitcode), exc, worker, process.pid,
+                         F.exit_status(process.exitcode))
+    return F.Failure(kind, exc) if kind else None
+
+
+def raised_in_worker(iterator, exc):
+    """A shared-memory or open-file failure a worker reported as its batch's
+    error (torch re-raises it here), as a ``Failure``; None: the user's error."""
+    kind = F.exception_kind(exc)
+    if kind is None or not isinstance(iterator, tp.Watched):
+        return None
+    text = F.exception_text(exc)
+    worker = tp.worker_named_in(text)
+    processes = tp.worker_processes(iterator)
+    pid = processes[worker].pid if worker is not None and worker < len(processes) else None
+    failure = F.Failure(kind, exc, worker, pid)
+    if kind == F.CUDA:  # the worker's own traceback, as torch passed it on: the user's line
+        failure.dump = text
+    return failure

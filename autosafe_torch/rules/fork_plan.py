@@ -1,0 +1,59 @@
+"""The fork rung's plan: what forked workers of a loader would share, and
+whether fork is safe for it (``fork_is_safe``, the ladder's condition for
+its fork rung).
+"""
+
+from ..inspection.parts import PARTS
+
+SAFE_FORK_PLATFORMS = ("linux",)
+
+def fork_plan(args, ctx):
+    """What forked workers of this loader would share, and what the fork rung
+    does about it (``remedies.isolation.ForkPlan``), cached on ``ctx``. Empty
+    for a dataset that reopens its files per process by itself. The one check
+    for deciding and acting: the worker step applies the same plan."""
+    from ..inspection import holdings, objwalk
+    from ..remedies import isolation
+
+    def make():
+        if holdings.reopens_per_process(args["dataset"]):
+            return isolation.ForkPlan()
+        return isolation.plan(isolation.users_parts(args), items=objwalk.SAMPLE_ITEMS)
+
+    return per_parts(ctx, "fork_plans", args, make)
+
+
+
+def per_parts(ctx, name, args, make):
+    """``make()``, once per check context ``ctx`` and loader parts (by identity),
+    kept in ``ctx`` under ``name``: the checks of one iteration share a plan."""
+    key = tuple(id(args[part]) for part in PARTS)
+    cache = ctx.plans.setdefault(name, {})
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+
+def fork_is_safe(args, ctx):
+    """Rung 2: fork, where this platform allows it and the fork rung's remedies
+    handle everything forked workers would share: read-only files get their
+    own offsets and native handles are reopened (DL207, DL212: the plan their
+    worker step applies), thread pools are rebuilt (DL208). Not for a lock
+    held now or a live thread, which a forked child cannot inherit, nor for
+    a loader whose forked workers were seen to fail (``ctx.fork_failed``).
+    CUDA initialised in this process is no reason: forked workers that do not
+    touch it run, and those that do are recovered (DL205)."""
+    import multiprocessing
+
+    from ..inspection import holdings
+
+    if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None:
+        return False
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    if fork_plan(args, ctx).unhandled:
+        return False
+    return not holdings.fork_blockers(args["dataset"])
+
+

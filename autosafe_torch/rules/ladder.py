@@ -1,0 +1,182 @@
+"""The ladder: the rungs a loader's workers may run on, in order, with their
+conditions; used both to decide at ``iter()`` (the rules at
+``dataloader.iter``) and to recover after a failure (``recovery``).
+
+At ``iter()``, for a loader whose workers cannot start as asked (keep the
+first rung that works; every rung yields the batches the requested workers
+yield on a safe platform):
+
+The ladder for a loader whose workers cannot start as asked (keep the first
+rung that works; every rung yields the batches the requested workers yield on a
+safe platform):
+
+1. repair: read-only files (and h5py, sqlite, lmdb, cv2.VideoCapture
+   handles) travel by path, lambdas/local functions and
+   interactive-``__main__`` classes by value (``remedies``);
+2. another start method (``fallback``, ``away_from_fork``): fork on Linux where safe (no lock held now, no
+   live thread, and every file and handle one that the fork remedies, DL207
+   and DL212, handle: ``fork_plan``; not once forked workers of the loader
+   touched CUDA, DL205), spawn where all pickles;
+3. where no fork is safe (macOS): the dataset built again in each worker
+   from its constructor's arguments (``remedies/rebuild.py``), where a
+   second build here holds the same state; below fork because it runs the
+   user's constructor again, which fork never does;
+4. emulated workers: the requested workers emulated in this process, each
+   with its own copy of the dataset, its seeds and its worker info, so that
+   the batches are exactly those of the workers asked for.
+
+After a failure of running workers (``recovery``, rules/recovery.py): per
+kind of failure, the rungs of ``LADDERS``, in order (``next_rung``): new
+workers, fewer batches in flight, file_system sharing, spawn workers (once
+forked workers touched CUDA: ``away_from_fork`` with ``ctx.fork_failed``),
+emulated workers. Both end on the same last rung, and a rung is named by a
+``Rung`` wherever it is chosen: findings carry it (``Finding.rung``) and the
+patches and the recovery ask it, never a rule's code.
+"""
+
+import enum
+import types
+
+from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
+from ..inspection.objwalk import is_a
+from . import number_of, what_is
+from .fork_plan import fork_is_safe
+from .pickling_plan import pickling_plan
+
+GROUP = "dataloader"
+SPAWNING = ("spawn", "forkserver")
+
+
+class Rung(str, enum.Enum):
+    """The rungs, by the words the log uses for them (``strategy``)."""
+
+    AS_ASKED = "workers as asked"
+    FORK = "start method: fork"
+    SPAWN = "start method: spawn"
+    WARM_SPAWN = "warm forkserver"  # spawn's semantics, forked from a warm server (DL209)
+    REBUILT = "rebuilt in each worker"
+    RESTART = "restart workers"
+    FEWER = "fewer batches in flight"
+    FILE_SYSTEM = "file_system sharing"
+    SPAWN_WORKERS = "spawn workers"  # after forked workers failed: new ones by spawn
+    EMULATED = "emulated workers (in process)"
+
+    def __str__(self):
+        return self.value
+
+
+def start_method(args):
+    from ..facts import effective_start_method
+
+    return effective_start_method(args["multiprocessing_context"])
+
+
+def spawning_workers(args, ctx):
+    """Workers started by spawn/forkserver from a guarded main: they get pickles."""
+    return args["num_workers"] > 0 and start_method(args) in SPAWNING and ctx.main_guarded()
+
+
+# -- at iter(): rungs 2-4 --------------------------------------------------------
+
+def fallback(check, args, ctx, why):
+    """Rungs 2-4 for a loader that cannot start as asked."""
+    fix, reason, refused = None, why, []
+    if why is None:
+        failures, refused = pickling_plan(args, ctx).failures, pickling_plan(args, ctx).refused
+        why = "; ".join(["%s: %s" % (f.path, f.error) for f in failures] + refused) \
+            or "does not pickle"
+        fix = failures and (getattr(failures[0], "fix", None)
+                            or permanent_fix(failures[0].value))
+        reason = failures and ("%s: %s" % (failures[0].path, failures[0].error)
+                               if getattr(failures[0], "fix", None) else
+                               "%s (%s) does not pickle" % (failures[0].path,
+                                                             what_is(failures[0].value))) or why
+    if fork_is_safe(args, ctx):
+        return check.rule.finding({"multiprocessing_context": start_method(args)},
+                                  {"multiprocessing_context": "fork"}, why,
+                                  rung=Rung.FORK, fix=fix,
+                                  done="workers started by fork instead of %s: %s" % (
+                                      start_method(args), reason))
+    found = emulated_workers(check, args, why, fix, reason)
+    if refused:  # said where emulated workers cannot copy it either (NoExactRung)
+        found.state["not_rebuilt"] = "; ".join(refused)
+    return found
+
+
+def away_from_fork(check, args, ctx, why, repairs=True):
+    """Spawn where everything pickles, else emulated workers. ``repairs``:
+    whether the repairs that make it pickle can still be made (the checks
+    that make them, DL201-DL203 and DL208, run before DL207 and DL212)."""
+    plan = pickling_plan(args, ctx)
+    if ctx.main_guarded() and not plan.failures and (repairs or not plan.needs_repair):
+        return check.rule.finding({"multiprocessing_context": "fork"},
+                                  {"multiprocessing_context": "spawn"}, why,
+                                  rung=Rung.SPAWN,
+                                  done="workers started by spawn instead of fork: " + why)
+    return emulated_workers(check, args, why)
+
+
+def emulated_workers(check, args, why, fix=None, reason=None):
+    """The last rung: the requested workers emulated in this process, one fetch
+    at a time, each with its own dataset copy, seeds and worker info, so the
+    batches are those the workers would give (remedies/emulated_workers.py)."""
+    return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
+                              rung=Rung.EMULATED,
+                              state={"emulated_workers": args["num_workers"]}, fix=fix,
+                              done="%s emulated in this process, with the batches of real "
+                              "ones: %s" % (number_of(args["num_workers"], "worker"),
+                                            reason or why))
+
+
+def permanent_fix(value):
+    """The fix for what made a dataset unpicklable, by what it is."""
+    from ..inspection import holdings
+
+    if holdings.thread_pool_in_use(value) is not None:
+        return "create the pool lazily in __getitem__ or in worker_init_fn, not in __init__"
+    if holdings.threading_kind(value) is not None:
+        return ("create locks and threads lazily in __getitem__ or in worker_init_fn "
+                "(or use multiprocessing's), not in __init__")
+    if is_a(value, types.GeneratorType):
+        return "keep no generator on the dataset: make it in __iter__ or __getitem__"
+    if holdings.is_file_object(value) or type(value).__name__ == "Connection":
+        return "open files and connections lazily in __getitem__ (or in worker_init_fn)"
+    return None
+
+
+# -- after a failure: the rungs per kind ------------------------------------------
+
+# Fewer workers is no rung: each worker is seeded base_seed + worker_id and
+# batches go to workers round robin, so the batches would change. Emulated
+# workers are exact and need no process, shared memory or descriptor.
+LADDERS = {
+    DIED: (Rung.RESTART, Rung.EMULATED),
+    HUNG: (Rung.RESTART, Rung.EMULATED),
+    SHM: (Rung.FEWER, Rung.EMULATED),
+    FDS: (Rung.FILE_SYSTEM, Rung.EMULATED),
+    # Memory pressure from workers x prefetch: once, with fewer batches in
+    # flight; raised again, it is the program's own (torch's error).
+    MEMORY: (Rung.FEWER,),
+    # A repair that a worker could not apply fails the same way in new workers.
+    REMEDY: (Rung.EMULATED,),
+    # A forked worker touched CUDA: new processes that inherit no CUDA state
+    # (the loader planned again for spawn, with its repairs, where all of it
+    # pickles: ``away_from_fork``), else emulated workers, in this process,
+    # where CUDA works.
+    CUDA: (Rung.SPAWN_WORKERS, Rung.EMULATED),
+}
+ONCE = (MEMORY,)  # kinds recovered at most once per rung
+# The settings a real-worker rung adds; they stay for the later rungs.
+SETTINGS = {Rung.FEWER: "prefetch_factor=1", Rung.FILE_SYSTEM: "file_system sharing"}
+MAX_FAILURES = 2  # a rung that failed twice is not tried again
+
+
+def next_rung(kind, failures):
+    """The first rung for ``kind`` that has not failed ``MAX_FAILURES`` times
+    (``failures``: rung -> count; a failure of the workers as asked counts as
+    one of RESTART, which starts them as they were), or None."""
+    limit = 1 if kind in ONCE else MAX_FAILURES
+    for rung in LADDERS[kind]:
+        if failures.get(rung, 0) < limit:
+            return rung
+    return None

@@ -1,0 +1,441 @@
+"""The one place that touches torch's private DataLoader internals.
+
+torch keeps its iterator loop private (``torch.utils.data.dataloader`` and
+``torch.utils.data._utils``), and a release may rename a method, an
+attribute or an error's words. Everything of ours that depends on them goes
+through this module: the iterator classes we subclass, the fields we read
+or set, ``_worker_info``, the SIGCHLD table, the error strings we match or
+raise in torch's words. Nothing here imports the rest of the package.
+
+``tests/test_torch_private.py`` pins what each piece does (not only that it
+exists) on every torch the project supports (``make compat``,
+``make compat-torch``, ``make test``); ``watched_missing`` and
+``emulated_missing`` check names and shapes once per process, so that a
+torch that moved them gets its own iterator and one line saying why.
+
+NOTE [the data flow of a repaired loader]. The parent's iterator (a
+``Watched``, torch's ``_MultiProcessingDataLoaderIter`` with our hooks)
+draws indices from the sampler (``Recorder`` keeps them for a replay), puts
+one per worker round robin (torch's ``_try_put_index``) and awaits results
+(``_get_data``, polled so that a ``Watch`` can see deaths and hangs). Each
+worker starts from the pickled loader parts (spawn; fork copies them),
+runs ``worker_init_fn`` (with our steps first: its own file descriptions,
+faulthandler into a file of ours), seeds itself ``base_seed + id`` and
+fetches. Results come back through the queue (tensors by shared memory):
+``_process_data(data, worker_idx)`` tells the watch who delivered, so that
+a remedy's record says "fixed" only once every worker showed it held.
+A worker's failure reaches the watch as an exception (or a dead process);
+the recovery (``autosafe_torch/recovery``) builds the next rung's iterator
+with the same base seed and the recorded indices and replays.
+"""
+
+import contextlib
+import inspect
+import itertools
+import re
+
+from torch._utils import ExceptionWrapper  # noqa: F401 (a worker's error, as torch wraps it)
+from torch.utils.data import dataloader as _dataloader
+from torch.utils.data._utils import signal_handling as _signal_handling
+from torch.utils.data._utils import worker as _worker_module
+from torch.utils.data._utils.collate import default_collate
+
+# -- the classes and names, as this torch has them (None where it has not) ------
+
+MultiProcessIter = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
+BaseIter = getattr(_dataloader, "_BaseDataLoaderIter", object)
+DatasetKind = getattr(_dataloader, "_DatasetKind", None)
+DATAPIPES = tuple(c for c in (getattr(_dataloader, "IterDataPipe", None),
+                              getattr(_dataloader, "MapDataPipe", None)) if c is not None)
+ITER_DATAPIPE = getattr(_dataloader, "IterDataPipe", ())
+WorkerInfo = getattr(_worker_module, "WorkerInfo", None)
+IterableStop = getattr(_worker_module, "_IterableDatasetStopIteration", ())
+sharding_worker_init_fn = getattr(_dataloader, "_sharding_worker_init_fn", None)
+
+# torch's own words, raised as torch raises them or read from its errors.
+TIMED_OUT = "DataLoader timed out after %s seconds"
+PIN_THREAD_EXITED = "Pin memory thread exited unexpectedly"
+_WORKER_WORDS = re.compile(r"in DataLoader worker process (\d+)")
+PIN_MEMORY_WARNING = "'pin_memory' argument is set as true"
+
+
+def has_numpy():
+    """Whether torch's workers seed numpy (torch imported it)."""
+    return bool(getattr(_worker_module, "HAS_NUMPY", False))
+
+
+def numpy_seed(base_seed, worker_id):
+    """The numpy seed ``_worker_loop`` gives worker ``worker_id``."""
+    return _worker_module._generate_state(base_seed, worker_id)
+
+
+def create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last):
+    return DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
+
+
+def is_iterable_kind(kind):
+    return kind == DatasetKind.Iterable
+
+
+def pin(data, device):
+    """torch's pin step for a batch (``_utils.pin_memory.pin_memory``)."""
+    return pin_memory_module().pin_memory(data, device)
+
+
+def pin_memory_module():
+    """The module that holds torch's pin step (``pin_memory``), which DL305 wraps."""
+    from torch.utils.data._utils import pin_memory as module
+
+    return module
+
+
+def worker_named_in(text):
+    """The worker id torch names in a re-raised worker error, or None."""
+    found = _WORKER_WORDS.search(text)
+    return int(found.group(1)) if found else None
+
+
+def warns_pin_memory_without_accelerator():
+    """Whether torch's iterator warns about pin_memory without an accelerator:
+    read from its code's constants, not from the version number."""
+    consts = BaseIter.__init__.__code__.co_consts
+    return any(isinstance(c, str) and PIN_MEMORY_WARNING in c for c in consts)
+
+
+def original_get_iterator():
+    """torch's ``DataLoader._get_iterator`` under the wrapper of ours."""
+    return getattr(_dataloader.DataLoader.__dict__.get("_get_iterator"), "__wrapped__", None)
+
+
+def iterator_class_is_torchs():
+    """Whether ``_MultiProcessingDataLoaderIter`` is still the class we subclass
+    (nobody replaced it after this module was imported)."""
+    return getattr(_dataloader, "_MultiProcessingDataLoaderIter", None) is MultiProcessIter
+
+
+# -- get_worker_info() ----------------------------------------------------------
+
+def current_worker_info():
+    return _worker_module._worker_info
+
+
+def set_worker_info(info):
+    """What ``get_worker_info()`` returns in this process from now on."""
+    _worker_module._worker_info = info
+
+
+@contextlib.contextmanager
+def worker_info_as(info):
+    saved = _worker_module._worker_info
+    _worker_module._worker_info = info
+    try:
+        yield
+    finally:
+        _worker_module._worker_info = saved
+
+
+def collate_in_process(batch):
+    """torch's ``default_collate`` without its shared-memory output: in a
+    worker it writes the batch straight into /dev/shm for the main process,
+    but an emulated worker is in the main process (and /dev/shm may be what
+    failed). The same values; ``get_worker_info()`` is None for its length only."""
+    with worker_info_as(None):
+        return default_collate(batch)
+
+
+# -- an iterator's fields ---------------------------------------------------------
+
+def worker_processes(iterator):
+    """The worker processes of a multi-process iterator (none before it started)."""
+    return getattr(iterator, "_workers", ())
+
+
+def dead_workers(iterator):
+    """``[(worker id, process)]`` of workers that exited, but those that ended
+    their IterableDataset and exited cleanly."""
+    return [(i, w) for i, w in enumerate(iterator._workers)
+            if w.exitcode is not None and (w.exitcode != 0 or iterator._workers_status[i])]
+
+
+def awaited_worker(iterator):
+    """The worker whose batch is awaited now, or None."""
+    return (iterator._task_info.get(iterator._rcvd_idx) or (None,))[0]
+
+
+def batches_sent(iterator):
+    """How many indices the iterator has sent to its workers."""
+    return getattr(iterator, "_send_idx", 0)
+
+
+def base_seed(iterator):
+    return iterator._base_seed
+
+
+def fetch_next(iterator):
+    """The next batch of ``iterator``, as ``__next__`` would fetch it but
+    without counting it as yielded (a replay)."""
+    return iterator._next_data()
+
+
+def set_yielded(iterator, count):
+    iterator._num_yielded = count
+
+
+def shut_down(iterator):
+    iterator._shutdown_workers()
+
+
+def pin_memory_thread(iterator):
+    return getattr(iterator, "_pin_memory_thread", None)
+
+
+# -- recording the sampler, and resuming at a batch ------------------------------
+
+
+class Recorder:
+    """The epoch's sampler iterator, remembering what it gave: a new iterator
+    takes these again, then goes on drawing from the same sampler."""
+
+    __slots__ = ("live", "drawn")
+
+    def __init__(self, live):
+        self.live = live
+        self.drawn = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        index = next(self.live)
+        self.drawn.append(index)
+        return index
+
+    def again(self):
+        return itertools.chain(list(self.drawn), self)
+
+
+class Resume:
+    """Where a new iterator resumes: the old one's base seed and its recorder."""
+
+    __slots__ = ("base_seed", "recorder")
+
+    def __init__(self, base_seed, recorder):
+        self.base_seed = base_seed
+        self.recorder = recorder
+
+
+class _LoaderView:
+    """The loader as ``_BaseDataLoaderIter.__init__`` reads it, but with no
+    sampler to start (a sampler's ``__iter__`` may draw) and a throwaway
+    generator for the base seed, which is the old one's: the parent's
+    random states stay as an uninterrupted run leaves them."""
+
+    def __init__(self, loader):
+        import torch
+
+        self._loader = loader
+        self._index_sampler = ()
+        self.generator = torch.Generator()
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class Recording(BaseIter):
+    """Placed between a torch iterator class and ``_BaseDataLoaderIter``:
+    each epoch's sampler iterator is a ``Recorder`` (in ``watch.recorder``);
+    given a ``Resume``, the iterator starts with its base seed and the
+    indices drawn so far, then draws on."""
+
+    _autosafe_resume = None
+    _autosafe_watch = None
+
+    def __init__(self, loader):
+        resume = self._autosafe_resume
+        if resume is None:
+            super().__init__(loader)
+            return
+        super().__init__(_LoaderView(loader))
+        self._index_sampler = loader._index_sampler
+        self._base_seed = resume.base_seed
+
+    def _reset(self, loader, first_iter=False):
+        resume, watch = self._autosafe_resume, self._autosafe_watch
+        if resume is None:
+            super()._reset(loader, first_iter)
+            self._sampler_iter = watch.recorder = Recorder(self._sampler_iter)
+            return
+        self._autosafe_resume = None
+        watch.recorder = resume.recorder
+        self._sampler_iter = resume.recorder.again()
+        self._num_yielded = 0
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+
+
+# -- the watched multi-process iterator --------------------------------------------
+
+
+class Watched(*((MultiProcessIter, Recording) if MultiProcessIter else (Recording,))):
+    """torch's iterator, with the sampler's indices recorded, deaths left to
+    the watch (out of torch's SIGCHLD table) and a watchdog on every wait.
+
+    ``watch`` decides; this class only does what torch's loop does, with
+    hooks at four places: ``watch.starting()``, ``watch.delivered_by(worker)``
+    for each batch, ``watch.shut_down(workers)`` after torch shut them down,
+    and in ``_get_data`` ``watch.limit()``, ``watch.observed(seconds)``,
+    ``watch.failed(iterator, exc)`` (an exception to raise instead, or None:
+    torch's stands) and ``watch.hung(worker, pid, seconds)`` (the exception
+    to raise). ``poll_s``: how often a wait looks at the workers."""
+
+    # Until torch's __init__ sets it, no worker has started: an iterator that
+    # could not start (no file descriptor for its queues) has nothing to stop.
+    _shutdown = True
+
+    def __init__(self, loader, watch, resume=None, poll_s=0.1):
+        self._autosafe_watch = watch
+        self._autosafe_resume = resume
+        self._autosafe_poll_s = poll_s
+        watch.starting()
+        super().__init__(loader)
+
+    def _reset(self, loader, first_iter=False):
+        if first_iter and self._worker_pids_set:
+            # Deaths are the watch's: torch's SIGCHLD handler would raise
+            # wherever the main thread is (inside loss.backward()).
+            _signal_handling._remove_worker_pids(id(self))
+            self._worker_pids_set = False
+        super()._reset(loader, first_iter)
+
+    def _process_data(self, data, worker_idx):
+        self._autosafe_watch.delivered_by(worker_idx)
+        return super()._process_data(data, worker_idx)
+
+    def _shutdown_workers(self):
+        try:
+            super()._shutdown_workers()
+        finally:
+            self._autosafe_watch.shut_down(getattr(self, "_workers", ()))
+
+    def _get_data(self):
+        import time
+
+        watch = self._autosafe_watch
+        limit = watch.limit()
+        start = time.monotonic()
+        while True:
+            try:
+                success, data = self._try_get_data(self._autosafe_poll_s)
+            except Exception as exc:
+                instead = watch.failed(self, exc)
+                if instead is None:
+                    raise
+                raise instead from None
+            if success:
+                watch.observed(time.monotonic() - start)
+                return data
+            if self._pin_memory and not self._pin_memory_thread.is_alive():
+                raise RuntimeError(PIN_THREAD_EXITED)
+            waited = time.monotonic() - start
+            if self._timeout > 0 and waited >= self._timeout:
+                # The user's own limit: torch's error, as torch raises it; no recovery.
+                raise RuntimeError(TIMED_OUT % self._timeout)
+            if limit is not None and waited >= limit:
+                worker = awaited_worker(self)
+                pid = self._workers[worker].pid if worker is not None else None
+                raise watch.hung(worker, pid, waited)
+
+
+# -- whether this torch has them: names and shapes, checked once per process ------
+
+# Methods of _MultiProcessingDataLoaderIter that Watched calls or overrides,
+# with the parameters it passes.
+WATCHED_METHODS = {
+    "_try_get_data": ("timeout",),
+    "_get_data": (),
+    "_process_data": ("data", "worker_idx"),
+    "_shutdown_workers": (),
+    "_reset": ("loader", "first_iter"),
+    "_next_data": (),
+    "_try_put_index": (),
+}
+# Attributes read here, set by torch's iterators' __init__ or _reset.
+WATCHED_ATTRIBUTES = ("_task_info", "_rcvd_idx", "_workers", "_worker_pids_set", "_pin_memory",
+                      "_workers_status", "_timeout", "_num_yielded", "_sampler_iter",
+                      "_index_sampler", "_base_seed")
+# What the emulated workers take from torch: its base iterator's state, and the
+# worker module's names for a worker's identity and seeds.
+EMULATED_ATTRIBUTES = ("_dataset_kind", "_auto_collation", "_drop_last", "_collate_fn",
+                       "_dataset", "_index_sampler", "_sampler_iter", "_num_yielded",
+                       "_base_seed", "_pin_memory", "_num_workers", "_persistent_workers")
+WORKER_MODULE = ("_worker_info", "WorkerInfo", "_generate_state",
+                 "_IterableDatasetStopIteration", "HAS_NUMPY")
+DATALOADER_MODULE = ("_BaseDataLoaderIter", "_MultiProcessingDataLoaderIter", "_DatasetKind",
+                     "_sharding_worker_init_fn")
+
+_checked = {}  # seam -> what is missing ("" where nothing is)
+
+
+def watched_missing():
+    """What ``Watched`` needs that this torch lacks ("" where nothing)."""
+    return _once("watched", _watched)
+
+
+def emulated_missing():
+    """What the emulated workers need that this torch lacks ("" where nothing)."""
+    return _once("emulated", _emulated)
+
+
+def _once(seam, check):
+    if seam not in _checked:
+        try:
+            _checked[seam] = ", ".join(check())
+        except Exception as exc:  # a torch we cannot even look at: not ours to use
+            _checked[seam] = "torch.utils.data (%s)" % type(exc).__name__
+    return _checked[seam]
+
+
+def _watched():
+    missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
+    missing += _names(_signal_handling, ("_remove_worker_pids",), "signal_handling")
+    cls = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
+    if cls is None:
+        return missing
+    for name, params in WATCHED_METHODS.items():
+        method = getattr(cls, name, None)
+        if not callable(method) or not _takes(method, params):
+            missing.append("%s.%s(%s)" % (cls.__name__, name, ", ".join(params)))
+    missing += _set_by(cls, WATCHED_ATTRIBUTES)
+    return missing
+
+
+def _emulated():
+    missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
+    missing += _names(_worker_module, WORKER_MODULE, "torch.utils.data._utils.worker")
+    base = getattr(_dataloader, "_BaseDataLoaderIter", None)
+    if base is not None:
+        missing += _set_by(base, EMULATED_ATTRIBUTES)
+    return missing
+
+
+def _names(module, names, shown):
+    return ["%s.%s" % (shown, name) for name in names if not hasattr(module, name)]
+
+
+def _takes(function, params):
+    try:
+        accepted = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(p in accepted for p in params)
+
+
+def _set_by(cls, attributes):
+    """``cls.attr`` for each attribute no ``__init__``/``_reset`` of ``cls`` or
+    its bases names (a code object's names: what it reads and sets)."""
+    named = set()
+    for klass in cls.__mro__:
+        for method in ("__init__", "_reset"):
+            code = getattr(klass.__dict__.get(method), "__code__", None)
+            if code is not None:
+                named.update(code.co_names)
+    return ["%s.%s" % (cls.__name__, a) for a in attributes if a not in named]
