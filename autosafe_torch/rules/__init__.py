@@ -33,7 +33,7 @@ from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules
 
 # Where checks run, in the order the patches call them.
 HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
-         "dataloader.pin", "autocast", "scaler", "amp.legacy", "amp.provided", "cv2.import")
+         "dataloader.pin", "autocast", "scaler", "amp.legacy", "amp.provided")
 
 RULES = {}
 
@@ -216,19 +216,18 @@ class Context:
       ``rung``, the one that works; ``exact``, None or why the batches may
       differ;
     - ``dataloader.pin``: the arguments are ``batch``, the part of a batch
-      that torch could not pin, and ``error``, what it raised;
-    - ``cv2.import``: ``cv2``, the module; ``environ``, the environment.
+      that torch could not pin, and ``error``, what it raised.
     """
 
     __slots__ = ("facts", "findings", "plans", "defaults", "main_guarded", "fork_failed",
                  "caps", "call",
                  "usage", "workers", "named", "failure", "first_rung", "tried", "rung",
-                 "exact", "cv2", "environ")
+                 "exact")
 
     def __init__(self, facts, *, defaults=None, main_guarded=None, fork_failed=None,
                  caps=None, call=None,
                  usage=None, workers=None, named=None, failure=None, first_rung=None,
-                 tried=(), rung=None, exact=None, cv2=None, environ=None):
+                 tried=(), rung=None, exact=None):
         self.facts = facts
         self.findings = []
         self.plans = {}
@@ -237,7 +236,6 @@ class Context:
         self.usage, self.workers, self.named = usage, workers, named
         self.failure, self.first_rung, self.tried = failure, first_rung, tried
         self.rung, self.exact = rung, exact
-        self.cv2, self.environ = cv2, environ
 
     def found(self, code):
         """Whether an earlier check at this hook made a finding for ``code``."""
