@@ -674,7 +674,7 @@ class RecoveringIter(wrapt.ObjectProxy):
                 if not failure.dump and failure.status and not failure.starting:
                     exitcode = processes[failure.worker].exitcode
                     failure.note = F.why_no_traceback(exitcode)
-            failure.dump = F.clip(failure.dump) if failure.dump else ""
+            failure.dump = F.trim_dump(failure.dump) if failure.dump else ""
         except Exception:
             pass
 
@@ -788,10 +788,10 @@ def _lacks(seam, missing, consequence):
     """Whether this torch lacks what ``seam`` needs; said once per process."""
     if missing and seam not in _said:
         _said.add(seam)
-        from ..report import clip, log
+        from ..report import log, shorten_line
 
         log(logging.WARNING, "torch %s lacks %s: %s; torch's own iterator runs instead",
-            torch.__version__, clip(missing, 80), consequence)
+            torch.__version__, shorten_line(missing, 80), consequence)
     return bool(missing)
 
 
