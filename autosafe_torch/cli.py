@@ -119,23 +119,69 @@ def main(argv=None):
 
 
 def _explain(code):
-    from .rules import explain, find_rule
+    from .rules import find_rule
 
     rule = find_rule(code)
     if rule is None:
         sys.stderr.write("autosafe-torch explain: no rule %r (`autosafe-torch rules` lists "
                          "them)\n" % code)
         return 2
-    print(explain(rule))
+    print(explanation(rule))
     return 0
 
 
+def explanation(rule_, width=79):
+    """``autosafe-torch explain CODE``: the rule's declaration, its example and
+    the torch versions it concerns, as ruff's ``rule`` command shows a rule."""
+    import textwrap
+
+    def para(text, indent="    "):
+        return textwrap.fill(" ".join(str(text).split()), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+    def code_block(text):
+        return textwrap.indent(text, "        ")
+
+    before, after = rule_.example or ("", "")
+    out = ["%s %s" % (rule_.code, rule_.slug), "",
+           "What it fixes", para(rule_.summary), "",
+           "Why: what happens without it", para(rule_.prevents), "",
+           "Example", "    This fails:", code_block(before), "",
+           "    The permanent fix:", code_block(after), "",
+           "Permanent fix", para(rule_.fix)]
+    if rule_.notebook_fix:
+        out += ["    In a notebook:", para(rule_.notebook_fix, "        ")]
+    if rule_.clause_of:
+        out += ["", "In the log", para("a clause of the line of the fix it makes fast (%s), "
+                                       "not a line of its own; its record stays in the JSON "
+                                       "log" % ", ".join(rule_.clause_of))]
+    out += ["", "autosafe-torch fix"] + [para(line) for line in fix_rewrites(rule_)]
+    out += ["", "Torch versions", para(rule_.versions or "every supported torch"), "",
+            "Where it checks: %s (group %s). Leave it alone: AUTOSAFE_TORCH_DISABLE=%s"
+            % (", ".join(rule_.hooks), rule_.group, rule_.code)]
+    return "\n".join(out)
+
+
+def fix_rewrites(rule_):
+    """What ``autosafe-torch fix`` does with the rule's records, in a line or two."""
+    if rule_.rewrite is not None:
+        return ["rewrites the code at the logged line: %s." % rule_.rewrite.does,
+                "Left as a comment (the permanent fix) where %s." % rule_.rewrite.not_where]
+    served = rule_.serves()
+    if served:
+        return ["rewrites nothing: once the repair it served (%s) is in the code, it is not "
+                "needed." % ", ".join(served)]
+    return ["does not rewrite it: it writes the permanent fix as a comment at the logged "
+            "line."]
+
+
 def _rules(fmt):
-    from .rules import RULES, load_all, table_markdown
+    from .readme import rules_markdown
+    from .rules import RULES, load_all
 
     load_all()
     if fmt == "markdown":
-        print(table_markdown())
+        print(rules_markdown())
     elif fmt == "json":
         print(json.dumps([RULES[c].as_dict() for c in sorted(RULES)], indent=2))
     else:

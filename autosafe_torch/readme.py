@@ -13,7 +13,39 @@ import argparse
 import sys
 
 from .config import OPTIONS
-from .rules import rewrites_markdown, table_markdown
+from .rules import RULES, load_all
+
+
+def rules_markdown():
+    """The rule table of docs/rules.md (and ``autosafe-torch rules --format markdown``)."""
+    load_all()
+    rows = ["| code | slug | what it fixes | error it prevents | permanent fix |",
+            "|---|---|---|---|---|"]
+    for code in sorted(RULES):
+        r = RULES[code]
+        rows.append("| %s | %s | %s | %s | %s |" % (
+            r.code, r.slug, r.summary, r.prevents, r.fix))
+    return "\n".join(rows)
+
+
+def rewrites_markdown():
+    """The rewrite table of docs/fix.md: one row per rewrite, with the rules it
+    answers, and one per rule its rewrites serve."""
+    load_all()
+    rows = ["| rule | rewrite | left as a comment where |", "|---|---|---|"]
+    grouped = {}
+    for code in sorted(RULES):
+        declared = RULES[code].rewrite
+        if declared is not None:
+            grouped.setdefault(id(declared), (declared, []))[1].append(code)
+    for declared, codes in grouped.values():
+        rows.append("| %s | %s | %s |" % (", ".join(codes), declared.does, declared.not_where))
+    for code in sorted(RULES):
+        served = RULES[code].serves()
+        if served:
+            rows.append("| %s | nothing once the repair it served (%s) is in the code | |"
+                        % (code, ", ".join(served)))
+    return "\n".join(rows)
 
 
 def config_markdown():
@@ -23,7 +55,7 @@ def config_markdown():
     return "\n".join(rows)
 
 
-SECTIONS = {"rules": table_markdown, "rewrites": rewrites_markdown, "config": config_markdown}
+SECTIONS = {"rules": rules_markdown, "rewrites": rewrites_markdown, "config": config_markdown}
 
 # Each file with generated tables, from the repository root, and the tables it holds
 # (`make readme` and tests/test_readme.py).

@@ -117,7 +117,7 @@ class Intervention:
             text += " (rank %d)" % self.rank
         rule = "%s %s: " % (self.code, self.slug)
         return "%s: %s%s" % (shown_site(self.call_site), rule,
-                             clip(without_addresses(_relative_paths(text)),
+                             shorten_line(without_addresses(_relative_paths(text)),
                                   HEADLINE_LIMIT - len(rule)))
 
     def message(self):
@@ -148,7 +148,7 @@ HEADLINE_LIMIT = 195
 FIX_WIDTH = 100
 
 
-def clip(text, limit):
+def shorten_line(text, limit):
     """``text`` cut at a word before ``limit`` characters, marked with "...";
     one line (a traceback's first line, never the rest of it)."""
     text = " ".join(text.split())
@@ -358,7 +358,7 @@ def internal_error(where, exc):
     try:
         log(logging.ERROR, "internal error in %s (%s: %s); the original call ran "
             "unchanged\n  please report it; AUTOSAFE_TORCH_DEBUG=1 shows the traceback",
-            where, type(exc).__name__, clip(without_addresses(exception_text(exc)), 100))
+            where, type(exc).__name__, shorten_line(without_addresses(exception_text(exc)), 100))
         if CONFIG.debug:
             logger.error("traceback", exc_info=(type(exc), exc, exc.__traceback__))
     except Exception:

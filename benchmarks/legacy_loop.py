@@ -4,7 +4,7 @@
 into DIR/images.bin (smooth random images, written once).
 
 ``python legacy_loop.py run DIR --dataset legacy|handsafe|stuck --workers K
-[--start spawn|fork] [--persistent] [--threads] [--epochs E]``: iterates a
+[--start spawn|fork] [--persistent] [--epochs E]``: iterates a
 DataLoader (batch 16, 64 batches per epoch) and trains a model on it, as a
 training script does: after ``DataLoader(...)`` it builds a small conv net
 and its optimizer (``torch.optim.SGD``: building any optimizer imports
@@ -38,9 +38,7 @@ every rung, another with ``num_workers=0``):
   pickle, so the ladder takes the next rung (fork on Linux, emulated
   workers in process where fork is unsafe: ``AUTOSAFE_TORCH_AS=macos``).
 
-``--threads``: the loader's workers emulated on a thread
-(``EmulatedWorkersIter(loader, threaded=True)``), iterated directly: the
-ladder does not choose that rung by itself. ``--wrap``: the dataset inside
+``--wrap``: the dataset inside
 ``Forwarding``, a wrapper that forwards attributes with ``__getattr__``
 (figure 14). ``--intra-op N``: the step's
 ``torch.set_num_threads`` (default 1; 0: torch's default, one per core).
@@ -194,7 +192,7 @@ def server_ahead():
         t.name == "autosafe_torch warm start" for t in threading.enumerate())
 
 
-def run(directory, dataset, workers, start, epochs, persistent, threads,
+def run(directory, dataset, workers, start, epochs, persistent,
         intra_op=INTRA_OP_THREADS, wrap=False):
     import multiprocessing
 
@@ -217,14 +215,8 @@ def run(directory, dataset, workers, start, epochs, persistent, threads,
     images, draws, epoch_s, check_s, pids = [], [], [], [], set()
     for _ in range(epochs):
         t0 = time.perf_counter()
-        if threads:
-            from autosafe_torch.remedies.emulated_workers import EmulatedWorkersIter
-
-            batches = EmulatedWorkersIter(loader, threaded=True)
-        else:
-            batches = loader
         checking = 0.0
-        for x, labels, drawn, (pid, ppid) in batches:
+        for x, labels, drawn, (pid, ppid) in loader:
             # The batch check is ours, not the loop's: numpy's sum runs on this
             # thread. torch's x.sum() would open an OpenMP region on torch's 2
             # intra-op threads, which stalls while 2 workers hold both cores
@@ -264,14 +256,13 @@ def main(argv):
     p.add_argument("--start", default=None)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--persistent", action="store_true")
-    p.add_argument("--threads", action="store_true")
     p.add_argument("--wrap", action="store_true",
                    help="wrap the dataset in Forwarding (a __getattr__ forwarder)")
     p.add_argument("--intra-op", type=int, default=INTRA_OP_THREADS,
                    help="torch.set_num_threads for the training step; 0: torch's default")
     a = p.parse_args(argv)
-    run(a.directory, a.dataset, a.workers, a.start, a.epochs, a.persistent, a.threads,
-        a.intra_op, a.wrap)
+    run(a.directory, a.dataset, a.workers, a.start, a.epochs, a.persistent, a.intra_op,
+        a.wrap)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ order rotated each round, so that every variant sees the same load.
   needs (no switch): repair under plain spawn (``AUTOSAFE_TORCH_DISABLE=
   DL209``), repair with the warm server, fork (a dataset that holds a
   generator too: nothing makes it pickle, and Linux allows fork), emulated
-  workers on a thread (``EmulatedWorkersIter(threaded=True)`` iterated
-  directly: the ladder does not choose it), in process (the generator
-  dataset with ``AUTOSAFE_TORCH_AS=macos``: no fork rung).
+  workers in process (the generator dataset with ``AUTOSAFE_TORCH_AS=macos``:
+  no fork rung). 8d, emulated workers on a thread, went with threaded
+  emulation (no rung took it); the other labels stay as they were.
 - 9, starting workers: the first epoch under plain spawn and warm; the first
   epoch after the program's own setup (every run builds its model and
   optimizer after ``DataLoader(...)``, as training scripts do; the warm
@@ -50,8 +50,6 @@ VARIANTS = {
     "S": ("repair, plain spawn (DL209 disabled)", LEGACY_SPAWN,
           dict(SHIM, AUTOSAFE_TORCH_DISABLE="DL209"), "DL201:repair"),
     "F": ("fork (dataset holds a generator)", STUCK_SPAWN, SHIM, "DL201:start method: fork"),
-    "T": ("emulated workers on a thread", ["--dataset", "handsafe", "--workers", "2",
-                                           "--threads"], {}, None),
     "I": ("emulated workers in process (generator, as on macOS)", STUCK_SPAWN,
           dict(SHIM, AUTOSAFE_TORCH_AS="macos"), "DL201:emulated workers (in process)"),
     "P": ("warm, workers kept (persistent_workers=True)", LEGACY_SPAWN + ["--persistent"],
@@ -62,7 +60,7 @@ VARIANTS = {
 # children ("server"). A warm variant whose workers came from the parent fell
 # back to plain spawn.
 STARTED_BY = {"Z": "none", "Y": "none", "H": "parent", "W": "server", "S": "parent",
-              "F": "parent", "T": "none", "I": "none", "P": "server"}
+              "F": "parent", "I": "none", "P": "server"}
 _RUNS = {}
 
 
@@ -205,8 +203,8 @@ def _figure7(same, wrong):
 def _figure8(same, wrong):
     rows = []
     for key, name in (("S", "8a rung repair (plain spawn)"), ("W", "8b rung repair + warm "
-                      "forkserver"), ("F", "8c rung fork"), ("T", "8d rung emulated workers "
-                      "(thread)"), ("I", "8e rung emulated workers (in process)")):
+                      "forkserver"), ("F", "8c rung fork"),
+                      ("I", "8e rung emulated workers (in process)")):
         rows.append(Row(8, name + ": hand fix / rung, steady epoch", None, None, "x",
                         _ratios("Z", key, 1), "%s: steady %.2f s, first %.2f s; hand fix "
                         "%.2f s. %s" % (VARIANTS[key][0], median(_epoch(key, 1)),

@@ -331,7 +331,7 @@ the other", ≤ budget).
    with torch's default threads too, in 7a's note: with workers on every core,
    torch's OpenMP threads wait at each barrier for a core a worker holds); 2 workers,
    non-persistent, spawn as on macOS; 2 epochs per run (the first includes
-   starting the workers). Nine variants, 3 rounds, the order rotated per round;
+   starting the workers). Eight variants, 3 rounds, the order rotated per round;
    each run is checked for the rung it was meant to take, for who fetched its
    samples (this process, its own workers, or the warm server's children) and for
    its batches (images everywhere; per-worker `torch.randint` draws in every

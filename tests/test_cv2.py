@@ -80,10 +80,15 @@ class FakeCV2:
 
 
 def test_import_cv2_changes_nothing_in_the_program():
-    """No finding at the import: threads, OpenCL and environment stay."""
-    fake, env = FakeCV2(), {}
-    assert cv2_patch.findings(fake, env) == []
-    assert fake.threads == 4 and fake.calls == [] and fake.opencl is True and env == {}
+    """The import patch leaves the program's threads, OpenCL and environment."""
+    fake, env = FakeCV2(), dict(os.environ)
+    cv2_patch.unpatch()
+    try:
+        cv2_patch.patch(fake)
+    finally:
+        cv2_patch.unpatch()
+    assert fake.threads == 4 and fake.calls == [] and fake.opencl is True
+    assert dict(os.environ) == env
 
 
 @pytest.mark.parametrize("setting", [None, "4", "1", "-1", "0", "junk"])

@@ -8,7 +8,7 @@ numpy's global state and per-object RNGs, read ``get_worker_info()``, run a
 workers over 3 epochs (one left early), use ``batch_size=None`` and a
 custom batch sampler with a stateful collate_fn. Each runs with W=2 and W=3
 and reports a checksum of every batch and of the parent's random states
-after; the emulated runs, in process and threaded, must report the same.
+after; the emulated run must report the same.
 The rest are in-process checks of the mechanism, fast and direct.
 """
 
@@ -33,9 +33,6 @@ import scenarios
 scenarios.main(sys.argv[1:])
 ''' % str(SCENARIO_DIR)
 
-# The caller's step draws from the global generators while the thread fetches
-# with them swapped: exact only in process (see the module's notes).
-NOT_THREAD_SAFE = {"parent_draws"}
 SCENARIOS = ("map_aug", "map_generator_drop_last", "per_object_rng", "worker_info",
              "worker_init_fn", "iterable_uneven", "iterable_drop_last", "persistent_map",
              "persistent_iterable", "batch_size_none", "batch_sampler_collate", "isolation",
@@ -46,7 +43,7 @@ SCENARIOS = ("map_aug", "map_generator_drop_last", "per_object_rng", "worker_inf
 def results(tmp_path_factory):
     """``{mode: {(scenario, W): (batches, parent states)}}`` from one run per mode."""
     out = {}
-    for mode in ("real", "inline", "thread"):
+    for mode in ("real", "inline"):
         tmp = tmp_path_factory.mktemp(mode)
         res = run_script(tmp, RUN, start_method="fork", args=(mode,),
                          env={"AUTOSAFE_TORCH": "0"}, timeout=300)
@@ -62,13 +59,6 @@ def results(tmp_path_factory):
 def test_in_process_emulation_gives_the_batches_of_real_fork_workers(results, scenario, workers):
     real = results["real"][scenario, workers]
     assert results["inline"][scenario, workers] == real
-
-
-@pytest.mark.parametrize("workers", (2, 3))
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s not in NOT_THREAD_SAFE])
-def test_threaded_emulation_gives_the_batches_of_real_fork_workers(results, scenario, workers):
-    real = results["real"][scenario, workers]
-    assert results["thread"][scenario, workers] == real
 
 
 def test_the_worker_count_is_observable_in_the_scenarios(results):
@@ -96,15 +86,14 @@ class RandPlusWorkerId(Dataset):
         return torch.rand(1).item() + 10 * get_worker_info().id
 
 
-def emulated(loader, threaded):
-    loader._get_iterator = lambda: EmulatedWorkersIter(loader, threaded)
+def emulated(loader):
+    loader._get_iterator = lambda: EmulatedWorkersIter(loader)
     return loader
 
 
-@pytest.mark.parametrize("threaded", (False, True))
-def test_each_worker_draws_only_from_its_own_stream(threaded):
+def test_each_worker_draws_only_from_its_own_stream():
     torch.manual_seed(0)
-    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=None, num_workers=2), threaded)
+    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=None, num_workers=2))
     it = iter(loader)
     streams = [torch.Generator().manual_seed(it._base_seed + w) for w in range(2)]
     expected = [torch.rand(1, generator=streams[i % 2]).item() + 10 * (i % 2) for i in range(10)]
@@ -119,7 +108,7 @@ def test_parent_states_and_worker_info_are_the_parents_between_batches():
     torch.manual_seed(1)
     random.seed(1)
     np.random.seed(1)
-    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=2, num_workers=2), False)
+    loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=2, num_workers=2))
     it = iter(loader)  # draws the base seed, as a real iterator does
     before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
     for _ in it:
@@ -131,7 +120,7 @@ def test_parent_states_and_worker_info_are_the_parents_between_batches():
 
 def test_len_and_persistent_iterator_reused_by_dataloader():
     loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=3, num_workers=2,
-                                 persistent_workers=True), False)
+                                 persistent_workers=True))
     first = iter(loader)
     assert len(first) == len(loader) == 4
     assert len(list(first)) == 4
@@ -143,7 +132,7 @@ def test_in_order_false_gives_the_in_order_sequence():
     def batches(in_order):
         torch.manual_seed(3)
         return [b.tolist() for b in emulated(DataLoader(RandPlusWorkerId(), batch_size=2,
-                                                        num_workers=2, in_order=in_order), False)]
+                                                        num_workers=2, in_order=in_order))]
 
     assert batches(False) == batches(True)
 
@@ -158,9 +147,8 @@ class FailsAt(Dataset):
         return i
 
 
-@pytest.mark.parametrize("threaded", (False, True))
-def test_a_worker_error_is_raised_at_its_batch_naming_the_worker(threaded):
-    loader = emulated(DataLoader(FailsAt(), batch_size=None, num_workers=2), threaded)
+def test_a_worker_error_is_raised_at_its_batch_naming_the_worker():
+    loader = emulated(DataLoader(FailsAt(), batch_size=None, num_workers=2))
     it = iter(loader)
     assert [next(it) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(ValueError, match=r"(?s)worker 1 \(emulated.*bad sample 3"):
@@ -173,13 +161,11 @@ class Counting(IterableDataset):
         return iter(range(info.id * 100, info.id * 100 + 3 + info.id))
 
 
-def test_the_thread_stops_with_a_non_persistent_epoch():
-    loader = emulated(DataLoader(Counting(), batch_size=2, num_workers=2), True)
+def test_a_non_persistent_epoch_ends_and_shuts_its_workers_down():
+    loader = emulated(DataLoader(Counting(), batch_size=2, num_workers=2))
     it = iter(loader)
-    thread = it._runner._thread
     assert [b.tolist() for b in it] == [[0, 1], [100, 101], [2], [102, 103]]
-    thread.join(5)
-    assert not thread.is_alive()
+    assert it._shutdown and it._workers == []
 
 
 # -- what each worker's copy shares ------------------------------------------------
@@ -226,7 +212,7 @@ def test_worker_copies_have_their_own_files_and_share_only_what_forked_workers_s
     assert a.small is not holder.small and a.rng is not holder.rng
     assert torch.rand(1, generator=a.rng) == torch.rand(1, generator=b.rng)
     assert {path for path, _type, _why in plan.shared} == {"worker.log", "worker.big"}
-    it = EmulatedWorkersIter(DataLoader(holder_dataset(holder), num_workers=2), False)
+    it = EmulatedWorkersIter(DataLoader(holder_dataset(holder), num_workers=2))
     assert {path for path, _type, _why in it.shared} == {"dataset.holder.log",
                                                          "dataset.holder.big"}
     for f in (holder.f, holder.log, a.f, b.f):
@@ -281,5 +267,5 @@ def test_a_generator_is_shared_only_while_no_worker_advances_it():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinning)")
 def test_batches_are_pinned_as_torch_pins_them():
     loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=2, num_workers=2,
-                                 pin_memory=True), False)
+                                 pin_memory=True))
     assert all(torch.as_tensor(b).is_pinned() for b in loader)

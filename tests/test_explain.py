@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from autosafe_torch.rules import RULES, explain, find_rule, load_all
+from autosafe_torch.cli import explanation as explain
+from autosafe_torch.rules import RULES, find_rule, load_all
 from support import clean_env
 
 SECTIONS = ("What it fixes", "Why: what happens without it", "Example", "This fails:",

@@ -269,7 +269,7 @@ def test_failures_are_told_apart():
     assert failures.exit_status(1) == "exited with code 1"
 
 
-def test_dump_where_and_clip():
+def test_dump_where_and_trim_dump():
     dump = ('Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call '
             'first):\n  File "%s/ctypes/__init__.py", line 519 in string_at\n'
             '  File "/home/u/ds.py", line 61 in __getitem__\n'
@@ -277,9 +277,9 @@ def test_dump_where_and_clip():
             '  File "/home/u/train.py", line 9 in main\n\nExtension modules: numpy\n') % (
         __import__("sysconfig").get_paths()["stdlib"])
     assert failures.where(dump) == "/home/u/ds.py:61 in __getitem__"
-    clipped = failures.clip(dump)
-    assert "train.py" not in clipped and "Extension modules" not in clipped
-    assert "ds.py" in clipped
+    trimmed = failures.trim_dump(dump)
+    assert "train.py" not in trimmed and "Extension modules" not in trimmed
+    assert "ds.py" in trimmed
 
 
 def test_hang_timeout_is_validated_with_one_warning(capsys):

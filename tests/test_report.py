@@ -106,9 +106,9 @@ def test_a_record_is_two_short_lines_without_internals(caplog):
 
 def test_a_long_text_is_cut_at_a_word_and_says_so():
     text = "word " * 80
-    cut = report.clip(text, 60)
+    cut = report.shorten_line(text, 60)
     assert len(cut) <= 60 and cut.endswith("word...") and "wor..." not in cut
-    assert report.clip("one\nline  only", 60) == "one line only"
+    assert report.shorten_line("one\nline  only", 60) == "one line only"
 
 
 def test_values_are_shown_briefly():

@@ -162,7 +162,7 @@ def exception_line(dump, limit=100):
     return None
 
 
-def clip(dump, lines=TRACEBACK_LINES):
+def trim_dump(dump, lines=TRACEBACK_LINES):
     """A dump as the log shows it: without the frames a forked worker keeps
     from its parent's stack (below multiprocessing's ``_bootstrap``) and the
     list of extension modules, at most ``lines`` lines."""
@@ -259,7 +259,7 @@ class Failure:
         text = "DataLoader %s (autosafe_torch's watchdog, %s)" % (
             self.what(), "AUTOSAFE_TORCH_HANG_TIMEOUT")
         if self.dump:
-            text += "\n" + clip(self.dump)
+            text += "\n" + trim_dump(self.dump)
         return RuntimeError(text)
 
     def __repr__(self):

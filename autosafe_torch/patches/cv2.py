@@ -6,9 +6,8 @@ registered, silently, that gives each forked DataLoader worker
 Applied by the import hook once the outermost ``import cv2`` has finished
 (opencv's ``cv2/__init__.py`` re-imports its native module under the name
 cv2 while it runs; the hook fires once, with the package that
-``sys.modules`` holds afterwards). Checks registered at ``cv2.import``
-would decide there and the engine apply them; none is registered today
-(CV401/CV402 act at the DataLoader, rules/cv2.py).
+``sys.modules`` holds afterwards). No rule checks at the import: CV401/CV402
+act at the DataLoader (rules/cv2.py).
 
 ``cv2.VideoCapture``'s own ``__init__`` and ``open`` are wrapped to record
 what each capture opened (path or index, apiPreference, params), so that a
@@ -23,29 +22,13 @@ Whatever goes wrong here is logged and never reaches ``import cv2``.
 """
 
 import functools
-import logging
 import os
 
-from .. import callsite, engine, report
-from ..facts import Facts
+from .. import report
 from ..inspection import holdings
 from ..remedies import cv2 as cv2_remedies
-from ..rules import Context
 
 _state = {"patched": None}
-
-
-def import_site():
-    """file:line of the ``import cv2`` that triggered us, or "<import cv2>"."""
-    site = callsite.user_call_site()
-    return "<import cv2>" if site == "<unknown>" else site
-
-
-def findings(cv2, environ=None):
-    """CV401 and CV402 for this process, as the rules see them now."""
-    # The platform the rules see (rehearsal included); nothing here imports torch.
-    ctx = Context(Facts(), cv2=cv2, environ=os.environ if environ is None else environ)
-    return engine.run_checks("cv2.import", {}, ctx)[0]
 
 
 def _record(cap, args, kwargs):
@@ -107,15 +90,6 @@ def patch(cv2):
         cv2_remedies.install_fork_hook()
     except Exception as exc:
         report.internal_error("registering the cv2 fork hook", exc)
-    try:
-        found = findings(cv2)  # none today: checks at "cv2.import" may come back
-        if found:
-            engine.settle(found, import_site())
-    except engine.UnsafeCallError as exc:
-        # Strict mode: said as an error, but an import is never broken.
-        report.log(logging.ERROR, "%s", exc)
-    except Exception as exc:
-        report.internal_error("patching cv2", exc)
 
 
 def unpatch():

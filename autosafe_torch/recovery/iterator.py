@@ -200,7 +200,7 @@ class RecoveringIter(wrapt.ObjectProxy):
                 if not failure.dump and failure.status and not failure.starting:
                     exitcode = processes[failure.worker].exitcode
                     failure.note = F.why_no_traceback(exitcode)
-            failure.dump = F.clip(failure.dump) if failure.dump else ""
+            failure.dump = F.trim_dump(failure.dump) if failure.dump else ""
         except Exception:
             pass
 

@@ -171,8 +171,8 @@ def torch_lacks(seam, missing, consequence):
     ``*_missing``); said once per process."""
     if missing and seam not in _said:
         _said.add(seam)
-        from ..report import clip, log
+        from ..report import log, shorten_line
 
         log(logging.WARNING, "torch %s lacks %s: %s; torch's own iterator runs instead",
-            torch.__version__, clip(missing, 80), consequence)
+            torch.__version__, shorten_line(missing, 80), consequence)
     return bool(missing)

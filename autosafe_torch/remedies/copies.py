@@ -54,7 +54,7 @@ from ..inspection import holdings, objwalk, roundtrip
 from ..errors import NoExactRung
 from ..inspection.failures import describe_exception
 from ..inspection.naming import what_is
-from ..report import clip
+from ..report import shorten_line
 from . import images
 from .reopen import file_reducers, reopen
 
@@ -535,7 +535,7 @@ def _reopen_binary(f):
 
 
 def _short(exc):
-    return clip(describe_exception(exc, 1), 60)
+    return shorten_line(describe_exception(exc, 1), 60)
 
 
 def _close(f):

@@ -1,4 +1,4 @@
-"""Faithful emulated DataLoader workers: the thread and in-process rungs.
+"""Faithful emulated DataLoader workers: the in-process rung.
 
 When a loader's W worker processes cannot be started, torch's fallbacks
 change the batches: ``num_workers=0`` seeds no worker, plain threads share
@@ -47,16 +47,11 @@ Not emulated (and why):
   worker's own steps: the caller's training step keeps its threads.
 - ``timeout`` and ``multiprocessing_context``: nothing to wait for, nothing
   to start.
-- Thread mode (``threaded=True``) fetches ahead in one background thread
-  while the caller runs its training step. Every step of ours that touches
-  the global states holds ``SWAP_LOCK``, but the caller's own code does not:
-  the batches and the parent's states are exact when the caller's code does
-  not draw from torch's default CPU generator, ``random`` or numpy's global
-  RNG, and does not call ``get_worker_info()``, while the loader iterates
-  (a training step with dropout draws from the torch generator), and the
-  dataset reads no descriptor by its number (no swap of descriptions while
-  the caller runs). The in-process mode (``threaded=False``) is exact
-  without those conditions.
+
+Every step runs in the caller's thread, between its statements, when the
+iterator needs the step's result: the caller's code never runs while a
+worker's states or descriptions are swapped in, which is what makes the
+emulation exact (no fetching ahead on a thread).
 """
 
 import collections
@@ -64,7 +59,6 @@ import contextlib
 import functools
 import itertools
 import os
-import queue
 import random
 import sys
 import threading
@@ -80,8 +74,9 @@ __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOC
            "NoExactRung", "SHARE_AT_BYTES"]
 
 # Held by every step that swaps the global random states or the worker info,
-# in any emulated iterator of the process, and by our main-thread steps that
-# must see the parent's states (the sampler, the base seed).
+# in any emulated iterator of the process, and by our steps that must see the
+# parent's states (the sampler, the base seed): two loaders iterated on two
+# threads of the program do not swap states under each other.
 SWAP_LOCK = threading.RLock()
 
 _SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
@@ -139,9 +134,8 @@ class Descriptions:
     descriptor (a raw ``os.open()`` int, a C library). The copies' own file
     objects (``copies``) have descriptors of their own besides.
 
-    In process only (``threaded=False``): a step runs between the caller's
-    statements, so no code of the caller's reads a file while a worker's
-    description is under its number. ``shared``: what could not be given
+    A step runs between the caller's statements, so no code of the caller's
+    reads a file while a worker's description is under its number. ``shared``: what could not be given
     (the file can no longer be reopened), left to the workers as it is."""
 
     def __init__(self, workers):
@@ -330,71 +324,19 @@ class _InlineRunner:
         self._pending.clear()
 
 
-class _ThreadRunner:
-    """One background thread runs the tasks in the order sent, one at a time,
-    so that the swapping of global states stays exact, while the caller
-    trains on earlier batches."""
-
-    POLL_S = 1.0
-
-    def __init__(self):
-        self._tasks = queue.SimpleQueue()
-        self._results = queue.SimpleQueue()
-        self._thread = threading.Thread(target=_run_tasks, args=(self._tasks, self._results),
-                                        name="autosafe_torch-emulated-workers", daemon=True)
-        self._thread.start()
-
-    def submit(self, task):
-        self._tasks.put(task)
-
-    def next_result(self):
-        while True:
-            try:
-                return self._results.get(timeout=self.POLL_S)
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the thread of the emulated DataLoader workers exited "
-                                       "unexpectedly") from None
-
-    def drain(self):
-        barrier = ("barrier",)
-        self._tasks.put(barrier)
-        while self.next_result() is not barrier:
-            pass
-
-    def close(self):
-        self._tasks.put(None)
-
-
-def _run_tasks(tasks, results):
-    while True:
-        task = tasks.get()
-        if task is None:
-            return
-        if len(task) == 1:  # a barrier: everything sent before it has run
-            results.put(task)
-            continue
-        task_idx, worker, index = task
-        data = worker.run(index)
-        if data is not _SKIPPED:
-            results.put((task_idx, data))
-        del task, worker, data  # let a finished iterator's workers go
-
-
 # -- the iterator -----------------------------------------------------------------
 
 
 class EmulatedWorkersIter(tp.BaseIter):
     """What ``DataLoader._get_iterator`` returns for a faithful emulation of
-    ``loader.num_workers`` workers; ``threaded`` fetches ahead in a background
-    thread (see the module's notes for when that is exact).
+    ``loader.num_workers`` workers, run in the caller's thread.
 
     Keep ``loader.num_workers`` at W: DataLoader then reuses a persistent
     iterator and calls ``_reset`` each epoch, as for real workers.
     ``shared`` names what the workers' copies share with the parent.
     """
 
-    def __init__(self, loader, threaded=False):
+    def __init__(self, loader):
         with SWAP_LOCK:  # the base seed comes from the parent's generator
             super().__init__(loader)
         if self._num_workers <= 0:
@@ -411,8 +353,8 @@ class EmulatedWorkersIter(tp.BaseIter):
         # worker_init_fn has run.
         copies = [plan.copy() for _ in range(self._num_workers)]
         watched = Watched(plan.watched)
-        self._descriptions = None if threaded else Descriptions(self._num_workers)
-        self.shared = plan.shared + (self._descriptions.shared if self._descriptions else [])
+        self._descriptions = Descriptions(self._num_workers)
+        self.shared = plan.shared + self._descriptions.shared
         self._workers = [
             EmulatedWorker(i, self._num_workers, self._base_seed, self._dataset_kind, copies[i],
                            self._auto_collation, self._drop_last, self._shared_seed,
@@ -420,7 +362,7 @@ class EmulatedWorkersIter(tp.BaseIter):
             for i in range(self._num_workers)]
         for worker in self._workers:
             worker.start()
-        self._runner = _ThreadRunner() if threaded else _InlineRunner()
+        self._runner = _InlineRunner()
         self._shutdown = False
         self._reset(loader, first_iter=True)
 
@@ -528,8 +470,7 @@ class EmulatedWorkersIter(tp.BaseIter):
             self._shutdown = True
             self._runner.close()
             self._workers = []  # their dataset copies go with them
-            if self._descriptions is not None:
-                self._descriptions.close()
+            self._descriptions.close()
 
     def __del__(self):
         self._shutdown_workers()

@@ -367,9 +367,9 @@ def _exit_when_ready(sentinel):
 def _failure(exc):
     """An exception as one short clause of a note: a line, never a traceback."""
     from ..inspection.failures import describe_exception
-    from ..report import clip
+    from ..report import shorten_line
 
-    return clip(describe_exception(exc), 80)
+    return shorten_line(describe_exception(exc), 80)
 
 
 class _Starts:

@@ -1,9 +1,10 @@
 """The rule registry: where each rule runs, and what a finding says.
 
 A rule is one declaration: a stable code and slug, then keyword fields for
-everything said about it (``autosafe-torch rules``, ``explain``, the
-docs/rules.md and docs/fix.md tables and the codemod's plan all read them),
-and the hook where its check runs::
+everything said about it, and the hook where its check runs. This module
+only holds the declarations; others render them: ``autosafe-torch rules``
+and ``explain`` (cli.py), the docs/rules.md and docs/fix.md tables
+(readme.py), the codemod's plan (codemod/plan.py). A declaration::
 
     @rule("DL101", "prefetch-without-workers", GROUP,
           summary="what it fixes", prevents="the error it prevents",
@@ -23,8 +24,8 @@ applies what a finding asks, in fix mode only.
 One rule may check at several hooks: ``@RULES[code].check_at(hook)``.
 
 What a user reads comes from here too: a finding's ``done`` (what was done
-to what, by the user's attribute path: the first line of its log record),
-the rule's ``fix`` (the second), and ``autosafe-torch explain CODE``.
+to what, by the user's attribute path: the first line of its log record)
+and the rule's ``fix`` (the second).
 """
 
 import importlib
@@ -33,7 +34,7 @@ from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules
 
 # Where checks run, in the order the patches call them.
 HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
-         "dataloader.pin", "autocast", "scaler", "amp.legacy", "amp.provided", "cv2.import")
+         "dataloader.pin", "autocast", "scaler", "amp.legacy", "amp.provided")
 
 RULES = {}
 
@@ -222,19 +223,18 @@ class Context:
       ``rung``, the one that works; ``exact``, None or why the batches may
       differ;
     - ``dataloader.pin``: the arguments are ``batch``, the part of a batch
-      that torch could not pin, and ``error``, what it raised;
-    - ``cv2.import``: ``cv2``, the module; ``environ``, the environment.
+      that torch could not pin, and ``error``, what it raised.
     """
 
     __slots__ = ("facts", "findings", "plans", "defaults", "main_guarded", "fork_failed",
                  "caps", "call",
                  "usage", "workers", "said", "failure", "first_rung", "tried", "rung",
-                 "exact", "cv2", "environ")
+                 "exact")
 
     def __init__(self, facts, *, defaults=None, main_guarded=None, fork_failed=None,
                  caps=None, call=None,
                  usage=None, workers=None, said=(), failure=None, first_rung=None,
-                 tried=(), rung=None, exact=None, cv2=None, environ=None):
+                 tried=(), rung=None, exact=None):
         self.facts = facts
         self.findings = []
         self.plans = {}
@@ -243,7 +243,6 @@ class Context:
         self.usage, self.workers, self.said = usage, workers, said
         self.failure, self.first_rung, self.tried = failure, first_rung, tried
         self.rung, self.exact = rung, exact
-        self.cv2, self.environ = cv2, environ
 
     def found(self, code):
         """Whether an earlier check at this hook made a finding for ``code``."""
@@ -281,51 +280,6 @@ def rules_in_group(group):
     return [r for code, r in sorted(RULES.items()) if r.group == group]
 
 
-def fix_rewrites(rule_):
-    """What ``autosafe-torch fix`` does with the rule's records, in a line or two."""
-    if rule_.rewrite is not None:
-        return ["rewrites the code at the logged line: %s." % rule_.rewrite.does,
-                "Left as a comment (the permanent fix) where %s." % rule_.rewrite.not_where]
-    served = rule_.serves()
-    if served:
-        return ["rewrites nothing: once the repair it served (%s) is in the code, it is not "
-                "needed." % ", ".join(served)]
-    return ["does not rewrite it: it writes the permanent fix as a comment at the logged "
-            "line."]
-
-
-def rewrites_markdown():
-    """The rewrite table of docs/fix.md (`make readme`): one row per rewrite,
-    with the rules it answers, and one per rule its rewrites serve."""
-    load_all()
-    rows = ["| rule | rewrite | left as a comment where |", "|---|---|---|"]
-    grouped = {}
-    for code in sorted(RULES):
-        declared = RULES[code].rewrite
-        if declared is not None:
-            grouped.setdefault(id(declared), (declared, []))[1].append(code)
-    for declared, codes in grouped.values():
-        rows.append("| %s | %s | %s |" % (", ".join(codes), declared.does, declared.not_where))
-    for code in sorted(RULES):
-        served = RULES[code].serves()
-        if served:
-            rows.append("| %s | nothing once the repair it served (%s) is in the code | |"
-                        % (code, ", ".join(served)))
-    return "\n".join(rows)
-
-
-def table_markdown():
-    """The rule table of docs/rules.md (`make readme`)."""
-    load_all()
-    rows = ["| code | slug | what it fixes | error it prevents | permanent fix |",
-            "|---|---|---|---|---|"]
-    for code in sorted(RULES):
-        r = RULES[code]
-        rows.append("| %s | %s | %s | %s | %s |" % (
-            r.code, r.slug, r.summary, r.prevents, r.fix))
-    return "\n".join(rows)
-
-
 def find_rule(name):
     """The rule named by its code (``DL201``, any case) or slug, else None."""
     load_all()
@@ -334,36 +288,4 @@ def find_rule(name):
     if rule_ is None:
         rule_ = next((r for r in RULES.values() if r.slug == wanted.lower()), None)
     return rule_
-
-
-def explain(rule_, width=79):
-    """``autosafe-torch explain CODE``: the rule's declaration, its example and
-    the torch versions it concerns, as ruff's ``rule`` command shows a rule."""
-    import textwrap
-
-    def para(text, indent="    "):
-        return textwrap.fill(" ".join(str(text).split()), width, initial_indent=indent,
-                             subsequent_indent=indent, break_on_hyphens=False)
-
-    def code_block(text):
-        return textwrap.indent(text, "        ")
-
-    before, after = rule_.example or ("", "")
-    out = ["%s %s" % (rule_.code, rule_.slug), "",
-           "What it fixes", para(rule_.summary), "",
-           "Why: what happens without it", para(rule_.prevents), "",
-           "Example", "    This fails:", code_block(before), "",
-           "    The permanent fix:", code_block(after), "",
-           "Permanent fix", para(rule_.fix)]
-    if rule_.notebook_fix:
-        out += ["    In a notebook:", para(rule_.notebook_fix, "        ")]
-    if rule_.clause_of:
-        out += ["", "In the log", para("a clause of the line of the fix it makes fast (%s), "
-                                       "not a line of its own; its record stays in the JSON "
-                                       "log" % ", ".join(rule_.clause_of))]
-    out += ["", "autosafe-torch fix"] + [para(line) for line in fix_rewrites(rule_)]
-    out += ["", "Torch versions", para(rule_.versions or "every supported torch"), "",
-            "Where it checks: %s (group %s). Leave it alone: AUTOSAFE_TORCH_DISABLE=%s"
-            % (", ".join(rule_.hooks), rule_.group, rule_.code)]
-    return "\n".join(out)
 

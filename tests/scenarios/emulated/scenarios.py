@@ -4,8 +4,8 @@
 scenario (or those named) with W=2 and W=3 workers and prints, per run,
 ``RESULT <scenario> <W> <sha256 of every batch> <sha256 of the parent's
 random states after>``. MODE ``real`` iterates with torch's own workers
-(the test forces fork from outside), ``inline`` and ``thread`` with
-autosafe_torch's emulated workers. Every scenario starts from the same
+(the test forces fork from outside), ``inline`` with autosafe_torch's
+emulated workers. Every scenario starts from the same
 parent seeds.
 """
 
@@ -160,8 +160,7 @@ SCENARIOS = {
                                                 collate_fn=NoisyCollate()), 1, None, False),
     "isolation": (lambda w: _loader(w, TorchRandPlusId(), batch_size=1, prefetch_factor=4), 1,
                   None, False),
-    # The training step draws from the parent's generators between batches:
-    # exact in process; in thread mode only when the dataset draws from none.
+    # The training step draws from the parent's generators between batches.
     "parent_draws": (lambda w: _loader(w, AugMap(), batch_size=4, shuffle=True), 1, None, True),
 }
 
@@ -187,11 +186,11 @@ def parent_states_digest():
     return h.hexdigest()
 
 
-def install(loader, mode):
+def install(loader):
     """Make ``loader`` iterate through emulated workers (no ladder involved)."""
     from autosafe_torch.remedies.emulated_workers import EmulatedWorkersIter
 
-    loader._get_iterator = lambda: EmulatedWorkersIter(loader, threaded=mode == "thread")
+    loader._get_iterator = lambda: EmulatedWorkersIter(loader)
 
 
 def run(name, workers, mode):
@@ -201,7 +200,7 @@ def run(name, workers, mode):
     np.random.seed(1234)
     loader = factory(workers)
     if mode != "real":
-        install(loader, mode)
+        install(loader)
     h = hashlib.sha256()
     for epoch in range(epochs):
         for n, batch in enumerate(loader):
