@@ -163,6 +163,8 @@ def pin_memory_warns():
     """Whether torch's iterator warns about pin_memory without an accelerator:
     read from its code's constants, not from the version number."""
     try:
+        import torch  # noqa: F401 (first: its import applies the patches, which use the adapter)
+
         from .torch_private import warns_pin_memory_without_accelerator
 
         return warns_pin_memory_without_accelerator()
