@@ -16,8 +16,12 @@ INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 # nothing when they are installed; elsewhere it says what to install. Under CI=true
 # a test that skips for want of them fails (tests/conftest.py: ALLOWED_SKIPS).
 TEST_APT_PACKAGES = pocl-opencl-icd ocl-icd-libopencl1
-# The static check of `make test` (configured in pyproject.toml: [tool.ruff]).
+# The static checks of `make test`, before the suite (configured in pyproject.toml):
+# ruff's pyflakes rules over LINT_PATHS ([tool.ruff]), then mypy over the seams its
+# `files` names ([tool.mypy]: the rule registry, the records, the engine, the ladder,
+# torch_private), whose annotations it holds to what crosses them.
 LINT_PATHS = autosafe_torch tests
+TYPECHECK = $(PYTHON) -m mypy
 
 .PHONY: install-test test heavy demo bench readme integration realworld
 
@@ -39,6 +43,7 @@ install-test:
 
 test: install-test
 	$(PYTHON) -m ruff check $(LINT_PATHS)
+	$(TYPECHECK)
 	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "$(SUITE)" $(PYTEST_ARGS)
 
 # Every scenario under every start method and rehearsed platform: `make test`

@@ -18,6 +18,8 @@ line. The details (before/after, strategy, rung, why) go to the JSON log
 and, with ``AUTOSAFE_TORCH_DEBUG=1``, to the lines below the record.
 """
 
+from __future__ import annotations
+
 import atexit
 import json
 import logging
@@ -27,9 +29,13 @@ import sys
 import textwrap
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .callsite import user_part
 from .config import CONFIG
+
+if TYPE_CHECKING:
+    from .rules.ladder import Rung
 
 LOGGER_NAME = "autosafe_torch"
 logger = logging.getLogger(LOGGER_NAME)
@@ -41,7 +47,7 @@ JSON_FIELDS = ("time", "pid", "rank", "code", "slug", "action", "strategy",
 JSON_OPTIONAL_FIELDS = ("local_rank", "world_size")
 
 
-def _env_int(name):
+def _env_int(name: str) -> int | None:
     """An integer the launcher put in the environment (RANK...), or None when
     unset or not an integer (torch itself refuses such a value)."""
     value = os.environ.get(name)
@@ -53,9 +59,9 @@ def _env_int(name):
         return None
 
 _lock = threading.Lock()
-_records = {}          # (code, call_site) -> Intervention
-_errors_logged = set()
-_summary_pid = None
+_records: dict[tuple[str, str], Intervention] = {}  # (code, call_site) -> Intervention
+_errors_logged: set[tuple[str, str]] = set()
+_summary_pid: int | None = None
 
 
 class Intervention:
@@ -65,8 +71,10 @@ class Intervention:
                  "strategy", "action", "pid", "rank", "local_rank", "world_size", "time",
                  "count", "done", "clauses", "said", "rung")
 
-    def __init__(self, code, slug, before, after, why, fix, call_site,
-                 strategy=None, action="fixed", done=None, rung=None):
+    def __init__(self, code: str, slug: str, before: dict[str, Any], after: dict[str, Any],
+                 why: str, fix: str, call_site: str, strategy: str | None = None,
+                 action: str = "fixed", done: str | None = None,
+                 rung: Rung | None = None) -> None:
         self.code = code
         self.slug = slug
         self.before = before
@@ -83,11 +91,12 @@ class Intervention:
         self.time = time.time()
         self.count = 1
         self.done = done or code
-        self.clauses = []   # interventions said on this one's line (DL209 on DL201's)
+        # interventions said on this one's line (DL209 on DL201's)
+        self.clauses: list[Intervention] = []
         self.said = False   # said on another's line
         self.rung = rung    # the ladder's rung its finding chose (rules.ladder.Rung), or None
 
-    def failed(self, why):
+    def failed(self, why: str) -> None:
         """This fix did not hold (a remedy a worker could not apply, a start
         that came out otherwise): the record says so, and what happened."""
         self.action = "failed"
@@ -95,7 +104,7 @@ class Intervention:
         self.done = "did not hold: " + why
         self.clauses = []
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in JSON_FIELDS if name != "cwd"}
         # The call site as the stderr line shows it; ``cwd`` resolves a relative path.
         out["call_site"] = shown_site(self.call_site)
@@ -106,7 +115,7 @@ class Intervention:
                 out[name] = value
         return out
 
-    def headline(self):
+    def headline(self) -> str:
         """``path:line: CODE slug: what was done to what``."""
         text = "; ".join([self.done] + [c.done for c in self.clauses])
         if self.action in NOT_APPLIED:
@@ -120,13 +129,13 @@ class Intervention:
                              shorten_line(without_addresses(_relative_paths(text)),
                                   HEADLINE_LIMIT - len(rule)))
 
-    def message(self):
+    def message(self) -> str:
         """The record as a person reads it: the headline, then the permanent fix."""
         return "%s\n%s" % (self.headline(), textwrap.fill(
             self.fix, FIX_WIDTH, initial_indent="  fix: ", subsequent_indent="       ",
             break_on_hyphens=False))
 
-    def details(self):
+    def details(self) -> str:
         """What ``AUTOSAFE_TORCH_DEBUG=1`` adds below the record (as the JSON log has it)."""
         lines = ["  strategy: %s" % self.strategy] if self.strategy else []
         lines += ["  before: %r" % (self.before,), "  after: %r" % (self.after,)]
@@ -134,7 +143,7 @@ class Intervention:
             lines.append("  why: %s" % self.why)
         return "\n".join(lines)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Intervention(%s)" % self.headline()
 
 
@@ -148,7 +157,7 @@ HEADLINE_LIMIT = 195
 FIX_WIDTH = 100
 
 
-def shorten_line(text, limit):
+def shorten_line(text: str, limit: int) -> str:
     """``text`` cut at a word before ``limit`` characters, marked with "...";
     one line (a traceback's first line, never the rest of it)."""
     text = " ".join(text.split())
@@ -161,7 +170,7 @@ def shorten_line(text, limit):
 _SITE = re.compile(r"^(.+?):(\d+)((?: \(via .*)?)$")
 
 
-def shown_path(path):
+def shown_path(path: str) -> str:
     """``path`` as the user gave it: relative when under the working directory."""
     try:
         if os.path.isabs(path):
@@ -173,14 +182,14 @@ def shown_path(path):
     return path
 
 
-def _cwd():
+def _cwd() -> str | None:
     try:
         return os.getcwd()
     except OSError:
         return None
 
 
-def _relative_paths(text):
+def _relative_paths(text: str) -> str:
     """Paths under the working directory, in a line's text, made relative."""
     try:
         return text.replace(os.path.join(os.getcwd(), ""), "")
@@ -188,7 +197,7 @@ def _relative_paths(text):
         return text
 
 
-def shown_site(site):
+def shown_site(site: object) -> str:
     """A call site (``/abs/train.py:48 (via lib.py:3)``) with its path as shown."""
     found = _SITE.match(site) if isinstance(site, str) else None
     if found is None:
@@ -199,7 +208,7 @@ def shown_site(site):
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
 
 
-def without_addresses(text):
+def without_addresses(text: str) -> str:
     """``<function f at 0x7f...>`` -> ``<function f>``: nothing a person can use."""
     return _ADDRESS.sub(lambda m: "" if m.group(0).startswith(" at ") else "0x...", text)
 
@@ -207,11 +216,11 @@ def without_addresses(text):
 class _FallbackStderrHandler(logging.StreamHandler):
     """Speaks only while the application has configured no handler."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(sys.stderr)
         self.setFormatter(logging.Formatter("%(message)s"))
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         if logging.getLogger().handlers or len(logger.handlers) > 1:
             return  # the application's handlers (root's, or ours) take it
         self.stream = sys.stderr  # follow redirections (pytest capsys, tests)
@@ -223,12 +232,12 @@ logger.addHandler(_fallback)
 logger.setLevel(logging.DEBUG if CONFIG.debug else logging.INFO)
 
 
-def _prefix():
+def _prefix() -> str:
     rank = os.environ.get("RANK")
     return "autosafe_torch: " if rank is None else "autosafe_torch[rank %s]: " % rank
 
 
-def log(level, message, *args, named=True):
+def log(level: int, message: str, *args: object, named: bool = True) -> None:
     """Our one way to speak; honours QUIET (errors still go out). ``named``:
     the line begins with ``autosafe_torch:`` (a record begins with the user's
     file:line instead, as a compiler's or linter's message does)."""
@@ -242,7 +251,7 @@ def log(level, message, *args, named=True):
 _tool_named = False  # whether a line of this process has named autosafe_torch
 
 
-def _named_once():
+def _named_once() -> str:
     """A line under the first record of a process where nothing has named the
     tool and no summary will (a notebook's kernel does not exit): what speaks."""
     global _tool_named
@@ -257,7 +266,7 @@ def _named_once():
         "%unload_ext autosafe_torch turns it off)"
 
 
-def record(intervention):
+def record(intervention: Intervention) -> Intervention:
     """Keep, log once per (code, call site), and write the JSON sink.
 
     A clause (``intervention.said``: DL209, said on its host's line) has no
@@ -286,12 +295,12 @@ def record(intervention):
     return intervention
 
 
-def _is_new(intervention):
+def _is_new(intervention: Intervention) -> bool:
     with _lock:
         return (intervention.code, user_part(intervention.call_site)) not in _records
 
 
-def count_again(recorded):
+def count_again(recorded: Iterable[Intervention]) -> None:
     """One more occurrence of each of these already recorded interventions
     (``record``'s count, for the caller that kept them: autocast every step)."""
     with _lock:
@@ -299,7 +308,7 @@ def count_again(recorded):
             intervention.count += 1
 
 
-def _in_worker_process():
+def _in_worker_process() -> bool:
     """True in a process started by multiprocessing (a DataLoader worker)."""
     mp_process = sys.modules.get("multiprocessing.process")
     try:
@@ -308,7 +317,7 @@ def _in_worker_process():
         return False
 
 
-def _write_json(intervention):
+def _write_json(intervention: Intervention) -> None:
     path = CONFIG.log_file
     if not path:
         return
@@ -331,13 +340,13 @@ def _write_json(intervention):
                 exc.strerror or exc)
 
 
-def interventions():
+def interventions() -> list[Intervention]:
     """The records of this process, in the order they were first made."""
     with _lock:
         return list(_records.values())
 
 
-def clear():
+def clear() -> None:
     with _lock:
         _records.clear()
         _errors_logged.clear()
@@ -347,7 +356,7 @@ def clear():
         engine.forget_repeats()
 
 
-def internal_error(where, exc):
+def internal_error(where: str, exc: BaseException) -> None:
     """An error of ours: log it once per place, traceback under DEBUG."""
     from .inspection.failures import exception_text
 
@@ -365,7 +374,7 @@ def internal_error(where, exc):
         pass
 
 
-def _arm_summary():
+def _arm_summary() -> None:
     global _summary_pid
     if _summary_pid == os.getpid():
         return
@@ -377,10 +386,10 @@ VERBS = (("fixed", "fixed"), ("failed", "did not hold"), ("would-fix", "would fi
          ("advised", "advised"))
 
 
-def summary_line():
+def summary_line() -> str:
     """One line: the counts by code (and call sites, where more than one), by
     action, and where the JSON log is; "" when nothing was recorded."""
-    per_action = {}
+    per_action: dict[str, dict[str, list[int]]] = {}
     for rec in interventions():
         entry = per_action.setdefault(rec.action, {}).setdefault(rec.code, [0, 0])
         entry[0] += rec.count
@@ -399,7 +408,7 @@ def summary_line():
     return "summary: " + "; ".join(parts)
 
 
-def _summary():
+def _summary() -> None:
     if _summary_pid != os.getpid() or _in_worker_process():
         return  # a forked child inherited the registration; workers say nothing
     try:

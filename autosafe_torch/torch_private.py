@@ -13,26 +13,51 @@ exists) on every torch the project supports (``make compat``,
 ``emulated_missing`` check names and shapes once per process, so that a
 torch that moved them gets its own iterator and one line saying why.
 
-NOTE [the data flow of a repaired loader]. The parent's iterator (a
-``Watched``, torch's ``_MultiProcessingDataLoaderIter`` with our hooks)
-draws indices from the sampler (``Recorder`` keeps them for a replay), puts
-one per worker round robin (torch's ``_try_put_index``) and awaits results
-(``_get_data``, polled so that a ``Watch`` can see deaths and hangs). Each
-worker starts from the pickled loader parts (spawn; fork copies them),
-runs ``worker_init_fn`` (with our steps first: its own file descriptions,
-faulthandler into a file of ours), seeds itself ``base_seed + id`` and
-fetches. Results come back through the queue (tensors by shared memory):
-``_process_data(data, worker_idx)`` tells the watch who delivered, so that
-a remedy's record says "fixed" only once every worker showed it held.
-A worker's failure reaches the watch as an exception (or a dead process);
-the recovery (``autosafe_torch/recovery``) builds the next rung's iterator
-with the same base seed and the recorded indices and replays.
+NOTE [the data flow of a repaired loader]
+
+1. Parent. ``DataLoader.__iter__`` -> ``_get_iterator`` (patched: the rules
+   have set the loader's arguments, ``engine/loader.py``) -> ``Watched``
+   (torch's ``_MultiProcessingDataLoaderIter`` with our hooks,
+   ``recovery/rungs.py: real_workers``), whose ``worker_init_fn`` now runs
+   our steps first (``remedies/workerinit.py``: the worker's own file
+   descriptions, ``remedies/isolation.py``; faulthandler into a file of
+   ours, ``inspection/diagnostics.py``). torch's ``__init__`` draws the base
+   seed, pickles the loader's parts for each worker (spawn; fork copies
+   them) through the reducers the repairs installed, starts the workers and
+   sends each ``prefetch_factor`` indices, round robin (``_try_put_index``),
+   drawn from the sampler through a ``Recorder``.
+2. Server. Under DL209 the workers are not spawned by the parent but forked
+   by a warm fork server that has imported torch and the dataset's
+   libraries (``remedies/warmstart.py``, ``remedies/warmserver.py``); each
+   child starts as spawn does (the pickled parts, the main module imported)
+   and first gets its own description of each file the server holds open
+   (``isolation.after_fork_in_server_child``).
+3. Worker. torch's ``_worker_loop``: seeds ``base_seed + id`` (random,
+   torch, numpy), sets ``get_worker_info()``, runs ``worker_init_fn`` (our
+   steps, then the user's), then for each index fetches and collates a
+   batch and puts it on the result queue (tensors through shared memory).
+   A worker that cannot unpickle what it was sent dies before its steps
+   run; it leaves its traceback where ``diagnostics.bootstrap_path`` says.
+4. Report back. The parent's ``_get_data`` polls the queue (``Watch.limit``,
+   ``observed``); ``_process_data(data, worker_idx)`` tells the watch which
+   worker delivered (``Watch.delivered_by``): once each did, the records
+   waiting on the workers are made ("fixed": the remedy held). A death, a
+   silence past the limit or a shared-memory/open-file error becomes a
+   ``Failure`` (``Watch.failed``, ``hung``); the recovery
+   (``recovery/iterator.py``) builds the next rung's iterator with the same
+   base seed and the recorded indices (``Resume``) and replays. As the
+   workers exit, what they read through descriptions of their own comes
+   back (``Watch.shut_down`` -> ``isolation.Outcome``) for the records at
+   ``dataloader.outcome``.
 """
+
+from __future__ import annotations
 
 import contextlib
 import inspect
 import itertools
 import re
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torch._utils import ExceptionWrapper  # noqa: F401 (a worker's error, as torch wraps it)
 from torch.utils.data import dataloader as _dataloader
@@ -41,16 +66,17 @@ from torch.utils.data._utils import worker as _worker_module
 from torch.utils.data._utils.collate import default_collate
 
 # -- the classes and names, as this torch has them (None where it has not) ------
+# (typed Any: torch's private classes, as a release has them)
 
-MultiProcessIter = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
-BaseIter = getattr(_dataloader, "_BaseDataLoaderIter", object)
-DatasetKind = getattr(_dataloader, "_DatasetKind", None)
+MultiProcessIter: Any = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
+BaseIter: Any = getattr(_dataloader, "_BaseDataLoaderIter", object)
+DatasetKind: Any = getattr(_dataloader, "_DatasetKind", None)
 DATAPIPES = tuple(c for c in (getattr(_dataloader, "IterDataPipe", None),
                               getattr(_dataloader, "MapDataPipe", None)) if c is not None)
-ITER_DATAPIPE = getattr(_dataloader, "IterDataPipe", ())
-WorkerInfo = getattr(_worker_module, "WorkerInfo", None)
-IterableStop = getattr(_worker_module, "_IterableDatasetStopIteration", ())
-sharding_worker_init_fn = getattr(_dataloader, "_sharding_worker_init_fn", None)
+ITER_DATAPIPE: Any = getattr(_dataloader, "IterDataPipe", ())
+WorkerInfo: Any = getattr(_worker_module, "WorkerInfo", None)
+IterableStop: Any = getattr(_worker_module, "_IterableDatasetStopIteration", ())
+sharding_worker_init_fn: Any = getattr(_dataloader, "_sharding_worker_init_fn", None)
 
 # torch's own words, raised as torch raises them or read from its errors.
 TIMED_OUT = "DataLoader timed out after %s seconds"
@@ -59,55 +85,56 @@ _WORKER_WORDS = re.compile(r"in DataLoader worker process (\d+)")
 PIN_MEMORY_WARNING = "'pin_memory' argument is set as true"
 
 
-def has_numpy():
+def has_numpy() -> bool:
     """Whether torch's workers seed numpy (torch imported it)."""
     return bool(getattr(_worker_module, "HAS_NUMPY", False))
 
 
-def numpy_seed(base_seed, worker_id):
+def numpy_seed(base_seed: int, worker_id: int) -> Any:
     """The numpy seed ``_worker_loop`` gives worker ``worker_id``."""
     return _worker_module._generate_state(base_seed, worker_id)
 
 
-def create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last):
+def create_fetcher(kind: Any, dataset: Any, auto_collation: bool,
+                   collate_fn: Callable[[Any], Any] | None, drop_last: bool) -> Any:
     return DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
 
 
-def is_iterable_kind(kind):
+def is_iterable_kind(kind: Any) -> bool:
     return kind == DatasetKind.Iterable
 
 
-def pin(data, device):
+def pin(data: Any, device: Any) -> Any:
     """torch's pin step for a batch (``_utils.pin_memory.pin_memory``)."""
     return pin_memory_module().pin_memory(data, device)
 
 
-def pin_memory_module():
+def pin_memory_module() -> Any:
     """The module that holds torch's pin step (``pin_memory``), which DL305 wraps."""
     from torch.utils.data._utils import pin_memory as module
 
     return module
 
 
-def worker_named_in(text):
+def worker_named_in(text: str) -> int | None:
     """The worker id torch names in a re-raised worker error, or None."""
     found = _WORKER_WORDS.search(text)
     return int(found.group(1)) if found else None
 
 
-def warns_pin_memory_without_accelerator():
+def warns_pin_memory_without_accelerator() -> bool:
     """Whether torch's iterator warns about pin_memory without an accelerator:
     read from its code's constants, not from the version number."""
     consts = BaseIter.__init__.__code__.co_consts
     return any(isinstance(c, str) and PIN_MEMORY_WARNING in c for c in consts)
 
 
-def original_get_iterator():
+def original_get_iterator() -> Callable[..., Any] | None:
     """torch's ``DataLoader._get_iterator`` under the wrapper of ours."""
     return getattr(_dataloader.DataLoader.__dict__.get("_get_iterator"), "__wrapped__", None)
 
 
-def iterator_class_is_torchs():
+def iterator_class_is_torchs() -> bool:
     """Whether ``_MultiProcessingDataLoaderIter`` is still the class we subclass
     (nobody replaced it after this module was imported)."""
     return getattr(_dataloader, "_MultiProcessingDataLoaderIter", None) is MultiProcessIter
@@ -115,17 +142,17 @@ def iterator_class_is_torchs():
 
 # -- get_worker_info() ----------------------------------------------------------
 
-def current_worker_info():
+def current_worker_info() -> Any:
     return _worker_module._worker_info
 
 
-def set_worker_info(info):
+def set_worker_info(info: Any) -> None:
     """What ``get_worker_info()`` returns in this process from now on."""
     _worker_module._worker_info = info
 
 
 @contextlib.contextmanager
-def worker_info_as(info):
+def worker_info_as(info: Any) -> Iterator[None]:
     saved = _worker_module._worker_info
     _worker_module._worker_info = info
     try:
@@ -134,7 +161,7 @@ def worker_info_as(info):
         _worker_module._worker_info = saved
 
 
-def collate_in_process(batch):
+def collate_in_process(batch: Any) -> Any:
     """torch's ``default_collate`` without its shared-memory output: in a
     worker it writes the batch straight into /dev/shm for the main process,
     but an emulated worker is in the main process (and /dev/shm may be what
@@ -145,47 +172,47 @@ def collate_in_process(batch):
 
 # -- an iterator's fields ---------------------------------------------------------
 
-def worker_processes(iterator):
+def worker_processes(iterator: Any) -> Sequence[Any]:
     """The worker processes of a multi-process iterator (none before it started)."""
     return getattr(iterator, "_workers", ())
 
 
-def dead_workers(iterator):
+def dead_workers(iterator: Any) -> list[tuple[int, Any]]:
     """``[(worker id, process)]`` of workers that exited, but those that ended
     their IterableDataset and exited cleanly."""
     return [(i, w) for i, w in enumerate(iterator._workers)
             if w.exitcode is not None and (w.exitcode != 0 or iterator._workers_status[i])]
 
 
-def awaited_worker(iterator):
+def awaited_worker(iterator: Any) -> int | None:
     """The worker whose batch is awaited now, or None."""
     return (iterator._task_info.get(iterator._rcvd_idx) or (None,))[0]
 
 
-def batches_sent(iterator):
+def batches_sent(iterator: Any) -> int:
     """How many indices the iterator has sent to its workers."""
     return getattr(iterator, "_send_idx", 0)
 
 
-def base_seed(iterator):
+def base_seed(iterator: Any) -> int:
     return iterator._base_seed
 
 
-def fetch_next(iterator):
+def fetch_next(iterator: Any) -> Any:
     """The next batch of ``iterator``, as ``__next__`` would fetch it but
     without counting it as yielded (a replay)."""
     return iterator._next_data()
 
 
-def set_yielded(iterator, count):
+def set_yielded(iterator: Any, count: int) -> None:
     iterator._num_yielded = count
 
 
-def shut_down(iterator):
+def shut_down(iterator: Any) -> None:
     iterator._shutdown_workers()
 
 
-def pin_memory_thread(iterator):
+def pin_memory_thread(iterator: Any) -> Any:
     return getattr(iterator, "_pin_memory_thread", None)
 
 
@@ -198,19 +225,19 @@ class Recorder:
 
     __slots__ = ("live", "drawn")
 
-    def __init__(self, live):
+    def __init__(self, live: Iterator[Any]) -> None:
         self.live = live
-        self.drawn = []
+        self.drawn: list[Any] = []
 
-    def __iter__(self):
+    def __iter__(self) -> Recorder:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         index = next(self.live)
         self.drawn.append(index)
         return index
 
-    def again(self):
+    def again(self) -> Iterator[Any]:
         return itertools.chain(list(self.drawn), self)
 
 
@@ -219,7 +246,7 @@ class Resume:
 
     __slots__ = ("base_seed", "recorder")
 
-    def __init__(self, base_seed, recorder):
+    def __init__(self, base_seed: int, recorder: Recorder) -> None:
         self.base_seed = base_seed
         self.recorder = recorder
 
@@ -230,14 +257,14 @@ class _LoaderView:
     generator for the base seed, which is the old one's: the parent's
     random states stay as an uninterrupted run leaves them."""
 
-    def __init__(self, loader):
+    def __init__(self, loader: Any) -> None:
         import torch
 
         self._loader = loader
-        self._index_sampler = ()
+        self._index_sampler: Iterable[Any] = ()
         self.generator = torch.Generator()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
@@ -247,10 +274,12 @@ class Recording(BaseIter):
     given a ``Resume``, the iterator starts with its base seed and the
     indices drawn so far, then draws on."""
 
-    _autosafe_resume = None
-    _autosafe_watch = None
+    _autosafe_resume: Resume | None = None
+    _autosafe_watch: Any = None  # the recovery's Watch
+    # torch's, set by _BaseDataLoaderIter
+    _sampler_iter: Iterator[Any]
 
-    def __init__(self, loader):
+    def __init__(self, loader: Any) -> None:
         resume = self._autosafe_resume
         if resume is None:
             super().__init__(loader)
@@ -259,7 +288,7 @@ class Recording(BaseIter):
         self._index_sampler = loader._index_sampler
         self._base_seed = resume.base_seed
 
-    def _reset(self, loader, first_iter=False):
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
         resume, watch = self._autosafe_resume, self._autosafe_watch
         if resume is None:
             super()._reset(loader, first_iter)
@@ -275,7 +304,9 @@ class Recording(BaseIter):
 # -- the watched multi-process iterator --------------------------------------------
 
 
-class Watched(*((MultiProcessIter, Recording) if MultiProcessIter else (Recording,))):
+# (bases chosen at import: mypy cannot read them, and sees Any)
+class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
+                if MultiProcessIter else (Recording,))):
     """torch's iterator, with the sampler's indices recorded, deaths left to
     the watch (out of torch's SIGCHLD table) and a watchdog on every wait.
 
@@ -290,15 +321,17 @@ class Watched(*((MultiProcessIter, Recording) if MultiProcessIter else (Recordin
     # Until torch's __init__ sets it, no worker has started: an iterator that
     # could not start (no file descriptor for its queues) has nothing to stop.
     _shutdown = True
+    _worker_pids_set: bool  # torch's, set by its __init__
 
-    def __init__(self, loader, watch, resume=None, poll_s=0.1):
+    def __init__(self, loader: Any, watch: Any, resume: Resume | None = None,
+                 poll_s: float = 0.1) -> None:
         self._autosafe_watch = watch
         self._autosafe_resume = resume
         self._autosafe_poll_s = poll_s
         watch.starting()
         super().__init__(loader)
 
-    def _reset(self, loader, first_iter=False):
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
         if first_iter and self._worker_pids_set:
             # Deaths are the watch's: torch's SIGCHLD handler would raise
             # wherever the main thread is (inside loss.backward()).
@@ -306,17 +339,17 @@ class Watched(*((MultiProcessIter, Recording) if MultiProcessIter else (Recordin
             self._worker_pids_set = False
         super()._reset(loader, first_iter)
 
-    def _process_data(self, data, worker_idx):
+    def _process_data(self, data: Any, worker_idx: int) -> Any:
         self._autosafe_watch.delivered_by(worker_idx)
         return super()._process_data(data, worker_idx)
 
-    def _shutdown_workers(self):
+    def _shutdown_workers(self) -> None:
         try:
             super()._shutdown_workers()
         finally:
             self._autosafe_watch.shut_down(getattr(self, "_workers", ()))
 
-    def _get_data(self):
+    def _get_data(self) -> Any:
         import time
 
         watch = self._autosafe_watch
@@ -372,20 +405,20 @@ WORKER_MODULE = ("_worker_info", "WorkerInfo", "_generate_state",
 DATALOADER_MODULE = ("_BaseDataLoaderIter", "_MultiProcessingDataLoaderIter", "_DatasetKind",
                      "_sharding_worker_init_fn")
 
-_checked = {}  # seam -> what is missing ("" where nothing is)
+_checked: dict[str, str] = {}  # seam -> what is missing ("" where nothing is)
 
 
-def watched_missing():
+def watched_missing() -> str:
     """What ``Watched`` needs that this torch lacks ("" where nothing)."""
     return _once("watched", _watched)
 
 
-def emulated_missing():
+def emulated_missing() -> str:
     """What the emulated workers need that this torch lacks ("" where nothing)."""
     return _once("emulated", _emulated)
 
 
-def _once(seam, check):
+def _once(seam: str, check: Callable[[], list[str]]) -> str:
     if seam not in _checked:
         try:
             _checked[seam] = ", ".join(check())
@@ -394,7 +427,7 @@ def _once(seam, check):
     return _checked[seam]
 
 
-def _watched():
+def _watched() -> list[str]:
     missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
     missing += _names(_signal_handling, ("_remove_worker_pids",), "signal_handling")
     cls = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
@@ -408,7 +441,7 @@ def _watched():
     return missing
 
 
-def _emulated():
+def _emulated() -> list[str]:
     missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
     missing += _names(_worker_module, WORKER_MODULE, "torch.utils.data._utils.worker")
     base = getattr(_dataloader, "_BaseDataLoaderIter", None)
@@ -417,11 +450,11 @@ def _emulated():
     return missing
 
 
-def _names(module, names, shown):
+def _names(module: Any, names: Iterable[str], shown: str) -> list[str]:
     return ["%s.%s" % (shown, name) for name in names if not hasattr(module, name)]
 
 
-def _takes(function, params):
+def _takes(function: Callable[..., Any], params: Iterable[str]) -> bool:
     try:
         accepted = inspect.signature(function).parameters
     except (TypeError, ValueError):
@@ -429,7 +462,7 @@ def _takes(function, params):
     return all(p in accepted for p in params)
 
 
-def _set_by(cls, attributes):
+def _set_by(cls: type, attributes: Iterable[str]) -> list[str]:
     """``cls.attr`` for each attribute no ``__init__``/``_reset`` of ``cls`` or
     its bases names (a code object's names: what it reads and sets)."""
     named = set()

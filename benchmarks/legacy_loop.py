@@ -34,9 +34,10 @@ every rung, another with ``num_workers=0``):
   starts the workers warm.
 - ``handsafe`` is the hand-written fix: the path travels, each process
   opens its own file.
-- ``stuck`` is ``legacy`` holding also a generator: nothing makes it
-  pickle, so the ladder takes the next rung (fork on Linux, emulated
-  workers in process where fork is unsafe: ``AUTOSAFE_TORCH_AS=macos``).
+- ``stuck`` is ``legacy`` holding also a generator, set after
+  construction: nothing makes it pickle and no new build gives it, so the
+  ladder takes the next rung (fork on Linux, emulated workers in process
+  where fork is unsafe: ``AUTOSAFE_TORCH_AS=macos``).
 
 ``--wrap``: the dataset inside
 ``Forwarding``, a wrapper that forwards attributes with ``__getattr__``
@@ -119,11 +120,9 @@ class HandSafeDataset(LegacyDataset):
 
 
 class StuckDataset(LegacyDataset):
-    """Holds a generator too: no repair makes it pickle."""
-
-    def __init__(self, directory):
-        super().__init__(directory)
-        self.pending = (n for n in ())
+    """Holds a generator too, given after construction (``stuck``): no repair
+    makes it pickle, and no new build from its constructor's arguments gives
+    it (the rebuild rung refuses it)."""
 
 
 class Forwarding(Dataset):
@@ -204,7 +203,10 @@ def run(directory, dataset, workers, start, epochs, persistent,
     cls = {"legacy": LegacyDataset, "handsafe": HandSafeDataset, "stuck": StuckDataset}[dataset]
     cache_dir_before = "TORCHINDUCTOR_CACHE_DIR" in os.environ
     t_run = time.perf_counter()
-    ds = Forwarding(cls(directory)) if wrap else cls(directory)
+    ds = cls(directory)
+    if dataset == "stuck":
+        ds.pending = (n for n in ())  # set after construction: a new build lacks it
+    ds = Forwarding(ds) if wrap else ds
     loader = DataLoader(ds, batch_size=BATCH, num_workers=workers,
                         persistent_workers=persistent)
     ahead = server_ahead()

@@ -53,3 +53,48 @@ def test_no_import_runs_back_up():
                     upward.append("%s:%d imports %s" % (
                         path.relative_to(ROOT), node.lineno, ".".join(parts)))
     assert not upward, "imports that run back up:\n" + "\n".join(upward)
+
+
+def _module(parts):
+    """``rules.ladder`` for ``["rules", "ladder.py"]``; a package by its ``__init__``."""
+    names = list(parts[:-1]) + ([] if parts[-1] == "__init__.py" else [parts[-1][:-3]])
+    return ".".join(names)
+
+
+def _runtime_imports(tree):
+    """The ``from`` imports of ``tree`` that run: not those under ``if TYPE_CHECKING``."""
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and "TYPE_CHECKING" in ast.dump(node.test)
+                   for stmt in node.body for n in ast.walk(stmt)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and id(n) not in typing_only]
+
+
+def test_no_import_cycle():
+    """No module of ours imports itself back through others (a function's
+    import counts): each has one place in the stack, not a loop."""
+    modules = {_module(p.relative_to(PACKAGE).parts): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            for parts in _imported(path, node):
+                target = ".".join(parts)
+                if target in modules:
+                    graph[name].add(target)  # a module, or a name of a package's __init__
+                elif ".".join(parts[:-1]) in modules:
+                    graph[name].add(".".join(parts[:-1]))
+        graph[name].discard(name)
+    cycles, state = [], {}
+
+    def visit(name, trail):
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(trail[trail.index(target):] + [target]))
+            elif target not in state:
+                visit(target, trail + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)

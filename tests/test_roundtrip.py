@@ -12,8 +12,8 @@ goes to fork on Linux and stops with a clear refusal on a Mac (emulated
 workers refuse to copy it, ``remedies/copies.py``). The known-safe batches:
 no workers, each sample's worker id the one round robin gives its batch.
 
-The end-to-end tests below need the planner's wiring (rules/workers.py,
-``_plan_pickling``); the in-process tests check the pieces directly.
+The end-to-end tests below need the planner's wiring (rules/pickling_plan.py,
+``plan_pickling``); the in-process tests check the pieces directly.
 """
 
 import io

@@ -7,23 +7,32 @@ raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
 (a finding that changes nothing) is recorded as advice in every mode.
 """
 
+from __future__ import annotations
+
 import sys
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from .. import report, rules
 from ..config import CONFIG
+
+if TYPE_CHECKING:
+    from ..report import Intervention
+    from ..rules import Context, Finding, Rule
+
+_T = TypeVar("_T")  # what fail_open's call returns
 
 
 class UnsafeCallError(RuntimeError):
     """Raised in strict mode instead of correcting a call."""
 
-    def __init__(self, finding, call_site):
+    def __init__(self, finding: Finding, call_site: str) -> None:
         # The log's format: the user's line, what the fix would have been, the fix.
         super().__init__(intervention_of(finding, call_site, "refused").message())
         self.code = finding.rule.code
         self.finding = finding
 
 
-def intervention_of(finding, call_site, action):
+def intervention_of(finding: Finding, call_site: str, action: str) -> Intervention:
     """The record of ``finding`` at ``call_site``: ``action`` is "fixed",
     "would-fix", "advised" or "refused"."""
     r = finding.rule
@@ -32,12 +41,13 @@ def intervention_of(finding, call_site, action):
                                finding.rung)
 
 
-def enabled(rule):
+def enabled(rule: Rule) -> bool:
     """The one place where AUTOSAFE_TORCH_DISABLE is applied, for every hook."""
     return CONFIG.rule_enabled(rule.code, rule.group)
 
 
-def run_checks(hook, args, ctx):
+def run_checks(hook: str, args: dict[str, Any],
+               ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
     """Run the enabled checks at ``hook`` in order; each sees the arguments as
     the earlier ones changed them, and their findings in ``ctx.findings``.
 
@@ -55,7 +65,8 @@ def run_checks(hook, args, ctx):
     return findings, work
 
 
-def settle(findings, call_site, args=None):
+def settle(findings: Sequence[Finding], call_site: str,
+           args: dict[str, Any] | None = None) -> bool:
     """Record ``findings`` as the mode says; True when they were applied.
 
     In fix mode the remedies run here, in order, with ``args`` (the working
@@ -67,7 +78,8 @@ def settle(findings, call_site, args=None):
     return applied
 
 
-def settle_later(findings, call_site, args=None):
+def settle_later(findings: Sequence[Finding], call_site: str,
+                 args: dict[str, Any] | None = None) -> tuple[bool, list[Intervention]]:
     """``settle``, but in fix mode the records are returned, not made:
     ``(applied, interventions)``. For findings whose remedy acts in the
     workers, recorded once it held there (``record_outcome``): a record
@@ -94,7 +106,7 @@ def settle_later(findings, call_site, args=None):
     return bool(actions), made
 
 
-def record_outcome(intervention, failed=None):
+def record_outcome(intervention: Intervention, failed: str | None = None) -> Intervention:
     """Record ``intervention`` (from ``settle_later``) now that its remedy ran:
     as fixed, or, given why (``failed``), as a fix that did not hold."""
     if failed is not None:
@@ -102,7 +114,7 @@ def record_outcome(intervention, failed=None):
     return report.record(intervention)
 
 
-def _join_clauses(findings, made):
+def _join_clauses(findings: Sequence[Finding], made: list[Intervention]) -> None:
     """A finding that only makes an earlier one fast (DL209 after DL201) is a
     clause of that one's line (``Rule.clause_of``), not a line of its own: of
     the first such, the one said where a rule found two things at one site."""
@@ -113,11 +125,13 @@ def _join_clauses(findings, made):
 
 
 _REPEATS_LIMIT = 4096
-_repeats = {}  # (findings, call site) -> (the Interventions to count again, applied)
-_count_again = None  # report.count_again, bound by the first settle_repeated
+# (findings, call site) -> (the Interventions to count again, applied)
+_repeats: dict[tuple[tuple[Finding, ...], str], tuple[list[Intervention], bool]] = {}
+# report.count_again, bound by the first settle_repeated
+_count_again: Callable[[list[Intervention]], None] | None = None
 
 
-def settle_repeated(findings, call_site):
+def settle_repeated(findings: tuple[Finding, ...], call_site: str) -> bool:
     """``settle`` for a call made on every step (autocast): after the first time
     at a site, fix mode only adds to the count of the records the first time
     made, as ``report.record`` does for a known (code, call site). For
@@ -128,7 +142,7 @@ def settle_repeated(findings, call_site):
     key = (findings, call_site)
     again = _repeats.get(key)
     if again is not None:  # the hot path: one lookup, one count
-        _count_again(again[0])
+        _count_again(again[0])  # type: ignore[misc]  # bound before the first repeat
         return again[1]
     _count_again = report.count_again
     applied = settle(findings, call_site)
@@ -139,12 +153,12 @@ def settle_repeated(findings, call_site):
     return applied
 
 
-def forget_repeats():
+def forget_repeats() -> None:
     """After ``report.clear()``: the next call at a site is recorded anew."""
     _repeats.clear()
 
 
-def fail_open(default, where, call, *args):
+def fail_open(default: _T, where: str, call: Callable[..., _T], *args: Any) -> _T:
     """``call(*args)``, failing open: an error of ours is logged once and
     ``default`` is returned, so that the caller runs the original call
     unchanged. Strict mode's UnsafeCallError is meant for the user: it passes.

@@ -14,12 +14,26 @@ remedies held in the workers (``recovery``), not when planned: they wait
 on the loader (``take_pending``).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Hashable, Iterable
+
 from .. import callsite, facts
 from ..config import CONFIG
 from ..inspection.parts import parts_of
 from ..rules import Context
 from ..rules.ladder import Rung
 from . import run_checks, settle, settle_later
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from ..inspection.failures import Failure
+    from ..report import Intervention
+    from ..rules import Finding
+
+# A DataLoader (torch's, or a subclass): its attributes are read by name.
+Loader = Any
 
 STATE_PREFIX = "_autosafe_torch_"
 _PLAN_ATTR = STATE_PREFIX + "plan"
@@ -29,18 +43,18 @@ ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
              "worker_init_fn", "timeout")
 
 
-def _keep_state(loader, findings):
+def _keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
     for finding in findings:
         for name, value in finding.state.items():
             loader.__dict__[STATE_PREFIX + name] = value
 
 
-def loader_state(loader, name):
+def loader_state(loader: Loader, name: str) -> Any:
     """What a finding's ``state`` left on ``loader`` under ``name``, or None."""
     return loader.__dict__.get(STATE_PREFIX + name)
 
 
-def take_pending(loader):
+def take_pending(loader: Loader) -> list[Intervention]:
     """The records of this iteration's worker checks, to be made once their
     remedies held in the workers."""
     return loader.__dict__.pop(_PENDING_ATTR, [])
@@ -48,7 +62,8 @@ def take_pending(loader):
 
 # -- construction ----------------------------------------------------------------
 
-def decide_construction(values, defaults, instance):
+def decide_construction(values: dict[str, Any], defaults: dict[str, Any],
+                        instance: Loader) -> tuple[dict[str, Any], list[Finding]] | None:
     """The checks at ``dataloader.init`` for the bound ``values`` (defaults
     filled in): ``(the arguments they changed, findings applied)``, or None:
     unchanged. Their state is kept on ``instance`` by ``keep_construction``."""
@@ -64,25 +79,25 @@ def decide_construction(values, defaults, instance):
     return {name: value for name, value in work.items() if value is not values[name]}, found
 
 
-def keep_construction(loader, findings):
+def keep_construction(loader: Loader, findings: Iterable[Finding]) -> None:
     _keep_state(loader, findings)
 
 
 # -- iteration --------------------------------------------------------------------
 
-def _plan_key(loader):
+def _plan_key(loader: Loader) -> Hashable:
     return (tuple(id(getattr(loader, name)) for name in ITER_ARGS),
             facts.effective_start_method(loader.multiprocessing_context), _opencl_used())
 
 
-def _opencl_used():
+def _opencl_used() -> bool:
     # CV402: the program's first OpenCL use between epochs changes the plan.
     from ..remedies.cv2 import opencl_runtime_loaded
 
     return opencl_runtime_loaded()
 
 
-def decide_iteration(loader, frame):
+def decide_iteration(loader: Loader, frame: FrameType) -> None:
     """Run the worker checks for ``loader`` once per state of what they read;
     their records wait on the loader (``take_pending``)."""
     state = loader.__dict__
@@ -96,15 +111,16 @@ def decide_iteration(loader, frame):
     state[_PLAN_ATTR] = _plan_key(loader)
 
 
-def _plan_workers(loader, frame, fork_failed=None):
+def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None = None
+                  ) -> tuple[dict[str, Any], list[Finding], dict[str, Any]]:
     """The worker checks' findings for ``loader`` and the arguments they leave:
     planned, nothing applied. ``fork_failed``: the failure of its forked
     workers that rules fork out (``Context.fork_failed``)."""
     from ..inspection.mainmodule import main_is_guarded
 
-    guarded = []
+    guarded: list[bool] = []
 
-    def main_guarded():
+    def main_guarded() -> bool:
         if not guarded:
             guarded.append(main_is_guarded(frame))
         return guarded[0]
@@ -116,7 +132,8 @@ def _plan_workers(loader, frame, fork_failed=None):
     return values, found, work
 
 
-def _apply(loader, values, found, work, unsaid=()):
+def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: dict[str, Any],
+           unsaid: Iterable[Finding] = ()) -> list[Intervention]:
     """Settle the worker checks' findings for ``loader`` and, in fix mode, set
     the arguments they changed and keep their state; the records, to be made
     once the remedies held in the workers (but those of ``unsaid``, which
@@ -131,7 +148,8 @@ def _apply(loader, values, found, work, unsaid=()):
     return [record for record in made if record.code not in skipped]
 
 
-def plan_without_fork(loader, failure, frame):
+def plan_without_fork(loader: Loader, failure: Failure,
+                      frame: FrameType) -> list[Intervention] | None:
     """After ``failure`` of ``loader``'s forked workers (one touched CUDA): the
     worker checks again, with fork ruled out, applied where they start the
     workers by spawn (with the repairs and the warm start that spawn needs).
@@ -150,7 +168,7 @@ def plan_without_fork(loader, failure, frame):
     return made
 
 
-def warm_start_ahead(loader, frame):
+def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
     """At construction: where the worker checks will start this loader's
     workers warm (a loader repaired for spawn), the warm server starts now,
     in the background, so that its imports overlap the program's setup. Only
@@ -174,7 +192,7 @@ def warm_start_ahead(loader, frame):
         warmstart.start_ahead(warmstart.libraries_for(list(parts_of(work).values())))
 
 
-def _may_spawn(loader):
+def _may_spawn(loader: Loader) -> bool:
     """Whether the workers may start by spawn: the start method, or fork where the
     ladder moves it away (macOS). Cheap: no probe. Not for CUDA initialised in
     this process: fork stays unless its workers touch CUDA (DL205, recovered)."""

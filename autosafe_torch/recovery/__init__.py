@@ -146,7 +146,7 @@ def _start(loader, kinds, pending):
     outcome = isolation.Outcome(None, functools.partial(_say_used, site, pending,
                                                         loader.num_workers))
     watch = Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
-                   outcome)
+                  outcome)
     mark = _warm_mark(pending)
     inner = real_workers(loader, ladder, watch)
     engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)

@@ -58,7 +58,8 @@ def ladder_of(loader):
 def real_workers(loader, ladder, watch, resume=None):
     """A watched torch iterator with the ladder's settings, each worker's own
     file descriptions (first of all) and the diagnostics step in its workers;
-    the loader's own attributes are left as they were."""
+    the loader's own attributes are left as they were. (See NOTE [the data
+    flow of a repaired loader] in torch_private.py, step 1.)"""
     watch.dumps = dump_dir()
     init = with_step(loader.worker_init_fn,
                      functools.partial(faulthandler_in_worker, watch.dumps))

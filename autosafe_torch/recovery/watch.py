@@ -79,7 +79,9 @@ class Watch:
         return Failed(F.Failure(F.HUNG, worker=worker, pid=pid, waited=waited))
 
     def delivered_by(self, worker):
-        """Worker ``worker`` handed over a batch: it started, with every step of ours."""
+        """Worker ``worker`` handed over a batch: it started, with every step of
+        ours. (See NOTE [the data flow of a repaired loader] in
+        torch_private.py, step 4.)"""
         if self.pending:
             self.delivered.add(worker)
             if len(self.delivered) >= self.workers:

@@ -428,7 +428,8 @@ def after_fork_in_server_child():
     (multiprocessing's forkserver, or the warm server), before anything else
     runs there, every file the server holds open for reading gets a
     description of its own, at the offset the server left it: what its
-    children share otherwise (a file the preloaded main module opened)."""
+    children share otherwise (a file the preloaded main module opened).
+    (See NOTE [the data flow of a repaired loader] in torch_private.py, step 2.)"""
     del _server_files[:]
     if not _forked_by_a_server():
         return

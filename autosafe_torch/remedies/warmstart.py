@@ -413,7 +413,8 @@ def _note(message):
 
 def warm_context(context):
     """The warm context replacing ``context`` (None or spawn's): its workers bear
-    the names spawn would give them (``Process-1``, ``SpawnProcess-1``)."""
+    the names spawn would give them (``Process-1``, ``SpawnProcess-1``). (See
+    NOTE [the data flow of a repaired loader] in torch_private.py, step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
     with _names_lock:
         if name not in _contexts:

@@ -26,17 +26,33 @@ One rule may check at several hooks: ``@RULES[code].check_at(hook)``.
 What a user reads comes from here too: a finding's ``done`` (what was done
 to what, by the user's attribute path: the first line of its log record)
 and the rule's ``fix`` (the second).
+
+The seams are typed (mypy checks them in ``make test``): a check as written
+is a ``CheckFunction``, once registered a ``Check`` (it has its ``rule``); a
+remedy is a ``Remedy``.
 """
 
+from __future__ import annotations
+
 import importlib
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol,
+                    Sequence, Union, cast, overload)
 
 from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules' names)
+
+if TYPE_CHECKING:
+    from ..facts import Facts
+    from ..inspection.failures import Failure
+    from ..remedies.isolation import Usage
+    from ..report import Intervention
+    from .amp import AmpCall
+    from .ladder import Rung
 
 # Where checks run, in the order the patches call them.
 HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
          "dataloader.pin", "autocast", "scaler", "amp.legacy", "amp.provided")
 
-RULES = {}
+RULES: dict[str, Rule] = {}
 
 # Modules that declare rules; within a hook, checks run in this order, then
 # in their order in the module.
@@ -54,7 +70,28 @@ RULE_MODULES = (
     "autosafe_torch.rules.recovery",
 )
 
-_checks = {hook: [] for hook in HOOKS}
+# The types of the seams. They are evaluated at import, on Python 3.9 too:
+# Optional and Union, not ``X | None``.
+
+# What a remedy gets: the call's working arguments (None where a hook has none
+# to change); what it returns: more changes to them, or None.
+Remedy = Callable[[Optional[Dict[str, Any]]], Optional[Dict[str, Any]]]
+# What a check returns: one finding, several, or None.
+Found = Union["Finding", List["Finding"], None]
+# A check as written: ``check(args, ctx)``.
+CheckFunction = Callable[[Dict[str, Any], "Context"], Found]
+
+
+class Check(Protocol):
+    """A check once registered (``Rule.check_at``): ``check(args, ctx)``, and its
+    ``rule``, which makes its findings (``check.rule.finding(...)``)."""
+
+    rule: Rule
+
+    def __call__(self, args: dict[str, Any], ctx: Context, /) -> Found: ...
+
+
+_checks: dict[str, list[Check]] = {hook: [] for hook in HOOKS}
 
 
 class Rewrite:
@@ -66,7 +103,12 @@ class Rewrite:
 
     __slots__ = ("module", "scope", "does", "not_where")
 
-    def __init__(self, module, scope, does, not_where):
+    module: str
+    scope: str
+    does: str
+    not_where: str
+
+    def __init__(self, module: str, scope: str, does: str, not_where: str) -> None:
         if scope not in ("site", "file"):
             raise ValueError("a rewrite's scope is 'site' or 'file', not %r" % (scope,))
         self.module, self.scope, self.does, self.not_where = module, scope, does, not_where
@@ -84,36 +126,42 @@ class Rule:
     __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks", "example",
                  "versions", "rewrite", "notebook_fix", "clause_of")
 
-    def __init__(self, code, slug, group, *, summary, prevents, fix, example, versions,
-                 rewrite=None, notebook_fix=None, clause_of=()):
+    def __init__(self, code: str, slug: str, group: str, *, summary: str, prevents: str,
+                 fix: str, example: Iterable[str], versions: str,
+                 rewrite: Rewrite | None = None, notebook_fix: str | None = None,
+                 clause_of: Iterable[str] = ()) -> None:
         self.code = code
         self.slug = slug
         self.group = group
         self.summary = summary
         self.prevents = prevents
         self.fix = fix
-        self.hooks = []
+        self.hooks: list[str] = []
         self.example = tuple(example)
         self.versions = versions
         self.rewrite = rewrite
         self.notebook_fix = notebook_fix
         self.clause_of = tuple(clause_of)
 
-    def serves(self):
+    def serves(self) -> tuple[str, ...]:
         """The rules whose rewrite makes this one's fix unneeded in the code: the
         repairs it only makes fast (``clause_of``) that ``fix`` rewrites."""
         return tuple(c for c in self.clause_of if c in RULES and RULES[c].rewrite)
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "slug": self.slug, "group": self.group,
                 "summary": self.summary, "prevents": self.prevents, "fix": self.fix,
                 "at": list(self.hooks)}
 
-    def finding(self, before, changes=None, why="", strategy=None, state=None,
-                remedies=(), fix=None, done=None, rung=None):
+    def finding(self, before: dict[str, Any], changes: dict[str, Any] | None = None,
+                why: str = "", strategy: str | None = None,
+                state: dict[str, Any] | None = None, remedies: Iterable[Remedy] = (),
+                fix: str | None = None, done: str | None = None,
+                rung: Rung | None = None) -> Finding:
+        """This rule's ``Finding`` (its fields, as ``Finding`` has them)."""
         return Finding(self, before, changes, why, strategy, state, remedies, fix, done, rung)
 
-    def permanent_fix(self):
+    def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
         if self.notebook_fix is not None:
             from ..inspection.mainmodule import in_notebook
@@ -122,9 +170,10 @@ class Rule:
                 return self.notebook_fix
         return self.fix
 
-    def check_at(self, *hooks):
+    def check_at(self, *hooks: str) -> Callable[[CheckFunction], Check]:
         """Decorator: ``check`` runs at ``hooks`` for this rule."""
-        def register(check):
+        def register(function: CheckFunction) -> Check:
+            check = cast(Check, function)  # its ``rule``, set below
             for hook in hooks:
                 if hook not in _checks:
                     raise ValueError("rule %s: unknown hook %r (one of %s)" % (
@@ -163,8 +212,11 @@ class Finding:
     __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix",
                  "done", "rung")
 
-    def __init__(self, rule, before, changes=None, why="", strategy=None, state=None,
-                 remedies=(), fix=None, done=None, rung=None):
+    def __init__(self, rule: Rule, before: dict[str, Any],
+                 changes: dict[str, Any] | None = None, why: str = "",
+                 strategy: str | None = None, state: dict[str, Any] | None = None,
+                 remedies: Iterable[Remedy] = (), fix: str | None = None,
+                 done: str | None = None, rung: Rung | None = None) -> None:
         self.rule = rule
         self.before = before
         self.changes = changes or {}
@@ -177,25 +229,25 @@ class Finding:
         self.done = done or changed_text(self.before, self.changes) or rule.summary
 
     @property
-    def after(self):
+    def after(self) -> dict[str, Any]:
         """What the log shows as the new values: arguments and runtime state."""
         return dict(self.changes, **self.state)
 
     @property
-    def is_advice(self):
+    def is_advice(self) -> bool:
         return not (self.changes or self.state or self.remedies)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Finding(%s %s -> %s)" % (self.rule.code, self.before, self.after)
 
 
-def changed_text(before, changes):
+def changed_text(before: dict[str, Any], changes: dict[str, Any]) -> str:
     """``prefetch_factor 4 -> None, ...``: the arguments a finding changes."""
     return ", ".join("%s %s -> %s" % (name, brief(before.get(name)), brief(new))
                      for name, new in changes.items())
 
 
-def number_of(count, thing):
+def number_of(count: int, thing: str) -> str:
     """``1 worker``, ``2 workers``."""
     return "%d %s%s" % (count, thing, "" if count == 1 else "s")
 
@@ -231,25 +283,41 @@ class Context:
                  "usage", "workers", "said", "failure", "first_rung", "tried", "rung",
                  "exact")
 
-    def __init__(self, facts, *, defaults=None, main_guarded=None, fork_failed=None,
-                 caps=None, call=None,
-                 usage=None, workers=None, said=(), failure=None, first_rung=None,
-                 tried=(), rung=None, exact=None):
+    def __init__(self, facts: Facts | None, *, defaults: dict[str, Any] | None = None,
+                 main_guarded: Callable[[], bool] | None = None,
+                 fork_failed: Failure | None = None,
+                 caps: Any = None,  # patches.amp.caps.TorchAmpCaps: a layer above
+                 call: AmpCall | None = None,
+                 usage: Usage | None = None, workers: int | None = None,
+                 said: Sequence[Intervention] = (), failure: Failure | None = None,
+                 first_rung: Rung | None = None,
+                 tried: Sequence[tuple[Rung, Failure]] = (), rung: Rung | None = None,
+                 exact: str | None = None) -> None:
         self.facts = facts
-        self.findings = []
-        self.plans = {}
+        self.findings: list[Finding] = []
+        self.plans: dict[str, Any] = {}
         self.defaults, self.main_guarded, self.fork_failed = defaults, main_guarded, fork_failed
         self.caps, self.call = caps, call
         self.usage, self.workers, self.said = usage, workers, said
         self.failure, self.first_rung, self.tried = failure, first_rung, tried
         self.rung, self.exact = rung, exact
 
-    def found(self, code):
+    def found(self, code: str) -> bool:
         """Whether an earlier check at this hook made a finding for ``code``."""
         return any(f.rule.code == code for f in self.findings)
 
 
-def rule(code, slug, group, *, at=None, **fields):
+@overload
+def rule(code: str, slug: str, group: str, *, at: None = None, **fields: Any) -> Rule: ...
+
+
+@overload
+def rule(code: str, slug: str, group: str, *, at: str | Sequence[str],
+         **fields: Any) -> Callable[[CheckFunction], Check]: ...
+
+
+def rule(code: str, slug: str, group: str, *, at: str | Sequence[str] | None = None,
+         **fields: Any) -> Rule | Callable[[CheckFunction], Check]:
     """Declare rule ``code`` (``fields``: ``Rule``'s keyword fields); as a
     decorator, register its check at hook(s) ``at``."""
     if code in RULES:
@@ -260,13 +328,13 @@ def rule(code, slug, group, *, at=None, **fields):
     return declared.check_at(*((at,) if isinstance(at, str) else at))
 
 
-def load_all():
+def load_all() -> dict[str, Rule]:
     for name in RULE_MODULES:
         importlib.import_module(name)
     return RULES
 
 
-def checks_at(hook, enabled=None):
+def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[Check]:
     """The checks that run at ``hook``, in order; ``enabled(rule)`` filters them."""
     load_all()
     checks = _checks[hook]
@@ -275,12 +343,12 @@ def checks_at(hook, enabled=None):
     return [c for c in checks if enabled(c.rule)]
 
 
-def rules_in_group(group):
+def rules_in_group(group: str) -> list[Rule]:
     load_all()
     return [r for code, r in sorted(RULES.items()) if r.group == group]
 
 
-def find_rule(name):
+def find_rule(name: object) -> Rule | None:
     """The rule named by its code (``DL201``, any case) or slug, else None."""
     load_all()
     wanted = str(name).strip()

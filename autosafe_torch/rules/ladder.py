@@ -6,17 +6,15 @@ At ``iter()``, for a loader whose workers cannot start as asked (keep the
 first rung that works; every rung yields the batches the requested workers
 yield on a safe platform):
 
-The ladder for a loader whose workers cannot start as asked (keep the first
-rung that works; every rung yields the batches the requested workers yield on a
-safe platform):
-
 1. repair: read-only files (and h5py, sqlite, lmdb, cv2.VideoCapture
    handles) travel by path, lambdas/local functions and
-   interactive-``__main__`` classes by value (``remedies``);
-2. another start method (``fallback``, ``away_from_fork``): fork on Linux where safe (no lock held now, no
-   live thread, and every file and handle one that the fork remedies, DL207
-   and DL212, handle: ``fork_plan``; not once forked workers of the loader
-   touched CUDA, DL205), spawn where all pickles;
+   interactive-``__main__`` classes by value (``remedies``, planned by
+   ``pickling_plan.py``);
+2. another start method (``fallback``, ``away_from_fork``): fork on Linux
+   where safe (no lock held now, no live thread, and every file and handle
+   one that the fork remedies, DL207 and DL212, handle: ``fork_plan.py``;
+   not once forked workers of the loader touched CUDA, DL205), spawn where
+   all pickles;
 3. where no fork is safe (macOS): the dataset built again in each worker
    from its constructor's arguments (``remedies/rebuild.py``), where a
    second build here holds the same state; below fork because it runs the
@@ -34,8 +32,11 @@ emulated workers. Both end on the same last rung, and a rung is named by a
 patches and the recovery ask it, never a rule's code.
 """
 
+from __future__ import annotations
+
 import enum
 import types
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
@@ -43,17 +44,26 @@ from . import number_of, what_is
 from .fork_plan import fork_is_safe
 from .pickling_plan import pickling_plan
 
+if TYPE_CHECKING:
+    from . import Check, Context, Finding
+
 GROUP = "dataloader"
 SPAWNING = ("spawn", "forkserver")
 
 
 class Rung(str, enum.Enum):
-    """The rungs, by the words the log uses for them (``strategy``)."""
+    """The rungs, in the ladder's order, by the words the log uses for them
+    (``strategy``). At ``iter()``: as asked (repaired where needed, DL201-
+    DL203, DL208), spawn (away from an unsafe fork), fork (where spawn's
+    pickles fail and fork is safe: ``fork_is_safe``), rebuilt in each worker
+    (no fork rung: the pickling planner approves it), emulated. After a
+    failure, per kind (``LADDERS``): restart, fewer batches in flight,
+    file_system sharing, spawn workers, emulated."""
 
     AS_ASKED = "workers as asked"
-    FORK = "start method: fork"
     SPAWN = "start method: spawn"
     WARM_SPAWN = "warm forkserver"  # spawn's semantics, forked from a warm server (DL209)
+    FORK = "start method: fork"
     REBUILT = "rebuilt in each worker"
     RESTART = "restart workers"
     FEWER = "fewer batches in flight"
@@ -61,24 +71,26 @@ class Rung(str, enum.Enum):
     SPAWN_WORKERS = "spawn workers"  # after forked workers failed: new ones by spawn
     EMULATED = "emulated workers (in process)"
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
 
-def start_method(args):
+def start_method(args: dict[str, Any]) -> str:
     from ..facts import effective_start_method
 
     return effective_start_method(args["multiprocessing_context"])
 
 
-def spawning_workers(args, ctx):
-    """Workers started by spawn/forkserver from a guarded main: they get pickles."""
-    return args["num_workers"] > 0 and start_method(args) in SPAWNING and ctx.main_guarded()
+def spawning_workers(args: dict[str, Any], ctx: Context) -> bool:
+    """Workers started by spawn/forkserver from a guarded main: they get pickles.
+    At ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
+    return args["num_workers"] > 0 and start_method(args) in SPAWNING \
+        and ctx.main_guarded()  # type: ignore[misc]
 
 
 # -- at iter(): rungs 2-4 --------------------------------------------------------
 
-def fallback(check, args, ctx, why):
+def fallback(check: Check, args: dict[str, Any], ctx: Context, why: str | None) -> Finding:
     """Rungs 2-4 for a loader that cannot start as asked."""
     fix, reason, refused = None, why, []
     if why is None:
@@ -103,12 +115,15 @@ def fallback(check, args, ctx, why):
     return found
 
 
-def away_from_fork(check, args, ctx, why, repairs=True):
+def away_from_fork(check: Check, args: dict[str, Any], ctx: Context, why: str,
+                   repairs: bool = True) -> Finding:
     """Spawn where everything pickles, else emulated workers. ``repairs``:
     whether the repairs that make it pickle can still be made (the checks
-    that make them, DL201-DL203 and DL208, run before DL207 and DL212)."""
+    that make them, DL201-DL203 and DL208, run before DL207 and DL212). At
+    ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
     plan = pickling_plan(args, ctx)
-    if ctx.main_guarded() and not plan.failures and (repairs or not plan.needs_repair):
+    if ctx.main_guarded() and not plan.failures and (  # type: ignore[misc]
+            repairs or not plan.needs_repair):
         return check.rule.finding({"multiprocessing_context": "fork"},
                                   {"multiprocessing_context": "spawn"}, why,
                                   rung=Rung.SPAWN,
@@ -116,7 +131,8 @@ def away_from_fork(check, args, ctx, why, repairs=True):
     return emulated_workers(check, args, why)
 
 
-def emulated_workers(check, args, why, fix=None, reason=None):
+def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | None = None,
+                     reason: str | None = None) -> Finding:
     """The last rung: the requested workers emulated in this process, one fetch
     at a time, each with its own dataset copy, seeds and worker info, so the
     batches are those the workers would give (remedies/emulated_workers.py)."""
@@ -128,7 +144,7 @@ def emulated_workers(check, args, why, fix=None, reason=None):
                                             reason or why))
 
 
-def permanent_fix(value):
+def permanent_fix(value: object) -> str | None:
     """The fix for what made a dataset unpicklable, by what it is."""
     from ..inspection import holdings
 
@@ -149,7 +165,7 @@ def permanent_fix(value):
 # Fewer workers is no rung: each worker is seeded base_seed + worker_id and
 # batches go to workers round robin, so the batches would change. Emulated
 # workers are exact and need no process, shared memory or descriptor.
-LADDERS = {
+LADDERS: dict[str, tuple[Rung, ...]] = {
     DIED: (Rung.RESTART, Rung.EMULATED),
     HUNG: (Rung.RESTART, Rung.EMULATED),
     SHM: (Rung.FEWER, Rung.EMULATED),
@@ -171,7 +187,7 @@ SETTINGS = {Rung.FEWER: "prefetch_factor=1", Rung.FILE_SYSTEM: "file_system shar
 MAX_FAILURES = 2  # a rung that failed twice is not tried again
 
 
-def next_rung(kind, failures):
+def next_rung(kind: str, failures: Mapping[Rung, int]) -> Rung | None:
     """The first rung for ``kind`` that has not failed ``MAX_FAILURES`` times
     (``failures``: rung -> count; a failure of the workers as asked counts as
     one of RESTART, which starts them as they were), or None."""

@@ -6,7 +6,7 @@ hands the loader to the ladder (``ladder.py``).
 """
 
 from . import Rewrite, a_or_an, number_of, rule, what_is
-from .ladder import GROUP, fallback, spawning_workers
+from .ladder import GROUP, Rung, fallback, spawning_workers
 from .pickling_plan import held_in_parts, pickling_plan
 from ..inspection.parts import PARTS
 
@@ -268,7 +268,7 @@ def unpicklable_dataset(args, ctx):
     return unpicklable_dataset.rule.finding(
         before, why="; ".join(whys),
         strategy="repair: %s in each worker" % " and ".join(repairs),
-        remedies=remedies, fix=None if plan.files or plan.maps
+        rung=Rung.REBUILT if plan.rebuilt else None, remedies=remedies, fix=None if plan.files or plan.maps
         else roundtrip.IMAGE_FIX if plan.images and not (plan.rebuilt or plan.handlers)
         else REBUILD_FIX if plan.rebuilt or plan.handlers
         else LOCK_FIX if plan.locks and not plan.forwarders else FORWARDER_FIX,

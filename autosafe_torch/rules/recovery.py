@@ -4,7 +4,7 @@ The rules at ``dataloader.iter`` act on hazards they can predict before the
 workers start. A prediction can be wrong (a native handle judged
 fork-safe, a thread pool nobody saw, a /dev/shm estimate for a dataset
 that cannot be sized without running it). So the workers are watched
-(``patches/supervisor.py``): a worker's death, a shared-memory or
+(``recovery``): a worker's death, a shared-memory or
 open-file failure, or no batch for the watchdog's limit while every worker
 lives, rebuilds the iterator on the next rung and resumes at the first
 batch not yet delivered.
