@@ -208,6 +208,12 @@ def set_yielded(iterator: Any, count: int) -> None:
     iterator._num_yielded = count
 
 
+def next_epoch(iterator: Any, loader: Any, first_iter: bool = False) -> Any:
+    """A persistent loader's next epoch on ``iterator`` (what DataLoader calls
+    on the iterator it keeps: ``_reset``)."""
+    return iterator._reset(loader, first_iter)
+
+
 def shut_down(iterator: Any) -> None:
     iterator._shutdown_workers()
 

@@ -271,3 +271,18 @@ def test_fetchers_and_the_end_of_an_iterable_dataset():
     for process in tp.worker_processes(it):
         process.join(10)
     assert tp.dead_workers(it) == []
+
+
+def test_next_epoch_is_a_persistent_loader_s_next_epoch():
+    """``next_epoch`` (torch's ``_reset``) on a kept iterator: the same workers
+    go on, their random states carried over, as DataLoader's own reuse does."""
+    if not watchable():
+        return
+    kept = loader(Noisy(), persistent_workers=True)
+    expected = [[b.tolist() for b in kept] for _ in range(2)]
+    same = loader(Noisy(), persistent_workers=True)
+    it = tp.Watched(same, Recorded())
+    first = [b.tolist() for b in it]
+    tp.next_epoch(it, same)
+    assert [first, [b.tolist() for b in it]] == expected
+    tp.shut_down(it)

@@ -38,6 +38,9 @@ class RemedyFailed(RuntimeError):
         super().__init__("autosafe_torch: %s" % message if not message.startswith((
             "autosafe_torch", "Caught ")) else message)
 
+# torch's runtime words (its allocator, its multiprocessing, CUDA), not its
+# DataLoader's private ones (those are torch_private.py's); tests/test_recovery.py's
+# real faults make torch say them. Kept here: classifying needs no torch import.
 SHM_WORDS = ("unable to allocate shared memory", "unable to write to file </torch_",
              "unable to mmap")
 FD_WORDS = ("Too many open files", "received 0 items of ancdata")

@@ -80,7 +80,7 @@ class RecoveringIter(wrapt.ObjectProxy):
         self._self_delivered = 0
         self._self_epoch += 1
         try:
-            return self.__wrapped__._reset(loader, first_iter)
+            return tp.next_epoch(self.__wrapped__, loader, first_iter)
         except Failed as failed:
             failure = failed.failure
         self._recover_or_raise(failure)
