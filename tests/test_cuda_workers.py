@@ -21,7 +21,7 @@ from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import failures
 from autosafe_torch.rules import Context
-from support import SCENARIOS, json_log, logged, run_scenario, shim_lines
+from support import SCENARIOS, json_log, logged, once_per_run, run_scenario, shim_lines
 
 SCENARIO = "cuda_workers.py"
 SIMULATED = {"AUTOSAFE_TEST_CUDA": "initialised"}
@@ -45,11 +45,15 @@ def pids(result):
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory):
     """The safe run of a dataset whose workers touch CUDA: spawn, plainly (where
-    they touch it does not change a sample)."""
-    result, _ = run(tmp_path_factory.mktemp("spawned"), "after:0", shim=False,
-                    start_method="spawn")
-    assert result.rc == 0 and result.batches, result
-    return result.batches
+    they touch it does not change a sample); once in the whole test run."""
+
+    def batches():
+        result, _ = run(tmp_path_factory.mktemp("spawned"), "after:0", shim=False,
+                        start_method="spawn")
+        assert result.rc == 0 and result.batches, result
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "cuda-workers-spawned", batches)
 
 
 @pytest.mark.rule("DL205")

@@ -11,7 +11,7 @@ held while the loader starts is never sent: on a Mac that is a clear refusal.
 
 import pytest
 
-from support import json_log, logged, run_scenario, shim_lines
+from support import json_log, logged, once_per_run, run_scenario, shim_lines
 
 SCENARIO = "locked_cache.py"
 
@@ -32,9 +32,14 @@ def pids(result):
 
 @pytest.fixture(scope="module")
 def forked(tmp_path_factory):
-    result, _ = run(tmp_path_factory.mktemp("forked"), "fork", shim=False)
-    assert result.rc == 0 and result.batches, result
-    return result.batches
+    """The safe run: fork, plainly (once in the whole test run)."""
+
+    def batches():
+        result, _ = run(tmp_path_factory.mktemp("forked"), "fork", shim=False)
+        assert result.rc == 0 and result.batches, result
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "locks-forked", batches)
 
 
 @pytest.mark.rule("DL201")

@@ -27,7 +27,7 @@ from autosafe_torch import config, report
 from autosafe_torch.inspection import failures
 from autosafe_torch.rules import recovery as ladder
 from support import (PLATFORM_SIM, SCENARIOS, START_METHODS, Result, assert_readable,
-                     clean_env, json_log, line_of, logged, one_of, shim_lines)
+                     clean_env, json_log, line_of, logged, once_per_run, one_of, shim_lines)
 from test_resources import needs_private_shm
 
 SCENARIO = SCENARIOS / "recovery" / "scenario.py"
@@ -63,19 +63,16 @@ def run(tmp_path, fault, start_method="fork", shim=True, env=None, shm=None, nof
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """``reference(dataset)``: BATCHES of an uninterrupted run without the shim
-    (fork) of that dataset ("none", "shm", "fds"), run once per test process and
-    only for the datasets its tests compare with."""
-    tmp = tmp_path_factory.mktemp("reference")
-    found = {}
+    (fork) of that dataset ("none", "shm", "fds"), run once in the whole test run
+    and only for the datasets the tests compare with."""
 
     def batches(fault):
-        if fault not in found:
-            result, _ = run(tmp, fault, shim=False)
-            assert result.rc == 0 and result.batches, result
-            found[fault] = result.batches
-        return found[fault]
+        result, _ = run(tmp_path_factory.mktemp("reference"), fault, shim=False)
+        assert result.rc == 0 and result.batches, result
+        return result.batches
 
-    return batches
+    return lambda fault: once_per_run(tmp_path_factory, "recovery-reference-" + fault,
+                                      lambda: batches(fault))
 
 
 def recovered(result, records, code, strategies):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from support import logged, run_scenario
+from support import logged, result_once_per_run, run_scenario
 
 SCENARIO = "warmstart/loader.py"
 
@@ -38,8 +38,10 @@ def started_by(res):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The hand-safe dataset under plain spawn, without autosafe_torch."""
-    res = run(tmp_path_factory.mktemp("ref"), "healthy", shim=False)
+    """The hand-safe dataset under plain spawn, without autosafe_torch (once in the
+    whole test run)."""
+    res = result_once_per_run(tmp_path_factory, "warmstart-reference", lambda: run(
+        tmp_path_factory.mktemp("ref"), "healthy", shim=False))
     assert res.rc == 0 and res.batches, res
     assert started_by(res) == ["parent"], res
     assert res.imports == 5, res  # this process + 2 workers x 2 epochs

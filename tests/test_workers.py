@@ -21,7 +21,7 @@ from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection.mainmodule import guarded_lines
 from autosafe_torch.rules import Context, workers
 from support import (LOCAL_OBJECT, PRELUDE, assert_readable, cannot_pickle, clean_env, json_log,
-                     line_of, logged, one_of, run_script, shim_lines)
+                     line_of, logged, once_per_run, one_of, run_script, shim_lines)
 
 SPAWNING = ("spawn", "forkserver")
 REOPEN = "repair: reopen read-only files by path in each worker"
@@ -50,20 +50,17 @@ def reference(tmp_path_factory):
     """``reference(dataset, epochs=1)``: the known-safe batches: what the 2 workers
     asked for give under fork on Linux (for the file dataset, whose forked
     workers share one offset, num_workers=0, which gives the same batches as 2
-    correct workers). Run once per test process, for the datasets its tests use."""
-    out = {}
+    correct workers). Run once in the whole test run, for the datasets the tests use."""
 
-    def batches(ds, epochs=1):
-        if (ds, epochs) not in out:
-            workers = 0 if ds == "FileDataset()" else 2
-            r = run_script(tmp_path_factory.mktemp("ref"),
-                           loader_script(ds, workers=workers, epochs=epochs),
-                           start_method="fork")
-            assert r.rc == 0 and r.batches, r
-            out[ds, epochs] = r.batches
-        return out[ds, epochs]
+    def batches(ds, epochs):
+        workers = 0 if ds == "FileDataset()" else 2
+        r = run_script(tmp_path_factory.mktemp("ref"),
+                       loader_script(ds, workers=workers, epochs=epochs), start_method="fork")
+        assert r.rc == 0 and r.batches, r
+        return r.batches
 
-    return batches
+    return lambda ds, epochs=1: once_per_run(
+        tmp_path_factory, "workers-reference-%s-%d" % (ds, epochs), lambda: batches(ds, epochs))
 
 
 def shimmed(tmp_path, body, start_method=None, env=None, **kw):
