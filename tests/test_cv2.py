@@ -25,7 +25,7 @@ from autosafe_torch.remedies import cv2 as cv2_remedies
 from autosafe_torch.remedies.workerinit import steps_of, user_function
 from autosafe_torch.rules import Context
 from autosafe_torch.rules import cv2 as cv2_rules
-from support import clean_env, logged, run_script
+from support import clean_env, logged, once_per_run, run_script
 
 # Never import cv2 in this process: autosafe_torch is active here.
 if importlib.util.find_spec("cv2") is None:
@@ -461,8 +461,8 @@ def _opencl_body(parent_uses, hand_fix=False, timeout=60):
 
 
 @pytest.fixture(scope="module")
-def opencl_env():
-    env = _opencl_env()
+def opencl_env(tmp_path_factory):
+    env = once_per_run(tmp_path_factory, "cv2-opencl-env", _opencl_env)
     if env is None:
         pytest.skip("no CPU OpenCL runtime that OpenCV can use (Debian: apt-get install "
                     "pocl-opencl-icd ocl-icd-libopencl1; or AUTOSAFE_TEST_OPENCL_RUNTIME="
