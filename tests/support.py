@@ -180,9 +180,10 @@ def once_per_run(tmp_path_factory, name, compute):
     to ask runs it again). ``name`` says what it is, arguments included."""
     import fcntl
 
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    worker, base = os.environ.get("PYTEST_XDIST_WORKER"), tmp_path_factory.getbasetemp()
+    if not worker or not base.name.endswith(worker):  # not an xdist worker (its popen-gwN)
         return compute()
-    root = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    root = base.parent  # this run's, shared by its workers
     path = root / ("once-%s-%s.json" % (re.sub(r"[^\w.-]+", "_", name)[:80],
                                         hashlib.sha256(name.encode()).hexdigest()[:12]))
     with open(str(path) + ".lock", "w") as lock:
