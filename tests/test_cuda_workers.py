@@ -82,11 +82,13 @@ def test_worker_that_touches_cuda_restarts_by_spawn_exactly(tmp_path, spawned, t
     assert shim.batches == spawned and pids(shim) == (2 if batch == 0 else 4)
     (record,) = [r for r in records if r["code"] == "DL205"]
     assert record["strategy"] == "spawn workers" and record["action"] == "fixed"
+    assert record["before"]["batch"] == batch, record  # resumed there
+    assert record["after"] == {"rung": "spawn workers"}, record
+    assert "Cannot re-initialize CUDA in forked subprocess" in record["before"]["status"], record
+    assert record["fix"].startswith("keep CUDA out"), record
     (said,) = logged(shim.stderr, "DL205")
-    assert "touched CUDA" in said.done and "Cannot re-initialize CUDA" in said.done
-    assert _touch_site() in said.done, said.done
-    assert "resumed at batch %d (spawn workers)" % batch in said.done
-    assert said.fix.startswith("keep CUDA out")
+    # what the user reads on stderr: where the worker touched CUDA, and the fix
+    assert _touch_site() in said.done and said.fix == record["fix"], said
 
 
 @pytest.mark.rule("DL205")

@@ -54,11 +54,13 @@ def test_locks_reach_spawned_workers_as_new_unlocked_ones(tmp_path, forked, star
     shim, records = run(tmp_path, start_method, platform=platform)
     assert shim.rc == 0, shim
     assert shim.batches == forked and pids(shim) == 2  # real worker processes
-    (said,) = logged(shim.stderr, "DL201")
-    assert "dataset.lock (a threading lock)" in said.done and "made anew, unlocked" in said.done
-    assert said.fix.startswith("create locks lazily")
     (record,) = [r for r in records if r["code"] == "DL201"]
     assert "new unlocked locks" in record["strategy"] and record["action"] == "fixed"
+    assert record["before"] == {"locks": ["dataset.lock", "dataset.stats_lock", "dataset.ready",
+                                          "dataset.loaded"]}, record
+    assert record["fix"].startswith("create locks lazily"), record
+    (said,) = logged(shim.stderr, "DL201")  # on stderr, at that line, with its fix
+    assert said.site == record["call_site"] and said.fix == record["fix"], said
 
 
 def test_healthy_fork_loader_with_locks_is_left_alone(tmp_path, forked):
