@@ -7,6 +7,7 @@ Scripts print ``BATCHES <sha256>`` through ``PRELUDE.digest`` so that a
 test can compare every batch, in order, with a known-safe reference run.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -169,6 +170,37 @@ def json_log(path):
     if path is None or not Path(path).exists():
         return []
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def once_per_run(tmp_path_factory, name, compute):
+    """``compute()``, a JSON value (a reference run's batches), computed once in
+    the whole pytest run: under pytest-xdist the first worker to ask computes it
+    and leaves it beside the workers' temporary directories, and another that
+    asks meanwhile waits for it; a compute that fails leaves nothing (the next
+    to ask runs it again). ``name`` says what it is, arguments included."""
+    import fcntl
+
+    worker, base = os.environ.get("PYTEST_XDIST_WORKER"), tmp_path_factory.getbasetemp()
+    if not worker or not base.name.endswith(worker):  # not an xdist worker (its popen-gwN)
+        return compute()
+    root = base.parent  # this run's, shared by its workers
+    path = root / ("once-%s-%s.json" % (re.sub(r"[^\w.-]+", "_", name)[:80],
+                                        hashlib.sha256(name.encode()).hexdigest()[:12]))
+    with open(str(path) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text())
+        value = compute()
+        path.write_text(json.dumps(value))
+        return value
+
+
+def result_once_per_run(tmp_path_factory, name, run):
+    """``once_per_run`` for ``run()``'s Result: its exit status and output, and
+    what a test set on it."""
+    result = Result.__new__(Result)
+    result.__dict__.update(once_per_run(tmp_path_factory, name, lambda: vars(run())))
+    return result
 
 
 def rotated(names, choices=START_METHODS):

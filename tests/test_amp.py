@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from autosafe_torch.patches import original
-from support import line_of, logged, run_script
+from support import json_log, line_of, logged, run_script
 
 # What the installed torch has, by feature, as the patch decides it.
 # torch >= 2.4: torch.cuda.amp.autocast is deprecated (AMP501 routes it).
@@ -347,11 +347,18 @@ with warnings.catch_warnings(record=True) as caught:
 
 @needs_deprecated_names
 def test_warn_mode_changes_nothing_strict_refuses_deactivate_restores(tmp_path):
-    warn = run_script(tmp_path, MODES, env={"AUTOSAFE_TORCH_MODE": "warn"})
+    log = tmp_path / "warn.jsonl"
+    warn = run_script(tmp_path, MODES, env={"AUTOSAFE_TORCH_MODE": "warn",
+                                            "AUTOSAFE_TORCH_LOG_FILE": str(log)})
     assert "RAN" in warn.stdout and "CAUGHT ['FutureWarning']" in warn.stdout, warn
-    (rec,) = logged(warn.stderr, "AMP501")
-    assert rec.done == ("not applied (warn mode): torch.cuda.amp.autocast built through "
-                        "torch.amp.autocast('cuda'), without the FutureWarning"), rec
+    (record,) = json_log(log)
+    assert (record["code"], record["action"]) == ("AMP501", "would-fix"), record
+    assert (record["before"], record["after"]) == ({"api": "torch.cuda.amp.autocast"},
+                                                   {"api": "torch.amp.autocast('cuda')"}), record
+    assert record["call_site"] == "train.py:%d" % line_of(
+        tmp_path, "with torch.cuda.amp.autocast(enabled=False)"), record
+    (rec,) = logged(warn.stderr, "AMP501")  # said on stderr too
+    assert rec.site == record["call_site"], rec
     assert "AFTER DEACTIVATE ['FutureWarning', 'UserWarning']" in warn.stdout, warn
     strict = run_script(tmp_path, MODES, env={"AUTOSAFE_TORCH_MODE": "strict"})
     assert "REFUSED train.py:%d: AMP501 deprecated-autocast-api: refused" % line_of(

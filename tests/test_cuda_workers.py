@@ -21,7 +21,7 @@ from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import failures
 from autosafe_torch.rules import Context
-from support import SCENARIOS, json_log, logged, run_scenario, shim_lines
+from support import SCENARIOS, json_log, logged, once_per_run, run_scenario, shim_lines
 
 SCENARIO = "cuda_workers.py"
 SIMULATED = {"AUTOSAFE_TEST_CUDA": "initialised"}
@@ -45,11 +45,15 @@ def pids(result):
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory):
     """The safe run of a dataset whose workers touch CUDA: spawn, plainly (where
-    they touch it does not change a sample)."""
-    result, _ = run(tmp_path_factory.mktemp("spawned"), "after:0", shim=False,
-                    start_method="spawn")
-    assert result.rc == 0 and result.batches, result
-    return result.batches
+    they touch it does not change a sample); once in the whole test run."""
+
+    def batches():
+        result, _ = run(tmp_path_factory.mktemp("spawned"), "after:0", shim=False,
+                        start_method="spawn")
+        assert result.rc == 0 and result.batches, result
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "cuda-workers-spawned", batches)
 
 
 @pytest.mark.rule("DL205")
@@ -78,11 +82,13 @@ def test_worker_that_touches_cuda_restarts_by_spawn_exactly(tmp_path, spawned, t
     assert shim.batches == spawned and pids(shim) == (2 if batch == 0 else 4)
     (record,) = [r for r in records if r["code"] == "DL205"]
     assert record["strategy"] == "spawn workers" and record["action"] == "fixed"
+    assert record["before"]["batch"] == batch, record  # resumed there
+    assert record["after"] == {"rung": "spawn workers"}, record
+    assert "Cannot re-initialize CUDA in forked subprocess" in record["before"]["status"], record
+    assert record["fix"].startswith("keep CUDA out"), record
     (said,) = logged(shim.stderr, "DL205")
-    assert "touched CUDA" in said.done and "Cannot re-initialize CUDA" in said.done
-    assert _touch_site() in said.done, said.done
-    assert "resumed at batch %d (spawn workers)" % batch in said.done
-    assert said.fix.startswith("keep CUDA out")
+    # what the user reads on stderr: where the worker touched CUDA, and the fix
+    assert _touch_site() in said.done and said.fix == record["fix"], said
 
 
 @pytest.mark.rule("DL205")

@@ -25,7 +25,7 @@ from autosafe_torch.remedies import cv2 as cv2_remedies
 from autosafe_torch.remedies.workerinit import steps_of, user_function
 from autosafe_torch.rules import Context
 from autosafe_torch.rules import cv2 as cv2_rules
-from support import clean_env, logged, run_script
+from support import clean_env, json_log, logged, once_per_run, run_script
 
 # Never import cv2 in this process: autosafe_torch is active here.
 if importlib.util.find_spec("cv2") is None:
@@ -466,8 +466,8 @@ def _opencl_body(parent_uses, hand_fix=False, timeout=60):
 
 
 @pytest.fixture(scope="module")
-def opencl_env():
-    env = _opencl_env()
+def opencl_env(tmp_path_factory):
+    env = once_per_run(tmp_path_factory, "cv2-opencl-env", _opencl_env)
     if env is None:
         pytest.skip("no CPU OpenCL runtime that OpenCV can use (Debian: apt-get install "
                     "pocl-opencl-icd ocl-icd-libopencl1; or AUTOSAFE_TEST_OPENCL_RUNTIME="
@@ -483,14 +483,22 @@ def test_opencl_used_in_the_parent_workers_start_warm(tmp_path, opencl_env):
     warm server, with the batches of the hand-fixed run."""
     plain = run_script(tmp_path, _opencl_body(True, timeout=15), start_method="fork",
                        env=opencl_env, timeout=300)
+    log = tmp_path / "log.jsonl"
     shim = run_script(tmp_path, _opencl_body(True), start_method="fork", activation="import",
-                      env=opencl_env, timeout=300)
+                      env=dict(opencl_env, AUTOSAFE_TORCH_LOG_FILE=str(log)), timeout=300)
     safe = run_script(tmp_path, _opencl_body(True, hand_fix=True), env=opencl_env, timeout=300)
     assert safe.rc == 0 and safe.batches, safe
     assert "FAILED" in plain.stdout or plain.rc != 0, plain
     assert shim.rc == 0 and shim.batches == safe.batches, shim
-    opencl = logged(shim.stderr, "CV402")
-    assert len(opencl) == 1 and "warm server" in opencl[0].done, shim.stderr
+    assert opencl_record(shim, log)["strategy"] == "warm forkserver"
+
+
+def opencl_record(shim, log):
+    """CV402's one record (fixed), said once on stderr."""
+    (record,) = [r for r in json_log(log) if r["code"] == "CV402"]
+    assert record["action"] == "fixed", record
+    assert [r.site for r in logged(shim.stderr, "CV402")] == [record["call_site"]], shim.stderr
+    return record
 
 
 def test_opencl_in_workers_only_is_left_alone(tmp_path, opencl_env):
@@ -526,13 +534,14 @@ def test_opencl_used_and_a_dataset_that_cannot_travel_emulates_the_workers(
     body = _opencl_body(True).replace(
         "class UBlur(Dataset):\n", "class UBlur(Dataset):\n"
         "    def __init__(self):\n        self.f = open(%r, 'rb')\n" % str(data))
+    log = tmp_path / "log.jsonl"
     shim = run_script(tmp_path, body, start_method="fork", activation="import",
-                      env=opencl_env, timeout=300)
+                      env=dict(opencl_env, AUTOSAFE_TORCH_LOG_FILE=str(log)), timeout=300)
     safe = run_script(tmp_path, _opencl_body(False).replace(
         "class UBlur(Dataset):\n", "class UBlur(Dataset):\n"
         "    def __init__(self):\n        self.f = open(%r, 'rb')\n" % str(data)),
         start_method="fork", env=opencl_env, timeout=300)
     assert safe.rc == 0 and safe.batches and "FAILED" not in safe.stdout, safe
     assert shim.rc == 0 and shim.batches == safe.batches, shim
-    opencl = logged(shim.stderr, "CV402")
-    assert len(opencl) == 1 and "emulated" in opencl[0].done, shim.stderr
+    record = opencl_record(shim, log)
+    assert record["strategy"] == "emulated workers (in process)", record

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from autosafe_torch.remedies.emulated_workers import CopyPlan, EmulatedWorkersIter, SHARE_AT_BYTES
-from support import run_script
+from support import once_per_run, run_script
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios" / "emulated"
 RUN = '''
@@ -41,16 +41,22 @@ SCENARIOS = ("map_aug", "map_generator_drop_last", "per_object_rng", "worker_inf
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    """``{mode: {(scenario, W): (batches, parent states)}}`` from one run per mode."""
-    out = {}
-    for mode in ("real", "inline"):
-        tmp = tmp_path_factory.mktemp(mode)
-        res = run_script(tmp, RUN, start_method="fork", args=(mode,),
+    """``{mode: {(scenario, W): (batches, parent states)}}`` from one run per mode
+    (in the whole test run)."""
+
+    def lines(mode):
+        res = run_script(tmp_path_factory.mktemp(mode), RUN, start_method="fork", args=(mode,),
                          env={"AUTOSAFE_TORCH": "0"}, timeout=300)
         assert res.rc == 0, res
-        lines = re.findall(r"^RESULT (\S+) (\d) (\w+) (\w+)$", res.stdout, re.M)
-        out[mode] = {(name, int(w)): (batches, states) for name, w, batches, states in lines}
-        assert len(out[mode]) == 2 * len(SCENARIOS), res
+        found = re.findall(r"^RESULT (\S+) (\d) (\w+) (\w+)$", res.stdout, re.M)
+        assert len({(name, w) for name, w, _, _ in found}) == 2 * len(SCENARIOS), res
+        return found
+
+    out = {}
+    for mode in ("real", "inline"):
+        found = once_per_run(tmp_path_factory, "emulated-results-" + mode,
+                             lambda mode=mode: lines(mode))
+        out[mode] = {(name, int(w)): (batches, states) for name, w, batches, states in found}
     return out
 
 

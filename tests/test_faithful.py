@@ -12,22 +12,25 @@ leaves the parent's random state as they do.
 
 import pytest
 
-from support import json_log, one_of, rotated, run_scenario
+from support import json_log, once_per_run, one_of, rotated, run_scenario
 
 KINDS = ("lock", "lambda", "file", "generator")
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """2 fork workers, no shim, nothing unpicklable in the way: the batches and
-    the parent's random state a safe platform gives."""
-    tmp = tmp_path_factory.mktemp("ref")
-    out = {}
-    for kind in KINDS + ("plain",):
-        r = run_scenario(tmp, "faithful.py", start_method="fork", args=(kind,))
+    """``reference(kind)``: 2 fork workers, no shim, nothing unpicklable in the
+    way: the batches and the parent's random state a safe platform gives (run
+    once in the whole test run, for the kinds the tests compare with)."""
+
+    def stdout(kind):
+        r = run_scenario(tmp_path_factory.mktemp("ref"), "faithful.py", start_method="fork",
+                         args=(kind,))
         assert r.rc == 0, r
-        out[kind] = r.stdout
-    return out
+        return r.stdout
+
+    return lambda kind: once_per_run(tmp_path_factory, "faithful-reference-" + kind,
+                                     lambda: stdout(kind))
 
 
 def _records(path):
@@ -39,8 +42,8 @@ def test_the_digest_depends_on_the_worker_count(tmp_path, reference):
     means the requested workers were emulated, not just any loader."""
     three = run_scenario(tmp_path, "faithful.py", start_method="fork", args=("plain", "3"))
     zero = run_scenario(tmp_path, "faithful.py", start_method="fork", args=("plain", "0"))
-    assert zero.rc != 0 or zero.stdout != reference["plain"]  # no worker info with 0
-    assert three.rc == 0 and three.stdout != reference["plain"]
+    assert zero.rc != 0 or zero.stdout != reference("plain")  # no worker info with 0
+    assert three.rc == 0 and three.stdout != reference("plain")
 
 
 @pytest.mark.parametrize("kind", one_of(KINDS, "lock"))
@@ -60,7 +63,7 @@ def test_as_on_each_platform_the_batches_of_two_fork_workers(tmp_path, reference
                         env={"AUTOSAFE_TORCH_AS": platform,
                              "AUTOSAFE_TORCH_LOG_FILE": str(log)})
     assert good.rc == 0, good
-    assert good.stdout == reference[kind]  # batches, then the parent's RNG state
+    assert good.stdout == reference(kind)  # batches, then the parent's RNG state
     records = [r for r in _records(log) if r["code"].startswith("DL2") and r["code"] != "DL209"]
     strategies = {r["strategy"] for r in records}
     # repaired for spawn: the workers start warm (DL209); forkserver needs no warm start

@@ -20,7 +20,7 @@ nothing and gives the twin's batches (make test: three kinds; make heavy: all).
 
 import pytest
 
-from support import json_log, run_scenario, shim_lines
+from support import json_log, once_per_run, run_scenario, shim_lines
 
 SCENARIO = "holders.py"
 KINDS = ("parquet", "safetensors", "pandas", "handler", "anonmap", "pread")
@@ -44,18 +44,17 @@ def said(result, what):
     return int(result.stdout.split(what + " ")[1].split()[0])
 
 
-_twins = {}
-
-
 def twin(tmp_path_factory, kind):
     """The hand fix under spawn, without the shim: the kind's known-safe batches
-    (once per test process: each kind's run, not every kind's, where it is needed)."""
-    if kind not in _twins:
+    (once in the whole test run: each kind's run, not every kind's, where it is needed)."""
+
+    def batches():
         result, _ = run(tmp_path_factory.mktemp("twin-" + kind), kind, shim=False, mode="lazy",
                         start_method="spawn")
         assert result.rc == 0 and result.batches and said(result, "PIDS") == 2, result
-        _twins[kind] = result.batches
-    return _twins[kind]
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "holders-twin-" + kind, batches)
 
 
 def check_repaired(result, records, kind, platform, twin):

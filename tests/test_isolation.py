@@ -24,7 +24,7 @@ from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import descriptors, holdings, probe, tensors
 from autosafe_torch.remedies import isolation
 from autosafe_torch.rules import Context
-from support import json_log, rotated, run_scenario, run_script
+from support import json_log, once_per_run, rotated, run_scenario, run_script
 
 KINDS = ("zip", "tar", "gzip", "bz2", "lzma", "npz", "text-crlf", "delegator", "iterable")
 # What spawn can send by path with the same bytes and state (a TarFile's state
@@ -42,17 +42,17 @@ BY_PATH_AND_FORWARDER_RUNG = ("repair: reopen read-only files by path and rebuil
                               "forwarders in each worker")
 EMULATED = "emulated workers (in process)"
 
-_twins = {}
-
-
 def twin(tmp_path_factory, kind):
-    """The safe twin's batches (fork, no shim): the known-safe run."""
-    if kind not in _twins:
+    """The safe twin's batches (fork, no shim): the known-safe run (once in the
+    whole test run)."""
+
+    def batches():
         tmp = tmp_path_factory.mktemp("twin")
         result = run_scenario(tmp, "held_files.py", args=(kind, "twin"), start_method="fork")
         assert result.rc == 0 and result.batches, result
-        _twins[kind] = result.batches
-    return _twins[kind]
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "held-files-twin-" + kind, batches)
 
 
 def shimmed(tmp_path, kind, method, name="log"):

@@ -17,7 +17,7 @@ says "fixed".
 
 import pytest
 
-from support import json_log, rotated, run_scenario
+from support import json_log, once_per_run, rotated, run_scenario
 
 KINDS = ("rawfd", "rplus", "tempfile", "partial", "closure", "weakproxy", "csv", "soundfile")
 RUNGS = ("fork", "forkserver", "spawn", "macos", "emulated")
@@ -29,17 +29,17 @@ SETUP = {"fork": ("fork", None), "forkserver": (None, "linux-py314"), "spawn": (
 # in each worker from its constructor's arguments (DL201), real workers.
 NO_COPY = ("weakproxy", "csv", "soundfile")
 
-_twins = {}
-
-
 def twin(tmp_path_factory, kind):
-    """The safe twin's batches (fork, no shim): the known-safe run."""
-    if kind not in _twins:
+    """The safe twin's batches (fork, no shim): the known-safe run (once in the
+    whole test run)."""
+
+    def batches():
         tmp = tmp_path_factory.mktemp("twin")
         result = run_scenario(tmp, "kernel_holders.py", args=(kind, "twin"), start_method="fork")
         assert result.rc == 0 and result.batches, result
-        _twins[kind] = result.batches
-    return _twins[kind]
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "kernel-holders-twin-" + kind, batches)
 
 
 def refused(kind, rung):

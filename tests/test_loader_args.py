@@ -10,7 +10,7 @@ import inspect
 import pytest
 from torch.utils.data import dataloader as torch_dataloader
 
-from support import ACTIVATIONS, logged, run_script
+from support import ACTIVATIONS, logged, once_per_run, run_script
 
 # rule -> (DataLoader keyword arguments that break, the error PyTorch gives)
 CASES = {
@@ -90,9 +90,14 @@ def _batches(result):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    result = run_script(tmp_path_factory.mktemp("ref"), REFERENCE % (list(CASES),))
-    assert result.rc == 0, result
-    return _batches(result)
+    """Each case's batches from a loader without the hazard (once in the whole test run)."""
+
+    def batches():
+        result = run_script(tmp_path_factory.mktemp("ref"), REFERENCE % (list(CASES),))
+        assert result.rc == 0, result
+        return _batches(result)
+
+    return once_per_run(tmp_path_factory, "loader-args-reference", batches)
 
 
 def test_each_case_fails_without_autosafe_torch(tmp_path):

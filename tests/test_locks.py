@@ -11,7 +11,7 @@ held while the loader starts is never sent: on a Mac that is a clear refusal.
 
 import pytest
 
-from support import json_log, logged, run_scenario, shim_lines
+from support import json_log, logged, once_per_run, run_scenario, shim_lines
 
 SCENARIO = "locked_cache.py"
 
@@ -32,9 +32,14 @@ def pids(result):
 
 @pytest.fixture(scope="module")
 def forked(tmp_path_factory):
-    result, _ = run(tmp_path_factory.mktemp("forked"), "fork", shim=False)
-    assert result.rc == 0 and result.batches, result
-    return result.batches
+    """The safe run: fork, plainly (once in the whole test run)."""
+
+    def batches():
+        result, _ = run(tmp_path_factory.mktemp("forked"), "fork", shim=False)
+        assert result.rc == 0 and result.batches, result
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "locks-forked", batches)
 
 
 @pytest.mark.rule("DL201")
@@ -49,11 +54,13 @@ def test_locks_reach_spawned_workers_as_new_unlocked_ones(tmp_path, forked, star
     shim, records = run(tmp_path, start_method, platform=platform)
     assert shim.rc == 0, shim
     assert shim.batches == forked and pids(shim) == 2  # real worker processes
-    (said,) = logged(shim.stderr, "DL201")
-    assert "dataset.lock (a threading lock)" in said.done and "made anew, unlocked" in said.done
-    assert said.fix.startswith("create locks lazily")
     (record,) = [r for r in records if r["code"] == "DL201"]
     assert "new unlocked locks" in record["strategy"] and record["action"] == "fixed"
+    assert record["before"] == {"locks": ["dataset.lock", "dataset.stats_lock", "dataset.ready",
+                                          "dataset.loaded"]}, record
+    assert record["fix"].startswith("create locks lazily"), record
+    (said,) = logged(shim.stderr, "DL201")  # on stderr, at that line, with its fix
+    assert said.site == record["call_site"] and said.fix == record["fix"], said
 
 
 def test_healthy_fork_loader_with_locks_is_left_alone(tmp_path, forked):

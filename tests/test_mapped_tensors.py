@@ -23,7 +23,7 @@ from multiprocessing import context
 from multiprocessing.reduction import ForkingPickler
 
 from autosafe_torch.remedies import mapped_tensors, memmaps, pickling
-from support import json_log, one_of, run_scenario
+from support import json_log, one_of, result_once_per_run, run_scenario
 
 PLATFORMS = {"spawn": {"AUTOSAFE_TORCH_AS": "macos"},
              "spawn-linux": {}, "forkserver": {"AUTOSAFE_TORCH_AS": "linux-py314"}}
@@ -79,8 +79,10 @@ def torch_way(result):
 
 @pytest.fixture(scope="module")
 def plain_load(tmp_path_factory):
-    """The ``load`` scenario under spawn without the shim: the known-safe batches."""
-    plain, _ = run(tmp_path_factory.mktemp("plain"), "load", "spawn-linux", shim=False)
+    """The ``load`` scenario under spawn without the shim: the known-safe batches
+    (once in the whole test run)."""
+    plain = result_once_per_run(tmp_path_factory, "mapped-tensors-plain-load", lambda: run(
+        tmp_path_factory.mktemp("plain"), "load", "spawn-linux", shim=False)[0])
     assert plain.rc == 0 and plain.batches and torch_way(plain), plain
     return plain
 

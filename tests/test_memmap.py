@@ -27,7 +27,7 @@ from multiprocessing import context
 from multiprocessing.reduction import ForkingPickler
 
 from autosafe_torch.remedies import memmaps, pickling
-from support import json_log, run_scenario
+from support import json_log, result_once_per_run, run_scenario
 
 PLATFORMS = {"spawn": {"AUTOSAFE_TORCH_AS": "macos"},
              "spawn-linux": {}, "forkserver": {"AUTOSAFE_TORCH_AS": "linux-py314"}}
@@ -53,9 +53,10 @@ def mapped(result, name="images"):
 
 @pytest.fixture(scope="module")
 def plain_whole(tmp_path_factory):
-    """The ``whole`` scenario under spawn without the shim: the known-safe batches."""
-    plain, _ = run(tmp_path_factory.mktemp("plain"), "whole", "spawn", shim=False)
-    return plain
+    """The ``whole`` scenario under spawn without the shim: the known-safe batches
+    (once in the whole test run)."""
+    return result_once_per_run(tmp_path_factory, "memmap-plain-whole", lambda: run(
+        tmp_path_factory.mktemp("plain"), "whole", "spawn", shim=False)[0])
 
 
 @pytest.mark.parametrize("kind, method", [

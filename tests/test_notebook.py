@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from support import PLATFORM_SIM, assert_readable, clean_env, logged
+from support import PLATFORM_SIM, assert_readable, clean_env, logged, once_per_run
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
@@ -105,10 +105,15 @@ def batches(cells):
 
 @pytest.fixture(scope="module")
 def fork_batches(tmp_path_factory):
-    """The known-safe run: the same notebook with fork workers, without the shim."""
-    cells = run_notebook(tmp_path_factory.mktemp("fork"), CELLS, "fork")
-    assert batches(cells), [c.errors + [c.stderr] for c in cells]
-    return batches(cells)
+    """The known-safe run: the same notebook with fork workers, without the shim
+    (once in the whole test run)."""
+
+    def run():
+        cells = run_notebook(tmp_path_factory.mktemp("fork"), CELLS, "fork")
+        assert batches(cells), [c.errors + [c.stderr] for c in cells]
+        return batches(cells)
+
+    return once_per_run(tmp_path_factory, "notebook-fork-batches", run)
 
 
 def _repaired(cells, fork_batches):

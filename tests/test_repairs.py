@@ -13,7 +13,7 @@ from multiprocessing.reduction import ForkingPickler
 from autosafe_torch.inspection import holdings
 from autosafe_torch.remedies import byvalue, pickling, reopen
 from autosafe_torch.inspection.probe import probe
-from support import CHILD_MAIN, cannot_pickle, json_log, run_script
+from support import CHILD_MAIN, cannot_pickle, json_log, result_once_per_run, run_script
 
 # The building blocks alone: without the shim's own DataLoader patches.
 OFF = {"AUTOSAFE_TORCH": "0"}
@@ -356,7 +356,8 @@ def test_a_dataset_that_reopens_per_process_is_recognised(tmp_path):
     # read after construction: no build gives it, and no copy for emulated workers
     ("text-crlf-read", None),
 ])
-def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strategy):
+def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, tmp_path_factory, kind,
+                                                        strategy):
     """A read-only sqlite connection reopens by path; a text file too, unless it
     holds carriage returns (newline='' could not be honoured: not reopened). As
     on macOS, the dataset holding the CRLF file is built again in each worker;
@@ -366,7 +367,10 @@ def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, kind, strateg
 
     from support import run_scenario
 
-    ref = run_scenario(tmp_path, "sqlite_and_text.py", args=(kind.replace("-read", ""), "0"))
+    data = kind.replace("-read", "")  # the reference: no workers (once in the whole test run)
+    ref = result_once_per_run(tmp_path_factory, "sqlite-and-text-reference-" + data, lambda: (
+        run_scenario(tmp_path_factory.mktemp("reference"), "sqlite_and_text.py",
+                     args=(data, "0"))))
     assert ref.rc == 0, ref
     bad = run_scenario(tmp_path, "sqlite_and_text.py", start_method="spawn", args=(kind, "2"))
     assert bad.rc != 0 and "pickle" in bad.stderr, bad

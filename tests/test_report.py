@@ -61,11 +61,12 @@ def test_the_demo_says_what_was_done_to_what_in_two_lines(tmp_path):
         assert r["call_site"] == "examples/legacy_file_dataset.py:%d" % at  # as Python names it
     assert records[0]["strategy"] == "repair: reopen read-only files by path in each worker"
     assert records[1]["strategy"] == "warm forkserver" and "worker_init_fn" in records[1]["after"]
+    debug_adds_the_details_below_the_record(quiet_lines=len(proc.stderr.splitlines()))
 
 
-def test_debug_adds_the_details_below_the_record(tmp_path):
-    proc = _demo(tmp_path)
-    quiet_lines = len(proc.stderr.splitlines())
+def debug_adds_the_details_below_the_record(quiet_lines):
+    """With AUTOSAFE_TORCH_DEBUG=1, the same demo run says more than ``quiet_lines``
+    (the quiet run's, above; --log-file adds no line): the details, below the record."""
     env = clean_env({"AUTOSAFE_TORCH_DEBUG": "1"})
     debug = subprocess.run([sys.executable, "-m", "autosafe_torch", "run", "--as", "macos",
                             "examples/legacy_file_dataset.py"], cwd=str(ROOT), env=env,

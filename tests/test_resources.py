@@ -20,8 +20,8 @@ from autosafe_torch.facts import Facts
 from autosafe_torch.remedies import limits
 from autosafe_torch.rules import Context, resources
 from autosafe_torch.rules.resources import open_file_limit_too_low, shm_too_small
-from support import (PLATFORM_SIM, Result, assert_readable, clean_env, logged, run_script,
-                     write_script)
+from support import (PLATFORM_SIM, Result, assert_readable, clean_env, logged, once_per_run,
+                     run_script, write_script)
 
 MiB = 2 ** 20
 
@@ -173,16 +173,16 @@ def test_fd_nothing_fires_when_enough_or_not_file_descriptor():
     assert open_file_limit_too_low(v, ctx(facts)) is None
 
 
-_references = {}
+def reference_batches(tmp_path_factory, body):
+    """BATCHES of a run without the shim, where /dev/shm is large enough (once in
+    the whole test run for each script)."""
 
-
-def reference_batches(tmp_path, body):
-    """BATCHES of a run without the shim, where /dev/shm is large enough."""
-    if body not in _references:
-        result = run_script(tmp_path, body)
+    def batches():
+        result = run_script(tmp_path_factory.mktemp("reference"), body)
         assert result.rc == 0 and result.batches, result
-        _references[body] = result.batches
-    return _references[body]
+        return result.batches
+
+    return once_per_run(tmp_path_factory, "resources-reference-" + body, batches)
 
 
 # -- DL303, real: a small /dev/shm in a private mount namespace ---------------
@@ -242,11 +242,12 @@ if __name__ == "__main__":
     # not even one batch per worker fits: the requested workers, emulated
     (2, "3m", "augment", "2 workers emulated in this process")])
 @pytest.mark.rule("DL303")
-def test_small_dev_shm_fails_without_and_runs_with(tmp_path, pf, size, collate, done):
+def test_small_dev_shm_fails_without_and_runs_with(tmp_path, tmp_path_factory, pf, size,
+                                                   collate, done):
     """The batches are those of the requested workers on a large /dev/shm (with
     per-worker random augmentation, where fewer workers would change them)."""
     body = SHM_BODY.format(pf=pf, collate=collate)
-    reference = reference_batches(tmp_path, body)
+    reference = reference_batches(tmp_path_factory, body)
     # Without the shim the loader fails (with augment, plain torch may hang after
     # the workers' errors instead: the loader without it shows the failure at once).
     without = run_with_shm(tmp_path, SHM_BODY.format(pf=pf, collate="None"), size, None)
@@ -304,12 +305,14 @@ def _hard_limit():
 @pytest.mark.parametrize("hard,done", [("high", "open-file soft limit 160 -> "),
                                        (160, "tensors shared through file_system")])
 @pytest.mark.rule("DL304")
-def test_low_open_file_limit_fails_without_and_runs_with(tmp_path, hard, done):
+def test_low_open_file_limit_fails_without_and_runs_with(tmp_path, tmp_path_factory, hard,
+                                                        done):
     if hard == "high":
         hard = _hard_limit()
         if hard != resource.RLIM_INFINITY and hard < 4096:
             pytest.skip("hard open-file limit %d is too low to raise toward" % hard)
-    reference = reference_batches(tmp_path, FD_BODY.replace("num_workers=2", "num_workers=0"))
+    reference = reference_batches(tmp_path_factory,
+                                  FD_BODY.replace("num_workers=2", "num_workers=0"))
     without = run_with_nofile(tmp_path, 160, hard, None)
     assert without.rc != 0, without
     assert "Too many open files" in without.output or "ancdata" in without.output

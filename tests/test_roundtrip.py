@@ -23,7 +23,7 @@ import shutil
 
 import pytest
 
-from support import json_log, logged, rotated, run_scenario, shim_lines
+from support import json_log, logged, once_per_run, rotated, run_scenario, shim_lines
 
 Image = pytest.importorskip("PIL.Image")
 np = pytest.importorskip("numpy")
@@ -52,14 +52,17 @@ def pids(result):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The batches of each kind with no workers, the worker ids folded in."""
-    out = {}
-    for kind in ("held", "single"):
+    """``reference(kind)``: the batches of each kind with no workers, the worker ids
+    folded in (once in the whole test run, for the kinds the tests compare with)."""
+
+    def batches(kind):
         result, _ = run(tmp_path_factory.mktemp("reference"), "fork", shim=False, kind=kind,
                         workers=0)
         assert result.rc == 0 and result.batches, result
-        out[kind] = result.batches
-    return out
+        return result.batches
+
+    return lambda kind: once_per_run(tmp_path_factory, "roundtrip-reference-" + kind,
+                                     lambda: batches(kind))
 
 
 # -- end to end -------------------------------------------------------------------
@@ -81,7 +84,7 @@ def test_the_image_is_opened_again_at_its_frame_in_each_worker(tmp_path, referen
                                                                 start_method, platform):
     shim, records = run(tmp_path, start_method, platform=platform)
     assert shim.rc == 0, shim
-    assert shim.batches == reference["held"] and pids(shim) == 2  # real worker processes
+    assert shim.batches == reference("held") and pids(shim) == 2  # real worker processes
     (said,) = logged(shim.stderr, "DL201")
     assert "dataset.img" in said.done, said
     (record,) = [r for r in records if r["code"] == "DL201"]
@@ -103,7 +106,7 @@ def test_an_image_no_path_opens_again_is_never_sent_as_one_frame(tmp_path, refer
         assert "_min_frame" not in shim.stderr
         return
     assert shim.rc == 0, shim  # Linux: forked workers have the parent's image
-    assert shim.batches == reference["held"] and pids(shim) == 2
+    assert shim.batches == reference("held") and pids(shim) == 2
     (record,) = [r for r in records if r["code"] == "DL201"]
     assert "fork" in record["strategy"], record
 
@@ -116,7 +119,7 @@ def test_a_healthy_image_dataset_is_left_alone(tmp_path, reference, kind, start_
     assert plain.rc == 0, plain
     shim, records = run(tmp_path, start_method, kind=kind)
     assert shim.rc == 0 and shim.batches == plain.batches, shim
-    assert plain.batches == reference["single" if kind == "single" else "held"]
+    assert plain.batches == reference("single" if kind == "single" else "held")
     assert records == [] and shim_lines(shim.stderr) == [], shim
 
 

@@ -13,10 +13,12 @@ DL209 would start its workers warm.
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from support import json_log, logged, run_scenario, run_script, venv_with
+from support import (json_log, logged, once_per_run, result_once_per_run, run_scenario,
+                     run_script, venv_with)
 
 THREADLIB = '''
     """An installed library whose import starts a thread (THREADLIB_THREAD=1)."""
@@ -82,7 +84,9 @@ REFUSED = "warm server had more than one thread after importing threadlib"
 
 @pytest.fixture(scope="module")
 def python(tmp_path_factory):
-    return venv_with(tmp_path_factory.mktemp("threadlib"), {"threadlib.py": THREADLIB})
+    """The virtual environment's python (made once in the whole test run)."""
+    return Path(once_per_run(tmp_path_factory, "threads-venv", lambda: str(venv_with(
+        tmp_path_factory.mktemp("threadlib"), {"threadlib.py": THREADLIB}))))
 
 
 def run(tmp_path, python, kind, thread, **kw):
@@ -95,8 +99,10 @@ def run(tmp_path, python, kind, thread, **kw):
 
 @pytest.fixture(scope="module")
 def reference(python, tmp_path_factory):
-    """The hand-safe dataset under plain spawn, without autosafe_torch."""
-    res = run(tmp_path_factory.mktemp("ref"), python, "healthy", True, start_method="spawn")
+    """The hand-safe dataset under plain spawn, without autosafe_torch (once in the
+    whole test run)."""
+    res = result_once_per_run(tmp_path_factory, "threads-reference", lambda: run(
+        tmp_path_factory.mktemp("ref"), python, "healthy", True, start_method="spawn"))
     assert res.rc == 0 and res.batches and res.started_by == ["parent"], res
     return res
 

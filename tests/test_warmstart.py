@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from support import logged, run_scenario
+from support import json_log, logged, result_once_per_run, run_scenario
 
 SCENARIO = "warmstart/loader.py"
 
@@ -25,11 +25,26 @@ def run(tmp_path, kind, *, shim=True, start="spawn", env=None, args=()):
         if (tmp_path / name).exists():
             (tmp_path / name).unlink()
     extra = dict(env or {})
+    log = tmp_path / ("log-%d.jsonl" % len(list(tmp_path.glob("log-*.jsonl"))))
+    if shim:
+        extra["AUTOSAFE_TORCH_LOG_FILE"] = str(log)
     res = run_scenario(tmp_path, SCENARIO, activation="env" if shim else None,
                        start_method=start, env=extra, args=(kind,) + tuple(args))
     res.imports = len((tmp_path / "imports.log").read_text().splitlines()) \
         if (tmp_path / "imports.log").exists() else 0
+    res.records = json_log(log) if shim else []
     return res
+
+
+def start_is_a_clause(res, strategy, action="fixed"):
+    """DL209, the workers' start (``strategy``, ``action``), goes with DL201's repair
+    (fixed) in the JSON log; on stderr a clause of DL201's line, not a line of its own."""
+    codes = {r["code"]: r for r in res.records}
+    assert codes["DL201"]["action"] == "fixed", res.records
+    assert (codes["DL209"]["strategy"], codes["DL209"]["action"]) == (strategy, action), \
+        res.records
+    (line,) = logged(res.stderr, "DL201")
+    assert logged(res.stderr, "DL209") == [] and codes["DL209"]["done"] in line.done, line
 
 
 def started_by(res):
@@ -38,8 +53,10 @@ def started_by(res):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The hand-safe dataset under plain spawn, without autosafe_torch."""
-    res = run(tmp_path_factory.mktemp("ref"), "healthy", shim=False)
+    """The hand-safe dataset under plain spawn, without autosafe_torch (once in the
+    whole test run)."""
+    res = result_once_per_run(tmp_path_factory, "warmstart-reference", lambda: run(
+        tmp_path_factory.mktemp("ref"), "healthy", shim=False))
     assert res.rc == 0 and res.batches, res
     assert started_by(res) == ["parent"], res
     assert res.imports == 5, res  # this process + 2 workers x 2 epochs
@@ -49,8 +66,8 @@ def reference(tmp_path_factory):
 def test_the_server_starts_ahead_for_a_repaired_loader_only(tmp_path, reference):
     """Built a loader the ladder will repair for spawn, the warm server starts at
     once, in a thread of its own (the main thread goes on with the program's
-    setup), and runs before the first iterator, with the batches of spawn. A
-    healthy spawn loader starts nothing."""
+    setup), and runs before the first iterator, with the batches of spawn. (A
+    healthy spawn loader starts nothing: test_a_healthy_spawn_loader_is_left_alone.)"""
     warm = run(tmp_path, "legacy", args=("--ahead",))
     assert warm.rc == 0 and "AHEAD True True" in warm.stdout, warm
     assert warm.batches == reference.batches and started_by(warm) == ["server"], warm
@@ -59,9 +76,6 @@ def test_the_server_starts_ahead_for_a_repaired_loader_only(tmp_path, reference)
     forwarder = run(tmp_path, "forwarder", args=("--ahead",))
     assert forwarder.rc == 0 and "AHEAD True True" in forwarder.stdout, forwarder
     assert forwarder.batches == reference.batches and started_by(forwarder) == ["server"]
-    healthy = run(tmp_path, "healthy", args=("--ahead",))
-    assert healthy.rc == 0 and "AHEAD False False" in healthy.stdout, healthy
-    assert healthy.batches == reference.batches and started_by(healthy) == ["parent"]
 
 
 def test_unrepaired_legacy_loader_fails_under_spawn(tmp_path):
@@ -74,9 +88,8 @@ def test_repaired_loader_starts_warm_with_the_batches_of_spawn(tmp_path, referen
     warm = run(tmp_path, "legacy")
     assert warm.rc == 0, warm
     # DL209 makes DL201's repair fast: a clause of its line; its record stays in the JSON log
-    (rec,) = logged(warm.stderr)
-    assert rec.code == "DL201" and "; workers start warm, from a fork server with torch" \
-        in rec.done, warm
+    assert [r.code for r in logged(warm.stderr)] == ["DL201"], warm
+    start_is_a_clause(warm, "warm forkserver")
     assert "summary: fixed DL201 x1, DL209 x1" in warm.stderr
     # the optimizer, built after the loader, changed os.environ: the workers still come
     # from the server
@@ -90,9 +103,11 @@ def test_repaired_loader_starts_warm_with_the_batches_of_spawn(tmp_path, referen
 
 
 def test_a_healthy_spawn_loader_is_left_alone(tmp_path, reference):
-    res = run(tmp_path, "healthy")
-    assert res.rc == 0, res
-    assert "DL2" not in res.stderr and started_by(res) == ["parent"], res
+    """Nothing recorded, no warm server started ahead (--ahead only looks) nor
+    later: the workers come from plain spawn, with its batches."""
+    res = run(tmp_path, "healthy", args=("--ahead",))
+    assert res.rc == 0 and "AHEAD False False" in res.stdout, res
+    assert res.records == [] and "DL2" not in res.stderr and started_by(res) == ["parent"], res
     assert res.batches == reference.batches
 
 
@@ -108,7 +123,8 @@ def test_forkserver_needs_no_warm_start(tmp_path, reference):
 
 def test_as_on_macos_warm(tmp_path, reference):
     res = run(tmp_path, "legacy", start=None, env={"AUTOSAFE_TORCH_AS": "macos"})
-    assert res.rc == 0 and "; workers start warm" in logged(res.stderr, "DL201")[0].done, res
+    assert res.rc == 0, res
+    start_is_a_clause(res, "warm forkserver")
     assert started_by(res) == ["server"]
     assert res.batches == reference.batches and res.imports == 5
 
@@ -117,8 +133,9 @@ def test_as_on_macos_warm(tmp_path, reference):
 def test_as_on_windows_plain_spawn_logged(tmp_path, reference):
     res = run(tmp_path, "legacy", start=None, env={"AUTOSAFE_TORCH_AS": "windows"})
     assert res.rc == 0, res
-    (rec,) = logged(res.stderr, "DL201")
-    assert "; workers start by plain spawn (no fork server on win32)" in rec.done, res
+    start_is_a_clause(res, "plain spawn", action="advised")  # nothing to change there
+    (dl209,) = [r for r in res.records if r["code"] == "DL209"]
+    assert "no fork server on win32" in dl209["why"] + dl209["done"], dl209  # why, said
     assert started_by(res) == ["parent"]
     assert res.batches == reference.batches
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT, clean_env, site_dirs
+from support import ROOT, clean_env, once_per_run, site_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +30,13 @@ print("FROM", sys.modules["autosafe_torch"].__file__)
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
+    """(python, script, purelib): the wheel installed in a virtual environment (built
+    once in the whole test run)."""
+    return tuple(Path(p) for p in once_per_run(tmp_path_factory, "wheel-venv", lambda: [
+        str(p) for p in _wheel_venv(tmp_path_factory)]))
+
+
+def _wheel_venv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
                     str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)

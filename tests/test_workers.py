@@ -3,7 +3,10 @@
 Each hazard runs in a subprocess with real workers under the start method
 forced from outside (spawn = macOS/Windows, forkserver = Python 3.14 Linux,
 fork = Linux): without autosafe_torch it fails (or gives wrong samples),
-with it exit 0 and the batches equal those of a ``num_workers=0`` run.
+with it exit 0 and the batches equal those of a ``num_workers=0`` run. What
+was done is read from the JSON log's record (code, action, strategy, call site,
+what changed), each shown on stderr with its fix; the wording of the line is
+tests/test_report.py's.
 """
 
 import re
@@ -18,10 +21,13 @@ from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection.mainmodule import guarded_lines
 from autosafe_torch.rules import Context
 from autosafe_torch.rules import start_method as start_rules
-from support import (LOCAL_OBJECT, PRELUDE, assert_readable, cannot_pickle, clean_env, line_of,
-                     logged, one_of, run_script, shim_lines)
+from support import (LOCAL_OBJECT, PRELUDE, assert_readable, cannot_pickle, clean_env, json_log,
+                     line_of, logged, once_per_run, one_of, run_script, shim_lines)
 
 SPAWNING = ("spawn", "forkserver")
+REOPEN = "repair: reopen read-only files by path in each worker"
+FORK = "start method: fork"
+EMULATED = "emulated workers (in process)"
 
 DATA = '''
 import os, sys, threading, time
@@ -42,24 +48,43 @@ def loader_script(dataset, workers=2, guarded=True, extra="", epochs=1):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The known-safe batches: what the 2 workers asked for give under fork on
-    Linux (for the file dataset, whose forked workers share one offset,
-    num_workers=0, which gives the same batches as 2 correct workers)."""
-    out = {}
-    for ds in ("FileDataset()", "LockedDataset()", "GeneratorDataset()", "LockedStream()"):
+    """``reference(dataset, epochs=1)``: the known-safe batches: what the 2 workers
+    asked for give under fork on Linux (for the file dataset, whose forked
+    workers share one offset, num_workers=0, which gives the same batches as 2
+    correct workers). Run once in the whole test run, for the datasets the tests use."""
+
+    def batches(ds, epochs):
         workers = 0 if ds == "FileDataset()" else 2
-        r = run_script(tmp_path_factory.mktemp("ref"), loader_script(ds, workers=workers),
-                       start_method="fork")
-        assert r.rc == 0, r
-        out[ds] = r.batches
-    return out
+        r = run_script(tmp_path_factory.mktemp("ref"),
+                       loader_script(ds, workers=workers, epochs=epochs), start_method="fork")
+        assert r.rc == 0 and r.batches, r
+        return r.batches
+
+    return lambda ds, epochs=1: once_per_run(
+        tmp_path_factory, "workers-reference-%s-%d" % (ds, epochs), lambda: batches(ds, epochs))
 
 
-def _logged(result, code):
-    """What the records of ``code`` say was done (each with its fix below it)."""
-    records = logged(result.stderr, code)
-    assert all(r.fix for r in records), records
-    return [r.done for r in records]
+def shimmed(tmp_path, body, start_method=None, env=None, **kw):
+    """A run with the shim (AUTOSAFE_TORCH=1), and its JSON log's records; the
+    result's ``call_site`` is the script's DataLoader line, as a record names it."""
+    log = tmp_path / "log.jsonl"
+    result = run_script(tmp_path, body, start_method=start_method, activation="env",
+                        env=dict(env or {}, AUTOSAFE_TORCH_LOG_FILE=str(log)), **kw)
+    result.call_site = "train.py:%d" % line_of(tmp_path, "digest(DataLoader(")
+    return result, json_log(log)
+
+
+def the_record(result, records, code, action="fixed"):
+    """The one record of ``code``: made for the script's DataLoader line, with
+    ``action``, and shown on stderr at that line with its fix below it."""
+    mine = [r for r in records if r["code"] == code]
+    assert len(mine) == 1, records
+    record = mine[0]
+    assert record["action"] == action, record
+    assert record["call_site"] == result.call_site, record
+    shown = logged(result.stderr, code)
+    assert [r.site for r in shown] == [record["call_site"]] and shown[0].fix, result.stderr
+    return record
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
@@ -67,11 +92,12 @@ def test_dl201_open_file_repaired_by_reopening(tmp_path, method, reference):
     body = loader_script("FileDataset()")
     bad = run_script(tmp_path, body, start_method=method)
     assert bad.rc != 0 and re.search(cannot_pickle("BufferedReader"), bad.stderr)
-    good = run_script(tmp_path, body, start_method=method, activation="env")
+    good, records = shimmed(tmp_path, body, method)
     assert good.rc == 0, good
-    assert good.batches == reference["FileDataset()"]
-    (line,) = _logged(good, "DL201")
-    assert line.startswith("dataset.f (an open file) reopened by path in each of 2 workers"), line
+    assert good.batches == reference("FileDataset()")
+    record = the_record(good, records, "DL201")
+    assert record["strategy"] == REOPEN and record["before"] == {"files": ["dataset.f"]}, record
+    assert record["after"] == {}, record  # the loader's arguments as they were
 
 
 H5_SCRIPT = '''
@@ -105,13 +131,12 @@ def test_dl201_h5py_file_reopened_by_name(tmp_path):
     pytest.importorskip("h5py")
     bad = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "2"), start_method="spawn")
     assert bad.rc != 0 and "h5py objects cannot be pickled" in bad.stderr
-    good = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "2"), start_method="spawn",
-                      activation="env")
+    good, records = shimmed(tmp_path, H5_SCRIPT.replace("WORKERS", "2"), "spawn")
     ref = run_script(tmp_path, H5_SCRIPT.replace("WORKERS", "0"))
     assert good.rc == 0 and good.batches == ref.batches, good
-    (line,) = _logged(good, "DL201")
-    assert line.startswith("dataset.x (an h5py Dataset), dataset.y (an h5py Dataset) "
-                           "reopened by path in each of 2 workers"), line
+    record = the_record(good, records, "DL201")
+    assert record["strategy"] == REOPEN, record
+    assert record["before"] == {"files": ["dataset.x", "dataset.y"]}, record  # both files
 
 
 def test_a_program_that_takes_one_batch_still_gets_the_record(tmp_path):
@@ -138,10 +163,16 @@ if __name__ == "__main__":
 """
     plain = run_script(tmp_path, body)
     assert plain.rc != 0 and "Can't pickle local object" in plain.stderr, plain
-    shim = run_script(tmp_path, body, activation="env")
+    log = tmp_path / "log.jsonl"
+    shim = run_script(tmp_path, body, activation="env", env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
     assert shim.rc == 0 and "FIRST [12345, 12345]" in shim.stdout, shim
-    (line,) = _logged(shim, "DL202")
-    assert "sent by value to 2 workers" in line, line
+    (record,) = json_log(log)
+    assert (record["code"], record["action"], record["strategy"]) == ("DL202", "fixed",
+                                                                       "by-value"), record
+    assert list(record["before"]) == ["worker_init_fn"], record
+    # made when the iterator starts: its line
+    assert record["call_site"] == "train.py:%d" % line_of(tmp_path, "next(iter(loader))"), record
+    assert [r.code for r in logged(shim.stderr)] == ["DL202"], shim.stderr
 
 
 def test_h5py_under_fork_is_left_as_it_is(tmp_path):
@@ -161,12 +192,14 @@ def test_dl201_fork_rung_when_repair_is_impossible(tmp_path, method, reference):
     body = loader_script("GeneratorDataset()")
     bad = run_script(tmp_path, body, start_method=method)
     assert bad.rc != 0 and "cannot pickle 'generator' object" in bad.stderr
-    good = run_script(tmp_path, body, start_method=method, activation="env")
+    good, records = shimmed(tmp_path, body, method)
     assert good.rc == 0, good
-    assert good.batches == reference["GeneratorDataset()"]
-    assert _logged(good, "DL201")[0].startswith("workers started by fork instead of %s: "
-                                                 "dataset.gen (a generator) does not pickle"
-                                                 % method), good
+    assert good.batches == reference("GeneratorDataset()")
+    record = the_record(good, records, "DL201")
+    assert record["strategy"] == FORK, record
+    assert (record["before"], record["after"]) == ({"multiprocessing_context": method},
+                                                   {"multiprocessing_context": "fork"}), record
+    assert "dataset.gen" in record["why"], record  # what does not pickle, by its path
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
@@ -174,14 +207,13 @@ def test_dl201_emulated_workers_when_fork_is_unsafe(tmp_path, method, reference)
     body = loader_script("LockedDataset()", epochs=2)
     bad = run_script(tmp_path, body, start_method=method)
     assert bad.rc != 0 and "cannot pickle '_thread.lock' object" in bad.stderr
-    good = run_script(tmp_path, body, start_method=method, activation="env")
+    good, records = shimmed(tmp_path, body, method)
     assert good.rc == 0, good
-    ref = run_script(tmp_path, loader_script("LockedDataset()", epochs=2), start_method="fork")
-    assert good.batches == ref.batches
-    (line,) = _logged(good, "DL201")
+    assert good.batches == reference("LockedDataset()", epochs=2)
+    record = the_record(good, records, "DL201")
+    assert record["strategy"] == EMULATED and record["after"]["emulated_workers"] == 2, record
     # Its lock would travel as a new one; its live thread cannot.
-    assert line.startswith("2 workers emulated in this process, with the batches of real "
-                           "ones: dataset.refresher."), line
+    assert "dataset.refresher." in record["done"], record
 
 
 def test_dl201_emulated_iterable_dataset_as_two_workers_give_it(tmp_path, reference):
@@ -191,12 +223,13 @@ def test_dl201_emulated_iterable_dataset_as_two_workers_give_it(tmp_path, refere
     body = loader_script("LockedStream()")
     bad = run_script(tmp_path, body, start_method="spawn")
     assert bad.rc != 0 and "cannot pickle '_thread.lock' object" in bad.stderr
-    good = run_script(tmp_path, body, start_method="spawn", activation="env")
+    good, records = shimmed(tmp_path, body, "spawn")
     assert good.rc == 0, good
-    assert good.batches == reference["LockedStream()"]
+    assert good.batches == reference("LockedStream()")
     once = run_script(tmp_path, loader_script("LockedStream()", workers=0))
-    assert once.batches != reference["LockedStream()"]
-    assert "2 workers emulated in this process" in _logged(good, "DL201")[0]
+    assert once.batches != reference("LockedStream()")
+    record = the_record(good, records, "DL201")
+    assert record["strategy"] == EMULATED and record["after"]["emulated_workers"] == 2, record
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
@@ -213,16 +246,17 @@ def test_dl202_lambda_collate_fn_by_value(tmp_path, method):
         ''')
     bad = run_script(tmp_path, body % 2, start_method=method)
     assert bad.rc != 0 and re.search(LOCAL_OBJECT + " 'main.<locals>.<lambda>'", bad.stderr)
-    good = run_script(tmp_path, body % 2, start_method=method, activation="env")
+    good, records = shimmed(tmp_path, body % 2, method)
     ref = run_script(tmp_path, body % 0)
     assert good.rc == 0, good
     assert good.batches == ref.batches
     # collate_fn and worker_init_fn: logged once for the call site, counted twice
-    (done,) = _logged(good, "DL202")
-    assert done.startswith("collate_fn (a lambda) sent by value to 2 workers" + (
-        "; workers start warm, from a fork server with torch"
-        if method == "spawn" else "")), good
+    record = the_record(good, records, "DL202")
+    assert record["strategy"] == "by-value" and list(record["before"]) == ["collate_fn"], record
     assert "summary: fixed DL202 x2" in good.stderr
+    # spawn: the workers start warm as well (DL209, a clause of the same line)
+    assert [r["strategy"] for r in records if r["code"] == "DL209"] == (
+        ["warm forkserver"] if method == "spawn" else []), records
 
 
 @pytest.mark.heavy
@@ -241,11 +275,12 @@ def test_dl202_lambda_behind_an_injected_worker_step(tmp_path):
         ''')
     bad = run_script(tmp_path, body.replace("WORKERS", "2"), start_method="spawn")
     assert bad.rc != 0 and re.search(LOCAL_OBJECT, bad.stderr)
-    good = run_script(tmp_path, body.replace("WORKERS", "2"), start_method="spawn",
-                      activation="env")
+    good, records = shimmed(tmp_path, body.replace("WORKERS", "2"), "spawn")
     ref = run_script(tmp_path, body.replace("WORKERS", "0"))
     assert good.rc == 0 and good.batches == ref.batches, good
-    assert "sent by value" in _logged(good, "DL202")[0] and "DL201" not in good.stderr
+    record = the_record(good, records, "DL202")
+    assert record["strategy"] == "by-value", record
+    assert "DL201" not in {r["code"] for r in records} and "DL201" not in good.stderr
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'spawn'))
@@ -261,11 +296,13 @@ def test_dl203_class_from_interactive_main(tmp_path, method):
         digest(DataLoader(Squares(), batch_size=4, num_workers=WORKERS))
         ''')
 
+    log = tmp_path / "log.jsonl"
+
     def run(workers, activate):
         env = clean_env({"AUTOSAFE_TEST_START_METHOD": method})
         env["PYTHONPATH"] = str(__import__("support").PLATFORM_SIM)
         if activate:
-            env["AUTOSAFE_TORCH"] = "1"
+            env.update(AUTOSAFE_TORCH="1", AUTOSAFE_TORCH_LOG_FILE=str(log))
         proc = subprocess.run([sys.executable, "-c", body.replace("WORKERS", str(workers))],
                               env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
         assert_readable(proc.stderr)
@@ -277,11 +314,14 @@ def test_dl203_class_from_interactive_main(tmp_path, method):
     assert good.returncode == 0, good.stderr
     digest = [l for l in good.stdout.splitlines() if l.startswith("BATCHES")]
     assert digest and digest == [l for l in ref.stdout.splitlines() if l.startswith("BATCHES")]
-    (rec,) = logged(good.stderr, "DL203")
+    (record,) = [r for r in json_log(log) if r["code"] == "DL203"]
     at = body.splitlines().index("digest(DataLoader(Squares(), batch_size=4, num_workers=WORKERS))")
-    assert rec.site == "<string>:%d" % (at + 1), rec  # python -c: the line in the command
-    assert rec.done.startswith("class Squares of __main__ (dataset) sent by value to 2 "
-                               "workers"), rec
+    # python -c: the line in the command
+    assert record["call_site"] == "<string>:%d" % (at + 1), record
+    assert (record["action"], record["strategy"]) == ("fixed", "by-value"), record
+    assert record["before"] == {"class": "Squares at dataset"}, record
+    (rec,) = logged(good.stderr, "DL203")
+    assert rec.site == record["call_site"] and rec.fix, rec
 
 
 @pytest.mark.parametrize("method", one_of(SPAWNING, 'forkserver'))
@@ -290,13 +330,15 @@ def test_dl204_unguarded_main(tmp_path, method, reference):
     bad = run_script(tmp_path, body.replace("GeneratorDataset()", "torch.arange(8.)"),
                      start_method=method)
     assert bad.rc != 0 and "bootstrapping phase" in bad.stderr
-    good = run_script(tmp_path, body.replace("GeneratorDataset()", "torch.arange(8.)"),
-                      start_method=method, activation="env")
+    good, records = shimmed(tmp_path, body.replace("GeneratorDataset()", "torch.arange(8.)"),
+                            method)
     ref = run_script(tmp_path, loader_script("torch.arange(8.)", workers=0))
     assert good.rc == 0, good
     assert good.batches == ref.batches
-    assert _logged(good, "DL204")[0].startswith("workers started by fork instead of %s: "
-                                                 % method), good
+    record = the_record(good, records, "DL204")
+    assert record["strategy"] == FORK, record
+    assert (record["before"], record["after"]) == ({"multiprocessing_context": method},
+                                                   {"multiprocessing_context": "fork"}), record
 
 
 @pytest.mark.heavy
@@ -326,13 +368,15 @@ def test_dl204_script_from_stdin(tmp_path):
 
 def test_dl207_shared_file_offset_under_fork(tmp_path, reference):
     body = loader_script("FileDataset(slow=0.01)", extra=", shuffle=False")
-    ref = reference["FileDataset()"]
+    ref = reference("FileDataset()")
     bad = run_script(tmp_path, body, start_method="fork")
     # wrong samples: silently, or read short and caught by collate
     assert bad.batches != ref or "stack expects each tensor to be equal size" in bad.stderr
-    good = run_script(tmp_path, body, start_method="fork", activation="env")
+    good, records = shimmed(tmp_path, body, "fork")
     assert good.rc == 0 and good.batches == ref, good
-    assert _logged(good, "DL207") == ["dataset.f: own file offset in each of 2 forked workers"]
+    record = the_record(good, records, "DL207")
+    assert record["strategy"] == "own offset in each worker", record
+    assert record["before"] == {"files": ["dataset.f"]}, record
 
 
 WORKER_ARGS = DATA + textwrap.dedent('''
@@ -348,14 +392,15 @@ WORKER_ARGS = DATA + textwrap.dedent('''
 def test_dl106_zero_prefetch_with_workers(tmp_path, method):
     bad = run_script(tmp_path, WORKER_ARGS, start_method=method, args=("DL106",))
     assert bad.rc != 0 and "AssertionError" in bad.stderr, bad
-    good = run_script(tmp_path, WORKER_ARGS, start_method=method, args=("DL106", "again"),
-                      activation="env")
+    good, records = shimmed(tmp_path, WORKER_ARGS, method, args=("DL106", "again"))
     ref = run_script(tmp_path, DATA + "\nif __name__ == '__main__':\n"
                      "    for _ in range(2):\n"
                      "        digest(DataLoader(torch.arange(16.), batch_size=4))\n")
     assert good.rc == 0, good
     assert good.stdout == ref.stdout and ref.stdout.count("BATCHES") == 2
-    assert "prefetch_factor 0 -> 2" in _logged(good, "DL106")[0]
+    record = the_record(good, records, "DL106")  # once for the line, run twice
+    assert (record["before"], record["after"]) == ({"prefetch_factor": 0},
+                                                   {"prefetch_factor": 2}), record
 
 
 AUGMENTED_WORKERS = DATA + textwrap.dedent('''
@@ -429,10 +474,10 @@ def test_safe_loaders_are_untouched(tmp_path, method):
 
 def test_warn_mode_changes_nothing_and_strict_raises(tmp_path):
     body = loader_script("FileDataset()")
-    warn = run_script(tmp_path, body, start_method="spawn", activation="env",
-                      env={"AUTOSAFE_TORCH_MODE": "warn"})
+    warn, records = shimmed(tmp_path, body, "spawn", env={"AUTOSAFE_TORCH_MODE": "warn"})
     assert warn.rc != 0 and re.search(cannot_pickle("BufferedReader"), warn.stderr)
-    assert _logged(warn, "DL201")[0].startswith("not applied (warn mode): dataset.f")
+    record = the_record(warn, records, "DL201", action="would-fix")
+    assert record["strategy"] == REOPEN and record["before"] == {"files": ["dataset.f"]}, record
     strict = run_script(tmp_path, body, start_method="spawn", activation="env",
                         env={"AUTOSAFE_TORCH_MODE": "strict"})
     assert strict.rc != 0 and "UnsafeCallError: train.py:%d: DL201 unpicklable-dataset: " \
