@@ -90,10 +90,10 @@ def settle_later(findings: Sequence[Finding], call_site: str,
         raise UnsafeCallError(actions[0], call_site)
     fixing = CONFIG.mode == "fix"
     made = [intervention_of(f, call_site,
-                         "advised" if f.is_advice else "fixed" if fixing else "would-fix")
+                            "advised" if f.is_advice else "fixed" if fixing else "would-fix")
             for f in findings]
     _join_clauses(findings, made)
-    for f, intervention in zip(findings, made):
+    for f in findings:
         if fixing and not f.is_advice:
             for remedy in f.remedies:
                 changed = remedy(args)
