@@ -92,6 +92,13 @@ class Recorded:
         return TimeoutError("hung: worker %s" % worker)
 
 
+def stop(iterator):
+    """Kill the workers (one may sleep in a stall), then let torch shut down."""
+    for process in tp.worker_processes(iterator):
+        process.kill()
+    tp.shut_down(iterator)
+
+
 def loader(dataset, seed=0, **kwargs):
     kwargs.setdefault("batch_size", 2)
     kwargs.setdefault("num_workers", 2)
@@ -181,9 +188,7 @@ def test_a_killed_worker_is_the_watch_s_not_torch_s_sigchld_handler():
             next(it)
     assert [w for w, _p in tp.dead_workers(it)] == [0]
     assert ("failed", "RuntimeError") in watch.calls
-    for process in tp.worker_processes(it):
-        process.kill()
-    tp.shut_down(it)
+    stop(it)
 
 
 def test_a_silence_beyond_the_limit_goes_to_watch_hung_with_the_awaited_worker():
@@ -196,20 +201,22 @@ def test_a_silence_beyond_the_limit_goes_to_watch_hung_with_the_awaited_worker()
     (hung,) = [c for c in watch.calls if c[0] == "hung"]
     assert hung[1] == 0 and hung[2] == tp.worker_processes(it)[0].pid
     assert tp.awaited_worker(it) == 0
-    for process in tp.worker_processes(it):
-        process.kill()
-    tp.shut_down(it)
+    stop(it)
 
 
 def test_torch_s_own_words():
     # A worker's error names its worker: the words worker_named_in reads.
+    it = iter(loader(Raising(), batch_size=1))
     with pytest.raises(ValueError) as raised:
-        list(loader(Raising(), batch_size=1))
+        list(it)
     assert tp.worker_named_in(str(raised.value)) == 1  # index 3 goes to worker 1
+    stop(it)
     # The user's timeout: torch's message is TIMED_OUT's.
+    it = iter(loader(Slow(stall=0), batch_size=1, timeout=0.5))
     with pytest.raises(RuntimeError) as raised:
-        list(loader(Slow(stall=0), batch_size=1, timeout=0.5))
+        next(it)
     assert str(raised.value) == tp.TIMED_OUT % 0.5
+    stop(it)  # the stalled worker would hold torch's shutdown 5 s
     source = inspect.getsource(tp.MultiProcessIter._get_data)
     assert tp.PIN_THREAD_EXITED in source
     init_consts = tp.BaseIter.__init__.__code__.co_consts
