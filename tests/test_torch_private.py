@@ -93,7 +93,14 @@ class Recorded:
 
 
 def stop(iterator):
-    """Kill the workers (one may sleep in a stall), then let torch shut down."""
+    """Kill the workers (one may sleep in a stall), then let torch shut down.
+    torch's own iterator first forgets their pids, as ``Watched`` does: its
+    SIGCHLD handler would raise at the kill (torch 2.0 does)."""
+    if getattr(iterator, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
     for process in tp.worker_processes(iterator):
         process.kill()
     tp.shut_down(iterator)
