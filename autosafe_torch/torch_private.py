@@ -57,6 +57,7 @@ import contextlib
 import inspect
 import itertools
 import re
+import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torch._utils import ExceptionWrapper  # noqa: F401 (a worker's error, as torch wraps it)
@@ -166,8 +167,12 @@ def collate_in_process(batch: Any) -> Any:
     worker it writes the batch straight into /dev/shm for the main process,
     but an emulated worker is in the main process (and /dev/shm may be what
     failed). The same values; ``get_worker_info()`` is None for its length only."""
-    with worker_info_as(None):
+    saved = _worker_module._worker_info  # inline, not worker_info_as: once per batch
+    _worker_module._worker_info = None
+    try:
         return default_collate(batch)
+    finally:
+        _worker_module._worker_info = saved
 
 
 # -- an iterator's fields ---------------------------------------------------------
@@ -356,8 +361,6 @@ class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
             self._autosafe_watch.shut_down(getattr(self, "_workers", ()))
 
     def _get_data(self) -> Any:
-        import time
-
         watch = self._autosafe_watch
         limit = watch.limit()
         start = time.monotonic()
