@@ -43,7 +43,8 @@ ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
              "worker_init_fn", "timeout")
 
 
-def _keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
+def keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
+    """Keep each finding's ``state`` on ``loader``, for its iterators."""
     for finding in findings:
         for name, value in finding.state.items():
             loader.__dict__[STATE_PREFIX + name] = value
@@ -66,7 +67,7 @@ def decide_construction(values: dict[str, Any], defaults: dict[str, Any],
                         instance: Loader) -> tuple[dict[str, Any], list[Finding]] | None:
     """The checks at ``dataloader.init`` for the bound ``values`` (defaults
     filled in): ``(the arguments they changed, findings applied)``, or None:
-    unchanged. Their state is kept on ``instance`` by ``keep_construction``."""
+    unchanged. Their state is kept on ``instance`` by ``keep_state``."""
     workers = values.get("num_workers")
     if not isinstance(workers, int) or workers < 0:
         return None  # torch rejects it, in its own words: nothing of ours applies
@@ -77,10 +78,6 @@ def decide_construction(values: dict[str, Any], defaults: dict[str, Any],
     if not found or not settle(found, site, work):
         return None
     return {name: value for name, value in work.items() if value is not values[name]}, found
-
-
-def keep_construction(loader: Loader, findings: Iterable[Finding]) -> None:
-    _keep_state(loader, findings)
 
 
 # -- iteration --------------------------------------------------------------------
@@ -143,7 +140,7 @@ def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: d
         for name in ITER_ARGS:
             if work[name] is not values[name]:
                 setattr(loader, name, work[name])
-        _keep_state(loader, found)
+        keep_state(loader, found)
     skipped = {f.rule.code for f in unsaid}
     return [record for record in made if record.code not in skipped]
 

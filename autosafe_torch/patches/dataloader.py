@@ -44,7 +44,7 @@ def _init_wrapper(wrapped, instance, args, kwargs):
         changed, applied = decided
         arguments.arguments.update(changed)
         result = wrapped(*arguments.args, **arguments.kwargs)
-        plans.keep_construction(instance, applied)
+        plans.keep_state(instance, applied)
     engine.fail_open(None, "DataLoader warm start", plans.warm_start_ahead, instance,
                      sys._getframe(1))
     return result
