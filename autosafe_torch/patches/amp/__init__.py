@@ -30,10 +30,10 @@ signature a device, and what ``torch.amp.autocast`` accepts, probed once.
 """
 
 from ...rules.amp import AmpCall
-from .. import original, replace, wrap
+from .. import original, replace, signature_without_self, wrap
 from . import autocast, provided, scaler
 from .caps import TorchAmpCaps
-from .common import is_deprecated, is_subclass, signature_without_self, state
+from .common import is_deprecated, is_subclass, state
 
 
 def caps():

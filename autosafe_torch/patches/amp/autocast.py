@@ -15,9 +15,8 @@ from ... import engine, facts
 from ...callsite import cached_call_site
 from ...config import CONFIG
 from ...report import internal_error
-from .. import replace
-from .common import (_CLEAN, _PLAN_CACHE_LIMIT, bind, defaults_of, run,
-                     signature_without_self, state)
+from .. import bind, defaults_of, replace, signature_without_self
+from .common import _CLEAN, _PLAN_CACHE_LIMIT, run, state
 
 _autocast_plans = {}  # (args, disabled, facts override) -> _CLEAN or (findings, kwargs)
 

@@ -1,9 +1,8 @@
-"""What the AMP wrappers share: their state, running the checks, signatures
-(binding a call: ``patches.bind``, as the DataLoader's patch does)."""
+"""What the AMP wrappers share: their state, running the checks (binding a
+call is ``patches.bind``, as for the DataLoader's patch)."""
 
 from ... import engine, facts
 from ...rules import Context
-from .. import bind, defaults_of, signature_without_self  # noqa: F401 (the wrappers' names)
 
 _CLEAN = "clean"      # cached plan: call the original unchanged
 _PLAN_CACHE_LIMIT = 4096

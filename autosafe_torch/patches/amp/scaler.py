@@ -6,7 +6,8 @@ through ``torch.amp.GradScaler`` by keyword (AMP502), accepting a device
 from ... import engine
 from ...callsite import cached_call_site
 from ...rules.amp import device_type
-from .common import bind, defaults_of, run
+from .. import bind, defaults_of
+from .common import run
 
 
 def _scaler_plan(instance, call, signature, defaults, args, kwargs):
