@@ -94,7 +94,8 @@ def fallback(check: Check, args: dict[str, Any], ctx: Context, why: str | None) 
     """Rungs 2-4 for a loader that cannot start as asked."""
     fix, reason, refused = None, why, []
     if why is None:
-        failures, refused = pickling_plan(args, ctx).failures, pickling_plan(args, ctx).refused
+        plan = pickling_plan(args, ctx)
+        failures, refused = plan.failures, plan.refused
         why = "; ".join(["%s: %s" % (f.path, f.error) for f in failures] + refused) \
             or "does not pickle"
         fix = failures and (getattr(failures[0], "fix", None)
