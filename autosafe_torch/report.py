@@ -2,9 +2,11 @@
 
 Every fix becomes one ``Intervention``. The ``autosafe_torch`` logger says
 it once per (rule code, call site), so a loader built every epoch logs once;
-the count keeps growing in the record. No ``basicConfig``: when neither our
-logger nor the root logger has a handler, a stderr handler of our own
-speaks; as soon as the application configures logging, it takes over.
+the count keeps growing in the record. The shim's lines are the shim's: they
+go to stderr (and the JSON log), never into the application's own logging
+(``logging.basicConfig(filename="train.log")`` keeps its file to itself: our
+logger does not propagate). A handler the application puts on the
+``autosafe_torch`` logger itself gets them as well.
 
 What a person reads is short, in the convention of compilers and linters::
 
@@ -59,7 +61,9 @@ def _env_int(name: str) -> int | None:
         return None
 
 _lock = threading.Lock()
-_records: dict[tuple[str, str], Intervention] = {}  # (code, call_site) -> Intervention
+# (code, call site, subject) -> Intervention; (code, call site) said on stderr
+_records: dict[tuple[str, str, int | None], Intervention] = {}
+_said_at: set[tuple[str, str]] = set()
 _errors_logged: set[tuple[str, str]] = set()
 _summary_pid: int | None = None
 
@@ -69,7 +73,7 @@ class Intervention:
 
     __slots__ = ("code", "slug", "before", "after", "why", "fix", "call_site",
                  "strategy", "action", "pid", "rank", "local_rank", "world_size", "time",
-                 "count", "done", "clauses", "said", "rung")
+                 "count", "done", "clauses", "said", "rung", "subject")
 
     def __init__(self, code: str, slug: str, before: dict[str, Any], after: dict[str, Any],
                  why: str, fix: str, call_site: str, strategy: str | None = None,
@@ -95,14 +99,15 @@ class Intervention:
         self.clauses: list[Intervention] = []
         self.said = False   # said on another's line
         self.rung = rung    # the ladder's rung its finding chose (rules.ladder.Rung), or None
+        # what it was done to (a loader: id), where one site serves several; None: the site
+        self.subject: int | None = None
 
     def failed(self, why: str) -> None:
         """This fix did not hold (a remedy a worker could not apply, a start
         that came out otherwise): the record says so, and what happened."""
         self.action = "failed"
         self.why = "%s; it was to be: %s" % (why, self.done)
-        self.done = "did not hold: " + why
-        self.clauses = []
+        self.done = "did not hold: " + why  # its clauses fail with it, on its line
 
     def as_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in JSON_FIELDS if name != "cwd"}
@@ -117,7 +122,8 @@ class Intervention:
 
     def headline(self) -> str:
         """``path:line: CODE slug: what was done to what``."""
-        text = "; ".join([self.done] + [c.done for c in self.clauses])
+        said_with = [] if self.action == "failed" else [c.done for c in self.clauses]
+        text = "; ".join([self.done] + said_with)
         if self.action in NOT_APPLIED:
             text = NOT_APPLIED[self.action] + text
         elif self.action == "advised" and not text.startswith("advice"):
@@ -213,22 +219,20 @@ def without_addresses(text: str) -> str:
     return _ADDRESS.sub(lambda m: "" if m.group(0).startswith(" at ") else "0x...", text)
 
 
-class _FallbackStderrHandler(logging.StreamHandler):
-    """Speaks only while the application has configured no handler."""
+class _StderrHandler(logging.StreamHandler):
+    """Our lines on stderr, whatever the application configured."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
         self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        if logging.getLogger().handlers or len(logger.handlers) > 1:
-            return  # the application's handlers (root's, or ours) take it
         self.stream = sys.stderr  # follow redirections (pytest capsys, tests)
         super().emit(record)
 
 
-_fallback = _FallbackStderrHandler()
-logger.addHandler(_fallback)
+logger.addHandler(_StderrHandler())
+logger.propagate = False  # never into the application's handlers (the root's)
 logger.setLevel(logging.DEBUG if CONFIG.debug else logging.INFO)
 
 
@@ -269,22 +273,28 @@ def _named_once() -> str:
 def record(intervention: Intervention) -> Intervention:
     """Keep, log once per (code, call site), and write the JSON sink.
 
-    A clause (``intervention.said``: DL209, said on its host's line) has no
-    line of its own when its host was said with it; its record is kept and
-    written to the JSON log all the same."""
+    Each subject (a loader) at a site has its own record, written to the JSON
+    log; a repeat of one (the same loader, or a site without subjects) counts.
+    The stderr line is said once per (code, call site): a loader made every
+    epoch is one mistake. A clause (``intervention.said``: DL209, said on its
+    host's line) has no line of its own when its host was said with it; its
+    record is kept and written to the JSON log all the same."""
     # The user's line: a loader a framework re-makes from the user's is one mistake.
-    key = (intervention.code, user_part(intervention.call_site))
+    site = (intervention.code, user_part(intervention.call_site))
+    key = site + (intervention.subject,)
     with _lock:
         known = _records.get(key)
         if known is not None:
             known.count += 1
             return known
         _records[key] = intervention
+        first_at_site = site not in _said_at
+        _said_at.add(site)
         _arm_summary()
     # A spawned DataLoader worker repeats the parent's fixes for itself (cv2 is
     # imported afresh there): said once, by the parent; a worker only under DEBUG.
     level = logging.DEBUG if _in_worker_process() else logging.WARNING
-    if not intervention.said:
+    if not intervention.said and first_at_site:
         intervention.clauses = [c for c in intervention.clauses if _is_new(c)]
         for clause in intervention.clauses:
             clause.said = True
@@ -297,7 +307,7 @@ def record(intervention: Intervention) -> Intervention:
 
 def _is_new(intervention: Intervention) -> bool:
     with _lock:
-        return (intervention.code, user_part(intervention.call_site)) not in _records
+        return (intervention.code, user_part(intervention.call_site)) not in _said_at
 
 
 def count_again(recorded: Iterable[Intervention]) -> None:
@@ -349,6 +359,7 @@ def interventions() -> list[Intervention]:
 def clear() -> None:
     with _lock:
         _records.clear()
+        _said_at.clear()
         _errors_logged.clear()
     # and the repeats engine.settle_repeated counts into the records just dropped
     engine = sys.modules.get(__package__ + ".engine")
@@ -389,17 +400,18 @@ VERBS = (("fixed", "fixed"), ("failed", "did not hold"), ("would-fix", "would fi
 def summary_line() -> str:
     """One line: the counts by code (and call sites, where more than one), by
     action, and where the JSON log is; "" when nothing was recorded."""
-    per_action: dict[str, dict[str, list[int]]] = {}
+    per_action: dict[str, dict[str, tuple[list[int], set[str]]]] = {}
     for rec in interventions():
-        entry = per_action.setdefault(rec.action, {}).setdefault(rec.code, [0, 0])
-        entry[0] += rec.count
-        entry[1] += 1
+        count, sites = per_action.setdefault(rec.action, {}).setdefault(rec.code, ([0], set()))
+        count[0] += rec.count
+        sites.add(user_part(rec.call_site))
     parts = []
     for action, verb in VERBS:
         codes = per_action.get(action)
         if codes:
             parts.append("%s %s" % (verb, ", ".join(
-                "%s x%d%s" % (code, n, " (%d call sites)" % sites if sites > 1 else "")
+                "%s x%d%s" % (code, n[0], " (%d call sites)" % len(sites) if len(sites) > 1
+                              else "")
                 for code, (n, sites) in sorted(codes.items()))))
     if not parts:
         return ""

@@ -133,26 +133,30 @@ def test_quiet_silences_the_log_but_still_fixes(tmp_path):
     assert result.rc == 0 and "autosafe_torch" not in result.stderr, result
 
 
-def test_application_logging_takes_over(tmp_path):
-    body = "import logging, sys\nlogging.basicConfig(stream=sys.stdout, format='APP %(name)s %(message)s')\n" \
-        + BROKEN_LOADER + "digest(make())\n"
+def test_the_applications_logging_keeps_its_own_lines(tmp_path):
+    """``logging.basicConfig(filename=...)``: the application's file gets its own
+    lines and none of ours; ours, the summary too, reach stderr."""
+    body = ("import logging, sys\n"
+            "logging.basicConfig(filename='train.log', level=logging.INFO,\n"
+            "                    format='APP %(name)s %(message)s')\n"
+            "logging.getLogger('app').info('started')\n") + BROKEN_LOADER + "digest(make())\n"
     result = run_script(tmp_path, body, activation="env")
     assert result.rc == 0, result
     at = line_of(tmp_path, "return DataLoader")
-    assert "APP autosafe_torch train.py:%d: DL101 prefetch-without-workers" % at \
-        in result.stdout, result
-    assert "APP autosafe_torch autosafe_torch: summary: fixed DL101 x1" in result.stdout
-    assert "DL101" not in result.stderr  # no second, unconfigured copy
+    assert (tmp_path / "train.log").read_text().splitlines() == ["APP app started"]
+    assert "train.py:%d: DL101 prefetch-without-workers" % at in result.stderr, result
+    assert "autosafe_torch: summary: fixed DL101 x1" in result.stderr
 
 
-def test_a_handler_on_our_logger_takes_over_too(tmp_path):
+def test_a_handler_on_our_logger_gets_our_lines_too(tmp_path):
     body = ("import logging, sys\nh = logging.StreamHandler(sys.stdout)\n"
             "h.setFormatter(logging.Formatter('OURS %(message)s'))\n"
             "logging.getLogger('autosafe_torch').addHandler(h)\n") + BROKEN_LOADER + "make()\n"
     result = run_script(tmp_path, body, activation="env")
     assert result.rc == 0, result
-    assert "OURS train.py:%d: DL101 " % line_of(tmp_path, "return DataLoader") \
-        in result.stdout and "DL101" not in result.stderr
+    at = line_of(tmp_path, "return DataLoader")
+    assert "OURS train.py:%d: DL101 " % at in result.stdout
+    assert "train.py:%d: DL101 " % at in result.stderr
 
 
 def test_activation_after_torch_patches_and_says_so(tmp_path):

@@ -8,7 +8,13 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from support import ROOT, clean_env
+
+# The small suite injects an internal error on purpose (test_in_process_internal_error),
+# and its report shows that test's stderr, which this process reads.
+pytestmark = pytest.mark.internal_error_expected
 
 SUITE = '''
 import subprocess, sys

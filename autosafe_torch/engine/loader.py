@@ -142,6 +142,8 @@ def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: d
                 setattr(loader, name, work[name])
         keep_state(loader, found)
     skipped = {f.rule.code for f in unsaid}
+    for record in made:
+        record.subject = id(loader)  # each loader its own record, at one site too
     return [record for record in made if record.code not in skipped]
 
 
