@@ -85,4 +85,4 @@ def test_as_on_each_platform_the_batches_of_two_fork_workers(tmp_path, reference
         assert "keep no generator on the dataset" in records[0]["fix"]
     else:  # no fork rung: the dataset built again in each worker (an unstarted generator)
         assert strategies == {"repair: build the dataset again in each worker"}
-        assert "built again from its constructor's arguments" in records[0]["done"]
+        assert "built again by its constructor's call" in records[0]["done"]

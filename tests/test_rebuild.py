@@ -1,23 +1,42 @@
-"""The rebuild rung's parts (remedies/rebuild.py, patches/datasets.py): what is
-recorded, what the check accepts and refuses, and that checking leaves the
-program as it was. The end-to-end runs are in tests/test_holders.py."""
+"""The rebuild rung's parts (remedies/rebuild.py, patches/datasets.py), in process:
+what the program's construction records, what the training process refuses
+without building anything, and what a worker's build checks. The end-to-end
+runs (real spawn workers, as on macOS and on Linux) are in tests/test_holders.py
+and tests/test_constructors.py."""
 
+import inspect
 import os
+import pickle
 import random
+import socket
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
 
+from autosafe_torch import patches
+from autosafe_torch.inspection import digest
+from autosafe_torch.patches import datasets as dataset_patch
 from autosafe_torch.remedies import rebuild
 from support import run_script
+
+BUILT = []  # every construction, in the order the constructors ran
 
 
 class Reader(Dataset):
     def __init__(self, path, scale=1.0):
+        BUILT.append(("Reader", path))
         self.path, self.scale = path, scale
         self.f = open(path, "rb")
+
+
+class Shuffled(Dataset):
+    def __init__(self, paths):
+        BUILT.append(("Shuffled", len(paths)))
+        order = list(paths)
+        random.shuffle(order)
+        self.files = [open(p, "rb") for p in order]
 
 
 class Writer(Dataset):
@@ -30,106 +49,225 @@ class Writer(Dataset):
             pass
 
 
-class Drawn(Dataset):
-    def __init__(self, n):
-        self.order = torch.randperm(n)
-        self.noise = random.random() + float(np.random.rand())
-
-
 class Noisy(Dataset):
     def __init__(self, path):
         print("loading", path)
+        os.write(2, b"native noise\n")
         self.path = path
 
 
-def built(cls, *args, **kwargs):
-    obj = cls(*args, **kwargs)
-    rebuild.record(obj, cls, args, kwargs)
-    return obj
+class Connected(Dataset):
+    def __init__(self):
+        self.sock = socket.socket()
+
+
+class Converted(Dataset):
+    """Keeps what it made of its argument, not the argument."""
+
+    def __init__(self, frame):
+        self.values = frame.sum()
+
+
+class Child(Reader):
+    def __init__(self, path):
+        super().__init__(path, scale=2.0)
+
+
+@pytest.fixture
+def recorded():
+    """Dataset constructions recorded, as under the shim."""
+    dataset_patch.patch(torch)
+    BUILT.clear()
+    yield
+    patches.revert()
 
 
 @pytest.fixture
 def data(tmp_path):
-    path = tmp_path / "data.bin"
-    path.write_bytes(bytes(range(64)))
-    return str(path)
+    paths = []
+    for k in range(4):
+        path = tmp_path / ("part%d.bin" % k)
+        path.write_bytes(bytes(range(k, 64 + k)))
+        paths.append(str(path))
+    return paths
 
 
-def test_plain_arguments_are_recorded_objects_are_not(data):
-    ds = built(Reader, data, scale=2.0)
-    assert rebuild.recipe_of(ds) == (Reader, (data,), {"scale": 2.0})
-    other = built(Reader, data, scale=torch.ones(3))  # a tensor: kept alive, no recipe
-    assert rebuild.recipe_of(other) is None
+def sent(ds):
+    """``ds`` as the training process sends it to a worker (the rebuild planned),
+    and as that worker builds and checks it."""
+    rebuild.install([ds])
+    func, args = rebuild.reduce_rebuilt(ds)
+    assert func is rebuild.rebuilt_in_worker
+    cls, call_args, kwargs, expected = args
+    return func(cls, call_args, kwargs, pickle.loads(pickle.dumps(expected)))
 
 
-def test_a_faithful_constructor_is_approved_and_rebuilt(data):
-    ds = built(Reader, data)
-    recipe, why = rebuild.approve(ds)
-    assert why is None and recipe.cls is Reader
-    again = rebuild.rebuilt_in_worker(recipe.cls, recipe.args, recipe.kwargs, recipe.digest)
-    assert again.path == ds.path and again.f.read() == bytes(range(64))
+def test_the_call_is_recorded_by_reference_with_what_it_opened(recorded, data):
+    scale = np.float32(2.0)  # not a plain value: kept all the same
+    ds = Reader(data[0], scale=scale)
+    made = rebuild.construction_of(ds)
+    cls, args, kwargs = made.call()
+    assert cls is Reader and args == (data[0],) and kwargs["scale"] is scale  # not a copy
+    assert [(o.kind, o.path) for o in made.opened] == [("file", data[0])]
+    assert made.rng is None  # it drew nothing
+    assert rebuild.refusal(ds) is None
 
 
-def test_what_changed_after_construction_is_refused(data):
-    ds = built(Reader, data)
-    ds.f.read(8)  # the parent read: a new file would start elsewhere
-    recipe, why = rebuild.approve(ds)
-    assert recipe is None and "holds other values" in why
-    ds2 = built(Reader, data)
-    ds2.scale = 3.0  # set after construction
-    assert rebuild.approve(ds2)[0] is None
+def test_only_the_outer_call_measures_and_the_class_reads_as_before(recorded, data):
+    ds = Child(data[1])
+    assert rebuild.construction_of(ds).call() == (Child, (data[1],), {})
+    assert [o.path for o in rebuild.construction_of(ds).opened] == [data[1]]
+    assert inspect.isfunction(Reader.__init__) and Reader.__init__.__name__ == "__init__"
+    assert str(inspect.signature(Reader)) == "(path, scale=1.0)"
+    cloudpickle = pytest.importorskip("cloudpickle")
+    assert "MeasuredInit" not in str(cloudpickle.dumps(Reader))
 
 
-def test_a_constructor_that_writes_files_is_refused_and_writes_nothing(tmp_path, data):
-    path = str(tmp_path / "w")
-    ds = built(Writer, path)
-    os.remove(path + ".cache")
-    recipe, why = rebuild.approve(ds)
-    assert recipe is None and "writes files" in why
-    assert not os.path.exists(path + ".cache")  # the check's write was refused
+def test_an_argument_the_program_let_go_is_not_kept_alive(recorded):
+    pd = pytest.importorskip("pandas")
+    ds = Converted(pd.DataFrame({"a": [1, 2, 3]}))  # the frame is freed right here
+    assert "its argument 0 (a DataFrame) was freed by the program" in rebuild.refusal(ds)
 
 
-def test_a_random_constructor_is_refused_and_the_generators_are_put_back():
-    torch.manual_seed(1)
-    ds = built(Drawn, 10)
-    states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
-    recipe, why = rebuild.approve(ds)
-    assert recipe is None and "random" in why
-    assert random.getstate() == states[0]
-    assert (np.random.get_state()[1] == states[1]).all()
-    assert torch.equal(torch.get_rng_state(), states[2])
+def test_what_changed_after_construction_is_refused_by_name(recorded, data):
+    ds = Reader(data[0])
+    ds.cache = {0: b"peeked"}
+    assert rebuild.refusal(ds) == "its attribute cache was set after construction"
+    ds2 = Reader(data[0])
+    ds2.scale = 3.0
+    assert "its attribute scale was set again after construction" in rebuild.refusal(ds2)
 
 
-def test_the_check_prints_nothing(capsys, tmp_path):
-    ds = built(Noisy, str(tmp_path))
-    capsys.readouterr()
-    assert rebuild.approve(ds)[0] is not None
-    assert capsys.readouterr().out == ""
+def test_a_handle_over_what_is_no_file_is_refused(recorded):
+    """Seen where the build is alone in its process: the worker (in the training
+    process another thread may open a pipe meanwhile: a warm server starting)."""
+    ds = Connected()
+    try:
+        rebuild.install([ds])
+        again = sent(ds)
+        with pytest.raises(Exception, match="its constructor opened a socket, and a handle "
+                           "over what is no file is not made again"):
+            again[0]
+    finally:
+        ds.sock.close()
 
 
-def test_a_changed_file_fails_the_worker_loudly(tmp_path, data):
-    ds = built(Reader, data)
-    recipe, _ = rebuild.approve(ds)
-    with open(data, "ab") as f:
+def test_a_worker_builds_the_same_dataset_from_the_same_draws(recorded, data):
+    random.seed(7)
+    random.random()  # the program drew before constructing
+    ds = Shuffled(data)
+    order = [f.name for f in ds.files]
+    assert rebuild.construction_of(ds).rng is not None
+    random.seed(99)  # the worker's own state: put back after its build
+    state = random.getstate()
+    again = sent(ds)
+    assert [f.name for f in again.files] == order
+    assert random.getstate() == state
+    assert BUILT == [("Shuffled", 4), ("Shuffled", 4)]
+
+
+def test_a_worker_that_opens_other_files_fails_and_names_them(recorded, data):
+    ds = Reader(data[0])
+    rebuild.install([ds])
+    func, args = rebuild.reduce_rebuilt(ds)
+    cls, call_args, kwargs, expected = args
+    again = func(cls, (data[1],), kwargs, expected)  # as module state changed by main() does
+    with pytest.raises(Exception, match="it opened part1.bin, the training process part0.bin"):
+        again[0]
+
+
+def test_another_order_of_the_same_files_is_named(recorded, data):
+    random.seed(1)
+    ds = Shuffled(data)
+    rebuild.install([ds])
+    _func, (cls, args, kwargs, expected) = rebuild.reduce_rebuilt(ds)
+    expected.rng = None  # as if the worker drew from its own generator
+    random.seed(2)  # which shuffles these four otherwise (seeds 1 and 2)
+    again = rebuild.rebuilt_in_worker(cls, args, kwargs, expected)
+    with pytest.raises(Exception, match="it opened its files in another order"):
+        len(again)
+
+
+def test_a_changed_file_or_attribute_fails_the_worker_before_a_batch(recorded, data):
+    ds = Reader(data[0])
+    rebuild.install([ds])
+    _func, (cls, args, kwargs, expected) = rebuild.reduce_rebuilt(ds)
+    with open(data[0], "ab") as f:
         f.write(b"more")
-    with pytest.raises(rebuild.RebuildFailed, match="holds other values"):
-        rebuild.rebuilt_in_worker(recipe.cls, recipe.args, recipe.kwargs, recipe.digest)
+    again = rebuild.rebuilt_in_worker(cls, args, kwargs, expected)
+    with pytest.raises(Exception, match="part0.bin changed since the training process opened"):
+        again[0]
+    fresh = Reader(data[1])
+    fresh.scale_cache = [1]  # a peek filled a cache: the worker's build has none
+    rebuild.install([fresh])
+    _func, (cls, args, kwargs, expected) = rebuild.reduce_rebuilt(fresh)
+    again = rebuild.rebuilt_in_worker(cls, args, kwargs, expected)
+    with pytest.raises(Exception, match="has no attribute scale_cache"):
+        iter(again)
+
+
+def test_a_constructor_that_writes_files_is_refused_and_writes_nothing(recorded, tmp_path):
+    path = str(tmp_path / "w")
+    ds = Writer(path)
+    os.remove(path + ".cache")
+    rebuild.install([ds])
+    again = sent(ds)
+    with pytest.raises(Exception, match=r"its constructor writes files \(opens w.cache"):
+        again[0]
+    assert not os.path.exists(path + ".cache")  # the worker's write was refused
+
+
+def test_a_worker_build_prints_nothing(recorded, tmp_path, capfd):
+    ds = Noisy(str(tmp_path))
+    capfd.readouterr()
+    assert isinstance(sent(ds), Noisy)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_the_program_constructs_once_and_nothing_is_built_to_decide(recorded, data):
+    ds = Reader(data[0])
+    assert rebuild.refusal(ds) is None
+    from autosafe_torch.inspection.probe import probe
+
+    assert not probe(ds, "dataset").ok
+    # the plan's probe sends the call, builds nothing
+    assert probe(ds, "dataset", rebuild.planned_reducers([ds])).ok
+    assert BUILT == [("Reader", data[0])]
+
+
+def test_datasets_take_their_arguments_once_the_shim_is_off(recorded, data):
+    """``deactivate()`` (``%unload_ext``) puts back a ``__new__`` that does what
+    Dataset's did: CPython keeps the slot made for ours, which deleting it
+    would leave refusing every subclass's arguments."""
+    patches.revert()
+    assert len(torch.utils.data.TensorDataset(torch.zeros(3))) == 3
+    assert Reader(data[0]).path == data[0]
+    with pytest.raises(TypeError, match=r"takes no arguments"):
+        type("Bare", (Dataset,), {})(1)
 
 
 def test_digest_does_not_depend_on_string_hashes(tmp_path):
     """A spawned worker hashes strings with another seed: sets, in a worker's
     digest and the parent's, in one order (pandas' reader holds some)."""
-    script = ("from autosafe_torch.remedies import rebuild\n"
+    script = ("from autosafe_torch.inspection import digest\n"
               "class S:\n    def __init__(self):\n"
               "        self.names = {'a', 'b', 'NaN', 'null', 'N/A', '#N/A'}\n"
               "        self.kept = [frozenset(self.names)]\n"
-              "print('DIGEST', rebuild.digest(S()))\n")
+              "print('DIGEST', digest.attribute_digests(S()))\n")
     seen = set()
     for seed in ("1", "2", "3"):
         result = run_script(tmp_path, script, env={"PYTHONHASHSEED": seed})
         assert result.rc == 0, result
-        seen.add(result.stdout.split()[1])
+        seen.add(result.stdout.split("DIGEST", 1)[1])
     assert len(seen) == 1
+
+
+def test_digest_reads_an_imagenet_sized_index_whole():
+    samples = [("/data/n%08d/%07d.JPEG" % (i % 1000, i), i % 1000) for i in range(1_281_167)]
+    before = digest.digest(samples)
+    samples[1_281_000] = ("/data/other.JPEG", 3)  # one item past any cap
+    assert digest.digest(samples) != before
 
 
 def test_recording_keeps_datasets_as_they_were(tmp_path):
@@ -161,7 +299,7 @@ def test_recording_keeps_datasets_as_they_were(tmp_path):
             print("BARE", exc)
         print("PICKLE", pickle.loads(pickle.dumps(ds)).n, len(TensorDataset(torch.ones(2))))
         from autosafe_torch.remedies import rebuild
-        print("RECORDED", rebuild.recipe_of(ds) is not None)
+        print("RECORDED", rebuild.construction_of(ds) is not None)
     """, activation="import")
     assert result.rc == 0, result
     assert "MIXIN 1 3" in result.stdout and "BARE Bare() takes no arguments" in result.stdout

@@ -302,5 +302,8 @@ def _first_line(exc):
         return ""
     text = [line for line in exception_text(exc).strip().splitlines() if line.strip()]
     if len(text) > 1 and text[0].startswith("Caught "):
-        return text[-1].strip()
+        line = text[-1].strip()
+        # A remedy of ours that did not hold says so itself: its words, not its type.
+        ours = "RemedyFailed: autosafe_torch: "
+        return line.split(ours, 1)[1] if ours in line else line
     return "%s: %s" % (type(exc).__name__, text[0] if text else "")

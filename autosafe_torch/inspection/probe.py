@@ -18,6 +18,7 @@ module as ``__mp_main__``.
 
 import copyreg
 import functools
+import logging
 import pickle
 import sys
 import types
@@ -37,20 +38,22 @@ MAX_PICKLED = 2_000_000
 BIG_BUFFER = 1 << 16  # bytes/bytearray this large are payload, not structure
 
 _TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
+_OURS = "autosafe_torch."
 _FAST_LEAVES = frozenset({type(None), bool, int, float, complex, str})
 
 
 class ProbeResult:
     """``ok``, or where it fails: ``path``, ``error``, the offending ``value``."""
 
-    __slots__ = ("ok", "path", "error", "value", "objects")
+    __slots__ = ("ok", "path", "error", "value", "objects", "loggers")
 
-    def __init__(self, ok, path, error=None, value=None, objects=0):
+    def __init__(self, ok, path, error=None, value=None, objects=0, loggers=()):
         self.ok = ok
         self.path = path
         self.error = error
         self.value = value
         self.objects = objects
+        self.loggers = loggers  # the logging.Logger objects pickled (each once)
 
     def __bool__(self):
         return self.ok
@@ -72,11 +75,15 @@ _SINK = _NullSink()
 
 
 def _probe_dispatch_table(planned=None):
-    """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a
-    repair would install: the probe tries them without installing them)."""
+    """ForkingPickler's reducers less torch's and ours, plus ``planned``
+    (reducers a repair would install: the probe tries them without installing
+    them). A repair installed for another loader does not count: each loader
+    is planned, and recorded, as if it were the only one."""
     table = copyreg.dispatch_table.copy()
     for cls, reducer in ForkingPickler._extra_reducers.items():
-        if getattr(reducer, "__module__", "") != _TORCH_REDUCERS_MODULE:
+        module = getattr(reducer, "__module__", None) or getattr(
+            getattr(reducer, "func", None), "__module__", "")
+        if module != _TORCH_REDUCERS_MODULE and not module.startswith(_OURS):
             table[cls] = reducer
     if sys.version_info < (3, 10):
         table.update(_fork_semlock_reducers())
@@ -161,6 +168,7 @@ class _ProbePickler(pickle.Pickler):
         self.objects = 0
         self.by_value = by_value
         self._sent_by_value = set()
+        self.loggers = {}  # id -> a Logger met (they pickle by name: DL219 looks at them)
 
     def persistent_id(self, obj):
         self.objects += 1
@@ -182,6 +190,8 @@ class _ProbePickler(pickle.Pickler):
 
     def reducer_override(self, obj):
         if not objwalk.is_a(obj, (type, types.FunctionType)):
+            if isinstance(obj, logging.Logger):
+                self.loggers[id(obj)] = obj
             return NotImplemented
         if self.by_value and not importable_by_reference(obj):
             if id(obj) in self._sent_by_value:  # a class its own methods name
@@ -221,6 +231,7 @@ class _Prober:
         self.by_value = by_value
         self.payload = _payload_types()
         self.objects = 0
+        self.loggers = {}
 
     def error(self, obj, ancestors=()):
         """The exception pickling ``obj`` raises (ancestors count as already pickled)."""
@@ -237,6 +248,7 @@ class _Prober:
         finally:
             context.set_spawning_popen(spawning)
             self.objects += pickler.objects
+            self.loggers.update(pickler.loggers)
 
     def children(self, obj):
         """``(label, child)`` in the order pickling would save them."""
@@ -319,7 +331,8 @@ def probe(obj, path="dataset", planned=None, by_value=False):
     prober = _Prober(planned, by_value)
     exc = prober.error(obj)
     if exc is None:
-        return ProbeResult(True, path, objects=prober.objects)
+        return ProbeResult(True, path, objects=prober.objects,
+                           loggers=tuple(prober.loggers.values()))
     value, where, exc = prober.locate(obj, path, exc)
     return ProbeResult(False, where, exception_text(exc), value, prober.objects)
 

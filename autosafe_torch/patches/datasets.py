@@ -1,15 +1,32 @@
-"""``Dataset.__new__``: each dataset's constructor arguments, recorded.
+"""``Dataset.__new__`` and each dataset class's own ``__init__``: the program's
+construction of a dataset, recorded for the rebuild rung (``remedies/rebuild.py``,
+its NOTE [the rebuild's three places], 1).
 
-A dataset that holds what no spawned worker can receive (a ParquetFile, a
-safetensors handle) can be built again there from the arguments it was
-built with (``remedies/rebuild.py``). ``__new__`` sees them for every
-subclass, whatever its ``__init__``; it records plain values only and then
-does what ``__new__`` did before: the next ``__new__`` along the class's MRO
-(``object.__new__`` for nearly every dataset), so a mixin's own ``__new__``
-still runs.
+``__new__`` sees every construction of every subclass, whatever its
+``__init__``, with the call's arguments; it then does what ``__new__`` did
+before: the next ``__new__`` along the class's MRO (``object.__new__`` for
+nearly every dataset), so a mixin's own ``__new__`` still runs. The end of
+the construction is the end of the class's ``__init__``: at a class's first
+construction, the ``__init__`` it runs (a Python function of the class that
+defines it) is bounded by ``MeasuredInit``, which records what that call
+opened and drew, for the dataset ``__new__`` made and no other (a subclass's
+``super().__init__()``, an explicit ``Base.__init__(self)``: the outer call
+measures). Reading ``Class.__init__`` gives the function itself, and a class
+sent by value (cloudpickle) carries it, not the wrapper.
+
+torch's own datasets (``TensorDataset``, ``Subset``...) hold nothing a worker
+cannot receive: never recorded.
 """
 
+import threading
+import types
+import weakref
+
 from . import replace
+
+# .ref: the dataset __new__ made, its __init__ not yet begun (weakly: a copy or an
+# unpickled dataset gets no __init__); .made: its record
+_pending = threading.local()
 
 
 def patch(torch):
@@ -18,22 +35,98 @@ def patch(torch):
     replace(Dataset, "__new__", staticmethod(_recording_new))
 
 
-def _recording_new(cls, *args, **kwargs):
+def unpatch():
+    """After ``revert``: a ``__new__`` that only does what ``__new__`` did before.
+    Deleting ours is not enough: CPython keeps the slot it made for it, and
+    ``object.__new__`` would then refuse every subclass's arguments."""
+    from torch.utils.data import Dataset
+
+    Dataset.__new__ = staticmethod(_plain_new)
+
+
+def _plain_new(cls, *args, **kwargs):
+    """What ``Dataset(...)`` did without the shim: the next ``__new__`` along
+    the class's MRO, with object.__new__'s own refusal of arguments."""
     from torch.utils.data import Dataset
 
     following = super(Dataset, cls).__new__
-    if following is object.__new__:
-        if (args or kwargs) and cls.__init__ is object.__init__:
-            # what object.__new__ says when neither method takes arguments
-            raise TypeError("%s() takes no arguments" % cls.__name__)
-        obj = object.__new__(cls)
-    else:
-        obj = following(cls, *args, **kwargs)
-    if args or kwargs or cls.__init__ is not object.__init__:
-        try:
-            from ..remedies import rebuild
+    if following is not object.__new__:
+        return following(cls, *args, **kwargs)
+    if (args or kwargs) and cls.__init__ is object.__init__:
+        # what object.__new__ says when neither method takes arguments
+        raise TypeError("%s() takes no arguments" % cls.__name__)
+    return object.__new__(cls)
 
-            rebuild.record(obj, cls, args, kwargs)
-        except Exception:  # a recipe is an option: never the user's problem
-            pass
+
+def _recording_new(cls, *args, **kwargs):
+    obj = _plain_new(cls, *args, **kwargs)
+    try:
+        _record(obj, cls, args, kwargs)
+    except Exception:  # a record is an option: never the user's problem
+        pass
     return obj
+
+
+def _record(obj, cls, args, kwargs):
+    from ..remedies import rebuild
+
+    if not rebuild.recording() or (cls.__module__ or "").startswith("torch."):
+        return
+    made = rebuild.begin(obj, cls, args, kwargs)
+    if made is None:
+        return
+    owner, init = _own_init(cls)
+    if init is object.__init__:
+        made.opened, made.attrs = [], {}  # nothing runs: nothing opened
+        return
+    if owner is None or (owner.__module__ or "").startswith("torch.") \
+            or type(init) not in (types.FunctionType, MeasuredInit):
+        return  # not the program's Python code: its end is not seen
+    if type(init) is types.FunctionType:
+        replace(owner, "__init__", MeasuredInit(init))
+    _pending.ref, _pending.made = weakref.ref(obj), made
+
+
+def _own_init(cls):
+    """``(the class that defines it, its __init__ as stored there)`` of the
+    ``__init__`` that ``cls(...)`` runs; ``(None, object.__init__)`` for none."""
+    for klass in cls.__mro__:
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        if klass is object:
+            return None, object.__init__
+        return klass, init
+    return None, object.__init__
+
+
+class MeasuredInit:
+    """A dataset class's ``__init__``, bounded where it builds the dataset
+    that ``__new__`` just made (the program's construction); otherwise the
+    function itself, unchanged."""
+
+    def __init__(self, function):
+        self.__wrapped__ = function
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(self, name, getattr(function, name, None))
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self.__wrapped__
+        return types.MethodType(self, obj)
+
+    def __call__(self, obj, *args, **kwargs):
+        ref = getattr(_pending, "ref", None)
+        if ref is None or ref() is not obj:
+            return self.__wrapped__(obj, *args, **kwargs)
+        made, _pending.ref, _pending.made = _pending.made, None, None
+        from ..remedies import rebuild
+
+        return rebuild.measured(made, obj, self.__wrapped__, args, kwargs)
+
+    def __reduce__(self):
+        return _unwrapped, (self.__wrapped__,)
+
+
+def _unwrapped(function):
+    return function

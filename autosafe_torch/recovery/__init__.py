@@ -59,7 +59,7 @@ from ..remedies.workerinit import with_step
 from ..rules.ladder import Rung
 from ..rules.recovery import kinds_watched
 from .iterator import RecoveringIter
-from .rungs import Emulated, ladder_of, own_files, real_workers, torch_lacks
+from .rungs import Emulated, carried_loggers, ladder_of, own_files, real_workers, torch_lacks
 from .watch import Watch, record_failed, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
@@ -83,15 +83,14 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader,
                              dump_dir()) if loader.num_workers else None
     mark = _warm_mark(pending)
-    if table is None:
-        iterator = wrapped(*args, **kwargs)
-    else:
-        saved = loader.worker_init_fn
+    saved = loader.worker_init_fn
+    if table is not None:
         loader.worker_init_fn = with_step(saved, isolation.worker_step(table), first=True)
-        try:
+    try:
+        with carried_loggers(loader):
             iterator = wrapped(*args, **kwargs)
-        finally:
-            loader.worker_init_fn = saved
+    finally:
+        loader.worker_init_fn = saved
     engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
     record_held(pending)
     return iterator

@@ -138,8 +138,9 @@ class RecoveringIter(wrapt.ObjectProxy):
                 return False
             try:
                 self._rebuild(loader, rung)
-            except NoExactRung:
-                raise  # no rung gives the batches exactly: said, and not run otherwise
+            except NoExactRung as refused:  # said, and not run otherwise: with why the
+                raise NoExactRung("%s\n  and the rung before it failed: %s" % (  # rung above
+                    refused.reason, current.what(room=160)), refused.fix) from None
             except Failed as failed:
                 current = failed.failure
                 current.batch = self._self_delivered

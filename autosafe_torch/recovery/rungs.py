@@ -9,6 +9,7 @@ may resume an earlier iterator: the same base seed and indices, then the
 batches already delivered fetched again and dropped (``replay``).
 """
 
+import contextlib
 import functools
 import logging
 import multiprocessing.process
@@ -22,7 +23,7 @@ from ..config import CONFIG
 from ..engine import loader as plans
 from ..inspection.diagnostics import dump_dir, faulthandler_in_worker
 from ..inspection.parts import parts_of
-from ..remedies import isolation
+from ..remedies import isolation, loggers
 from ..remedies.emulated_workers import EmulatedWorkersIter
 from ..remedies.limits import file_system_sharing, use_file_system_sharing
 from ..remedies.workerinit import with_step
@@ -76,9 +77,17 @@ def real_workers(loader, ladder, watch, resume=None):
     if Rung.FEWER in ladder.settings:
         loader.prefetch_factor = 1
     try:
-        return tp.Watched(loader, watch, resume, poll_s=POLL_S)
+        with carried_loggers(loader):
+            return tp.Watched(loader, watch, resume, poll_s=POLL_S)
     finally:
         loader.worker_init_fn, loader.prefetch_factor = saved
+
+
+def carried_loggers(loader):
+    """While ``loader``'s workers start: its loggers travel configured, where
+    DL219 chose that (``remedies/loggers.py``)."""
+    return loggers.carrying() if plans.loader_state(loader, "loggers") \
+        else contextlib.nullcontext()
 
 
 def own_files(loader, report_dir):

@@ -28,7 +28,7 @@ here, in its memo:
 - a PIL image of several frames, whose copy (its pickle) would keep one
   frame and drop the file, is opened again at its frame (``images``); any
   other object whose own pickling drops an open file it holds
-  (``roundtrip.unfaithful``: deepcopy goes through that pickling) is
+  (``dropped.unfaithful``: deepcopy goes through that pickling) is
   refused, unless its class sets that attribute again itself (a lazy open).
 - anything deepcopy refuses is copied by a pickle round trip, as a spawned
   worker would receive it; where that fails too (a ``csv.reader``, a C
@@ -50,7 +50,7 @@ import types
 import weakref
 from multiprocessing.reduction import ForkingPickler
 
-from ..inspection import holdings, objwalk, roundtrip
+from ..inspection import dropped, holdings, objwalk
 from ..errors import NoExactRung
 from ..inspection.failures import describe_exception
 from ..inspection.naming import what_is
@@ -272,7 +272,7 @@ class CopyPlan:
             return images.copy_of(img)
         except (OSError, ValueError, RuntimeError) as exc:
             raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
-                              % (self._named(img), _short(exc)), roundtrip.IMAGE_FIX)
+                              % (self._named(img), _short(exc)), dropped.IMAGE_FIX)
 
     def _own_map(self, m):
         """The map mapped again from its file, as a forked worker holds it."""
@@ -382,7 +382,7 @@ def _stop(obj):
     PIL images (opened again, or copied as PIL pickles them: never their file).
     A file object written in Python (GzipFile) is entered: its files are inside."""
     if _payload_bytes(obj) is not None or holdings.stop_at_threading(obj) \
-            or roundtrip.is_image_file(obj):
+            or dropped.is_image_file(obj):
         return True
     if holdings.is_file_object(obj):
         return not (_file_in_python(obj) or _buffered_over_python(obj))
@@ -560,7 +560,7 @@ def _dropping_files(parts):
     (which deepcopy goes through) drops an open file it holds, and that is not
     opened again here (``images.reopens``); else None. Files travel as the
     copies' memo gives them: opened again (``file_reducers``)."""
-    for failure in roundtrip.unfaithful(parts, file_reducers()):
+    for failure in dropped.unfaithful(parts, file_reducers()):
         if not images.reopens(failure.value):
             return NoExactRung("%s (%s) cannot be copied for each emulated worker: it %s"
                                % (failure.path, what_is(failure.value), failure.error),

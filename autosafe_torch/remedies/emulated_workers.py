@@ -68,6 +68,7 @@ import torch
 from .. import torch_private as tp
 from ..errors import NoExactRung
 from ..inspection.parts import PARTS
+from . import generators
 from .copies import SHARE_AT_BYTES, CopyPlan, Watched, copy_for_worker
 
 __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK",
@@ -93,20 +94,6 @@ def _numpy_for_seeding():
     import numpy
 
     return numpy
-
-
-def _capture_states():
-    numpy = _numpy()
-    return (torch.default_generator.get_state(), random.getstate(),
-            numpy.random.get_state() if numpy is not None else None)
-
-
-def _restore_states(states):
-    torch_state, random_state, numpy_state = states
-    torch.default_generator.set_state(torch_state)
-    random.setstate(random_state)
-    if numpy_state is not None:
-        _numpy().random.set_state(numpy_state)
 
 
 def _seed_as_worker_loop(base_seed, worker_id):
@@ -215,7 +202,7 @@ class EmulatedWorker:
     @contextlib.contextmanager
     def active(self):
         with SWAP_LOCK:
-            parent_states = _capture_states()
+            parent_states = generators.capture()
             parent_info = tp.current_worker_info()
             # One intra-op thread, as _worker_loop sets: what the dataset sees
             # in torch.get_num_threads(), and no OpenMP team contending with
@@ -228,7 +215,7 @@ class EmulatedWorker:
                 if self._states is None:
                     _seed_as_worker_loop(self._base_seed, self.id)
                 else:
-                    _restore_states(self._states)
+                    generators.restore(self._states)
                 tp.set_worker_info(self.info)
                 if descriptions is not None:
                     descriptions.enter(self.id)
@@ -238,9 +225,9 @@ class EmulatedWorker:
             finally:
                 if descriptions is not None:
                     descriptions.leave()
-                self._states = _capture_states()
+                self._states = generators.capture()
                 tp.set_worker_info(parent_info)
-                _restore_states(parent_states)
+                generators.restore(parent_states)
                 if parent_threads != 1:
                     torch.set_num_threads(parent_threads)
             if watched:

@@ -18,7 +18,7 @@ the file the parent has open, then moved to the parent's frame.
   file); one opened from a file object, from a file object; one read from
   memory (``BytesIO``), from a copy of those bytes, as a forked worker's copy.
 - An image of one frame travels as PIL pickles it: its pixels are all that
-  it reads from its file (``roundtrip.single_frame``).
+  it reads from its file (``dropped.single_frame``).
 - Edits made in memory to the current frame of a held-open image are not
   carried: the parent's own next ``seek`` discards them too.
 """
@@ -30,7 +30,7 @@ import sys
 from ..inspection import holdings
 from ..inspection.objwalk import is_a
 from ..inspection.failures import RemedyFailed
-from ..inspection.roundtrip import (image_file_class, image_stream, is_image_file,
+from ..inspection.dropped import (image_file_class, image_stream, is_image_file,
                                     single_frame)
 from .pickling import PROTOCOL, install
 

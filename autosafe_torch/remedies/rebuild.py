@@ -1,509 +1,541 @@
-"""A dataset built again in each spawn/forkserver worker from the arguments
-its constructor was called with (DL201's rebuild rung).
+"""A dataset built again in each spawn/forkserver worker by the call that built
+it (DL201's rebuild rung), checked there against the training process's.
 
 Some datasets hold what neither pickles nor copies: a pyarrow ``ParquetFile``,
-a safetensors ``safe_open`` handle, a pandas ``read_csv(chunksize=...)``
-reader. A forked worker inherits them; a spawned one (macOS, Windows,
-Linux's forkserver) cannot receive them. Their constructor made them from a
-path, so a worker can make them again: ``DS(*args, **kwargs)``, in the
-worker, gives the dataset a forked worker would hold, exactly where building
-it is deterministic and nothing was changed on it afterwards.
+an Arrow IPC reader over a memory map, a safetensors ``safe_open`` handle, a
+pandas ``read_csv(chunksize=...)`` reader. A forked worker inherits them; a
+spawned one (macOS, Windows, Linux's forkserver) cannot receive them. Their
+constructor made them from paths, so a worker can make them again:
+``DS(*args, **kwargs)`` there gives the dataset a forked worker would hold,
+exactly where nothing the constructor reads differs between the two
+processes. Whether it does is seen, not assumed: every worker checks what
+it built before it serves a batch.
 
-- Recording (``patches/datasets.py``): while the shim is active, each
-  ``Dataset`` subclass's construction records its arguments when they are
-  plain values (paths, numbers, strings, and small containers of them):
-  nothing large is kept alive, and an argument that is an object (a tensor,
-  another dataset) means no recipe.
-- Checking, in the training process, before any worker is asked for: the
-  dataset is built a second time from the recorded arguments, with the random
-  generators (Python's, numpy's, torch's) reseeded for the check and put back
-  after it, what it prints discarded, and any file write refused (an audit hook: an
-  ``open`` for writing, a remove, a rename). Accepted only when the second
-  build's state equals the original's now (``digest``: every attribute's
-  value, file objects by name, mode, position and the file's size and
-  modification time, opaque handles by type): a dataset changed after its
-  construction (an attribute set, a reader advanced, a random split drawn)
-  differs and is refused.
-- In each worker the dataset is built again, quietly, and its state compared
-  with the one the parent checked: a file that changed in between fails the
-  worker loudly rather than give other data.
+NOTE [the rebuild's three places]
+
+1. The training process, at the program's own construction (recording,
+   ``Construction``): while the shim is active, ``patches/datasets.py``
+   bounds each dataset's ``__init__`` and records, for that call only: the
+   class and the arguments (references, never copies: the program's own
+   objects; one the program let go is not kept alive, and the rung is then
+   refused), the random generators as they stood before the call where the
+   call drew from them, the files it opened and still holds (the kernel's
+   descriptors, ``inspection/opened.py``: path, device, inode, size,
+   modification time, in order) and which objects its attributes held when
+   it returned. No user code runs here that the program did not call.
+2. The training process, at a worker's start (``reduce_rebuilt``): the
+   dataset goes as its call and what the worker must find: the recorded
+   files and generators, the files this process maps now, and a
+   fingerprint of each attribute the dataset holds now
+   (``inspection/digest.py``, at pickle speed).
+3. The worker (``rebuilt_in_worker``): the call, muted (its prints, native
+   writes to stdout and stderr, warnings and logging go nowhere; all of it is
+   the worker's own), with every file write refused (an audit hook that
+   lives in workers only), from the generators the construction drew from.
+   Then: the same files opened, in the same order, in the same state; no
+   file mapped that the training process does not map; every attribute's
+   fingerprint the same. Any difference fails the worker's start loudly
+   (``RemedyFailed``, naming the attribute or the file), before its first
+   batch; the recovery takes the next rung (emulated workers, or
+   ``NoExactRung``). No worker serves a batch of another dataset.
+
+What remains assumed (docs/rules.md, DL201): what the constructor reads
+otherwise than through a file it keeps open or maps (a file it read and
+closed, a network service, the clock, the environment) shows in the values
+it leaves on the dataset, which the fingerprints compare; a native
+library's own writes are not refused (the audit hook sees Python's).
 
 The ladder prefers fork where it is safe (it runs no constructor twice);
 this rung is for platforms without fork, before emulated workers.
 """
 
 import contextlib
-import copy
-import hashlib
-import io
-import mmap
+import functools
+import logging
 import os
-import pickle
 import sys
 import threading
 import types
+import warnings
 import weakref
 
-from ..inspection import holdings, objwalk
+from ..inspection import digest, opened
+from ..inspection.failures import RemedyFailed
+from ..inspection.objwalk import is_a
+from . import generators
 
-PROTOCOL = pickle.DEFAULT_PROTOCOL
-MAX_RECORDED_VALUES = 64   # a recipe of more plain values is not kept
-MAX_DIGEST_NODES = 100_000
-MAX_DIGEST_DEPTH = 32
-CHECK_SEED = 0x5EED_0DD5   # the check's generators differ from the program's
-
-
-class RebuildFailed(RuntimeError):
-    """In a worker: the dataset built again is not the one the parent checked."""
+PROTOCOL = 4
 
 
-# -- recording constructor arguments ----------------------------------------------
+# -- 1. recording the program's construction --------------------------------------
 
-_recipes = {}  # id(dataset) -> (weak reference, class, args, kwargs)
+class Construction:
+    """How a dataset was made. ``call()``: ``(class, args, kwargs)``, or None
+    where an argument the program let go is gone; ``rng``: the generators
+    before the call where it drew from them (``generators.capture``), else
+    None; ``opened``: ``opened.Opened`` of the descriptors it added and held
+    at its end, None where its end was not seen (an ``__init__`` that is not
+    Python code); ``attrs``: ``{name: _state(value)}`` at its end."""
+
+    __slots__ = ("cls", "args", "kwargs", "rng", "opened", "attrs")
+
+    def __init__(self, cls, args, kwargs):
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+        self.rng = self.opened = self.attrs = None
+
+    def call(self):
+        try:
+            args = tuple(_kept(a) for a in self.args)
+            kwargs = {k: _kept(v) for k, v in self.kwargs.items()}
+        except LookupError:
+            return None
+        return self.cls, args, kwargs
+
+    def gone(self):
+        """Words for the first argument the program let go, or None."""
+        for where, value in list(enumerate(self.args)) + list(self.kwargs.items()):
+            if type(value) is _Weak and value.ref() is None:
+                return "its argument %s (%s) was freed by the program after construction" % (
+                    "%d" % where if isinstance(where, int) else where, value.kind)
+        return None
 
 
-def record(obj, cls, args, kwargs):
-    """Keep ``cls(*args, **kwargs)`` as the recipe of ``obj``, where the
-    arguments are plain values; fails silently (a recipe is an option)."""
-    budget = [MAX_RECORDED_VALUES]
-    if not (all(_plain(a, budget) for a in args)
-            and all(_plain(v, budget) for v in kwargs.values())):
-        return
+class _Weak:
+    """An argument held weakly: the program's to keep or let go."""
+
+    __slots__ = ("ref", "kind")
+
+    def __init__(self, value):
+        self.ref, self.kind = weakref.ref(value), "a %s" % type(value).__name__
+
+
+def _kept(value):
+    if type(value) is _Weak:
+        value = value.ref()
+        if value is None:
+            raise LookupError
+    return value
+
+
+# Arguments kept by a strong reference: they cost nothing (the program's own
+# small values, its code), or nothing can refer to them weakly.
+_STRONG = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set,
+           frozenset, type)
+
+
+def _held(value, attrs):
+    """``value`` as the record keeps it: strongly where the dataset holds it
+    itself or it cannot be referred to weakly, else weakly."""
+    if isinstance(value, _STRONG) or callable(value) or any(v is value for v in attrs):
+        return value
+    try:
+        return _Weak(value)
+    except TypeError:
+        return value
+
+
+_constructions = {}  # id(dataset) -> (weak reference, Construction)
+_local = threading.local()  # .again: this thread builds a dataset for a worker
+
+
+def recording():
+    """Whether constructions are recorded now (not while a worker builds one again)."""
+    return not getattr(_local, "again", False)
+
+
+def begin(obj, cls, args, kwargs):
+    """``Dataset.__new__`` made ``obj``: its call, until its ``__init__`` ends."""
     key = id(obj)
     try:
-        ref = weakref.ref(obj, lambda _ref, key=key: _recipes.pop(key, None))
-    except TypeError:  # __slots__ without __weakref__: no recipe
-        return
-    _recipes[key] = (ref, cls, copy.deepcopy(args), copy.deepcopy(kwargs))
-
-
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-
-
-def _plain(value, budget):
-    budget[0] -= 1
-    if budget[0] < 0:
-        return False
-    if type(value) in _PLAIN or objwalk.is_a(value, os.PathLike) and \
-            type(value).__module__.startswith("pathlib"):
-        return True
-    if type(value) in (list, tuple, set, frozenset):
-        return all(_plain(item, budget) for item in value)
-    if type(value) is dict:
-        return all(_plain(k, budget) and _plain(v, budget) for k, v in value.items())
-    return False
-
-
-def recipe_of(obj):
-    """``(class, args, kwargs)`` recorded for ``obj``, or None."""
-    found = _recipes.get(id(obj))
-    if found is None or found[0]() is not obj or type(obj) is not found[1]:
+        ref = weakref.ref(obj, lambda _ref, key=key: _constructions.pop(key, None))
+    except TypeError:  # __slots__ without __weakref__: no record
         return None
-    return found[1:]
+    made = Construction(cls, args, kwargs)
+    _constructions[key] = (ref, made)
+    return made
 
 
-# -- the state compared -------------------------------------------------------------
-
-class Unverifiable(Exception):
-    """The state is too large or deep to compare."""
-
-
-def digest(obj):
-    """A fingerprint of what ``obj`` holds: equal for two builds that hold the
-    same values, files at the same positions and handles of the same kinds."""
-    return _Digest().of(obj)
-
-
-class _Digest:
-    def __init__(self):
-        self.h = hashlib.blake2b(digest_size=20)
-        self.memo, self.kept, self.nodes = {}, [], 0
-
-    def of(self, obj):
-        self.feed(obj, 0)
-        return self.h.hexdigest()
-
-    def put(self, text):
-        self.h.update(text.encode("utf-8", "backslashreplace") + b"\0")
-
-    def feed(self, obj, depth):
-        self.nodes += 1
-        if self.nodes > MAX_DIGEST_NODES or depth > MAX_DIGEST_DEPTH:
-            raise Unverifiable("more than %d objects or %d levels"
-                               % (MAX_DIGEST_NODES, MAX_DIGEST_DEPTH))
-        cls = type(obj)
-        self.put("%s.%s" % (_module(cls), cls.__qualname__))
-        if cls in _PLAIN:
-            self.put(repr(obj))
-            return
-        if id(obj) in self.memo:  # shared or cyclic: where it was seen first
-            self.put("@%d" % self.memo[id(obj)])
-            return
-        self.memo[id(obj)] = len(self.memo)
-        self.kept.append(obj)  # alive until the end: ids stay unique
-        if self.payload(obj) or self.leaf(obj):
-            return
-        if cls in (list, tuple) or objwalk.is_a(obj, (list, tuple)):
-            self.put(str(len(obj)))
-            for item in (list.__iter__ if objwalk.is_a(obj, list) else tuple.__iter__)(obj):
-                self.feed(item, depth + 1)
-        elif objwalk.is_a(obj, dict):
-            self.put(str(len(obj)))
-            for key, value in list(dict.items(obj)):
-                self.feed(key, depth + 1)
-                self.feed(value, depth + 1)
-        elif objwalk.is_a(obj, (set, frozenset)):  # in no order: hashes vary by process
-            self.put(" ".join(sorted(digest(item) for item in obj)))
-        if type(obj) in (list, tuple, dict, set, frozenset) or self.by_pickle(obj):
-            return
-        self.attributes(obj, depth)
-
-    def payload(self, obj):
-        """Tensors and arrays, by their bytes."""
-        torch = sys.modules.get("torch")
-        if torch is not None and objwalk.is_a(obj, torch.Tensor):
-            t = obj.detach()
-            self.put("%s %s %s %s" % (t.dtype, tuple(t.shape), t.device.type, t.layout))
-            if t.layout == torch.strided and t.device.type != "meta":
-                data = t.cpu().contiguous().reshape(-1)
-                self.h.update(data.view(torch.uint8).numpy().tobytes() if data.numel()
-                              else b"")
-            return True
-        numpy = sys.modules.get("numpy")
-        if numpy is not None and objwalk.is_a(obj, numpy.ndarray):
-            self.put("%s %s" % (obj.dtype, obj.shape))
-            if obj.dtype.hasobject:
-                for item in obj.ravel().tolist():
-                    self.feed(item, 1)
-            else:
-                self.h.update(numpy.ascontiguousarray(obj).tobytes())
-            return True
-        return False
-
-    def leaf(self, obj):
-        """Files by what and where; code and modules by name; a lock by whether
-        it is held (a fresh one is not)."""
-        if holdings.is_file_object(obj) or type(obj) is mmap.mmap:
-            self.put(_file_state(obj))
-            return True
-        if holdings.threading_kind(obj) not in (None, "thread"):
-            self.put("held" if holdings.held(obj) else "free")
-            return True
-        if objwalk.is_a(obj, types.GeneratorType):  # how far it ran: a new one has not
-            frame = obj.gi_frame
-            self.put("%s %s" % (obj.gi_code.co_qualname if hasattr(obj.gi_code, "co_qualname")
-                                else obj.gi_code.co_name,
-                                frame.f_lasti if frame is not None else "done"))
-            return True
-        if objwalk.is_a(obj, (types.FunctionType, types.MethodType, type, types.ModuleType,
-                              types.BuiltinFunctionType)):
-            code = getattr(obj, "__code__", None)
-            self.put("%s %s %s" % (_module(obj),
-                                   getattr(obj, "__qualname__", getattr(obj, "__name__", "")),
-                                   code.co_code.hex() if code is not None else ""))
-            return True
-        return False
-
-    def by_pickle(self, obj):
-        """An object with pickling of its own (a DataFrame, an image) by its
-        pickle; None where that fails (an open handle: by what it holds)."""
-        cls = type(obj)
-        if not any(name in vars(klass) for klass in cls.__mro__[:-1]
-                   for name in ("__reduce__", "__reduce_ex__", "__getstate__")):
-            return False
-        try:
-            sink = io.BytesIO()
-            _CanonicalPickler(sink, PROTOCOL).dump(obj)
-        except Exception:
-            return False
-        self.h.update(sink.getvalue())
-        return True
-
-    def attributes(self, obj, depth):
-        """What the one walker calls an object's children (``objwalk.edges``)."""
-        for edge in objwalk.edges(obj):
-            self.put(edge.label())
-            self.feed(edge.child, depth + 1)
-
-
-class _CanonicalPickler(pickle.Pickler):
-    """Sets in a fixed order: their own order follows string hashes, which
-    differ between the training process and a worker."""
-
-    def reducer_override(self, obj):
-        if type(obj) in (set, frozenset):
-            return type(obj), (sorted(obj, key=lambda item: (type(item).__name__, repr(item))),)
-        return NotImplemented
-
-
-def _module(obj):
-    """The module that defines ``obj``; a spawned worker's main module is
-    ``__mp_main__``, the training process's ``__main__``: the same one."""
-    name = getattr(obj, "__module__", None) or ""
-    return "__main__" if name == "__mp_main__" else name
-
-
-def _file_state(f):
-    """Name, mode, position, size and modification time of an open file."""
-    parts = []
-    for read in (lambda: getattr(f, "name", None), lambda: getattr(f, "mode", None),
-                 lambda: f.closed, lambda: f.tell()):
-        try:
-            parts.append(repr(read()))
-        except Exception:
-            parts.append("?")
+def measured(made, obj, init, args, kwargs):
+    """``init(obj, *args, **kwargs)``: the program's own call to ``__init__``,
+    bounded: what it opened and drew is recorded in ``made``."""
+    before_rng = generators.capture()
+    before_fds = opened.snapshot()
+    result = init(obj, *args, **kwargs)
     try:
-        st = os.fstat(f.fileno())
-        parts.append("%d %d" % (st.st_size, st.st_mtime_ns))
+        # Files only: another thread may open a pipe or a socket meanwhile (a warm
+        # server starting); a worker's build, alone in its process, refuses those.
+        made.opened = [o for o in opened.opened_since(before_fds) if o.kind == opened.FILE]
+        if not generators.same(before_rng, generators.capture()):
+            made.rng = before_rng
+        attrs = digest.attributes(obj)
+        made.attrs = {name: _state(value) for name, value in attrs}
+        values = [value for _name, value in attrs]
+        made.args = tuple(_held(a, values) for a in made.args)
+        made.kwargs = {k: _held(v, values) for k, v in made.kwargs.items()}
+    except Exception:  # a record is an option: never the program's problem
+        made.opened = None
+    return result
+
+
+def construction_of(obj):
+    """The ``Construction`` recorded for ``obj``, or None."""
+    found = _constructions.get(id(obj))
+    if found is None or found[0]() is not obj or type(obj) is not found[1].cls:
+        return None
+    return found[1]
+
+
+# -- deciding, in the training process: nothing is built here ----------------------
+
+def refusal(obj):
+    """Why ``obj`` cannot be built again in a worker, or None: it may be (each
+    worker checks what it built)."""
+    made = construction_of(obj)
+    if made is None:
+        return ("its construction was not recorded (made before autosafe_torch was "
+                "active, or by a class whose __init__ is not Python code)")
+    if made.opened is None:
+        return "its constructor's end was not seen (its __init__ is not Python code)"
+    gone = made.gone()
+    if gone:
+        return gone
+    for name, value in digest.attributes(obj):
+        if isinstance(value, threading.Thread):  # each build starts its own: never the same
+            return "its attribute %s is a thread, which a build in a worker starts anew" % name
+    changed = _changed_since(obj, made)
+    if changed:
+        return changed
+    return None
+
+
+def _state(value):
+    """What says an attribute changed since: the object it holds and, where it
+    changes in place and says so cheaply, how: how far a generator ran,
+    where a C file object stands."""
+    cls = type(value)
+    if cls is types.GeneratorType:
+        frame = value.gi_frame
+        return id(value), "generator", frame.f_lasti if frame is not None else None
+    if cls.__module__ in ("io", "_io"):
+        try:
+            return id(value), "file", value.tell()
+        except Exception:
+            return id(value), "file", None
+    return id(value), None, None
+
+
+def _changed_since(obj, made):
+    now = {name: _state(value) for name, value in digest.attributes(obj)}
+    for name in now:
+        if name not in made.attrs:
+            return "its attribute %s was set after construction" % name
+        if now[name][0] != made.attrs[name][0]:
+            return ("its attribute %s was set again after construction (a worker's build "
+                    "would not hold it)" % name)
+        if now[name] != made.attrs[name]:
+            return "its attribute %s (a %s) was %s after construction" % (
+                name, now[name][1], "advanced" if now[name][1] == "generator" else "read")
+    for name in made.attrs:
+        if name not in now:
+            return "its attribute %s was deleted after construction" % name
+    return None
+
+
+def rebuildable_owner(owners, value):
+    """``(path, dataset, None)`` for the innermost dataset holding ``value``
+    (``owners``: ``objwalk.Owners`` of the loader's parts) that may be built
+    again, else ``(None, None, why)``: why the innermost one may not."""
+    why_not = None
+    for here, owner in owners.chain(value):
+        if not _is_dataset(owner):
+            continue
+        why = refusal(owner)
+        if why is None:
+            return here, owner, None
+        if why_not is None:
+            why_not = "%s (%s) cannot be built again in a worker: %s" % (
+                here, type(owner).__name__, why)
+    return None, None, why_not
+
+
+def _is_dataset(obj):
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and is_a(obj, torch.utils.data.Dataset)
+    except Exception:
+        return False
+
+
+# -- 2. at a worker's start, in the training process --------------------------------
+
+class Expected:
+    """What a worker's build must find (see the NOTE above): ``rng``,
+    ``opened`` (identities and names of the files, in order), ``maps`` (the
+    files the training process maps), ``digests`` (attribute -> fingerprint),
+    ``name`` (the dataset's class, for the words)."""
+
+    __slots__ = ("rng", "opened", "maps", "digests", "name")
+
+    def __init__(self, rng, opened_files, maps, digests, name):
+        self.rng, self.opened, self.maps, self.digests, self.name = (
+            rng, opened_files, maps, digests, name)
+
+    def __reduce__(self):
+        return Expected, (self.rng, self.opened, self.maps, self.digests, self.name)
+
+
+def reduce_rebuilt(obj, candidates=frozenset()):
+    """ForkingPickler's reducer for a class with an instance to build again:
+    that instance goes as its call and what its worker must find; other
+    instances pickle as they always did. ``candidates``: ids of datasets the
+    plan's probe tries as if they were to be built again."""
+    from ..inspection.probe import is_probing
+
+    made = construction_of(obj)
+    probing = is_probing()
+    chosen = id(obj) in _planned or probing and id(obj) in candidates
+    call = made.call() if made is not None and chosen else None
+    if call is None:
+        return obj.__reduce_ex__(PROTOCOL)  # raises, as ever
+    if probing:  # the plan's probe: do the call's arguments pickle?
+        return rebuilt_in_worker, call + (None,)
+    expected = Expected(generators.portable(made.rng),
+                        [(o.identity, o.path) for o in made.opened],
+                        opened.mapped_files(), digest.attribute_digests(obj),
+                        made.cls.__qualname__)
+    return rebuilt_in_worker, call + (expected,)
+
+
+_planned = set()  # ids of the datasets a finding chose to build again
+
+
+def install(datasets):
+    """Build ``datasets`` again in workers: a finding's remedy, in fix mode."""
+    from .pickling import install as install_reducers
+
+    for obj in datasets:
+        key = id(obj)
+        if key not in _planned:
+            weakref.finalize(obj, _planned.discard, key)
+            _planned.add(key)
+    install_reducers({type(obj): reduce_rebuilt for obj in datasets})
+
+
+def planned_reducers(datasets):
+    """The reducers the plan's probe tries for ``datasets`` (nothing installed)."""
+    reducer = functools.partial(reduce_rebuilt, candidates=frozenset(map(id, datasets)))
+    return {type(obj): reducer for obj in datasets}
+
+
+# -- 3. in the worker ------------------------------------------------------------------
+
+def rebuilt_in_worker(cls, args, kwargs, expected):
+    """In a worker: the dataset built again and checked; where it differs, a
+    stand-in that fails the worker's start (``Unbuilt``)."""
+    why = None
+    _local.again = True  # not the program's construction: not recorded
+    try:
+        with _muted(), _refused_writes() as wrote, \
+                _drawing_from(generators.from_portable(expected.rng)):
+            fds, maps = opened.snapshot(), opened.mapped_files()
+            obj = cls(*args, **kwargs)
+            added, mapped = opened.opened_since(fds), opened.mapped_files()
+    except _WritesFiles as exc:
+        why = "its constructor writes files (%s)" % exc
+    except Exception as exc:
+        if not wrote:
+            return Unbuilt("the dataset (%s) could not be built again in the worker: %s: %s"
+                           % (expected.name, type(exc).__name__, _short(exc)))
+        why = "its constructor writes files (%s)" % wrote[0]
+    finally:
+        _local.again = False
+    if why is None:
+        why = ("its constructor writes files (%s)" % wrote[0] if wrote  # it caught the error
+               else _other_files(added, expected) or _other_maps(mapped, maps, expected)
+               or _other_values(obj, expected))
+    if why is None:
+        return obj
+    return Unbuilt("the dataset (%s) built again in the worker differs: %s"
+                   % (expected.name, why))
+
+
+class Unbuilt:
+    """In a worker, where the dataset built again differs: the worker's start
+    fails at its first use of the dataset (its ``worker_init_fn``, or its
+    first fetch), as torch reports a worker's error to the training process,
+    which recovers on the next rung. No batch is made of it."""
+
+    def __init__(self, message):
+        object.__setattr__(self, "_message", message)
+
+    def _fail(self, *args, **kwargs):
+        raise RemedyFailed(object.__getattribute__(self, "_message"))
+
+    __getattr__ = __getitem__ = __iter__ = __len__ = __call__ = _fail
+
+
+def _other_files(added, expected):
+    others = [o.what for o in added if o.kind != opened.FILE]
+    if others:
+        return "its constructor opened %s, and a handle over what is no file is not made " \
+            "again" % others[0]
+    here = [(o.identity, o.path) for o in added]
+    there = [tuple(item) for item in expected.opened]
+    if [i for i, _p in here] == [i for i, _p in there]:
+        return None
+    for (mine, my_path), (theirs, their_path) in zip(here, there):
+        if mine[:2] != theirs[:2]:
+            if {i[:2] for i, _p in here} == {i[:2] for i, _p in there}:
+                return "it opened its files in another order (%s first, the training process %s)" \
+                    % (_base(my_path), _base(their_path))
+            return "it opened %s, the training process %s" % (
+                _base(my_path), _base(their_path))
+        if mine != theirs:
+            return "%s changed since the training process opened it" % _base(my_path)
+    if len(here) > len(there):
+        return "it opened %s, which the training process did not" % _base(here[len(there)][1])
+    return "it did not open %s, which the training process did" % _base(there[len(here)][1])
+
+
+def _other_maps(after, before, expected):
+    for key, path in after.items():
+        if key not in before and key not in expected.maps:
+            return "it maps %s, which the training process does not" % _base(path)
+    return None
+
+
+def _other_values(obj, expected):
+    mine = digest.attribute_digests(obj)
+    for name, value in expected.digests.items():
+        if name not in mine:
+            return "it has no attribute %s" % name
+        if mine[name] != value:
+            return ("its attribute %s holds other values (changed after construction, or "
+                    "random)" % name)
+    for name in mine:
+        if name not in expected.digests:
+            return "it has an attribute %s that the training process's has not" % name
+    return None
+
+
+def _base(path):
+    return os.path.basename(path) if path else "a file"
+
+
+def _short(exc):
+    try:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+    except Exception:
+        text = ""
+    return text[:120]
+
+
+@contextlib.contextmanager
+def _drawing_from(states):
+    """The generators as the construction found them in the training process,
+    for the block; the worker's own after it."""
+    if states is None:
+        yield
+        return
+    own = generators.capture()
+    generators.restore(states)
+    try:
+        yield
+    finally:
+        generators.restore(own)
+
+
+@contextlib.contextmanager
+def _muted():
+    """What the build prints, warns and logs goes nowhere (all of it the
+    worker's own: no other code runs in a worker that is starting)."""
+    saved_fds = []
+    try:
+        sys.stdout.flush() if sys.stdout else None
+        sys.stderr.flush() if sys.stderr else None
     except Exception:
         pass
-    return " ".join(parts)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                saved_fds.append((fd, os.dup(fd)))
+                os.dup2(null, fd)
+            except OSError:
+                continue
+    finally:
+        os.close(null)
+    out, err = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = _Nowhere()
+    disabled = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(disabled)
+        sys.stdout, sys.stderr = out, err
+        for fd, saved in saved_fds:
+            os.dup2(saved, fd)
+            os.close(saved)
 
 
-# -- building again, guarded ----------------------------------------------------------
+class _Nowhere:
+    def write(self, text):
+        return len(text)
 
-_guard = threading.local()
-_hooked = []
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
 
 
-def _watch_writes():
-    """One audit hook for the process (hooks cannot be removed): it acts only
-    in a thread that is building a dataset again for the check."""
-    if not _hooked:
-        sys.addaudithook(_refuse_writes)
-        _hooked.append(True)
+# -- file writes refused while a worker builds ---------------------------------------
+
+class _WritesFiles(Exception):
+    pass
 
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _CHANGES = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate",
                       "os.link", "os.symlink", "os.chmod", "os.chown", "os.utime",
                       "shutil.rmtree", "shutil.move", "shutil.copyfile", "sqlite3.connect"})
+_guard = {"wrote": None, "hooked": False}
 
 
-class WritesFiles(Exception):
-    pass
+@contextlib.contextmanager
+def _refused_writes():
+    """File writes refused in this (worker) process for the block; yields the
+    list that gets the first refused write (a constructor may catch the error)."""
+    if not _guard["hooked"]:
+        sys.addaudithook(_refuse_writes)  # for good: this process is a worker of ours
+        _guard["hooked"] = True
+    wrote = []
+    _guard["wrote"] = wrote
+    try:
+        yield wrote
+    finally:
+        _guard["wrote"] = None
 
 
 def _refuse_writes(event, args):
-    if not getattr(_guard, "on", False):
+    wrote = _guard["wrote"]
+    if wrote is None:
         return
     if event == "open":
         path, mode, flags = (tuple(args) + (None, None, None))[:3]
         writes = (isinstance(flags, int) and flags & _WRITE_FLAGS) or \
             (isinstance(mode, str) and any(c in mode for c in "wax+"))
-        if not writes:
+        if not writes or path == os.devnull:
             return
-        what = "opens %s for writing" % (path,)
+        what = "opens %s for writing" % (_base(os.fsdecode(path)) if isinstance(
+            path, (str, bytes)) else path,)
     elif event in _CHANGES:
-        what = "%s(%s)" % (event, args[0] if args else "")
+        what = "%s(%s)" % (event, _base(str(args[0])) if args else "")
     else:
         return
-    if _guard.wrote is None:
-        _guard.wrote = what
-    raise WritesFiles(what)
-
-
-@contextlib.contextmanager
-def _generators_put_back(seed=None):
-    """Python's, numpy's and torch's CPU generators as they were, after the
-    block; reseeded to ``seed`` inside it, where given."""
-    import random
-
-    numpy = sys.modules.get("numpy")
-    torch = sys.modules.get("torch")
-    saved = (random.getstate(), numpy.random.get_state() if numpy is not None else None,
-             torch.random.get_rng_state() if torch is not None else None)
-    try:
-        if seed is not None:
-            random.seed(seed)
-            if numpy is not None:
-                numpy.random.seed(seed % (1 << 32))
-            if torch is not None:
-                torch.random.default_generator.manual_seed(seed)  # not CUDA's: lazy there
-        yield
-    finally:
-        random.setstate(saved[0])
-        if numpy is not None:
-            numpy.random.set_state(saved[1])
-        if torch is not None:
-            torch.random.set_rng_state(saved[2])
-
-
-class _Muted:
-    """``sys.stdout``/``sys.stderr`` while a dataset is built again: what the
-    building thread writes goes nowhere; other threads write as ever."""
-
-    def __init__(self, stream, thread):
-        self._stream, self._thread = stream, thread
-
-    def write(self, text):
-        if threading.get_ident() == self._thread:
-            return len(text)
-        return self._stream.write(text)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-@contextlib.contextmanager
-def _quiet(logs=False):
-    """What the constructor prints is not printed again; ``logs``: nor what it
-    logs (in a worker, where nothing else runs yet: ``logging.disable`` is
-    process-wide, so the training process's own check leaves logging alone)."""
-    import logging
-
-    out, err, me = sys.stdout, sys.stderr, threading.get_ident()
-    sys.stdout = _Muted(out, me) if out is not None else None
-    sys.stderr = _Muted(err, me) if err is not None else None
-    previous = logging.root.manager.disable
-    if logs:
-        logging.disable(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = out, err
-        if logs:
-            logging.disable(previous)
-
-
-def build_again(cls, args, kwargs, seed=None, refuse_writes=False):
-    """``cls(*args, **kwargs)``, quietly, with the program's generators put
-    back; ``refuse_writes`` (the check in the training process): file writes
-    refused (``WritesFiles``), and its logging left alone."""
-    if refuse_writes:
-        _watch_writes()
-        _guard.on, _guard.wrote = True, None
-    try:
-        with _generators_put_back(seed), _quiet(logs=not refuse_writes):
-            obj = cls(*args, **kwargs)
-    except WritesFiles:
-        raise
-    except Exception:
-        if refuse_writes and _guard.wrote is not None:
-            raise WritesFiles(_guard.wrote) from None
-        raise
-    finally:
-        if refuse_writes:
-            wrote, _guard.on, _guard.wrote = _guard.wrote, False, None
-    if refuse_writes and wrote is not None:  # caught by the constructor itself
-        raise WritesFiles(wrote)
-    return obj
-
-
-# -- the check, the reducer, the worker's side -----------------------------------------
-
-class Recipe:
-    __slots__ = ("cls", "args", "kwargs", "digest")
-
-    def __init__(self, cls, args, kwargs, state):
-        self.cls, self.args, self.kwargs, self.digest = cls, args, kwargs, state
-
-
-_approved = {}  # id(dataset) -> (weak reference, Recipe)
-
-
-def approve(obj):
-    """``(Recipe, None)`` where ``obj`` can be built again exactly in a worker
-    (checked by building it again here), else ``(None, why not)``. Runs the
-    user's constructor once more: called only where no other exact rung is."""
-    found = _approved.get(id(obj))
-    if found is not None and found[0]() is obj:
-        return found[1], None
-    recipe = recipe_of(obj)
-    if recipe is None:
-        return None, ("its constructor's arguments were not recorded (made before "
-                      "autosafe_torch was active, or from objects, not plain values)")
-    cls, args, kwargs = recipe
-    try:
-        pickle.dumps((cls, args, kwargs), PROTOCOL)
-        before = digest(obj)
-    except Unverifiable as exc:
-        return None, "its state is too large to compare (%s)" % exc
-    except Exception as exc:
-        return None, "its class or arguments do not pickle (%s)" % type(exc).__name__
-    try:
-        twin = build_again(cls, args, kwargs, seed=CHECK_SEED, refuse_writes=True)
-    except WritesFiles as exc:
-        return None, "its constructor writes files (%s)" % exc
-    except Exception as exc:
-        return None, "building it again raised %s" % type(exc).__name__
-    try:
-        same = digest(twin) == before
-    except Exception:
-        same = False
-    finally:
-        _close_files(twin)
-    if not same:
-        return None, ("built again from its arguments it holds other values (changed after "
-                      "construction, or random)")
-    made = Recipe(cls, args, kwargs, before)
-    _approved[id(obj)] = (weakref.ref(obj, lambda _r, key=id(obj): _approved.pop(key, None)),
-                          made)
-    return made, None
-
-
-def _close_files(obj):
-    """The twin's own files are closed now, not whenever it is collected."""
-    for _here, held, _edge in objwalk.walk(obj, "twin", stop=holdings.stop_at):
-        if holdings.is_file_object(held):
-            try:
-                held.close()
-            except Exception:
-                pass
-
-
-def reduce_rebuilt(obj):
-    """ForkingPickler's reducer for a class with an approved instance: that
-    instance goes as its recipe; others pickle as they always did."""
-    found = _approved.get(id(obj))
-    if found is None or found[0]() is not obj:
-        return obj.__reduce_ex__(PROTOCOL)
-    from ..inspection.probe import is_probing
-
-    recipe = found[1]
-    # At a worker's start: unchanged since the check? (Planning's probe pickles it
-    # right after the check: hashing every byte it holds again would prove nothing.)
-    if not is_probing() and digest(obj) != recipe.digest:
-        raise TypeError("%s changed since it was checked: it cannot be built again in a "
-                        "worker" % type(obj).__name__)
-    return rebuilt_in_worker, (recipe.cls, recipe.args, recipe.kwargs, recipe.digest)
-
-
-def reducers(classes):
-    return {cls: reduce_rebuilt for cls in classes}
-
-
-def rebuilt_in_worker(cls, args, kwargs, expected):
-    """In a worker: the dataset built again, or ``RebuildFailed``."""
-    obj = build_again(cls, args, kwargs)
-    if digest(obj) != expected:
-        raise RebuildFailed(
-            "%s built again in this worker holds other values than in the training process "
-            "(a file it reads changed?): this worker cannot give the same batches (DL201)"
-            % cls.__qualname__)
-    return obj
-
-
-def approved_owner(owners, value):
-    """``(path, dataset, None)`` for the innermost dataset holding ``value``
-    (``owners``: ``objwalk.Owners`` of the loader's parts) that can be built
-    again, else ``(None, None, why)``: why the innermost one cannot."""
-    refusal = None
-    for here, owner in owners.chain(value):
-        if not _is_dataset(owner):
-            continue
-        recipe, why = approve(owner)
-        if recipe is not None:
-            return here, owner, None
-        if refusal is None:
-            refusal = "%s (%s) cannot be built again in a worker: %s" % (
-                here, type(owner).__name__, why)
-    return None, None, refusal
-
-
-def _is_dataset(obj):
-    torch = sys.modules.get("torch")
-    try:
-        return torch is not None and objwalk.is_a(obj, torch.utils.data.Dataset)
-    except Exception:
-        return False
+    if not wrote:
+        wrote.append(what)
+    raise _WritesFiles(what)

@@ -156,9 +156,10 @@ def thread_pool_to_spawned_workers(args, ctx):
                "one through one block of shared memory, rebuild forwarders from their "
                "attributes, send the user's locks nobody holds as new, unlocked ones, "
                "make logging handlers again from their file or stream; else fork; "
-               "else, with no fork rung, build the dataset again in each worker from "
-               "its constructor's arguments where a second build here gives the same "
-               "state; else emulated workers)"),
+               "else, with no fork rung, build the dataset again in each worker by the "
+               "call that built it (recorded, never run here), each worker checking "
+               "that it opened the same files in the same order and holds the same "
+               "values; else emulated workers)"),
       prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
                 "'sqlite3.Connection', 'mmap.mmap', h5py and lmdb handles, "
                 "'_thread.lock', pyarrow's ParquetReader, 'builtins.safe_open', "
@@ -197,7 +198,7 @@ def unpicklable_dataset(args, ctx):
     if not (plan.files or plan.maps or plan.forwarders or plan.locks or plan.handlers
             or plan.images or plan.rebuilt):
         return None
-    from ..inspection import roundtrip
+    from ..inspection import dropped
     from ..remedies import handlers, images, locks, memmaps, pickling, rebuild, reopen
 
     whys, remedies, done, before, repairs = [], [], [], {}, []
@@ -243,11 +244,11 @@ def unpicklable_dataset(args, ctx):
         repairs.append("open images again")
     if plan.rebuilt:
         before["rebuilt"] = [where for where, _d, _why in plan.rebuilt]
-        classes = {type(d) for _where, d, _why in plan.rebuilt}
         whys += [why for _where, _d, why in plan.rebuilt]
-        remedies.append(lambda args, classes=classes: pickling.install(rebuild.reducers(classes)))
-        done.append("%s built again from its constructor's arguments (checked here: the "
-                    "same state)" % _named([(where, d) for where, d, _why in plan.rebuilt]))
+        datasets = [d for _where, d, _why in plan.rebuilt]
+        remedies.append(lambda args, datasets=datasets: rebuild.install(datasets))
+        done.append("%s built again by its constructor's call, checked against this one "
+                    "there," % _named([(where, d) for where, d, _why in plan.rebuilt]))
         repairs.append("build the dataset again")
     if plan.forwarders:
         classes = list(plan.forwarders)
@@ -269,10 +270,53 @@ def unpicklable_dataset(args, ctx):
         before, why="; ".join(whys),
         strategy="repair: %s in each worker" % " and ".join(repairs),
         rung=Rung.REBUILT if plan.rebuilt else None, remedies=remedies, fix=None if plan.files or plan.maps
-        else roundtrip.IMAGE_FIX if plan.images and not (plan.rebuilt or plan.handlers)
+        else dropped.IMAGE_FIX if plan.images and not (plan.rebuilt or plan.handlers)
         else REBUILD_FIX if plan.rebuilt or plan.handlers
         else LOCK_FIX if plan.locks and not plan.forwarders else FORWARDER_FIX,
         done="%s in each of %s" % (" and ".join(done), number_of(args["num_workers"], "worker")))
+
+
+@rule("DL219", "logging-config-to-workers", GROUP,
+      summary=("spawn/forkserver workers and a dataset holding a logger configured in the "
+               "training process (handlers, levels, filters): the configuration its records "
+               "meet travels with it, made again in each worker in place of the worker's own "
+               "(files opened again for appending)"),
+      prevents=("a dataset's log lines lost without an error in spawn workers: a Logger "
+                "pickles by its name, and a worker's logger of that name has no handler "
+                "(an audit log with 0 of its 720 lines)"),
+      fix=("configure the dataset's logging where the worker runs: in worker_init_fn, or "
+           "lazily in __getitem__ (a handler added once per process)"),
+      example=(("class Audited(Dataset):\n"
+                "    def __init__(self, path):\n"
+                "        self.log = logging.getLogger('audit')\n"
+                "        self.log.addHandler(logging.FileHandler(path))"),
+               ("def configure_audit(worker_id):\n"
+                "    logging.getLogger('audit').addHandler(logging.FileHandler(PATH))\n"
+                "\n"
+                "DataLoader(ds, num_workers=2, worker_init_fn=configure_audit)")),
+      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
+                "from Python 3.14)"),
+      at="dataloader.iter")
+def logging_config_to_workers(args, ctx):
+    if not spawning_workers(args, ctx):
+        return None
+    plan = pickling_plan(args, ctx)
+    if plan.failures or not plan.loggers:
+        return None
+    from ..remedies import loggers, pickling
+
+    found = list(plan.loggers)
+    names = ", ".join(repr(lg.name) for lg in found)
+    handlers = sum(len(link.handlers) for lg in found for link in loggers.chain(lg))
+    return logging_config_to_workers.rule.finding(
+        {"loggers": [lg.name for lg in found]},
+        why="a logger pickles by its name: a spawned worker's has none of this process's "
+        "handlers, levels or filters", strategy="carry logging configuration",
+        state={"loggers": True},
+        remedies=[lambda args: pickling.install(loggers.reducers(found))],
+        done="the logger%s %s carried to each of %s with the configuration its records meet "
+        "(%s)" % ("s" if len(found) > 1 else "", names, number_of(args["num_workers"], "worker"),
+                  number_of(handlers, "handler")))
 
 
 REBUILD_FIX = ("keep paths on the dataset and open files, readers and handlers lazily in "

@@ -10,6 +10,7 @@ without registering them.
 import types
 
 from ..inspection import objwalk
+from ..inspection.naming import a_or_an
 from ..inspection.objwalk import is_a
 from ..inspection.parts import PARTS
 from .fork_plan import fork_is_safe, per_parts
@@ -43,12 +44,12 @@ class PicklingPlan:
     """
 
     __slots__ = ("by_value", "nested", "classes", "files", "maps", "pools", "forwarders",
-                 "locks", "handlers", "images", "rebuilt", "refused", "failures")
+                 "locks", "handlers", "images", "rebuilt", "refused", "failures", "loggers")
 
     def __init__(self):
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
         self.forwarders, self.handlers, self.rebuilt, self.refused = {}, [], [], []
-        self.images = []
+        self.images, self.loggers = [], []
         self.nested = self.files = self.maps = self.locks = None
 
     @property
@@ -85,7 +86,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
     plan, planned, owners = PicklingPlan(), {}, None
     plan.rebuilt = list(rebuilt)
     if plan.rebuilt:
-        planned.update(rebuild.reducers({type(obj) for _path, obj, _why in plan.rebuilt}))
+        planned.update(rebuild.planned_reducers([obj for _path, obj, _why in plan.rebuilt]))
     if parts["dataset"] is not None:
         plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])
                       if not _inside(here, plan.rebuilt)]
@@ -97,11 +98,11 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
     if plan.forwarders:
         planned.update(pickling.forwarder_reducers(plan.forwarders))
     for _ in range(MAX_REPAIRS):
-        failures = [r for name, part in parts.items() if part is not None
-                    for r in [probe.probe(part, name, planned, plan.nested is not None)]
-                    if not r.ok]
+        results = [probe.probe(part, name, planned, plan.nested is not None)
+                   for name, part in parts.items() if part is not None]
+        failures = [r for r in results if not r.ok]
         if not failures:
-            failures = _unfaithful(parts, planned, plan)
+            failures = _unfaithful(parts, planned, plan) or _uncarried_loggers(results, plan)
             if not failures:
                 return plan
             if not plan.images and all(images.reopens(f.value) for f in failures):
@@ -139,7 +140,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
         elif plan.nested is None and _not_importable(value):
             plan.nested = (failure.path, why)
         elif may_rebuild() and len(plan.rebuilt) < MAX_REPAIRS:
-            here, dataset, refusal = rebuild.approved_owner(owners, value)
+            here, dataset, refusal = rebuild.rebuildable_owner(owners, value)
             if dataset is None:
                 plan.refused += [refusal] if refusal else []
                 plan.failures = failures
@@ -153,16 +154,32 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
 
 
 def _unfaithful(parts, planned, plan):
-    """What pickles but loses an open file its methods use (a PIL multi-page
-    image: ``inspection/roundtrip.py``), outside the datasets built again in
-    each worker (their reducer is left out of the round trip: it would build
-    them here)."""
-    from ..inspection import roundtrip
-    from ..remedies import rebuild
+    """What pickles but drops an open file its methods use (a PIL multi-page
+    image: ``inspection/dropped.py``), outside the datasets built again in
+    each worker (their constructor makes what they hold there)."""
+    from ..inspection import dropped
 
-    table = {cls: reducer for cls, reducer in planned.items()
-             if reducer is not rebuild.reduce_rebuilt}
-    return [f for f in roundtrip.unfaithful(parts, table) if not _inside(f.path, plan.rebuilt)]
+    return [f for f in dropped.unfaithful(parts, planned) if not _inside(f.path, plan.rebuilt)]
+
+
+def _uncarried_loggers(results, plan):
+    """The loggers the parts hold whose configuration a spawned worker would
+    lack (``plan.loggers``, carried by DL219); as failures, those it cannot
+    be carried for (a handler no worker can make again)."""
+    from ..inspection.probe import ProbeResult
+    from ..remedies import loggers
+
+    held = {id(lg): lg for r in results for lg in r.loggers}.values()
+    plan.loggers = [lg for lg in held if loggers.configured(lg)]
+    failures = []
+    for logger in plan.loggers:
+        handler = loggers.uncarried(logger)
+        if handler is not None:
+            failures.append(ProbeResult(
+                False, "the logger %r" % logger.name, "its handler (%s) cannot be made again "
+                "in a worker, and without it the lines logged there are lost" % (
+                    a_or_an(type(handler).__name__)), logger))
+    return failures
 
 
 def _inside(path, rebuilt):

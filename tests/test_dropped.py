@@ -5,7 +5,7 @@ seeks to one frame per sample. PIL pickles the image as one frame's pixels
 and drops the file, so spawn workers (macOS, Windows, Linux from Python
 3.14) die with ``'TiffImageFile' object has no attribute '_min_frame'``,
 and the probe, which only asks whether it pickles, sees nothing. With the
-shim the image is found (``inspection/roundtrip.py``: the files reachable
+shim the image is found (``inspection/dropped.py``: the files reachable
 before and after the image's own round trip) and opened again, at its frame,
 in each worker (``remedies/images.py``); an image that no path opens again
 goes to fork on Linux and stops with a clear refusal on a Mac (emulated
@@ -29,7 +29,7 @@ Image = pytest.importorskip("PIL.Image")
 np = pytest.importorskip("numpy")
 
 from autosafe_torch.errors import NoExactRung  # noqa: E402
-from autosafe_torch.inspection import objwalk, roundtrip  # noqa: E402
+from autosafe_torch.inspection import dropped, objwalk  # noqa: E402
 from autosafe_torch.remedies import images, reopen  # noqa: E402
 from autosafe_torch.remedies.copies import CopyPlan  # noqa: E402
 
@@ -61,7 +61,7 @@ def reference(tmp_path_factory):
         assert result.rc == 0 and result.batches, result
         return result.batches
 
-    return lambda kind: once_per_run(tmp_path_factory, "roundtrip-reference-" + kind,
+    return lambda kind: once_per_run(tmp_path_factory, "dropped-reference-" + kind,
                                      lambda: batches(kind))
 
 
@@ -214,43 +214,43 @@ def test_a_multipage_image_is_found_with_its_file_named(tiff):
     dataset = Holder(img=Image.open(tiff), paths=["a"] * 100)
     dataset.img.seek(2)
     np.asarray(dataset.img)  # a loaded frame: PIL keeps the file on _fp alone
-    (found,) = roundtrip.unfaithful({"dataset": dataset, "collate_fn": None})
+    (found,) = dropped.unfaithful({"dataset": dataset, "collate_fn": None})
     assert not found.ok and found.path == "dataset.img" and found.value is dataset.img
     assert found.error == "pickles without its open file frames.tif (PIL's pickle keeps one frame)"
-    assert found.fix == roundtrip.IMAGE_FIX
+    assert found.fix == dropped.IMAGE_FIX
     assert images.reopens(found.value)
 
 
 @pytest.mark.rule("DL201")
 def test_the_planned_reducers_count(tiff, png):
     dataset = Holder(img=Image.open(tiff))
-    assert roundtrip.unfaithful({"dataset": dataset}, images.image_reducers()) == []
+    assert dropped.unfaithful({"dataset": dataset}, images.image_reducers()) == []
     kept = Holder(f=KeepsItsFile(png))
-    assert roundtrip.unfaithful({"dataset": kept}, reopen.file_reducers()) == []
+    assert dropped.unfaithful({"dataset": kept}, reopen.file_reducers()) == []
 
 
 def test_an_object_whose_pickle_keeps_its_file_is_not_found(png):
-    assert roundtrip.unfaithful({"dataset": Holder(r=ReopenedByItsReduce(png))}) == []
+    assert dropped.unfaithful({"dataset": Holder(r=ReopenedByItsReduce(png))}) == []
 
 
 def test_a_pickle_that_drops_a_file_is_found_where_it_drops_it(png):
     dataset = Holder(reader=Dropping(png))
-    (found,) = roundtrip.unfaithful({"dataset": dataset})
+    (found,) = dropped.unfaithful({"dataset": dataset})
     assert found.path == "dataset.reader" and found.value is dataset.reader
     assert found.error == "pickles without its open file page.png (its pickle drops .fh)"
-    assert found.fix == roundtrip.FILE_FIX
+    assert found.fix == dropped.FILE_FIX
     assert not images.reopens(found.value)
 
 
 def test_what_opens_its_file_again_itself_is_not_found(png, tiff):
-    assert roundtrip.unfaithful({"dataset": Holder(reader=LazilyOpened(png))}) == []
-    assert roundtrip.unfaithful({"dataset": DropsItsImageLazily(tiff)}) == []
+    assert dropped.unfaithful({"dataset": Holder(reader=LazilyOpened(png))}) == []
+    assert dropped.unfaithful({"dataset": DropsItsImageLazily(tiff)}) == []
 
 
 def test_an_image_of_one_frame_travels_as_its_pixels(png):
     img = Image.open(png)
-    assert img.fp is not None and roundtrip.single_frame(img)
-    assert roundtrip.unfaithful({"dataset": Holder(img=img)}) == []
+    assert img.fp is not None and dropped.single_frame(img)
+    assert dropped.unfaithful({"dataset": Holder(img=img)}) == []
     assert not images.reopens(img)
 
 
@@ -264,35 +264,48 @@ def test_no_open_file_costs_one_walk_and_no_pickle(monkeypatch):
         return real_walk(*args, **kwargs)
 
     def never(*args, **kwargs):
-        raise AssertionError("nothing holds a file: nothing to round-trip")
+        raise AssertionError("nothing holds a file: nothing to pickle")
 
     monkeypatch.setattr(objwalk, "walk", counted)
-    monkeypatch.setattr(roundtrip, "round_trip", never)
+    monkeypatch.setattr(dropped, "reached", never)
     dataset = Holder(x=torch.zeros(100, 100), paths=["p%d" % i for i in range(100_000)])
-    assert roundtrip.unfaithful({"dataset": dataset, "collate_fn": None}) == []
+    assert dropped.unfaithful({"dataset": dataset, "collate_fn": None}) == []
     assert walks == ["dataset"]
 
 
 def test_an_object_that_cannot_be_looked_at_is_skipped(png, monkeypatch):
-    assert roundtrip.unfaithful({"dataset": Holder(e=Exploding(png))}) == []
-    monkeypatch.setattr(roundtrip._Search, "run", lambda self, parts: 1 / 0)
-    assert roundtrip.unfaithful({"dataset": Holder(r=Dropping(png))}) == []
+    assert dropped.unfaithful({"dataset": Holder(e=Exploding(png))}) == []
+    monkeypatch.setattr(dropped._Search, "run", lambda self, parts: 1 / 0)
+    assert dropped.unfaithful({"dataset": Holder(r=Dropping(png))}) == []
 
 
-def test_the_round_trip_closes_what_it_opened(png, monkeypatch):
-    opened = []
-    real = reopen._reopen_file
+LOADED = []  # what ran of the program's loading code
 
-    def recorded(*args):
-        f = real(*args)
-        opened.append(f)
-        return f
 
-    monkeypatch.setattr(reopen, "_reopen_file", recorded)
-    kept = Holder(f=KeepsItsFile(png))
-    assert roundtrip.unfaithful({"dataset": kept}, reopen.file_reducers()) == []
-    assert opened and all(f.closed for f in opened)
-    assert not kept.f.fh.closed
+class Counted(ReopenedByItsReduce):
+    def __init__(self, path):
+        LOADED.append("__init__")
+        super().__init__(path)
+
+
+class Restored(Dropping):
+    def __setstate__(self, state):
+        LOADED.append("__setstate__")
+        self.__dict__.update(state)
+
+
+def test_nothing_is_loaded_here(png, tiff, monkeypatch):
+    """No user object is unpickled in the training process only to test it:
+    no reducer's loading function runs (no file opened again), and no
+    __setstate__ or constructor of the program's runs either."""
+    loaded = LOADED
+
+    monkeypatch.setattr(reopen, "_reopen_file", lambda *args: loaded.append(args))
+    kept = Holder(f=KeepsItsFile(png), r=Counted(png), d=Restored(png), img=Image.open(tiff))
+    loaded.clear()
+    found = dropped.unfaithful({"dataset": kept}, reopen.file_reducers())
+    assert [f.path for f in found] == ["dataset.d", "dataset.img"]
+    assert loaded == [] and not kept.f.fh.closed
 
 
 # -- in process: the reducer and the copies --------------------------------------------
@@ -392,7 +405,7 @@ def test_an_emulated_worker_never_copies_what_drops_its_file(tiff, png, tmp_path
     assert refused.value.reason == (
         "dataset.img (a TiffImageFile) cannot be copied for each emulated worker: it pickles "
         "without its open file gone.tif (PIL's pickle keeps one frame)")
-    assert refused.value.fix == roundtrip.IMAGE_FIX
+    assert refused.value.fix == dropped.IMAGE_FIX
     dropping = CopyPlan((Holder(reader=Dropping(png)), None, None),
                         ("dataset", "collate_fn", "worker_init_fn"))
     with pytest.raises(NoExactRung, match=r"dataset.reader \(a Dropping\) cannot be copied"):

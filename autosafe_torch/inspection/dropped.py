@@ -1,4 +1,5 @@
-"""Does an object that pickles reach a spawn/forkserver worker whole?
+"""Does an object that pickles reach a spawn/forkserver worker whole, or does
+its pickle drop an open file its methods read?
 
 The probe answers "does it pickle"; this answers the next question, for the
 objects that hold open files. An object that defines its own pickling
@@ -7,25 +8,28 @@ read: PIL's ``ImageFile`` keeps the current frame's pixels and drops the
 file, and a spawned worker's ``img.seek(i)`` fails (``'TiffImageFile' object
 has no attribute '_min_frame'``) while the parent says nothing.
 
-Cheap: one bounded walk per part (``objwalk.SAMPLE_ITEMS`` items per
-container) finds the open files; a part that holds none costs that walk
-and nothing else. Above each file, only the outermost object on its path
-that pickles itself is round-tripped: pickled with the probe's dispatch
-table (the planned repairs count), loaded again in this process, payloads
-(tensors, arrays, large buffers) and code passed by identity. The files
-reachable after are compared with those before; a file whose places all
-lost it was dropped, and the object that lacks it is named. Whatever the
-round trip opened is closed again.
+Cheap, and nothing is loaded here (no user object is unpickled in the
+training process only to test it): one bounded walk per part
+(``objwalk.SAMPLE_ITEMS`` items per container) finds the open files; a part
+that holds none costs that walk and nothing else. Above each file, only the
+outermost object on its path that pickles itself is pickled, with the
+probe's dispatch table (the planned repairs count), into a sink that keeps
+nothing, noting every object the pickle reaches. A file the pickle never
+reaches was dropped, by the deepest object on its path that the pickle did
+reach; that object is named.
 
 Not a hazard:
 
+- what a planned repair pickles (its reducer makes the file again);
 - a PIL image of one frame: its pickle keeps its pixels, all that it reads
   from the file;
-- an object whose class sets the dropped attribute again in a method of its
-  own (a lazy open: ``if self.fh is None: self.fh = open(self.path)``), or
-  asks ``os.getpid()`` (``holdings.reopens_per_process``).
+- an object whose class sets the dropped attribute again, read from its
+  code, never run: in a method of its own (a lazy open: ``if self.fh is
+  None: self.fh = open(self.path)``), in ``__setstate__``, in ``__init__``
+  where its own ``__reduce__`` builds it by calling the class; or that asks
+  ``os.getpid()`` (``holdings.reopens_per_process``).
 
-Fail open: an object whose inspection or round trip raises is skipped.
+Fail open: an object whose inspection or pickling raises is skipped.
 """
 
 import dis
@@ -39,12 +43,11 @@ from multiprocessing import context
 
 from . import holdings, objwalk
 from .objwalk import Edge, is_a
-from .probe import (BIG_BUFFER, PROTOCOL, ProbeResult, _FAST_LEAVES, _payload_types,
-                    _probe_dispatch_table, _ProbeSpawning)
+from .probe import PROTOCOL, ProbeResult, _NullSink, _probe_dispatch_table, _ProbeSpawning
 
-# Round trips per call: each costs what pickling that object costs (a PIL
-# image: one frame's pixels); objects of one kind repeat, a few tell.
-MAX_ROUND_TRIPS = 16
+# Objects pickled per call: each costs what pickling it costs (a PIL image: one
+# frame's pixels); objects of one kind repeat, a few tell.
+MAX_PICKLED = 16
 
 IMAGE_FIX = ("open the image lazily in __getitem__ (or in worker_init_fn), keeping its path "
              "on the dataset")
@@ -202,18 +205,20 @@ def _own_pickling(cls):
             or getattr(cls, "__getstate__", None) is not default_state)
 
 
-# Methods that do not count as setting an attribute again: construction,
-# pickling and copying, closing.
+# Methods that do not count as setting an attribute again: construction (but
+# where the class's own ``__reduce__`` builds it by calling the class), pickling
+# (but ``__setstate__``, which sets it where the pickle arrives), copying, closing.
 _SETUP = frozenset({"__init__", "__new__", "__init_subclass__", "__getstate__",
-                    "__setstate__", "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__",
+                    "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__",
                     "__del__", "__exit__", "close"})
 
 
 def sets_again(obj, attribute):
     """Whether ``obj`` takes care of an attribute its pickle drops: a method of
     its class (not construction, pickling or closing) sets it to something
-    other than None (the lazy open), or the class reopens per process
-    (``os.getpid()``). Read from the code, never run."""
+    other than None (the lazy open), ``__setstate__`` does, ``__init__`` does
+    where the class's own ``__reduce__`` calls the class, or the class
+    reopens per process (``os.getpid()``). Read from the code, never run."""
     try:
         return holdings.reopens_per_process(obj) or _sets_again(type(obj), attribute)
     except Exception:
@@ -222,14 +227,18 @@ def sets_again(obj, attribute):
 
 @functools.lru_cache(maxsize=1024)
 def _sets_again(cls, attribute):
+    rebuilt_by_init = any(name in vars(klass) for klass in cls.__mro__[:-1]
+                          if klass.__module__ != "builtins"
+                          for name in ("__reduce__", "__reduce_ex__"))
     for klass in cls.__mro__:
         if klass.__module__ == "builtins":
             continue
         for name, value in vars(klass).items():
-            if name in _SETUP:
+            if name in _SETUP and not (name == "__init__" and rebuilt_by_init):
                 continue
             if type(value) in (staticmethod, classmethod):
                 value = value.__func__
+            value = getattr(value, "__wrapped__", value)  # patches.datasets.MeasuredInit
             funcs = (value.fget, value.fset) if type(value) is property else (value,)
             if any(type(f) is types.FunctionType and _stores(f.__code__, attribute)
                    for f in funcs):
@@ -253,120 +262,44 @@ def _stores(code, attribute, depth=0):
     return False
 
 
-# -- the round trip ------------------------------------------------------------------
-
-_BY_IDENTITY = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType,
-                types.MethodType)
+# -- what a pickle reaches -------------------------------------------------------------
 
 
-class _Pickler(pickle.Pickler):
-    """The probe's dispatch table; payloads and code kept by identity (their
-    bytes say nothing of files, and classes load as themselves here)."""
+class _Reaching(pickle.Pickler):
+    """Pickles with the probe's dispatch table into a sink that keeps nothing,
+    noting every object it reaches (``reducer_override`` sees each one that is
+    not a plain container or a number or string)."""
 
-    def __init__(self, file, table, payload):
-        super().__init__(file, PROTOCOL)
+    def __init__(self, table):
+        super().__init__(_NullSink(), PROTOCOL)
         self.dispatch_table = table
-        self.torch_types, self.array_type = payload
-        self.kept = []
+        self.reached = set()
 
-    def persistent_id(self, obj):
-        cls = type(obj)
-        if cls in _FAST_LEAVES:
-            return None
-        if cls is bytes or cls is bytearray:
-            return self._keep(obj) if len(obj) >= BIG_BUFFER else None
-        if is_a(obj, _BY_IDENTITY) \
-                or self.torch_types and is_a(obj, self.torch_types) \
-                or self.array_type is not None and is_a(obj, self.array_type) \
-                and not obj.dtype.hasobject:
-            return self._keep(obj)
-        return None
-
-    def _keep(self, obj):
-        self.kept.append(obj)
-        return len(self.kept) - 1
+    def reducer_override(self, obj):
+        self.reached.add(id(obj))
+        return NotImplemented
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, kept):
-        super().__init__(file)
-        self.kept = kept
-
-    def persistent_load(self, pid):
-        return self.kept[pid]
-
-
-def round_trip(obj, table, payload=None):
-    """``obj`` pickled as for a spawned worker and loaded back in this process."""
-    buffer = io.BytesIO()
-    pickler = _Pickler(buffer, table, payload or _payload_types())
+def reached(obj, table):
+    """The ids of the objects ``obj``'s pickle reaches, as for a spawned worker."""
+    pickler = _Reaching(table)
     spawning = context.get_spawning_popen()
     context.set_spawning_popen(_ProbeSpawning())  # as the probe pickles: a child starting
     try:
         pickler.dump(obj)
     finally:
         context.set_spawning_popen(spawning)
-    buffer.seek(0)
-    return _Unpickler(buffer, pickler.kept).load()
+    return pickler.reached
 
 
-_MISSING = object()
-_UNKNOWN = object()
-
-
-def _child(obj, edge):
-    """What hangs from ``obj`` where ``edge`` hung in the original, or
-    ``_MISSING``; ``_UNKNOWN`` where the place cannot be followed (a set)."""
-    if edge.how == Edge.ATTR:
-        attrs = _attrs(obj)
-        if edge.key in attrs:
-            return attrs[edge.key]
-        try:
-            return object.__getattribute__(obj, edge.key)
-        except AttributeError:
-            return _MISSING
-    if edge.how == Edge.ITEM:
-        if is_a(obj, dict):
-            return dict.get(obj, edge.key, _MISSING)
-        if is_a(obj, (list, tuple)) and isinstance(edge.key, int):
-            return obj[edge.key] if edge.key < len(obj) else _MISSING
-    return _UNKNOWN
-
-
-class _Checked:
-    """One round trip: the streams before and after, and the copy."""
-
-    __slots__ = ("copy", "before", "lost", "opened")
-
-    def __init__(self, obj, table, payload):
-        self.before = _streams(obj)
-        self.copy = round_trip(obj, table, payload)
-        after = _streams(self.copy)
-        places = {path for _stream, paths in after.values() for path in paths}
-        self.lost = {key for key, (_stream, paths) in self.before.items()
-                     if not places.intersection(paths)}
-        if not self.lost and len(after) < len(self.before):
-            # Fewer files, though every place holds one: some now share a file
-            # that each had its own of.
-            self.lost = set(self.before)
-        self.opened = [stream for key, (stream, _paths) in after.items()
-                       if key not in self.before]
-
-    def close(self):
-        """Close what loading opened in this process (a reopened file, an image)."""
-        for stream in self.opened:
-            try:
-                stream.close()
-            except Exception:
-                pass
-        self.copy = self.opened = None
+_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
 
 
 class _Search:
     def __init__(self, planned):
         self.planned = planned
-        self._table = self._payload = None  # made for the first file found: none, no cost
-        self.checked = {}  # id(owner) -> _Checked, or None where it raised
+        self._table = None  # made for the first file found: none, no cost
+        self.checked = {}  # id(owner) -> ids its pickle reaches, or None where it raised
         self.reported = {}  # id(object named) -> Unfaithful
 
     @property
@@ -375,21 +308,10 @@ class _Search:
             self._table = _probe_dispatch_table(self.planned)
         return self._table
 
-    @property
-    def payload(self):
-        if self._payload is None:
-            self._payload = _payload_types()
-        return self._payload
-
     def run(self, parts):
-        try:
-            for name, part in parts.items():
-                if part is not None:
-                    self._part(name, part)
-        finally:
-            for checked in self.checked.values():
-                if checked is not None:
-                    checked.close()
+        for name, part in parts.items():
+            if part is not None:
+                self._part(name, part)
         return list(self.reported.values())
 
     def _part(self, name, part):
@@ -415,7 +337,7 @@ class _Search:
                 continue
 
     def _candidate(self, obj, places):
-        """Where the stream ``obj`` (or a PIL image's stream) is lost, if anywhere."""
+        """Where the stream ``obj`` (or a PIL image's stream) is dropped, if anywhere."""
         chain = []  # (path, node, edge to the next node), from the root down
         if is_image_file(obj):
             held = image_stream(obj)
@@ -438,38 +360,19 @@ class _Search:
         if not owners:
             return  # pickled by its attributes: the probe's, and the repairs', to judge
         top = owners[0]
+        if any(type(node) in self.planned for _path, node, _edge in chain[top:]):
+            return  # a planned repair pickles it: its reducer makes the file again
         if image is not None and top == len(chain) - 1 and single_frame(image):
             return  # nothing above it pickles itself, and its pixels are all it reads
-        checked = self._check(chain[top][1])
-        if checked is None or id(stream) not in checked.lost:
+        reached_ids = self._reached(chain[top][1])
+        if reached_ids is None or id(stream) in reached_ids:
             return
-        self._name_dropper(chain[top:], checked.copy, stream)
-
-    def _check(self, owner):
-        key = id(owner)
-        if key not in self.checked:
-            if len(self.checked) >= MAX_ROUND_TRIPS:
-                return None
-            try:
-                self.checked[key] = _Checked(owner, self.table, self.payload)
-            except Exception:  # its pickle or its loading raised: the probe's to say
-                self.checked[key] = None
-        return self.checked[key]
-
-    def _name_dropper(self, chain, copy, stream):
-        """Follow the chain in the copy to the first place that lost its object."""
-        node = copy
-        for path, original, edge in chain:
-            child = _child(node, edge)
-            if child is _UNKNOWN:
-                break  # cannot follow further: the last object of the chain is named
-            if child is _MISSING or child is None \
-                    or edge.child is stream and not live_stream(child):
+        for path, original, edge in chain[top:]:  # the deepest it reached drops the next
+            if type(edge.child) in _CONTAINERS:
+                continue  # pickled in C without a look: reached where its owner is
+            if id(edge.child) not in reached_ids:
                 self._report(path, original, edge, stream)
                 return
-            node = child
-        path, original, edge = chain[-1]
-        self._report(path, original, edge, stream)
 
     def _report(self, path, original, edge, stream):
         if id(original) in self.reported:
@@ -489,6 +392,16 @@ class _Search:
                                                                      edge.label()),
             original, FILE_FIX)
 
+    def _reached(self, owner):
+        key = id(owner)
+        if key not in self.checked:
+            if len(self.checked) >= MAX_PICKLED:
+                return None
+            try:
+                self.checked[key] = reached(owner, self.table) | {key}
+            except Exception:  # its pickle raised: the probe's to say
+                self.checked[key] = None
+        return self.checked[key]
 
 def unfaithful(parts, planned=None):
     """The objects of ``parts`` (``{name: part}``; None parts skipped) that
@@ -499,6 +412,6 @@ def unfaithful(parts, planned=None):
     installed (nothing is). Fail open: [] where the search itself raises.
     """
     try:
-        return _Search(planned).run(parts)
+        return _Search(planned or {}).run(parts)
     except Exception:
         return []

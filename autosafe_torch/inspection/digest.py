@@ -1,0 +1,189 @@
+"""A fingerprint of what an object holds, at pickle speed.
+
+Two builds of a dataset, one in the training process and one in a spawned
+worker, hold the same values when their fingerprints agree
+(``remedies/rebuild.py`` compares them attribute by attribute, so that a
+difference is named). The fingerprint is the object's pickle, hashed as the
+C pickler writes it: the cost is that of pickling, whatever the size
+(an ImageNet index of 1.28M tuples: under a second), and nothing is capped.
+
+What the pickle would not say the same way in both processes, or cannot say
+at all, is written as a stand-in (``persistent_id``, asked for every object
+before the pickler's own fast paths):
+
+- classes and functions by module and name (a spawned worker's main module
+  is ``__mp_main__``, the training process's ``__main__``: the same one),
+  functions with a hash of their code;
+- sets by their items in sorted order (their own order follows string
+  hashes, which differ from process to process);
+- tensors and arrays by dtype, shape, device and a hash of their bytes;
+- open files and memory maps by name, mode, position, size and modification
+  time; locks by whether they are held; generators by how far they ran.
+
+What does not pickle at all (a pyarrow reader, a safetensors handle) stands
+in as its type (``reducer_override``): which file such a handle reads is the
+kernel's to say (``inspection/opened.py``), not its attributes'.
+
+No user code runs but what pickling runs (``__reduce__``, ``__getstate__``),
+as torch's own pickling of the dataset for a worker would.
+"""
+
+import copyreg
+import hashlib
+import mmap
+import pickle
+import sys
+import types
+
+from . import holdings
+from .objwalk import is_a
+
+PROTOCOL = 4
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, tuple,
+                    list, dict})
+
+
+class _Hasher:
+    __slots__ = ("h",)
+
+    def __init__(self):
+        self.h = hashlib.blake2b(digest_size=20)
+
+    def write(self, data):
+        self.h.update(data)
+        return len(data)
+
+
+def _module(obj):
+    name = getattr(obj, "__module__", None) or ""
+    return "__main__" if name == "__mp_main__" else name
+
+
+def _bytes_hash(buffer):
+    return hashlib.blake2b(buffer, digest_size=20).hexdigest()
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, sink):
+        super().__init__(sink, PROTOCOL)
+        self._payload = _payload_types()
+
+    def persistent_id(self, obj):
+        cls = type(obj)
+        if cls in _PLAIN:
+            return None
+        if cls is set or cls is frozenset:
+            return ("set", cls.__name__, tuple(sorted(digest(item) for item in obj)))
+        if cls is types.FunctionType:
+            code = obj.__code__
+            return ("function", _module(obj), obj.__qualname__,
+                    _bytes_hash(code.co_code), repr(code.co_consts)[:2000])
+        if is_a(obj, type):
+            return ("class", _module(obj), getattr(obj, "__qualname__", ""))
+        if cls is types.ModuleType:
+            return ("module", obj.__name__)
+        if cls is types.BuiltinFunctionType:
+            return ("builtin", _module(obj), getattr(obj, "__qualname__", ""))
+        tensor_types, array_type = self._payload
+        if tensor_types and is_a(obj, tensor_types):
+            return _tensor(obj)
+        if array_type is not None and is_a(obj, array_type) and not obj.dtype.hasobject:
+            import numpy
+
+            return ("array", obj.dtype.str, obj.shape,
+                    _bytes_hash(numpy.ascontiguousarray(obj).view(numpy.uint8).data))
+        if holdings.is_file_object(obj) or cls is mmap.mmap:
+            return ("file",) + _file_state(obj)
+        kind = holdings.threading_kind(obj)
+        if kind is not None and kind != "thread":
+            return ("lock", kind, holdings.held(obj))
+        if cls is types.GeneratorType:
+            frame = obj.gi_frame
+            return ("generator", obj.gi_code.co_name,
+                    frame.f_lasti if frame is not None else "done")
+        return None
+
+    def reducer_override(self, obj):
+        reducer = copyreg.dispatch_table.get(type(obj))
+        try:
+            return reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
+        except Exception:  # a handle that does not pickle: its kind, nothing more
+            cls = type(obj)
+            return _opaque, ("%s.%s" % (_module(cls), cls.__qualname__),)
+
+
+def _opaque(name):
+    """What a handle that does not pickle stands in as (never loaded)."""
+
+
+def _tensor(t):
+    t = t.detach()
+    head = ("tensor", str(t.dtype), tuple(t.shape), t.device.type, str(t.layout))
+    torch = sys.modules["torch"]
+    if t.layout != torch.strided or t.device.type == "meta" or t.is_quantized:
+        return head
+    flat = t.cpu().contiguous().reshape(-1)
+    return head + (_bytes_hash(flat.view(torch.uint8).numpy().data) if flat.numel() else "",)
+
+
+def _payload_types():
+    """(tensor/storage types, array type) among the modules already imported."""
+    kinds = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "Tensor"):
+        kinds.append(torch.Tensor)
+    numpy = sys.modules.get("numpy")
+    return tuple(kinds), getattr(numpy, "ndarray", None) if numpy is not None else None
+
+
+def _file_state(f):
+    """Name, mode, position, size and modification time of an open file."""
+    import os
+
+    parts = []
+    for read in (lambda: getattr(f, "name", None), lambda: getattr(f, "mode", None),
+                 lambda: f.closed, lambda: f.tell()):
+        try:
+            value = read()
+            parts.append(value if type(value) in (str, int, bool, type(None)) else repr(value))
+        except Exception:
+            parts.append("?")
+    try:
+        st = os.fstat(f.fileno())
+        parts += [st.st_size, st.st_mtime_ns]
+    except Exception:
+        pass
+    return tuple(parts)
+
+
+def digest(obj):
+    """The fingerprint of ``obj`` (a hex string). Raises what pickling raises
+    that is no failure to pickle a handle (a RecursionError: too deep)."""
+    sink = _Hasher()
+    _Pickler(sink).dump(obj)
+    return sink.h.hexdigest()
+
+
+def attributes(obj):
+    """``[(name, value)]``: an instance's attributes (``__dict__``, then the
+    ``__slots__`` that are set), in their order."""
+    found = []
+    try:
+        found = list(dict.items(object.__getattribute__(obj, "__dict__")))
+    except (AttributeError, TypeError):
+        pass
+    for klass in type(obj).__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            try:
+                found.append((name, object.__getattribute__(obj, name)))
+            except AttributeError:
+                continue
+    return found
+
+
+def attribute_digests(obj):
+    """``{name: fingerprint}`` of each of ``obj``'s attributes, in order."""
+    return {name: digest(value) for name, value in attributes(obj)}

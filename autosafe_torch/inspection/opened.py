@@ -1,0 +1,125 @@
+"""What a stretch of code opened, as the kernel says: the descriptors it added.
+
+A dataset built again in a worker (``remedies/rebuild.py``) must read what the
+training process's dataset reads. Python shows little of that: a pyarrow
+``ParquetFile``, an Arrow IPC reader over a memory map, a safetensors handle
+keep no path in their attributes, so two handles of same-shaped files look
+alike. The kernel knows: ``snapshot()`` before, ``opened_since(before)``
+after, gives each descriptor the code added and still holds, in the order it
+was opened (numbers are handed out lowest first), with the file it is open
+on (device, inode, size, modification time). A file only mapped (safetensors
+maps its file and closes it) is in ``mapped_files()``.
+
+Cheap: a directory listing before and after (tens of microseconds), and an
+``fstat`` of each new descriptor; ``mapped_files`` reads ``/proc/self/maps``
+(about half a millisecond) and is asked only where a rebuild is planned.
+Linux reads ``/proc/self``; macOS ``/dev/fd`` and ``F_GETPATH``. Nothing
+here calls user code.
+"""
+
+import os
+import stat
+
+from .descriptors import _fd_numbers, path_of
+
+# Where libraries read the machine, not the data (CPU counts, cgroup limits,
+# random bytes): what they open there is no part of a dataset.
+SYSTEM_PLACES = ("/proc/", "/sys/", "/dev/")
+FILE, OTHER = "file", "other"
+
+
+class Opened:
+    """A descriptor some code added: ``kind`` FILE (a regular file: ``dev``,
+    ``ino``, ``size``, ``mtime_ns`` say which and in what state) or OTHER (a
+    socket, a pipe, a device: ``what`` says which)."""
+
+    __slots__ = ("fd", "kind", "path", "dev", "ino", "size", "mtime_ns", "what")
+
+    def __init__(self, fd, kind, path, dev=0, ino=0, size=0, mtime_ns=0, what=""):
+        self.fd, self.kind, self.path, self.what = fd, kind, path, what
+        self.dev, self.ino, self.size, self.mtime_ns = dev, ino, size, mtime_ns
+
+    @property
+    def identity(self):
+        """Which file, in which state: equal for the same unchanged file."""
+        return (self.dev, self.ino, self.size, self.mtime_ns)
+
+    def name(self):
+        return os.path.basename(self.path) if self.path else "fd %d" % self.fd
+
+    def __reduce__(self):
+        return Opened, (self.fd, self.kind, self.path, self.dev, self.ino, self.size,
+                        self.mtime_ns, self.what)
+
+    def __repr__(self):
+        return "Opened(%s %s)" % (self.kind, self.path or self.what)
+
+
+def snapshot():
+    """``{fd: (device, inode)}`` of the descriptors open now (the listing's
+    own descriptor, closed by the time it is asked, is not among them)."""
+    found = {}
+    for fd in _fd_numbers():
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        found[fd] = (st.st_dev, st.st_ino)
+    return found
+
+
+def opened_since(before):
+    """``Opened`` for each descriptor open now on what it was not open on in
+    ``before`` (a ``snapshot()``), lowest number first (the order they were
+    opened in, where nothing was closed in between); what lies under
+    ``SYSTEM_PLACES`` and torch's shared memory are left out."""
+    found = []
+    for fd in _fd_numbers():
+        try:
+            st = os.fstat(fd)
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+        if before.get(fd) == (st.st_dev, st.st_ino):
+            continue
+        described = _describe(fd, st)
+        if described is not None:
+            found.append(described)
+    return found
+
+
+def _describe(fd, st):
+    path = path_of(fd) or ""
+    if stat.S_ISREG(st.st_mode):
+        if path.startswith(SYSTEM_PLACES) or path.startswith("/memfd:"):
+            return None
+        return Opened(fd, FILE, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if stat.S_ISCHR(st.st_mode) or path.startswith(SYSTEM_PLACES):
+        return None  # /dev/null, /dev/urandom: no data of the dataset's
+    if stat.S_ISSOCK(st.st_mode):
+        what = "a socket"
+    elif stat.S_ISFIFO(st.st_mode):
+        what = "a pipe"
+    elif stat.S_ISDIR(st.st_mode):
+        return None  # a directory handle (os.scandir, a lock directory): no data
+    else:
+        what = "a descriptor that is no file (%s)" % (path or "fd %d" % fd)
+    return Opened(fd, OTHER, path, what=what)
+
+
+def mapped_files():
+    """``{(dev, ino): path}`` of the files this process maps now (Linux); empty
+    elsewhere."""
+    found = {}
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) < 6 or not fields[5].startswith(b"/") \
+                        or fields[5].startswith((b"/dev/", b"/memfd:")):
+                    continue
+                major, _, minor = fields[3].partition(b":")
+                key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+                found[key] = os.fsdecode(fields[5].rstrip())
+    except (OSError, ValueError):
+        return {}
+    return found
