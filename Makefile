@@ -72,7 +72,7 @@ realworld:
 	$(PYTHON) -m pytest -m realworld tests/realworld $(PYTEST_ARGS)
 
 bench:
-	$(INSTALL) ".[cv2]"
+	$(INSTALL) ".[bench]"
 	$(PYTHON) benchmarks/run.py
 
 demo:

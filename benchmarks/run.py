@@ -271,6 +271,7 @@ FIGURES = {
     "15": lambda: __import__("memmap").figures(),
     "16": lambda: __import__("fork_after_cuda").figures(),
     "17": lambda: __import__("mapped_tensor").figures(),
+    "18": lambda: __import__("rebuild_cost").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
 OPTIONAL = ("10", "15", "16", "17")

@@ -87,6 +87,9 @@ def test_a_rehearsed_mac_gets_real_workers_and_the_programs_effects(tmp_path,
         assert reference["effects"]["AUDIT"] == reference["effects"]["TRAIN_AUDIT"] == 48
     else:
         assert "build the dataset again" in dl201[0]["strategy"], dl201
+        # once, in a build server every worker of every epoch was forked from
+        (warm,) = [r for r in records if r["code"] == "DL209"]
+        assert "the dataset built once, there, not in each worker" in warm["done"], warm
     if kind == "counted":  # the constructor ran once here, its line once in the file
         assert reference["effects"]["MADE"] == reference["effects"]["LOADING"] == 1
 
@@ -103,6 +106,47 @@ def test_what_a_worker_cannot_build_exactly_stops_with_the_reason(tmp_path, kind
     assert REFUSED[kind] in result.stderr and "BATCHES" not in result.stdout
     (record,) = [r for r in records if r["code"] == "DL201"]
     assert record["action"] == "failed" and REFUSED[kind] in record["done"], record
+
+
+@pytest.mark.rule("DL201", "DL216")
+def test_what_the_datasets_code_reads_from_the_process_is_checked_in_each_worker(
+        tmp_path, tmp_path_factory):
+    """``runtime``: __getitem__ reads a class attribute and a module-level value that
+    main() set. Spawned workers import the script again and would read the
+    defaults: each worker checks before its first batch, the start fails naming
+    what differs, and emulated workers (in this process, where the program's
+    values are) give the safe run's batches and lines."""
+    reference = safe(tmp_path_factory, "runtime")
+    result, records = run(tmp_path, "runtime", "macos")
+    assert result.rc == 0 and result.batches == reference["batches"], result
+    assert effects(result) == reference["effects"] and effects_pids(result) == 0
+    failed = {r["code"]: r for r in records if r["action"] == "failed"}
+    assert "Runtime.factor is not in this spawned worker what it is in the training " \
+        "process" in failed["DL201"]["done"], records
+    (recovered,) = [r for r in records if r["code"] == "DL216"]
+    assert recovered["action"] == "fixed" and "emulated" in recovered["strategy"]
+    assert "not on its class or module" in recovered["fix"]
+
+
+@pytest.mark.rule("DL219")
+@pytest.mark.parametrize("platform", ["macos", pytest.param("linux", marks=pytest.mark.heavy)])
+def test_a_workers_own_logging_is_replaced_not_added_to(tmp_path, tmp_path_factory, platform):
+    """The script configures logging at module level, unguarded: each spawned worker's
+    import configures its root logger too. The carried configuration replaces it:
+    every audit line once in each file, as under fork."""
+    env = {"SCENARIO_LOG_AT_IMPORT": "1"}
+
+    def compute():
+        result, _ = run(tmp_path_factory.mktemp("safe-at-import"), "audit", shim=False,
+                        start_method="fork", env=env)
+        assert result.rc == 0, result
+        return effects(result)
+
+    reference = once_per_run(tmp_path_factory, "constructors-safe-audit-at-import", compute)
+    assert reference["AUDIT"] == reference["TRAIN_AUDIT"] == 48
+    result, records = run(tmp_path, "audit", platform, env=env)
+    assert result.rc == 0 and effects(result) == reference, result
+    assert [r["action"] for r in records if r["code"] == "DL219"] == ["fixed"]
 
 
 @pytest.mark.parametrize("kind", ["days", "audit"])

@@ -356,8 +356,8 @@ def test_a_dataset_that_reopens_per_process_is_recognised(tmp_path):
                  marks=pytest.mark.heavy),
     # as on macOS: no fork rung; built again by its constructor's call in each worker
     ("text-crlf", "repair: build the dataset again in each worker"),
-    # read after construction: each worker's build differs from it (the workers
-    # check), and no copy for emulated workers
+    # read after construction: no build gives it (refused here, before any worker),
+    # and no copy for emulated workers
     ("text-crlf-read", None),
 ])
 def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, tmp_path_factory, kind,
@@ -385,11 +385,10 @@ def test_sqlite_and_text_files_reopened_only_where_exact(tmp_path, tmp_path_fact
     if strategy is None:
         assert good.rc != 0 and "NoExactRung" in good.stderr and not good.batches, good
         assert "its newline mode cannot be read back" in good.stderr, good
-        assert "the dataset (Lines) built again in the worker differs: its attribute f " \
-            "holds other values" in good.stderr  # why the rung above did not hold
-        # the warm start said on DL201's line fails with it
-        assert [(r["code"], r["action"]) for r in records] == [("DL201", "failed"),
-                                                                ("DL209", "failed")], records
+        # why the rung above was refused
+        assert "dataset (Lines) cannot be built again in a worker: its attribute f (a file) " \
+            "was read after construction" in good.stderr
+        assert [(r["code"], r["action"]) for r in records] == [("DL201", "failed")], records
         return
     assert good.rc == 0 and good.batches == ref.batches, good
     assert {r["strategy"] for r in records if r["code"] != "DL209"} == {strategy}

@@ -188,7 +188,8 @@ def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
     if any(f.rung is Rung.WARM_SPAWN for f in found):
         from ..remedies import warmstart
 
-        warmstart.start_ahead(warmstart.libraries_for(list(parts_of(work).values())))
+        warmstart.start_ahead(warmstart.libraries_for(list(parts_of(work).values())),
+                              work["multiprocessing_context"])
 
 
 def _may_spawn(loader: Loader) -> bool:

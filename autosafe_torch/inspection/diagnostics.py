@@ -125,3 +125,18 @@ def leave_start_traceback(directory_of):
         shown(kind, value, tb)
 
     sys.excepthook = hook
+
+
+def in_fork_server():
+    """Whether this code runs inside a fork server's own process, or a child it
+    forked before the child left ``forkserver.main`` (its loop is on the stack):
+    multiprocessing's server, the warm one, a build server."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is None:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is forkserver.main.__code__:
+            return True
+        frame = frame.f_back
+    return False

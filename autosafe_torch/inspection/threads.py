@@ -9,7 +9,8 @@ another thread when fork() was called. Crashing instead."), and Python
 fork() may lead to deadlocks in the child."). Every thread counts: those of
 C libraries (a BLAS pool, a telemetry client) as well as Python's.
 
-- Linux: the entries of ``/proc/self/task``.
+- Linux: the entries of ``/proc/self/task``, but threads that a fork leaves
+  harmless by their own design (``FORK_SAFE_THREADS``: jemalloc's).
 - macOS: the Mach task's threads (``task_threads``; the thread ports and
   the array it returns are given back). The Objective-C runtime does not
   count: it asks ``pthread_is_threaded_np()``, which stays true once a
@@ -31,7 +32,7 @@ def count():
     """This process's OS threads now, or None where they cannot be read."""
     if sys.platform.startswith("linux"):
         try:
-            return len(os.listdir("/proc/self/task"))
+            return sum(1 for task in os.listdir("/proc/self/task") if not _fork_safe(task))
         except OSError:
             return None
     if sys.platform == "darwin":
@@ -40,6 +41,21 @@ def count():
         except Exception:
             return None
     return None
+
+
+# Threads a fork leaves harmless, by their name (Linux's /proc/self/task/N/comm):
+# jemalloc's background purging thread (pyarrow's allocator, which pandas imports)
+# takes every lock of the allocator's in its own pthread_atfork handlers, and a
+# child starts it again when it needs it.
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+
+
+def _fork_safe(task):
+    try:
+        with open("/proc/self/task/%s/comm" % task) as comm:
+            return comm.read().strip() in FORK_SAFE_THREADS
+    except OSError:
+        return False  # gone meanwhile, or unreadable: counted
 
 
 def single_threaded():

@@ -59,7 +59,8 @@ from ..remedies.workerinit import with_step
 from ..rules.ladder import Rung
 from ..rules.recovery import kinds_watched
 from .iterator import RecoveringIter
-from .rungs import Emulated, carried_loggers, ladder_of, own_files, real_workers, torch_lacks
+from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers, torch_lacks,
+                    with_state_checked)
 from .watch import Watch, record_failed, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
@@ -86,6 +87,8 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     saved = loader.worker_init_fn
     if table is not None:
         loader.worker_init_fn = with_step(saved, isolation.worker_step(table), first=True)
+    if loader.num_workers:
+        loader.worker_init_fn = with_state_checked(loader, loader.worker_init_fn)
     try:
         with carried_loggers(loader):
             iterator = wrapped(*args, **kwargs)
@@ -171,8 +174,10 @@ def _warm_outcome(pending, mark):
     from ..remedies import warmstart
 
     started = warmstart.starts()
-    _warm, plain = started.since(mark)
+    warm_started, plain, built = started.since(mark)
     for warm in [i for i in pending if i.rung is Rung.WARM_SPAWN]:
+        if built and built == warm_started and not plain:
+            warm.done += "; the dataset built once, there, not in each worker"
         if not plain:
             continue
         for host in pending:

@@ -118,8 +118,9 @@ class RecoveringIter(wrapt.ObjectProxy):
             # Verified once every batch in flight at the failure is delivered.
             verify_at = max(verify_at, tp.batches_sent(self.__wrapped__))
             self._diagnose(current)
-            if current is failure:
-                watch.did_not_hold(failure)  # now that it is known whether it died starting
+            # Now that it is known whether it died starting: the records waiting on
+            # these workers (the iteration's, or a replanned rung's) did not hold.
+            watch.did_not_hold(current)
             stop(self.__wrapped__)
             counted = L.Rung.RESTART if rung == L.Rung.AS_ASKED else rung
             ladder.failures[counted] = ladder.failures.get(counted, 0) + 1

@@ -17,13 +17,13 @@ import sys
 
 import torch
 
-from .. import engine
+from .. import engine, facts
 from .. import torch_private as tp
 from ..config import CONFIG
 from ..engine import loader as plans
 from ..inspection.diagnostics import dump_dir, faulthandler_in_worker
 from ..inspection.parts import parts_of
-from ..remedies import isolation, loggers
+from ..remedies import isolation, loggers, process_state
 from ..remedies.emulated_workers import EmulatedWorkersIter
 from ..remedies.limits import file_system_sharing, use_file_system_sharing
 from ..remedies.workerinit import with_step
@@ -72,6 +72,7 @@ def real_workers(loader, ladder, watch, resume=None):
     if Rung.FILE_SYSTEM in ladder.settings:
         file_system_sharing(None)
         init = with_step(init, use_file_system_sharing)
+    init = with_state_checked(loader, init)
     saved = loader.worker_init_fn, loader.prefetch_factor
     loader.worker_init_fn = init
     if Rung.FEWER in ladder.settings:
@@ -83,10 +84,23 @@ def real_workers(loader, ladder, watch, resume=None):
         loader.worker_init_fn, loader.prefetch_factor = saved
 
 
+def with_state_checked(loader, init):
+    """``init`` with a step that checks, in each spawned worker, the process
+    state the dataset's code reads (``remedies/process_state.py``), where the
+    loader was repaired for spawn workers."""
+    if not plans.loader_state(loader, "_process_state") or \
+            facts.effective_start_method(loader.multiprocessing_context) == "fork":
+        return init
+    fingerprints = process_state.expected(loader.dataset)
+    if not fingerprints:
+        return init
+    return with_step(init, functools.partial(process_state.check_in_worker, fingerprints))
+
+
 def carried_loggers(loader):
     """While ``loader``'s workers start: its loggers travel configured, where
     DL219 chose that (``remedies/loggers.py``)."""
-    return loggers.carrying() if plans.loader_state(loader, "loggers") \
+    return loggers.carrying() if plans.loader_state(loader, "_loggers") \
         else contextlib.nullcontext()
 
 

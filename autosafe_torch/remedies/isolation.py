@@ -56,6 +56,7 @@ from multiprocessing import context, reduction, util
 from ..inspection import holdings
 from ..inspection.descriptors import (STDIO, describe_open, find_descriptors, open_files,
                                       path_of)
+from ..inspection.diagnostics import in_fork_server
 from ..inspection.failures import RemedyFailed, describe_exception
 from ..inspection.parts import parts_of
 from . import reopen
@@ -431,8 +432,12 @@ def after_fork_in_server_child():
     children share otherwise (a file the preloaded main module opened).
     (See NOTE [the data flow of a repaired loader] in torch_private.py, step 2.)"""
     del _server_files[:]
-    if not _forked_by_a_server():
+    if not in_fork_server():
         return
+    # A build server's files are its dataset's and its main module's, which a
+    # spawned worker would have opened for itself: made its own, part of
+    # DL201's rebuild, not reported as the server's.
+    built = getattr(sys.modules.get(__package__ + ".buildserver"), "BUILT", None)
     for found in open_files():
         if not found.private:
             continue
@@ -441,20 +446,10 @@ def after_fork_in_server_child():
         except OSError:
             _fail_reads(found.fd)  # never left shared with the server's other children
             continue
-        _server_files.append((found.fd, found.name, found.offset, SERVER))
+        if not built:
+            _server_files.append((found.fd, found.name, found.offset, SERVER))
 
 
-def _forked_by_a_server():
-    forkserver = sys.modules.get("multiprocessing.forkserver")
-    if forkserver is None:
-        return False
-    main = forkserver.main.__code__
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is main:
-            return True
-        frame = frame.f_back
-    return False
 
 
 # -- what workers report, and what the parent reads ---------------------------------

@@ -109,13 +109,12 @@ def configured_in_worker(name, links):
         if link_name in _replaced:
             continue
         _replaced.add(link_name)
-        for own in list(link.handlers):
+        for own in list(link.handlers):  # the worker's import configured these
             link.removeHandler(own)
-            if own not in handlers:
-                try:
-                    own.close()
-                except Exception:
-                    pass
+            try:
+                own.close()
+            except Exception:
+                pass
         for handler in handlers:
             link.addHandler(handler)
         link.setLevel(level)

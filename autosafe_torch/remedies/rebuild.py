@@ -286,9 +286,12 @@ class Expected:
 
 def reduce_rebuilt(obj, candidates=frozenset()):
     """ForkingPickler's reducer for a class with an instance to build again:
-    that instance goes as its call and what its worker must find; other
-    instances pickle as they always did. ``candidates``: ids of datasets the
-    plan's probe tries as if they were to be built again."""
+    that instance goes as its call and what its worker must find (or, to a
+    worker forked from a build server that built it, as a reference to that
+    build); other instances pickle as they always did. ``candidates``: ids of
+    datasets the plan's probe tries as if they were to be built again."""
+    from multiprocessing import context
+
     from ..inspection.probe import is_probing
 
     made = construction_of(obj)
@@ -299,11 +302,28 @@ def reduce_rebuilt(obj, candidates=frozenset()):
         return obj.__reduce_ex__(PROTOCOL)  # raises, as ever
     if probing:  # the plan's probe: do the call's arguments pickle?
         return rebuilt_in_worker, call + (None,)
-    expected = Expected(generators.portable(made.rng),
-                        [(o.identity, o.path) for o in made.opened],
-                        opened.mapped_files(), digest.attribute_digests(obj),
-                        made.cls.__qualname__)
-    return rebuilt_in_worker, call + (expected,)
+    # A worker started from a build server that built it (warmstart.Build): a reference.
+    popen = context.get_spawning_popen()
+    key = (getattr(popen, "built_here", None) or {}).get(id(obj))
+    if key is not None:
+        return popen.from_server, (key, _expected(obj, made))
+    return rebuilt_in_worker, call + (_expected(obj, made),)
+
+
+def recipe(obj):
+    """What a build server builds ``obj`` from (``reduce_rebuilt``'s call), or
+    raises where it cannot be built again."""
+    made = construction_of(obj)
+    call = made.call() if made is not None else None
+    if call is None:
+        raise LookupError("no call recorded for this dataset")
+    return rebuilt_in_worker, call + (_expected(obj, made),)
+
+
+def _expected(obj, made):
+    return Expected(generators.portable(made.rng), [(o.identity, o.path) for o in made.opened],
+                    opened.mapped_files(), digest.attribute_digests(obj),
+                    made.cls.__qualname__)
 
 
 _planned = set()  # ids of the datasets a finding chose to build again
@@ -354,9 +374,35 @@ def rebuilt_in_worker(cls, args, kwargs, expected):
                else _other_files(added, expected) or _other_maps(mapped, maps, expected)
                or _other_values(obj, expected))
     if why is None:
+        _held_files[id(obj)] = [o.fd for o in added]
         return obj
     return Unbuilt("the dataset (%s) built again in the worker differs: %s"
                    % (expected.name, why))
+
+
+_held_files = {}  # id(a dataset built here) -> the descriptors its build opened, in order
+
+
+def still_the_same(obj, expected):
+    """In a worker forked from a build server: ``obj`` (built and checked there)
+    if its files and values are still what the training process's dataset
+    holds now (``expected``), else an ``Unbuilt`` saying what changed."""
+    if isinstance(obj, Unbuilt):
+        return obj
+    why = None
+    for fd, (identity, path) in zip(_held_files.get(id(obj), ()), expected.opened):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            why = "%s is no longer open" % _base(path)
+            break
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(identity):
+            why = "%s changed since the training process opened it" % _base(path)
+            break
+    why = why or _other_values(obj, expected)
+    if why is None:
+        return obj
+    return Unbuilt("the dataset (%s) built in the server differs now: %s" % (expected.name, why))
 
 
 class Unbuilt:

@@ -39,7 +39,8 @@ import sys
 import warnings
 
 from ..inspection import threads
-from ..inspection.diagnostics import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, leave_start_traceback
+from ..inspection.diagnostics import (DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, in_fork_server,
+                                     leave_start_traceback)
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module
@@ -92,18 +93,7 @@ def _prepare_and_report(data, prepare):
     return prepare(data)
 
 
-def _in_fork_server():
-    from multiprocessing import forkserver
-
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is forkserver.main.__code__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-if _in_fork_server():
+if in_fork_server():
     if not forks_safely():
         os._exit(REFUSED)
     _checked.append(True)

@@ -4,7 +4,11 @@ A spawn worker of a non-persistent loader starts from nothing every epoch:
 it imports torch, numpy and cv2 again, over a second of CPU, before its
 first sample. ``warm_context`` gives a multiprocessing context whose
 workers are forked from a server of our own that has imported those
-installed libraries once, and nothing else: never the user's code. Each
+installed libraries once, and nothing else: never the user's code. A loader
+whose datasets are built again in each worker (DL201) gets a build server of
+its own instead (``Build``, ``buildserver.py``): it also prepares as a
+spawned worker does (the main module imported) and builds those datasets
+once, which every worker of every epoch is then forked holding. Each
 worker then goes through spawn's own steps: the preparation data
 (``sys.path``, ``argv``, the working directory, the main module imported as
 ``__mp_main__``), the pickled process object (the dataset travels by
@@ -36,6 +40,7 @@ import sys
 import sysconfig
 import threading
 import types
+import weakref
 from multiprocessing import context as _mp_context
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
@@ -236,24 +241,31 @@ def _stop(server, wait_s=5.0):
     return None
 
 
-def start_ahead(libraries):
+def start_ahead(libraries, context=None):
     """Start the server now, in the background, importing ``libraries``: for a
     loader the ladder will repair for spawn, built before it is iterated. The
-    server's imports then overlap the program's own setup (the model, the
-    optimizer) instead of delaying the first epoch. The calling thread only
-    starts a thread; the server starts at most once."""
+    server's imports (and a build server's build) then overlap the program's
+    own setup (the model, the optimizer) instead of delaying the first epoch.
+    ``context``: the warm context the loader will get; a build server where
+    it has one (the shared server is then not needed). The calling thread
+    only starts a thread; a server starts at most once."""
     preload(libraries)
-    with _names_lock:
-        if _state["ahead"] or _state["server"] is not None or _state["cold"]:
-            return
-        _state["ahead"] = True
-    threading.Thread(target=_start_quietly, name="autosafe_torch warm start",
+    build = getattr(context, "_build", None)
+    if build is not None:
+        start = build.server
+    else:
+        with _names_lock:
+            if _state["ahead"] or _state["server"] is not None or _state["cold"]:
+                return
+            _state["ahead"] = True
+        start = _server
+    threading.Thread(target=_start_quietly, args=(start,), name="autosafe_torch warm start",
                      daemon=True).start()
 
 
-def _start_quietly():
+def _start_quietly(start):
     try:
-        _server()
+        start()
     except Exception as exc:  # fails open: the loader's first iterator tries again
         _note("the warm server could not start ahead (%s)" % _failure(exc))
 
@@ -323,16 +335,26 @@ def _launch_through(server):
 
 
 def _popen(process_obj):
-    """Start ``process_obj`` from the warm server, else by plain spawn."""
+    """Start ``process_obj`` from its build server, else the warm server, else by
+    plain spawn."""
     from multiprocessing import popen_forkserver, popen_spawn_posix
 
+    build = _builds.get(process_obj)
     try:
-        server = _server()
+        server, built = build.server() if build is not None else (None, {})
+        if server is None:
+            server = _server()
         if server is not None:
+            from .buildserver import from_server
+
+            # What rebuild.reduce_rebuilt asks of the Popen starting a worker: the
+            # datasets its server built ({id: key}), and how a worker takes one.
             popen = type("WarmPopen", (popen_forkserver.Popen,),
-                         {"_launch": _launch_through(server)})
+                         {"_launch": _launch_through(server), "built_here": built,
+                          "from_server": staticmethod(from_server)})
             started = popen(process_obj)
             _starts.warm += 1
+            _starts.built += bool(built)
             return started
     except Exception as exc:
         _state["cold"] = True
@@ -340,6 +362,105 @@ def _popen(process_obj):
                    % _failure(exc))
     _starts.plain += 1
     return popen_spawn_posix.Popen(process_obj)
+
+
+# -- build servers: a rebuilt loader's datasets built once ----------------------------
+
+_builds = weakref.WeakKeyDictionary()  # a worker's process object -> its Build
+_kept_for = {}  # id(a dataset) -> its Build, while the dataset lives
+
+
+class Build:
+    """A build server for some datasets (``buildserver.py``): started at the
+    first worker's start, stopped when the datasets go. ``server()``:
+    ``(the server, {id(dataset): key})``, or ``(None, {})`` where none runs
+    (it refused: the warm server serves, the datasets built in each worker)."""
+
+    _known = weakref.WeakValueDictionary()  # the datasets' ids -> their Build
+
+    @classmethod
+    def of(cls, datasets):
+        """The one Build for these datasets (planned ahead and at iter() alike)."""
+        key = tuple(sorted(map(id, datasets)))
+        with _names_lock:
+            build = cls._known.get(key)
+            if build is None or any(ref() is None for ref in build.refs):
+                build = cls._known[key] = cls(datasets)
+            for dataset in datasets:
+                if id(dataset) not in _kept_for:  # alive as long as the dataset is
+                    weakref.finalize(dataset, _kept_for.pop, id(dataset), None)
+                _kept_for[id(dataset)] = build
+            return build
+
+    def __init__(self, datasets):
+        self.refs = [weakref.ref(d) for d in datasets]
+        self.keys = {id(d): "%d-%d" % (os.getpid(), id(d)) for d in datasets}
+        self.forkserver = None
+        self.refused = False
+
+    def server(self):
+        with _lock:
+            if self.refused:
+                return None, {}
+            if self.forkserver is not None:
+                return self.forkserver, self.keys
+            datasets = [ref() for ref in self.refs]
+            if any(d is None for d in datasets):
+                return None, {}
+            try:
+                self.forkserver = self._start(datasets)
+            except Exception as exc:
+                _note("a build server could not start (%s): each worker builds the dataset"
+                      % _failure(exc))
+                self.forkserver = None
+            if self.forkserver is None:
+                self.refused = True
+                return None, {}
+            for dataset in datasets:
+                weakref.finalize(dataset, _stop_quietly, self.forkserver)
+            return self.forkserver, self.keys
+
+    def _start(self, datasets):
+        import pickle
+        import tempfile
+        from multiprocessing import forkserver, spawn
+
+        from . import buildserver, rebuild
+
+        prepared = spawn.get_preparation_data("autosafe_torch build server")
+        if "authkey" in prepared:  # pickles only for a child being started: as bytes here
+            prepared["authkey"] = bytes(prepared["authkey"])
+        if not ({"init_main_from_path", "init_main_from_name"} & set(prepared)):
+            return None  # an interactive main: the server could not import its classes
+        recipes = {self.keys[id(d)]: rebuild.recipe(d) for d in datasets}
+        fd, path = tempfile.mkstemp(prefix="autosafe_torch-build-")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(prepared, f, pickle.HIGHEST_PROTOCOL)  # loaded first: the main
+            pickle.dump(recipes, f, pickle.HIGHEST_PROTOCOL)   # module, then its classes
+        server = forkserver.ForkServer()
+        with _names_lock:
+            libraries = list(_preload)
+        server.set_forkserver_preload(libraries + [buildserver.__name__, GUARD])
+        os.environ[buildserver.RECIPES] = path  # the server's only: taken back at once
+        try:
+            server.ensure_running()
+        finally:
+            os.environ.pop(buildserver.RECIPES, None)
+        try:
+            refused = _greet(server, named(libraries, most=2) + " and the dataset")
+        finally:
+            os.remove(path)
+        if refused is not None:
+            _note("no build server (%s): each worker builds the dataset" % refused)
+            return None
+        return server
+
+
+def _stop_quietly(server):
+    try:
+        _stop(server, wait_s=1.0)
+    except Exception:
+        pass
 
 
 def exit_with_parent(worker_id):
@@ -373,20 +494,22 @@ def _failure(exc):
 
 
 class _Starts:
-    """How this process's warm workers came: from the server (``warm``), or by
-    plain spawn (``plain``) and why (``reason``, the latest). The DL209 record
-    is made from these, once the workers of an iterator started."""
+    """How this process's warm workers came: from the server (``warm``; from a
+    build server, holding the dataset built there: ``built``), or by plain
+    spawn (``plain``) and why (``reason``, the latest). The DL209 record is
+    made from these, once the workers of an iterator started."""
 
     def __init__(self):
-        self.warm = self.plain = 0
+        self.warm = self.plain = self.built = 0
         self.reason = None
 
     def mark(self):
-        return self.warm, self.plain
+        return self.warm, self.plain, self.built
 
     def since(self, mark):
-        """``(warm, plain)`` workers started since ``mark``."""
-        return self.warm - mark[0], self.plain - mark[1]
+        """``(warm, plain, built)`` workers started since ``mark`` (``built``: of
+        the warm ones, those forked from a build server)."""
+        return self.warm - mark[0], self.plain - mark[1], self.built - mark[2]
 
 
 _starts = _Starts()
@@ -411,11 +534,15 @@ def _note(message):
         log(logging.DEBUG, "DL209 warm-worker-start: %s", message)
 
 
-def warm_context(context):
+def warm_context(context, builds=()):
     """The warm context replacing ``context`` (None or spawn's): its workers bear
-    the names spawn would give them (``Process-1``, ``SpawnProcess-1``). (See
-    NOTE [the data flow of a repaired loader] in torch_private.py, step 2.)"""
+    the names spawn would give them (``Process-1``, ``SpawnProcess-1``);
+    ``builds``: datasets built again in each worker, built once in a build
+    server instead where one runs. (See NOTE [the data flow of a repaired
+    loader] in torch_private.py, step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
+    if builds:
+        return WarmContext(name, Build.of(builds))
     with _names_lock:
         if name not in _contexts:
             _contexts[name] = WarmContext(name)
@@ -434,20 +561,26 @@ if hasattr(_mp_context, "ForkServerContext"):
             return _popen(process_obj)
 
     class WarmContext(_mp_context.ForkServerContext):
-        """A forkserver context whose server is ours and imports libraries only."""
+        """A forkserver context whose server is ours and imports libraries only,
+        or, with a ``Build``, a build server of the loader's datasets."""
 
-        def __init__(self, process_name):
+        def __init__(self, process_name, build=None):
             self._process_name = process_name
+            self._build = build
 
         def Process(self, *args, **kwargs):
             process = WarmProcess(*args, **kwargs)
             default = WarmProcess.__name__ + "-"
             if process.name.startswith(default):
                 process.name = self._process_name + "-" + process.name[len(default):]
+            if self._build is not None:
+                _builds[process] = self._build
             return process
 
         def set_forkserver_preload(self, module_names):
             preload(module_names)
 
         def __repr__(self):
-            return "warm forkserver (preloads %s)" % (", ".join(_preload) or "nothing")
+            return "warm forkserver (preloads %s%s)" % (
+                ", ".join(_preload) or "nothing",
+                "; builds the dataset once" if self._build is not None else "")

@@ -191,7 +191,8 @@ class Finding:
 
     ``changes``: new values of the call's arguments (``{"prefetch_factor": None}``).
     ``state``: what the runtime keeps beside the call (loader state such as
-    ``batch_device`` or ``emulated_workers``; the AMP ``api`` a call is routed to).
+    ``batch_device`` or ``emulated_workers``; the AMP ``api`` a call is routed to;
+    keys beginning with ``_`` are its own bookkeeping, not shown in ``after``).
     ``remedies``: callables ``remedy(args)`` the engine runs in fix mode, in
     order; one may return ``{argument: value}`` to change the call further
     (a dataset that was itself a tensor, moved to CPU).
@@ -230,8 +231,10 @@ class Finding:
 
     @property
     def after(self) -> dict[str, Any]:
-        """What the log shows as the new values: arguments and runtime state."""
-        return dict(self.changes, **self.state)
+        """What the log shows as the new values: arguments and runtime state (but
+        the keys beginning with ``_``: the runtime's own bookkeeping)."""
+        shown = {k: v for k, v in self.state.items() if not k.startswith("_")}
+        return dict(self.changes, **shown)
 
     @property
     def is_advice(self) -> bool:

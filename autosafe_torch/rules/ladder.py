@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 GROUP = "dataloader"
 SPAWNING = ("spawn", "forkserver")
+# What a finding that sends a loader to spawn workers (moved there, or with a
+# repair of ours) keeps on it: each worker checks the process state the
+# dataset's code reads (remedies/process_state.py).
+SENT_TO_SPAWN = {"_process_state": True}
 
 
 class Rung(str, enum.Enum):
@@ -127,7 +131,7 @@ def away_from_fork(check: Check, args: dict[str, Any], ctx: Context, why: str,
             repairs or not plan.needs_repair):
         return check.rule.finding({"multiprocessing_context": "fork"},
                                   {"multiprocessing_context": "spawn"}, why,
-                                  rung=Rung.SPAWN,
+                                  rung=Rung.SPAWN, state=SENT_TO_SPAWN,
                                   done="workers started by spawn instead of fork: " + why)
     return emulated_workers(check, args, why)
 

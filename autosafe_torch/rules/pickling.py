@@ -6,7 +6,7 @@ hands the loader to the ladder (``ladder.py``).
 """
 
 from . import Rewrite, a_or_an, number_of, rule, what_is
-from .ladder import GROUP, Rung, fallback, spawning_workers
+from .ladder import GROUP, SENT_TO_SPAWN, Rung, fallback, spawning_workers
 from .pickling_plan import held_in_parts, pickling_plan
 from ..inspection.parts import PARTS
 
@@ -61,7 +61,7 @@ def local_function_to_workers(args, ctx):
         return None  # the ladder (DL201) takes the loader elsewhere
     workers = number_of(args["num_workers"], "worker")
     found = [local_function_to_workers.rule.finding(
-        {part: args[part]}, {part: new}, why, strategy="by-value",
+        {part: args[part]}, {part: new}, why, strategy="by-value", state=SENT_TO_SPAWN,
         done="%s (%s) sent by value to %s" % (part, what_is(args[part]), workers))
         for part, (new, why) in plan.by_value.items()]
     if plan.nested:
@@ -69,7 +69,7 @@ def local_function_to_workers(args, ctx):
 
         path, why = plan.nested
         found.append(local_function_to_workers.rule.finding(
-            {"function": path}, why=why, strategy="by-value",
+            {"function": path}, why=why, strategy="by-value", state=SENT_TO_SPAWN,
             remedies=[lambda args: byvalue.send_by_value_where_needed()],
             done="%s and other code workers cannot import sent by value to %s"
             % (path, workers)))
@@ -105,7 +105,7 @@ def interactive_main_class(args, ctx):
 
     return [interactive_main_class.rule.finding(
         {"class": "%s at %s" % (cls.__qualname__, path)}, why=why, strategy="by-value",
-        remedies=[lambda args, cls=cls: byvalue.register_by_value_class(cls)],
+        state=SENT_TO_SPAWN, remedies=[lambda args, cls=cls: byvalue.register_by_value_class(cls)],
         done="class %s of __main__ (%s) sent by value to %s" % (
             cls.__qualname__, path, number_of(args["num_workers"], "worker")))
         for cls, (path, why) in plan.classes.items()]
@@ -143,7 +143,7 @@ def thread_pool_to_spawned_workers(args, ctx):
     return thread_pool_to_spawned_workers.rule.finding(
         {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
         "spawned worker; each gets a new one of the same size", strategy="new pool per worker",
-        remedies=[lambda args: pools.install_reducers()],
+        state=SENT_TO_SPAWN, remedies=[lambda args: pools.install_reducers()],
         done="%s (a thread pool) sent as a new, empty pool to each of %s" % (
             ", ".join(plan.pools), number_of(args["num_workers"], "worker")))
 
@@ -269,7 +269,11 @@ def unpicklable_dataset(args, ctx):
     return unpicklable_dataset.rule.finding(
         before, why="; ".join(whys),
         strategy="repair: %s in each worker" % " and ".join(repairs),
-        rung=Rung.REBUILT if plan.rebuilt else None, remedies=remedies, fix=None if plan.files or plan.maps
+        rung=Rung.REBUILT if plan.rebuilt else None,
+        state=dict(SENT_TO_SPAWN, _rebuilt=[d for _where, d, _why in plan.rebuilt])
+        if plan.rebuilt else SENT_TO_SPAWN,
+        remedies=remedies,
+        fix=None if plan.files or plan.maps
         else dropped.IMAGE_FIX if plan.images and not (plan.rebuilt or plan.handlers)
         else REBUILD_FIX if plan.rebuilt or plan.handlers
         else LOCK_FIX if plan.locks and not plan.forwarders else FORWARDER_FIX,
@@ -312,7 +316,7 @@ def logging_config_to_workers(args, ctx):
         {"loggers": [lg.name for lg in found]},
         why="a logger pickles by its name: a spawned worker's has none of this process's "
         "handlers, levels or filters", strategy="carry logging configuration",
-        state={"loggers": True},
+        state=dict(SENT_TO_SPAWN, _loggers=True),
         remedies=[lambda args: pickling.install(loggers.reducers(found))],
         done="the logger%s %s carried to each of %s with the configuration its records meet "
         "(%s)" % ("s" if len(found) > 1 else "", names, number_of(args["num_workers"], "worker"),

@@ -20,6 +20,7 @@ chooses the rungs.
 
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..report import HEADLINE_LIMIT
+from ..remedies import process_state
 from . import rule
 from .resources import DOCKER_FIX
 from .start_method import fork_after_cuda
@@ -195,7 +196,10 @@ def worker_out_of_memory(args, ctx):
       versions="every supported torch; fork workers (the repairs of DL207 and DL212)",
       at="dataloader.failure")
 def repair_failed_in_worker(args, ctx):
-    return _recovered(repair_failed_in_worker, REMEDY, ctx)
+    found = _recovered(repair_failed_in_worker, REMEDY, ctx)
+    if found is not None and process_state.DIFFERS in (ctx.failure.what() or ""):
+        found.fix = process_state.FIX  # not a file: what the worker's import left
+    return found
 
 
 @fork_after_cuda.rule.check_at("dataloader.failure")

@@ -81,7 +81,9 @@ def warm_worker_start(args, ctx):
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
     return warm_worker_start.rule.finding(
         {"multiprocessing_context": args["multiprocessing_context"] or "spawn"},
-        {"multiprocessing_context": warmstart.warm_context(args["multiprocessing_context"]),
+        {"multiprocessing_context": warmstart.warm_context(
+            args["multiprocessing_context"],
+            builds=[d for f in ctx.findings for d in f.state.get("_rebuilt", ())]),
          "worker_init_fn": with_step(args["worker_init_fn"], warmstart.exit_with_parent)},
         "spawn workers would import %s again every epoch; a server that imported them "
         "once forks each worker, which then starts as spawn does" % ", ".join(libraries),

@@ -23,6 +23,8 @@ ones run. KIND (data written to ``SCENARIO_TMP``):
   transform objects, a cleaned pandas DataFrame of labels, numpy integers.
 - ``peeked``: ``__getitem__`` fills a one-entry cache, and the script peeks
   at ``dataset[0]`` before the loader.
+- ``runtime``: ``audit``, whose ``__getitem__`` also reads a class attribute and
+  a module-level value that ``main()`` set.
 
 ``lazy``: the hand fix, each handle made in the process that uses it.
 
@@ -47,9 +49,17 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 TMP = os.environ.get("SCENARIO_TMP", ".")
 DAYS, ROWS = 4, 6
-CONFIG = {"features": "v1"}   # main() may change it: a spawned worker sees this value
+# main() may change these: a spawned worker sees the values here
+CONFIG = {"features": "v1", "scale": 1.0}
 REGISTRY = []                 # every dataset made, by the program
 log = logging.getLogger("constructors")
+LOG_FORMAT = "%(name)s %(message)s"
+# SCENARIO_LOG_AT_IMPORT=1: logging configured at module level, unguarded, so that a
+# spawned worker's own import configures it too.
+LOG_AT_IMPORT = bool(os.environ.get("SCENARIO_LOG_AT_IMPORT"))
+if LOG_AT_IMPORT:
+    logging.basicConfig(filename=os.path.join(TMP, "train.log"), level=logging.INFO,
+                        format=LOG_FORMAT)
 
 
 def sample(value, label, i):
@@ -138,6 +148,18 @@ class Audited(Days):
         return super().__getitem__(i)
 
 
+class Runtime(Audited):
+    """Reads, in __getitem__, a class attribute and a module-level value that
+    main() sets: a spawned worker imports the script again and reads defaults."""
+
+    factor = 1.0
+
+    def __getitem__(self, i):
+        x, pid = super().__getitem__(i)
+        x[0] = x[0] * type(self).factor * CONFIG["scale"]
+        return x, pid
+
+
 class Counted(Days):
     made = 0
 
@@ -216,8 +238,10 @@ def make(kind, lazy):
         classes = frame["label"].max() + 1             # a numpy integer
         low = np.percentile(frame["label"], 10).astype(int)
         return Ordinary(TMP, Compose([Scale(2.0), Shift(1.0)]), frame, classes, low, lazy=lazy)
+    if kind == "runtime":
+        Runtime.factor, CONFIG["scale"] = 3.0, 2.0  # from the command line, say
     return {"config": Features, "days": Days, "audit": Audited, "counted": Counted,
-            "peeked": Peeked}[kind](TMP, lazy=lazy)
+            "peeked": Peeked, "runtime": Runtime}[kind](TMP, lazy=lazy)
 
 
 def main():
@@ -228,12 +252,13 @@ def main():
     parser.add_argument("--loaders", type=int, default=1)  # each its own dataset, one site
     args = parser.parse_args()
     write_data()
-    for name in ("train.log", "audit.log"):  # this run's lines only
+    for name in ("train.log", "audit.log")[LOG_AT_IMPORT:]:  # this run's lines only
         if os.path.exists(os.path.join(TMP, name)):
             os.remove(os.path.join(TMP, name))
     CONFIG["features"] = args.features
-    logging.basicConfig(filename=os.path.join(TMP, "train.log"), level=logging.INFO,
-                        format="%(name)s %(message)s")
+    if not LOG_AT_IMPORT:
+        logging.basicConfig(filename=os.path.join(TMP, "train.log"), level=logging.INFO,
+                            format=LOG_FORMAT)
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)

@@ -52,9 +52,19 @@ class Samples(Dataset):
         info = get_worker_info()
         values = [float(i), float(info.id), float(info.seed % 10007), torch.rand(1).item(),
                   random.random(), float(np.random.rand()), float(self.fetches)]
-        if self.touch_after is None:
-            values.append(float(len(INHERITED)))
-        return torch.tensor(values), os.getpid()
+        return torch.tensor(values + self.more()), os.getpid()
+
+    def more(self):
+        return []
+
+
+class Inheriting(Samples):
+    """TOUCH=never: each sample says whether its worker inherited this process's
+    state (a spawned worker would read the module's import-time value: the shim,
+    which leaves this loader alone, would refuse to send it to spawn workers)."""
+
+    def more(self):
+        return [float(len(INHERITED))]
 
 
 def touch_cuda():
@@ -70,7 +80,7 @@ def main():
     touch_after = None if touch == "never" else int(touch.split(":")[1])
     torch.manual_seed(0)
     INHERITED.append(1)
-    dataset = Samples(touch_after, hold)
+    dataset = (Inheriting if touch_after is None else Samples)(touch_after, hold)
     if hold == "spent":
         next(dataset.stream)
     loader = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2)

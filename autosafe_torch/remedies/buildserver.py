@@ -1,0 +1,73 @@
+"""Inside a build server: the datasets of a rebuilt loader, built once, from
+which every worker of every epoch is forked (DL201's rebuild, made cheap).
+
+A dataset built again in each worker (``rebuild.py``) would run its
+constructor once per worker per epoch: a 2 s CSV parse, and its transient
+memory, twice an epoch for two workers. A build server is a fork server of
+ours (``warmstart.build_context``) that imports what the warm server imports,
+then this module, which prepares as a spawned worker does (the program's
+main module imported as ``__mp_main__``), builds each dataset once and
+checks it exactly as a worker does (``rebuild.rebuilt_in_worker``: muted,
+writes refused, the construction's random states, the same files, maps and
+values). Each worker is then forked from the server: it holds the built
+dataset, copy-on-write, and its own description of every file the server
+reads (``isolation.after_fork_in_server_child``); the training process sends
+the dataset as a reference to it (``from_server``) with what it holds at that
+worker's start, and the worker checks the values again, so a dataset the
+program changed between epochs is never served stale.
+
+The recipes come in a file the training process names in the server's
+environment (``RECIPES``), pickled with the plain pickler (no handle of the
+training process's: a server is no child that takes them). Imported
+anywhere but in a build server, this module does nothing.
+"""
+
+import os
+import pickle
+
+from ..inspection.diagnostics import in_fork_server
+
+RECIPES = "AUTOSAFE_TORCH_BUILD_RECIPES"
+
+BUILT = {}  # in a build server and its children: key -> the dataset built (or Unbuilt)
+
+
+def from_server(key, expected):
+    """In a worker forked from the build server: the dataset it built, if it
+    still holds what the training process's holds now; else a stand-in that
+    fails the worker's start (``rebuild.Unbuilt``)."""
+    from . import rebuild
+
+    built = BUILT.get(key)
+    if built is None:
+        return rebuild.Unbuilt("the dataset (%s) was not built in the server that started "
+                               "this worker" % expected.name)
+    return rebuild.still_the_same(built, expected)
+
+
+def _build():
+    """As a spawned worker starts (``spawn._main``): the training process's
+    preparation data (the main module imported as ``__mp_main__``, its
+    ``sys.path``, working directory, argv), then the datasets, each built and
+    checked."""
+    from multiprocessing import process, spawn
+
+    path = os.environ.pop(RECIPES, None)
+    if not path:
+        return
+    process.current_process()._inheriting = True
+    try:
+        with open(path, "rb") as f:
+            spawn.prepare(pickle.load(f))
+            recipes = pickle.load(f)
+        for key, (build, args) in recipes.items():
+            try:
+                BUILT[key] = build(*args)
+            except Exception:  # workers fail their start without it, and say so
+                continue
+    finally:
+        del process.current_process()._inheriting
+
+
+if in_fork_server():
+    _build()
