@@ -75,11 +75,22 @@ class Child(Reader):
 
 @pytest.fixture
 def recorded():
-    """Dataset constructions recorded, as under the shim."""
+    """Dataset constructions recorded, as under the shim; afterwards what this
+    fixture replaced is put back, and nothing else (another test's activation
+    keeps its patches)."""
+    before = set(patches._originals)
     dataset_patch.patch(torch)
     BUILT.clear()
     yield
-    patches.revert()
+    for key in set(patches._originals) - before:
+        owner, name = key
+        original = patches._originals.pop(key)
+        if original is patches._MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+    if (Dataset, "__new__") not in before:
+        dataset_patch.unpatch()  # a __new__ that does what Dataset's did
 
 
 @pytest.fixture
@@ -240,7 +251,10 @@ def test_datasets_take_their_arguments_once_the_shim_is_off(recorded, data):
     """``deactivate()`` (``%unload_ext``) puts back a ``__new__`` that does what
     Dataset's did: CPython keeps the slot made for ours, which deleting it
     would leave refusing every subclass's arguments."""
-    patches.revert()
+    original = patches._originals.pop((Dataset, "__new__"))
+    if original is patches._MISSING:
+        delattr(Dataset, "__new__")
+    dataset_patch.unpatch()
     assert len(torch.utils.data.TensorDataset(torch.zeros(3))) == 3
     assert Reader(data[0]).path == data[0]
     with pytest.raises(TypeError, match=r"takes no arguments"):

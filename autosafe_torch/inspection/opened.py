@@ -25,6 +25,9 @@ from .descriptors import _fd_numbers, path_of
 # Where libraries read the machine, not the data (CPU counts, cgroup limits,
 # random bytes): what they open there is no part of a dataset.
 SYSTEM_PLACES = ("/proc/", "/sys/", "/dev/")
+# What autosafe_torch itself opens meanwhile, in another thread (a build server's
+# recipes, workers' dumps): named so that it is never taken for the program's.
+OURS = "autosafe_torch-"
 FILE, OTHER = "file", "other"
 
 
@@ -90,7 +93,7 @@ def opened_since(before):
 def _describe(fd, st):
     path = path_of(fd) or ""
     if stat.S_ISREG(st.st_mode):
-        if path.startswith(SYSTEM_PLACES) or path.startswith("/memfd:"):
+        if path.startswith(SYSTEM_PLACES) or path.startswith("/memfd:") or OURS in path:
             return None
         return Opened(fd, FILE, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if stat.S_ISCHR(st.st_mode) or path.startswith(SYSTEM_PLACES):
