@@ -272,6 +272,7 @@ FIGURES = {
     "16": lambda: __import__("fork_after_cuda").figures(),
     "17": lambda: __import__("mapped_tensor").figures(),
     "18": lambda: __import__("rebuild_cost").figures(),
+    "19": lambda: __import__("size").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
 OPTIONAL = ("10", "15", "16", "17")

@@ -319,8 +319,11 @@ def test_one_check_for_deciding_and_acting(tmp_path):
     forked child must not use) held in a tuple cannot be replaced in a forked
     worker, so a fork loader goes to spawn (where it travels by path), and a
     spawn loader that must leave spawn is not sent to fork (emulated workers).
-    A lock nobody holds is no obstacle to fork; one held now is. (An h5py file
-    needs nothing under fork: its descriptor is privatized at the kernel.)"""
+    A lock nobody holds is no obstacle to fork; one another thread holds now is.
+    (An h5py file needs nothing under fork: its descriptor is privatized at the
+    kernel. A lock this thread holds as it starts the workers is not looked for:
+    with no other thread alive nothing of the dataset is read, and a worker that
+    waits on it is a hang the watchdog recovers, DL211.)"""
     import threading
 
     import lmdb
@@ -347,6 +350,19 @@ def test_one_check_for_deciding_and_acting(tmp_path):
     unheld = Holder(lock=threading.Lock(), gen=(x for x in ()))
     found = _iter_plan(unheld, "spawn")
     assert (found[0].rule.code, found[0].strategy) == ("DL201", FORK)
-    unheld.lock.acquire()
-    found = _iter_plan(unheld, "spawn")
+    taken, release = threading.Event(), threading.Event()
+
+    def hold():
+        with unheld.lock:
+            taken.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait()
+    try:
+        found = _iter_plan(unheld, "spawn")
+    finally:
+        release.set()
+        holder.join()
     assert (found[0].rule.code, found[0].strategy) == ("DL201", EMULATED)

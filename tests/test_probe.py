@@ -37,7 +37,8 @@ class Unpicklable:
 def test_picklable_dataset_is_ok_and_counts_objects():
     result = probe(Holder(x=[1, 2, 3], t=torch.zeros(3)))
     assert result.ok and result.path == "dataset" and result.error is None
-    assert result.objects > 3
+    # the objects that reached Python (the holder, the tensor): plain values are read in C
+    assert result.objects >= 2
 
 
 def test_path_to_the_innermost_file(tmp_path):

@@ -54,14 +54,19 @@ def run_checks(hook: str, args: dict[str, Any],
     Returns the findings and the arguments with all their changes. Nothing
     is applied: see ``settle``.
     """
+    from ..inspection import objwalk
+
     work = dict(args)
     findings = ctx.findings = []
-    for check in rules.checks_at(hook, enabled):
-        found = check(work, ctx)
-        for finding in (found if isinstance(found, (list, tuple)) else (found,)):
-            if finding is not None:
-                findings.append(finding)
-                work.update(finding.changes)
+    try:
+        for check in rules.checks_at(hook, enabled):
+            found = check(work, ctx)
+            for finding in (found if isinstance(found, (list, tuple)) else (found,)):
+                if finding is not None:
+                    findings.append(finding)
+                    work.update(finding.changes)
+    finally:
+        objwalk.forget()  # what the walks read of large containers holds for this call only
     return findings, work
 
 

@@ -16,6 +16,7 @@ on the loader (``take_pending``).
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any, Hashable, Iterable
 
 from .. import callsite, facts
@@ -38,6 +39,7 @@ Loader = Any
 STATE_PREFIX = "_autosafe_torch_"
 _PLAN_ATTR = STATE_PREFIX + "plan"
 _PENDING_ATTR = STATE_PREFIX + "pending"
+_UNTOUCHED_ATTR = STATE_PREFIX + "untouched"
 # What the worker checks read off a loader, and may change on it.
 ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
              "worker_init_fn", "timeout")
@@ -53,6 +55,12 @@ def keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
 def loader_state(loader: Loader, name: str) -> Any:
     """What a finding's ``state`` left on ``loader`` under ``name``, or None."""
     return loader.__dict__.get(STATE_PREFIX + name)
+
+
+def untouched(loader: Loader) -> bool:
+    """Whether the worker checks found nothing to do for ``loader`` (its
+    workers get what torch gives them)."""
+    return bool(loader.__dict__.get(_UNTOUCHED_ATTR))
 
 
 def take_pending(loader: Loader) -> list[Intervention]:
@@ -102,14 +110,28 @@ def decide_iteration(loader: Loader, frame: FrameType) -> None:
     if state.get(_PLAN_ATTR) == key:
         return
     if loader.num_workers:
-        values, found, work = _plan_workers(loader, frame)
+        values, found, work, ctx = _plan_workers(loader, frame)
         if found:
             state[_PENDING_ATTR] = _apply(loader, values, found, work)
+        elif CONFIG.mode == "fix":
+            _keep_the_pickle(loader, ctx)
+        # A loader nothing of ours touches: its dataset may be pickled once for all.
+        state[_UNTOUCHED_ATTR] = not found
     state[_PLAN_ATTR] = _plan_key(loader)
 
 
+def _keep_the_pickle(loader: Loader, ctx: Context) -> None:
+    """The plan's pickle of the dataset, for this iterator's workers, where it
+    may go as it is to each (``remedies/sent_once.py``)."""
+    for plan in ctx.plans.get("pickling_plans", {}).values():
+        if plan.pickled is not None:
+            from ..remedies import sent_once
+
+            sent_once.keep(loader, loader.dataset, plan.pickled)
+
+
 def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None = None
-                  ) -> tuple[dict[str, Any], list[Finding], dict[str, Any]]:
+                  ) -> tuple[dict[str, Any], list[Finding], dict[str, Any], Context]:
     """The worker checks' findings for ``loader`` and the arguments they leave:
     planned, nothing applied. ``fork_failed``: the failure of its forked
     workers that rules fork out (``Context.fork_failed``)."""
@@ -126,7 +148,7 @@ def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None 
     ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded,
                   fork_failed=fork_failed)
     found, work = run_checks("dataloader.iter", values, ctx)
-    return values, found, work
+    return values, found, work, ctx
 
 
 def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: dict[str, Any],
@@ -157,7 +179,7 @@ def plan_without_fork(loader: Loader, failure: Failure,
     keeps the plan for its later epochs."""
     if CONFIG.mode != "fix":
         return None
-    values, found, work = _plan_workers(loader, frame, fork_failed=failure)
+    values, found, work, _ctx = _plan_workers(loader, frame, fork_failed=failure)
     moved = [f for f in found if f.rung is Rung.SPAWN]
     if not moved or any(f.rung is Rung.EMULATED for f in found):
         return None
@@ -172,24 +194,41 @@ def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
     workers warm (a loader repaired for spawn), the warm server starts now,
     in the background, so that its imports overlap the program's setup. Only
     planned here (recorded and applied at the first iterator, as ever); a
-    loader that forks, or one that needs no repair, starts nothing."""
+    loader that forks, or one that shows no sign of needing a repair, starts
+    nothing and costs nothing here (its first iterator decides)."""
     if not loader.num_workers or CONFIG.mode != "fix" or not _may_spawn(loader):
         return
-    from ..inspection.probe import probe_loader_parts
-    from ..rules.pickling_plan import attribute_forwarders
-
     parts = parts_of(loader)
     if facts.effective_start_method(loader.multiprocessing_context) == "spawn" \
-            and not probe_loader_parts(*parts.values()) and not attribute_forwarders(parts):
-        # A healthy spawn loader: no repair, no warm start (the common case, cheap).
-        # A forwarder pickles, but its unpickling recurses: DL201 repairs it.
-        return
-    _values, found, work = _plan_workers(loader, frame)
+            and not _repair_likely(parts):
+        return  # the common case: nothing read here that grows with the dataset
+    _values, found, work, _ctx = _plan_workers(loader, frame)
     if any(f.rung is Rung.WARM_SPAWN for f in found):
         from ..remedies import warmstart
 
         warmstart.start_ahead(warmstart.libraries_for(list(parts_of(work).values())),
                               work["multiprocessing_context"])
+
+
+def _repair_likely(parts: dict[str, Any]) -> bool:
+    """Signs, read from the process and the parts' own types (never by walking
+    what the dataset holds), that spawn workers will need a repair: a file or
+    device open for reading (a handle a dataset keeps), another thread alive (a
+    pool, a refresher), a function or class a worker cannot import, a class
+    that forwards its attributes."""
+    from ..inspection import holdings, threads
+    from ..inspection.descriptors import shared_at_fork
+    from ..inspection.mainmodule import importable_by_reference
+
+    if shared_at_fork() or threads.others_alive():
+        return True
+    for part in parts.values():
+        if part is None:
+            continue
+        code = part if isinstance(part, (type, types.FunctionType)) else type(part)
+        if not importable_by_reference(code) or holdings.forwards_attributes(part):
+            return True
+    return False
 
 
 def _may_spawn(loader: Loader) -> bool:

@@ -138,7 +138,7 @@ def find_descriptors(parts, items=None):
     """The descriptors reachable from ``parts`` (``{name: object}``, e.g. the
     dataset, collate_fn and worker_init_fn), each once (the first path that
     reaches it), in walk order. ``items``: look at that many items of each
-    container (``objwalk.SAMPLE_ITEMS`` to decide; None to act)."""
+    container (None: every one)."""
     found, seen, held = [], set(), {}
 
     def stop(obj):
@@ -266,3 +266,30 @@ def open_files():
         if described is not None:
             found.append(described)
     return found
+
+
+# Devices every process may hold that no dataset reads: a terminal, the null device.
+_ORDINARY_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/tty",
+                     "/dev/pts/", "/dev/ptmx", "/dev/console")
+
+
+def shared_at_fork():
+    """Whether this process holds, at the kernel, what forked workers would share
+    and a remedy of fork's may act on: a regular file open for reading (by any
+    holder), or a device other than a terminal or the null device (a camera).
+    False: nothing a dataset holds can be a file, an h5py, lmdb or capture
+    handle; no object needs looking at for it."""
+    if any(found.private for found in open_files()):
+        return True
+    for fd in _fd_numbers():
+        if fd < STDIO:
+            continue
+        try:
+            if not stat.S_ISCHR(os.fstat(fd).st_mode):
+                continue
+        except OSError:
+            continue
+        path = path_of(fd) or ""
+        if not path.startswith(_ORDINARY_DEVICES):
+            return True
+    return False

@@ -10,7 +10,8 @@ has no attribute '_min_frame'``) while the parent says nothing.
 
 Cheap, and nothing is loaded here (no user object is unpickled in the
 training process only to test it): one bounded walk per part
-(``objwalk.SAMPLE_ITEMS`` items per container) finds the open files; a part
+(every item of every container, a large one of plain values read in C)
+finds the open files; a part
 that holds none costs that walk and nothing else. Above each file, only the
 outermost object on its path that pickles itself is pickled, with the
 probe's dispatch table (the planned repairs count), into a sink that keeps
@@ -144,12 +145,11 @@ def _streams(obj):
     """``{id: (stream, [paths])}`` of the live streams reachable from ``obj``,
     at every place that holds one (paths relative to ``obj``)."""
     found = {}
-    for here, owner, _edge in objwalk.walk(obj, "", stop=_stop_at_streams,
-                                           items=objwalk.SAMPLE_ITEMS):
+    for here, owner, _edge in objwalk.walk(obj, "", stop=_stop_at_streams):
         if _stop_at_streams(owner):
             continue
         try:
-            edges = list(objwalk.edges(owner, objwalk.SAMPLE_ITEMS))
+            edges = list(objwalk.edges(owner))
         except Exception:
             continue
         for edge in edges:
@@ -328,7 +328,7 @@ class _Search:
                 return True
             return holdings.stop_at_threading(obj)
 
-        for here, obj, edge in objwalk.walk(part, name, stop=stop, items=objwalk.SAMPLE_ITEMS):
+        for here, obj, edge in objwalk.walk(part, name, stop=stop):
             places[id(obj)] = (here, obj, edge)
         for obj in found:
             try:

@@ -269,7 +269,7 @@ def find_files(obj, path="dataset", items=None):
 
     Includes files that cannot be reopened (kind None: pipes, sockets, closed
     or deleted files). A file held in two places is reported at each.
-    ``items``: look at that many items per container (``objwalk.SAMPLE_ITEMS``).
+    ``items``: look at that many items per container (None: every one).
     """
     if is_file_object(obj):
         return [HeldFile(path, obj, file_kind(obj), None)]
@@ -349,7 +349,7 @@ def stop_at_threading(obj):
     return logging is not None and is_a(obj, (logging.Logger, logging.Handler))
 
 
-def fork_blockers(obj, path="dataset", items=objwalk.SAMPLE_ITEMS):
+def fork_blockers(obj, path="dataset", items=None):
     """``(path, kind)`` for what a forked worker cannot inherit: a lock held
     right now (by any thread: in the child it stays held forever) and a live
     thread (the child has none behind it). A lock nobody holds is copied

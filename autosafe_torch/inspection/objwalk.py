@@ -25,13 +25,7 @@ import types
 from itertools import islice
 
 MAX_DEPTH = 24
-MAX_OBJECTS = 200_000
-# Looking (does this dataset hold a file, a lock, a CUDA tensor?) samples the
-# first items of each container: a dataset's hazards sit in its attributes or
-# repeat through its containers, while a list of a million sample paths would
-# otherwise cost a DataLoader(...) call half a second. Acting on what was
-# found (moving tensors, reopening files) walks everything.
-SAMPLE_ITEMS = 16
+MAX_OBJECTS = 200_000  # objects entered in Python: large plain containers are read in C
 
 # Leaves: nothing reachable from them matters to a worker hazard.
 ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray,
@@ -152,12 +146,44 @@ def _slot_names(cls):
     return names
 
 
+# A built-in container this large is first read whole in C (``plain``): one of
+# plain values only (an index of a million (path, class) tuples) holds nothing
+# a check looks for, and is not entered item by item.
+PLAIN_AT = 1024
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_plain_known = {}  # id -> (the container, plain?): kept alive while known (forget())
+
+
+def plain(container):
+    """Whether a built-in container holds plain values only (numbers, strings,
+    bytes, None, and built-in containers of them), read at C speed by the
+    pickler: every other object stops it at once."""
+    known = _plain_known.get(id(container))
+    if known is not None and known[0] is container:
+        return known[1]
+    from .inventory import only_plain
+
+    result = only_plain(container)
+    if len(_plain_known) < 256:
+        _plain_known[id(container)] = (container, result)
+    return result
+
+
+def forget():
+    """Forget what ``plain`` read (the objects may change): once a decision is made."""
+    _plain_known.clear()
+
+
 def edges(obj, items=None):
     """The children of ``obj`` as ``Edge`` objects, in a stable order.
 
-    ``items``: at most that many items of a list, tuple, dict or set.
+    ``items``: at most that many items of a list, tuple, dict or set. A large
+    built-in container of plain values only has none (``plain``).
     """
     if is_leaf(obj):
+        return
+    if type(obj) in _CONTAINERS and (items is None or items > PLAIN_AT) \
+            and len(obj) > PLAIN_AT and plain(obj):
         return
     if is_a(obj, dict):
         for key, value in list(islice(dict.items(obj), items)):
@@ -203,7 +229,7 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
     ``stop(obj)`` true means report ``obj`` but do not enter it; a ``stop``
     that raises on an object skips that object (it is neither reported nor
     entered) and the walk goes on. ``items``:
-    follow at most that many items of each container (``SAMPLE_ITEMS`` to look).
+    follow at most that many items of each container (None: every one).
     ``on_cut()`` is called when a bound (depth, objects) leaves something unseen.
     """
     seen = set()
@@ -244,7 +270,7 @@ class Owners:
     walk: ``chain(obj)`` gives ``(path, holder)`` from ``obj`` itself out to
     the part that holds it."""
 
-    def __init__(self, parts, items=SAMPLE_ITEMS):
+    def __init__(self, parts, items=None):
         self._owner, self._path, self._kept = {}, {}, []
         for name, part in parts.items():
             if part is None:

@@ -18,6 +18,7 @@ module as ``__mp_main__``.
 
 import copyreg
 import functools
+import io
 import logging
 import pickle
 import sys
@@ -25,7 +26,7 @@ import types
 from multiprocessing import context
 from multiprocessing.reduction import ForkingPickler
 
-from . import objwalk
+from . import inventory, objwalk
 from .failures import exception_text
 from .mainmodule import importable_by_reference, missing_in_child
 
@@ -45,15 +46,19 @@ _FAST_LEAVES = frozenset({type(None), bool, int, float, complex, str})
 class ProbeResult:
     """``ok``, or where it fails: ``path``, ``error``, the offending ``value``."""
 
-    __slots__ = ("ok", "path", "error", "value", "objects", "loggers")
+    __slots__ = ("ok", "path", "error", "value", "objects", "loggers", "pickled", "meets")
 
-    def __init__(self, ok, path, error=None, value=None, objects=0, loggers=()):
+    def __init__(self, ok, path, error=None, value=None, objects=0, loggers=(), pickled=None,
+                 meets=False):
         self.ok = ok
         self.path = path
         self.error = error
         self.value = value
         self.objects = objects
         self.loggers = loggers  # the logging.Logger objects pickled (each once)
+        # ``keep``: the pickle itself, where every worker may be sent these bytes
+        self.pickled = pickled
+        self.meets = meets  # whether the pickle reached ``watch``
 
     def __bool__(self):
         return self.ok
@@ -207,22 +212,10 @@ class _ProbePickler(pickle.Pickler):
 
 def is_probing():
     """Whether what is being pickled now goes to the probe, not to a child."""
-    return isinstance(context.get_spawning_popen(), _ProbeSpawning)
+    return inventory.is_probing()
 
 
-class _ProbeSpawning:
-    """Stands in for the Popen of a child being started, as multiprocessing sets
-    one while it pickles for the child: Queues, Locks, Semaphores, Values and
-    Connections then pickle (``assert_spawning``), as they do at process start.
-    Nothing is duplicated: the probe writes nowhere."""
-
-    @staticmethod
-    def duplicate_for_child(fd):
-        return fd
-
-    class DupFd:
-        def __init__(self, fd):
-            self.fd = fd
+_ProbeSpawning = inventory.ProbeSpawning
 
 
 class _Prober:
@@ -321,20 +314,71 @@ class _Prober:
         return obj, path, exc
 
 
-def probe(obj, path="dataset", planned=None, by_value=False):
+def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=None):
     """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why.
 
     ``planned``: ``{class: reducer}`` that a repair would register, tried here
     as if registered (nothing is installed); ``by_value``: as if functions and
-    classes a worker cannot import were sent by value.
+    classes a worker cannot import were sent by value; ``keep``: the pass
+    writes the pickle, and ``pickled`` holds it where the same bytes may go to
+    every worker (``sent_once``: nothing in it is pickled for one child alone);
+    ``watch``: an object whose meeting ``meets`` says (the dataset, in another
+    part: then its bytes cannot go apart from that part's).
+
+    One pass at pickle speed (``inventory``, ``SENT``): every object that does
+    not pickle is noted without stopping it. The first, in pickling order, is
+    the failure; its path is looked for from it back (``inventory.path_of``),
+    or, where that does not find it, by descending from ``obj`` (``locate``).
     """
+    table = _probe_dispatch_table(planned)
+    sink = io.BytesIO() if keep else None
+    found = inventory.take({path: obj}, inventory.SENT, table, _CodeSent(by_value), sink,
+                           frozenset({id(watch)}) if watch is not None else frozenset())
+    loggers = tuple(found.of("logger"))
+    if not found.unpicklable and found.complete:
+        pickled = sink.getvalue() if keep and inventory.sent_as_is(found) else None
+        return ProbeResult(True, path, objects=found.objects, loggers=loggers,
+                           pickled=pickled, meets=bool(found.met))
     prober = _Prober(planned, by_value)
+    if found.unpicklable:
+        value, exc = found.unpicklable[0]
+        where = inventory.path_of(value, {path: obj})
+        if where is not None:
+            return ProbeResult(False, where, exception_text(exc), value, found.objects, loggers)
     exc = prober.error(obj)
-    if exc is None:
-        return ProbeResult(True, path, objects=prober.objects,
-                           loggers=tuple(prober.loggers.values()))
+    if exc is None:  # the pass's own limit (too deep), not pickle's
+        return ProbeResult(True, path, objects=found.objects, loggers=loggers)
     value, where, exc = prober.locate(obj, path, exc)
-    return ProbeResult(False, where, exception_text(exc), value, prober.objects)
+    return ProbeResult(False, where, exception_text(exc), value, prober.objects, loggers)
+
+
+class _CodeSent:
+    """How a spawned worker gets a class or function (``inventory.take``'s
+    ``code``): by reference, by value where the DL202 repair sends it so, or
+    the error its pickling (or the child's import of ``__main__``) raises."""
+
+    def __init__(self, by_value):
+        self.by_value = by_value
+        self.sent = set()
+
+    def __call__(self, obj):
+        if not objwalk.is_a(obj, (type, types.FunctionType)):
+            return NotImplemented
+        if self.by_value and not importable_by_reference(obj):
+            if id(obj) in self.sent:  # a class its own methods name
+                return _stand_in, ()
+            self.sent.add(id(obj))
+            return _stand_in, _by_value_parts(obj)
+        if getattr(obj, "__module__", None) == "__main__":
+            error = missing_in_child(obj)
+            if error is not None:
+                return AttributeError(error)
+        if not importable_by_reference(obj):
+            try:
+                pickle.dumps(obj, PROTOCOL)  # by reference: pickle's own words
+            except Exception as exc:
+                return exc
+        return NotImplemented
 
 
 def probe_loader_parts(dataset, collate_fn, worker_init_fn, sampler=None):

@@ -67,7 +67,7 @@ def never_entered(obj, torch):
     return name.startswith("numpy") or name.startswith("pandas")
 
 
-def scan(root, path="dataset", items=objwalk.SAMPLE_ITEMS, max_objects=objwalk.MAX_OBJECTS):
+def scan(root, path="dataset", items=None, max_objects=objwalk.MAX_OBJECTS):
     """The tensors reachable from ``root``, within the walk's bounds.
 
     Looks at ``items`` items per container, and at every part of a

@@ -23,7 +23,7 @@ C libraries (a BLAS pool, a telemetry client) as well as Python's.
 import os
 import sys
 
-__all__ = ["count", "single_threaded"]
+__all__ = ["count", "single_threaded", "others_alive"]
 
 _mach = {}
 
@@ -106,3 +106,15 @@ def _mach_thread_count():
             lib.mach_port_deallocate(task, threads[i])
         lib.vm_deallocate(task, ctypes.cast(threads, ctypes.c_void_p).value or 0,
                           n.value * ctypes.sizeof(port))
+
+
+def others_alive():
+    """The Python threads alive besides the main thread and autosafe_torch's own
+    (a thread pool's workers, a cache refresher, another loader's pin thread):
+    what a pool or a lock a dataset holds needs, to be a fork hazard. None
+    alive: a pool has no threads to lose, a lock no holder but this thread."""
+    import threading
+
+    main = threading.main_thread()
+    return [t for t in threading.enumerate()
+            if t is not main and not (t.name or "").startswith("autosafe_torch")]

@@ -59,8 +59,8 @@ from ..remedies.workerinit import with_step
 from ..rules.ladder import Rung
 from ..rules.recovery import kinds_watched
 from .iterator import RecoveringIter
-from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers, torch_lacks,
-                    with_state_checked)
+from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,
+                    sent_once_where_spawned, torch_lacks, with_state_checked)
 from .watch import Watch, record_failed, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
@@ -90,7 +90,7 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     if loader.num_workers:
         loader.worker_init_fn = with_state_checked(loader, loader.worker_init_fn)
     try:
-        with carried_loggers(loader):
+        with carried_loggers(loader), sent_once_where_spawned(loader):
             iterator = wrapped(*args, **kwargs)
     finally:
         loader.worker_init_fn = saved

@@ -23,7 +23,7 @@ from ..config import CONFIG
 from ..engine import loader as plans
 from ..inspection.diagnostics import dump_dir, faulthandler_in_worker
 from ..inspection.parts import parts_of
-from ..remedies import isolation, loggers, process_state
+from ..remedies import isolation, loggers, process_state, sent_once
 from ..remedies.emulated_workers import EmulatedWorkersIter
 from ..remedies.limits import file_system_sharing, use_file_system_sharing
 from ..remedies.workerinit import with_step
@@ -78,7 +78,7 @@ def real_workers(loader, ladder, watch, resume=None):
     if Rung.FEWER in ladder.settings:
         loader.prefetch_factor = 1
     try:
-        with carried_loggers(loader):
+        with carried_loggers(loader), sent_once_where_spawned(loader):
             return tp.Watched(loader, watch, resume, poll_s=POLL_S)
     finally:
         loader.worker_init_fn, loader.prefetch_factor = saved
@@ -95,6 +95,16 @@ def with_state_checked(loader, init):
     if not fingerprints:
         return init
     return with_step(init, functools.partial(process_state.check_in_worker, fingerprints))
+
+
+def sent_once_where_spawned(loader):
+    """While ``loader``'s spawned workers start: its dataset pickled once for
+    all of them (``remedies/sent_once.py``), in fix mode, where the worker
+    checks found nothing to do."""
+    if CONFIG.mode != "fix" or not plans.untouched(loader) or \
+            facts.effective_start_method(loader.multiprocessing_context) == "fork":
+        return contextlib.nullcontext()  # a repair of ours sends it its own way
+    return sent_once.offering(loader)
 
 
 def carried_loggers(loader):

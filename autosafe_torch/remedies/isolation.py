@@ -193,7 +193,7 @@ def users_parts(source):
 
 def plan(parts, items=None):
     """The ``ForkPlan`` for ``parts`` (``{name: object}``). ``items``: look at
-    that many items per container (``objwalk.SAMPLE_ITEMS`` to decide, None to act)."""
+    that many items per container (None: every one)."""
     result = ForkPlan()
     for found in find_descriptors(parts, items):
         if not found.shared_offset:
@@ -549,9 +549,9 @@ def held_numbers(parts, fds):
     for name, part in parts.items():
         if part is None or not wanted:
             continue
-        for here, obj, _edge in objwalk.walk(part, name, items=objwalk.SAMPLE_ITEMS):
+        for here, obj, _edge in objwalk.walk(part, name):
             try:
-                children = list(objwalk.edges(obj, objwalk.SAMPLE_ITEMS))
+                children = list(objwalk.edges(obj))
             except Exception:
                 continue
             if not children or not users_class(type(obj)):

@@ -61,7 +61,7 @@ class UsersLocks:
         for name, part in parts.items():
             if part is None:
                 continue
-            for here, obj, edge in objwalk.walk(part, name, items=objwalk.SAMPLE_ITEMS):
+            for here, obj, edge in objwalk.walk(part, name):
                 if edge is not None:
                     self._owners.setdefault(id(obj), edge.owner)
                 if unheld_lock(obj):

@@ -71,9 +71,12 @@ def _move_to_cpu(found):
 
 
 def device_tensors_possible(facts):
-    """No usable accelerator, no device tensor: the scan is skipped (the
-    common CPU case pays nothing per DataLoader)."""
-    return facts.accelerator is not None or facts.cuda_initialized
+    """Whether a device tensor can exist now, read from the process: a CUDA
+    tensor only once CUDA was initialised here (making one initialises it),
+    another accelerator's wherever it is present (MPS, XPU: no such flag).
+    Otherwise the scan is skipped: a CPU machine, and a GPU one before the
+    script first used CUDA, pay nothing per DataLoader."""
+    return facts.cuda_initialized or facts.accelerator not in (None, "cuda")
 
 
 MOVE, EMULATE = "move", "emulate"

@@ -232,12 +232,14 @@ def descriptor_to_workers(args, ctx):
 
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
 def thread_pool_under_fork(args, ctx):
-    from ..inspection import holdings
+    from ..inspection import holdings, threads
     from ..remedies import pools
     from ..remedies.workerinit import with_step
 
     if not args["num_workers"] or start_method(args) != "fork":
         return None
+    if not threads.others_alive():
+        return None  # a pool in use has threads: with none alive, none is (no walk)
     used = [here for here, pool, _edge in holdings.find_thread_pools(args["dataset"])
             if holdings.thread_pool_in_use(pool)]
     if not used:

@@ -12,13 +12,16 @@ def fork_plan(args, ctx):
     does about it (``remedies.isolation.ForkPlan``), cached on ``ctx``. Empty
     for a dataset that reopens its files per process by itself. The one check
     for deciding and acting: the worker step applies the same plan."""
-    from ..inspection import holdings, objwalk
+    from ..inspection import holdings
+    from ..inspection.descriptors import shared_at_fork
     from ..remedies import isolation
 
     def make():
-        if holdings.reopens_per_process(args["dataset"]):
+        # Decided where it lives: with no file open for reading and no device,
+        # the kernel shows nothing a forked worker would share (no object walked).
+        if holdings.reopens_per_process(args["dataset"]) or not shared_at_fork():
             return isolation.ForkPlan()
-        return isolation.plan(isolation.users_parts(args), items=objwalk.SAMPLE_ITEMS)
+        return isolation.plan(isolation.users_parts(args))
 
     return per_parts(ctx, "fork_plans", args, make)
 
@@ -46,7 +49,7 @@ def fork_is_safe(args, ctx):
     touch it run, and those that do are recovered (DL205)."""
     import multiprocessing
 
-    from ..inspection import holdings
+    from ..inspection import holdings, threads
 
     if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None:
         return False
@@ -54,6 +57,7 @@ def fork_is_safe(args, ctx):
         return False
     if fork_plan(args, ctx).unhandled:
         return False
-    return not holdings.fork_blockers(args["dataset"])
+    # A lock held now, a live thread: only where another thread is alive.
+    return not (threads.others_alive() and holdings.fork_blockers(args["dataset"]))
 
 

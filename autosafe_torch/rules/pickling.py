@@ -333,12 +333,12 @@ FORWARDER_FIX = ("let __getattr__ raise AttributeError for the names it does not
 
 def _read_only_files(args):
     """``(path, file)`` for each read-only file the parts hold (the reducers
-    reopen every one of them), as the sampling walk finds them."""
-    from ..inspection import holdings, objwalk
+    reopen every one of them), as the walk finds them."""
+    from ..inspection import holdings
 
     found, seen = [], set()
     for name in PARTS:
-        for held in holdings.find_files(args[name], name, items=objwalk.SAMPLE_ITEMS) \
+        for held in holdings.find_files(args[name], name) \
                 if args[name] is not None else ():
             if held.kind == holdings.READONLY and id(held.obj) not in seen:
                 seen.add(id(held.obj))

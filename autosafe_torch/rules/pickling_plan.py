@@ -44,13 +44,14 @@ class PicklingPlan:
     """
 
     __slots__ = ("by_value", "nested", "classes", "files", "maps", "pools", "forwarders",
-                 "locks", "handlers", "images", "rebuilt", "refused", "failures", "loggers")
+                 "locks", "handlers", "images", "rebuilt", "refused", "failures", "loggers",
+                 "pickled")
 
     def __init__(self):
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
         self.forwarders, self.handlers, self.rebuilt, self.refused = {}, [], [], []
         self.images, self.loggers = [], []
-        self.nested = self.files = self.maps = self.locks = None
+        self.nested = self.files = self.maps = self.locks = self.pickled = None
 
     @property
     def needs_repair(self):
@@ -98,12 +99,18 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
     if plan.forwarders:
         planned.update(pickling.forwarder_reducers(plan.forwarders))
     for _ in range(MAX_REPAIRS):
-        results = [probe.probe(part, name, planned, plan.nested is not None)
+        dataset = parts["dataset"]
+        results = [probe.probe(part, name, planned, plan.nested is not None,
+                               keep=name == "dataset", watch=dataset)
                    for name, part in parts.items() if part is not None]
         failures = [r for r in results if not r.ok]
         if not failures:
             failures = _unfaithful(parts, planned, plan) or _uncarried_loggers(results, plan)
             if not failures:
+                if not plan.needs_repair and not plan.loggers \
+                        and not any(r.meets for r in results if r.path != "dataset"):
+                    plan.pickled = next((r.pickled for r in results if r.path == "dataset"),
+                                        None)
                 return plan
             if not plan.images and all(images.reopens(f.value) for f in failures):
                 plan.images = [(f.path, f.error, f.value) for f in failures]
@@ -228,15 +235,14 @@ def _by_value(part, failing):
 def held_in_parts(parts, wanted):
     """``(path, obj)`` for each object the loader's parts (``dataset``,
     ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
-    once each, as the sampling walk finds them."""
+    once each, as the walk finds them."""
     from ..inspection import holdings, objwalk
 
     seen = set()
     for name in PARTS:
         if parts[name] is None:
             continue
-        for here, obj, _edge in objwalk.walk(parts[name], name, stop=holdings.stop_at,
-                                             items=objwalk.SAMPLE_ITEMS):
+        for here, obj, _edge in objwalk.walk(parts[name], name, stop=holdings.stop_at):
             if id(obj) not in seen and wanted(obj):
                 seen.add(id(obj))
                 yield here, obj

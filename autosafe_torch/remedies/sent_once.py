@@ -1,0 +1,80 @@
+"""The dataset pickled once, and those bytes sent to every spawned worker.
+
+torch pickles the dataset once per worker, at each worker's start (spawn,
+forkserver): for an ImageNet index of 1.28M ``(path, class)`` tuples, some
+0.6 s a worker, every epoch of a loader whose workers are not persistent.
+Where the pickle can go as it is to every worker, it is made once per
+iterator and each worker is sent those bytes: the dataset arrives as
+``pickle.loads`` of them, which is what that worker's own unpickling of the
+same bytes would have made. The plan's probe, which pickles the dataset at
+the first iterator to know that it pickles, hands its pickle over
+(``keep``), so that even the first epoch pickles it once.
+
+"As it is" (``inventory.sent_as_is``): the pass stood in nothing and met
+nothing that is pickled for one child at a time or made again by a repair (a
+tensor, which torch moves into shared memory for each child; a queue's
+descriptors; a file, a lock, a logger); and no other part the workers
+receive (``collate_fn``, ``worker_init_fn``) refers to the dataset, whose
+objects would otherwise be two in the worker. Otherwise torch pickles it as
+ever. Only in fix mode, for our loaders' own worker starts (``offering``),
+and for that dataset object alone: any other pickling is untouched.
+"""
+
+import contextlib
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+from ..inspection import probe as probes
+from ..inspection.parts import PARTS
+
+_KEPT_ATTR = "_autosafe_torch_pickled"  # on a loader: the plan's pickle, for its next start
+_offered = {}  # id(dataset) -> (dataset, bytes), while its loader's workers start
+
+
+def keep(loader, dataset, pickled):
+    """The plan's pickle of ``dataset``, kept on ``loader`` for the workers of
+    the iterator it is planning (taken by ``offering``, once)."""
+    loader.__dict__[_KEPT_ATTR] = (dataset, pickled)
+
+
+@contextlib.contextmanager
+def offering(loader):
+    """While ``loader``'s workers start: its dataset goes to each of them as one
+    pickle, where it may (see the module); as torch pickles it otherwise."""
+    kept = loader.__dict__.pop(_KEPT_ATTR, None)
+    dataset = loader.dataset
+    pickled = kept[1] if kept is not None and kept[0] is dataset else None
+    if pickled is None:
+        pickled = _pickled(loader)
+    cls = type(dataset)
+    if pickled is None or cls in ForkingPickler._extra_reducers:
+        yield
+        return
+    _offered[id(dataset)] = (dataset, pickled)
+    ForkingPickler.register(cls, _reduce)
+    try:
+        yield
+    finally:
+        _offered.pop(id(dataset), None)
+        if ForkingPickler._extra_reducers.get(cls) is _reduce:
+            del ForkingPickler._extra_reducers[cls]
+
+
+def _pickled(loader):
+    """The dataset's pickle, where it may go as it is to every worker, else None."""
+    dataset = loader.dataset
+    if dataset is None:
+        return None
+    for name in PARTS:
+        part = getattr(loader, name, None)
+        if name != "dataset" and part is not None and probes.probe(part, name,
+                                                                    watch=dataset).meets:
+            return None  # it refers to the dataset: one pickle for both, as torch makes it
+    return probes.probe(dataset, "dataset", keep=True).pickled
+
+
+def _reduce(obj):
+    found = _offered.get(id(obj))
+    if found is None or found[0] is not obj:
+        return obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)  # as ForkingPickler would
+    return pickle.loads, (found[1],)
