@@ -26,6 +26,7 @@ Nothing is changed and no user code runs; an object that cannot be looked
 at is skipped (``objwalk.walk``).
 """
 
+import functools
 import io
 import os
 import stat
@@ -210,15 +211,17 @@ def _fd_numbers():
     return []
 
 
+@functools.lru_cache(maxsize=1)
 def _shared_memory_devices():
     """The devices of torch's shared memory (``/dev/shm``): its segments are
-    handed between processes on purpose, never given copies."""
+    handed between processes on purpose, never given copies. Read once: a
+    loader's every epoch asks."""
     devices = set()
     try:
         devices.add(os.stat("/dev/shm").st_dev)
     except OSError:
         pass
-    return devices
+    return frozenset(devices)
 
 
 def _link(fd):

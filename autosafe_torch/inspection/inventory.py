@@ -346,6 +346,11 @@ def _classify(cls):
         return "generator"
     if _sub(cls, "PIL.ImageFile", "ImageFile"):
         return "image"
+    if issubclass(cls, _CODE):
+        return None  # classes, functions, modules: code, not what a dataset holds
+    if getattr(cls, "__getattr__", None) is not None \
+            or cls.__getattribute__ is not object.__getattribute__:
+        return "forwarder"  # it may forward what unpickling asks it: holdings.forwards_attributes
     module = getattr(cls, "__module__", "") or ""
     if module.split(".")[0] == "multiprocessing":
         return "process"  # a queue, a lock, a connection: pickled for one child at a time

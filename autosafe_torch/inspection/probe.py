@@ -46,10 +46,11 @@ _FAST_LEAVES = frozenset({type(None), bool, int, float, complex, str})
 class ProbeResult:
     """``ok``, or where it fails: ``path``, ``error``, the offending ``value``."""
 
-    __slots__ = ("ok", "path", "error", "value", "objects", "loggers", "pickled", "meets")
+    __slots__ = ("ok", "path", "error", "value", "objects", "loggers", "pickled", "meets",
+                 "kinds")
 
     def __init__(self, ok, path, error=None, value=None, objects=0, loggers=(), pickled=None,
-                 meets=False):
+                 meets=False, kinds=frozenset()):
         self.ok = ok
         self.path = path
         self.error = error
@@ -59,6 +60,8 @@ class ProbeResult:
         # ``keep``: the pickle itself, where every worker may be sent these bytes
         self.pickled = pickled
         self.meets = meets  # whether the pickle reached ``watch``
+        # the kinds of object the pass met (``inventory.classify``), up to its failure
+        self.kinds = kinds
 
     def __bool__(self):
         return self.ok
@@ -334,22 +337,24 @@ def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=N
     sink = io.BytesIO() if keep else None
     found = inventory.take({path: obj}, inventory.SENT, table, _CodeSent(by_value), sink,
                            frozenset({id(watch)}) if watch is not None else frozenset())
-    loggers = tuple(found.of("logger"))
+    loggers, kinds = tuple(found.of("logger")), frozenset(found.found)
     if not found.unpicklable and found.complete:
         pickled = sink.getvalue() if keep and inventory.sent_as_is(found) else None
         return ProbeResult(True, path, objects=found.objects, loggers=loggers,
-                           pickled=pickled, meets=bool(found.met))
+                           pickled=pickled, meets=bool(found.met), kinds=kinds)
     prober = _Prober(planned, by_value)
     if found.unpicklable:
         value, exc = found.unpicklable[0]
         where = inventory.path_of(value, {path: obj})
         if where is not None:
-            return ProbeResult(False, where, exception_text(exc), value, found.objects, loggers)
+            return ProbeResult(False, where, exception_text(exc), value, found.objects, loggers,
+                               kinds=kinds)
     exc = prober.error(obj)
     if exc is None:  # the pass's own limit (too deep), not pickle's
-        return ProbeResult(True, path, objects=found.objects, loggers=loggers)
+        return ProbeResult(True, path, objects=found.objects, loggers=loggers, kinds=kinds)
     value, where, exc = prober.locate(obj, path, exc)
-    return ProbeResult(False, where, exception_text(exc), value, prober.objects, loggers)
+    return ProbeResult(False, where, exception_text(exc), value, prober.objects, loggers,
+                       kinds=kinds)
 
 
 class _CodeSent:

@@ -79,9 +79,11 @@ from .pickling_plan import held_in_parts, pickling_plan
 def memmap_by_reference(args, ctx):
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     if (numpy is None and torch is None) or not spawning_workers(args, ctx) \
-            or any(f.state.get("emulated_workers") for f in ctx.findings) \
-            or pickling_plan(args, ctx).failures:
+            or any(f.state.get("emulated_workers") for f in ctx.findings):
         return None
+    plan = pickling_plan(args, ctx)
+    if plan.failures or not {"array", "tensor"} & plan.met:
+        return None  # the probe met no array and no tensor: nothing to look for
     arrays, tensors, kept = _mapped(args, numpy, torch)
     if not arrays and not tensors:
         return None

@@ -45,13 +45,14 @@ class PicklingPlan:
 
     __slots__ = ("by_value", "nested", "classes", "files", "maps", "pools", "forwarders",
                  "locks", "handlers", "images", "rebuilt", "refused", "failures", "loggers",
-                 "pickled")
+                 "pickled", "met")
 
     def __init__(self):
         self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
         self.forwarders, self.handlers, self.rebuilt, self.refused = {}, [], [], []
         self.images, self.loggers = [], []
         self.nested = self.files = self.maps = self.locks = self.pickled = None
+        self.met = frozenset()  # the kinds of object the last probes met (inventory.classify)
 
     @property
     def needs_repair(self):
@@ -88,24 +89,35 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
     plan.rebuilt = list(rebuilt)
     if plan.rebuilt:
         planned.update(rebuild.planned_reducers([obj for _path, obj, _why in plan.rebuilt]))
-    if parts["dataset"] is not None:
-        plan.pools = [here for here, _pool, _edge in holdings.find_thread_pools(parts["dataset"])
-                      if not _inside(here, plan.rebuilt)]
-        if plan.pools:
-            planned.update(pools.pool_reducers())
-    # What a dataset built again in each worker holds is made by its constructor there.
-    plan.forwarders = {cls: here for cls, here in attribute_forwarders(parts).items()
-                       if not _inside(here, plan.rebuilt)}
-    if plan.forwarders:
-        planned.update(pickling.forwarder_reducers(plan.forwarders))
+    looked = set()  # kinds whose holders were looked for (what the probes met calls for)
     for _ in range(MAX_REPAIRS):
         dataset = parts["dataset"]
         results = [probe.probe(part, name, planned, plan.nested is not None,
                                keep=name == "dataset", watch=dataset)
                    for name, part in parts.items() if part is not None]
+        met = plan.met = frozenset().union(*(r.kinds for r in results))
+        # Thread pools (remade in each worker) and attribute forwarders (rebuilt from
+        # their attributes: their unpickling recurses, their pickling does not fail)
+        # are looked for where the probes met one: what a dataset built again in each
+        # worker holds is made by its constructor there.
+        if "pool" in met and "pool" not in looked and dataset is not None:
+            looked.add("pool")
+            plan.pools = [here for here, _p, _e in holdings.find_thread_pools(dataset)
+                          if not _inside(here, plan.rebuilt)]
+            if plan.pools:
+                planned.update(pools.pool_reducers())
+                continue
+        if "forwarder" in met and "forwarder" not in looked:
+            looked.add("forwarder")
+            plan.forwarders = {cls: here for cls, here in attribute_forwarders(parts).items()
+                               if not _inside(here, plan.rebuilt)}
+            if plan.forwarders:
+                planned.update(pickling.forwarder_reducers(plan.forwarders))
+                continue
         failures = [r for r in results if not r.ok]
         if not failures:
-            failures = _unfaithful(parts, planned, plan) or _uncarried_loggers(results, plan)
+            failures = (_unfaithful(parts, planned, plan, met)
+                        or _uncarried_loggers(results, plan))
             if not failures:
                 if not plan.needs_repair and not plan.loggers \
                         and not any(r.meets for r in results if r.path != "dataset"):
@@ -160,12 +172,17 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
     return plan
 
 
-def _unfaithful(parts, planned, plan):
+def _unfaithful(parts, planned, plan, met):
     """What pickles but drops an open file its methods use (a PIL multi-page
     image: ``inspection/dropped.py``), outside the datasets built again in
-    each worker (their constructor makes what they hold there)."""
+    each worker (their constructor makes what they hold there). Looked for
+    where something could drop one: the probes met an image, or the kernel
+    shows a file open for reading (a pickle that drops one never meets it)."""
     from ..inspection import dropped
+    from ..inspection.descriptors import shared_at_fork
 
+    if "image" not in met and not shared_at_fork():
+        return []
     return [f for f in dropped.unfaithful(parts, planned) if not _inside(f.path, plan.rebuilt)]
 
 

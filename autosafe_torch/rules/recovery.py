@@ -215,7 +215,16 @@ KINDS = {"DL205": CUDA, "DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS
 
 
 def kinds_watched(enabled):
-    """The failure kinds recovered, given ``enabled(rule)`` (AUTOSAFE_TORCH_DISABLE)."""
+    """The failure kinds recovered, given ``enabled(rule)`` (AUTOSAFE_TORCH_DISABLE);
+    asked at every iterator's start, worked out once per configuration."""
+    from ..config import CONFIG
     from . import checks_at
 
-    return frozenset(KINDS[c.rule.code] for c in checks_at("dataloader.failure", enabled))
+    key = (enabled, CONFIG.disabled)
+    if _watched.get("key") != key:
+        _watched.update(key=key, kinds=frozenset(
+            KINDS[c.rule.code] for c in checks_at("dataloader.failure", enabled)))
+    return _watched["kinds"]
+
+
+_watched = {}  # kinds_watched's last answer, and what it depended on
