@@ -273,3 +273,69 @@ def test_a_lock_guarded_imagenet_index_gets_real_workers_as_on_macos(tmp_path):
     assert record["action"] == "fixed" and "new unlocked locks" in record["strategy"], record
     assert "dataset.cache_lock" in record["done"], record
     assert os.path.exists(log)
+
+
+PARQUET = """
+import hashlib, os, random, sys
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+class Features(Dataset):
+    # an ImageNet-sized index beside a ParquetFile of features, opened in __init__
+    def __init__(self, path, lazy=False):
+        self.samples = [("/data/train/n%08d/img_%07d.JPEG" % (i % 1000, i), i % 1000)
+                        for i in range(1_281_167)]
+        self.path = path
+        self.table = None if lazy else pq.ParquetFile(path)
+    def __getstate__(self):  # the hand fix: the file opened where it is read
+        state = dict(self.__dict__)
+        if sys.argv[1] == "hand":
+            state["table"] = None
+        return state
+    def __len__(self):
+        return len(self.samples)
+    def __getitem__(self, i):
+        if self.table is None:
+            self.table = pq.ParquetFile(self.path)
+        row = self.table.read_row_group(0).column("f")[i % 1000].as_py()
+        info = get_worker_info()
+        return torch.tensor([float(self.samples[i][1]), row,
+                             float(info.id if info else -1), torch.rand(1).item()])
+
+if __name__ == "__main__":
+    path = os.path.join(ROOT, "features.parquet")
+    pq.write_table(pa.table({"f": [i * 0.5 for i in range(1000)]}), path)
+    torch.manual_seed(0)
+    loader = DataLoader(Features(path), batch_size=256, sampler=range(0, 1_281_167, 997),
+                        num_workers=2)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    h = hashlib.sha256()
+    for x in loader:
+        h.update(x.numpy().tobytes())
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+    print("BATCHES", h.hexdigest())
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.rule("DL201")
+def test_a_parquet_file_beside_an_imagenet_index_is_rebuilt_as_on_macos(tmp_path):
+    """Not refused for its size: each spawn worker builds the dataset again and checks
+    its build (the same file read, the same index), the hand fix's batches."""
+    hand = run_script(tmp_path, PARQUET, start_method="spawn", args=("hand",))
+    assert hand.rc == 0, hand
+    plain = run_script(tmp_path, PARQUET, start_method="spawn", args=("plain",))
+    assert plain.rc != 0 and "pickle" in plain.stderr, plain
+    log = tmp_path / "log.jsonl"
+    shim = run_script(tmp_path, PARQUET, args=("plain",), activation="env",
+                      env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert shim.rc == 0 and shim.batches == hand.batches, shim
+    (record,) = [r for r in json_log(log) if r["code"] == "DL201"]
+    assert record["action"] == "fixed" and "built" in record["done"], record
