@@ -123,9 +123,15 @@ if __name__ == "__main__":
 
 
 def _child(script, args, shim, extra):
+    # A file, as a training script is: spawned workers import its __main__ (a
+    # class defined under `python -c` is no worker's to unpickle, and CPython's
+    # spawn then hangs writing the rest of a large pickle to the dead child).
+    path = RESULTS_DIR / ("size_%s.py" % ("tiny" if script is TINY else "child"))
+    if not path.exists() or path.read_text() != script:
+        path.write_text(script)
     env = child_env(dict(extra, **({"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_QUIET": "1"}
                                    if shim else {})))
-    proc = subprocess.run([sys.executable, "-c", script] + [str(a) for a in args], env=env,
+    proc = subprocess.run([sys.executable, str(path)] + [str(a) for a in args], env=env,
                           cwd=str(RESULTS_DIR), capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError("%s failed:\n%s" % (args, proc.stderr[-3000:]))
@@ -138,7 +144,10 @@ def _pair(shape, size, platform, reps=1, plain_lock="none", shim_lock="none"):
     out = {"plain": [], "shim": []}
     for r in range(reps):
         for shim in ((False, True) if r % 2 == 0 else (True, False)):
-            args = (shape, size, method or "spawn", shim_lock if shim else plain_lock)
+            # As on macOS: the rehearsal sets spawn itself, as a Mac's default is;
+            # plain torch runs plain spawn.
+            start = method or ("default" if shim else "spawn")
+            args = (shape, size, start, shim_lock if shim else plain_lock)
             out["shim" if shim else "plain"].append(
                 _child(CHILD, args, shim, env if shim else {}))
     return out
