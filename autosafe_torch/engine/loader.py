@@ -23,7 +23,7 @@ from .. import callsite, facts
 from ..config import CONFIG
 from ..inspection.parts import parts_of
 from ..rules import Context
-from ..rules.ladder import Rung
+from ..rung import Rung
 from . import run_checks, settle, settle_later
 
 if TYPE_CHECKING:

@@ -56,7 +56,7 @@ from ..engine import loader as plans
 from ..inspection.diagnostics import dump_dir
 from ..remedies import isolation
 from ..remedies.workerinit import with_step
-from ..rules.ladder import Rung
+from ..rung import Rung
 from ..rules.recovery import kinds_watched
 from .iterator import RecoveringIter
 from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,

@@ -28,7 +28,7 @@ from ..remedies.emulated_workers import EmulatedWorkersIter
 from ..remedies.limits import file_system_sharing, use_file_system_sharing
 from ..remedies.workerinit import with_step
 from ..rules.fork import own_descriptions_wanted
-from ..rules.ladder import Rung
+from ..rung import Rung
 from .watch import POLL_S, Failed, raised_in_worker
 
 

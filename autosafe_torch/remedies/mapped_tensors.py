@@ -66,7 +66,7 @@ import weakref
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 
-from .memmaps import MappedFileChanged, _mapped_file, _written_pages, file_mappings
+from .mappings import MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, install
 
 # The files (device, inode) whose mapped tensors go by reference: those the
@@ -127,7 +127,7 @@ class Maps:
 
     def written_to(self, where):
         if where.start not in self.written:
-            self.written[where.start] = _written_pages(where)
+            self.written[where.start] = written_pages(where)
         return self.written[where.start]
 
 
@@ -164,7 +164,7 @@ def reference(tensor, maps=None):
     if where is None or where.path.startswith(NO_FILE) \
             or where.path.startswith(SHARED_MEMORY) and storage.is_shared():
         return None, None  # memory of no file, or torch's shared memory: it stays shared
-    where, st, why = _mapped_file(address, nbytes, [where])
+    where, st, why = mapped_file(address, nbytes, [where])
     if where is None:
         return None, why
     if not where.shared and maps.written_to(where) != 0:

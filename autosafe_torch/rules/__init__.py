@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ..remedies.isolation import Usage
     from ..report import Intervention
     from .amp import AmpCall
-    from .ladder import Rung
+    from ..rung import Rung
 
 # Where checks run, in the order the patches call them.
 HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
@@ -206,7 +206,7 @@ class Finding:
     ``before``/``after``, ``why`` and ``strategy`` are the details (the JSON
     log, ``AUTOSAFE_TORCH_DEBUG=1``).
     ``rung``: the ladder's rung this finding puts the loader's workers on
-    (``ladder.Rung``), or None: what the patches and the recovery ask,
+    (``rung.Rung``), or None: what the patches and the recovery ask,
     never the rule's code. Its words are the strategy, unless one is given.
     """
 

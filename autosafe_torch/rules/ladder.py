@@ -34,12 +34,12 @@ patches and the recovery ask it, never a rule's code.
 
 from __future__ import annotations
 
-import enum
 import types
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
+from ..rung import Rung
 from . import number_of, what_is
 from .fork_plan import fork_is_safe
 from .pickling_plan import pickling_plan
@@ -53,30 +53,6 @@ SPAWNING = ("spawn", "forkserver")
 # repair of ours) keeps on it: each worker checks the process state the
 # dataset's code reads (remedies/process_state.py).
 SENT_TO_SPAWN = {"_process_state": True}
-
-
-class Rung(str, enum.Enum):
-    """The rungs, in the ladder's order, by the words the log uses for them
-    (``strategy``). At ``iter()``: as asked (repaired where needed, DL201-
-    DL203, DL208), spawn (away from an unsafe fork), fork (where spawn's
-    pickles fail and fork is safe: ``fork_is_safe``), rebuilt in each worker
-    (no fork rung: the pickling planner approves it), emulated. After a
-    failure, per kind (``LADDERS``): restart, fewer batches in flight,
-    file_system sharing, spawn workers, emulated."""
-
-    AS_ASKED = "workers as asked"
-    SPAWN = "start method: spawn"
-    WARM_SPAWN = "warm forkserver"  # spawn's semantics, forked from a warm server (DL209)
-    FORK = "start method: fork"
-    REBUILT = "rebuilt in each worker"
-    RESTART = "restart workers"
-    FEWER = "fewer batches in flight"
-    FILE_SYSTEM = "file_system sharing"
-    SPAWN_WORKERS = "spawn workers"  # after forked workers failed: new ones by spawn
-    EMULATED = "emulated workers (in process)"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def start_method(args: dict[str, Any]) -> str:

@@ -5,10 +5,11 @@ the repairs; where the plan leaves something that does not pickle, DL201
 hands the loader to the ladder (``ladder.py``).
 """
 
-from . import Rewrite, a_or_an, number_of, rule, what_is
-from .ladder import GROUP, SENT_TO_SPAWN, Rung, fallback, spawning_workers
-from .pickling_plan import held_in_parts, pickling_plan
 from ..inspection.parts import PARTS
+from ..rung import Rung
+from . import Rewrite, a_or_an, number_of, rule, what_is
+from .ladder import GROUP, SENT_TO_SPAWN, fallback, spawning_workers
+from .pickling_plan import held_in_parts, pickling_plan
 
 NOTEBOOK_FIX = ("move the function or class into a .py module next to the notebook and "
                 "import it from there: workers cannot import a notebook")

@@ -26,8 +26,9 @@ seeded ``base_seed + worker_id`` from a base seed drawn each epoch.
 import sys
 
 from ..remedies.workerinit import with_step
+from ..rung import Rung
 from . import rule
-from .ladder import GROUP, Rung, start_method
+from .ladder import GROUP, start_method
 
 # Findings that repaired a loader so that its workers start under spawn.
 REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
