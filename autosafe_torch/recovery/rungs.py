@@ -9,11 +9,14 @@ may resume an earlier iterator: the same base seed and indices, then the
 batches already delivered fetched again and dropped (``replay``).
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import logging
 import multiprocessing.process
 import sys
+from typing import Any
 
 import torch
 
@@ -197,7 +200,7 @@ def replay(inner, count):
     tp.set_yielded(inner, count)
 
 
-_said = set()
+_said: set[Any] = set()
 
 
 def torch_lacks(seam, missing, consequence):

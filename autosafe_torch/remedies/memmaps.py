@@ -63,10 +63,13 @@ The platform the rules see decides (``autosafe-torch run --as macos``): a
 rehearsed Mac has no ``/proc/self/maps`` either.
 """
 
+from __future__ import annotations
+
 import ctypes
 import mmap
 import os
 from multiprocessing.context import get_spawning_popen
+from typing import Any
 
 from .mappings import MAPS, MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, install
@@ -239,7 +242,7 @@ def buffer_address(obj):
         api.PyBuffer_Release(ctypes.byref(view))
 
 
-_BUFFER_API = []
+_BUFFER_API: list[Any] = []
 
 
 def _buffer_api():
@@ -336,7 +339,7 @@ def reduce_map(m):
 # that the map is not written while the workers run. The block is reused
 # while it holds the map's bytes, and unlinked with the map (or at exit).
 
-_blocks = {}  # id(map) -> SharedMemory holding its bytes
+_blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
 
 
 def _shm_open():

@@ -20,15 +20,18 @@ ever. Only in fix mode, for our loaders' own worker starts (``offering``),
 and for that dataset object alone: any other pickling is untouched.
 """
 
+from __future__ import annotations
+
 import contextlib
 import pickle
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 from ..inspection import probe as probes
 from ..inspection.parts import PARTS
 
 _KEPT_ATTR = "_autosafe_torch_pickled"  # on a loader: the plan's pickle, for its next start
-_offered = {}  # id(dataset) -> (dataset, bytes), while its loader's workers start
+_offered: dict[int, tuple[Any, bytes]] = {}  # id(dataset) -> (dataset, bytes), while its loader's workers start
 
 
 def keep(loader, dataset, pickled):
