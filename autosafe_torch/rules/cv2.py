@@ -105,7 +105,10 @@ def cv2_threads_in_workers(args, ctx):
                 "multiprocessing_context=multiprocessing.get_context('forkserver'))")),
       versions=("every supported torch; OpenCV builds with OpenCL, where an OpenCL "
                 "device is usable"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method the ladder and DL209 chose, and whether a check
+      # emulated the workers: it runs last (DL218 acts on spawned workers only)
+      after=("warm_worker_start", "memmap_by_reference"))
 def cv2_opencl_context(args, ctx):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules \
             or start_method(args) != "fork":

@@ -50,7 +50,10 @@ def _owned(plan, by_dl212):
                 "DataLoader(Records(path), num_workers=2, worker_init_fn=open_in_worker)")),
       versions="every supported torch; fork workers (Linux's default before Python 3.14)",
       rewrite=LAZY_OPEN_REWRITE,
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # the repairs that make a dataset pickle are made (or not) before a fork
+      # loader is moved away from fork
+      after=("unpicklable_dataset",))
 def shared_file_offset(args, ctx):
     if not _forking(args):
         return None
@@ -113,7 +116,9 @@ def _fork_done(isolated, handles, shared, workers):
                 "            self.env = lmdb.open(self.path, readonly=True)\n"
                 "        ...")),
       versions="every supported torch; fork workers",
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method DL207 may have moved the loader to
+      after=("shared_file_offset",))
 def handle_not_fork_safe(args, ctx):
     if not _forking(args):
         return None
@@ -230,7 +235,8 @@ def descriptor_to_workers(args, ctx):
             ", ".join(named), number_of(ctx.workers, "worker")))
 
 
-@thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
+# it reads the start method DL207 and DL212 may have moved the loader to
+@thread_pool_to_spawned_workers.rule.check_at("dataloader.iter", after=("handle_not_fork_safe",))
 def thread_pool_under_fork(args, ctx):
     from ..inspection import holdings, threads
     from ..remedies import pools

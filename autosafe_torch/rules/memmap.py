@@ -75,7 +75,10 @@ from .pickling_plan import held_in_parts, pickling_plan
                 "as before. A tensor sent by reference is each worker's private map, as a "
                 "forked worker's is: a worker's writes to it stay its own, where torch's "
                 "shared-memory copy would show them to the training process"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method the ladder and DL209 chose, and whether a check
+      # emulated the workers
+      after=("warm_worker_start",))
 def memmap_by_reference(args, ctx):
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     if (numpy is None and torch is None) or not spawning_workers(args, ctx) \

@@ -53,6 +53,8 @@ LAZY_OPEN_REWRITE = Rewrite(
                 "from Python 3.14)"),
       rewrite=LOCAL_FUNCTION_REWRITE,
       at="dataloader.iter",
+      # it reads the start method these may have moved the loader to
+      after=("fork_on_macos", "fork_after_cuda"),
       notebook_fix=NOTEBOOK_FIX)
 def local_function_to_workers(args, ctx):
     if not spawning_workers(args, ctx):
@@ -95,6 +97,8 @@ def local_function_to_workers(args, ctx):
       versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
                 "from Python 3.14)"),
       at="dataloader.iter",
+      # it reads whether DL202 repairs the dataset's functions (ctx.found)
+      after=("local_function_to_workers",),
       notebook_fix=NOTEBOOK_FIX)
 def interactive_main_class(args, ctx):
     if not spawning_workers(args, ctx):
@@ -132,7 +136,9 @@ def interactive_main_class(args, ctx):
                 "        ...")),
       versions=("every supported torch; fork (a hang) and spawn/forkserver (a pickling "
                 "error)"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method these may have moved the loader to
+      after=("fork_on_macos", "fork_after_cuda"))
 def thread_pool_to_spawned_workers(args, ctx):
     if not spawning_workers(args, ctx):
         return None
@@ -185,7 +191,10 @@ def thread_pool_to_spawned_workers(args, ctx):
       versions=("every supported torch; the platforms that start workers by spawn "
                 "(macOS, Windows) or forkserver (Linux from Python 3.14)"),
       rewrite=LAZY_OPEN_REWRITE,
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads whether their repairs were made (ctx.found)
+      after=("local_function_to_workers", "interactive_main_class",
+             "thread_pool_to_spawned_workers"))
 def unpicklable_dataset(args, ctx):
     if not spawning_workers(args, ctx):
         return None
@@ -301,7 +310,9 @@ def unpicklable_dataset(args, ctx):
                 "DataLoader(ds, num_workers=2, worker_init_fn=configure_audit)")),
       versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
                 "from Python 3.14)"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the rung DL201 chose (fork, or emulated workers)
+      after=("unpicklable_dataset",))
 def logging_config_to_workers(args, ctx):
     if not spawning_workers(args, ctx):
         return None

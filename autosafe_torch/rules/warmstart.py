@@ -64,6 +64,9 @@ def fork_server_available(platform):
       versions=("every supported torch; spawn with a fork server (macOS, Linux under "
                 "spawn); plain spawn on Windows"),
       at="dataloader.iter",
+      # it reads every repair for spawn (ctx.found) and whether a check emulated
+      # the workers (ctx.findings)
+      after=("thread_pool_under_fork", "logging_config_to_workers"),
       clause_of=REPAIRED_FOR_SPAWN)
 def warm_worker_start(args, ctx):
     if not args["num_workers"] or start_method(args) != "spawn" \
