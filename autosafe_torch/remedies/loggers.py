@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from . import handlers as _handlers
 

@@ -35,6 +35,7 @@ import sys
 
 from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
+from ..rung import Rung
 from . import Rewrite, number_of, rule
 from .ladder import emulated_workers, start_method
 from .pickling_plan import pickling_plan
@@ -113,7 +114,7 @@ def cv2_opencl_context(args, ctx):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules \
             or start_method(args) != "fork":
         return None
-    if any(f.state.get("emulated_workers") for f in ctx.findings):
+    if any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None  # no worker is forked
     runtime = cv2_remedies.opencl_runtime_loaded()
     if runtime is None or not cv2_remedies.opencl_device_usable():

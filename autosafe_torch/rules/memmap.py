@@ -26,6 +26,7 @@ emulated workers.
 import os
 import sys
 
+from ..rung import Rung
 from . import number_of, rule
 from .ladder import GROUP, spawning_workers
 from .pickling_plan import held_in_parts, pickling_plan
@@ -82,7 +83,7 @@ from .pickling_plan import held_in_parts, pickling_plan
 def memmap_by_reference(args, ctx):
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     if (numpy is None and torch is None) or not spawning_workers(args, ctx) \
-            or any(f.state.get("emulated_workers") for f in ctx.findings):
+            or any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None
     plan = pickling_plan(args, ctx)
     if plan.failures or not {"array", "tensor"} & plan.met:

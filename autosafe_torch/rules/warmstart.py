@@ -71,7 +71,7 @@ def fork_server_available(platform):
 def warm_worker_start(args, ctx):
     if not args["num_workers"] or start_method(args) != "spawn" \
             or not any(ctx.found(code) for code in REPAIRED_FOR_SPAWN) \
-            or any(f.state.get("emulated_workers") for f in ctx.findings):
+            or any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None
     if not fork_server_available(ctx.facts.platform):
         return warm_worker_start.rule.finding(
