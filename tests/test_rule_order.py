@@ -51,7 +51,9 @@ def codes_read(check):
         if isinstance(value, tuple) and value and all(
                 isinstance(v, str) and CODE.fullmatch('"%s"' % v) for v in value):
             codes |= set(value)
-    return codes
+        elif isinstance(value, tuple) and value and all(hasattr(v, "code") for v in value):
+            codes |= {v.code for v in value}  # a registry whose entries name their rules
+    return codes - {check.rule.code}
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -26,10 +26,11 @@ emulated workers.
 import os
 import sys
 
+from ..inspection.parts import held_in_parts
 from ..rung import Rung
 from . import number_of, rule
 from .ladder import GROUP, spawning_workers
-from .pickling_plan import held_in_parts, pickling_plan
+from .pickling_plan import pickling_plan
 
 
 @rule("DL218", "memmap-by-reference", GROUP,
