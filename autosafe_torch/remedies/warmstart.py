@@ -244,6 +244,14 @@ def _stop(server, wait_s=5.0):
     return None
 
 
+def fork_server_available(platform):
+    """Whether a fork server can run on ``platform`` (a ``sys.platform``)."""
+    import multiprocessing
+
+    return not platform.startswith("win") and not getattr(sys, "frozen", False) \
+        and "forkserver" in multiprocessing.get_all_start_methods()
+
+
 def start_ahead(libraries, context=None):
     """Start the server now, in the background, importing ``libraries``: for a
     loader the ladder will repair for spawn, built before it is iterated. The

@@ -39,7 +39,6 @@ from ..rung import Rung
 from . import Rewrite, number_of, rule
 from .ladder import emulated_workers, start_method
 from .pickling_plan import pickling_plan
-from .warmstart import fork_server_available
 
 GROUP = "cv2"
 
@@ -108,8 +107,8 @@ def cv2_threads_in_workers(args, ctx):
                 "device is usable"),
       at="dataloader.iter",
       # it reads the start method the ladder and DL209 chose, and whether a check
-      # emulated the workers: it runs last (DL218 acts on spawned workers only)
-      after=("warm_worker_start", "memmap_by_reference"))
+      # emulated the workers: it runs last
+      after=("warm_worker_start",))
 def cv2_opencl_context(args, ctx):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules \
             or start_method(args) != "fork":
@@ -131,7 +130,7 @@ def _away_from_the_context(check, args, ctx, why):
 
     plan = pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
-            and fork_server_available(ctx.facts.platform)):
+            and _fork_server_available(ctx.facts.platform)):
         reason = "the dataset cannot travel to a clean worker (%s)" % (
             "; ".join("%s: %s" % (f.path, f.error) for f in plan.failures)
             or ("it pickles only once repaired" if plan.needs_repair
@@ -173,3 +172,9 @@ def _add_step(check, args, step, what, note=""):
         % what, strategy="worker_init_fn step",
         done="%s in each of %s (a worker_init_fn step before yours%s)" % (
             what, number_of(args["num_workers"], "worker"), note))
+
+
+def _fork_server_available(platform):
+    from ..remedies import warmstart  # at the first fork loader, not at `import torch`
+
+    return warmstart.fork_server_available(platform)

@@ -41,31 +41,17 @@ from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
 from ..rung import Rung
 from . import number_of, what_is
-from .fork_plan import fork_is_safe
+from .fork_plan import fork_is_safe, start_method
 from .pickling_plan import pickling_plan
 
 if TYPE_CHECKING:
     from . import Check, Context, Finding
 
 GROUP = "dataloader"
-SPAWNING = ("spawn", "forkserver")
 # What a finding that sends a loader to spawn workers (moved there, or with a
 # repair of ours) keeps on it: each worker checks the process state the
 # dataset's code reads (remedies/process_state.py).
 SENT_TO_SPAWN = {"_process_state": True}
-
-
-def start_method(args: dict[str, Any]) -> str:
-    from ..facts import effective_start_method
-
-    return effective_start_method(args["multiprocessing_context"])
-
-
-def spawning_workers(args: dict[str, Any], ctx: Context) -> bool:
-    """Workers started by spawn/forkserver from a guarded main: they get pickles.
-    At ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
-    return args["num_workers"] > 0 and start_method(args) in SPAWNING \
-        and ctx.main_guarded()  # type: ignore[misc]
 
 
 # -- at iter(): rungs 2-4 --------------------------------------------------------

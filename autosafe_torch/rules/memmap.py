@@ -29,7 +29,8 @@ import sys
 from ..inspection.parts import held_in_parts
 from ..rung import Rung
 from . import number_of, rule
-from .ladder import GROUP, spawning_workers
+from .fork_plan import spawning_workers
+from .ladder import GROUP
 from .pickling_plan import pickling_plan
 
 
@@ -78,9 +79,10 @@ from .pickling_plan import pickling_plan
                 "forked worker's is: a worker's writes to it stay its own, where torch's "
                 "shared-memory copy would show them to the training process"),
       at="dataloader.iter",
-      # it reads the start method the ladder and DL209 chose, and whether a check
-      # emulated the workers
-      after=("warm_worker_start",))
+      # it reads the start method the ladder chose and whether a check emulated the
+      # workers; before DL209, whose worker step would change the parts it plans
+      # for (the plan of the same parts is made once)
+      after=("thread_pool_under_fork", "logging_config_to_workers"))
 def memmap_by_reference(args, ctx):
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     if (numpy is None and torch is None) or not spawning_workers(args, ctx) \

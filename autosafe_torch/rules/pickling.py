@@ -7,7 +7,8 @@ hands the loader to the ladder (``ladder.py``).
 
 from ..rung import Rung
 from . import Rewrite, number_of, rule, what_is
-from .ladder import GROUP, SENT_TO_SPAWN, fallback, spawning_workers
+from .fork_plan import spawning_workers
+from .ladder import GROUP, SENT_TO_SPAWN, fallback
 from .pickling_plan import pickling_plan
 from .repairs import REPAIRS, what_dl201_says
 

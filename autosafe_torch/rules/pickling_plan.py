@@ -12,7 +12,7 @@ from ..inspection import objwalk
 from ..inspection.naming import a_or_an
 from ..inspection.objwalk import is_a
 from ..inspection.parts import PARTS, held_in_parts
-from .fork_plan import fork_is_safe, per_parts
+from .fork_plan import fork_is_safe, per_parts, spawning_workers
 from .repairs import REPAIRS, Meeting, offer
 
 class PicklingPlan:
@@ -46,15 +46,34 @@ def pickling_plan(args, ctx):
     nothing: the probe tries the planned reducers without registering them)."""
     return per_parts(ctx, "pickling_plans", args,
                       lambda: plan_pickling({name: args[name] for name in PARTS},
-                                             lambda: not fork_is_safe(args, ctx)))
+                                             lambda: not fork_is_safe(args, ctx),
+                                             repairing=lambda: _warm_ahead(args, ctx)))
+
+
+def _warm_ahead(args, ctx):
+    """The parts need a repair to reach spawn workers, which then come from
+    the warm server (DL209): in fix mode it starts now, in the background, so
+    that its imports overlap the rest of the planning (a loader whose repair
+    is refused leaves an idle server, ended at exit)."""
+    from ..config import CONFIG
+    from ..remedies import warmstart
+    from . import RULES
+
+    warm = RULES.get("DL209")
+    if CONFIG.mode != "fix" or warm is None or not CONFIG.rule_enabled(warm.code, warm.group) \
+            or not spawning_workers(args, ctx) \
+            or not warmstart.fork_server_available(ctx.facts.platform):
+        return
+    warmstart.start_ahead(warmstart.libraries_for([args[name] for name in PARTS]))
 
 
 
-def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
+def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=(), repairing=lambda: None):
     """The plan for ``parts``. ``may_rebuild()``: whether datasets may be
     built again in each worker (no fork rung is safe); ``rebuilt``: those
     approved so far, planned first (planning starts again after each one, so
-    that nothing inside them is planned for)."""
+    that nothing inside them is planned for); ``repairing()``: called once a
+    probe failed, before the repairs are looked for."""
     from ..inspection import holdings, probe
     from ..remedies import images, pickling, pools, rebuild
 
@@ -102,6 +121,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
                 plan.images = [(f.path, f.error, f.value) for f in failures]
                 planned.update(images.image_reducers())
                 continue
+        repairing()
         failure = failures[0]
         value, top = failure.value, failure.path.split(".")[0].split("[")[0]
         if owners is None:
@@ -118,7 +138,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
                 plan.failures = failures
                 return plan
             return plan_pickling(given, may_rebuild,
-                                 plan.rebuilt + [(here, dataset, meeting.why)])
+                                 plan.rebuilt + [(here, dataset, meeting.why)], repairing)
         plan.failures = failures
         return plan
     plan.failures = failures

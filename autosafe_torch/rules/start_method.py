@@ -7,7 +7,8 @@ start as asked, ``ladder.py`` chooses the rung.
 """
 
 from . import Rewrite, number_of, rule
-from .ladder import GROUP, SPAWNING, away_from_fork, fallback, start_method
+from .fork_plan import SPAWNING, start_method
+from .ladder import GROUP, away_from_fork, fallback
 
 
 
