@@ -37,7 +37,7 @@ from .callsite import user_part
 from .config import CONFIG
 
 if TYPE_CHECKING:
-    from .rules.ladder import Rung
+    from .rung import Rung
 
 LOGGER_NAME = "autosafe_torch"
 logger = logging.getLogger(LOGGER_NAME)
@@ -98,7 +98,7 @@ class Intervention:
         # interventions said on this one's line (DL209 on DL201's)
         self.clauses: list[Intervention] = []
         self.said = False   # said on another's line
-        self.rung = rung    # the ladder's rung its finding chose (rules.ladder.Rung), or None
+        self.rung = rung    # the ladder's rung its finding chose (rung.Rung), or None
         # what it was done to (a loader: id), where one site serves several; None: the site
         self.subject: int | None = None
 

@@ -51,6 +51,7 @@ ALLOWED_SKIPS = {
     "needs CUDA": "a CUDA device: CI's machines have none (`-m gpu` on an accelerator)",
     "needs macOS": "macOS itself, not the rehearsal of it (--as macos)",
     "needs Python": "a Python other than the one running (make compat-python)",
+    "needs torch": "a torch version other than the one installed (make compat)",
 }
 
 

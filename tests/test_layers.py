@@ -98,3 +98,20 @@ def test_no_import_cycle():
         if name not in state:
             visit(name, [name])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+# The words every layer uses (the rungs, the errors, the settings, what a loader
+# keeps): below them all.
+VOCABULARY = ("rung", "errors", "config", "loaderstate")
+
+
+def test_the_vocabulary_imports_no_layer():
+    upward = []
+    for name in VOCABULARY:
+        path = PACKAGE / (name + ".py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                for parts in _imported(path, node):
+                    if parts and parts[0] not in VOCABULARY:
+                        upward.append("%s:%d imports %s" % (name, node.lineno, ".".join(parts)))
+    assert not upward, "the vocabulary reaches up:\n" + "\n".join(upward)

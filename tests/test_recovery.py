@@ -26,6 +26,7 @@ import pytest
 from autosafe_torch import config, report
 from autosafe_torch.inspection import failures
 from autosafe_torch.rules import ladder, recovery
+from autosafe_torch.rung import Rung
 from support import (PLATFORM_SIM, SCENARIOS, START_METHODS, Result, assert_readable,
                      clean_env, json_log, line_of, logged, once_per_run, one_of, shim_lines)
 from test_resources import needs_private_shm
@@ -82,7 +83,7 @@ def recovered(result, records, code, strategies):
     record = mine[0]
     assert record["action"] == "fixed" and record["strategy"] in {r.value for r in strategies}, \
         record
-    assert record["before"]["rung"] == ladder.Rung.AS_ASKED
+    assert record["before"]["rung"] == Rung.AS_ASKED
     assert record["after"] == {"rung": record["strategy"]}
     assert "resumed at batch %d" % record["before"]["batch"] in record["why"], record
     return record
@@ -113,7 +114,7 @@ def test_without_the_shim_each_fault_crashes(tmp_path):
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_worker_killed_mid_epoch(tmp_path, reference, start_method):
     result, records = run(tmp_path, "kill", start_method)
-    record = recovered(result, records, "DL210", {ladder.Rung.RESTART})
+    record = recovered(result, records, "DL210", {Rung.RESTART})
     assert result.batches == reference("none")
     assert record["before"]["worker"] == 1 and "SIGKILL" in record["before"]["status"]
     assert "no traceback" in record["why"] and "out-of-memory" in record["why"]
@@ -124,7 +125,7 @@ def test_worker_segfaults_on_one_index(tmp_path, reference, start_method):
     """Every worker process crashes on index 13: the restart fails the same
     way, the rung is not tried a third time, emulated workers finish."""
     result, records = run(tmp_path, "segv", start_method)
-    record = recovered(result, records, "DL210", {ladder.Rung.EMULATED})
+    record = recovered(result, records, "DL210", {Rung.EMULATED})
     assert result.batches == reference("none")
     assert "SIGSEGV" in record["before"]["status"]
     assert record["why"].count("restart workers failed too") == 1
@@ -142,7 +143,7 @@ def test_worker_that_dies_while_starting_is_named_by_its_own_exception(tmp_path,
     assert plain.rc != 0 and "exited unexpectedly" in plain.stderr, plain
     result, records = run(tmp_path, "startup", "spawn",
                                    env={"AUTOSAFE_TORCH_DISABLE": NO_PREDICTION + ",DL209"})
-    record = recovered(result, records, "DL210", {ladder.Rung.EMULATED})
+    record = recovered(result, records, "DL210", {Rung.EMULATED})
     assert result.batches == reference("none")
     assert "restart workers failed" not in record["why"], record
     assert record["before"]["status"] == "exited with code 1" and record["before"]["batch"] == 0
@@ -162,7 +163,7 @@ def test_worker_that_dies_while_starting_is_named_by_its_own_exception(tmp_path,
 def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
     result, records = run(tmp_path, "hang", start_method,
                                    env={"AUTOSAFE_TORCH_HANG_TIMEOUT": "10"})
-    record = recovered(result, records, "DL211", {ladder.Rung.EMULATED})
+    record = recovered(result, records, "DL211", {Rung.EMULATED})
     assert result.batches == reference("none")
     assert record["before"]["status"] == "hung"
     # every worker's stack, the hung one in the user's __getitem__
@@ -176,7 +177,7 @@ def test_worker_hangs_forever_on_one_index(tmp_path, reference, start_method):
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'spawn'))
 def test_dev_shm_exhausted(tmp_path, reference, start_method):
     result, records = run(tmp_path, "shm", start_method, shm="3m")
-    record = recovered(result, records, "DL214", {ladder.Rung.FEWER, ladder.Rung.EMULATED})
+    record = recovered(result, records, "DL214", {Rung.FEWER, Rung.EMULATED})
     assert result.batches == reference("shm")
     assert "unable to allocate shared memory" in record["why"] \
         or "SIGBUS" in record["before"]["status"], record
@@ -194,7 +195,7 @@ def test_dev_shm_exhausted_without_the_shim(tmp_path):
 @pytest.mark.parametrize("start_method", one_of(START_METHODS, 'forkserver'))
 def test_open_file_limit_exhausted(tmp_path, reference, start_method):
     result, records = run(tmp_path, "fds", start_method, nofile=160)
-    recovered(result, records, "DL213", {ladder.Rung.FILE_SYSTEM, ladder.Rung.EMULATED})
+    recovered(result, records, "DL213", {Rung.FILE_SYSTEM, Rung.EMULATED})
     assert result.batches == reference("fds")
     without, _ = run(tmp_path, "fds", start_method, shim=False, nofile=160) \
         if start_method == "fork" else (None, None)
@@ -212,7 +213,7 @@ def test_memory_error_once_is_recovered_with_fewer_batches_in_flight(tmp_path, r
         without, _ = run(tmp_path, "memory", shim=False)
         assert without.rc != 0 and "MemoryError: Caught MemoryError" in without.stderr, without
     result, records = run(tmp_path, "memory", start_method)
-    record = recovered(result, records, "DL215", {ladder.Rung.FEWER})
+    record = recovered(result, records, "DL215", {Rung.FEWER})
     assert result.batches == reference("none")
     assert "Unable to allocate 1.00 GiB" in record["before"]["status"], record
 
@@ -242,17 +243,17 @@ def test_the_users_own_error_is_raised_as_torch_raises_it(tmp_path, start_method
 
 def test_ladder_is_bounded():
     """A rung that failed twice is not tried again; None when all have."""
-    assert ladder.next_rung("died", {}) == ladder.Rung.RESTART
-    assert ladder.next_rung("died", {ladder.Rung.RESTART: 1}) == ladder.Rung.RESTART
-    assert ladder.next_rung("died", {ladder.Rung.RESTART: 2}) == ladder.Rung.EMULATED
-    assert ladder.next_rung("died", {ladder.Rung.RESTART: 2, ladder.Rung.EMULATED: 2}) is None
-    assert ladder.next_rung("shm", {}) == ladder.Rung.FEWER
-    assert ladder.next_rung("fds", {ladder.Rung.FILE_SYSTEM: 2}) == ladder.Rung.EMULATED
+    assert ladder.next_rung("died", {}) == Rung.RESTART
+    assert ladder.next_rung("died", {Rung.RESTART: 1}) == Rung.RESTART
+    assert ladder.next_rung("died", {Rung.RESTART: 2}) == Rung.EMULATED
+    assert ladder.next_rung("died", {Rung.RESTART: 2, Rung.EMULATED: 2}) is None
+    assert ladder.next_rung("shm", {}) == Rung.FEWER
+    assert ladder.next_rung("fds", {Rung.FILE_SYSTEM: 2}) == Rung.EMULATED
     # Memory: once, with fewer batches in flight; a repair a worker could not
     # apply: emulated workers at once (new workers would fail alike).
-    assert ladder.next_rung("memory", {ladder.Rung.RESTART: 1}) == ladder.Rung.FEWER
-    assert ladder.next_rung("memory", {ladder.Rung.RESTART: 1, ladder.Rung.FEWER: 1}) is None
-    assert ladder.next_rung("remedy", {ladder.Rung.RESTART: 1}) == ladder.Rung.EMULATED
+    assert ladder.next_rung("memory", {Rung.RESTART: 1}) == Rung.FEWER
+    assert ladder.next_rung("memory", {Rung.RESTART: 1, Rung.FEWER: 1}) is None
+    assert ladder.next_rung("remedy", {Rung.RESTART: 1}) == Rung.EMULATED
     for rungs in ladder.LADDERS.values():  # fewer workers would change the batches
         assert "fewer workers" not in " ".join(rungs)
 

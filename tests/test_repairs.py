@@ -493,7 +493,7 @@ def test_native_handles_as_holdings_see_them(tmp_path):
     for i in range(6):
         out.write(np.full((24, 32, 3), i * 40, np.uint8))
     out.release()
-    native, patched = cv2.VideoCapture, "_autosafe_torch_native" in vars(cv2.VideoCapture)
+    native, patched = cv2.VideoCapture, cv2_patch.capture_recorded(cv2)
     cv2_patch.record_captures(cv2)
     try:
         assert cv2.VideoCapture is native
@@ -507,7 +507,7 @@ def test_native_handles_as_holdings_see_them(tmp_path):
     finally:
         if not patched:
             cv2_patch.unrecord_captures(cv2)
-    assert patched or "_autosafe_torch_native" not in vars(cv2.VideoCapture)
+    assert patched or not cv2_patch.capture_recorded(cv2)
 
     with lmdb.open(str(tmp_path / "db"), map_size=1 << 20) as writable:
         # Opened read-write (py-lmdb's default), reopened read-only, and said so.

@@ -7,11 +7,10 @@ failed. Nothing here names a rule: what a finding decided is asked of it
 (its ``rung``, its ``state``).
 
 A finding's ``changes`` become the call's arguments (or, at iteration, the
-loader's attributes); its ``state`` is kept on the loader for its iterators
-(``batch_device``, ``emulated_workers``, ``fork_handles``) under
-``STATE_PREFIX``. The records of the worker checks are made once their
-remedies held in the workers (``recovery``), not when planned: they wait
-on the loader (``take_pending``).
+loader's attributes); its ``state`` is kept on the loader for its iterators,
+in the loader's one typed record (``loaderstate.LoaderState``). The records
+of the worker checks are made once their remedies held in the workers
+(``recovery``), not when planned: they wait there (``take_pending``).
 """
 
 from __future__ import annotations
@@ -22,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Hashable, Iterable
 from .. import callsite, facts
 from ..config import CONFIG
 from ..inspection.parts import parts_of
+from ..loaderstate import state_of
 from ..rules import Context
-from ..rules.ladder import Rung
+from ..rung import Rung
 from . import run_checks, settle, settle_later
 
 if TYPE_CHECKING:
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 # A DataLoader (torch's, or a subclass): its attributes are read by name.
 Loader = Any
 
-STATE_PREFIX = "_autosafe_torch_"
-_PLAN_ATTR = STATE_PREFIX + "plan"
-_PENDING_ATTR = STATE_PREFIX + "pending"
-_UNTOUCHED_ATTR = STATE_PREFIX + "untouched"
 # What the worker checks read off a loader, and may change on it.
 ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
              "worker_init_fn", "timeout")
@@ -47,26 +43,17 @@ ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
 
 def keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
     """Keep each finding's ``state`` on ``loader``, for its iterators."""
+    state = state_of(loader)
     for finding in findings:
-        for name, value in finding.state.items():
-            loader.__dict__[STATE_PREFIX + name] = value
-
-
-def loader_state(loader: Loader, name: str) -> Any:
-    """What a finding's ``state`` left on ``loader`` under ``name``, or None."""
-    return loader.__dict__.get(STATE_PREFIX + name)
-
-
-def untouched(loader: Loader) -> bool:
-    """Whether the worker checks found nothing to do for ``loader`` (its
-    workers get what torch gives them)."""
-    return bool(loader.__dict__.get(_UNTOUCHED_ATTR))
+        state.keep(finding.state)
 
 
 def take_pending(loader: Loader) -> list[Intervention]:
     """The records of this iteration's worker checks, to be made once their
     remedies held in the workers."""
-    return loader.__dict__.pop(_PENDING_ATTR, [])
+    state = state_of(loader)
+    pending, state.pending = state.pending, []
+    return pending
 
 
 # -- construction ----------------------------------------------------------------
@@ -105,19 +92,19 @@ def _opencl_used() -> bool:
 def decide_iteration(loader: Loader, frame: FrameType) -> None:
     """Run the worker checks for ``loader`` once per state of what they read;
     their records wait on the loader (``take_pending``)."""
-    state = loader.__dict__
+    state = state_of(loader)
     key = _plan_key(loader)
-    if state.get(_PLAN_ATTR) == key:
+    if state.plan_key == key:
         return
     if loader.num_workers:
         values, found, work, ctx = _plan_workers(loader, frame)
         if found:
-            state[_PENDING_ATTR] = _apply(loader, values, found, work)
+            state.pending = _apply(loader, values, found, work)
         elif CONFIG.mode == "fix":
             _keep_the_pickle(loader, ctx)
         # A loader nothing of ours touches: its dataset may be pickled once for all.
-        state[_UNTOUCHED_ATTR] = not found
-    state[_PLAN_ATTR] = _plan_key(loader)
+        state.untouched = not found
+    state.plan_key = _plan_key(loader)
 
 
 def _keep_the_pickle(loader: Loader, ctx: Context) -> None:
@@ -185,7 +172,7 @@ def plan_without_fork(loader: Loader, failure: Failure,
         return None
     # The move is said by the recovery's record, once the new workers delivered.
     made = _apply(loader, values, found, work, unsaid=moved)
-    loader.__dict__[_PLAN_ATTR] = _plan_key(loader)
+    state_of(loader).plan_key = _plan_key(loader)
     return made
 
 

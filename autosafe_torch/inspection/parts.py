@@ -10,3 +10,19 @@ def parts_of(source):
     if isinstance(source, dict):
         return {name: source[name] for name in PARTS}
     return {name: getattr(source, name) for name in PARTS}
+
+
+def held_in_parts(parts, wanted):
+    """``(path, obj)`` for each object the loader's parts (``dataset``,
+    ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
+    once each, as the walk finds them."""
+    from . import holdings, objwalk
+
+    seen = set()
+    for name in PARTS:
+        if parts[name] is None:
+            continue
+        for here, obj, _edge in objwalk.walk(parts[name], name, stop=holdings.stop_at):
+            if id(obj) not in seen and wanted(obj):
+                seen.add(id(obj))
+                yield here, obj

@@ -63,6 +63,30 @@ def wrap(owner, name, wrapper):
     return wrapt.wrap_function_wrapper(owner, name, wrapper)
 
 
+def wrapped(owner, name):
+    """Whether ``owner.name`` is wrapped by ``wrap`` now."""
+    return (owner, name) in _originals
+
+
+def unwrap(owner, name):
+    """Put back what ``wrap`` or ``replace`` replaced at ``owner.name`` (one patch
+    undone alone; ``revert`` undoes them all)."""
+    key = (owner, name)
+    if key not in _originals:
+        return
+    _put_back(owner, name, _originals.pop(key))
+
+
+def _put_back(owner, name, value):
+    if value is _MISSING:
+        try:
+            delattr(owner, name)
+        except AttributeError:
+            pass
+    else:
+        setattr(owner, name, value)
+
+
 def replace(owner, name, value):
     """Replace ``owner.name`` outright (for names that must stay classes)."""
     key = (owner, name)
@@ -102,13 +126,7 @@ def apply_for(trigger, module):
 def revert():
     """Undo every patch (``autosafe_torch.deactivate()``)."""
     for (owner, name), value in list(_originals.items()):
-        if value is _MISSING:
-            try:
-                delattr(owner, name)
-            except AttributeError:
-                pass
-        else:
-            setattr(owner, name, value)
+        _put_back(owner, name, value)
     _originals.clear()
     for name in list(_applied):
         try:

@@ -21,12 +21,12 @@ neither attributes nor weak references, so the records are kept by id
 Whatever goes wrong here is logged and never reaches ``import cv2``.
 """
 
-import functools
 import os
 
 from .. import report
 from ..inspection import holdings
 from ..remedies import cv2 as cv2_remedies
+from . import unwrap, wrap, wrapped
 
 _state = {"patched": None}
 
@@ -45,37 +45,41 @@ def _record(cap, args, kwargs):
     holdings.remember_video_source(cap, (source, int(bound.get("apiPreference", 0)), params))
 
 
-_NATIVE = "_autosafe_torch_native"  # on the class: its own __init__ and open
+def _recording(wrapped, instance, args, kwargs):
+    """``VideoCapture.__init__`` and ``open``: the native call, then its record."""
+    result = wrapped(*args, **kwargs)
+    _record(instance, args, kwargs)
+    return result
+
+
+def _capture_class(cv2):
+    cls = getattr(cv2, "VideoCapture", None)
+    return cls if isinstance(cls, type) else None
 
 
 def record_captures(cv2):
     """Wrap ``cv2.VideoCapture.__init__`` and ``open`` to record their arguments."""
-    cls = getattr(cv2, "VideoCapture", None)
-    if not isinstance(cls, type) or _NATIVE in vars(cls):
+    cls = _capture_class(cv2)
+    if cls is None:
         return
-    native_init, native_open = vars(cls)["__init__"], vars(cls)["open"]
-
-    @functools.wraps(native_init)
-    def __init__(self, *args, **kwargs):
-        native_init(self, *args, **kwargs)
-        _record(self, args, kwargs)
-
-    @functools.wraps(native_open)
-    def open(self, *args, **kwargs):
-        opened = native_open(self, *args, **kwargs)
-        _record(self, args, kwargs)
-        return opened
-
-    setattr(cls, _NATIVE, (native_init, native_open))
-    cls.__init__, cls.open = __init__, open
+    try:
+        for name in ("__init__", "open"):
+            wrap(cls, name, _recording)
+    except Exception:
+        unrecord_captures(cv2)  # both or neither
+        raise
 
 
 def unrecord_captures(cv2):
-    cls = getattr(cv2, "VideoCapture", None)
-    native = vars(cls).get(_NATIVE) if isinstance(cls, type) else None
-    if native is not None:
-        cls.__init__, cls.open = native
-        delattr(cls, _NATIVE)
+    cls = _capture_class(cv2)
+    if cls is not None:
+        for name in ("__init__", "open"):
+            unwrap(cls, name)
+
+
+def capture_recorded(cv2):
+    cls = _capture_class(cv2)
+    return cls is not None and wrapped(cls, "__init__")
 
 
 def patch(cv2):

@@ -17,6 +17,7 @@ import sys
 
 from .. import callsite, engine
 from ..engine import loader as plans
+from ..loaderstate import state_of
 from . import bind_arguments, defaults_of, signature_without_self, wrap
 
 _signature = {}
@@ -57,14 +58,15 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
 
     # The records of this iteration's findings: made once their remedies held.
     pending = plans.take_pending(loader)
-    emulated = plans.loader_state(loader, "emulated_workers")
+    state = state_of(loader)
+    emulated = state.emulated_workers
     if emulated and emulated == loader.num_workers:
         iterator = recovery.emulated(loader, pending, lambda: wrapped(*args, **kwargs))
     else:
         iterator = recovery.watched(loader, wrapped, args, kwargs, pending)
     if loader.pin_memory and loader.num_workers:
         callsite.pin_thread_serves(iterator, callsite.iteration_site(loader))
-    device = plans.loader_state(loader, "batch_device")
+    device = state.batch_device
     if device is not None:
         from ..remedies.batchdevice import BatchesTo
 

@@ -52,11 +52,11 @@ from .. import callsite, engine
 from .. import torch_private as tp
 from ..config import CONFIG
 from ..errors import NoExactRung
-from ..engine import loader as plans
+from ..loaderstate import state_of
 from ..inspection.diagnostics import dump_dir
 from ..remedies import isolation
 from ..remedies.workerinit import with_step
-from ..rules.ladder import Rung
+from ..rung import Rung
 from ..rules.recovery import kinds_watched
 from .iterator import RecoveringIter
 from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,
@@ -112,7 +112,7 @@ def emulated(loader, pending=(), torch_s=None):
         iterator = Emulated(loader)
     except NoExactRung as refused:
         record_failed(pending, refused.reason)
-        not_rebuilt = plans.loader_state(loader, "not_rebuilt")
+        not_rebuilt = state_of(loader).not_rebuilt
         if not_rebuilt:  # the rung above was refused too: why
             raise NoExactRung("%s\n  %s" % (refused.reason, not_rebuilt), refused.fix) \
                 from None
@@ -140,7 +140,7 @@ def _plan(loader, wrapped):
 
 def _start(loader, kinds, pending):
     ladder = ladder_of(loader)
-    if ladder.emulated:  # this loader's workers failed on every real rung
+    if ladder.rung is Rung.EMULATED:  # this loader's workers failed on every real rung
         return emulated(loader, pending)
     callsite.as_if_called_from(  # its warning names torch's line, as without the shim
         tp.original_get_iterator(), loader.check_worker_number_rationality)

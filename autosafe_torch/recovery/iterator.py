@@ -14,6 +14,7 @@ import multiprocessing.process
 import os
 import time
 import weakref
+from typing import List, NamedTuple, Optional, Tuple
 
 import wrapt
 
@@ -24,11 +25,24 @@ from ..inspection import failures as F
 from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
 from ..inspection.diagnostics import read as read_dump
 from ..rules import ladder as L
+from ..rung import Rung
 from .rungs import (ResumedEmulation, real_workers, replanned_without_fork, replay, stop,
                     torch_lacks)
 from .watch import Failed, raised_in_worker
 
 DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
+
+
+class Recovered(NamedTuple):
+    """A recovery that waits to be verified (its rung delivered every batch in
+    flight at the failure) before its record is made."""
+
+    first: F.Failure  # the failure that started it
+    first_rung: Rung  # the rung that failed first
+    tried: List[Tuple[Rung, F.Failure]]  # the rungs that failed on the way, and how
+    rung: Rung  # the rung that runs now
+    exact: Optional[str]  # None, or why the batches may differ
+    verify_at: int  # the batches to be delivered before it counts as held
 
 
 class RecoveringIter(wrapt.ObjectProxy):
@@ -43,10 +57,10 @@ class RecoveringIter(wrapt.ObjectProxy):
             else (lambda: loader)
         self._self_ladder = ladder
         self._self_watch = watch
-        self._self_rung = L.Rung.AS_ASKED
+        self._self_rung = Rung.AS_ASKED
         self._self_delivered = 0
         self._self_epoch = 0
-        self._self_pending = None
+        self._self_pending = None  # a Recovered, until it is verified
 
     def __iter__(self):
         return self
@@ -69,7 +83,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             else:
                 self._self_delivered += 1
                 if self._self_pending is not None \
-                        and self._self_delivered >= self._self_pending[-1]:
+                        and self._self_delivered >= self._self_pending.verify_at:
                     self._settle()
                 return data
             self._recover_or_raise(failure)
@@ -111,7 +125,9 @@ class RecoveringIter(wrapt.ObjectProxy):
         if self._self_pending is None:
             first, first_rung, tried, verify_at = failure, rung, [], 0
         else:  # the last recovery's rung failed before it was verified: one story
-            first, first_rung, tried, _rung, _exact, verify_at = self._self_pending
+            last = self._self_pending
+            first, first_rung, tried, verify_at = (last.first, last.first_rung, last.tried,
+                                                   last.verify_at)
             self._self_pending = None
         current = failure
         while True:
@@ -122,19 +138,19 @@ class RecoveringIter(wrapt.ObjectProxy):
             # these workers (the iteration's, or a replanned rung's) did not hold.
             watch.did_not_hold(current)
             stop(self.__wrapped__)
-            counted = L.Rung.RESTART if rung == L.Rung.AS_ASKED else rung
+            counted = Rung.RESTART if rung == Rung.AS_ASKED else rung
             ladder.failures[counted] = ladder.failures.get(counted, 0) + 1
             if current.starting:  # new workers would get the same pickle, and fail alike
-                ladder.failures[L.Rung.RESTART] = L.MAX_FAILURES
+                ladder.failures[Rung.RESTART] = L.MAX_FAILURES
             if current is not first:
                 tried.append((rung, current))
             if current.kind not in watch.kinds or loader is None:
                 return False
             rung = L.next_rung(current.kind, ladder.failures)
-            if rung == L.Rung.SPAWN_WORKERS and not replanned_without_fork(loader, current,
+            if rung == Rung.SPAWN_WORKERS and not replanned_without_fork(loader, current,
                                                                           watch):
-                rung = L.Rung.EMULATED  # it does not reach spawn workers
-            if rung is None or rung == L.Rung.EMULATED and torch_lacks(
+                rung = Rung.EMULATED  # it does not reach spawn workers
+            if rung is None or rung == Rung.EMULATED and torch_lacks(
                     "emulated", tp.emulated_missing(), "workers are not emulated"):
                 return False
             try:
@@ -155,14 +171,14 @@ class RecoveringIter(wrapt.ObjectProxy):
             if loader.persistent_workers and self._self_epoch:
                 exact = ("a persistent loader after its first epoch: the new workers start "
                          "from their seeds, not from the states earlier epochs left")
-            self._self_pending = (first, first_rung, tried, rung, exact, verify_at)
+            self._self_pending = Recovered(first, first_rung, tried, rung, exact, verify_at)
             return True
 
     def _rebuild(self, loader, rung):
         ladder, watch = self._self_ladder, self._self_watch
         resume = tp.Resume(tp.base_seed(self.__wrapped__), watch.recorder)
-        if rung == L.Rung.EMULATED:
-            ladder.emulated = True
+        ladder.rung = rung
+        if rung == Rung.EMULATED:
             inner = ResumedEmulation(loader, watch, resume)
         else:
             if rung in L.SETTINGS:
@@ -216,13 +232,12 @@ class RecoveringIter(wrapt.ObjectProxy):
             engine.fail_open(None, "DataLoader recovery log", _record, pending)
 
 
-def _record(pending):
+def _record(pending: Recovered) -> None:
     from ..callsite import user_call_site
     from ..rules import Context
 
-    first, first_rung, tried, rung, exact, _verify_at = pending
-    ctx = Context(None, failure=first, first_rung=first_rung, tried=tried, rung=rung,
-                  exact=exact)
+    ctx = Context(None, failure=pending.first, first_rung=pending.first_rung,
+                  tried=pending.tried, rung=pending.rung, exact=pending.exact)
     found, _ = engine.run_checks("dataloader.failure", {}, ctx)
     if found:
         engine.settle(found, user_call_site())

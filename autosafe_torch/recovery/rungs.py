@@ -9,11 +9,14 @@ may resume an earlier iterator: the same base seed and indices, then the
 batches already delivered fetched again and dropped (``replay``).
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import logging
 import multiprocessing.process
 import sys
+from typing import Any
 
 import torch
 
@@ -21,6 +24,7 @@ from .. import engine, facts
 from .. import torch_private as tp
 from ..config import CONFIG
 from ..engine import loader as plans
+from ..loaderstate import state_of
 from ..inspection.diagnostics import dump_dir, faulthandler_in_worker
 from ..inspection.parts import parts_of
 from ..remedies import isolation, loggers, process_state, sent_once
@@ -28,30 +32,28 @@ from ..remedies.emulated_workers import EmulatedWorkersIter
 from ..remedies.limits import file_system_sharing, use_file_system_sharing
 from ..remedies.workerinit import with_step
 from ..rules.fork import own_descriptions_wanted
-from ..rules.ladder import Rung
+from ..rung import Rung
 from .watch import POLL_S, Failed, raised_in_worker
 
 
 class LoaderLadder:
     """Per loader: how often each rung failed, the settings real workers now
-    start with, and whether the loader has gone to emulated workers."""
+    start with, and the rung its workers went to after they failed (None: as
+    planned; ``Rung.EMULATED`` for good once every real rung failed)."""
 
-    __slots__ = ("failures", "settings", "emulated")
+    __slots__ = ("failures", "settings", "rung")
 
     def __init__(self):
         self.failures = {}
         self.settings = set()
-        self.emulated = False
-
-
-_LADDER_ATTR = "_autosafe_torch_recovery"
+        self.rung = None
 
 
 def ladder_of(loader):
-    ladder = loader.__dict__.get(_LADDER_ATTR)
-    if ladder is None:
-        ladder = loader.__dict__[_LADDER_ATTR] = LoaderLadder()
-    return ladder
+    state = state_of(loader)
+    if state.ladder is None:
+        state.ladder = LoaderLadder()
+    return state.ladder
 
 
 # -- real workers ---------------------------------------------------------------------
@@ -88,7 +90,7 @@ def with_state_checked(loader, init):
     """``init`` with a step that checks, in each spawned worker, the process
     state the dataset's code reads (``remedies/process_state.py``), where the
     loader was repaired for spawn workers."""
-    if not plans.loader_state(loader, "_process_state") or \
+    if not state_of(loader).process_state or \
             facts.effective_start_method(loader.multiprocessing_context) == "fork":
         return init
     fingerprints = process_state.expected(loader.dataset)
@@ -101,7 +103,7 @@ def sent_once_where_spawned(loader):
     """While ``loader``'s spawned workers start: its dataset pickled once for
     all of them (``remedies/sent_once.py``), in fix mode, where the worker
     checks found nothing to do."""
-    if CONFIG.mode != "fix" or not plans.untouched(loader) or \
+    if CONFIG.mode != "fix" or not state_of(loader).untouched or \
             facts.effective_start_method(loader.multiprocessing_context) == "fork":
         return contextlib.nullcontext()  # a repair of ours sends it its own way
     return sent_once.offering(loader)
@@ -110,7 +112,7 @@ def sent_once_where_spawned(loader):
 def carried_loggers(loader):
     """While ``loader``'s workers start: its loggers travel configured, where
     DL219 chose that (``remedies/loggers.py``)."""
-    return loggers.carrying() if plans.loader_state(loader, "_loggers") \
+    return loggers.carrying() if state_of(loader).loggers \
         else contextlib.nullcontext()
 
 
@@ -125,7 +127,7 @@ def own_files(loader, report_dir):
     if not (forked or carry):
         return None
     handles = ()
-    if forked and plans.loader_state(loader, "fork_handles"):
+    if forked and state_of(loader).fork_handles:
         handles, _unhandled = isolation.native_handles(isolation.users_parts(loader))
         handles = [(held, args) for held, args, _note in handles]
     table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
@@ -197,7 +199,7 @@ def replay(inner, count):
     tp.set_yielded(inner, count)
 
 
-_said = set()
+_said: set[Any] = set()
 
 
 def torch_lacks(seam, missing, consequence):

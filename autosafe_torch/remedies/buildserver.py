@@ -22,14 +22,17 @@ training process's: a server is no child that takes them). Imported
 anywhere but in a build server, this module does nothing.
 """
 
+from __future__ import annotations
+
 import os
 import pickle
+from typing import Any
 
 from ..inspection.diagnostics import in_fork_server
 
 RECIPES = "AUTOSAFE_TORCH_BUILD_RECIPES"
 
-BUILT = {}  # in a build server and its children: key -> the dataset built (or Unbuilt)
+BUILT: dict[Any, Any] = {}  # in a build server and its children: key -> the dataset built (or Unbuilt)
 
 
 def from_server(key, expected):

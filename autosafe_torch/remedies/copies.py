@@ -276,7 +276,7 @@ class CopyPlan:
 
     def _own_map(self, m):
         """The map mapped again from its file, as a forked worker holds it."""
-        from . import memmaps
+        from . import mappings, memmaps
 
         ref, why = memmaps.map_reference(m)
         if ref is None:
@@ -284,7 +284,7 @@ class CopyPlan:
                               % (self._named(m), why))
         try:
             return memmaps.map_again(*ref.args())
-        except memmaps.MappedFileChanged as exc:
+        except mappings.MappedFileChanged as exc:
             raise NoExactRung("%s: %s" % (self._named(m), exc))
 
     def _new_lock(self, lock):

@@ -8,8 +8,11 @@ Nothing here changes the program's own process: its OpenCV threads, its
 OpenCL and its environment stay as they were (rules/cv2.py).
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from typing import Any
 
 # The only count a worker is ever given. OpenCV reads OPENCV_FOR_THREADS_NUM
 # for a negative count only; 0 means no pool. Any non-zero count in a forked
@@ -44,7 +47,7 @@ class _Hook:
 
 
 _hook = _Hook()
-_installed = []
+_installed: list[bool] = []
 
 
 def install_fork_hook():
@@ -83,7 +86,7 @@ def _after_fork(_owner):
 
 # -- OpenCL: the facts ----------------------------------------------------------
 
-_loaded = []
+_loaded: list[Any] = []
 
 
 def _runtime_names(environ):
@@ -120,7 +123,7 @@ def opencl_runtime_loaded(environ=None):
     return None
 
 
-_usable = {}
+_usable: dict[Any, bool] = {}
 
 
 def opencl_device_usable(environ=None):

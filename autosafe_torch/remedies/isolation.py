@@ -48,10 +48,13 @@ offset moved), when they exit (``report_path``): the parent's record says
 what held, never what was planned.
 """
 
+from __future__ import annotations
+
 import functools
 import os
 import sys
 from multiprocessing import context, reduction, util
+from typing import Any
 
 from ..inspection import holdings
 from ..inspection.descriptors import (STDIO, describe_open, find_descriptors, open_files,
@@ -416,7 +419,7 @@ def _close_quietly(fd):
 
 # -- the files a fork server holds: privatized in each child as it forks -----------
 
-_server_files = []  # in a child of a fork server: what was privatized at its fork
+_server_files: list[Any] = []  # in a child of a fork server: what was privatized at its fork
 
 
 # The rule whose remedy this is, for a fork server's children, where no check

@@ -19,6 +19,8 @@ program's) cannot be carried: the plan says so, and the loader goes where
 its loggers need nothing carried (fork, or emulated workers).
 """
 
+from __future__ import annotations
+
 import logging
 import threading
 
@@ -98,7 +100,7 @@ def _logger(name):
     return logging.getLogger(name) if name is not None else logging.root
 
 
-_replaced = set()  # in a worker: the loggers configured from the training process's
+_replaced: set[str] = set()  # in a worker: the loggers configured from the training process's
 
 
 def configured_in_worker(name, links):

@@ -57,6 +57,8 @@ on a queue later goes through torch's reducer, into shared memory, as ever.
 Fail open: an error of ours while looking sends the tensor torch's way.
 """
 
+from __future__ import annotations
+
 import bisect
 import mmap
 import os
@@ -65,13 +67,14 @@ import threading
 import weakref
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
-from .memmaps import MappedFileChanged, _mapped_file, _written_pages, file_mappings
+from .mappings import MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, install
 
 # The files (device, inode) whose mapped tensors go by reference: those the
 # tensors of a spawn loader's parts lie in (``install_reducers``).
-_files = set()
+_files: set[Any] = set()
 _lock = threading.Lock()
 # What /proc/self/maps names anonymous shared memory by: no file to map again.
 NO_FILE = ("/dev/zero", "/memfd:", "/SYSV")
@@ -127,7 +130,7 @@ class Maps:
 
     def written_to(self, where):
         if where.start not in self.written:
-            self.written[where.start] = _written_pages(where)
+            self.written[where.start] = written_pages(where)
         return self.written[where.start]
 
 
@@ -164,7 +167,7 @@ def reference(tensor, maps=None):
     if where is None or where.path.startswith(NO_FILE) \
             or where.path.startswith(SHARED_MEMORY) and storage.is_shared():
         return None, None  # memory of no file, or torch's shared memory: it stays shared
-    where, st, why = _mapped_file(address, nbytes, [where])
+    where, st, why = mapped_file(address, nbytes, [where])
     if where is None:
         return None, why
     if not where.shared and maps.written_to(where) != 0:
@@ -178,8 +181,8 @@ def reference(tensor, maps=None):
 # -- in the worker ------------------------------------------------------------------
 
 # One map per file and one storage per storage sent, while a tensor uses them.
-_maps = weakref.WeakValueDictionary()
-_storages = weakref.WeakValueDictionary()
+_maps: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
+_storages: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
 
 
 def mapped_tensor_again(cls, path, ident, offset, nbytes, dtype, size, stride,

@@ -63,63 +63,16 @@ The platform the rules see decides (``autosafe-torch run --as macos``): a
 rehearsed Mac has no ``/proc/self/maps`` either.
 """
 
+from __future__ import annotations
+
 import ctypes
 import mmap
 import os
-import stat
 from multiprocessing.context import get_spawning_popen
+from typing import Any
 
-from .. import rehearsal
+from .mappings import MAPS, MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, install
-
-MAPS = "/proc/self/maps"
-SMAPS = "/proc/self/smaps"
-# What /proc/self/maps names shared anonymous memory by ("... (deleted)").
-_ANONYMOUS = ("/dev/zero", "/memfd:", "/SYSV")
-
-
-class MappedFileChanged(RuntimeError):
-    """In a worker: the file a memmap was sent by reference from is gone or changed."""
-
-
-class Mapping:
-    """One line of ``/proc/self/maps``: an address range of a file (``perms``:
-    ``r--s``, ``rw-p``...; ``shared``: its fourth letter is ``s``)."""
-
-    __slots__ = ("start", "end", "perms", "offset", "device", "inode", "path")
-
-    def __init__(self, start, end, perms, offset, device, inode, path):
-        self.start, self.end, self.perms = start, end, perms
-        self.offset, self.device, self.inode, self.path = offset, device, inode, path
-
-    @property
-    def shared(self):
-        return self.perms[3:4] == "s"
-
-
-def file_mappings():
-    """The file mappings of this process, or None where there is no
-    ``/proc/self/maps`` (or the platform the rules see has none)."""
-    if not rehearsal.platform().startswith("linux"):
-        return None
-    try:
-        with open(MAPS) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    found = []
-    for line in lines:
-        fields = line.split(None, 5)
-        if len(fields) < 6 or not fields[5].startswith("/"):
-            continue  # anonymous, heap, stack, [vdso]
-        try:
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            major, minor = (int(x, 16) for x in fields[3].split(":"))
-            found.append(Mapping(start, end, fields[1], int(fields[2], 16),
-                                 os.makedev(major, minor), int(fields[4]), fields[5]))
-        except ValueError:
-            continue
-    return found
 
 
 class Reference:
@@ -158,7 +111,7 @@ def reference(arr, mappings=()):
         nbytes = arr.nbytes
     except Exception as exc:  # not what it seems: leave it to pickle
         return None, type(exc).__name__
-    where, st, why = _mapped_file(address, nbytes, mappings)
+    where, st, why = mapped_file(address, nbytes, mappings)
     if where is None:
         return None, why
     if not where.shared:
@@ -169,29 +122,6 @@ def reference(arr, mappings=()):
     return Reference(where.path, (st.st_dev, st.st_ino, st.st_mtime_ns), start,
                      offset - start + nbytes, offset - start, arr.shape, arr.dtype,
                      order), None
-
-
-def _mapped_file(address, nbytes, mappings):
-    """``(Mapping, os.stat_result, None)`` for the file mapping that holds the
-    ``nbytes`` at ``address``, a regular file still at its path, long enough;
-    else ``(None, None, why not)``."""
-    where = next((m for m in mappings if m.start <= address < m.end), None)
-    if where is None:
-        return None, None, "its data are not in a file mapping"
-    if address + nbytes > where.end:
-        return None, None, "its data span more than one mapping"
-    if where.path.endswith(" (deleted)"):
-        return None, None, ("an anonymous map" if where.path.startswith(_ANONYMOUS)
-                            else "its file was deleted")
-    try:
-        st = os.stat(where.path)
-    except OSError as exc:
-        return None, None, "its file is gone (%s)" % type(exc).__name__
-    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (where.device, where.inode):
-        return None, None, "the file at its path is not the one mapped"
-    if where.offset + (address - where.start) + nbytes > st.st_size:
-        return None, None, "the file is shorter than the map"
-    return where, st, None
 
 
 def mapped_again(path, ident, start, length, delta, shape, dtype, order):
@@ -272,13 +202,13 @@ def map_reference(m, mappings=()):
         position = m.tell()
     except Exception as exc:  # not what it seems: leave it as it is
         return None, type(exc).__name__
-    where, st, why = _mapped_file(address, length, mappings)
+    where, st, why = mapped_file(address, length, mappings)
     if where is None:
         return None, "an anonymous map" if why.endswith("not in a file mapping") else why
     how = _access(m, where)
     if how is None:
         return None, "a map made with prot/flags (%s) that is not rebuilt" % where.perms
-    if how == "copy" and _written_pages(where) != 0:
+    if how == "copy" and written_pages(where) != 0:
         return None, "a private (ACCESS_COPY) map this process wrote to: its changes are in no file"
     return MapReference(where.path, (st.st_dev, st.st_ino),
                         where.offset + (address - where.start), length, how, position), None
@@ -300,23 +230,6 @@ def _access(m, where):
     return None
 
 
-def _written_pages(where):
-    """Kilobytes of the mapping ``where`` that this process wrote (copied
-    from the file: ``Anonymous`` in ``/proc/self/smaps``); None if unknown."""
-    header = "%x-%x " % (where.start, where.end)
-    try:
-        with open(SMAPS) as f:
-            inside = False
-            for line in f:
-                if inside and line.startswith("Anonymous:"):
-                    return int(line.split()[1])
-                if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-                    inside = line.startswith(header)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def buffer_address(obj):
     """``(address, length)`` of the memory ``obj`` exports (the buffer protocol)."""
     api, struct = _buffer_api()
@@ -329,7 +242,7 @@ def buffer_address(obj):
         api.PyBuffer_Release(ctypes.byref(view))
 
 
-_BUFFER_API = []
+_BUFFER_API: list[Any] = []
 
 
 def _buffer_api():
@@ -426,7 +339,7 @@ def reduce_map(m):
 # that the map is not written while the workers run. The block is reused
 # while it holds the map's bytes, and unlinked with the map (or at exit).
 
-_blocks = {}  # id(map) -> SharedMemory holding its bytes
+_blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
 
 
 def _shm_open():

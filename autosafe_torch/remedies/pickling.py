@@ -6,7 +6,10 @@ installing anything); they are installed when a finding is applied, in fix
 mode, and ``uninstall_reducers`` puts back what was there before.
 """
 
+from __future__ import annotations
+
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 PROTOCOL = __import__("pickle").DEFAULT_PROTOCOL
 
@@ -30,7 +33,7 @@ def reduce_from_attributes(obj):
 def forwarder_reducers(classes):
     """Reducers for instances of ``classes`` (attribute forwarders)."""
     return {cls: reduce_from_attributes for cls in classes}
-_installed = {}  # type -> the reducer it had before us (or _MISSING)
+_installed: dict[type, Any] = {}  # type -> the reducer it had before us (or _MISSING)
 
 
 def install(reducers):

@@ -49,6 +49,8 @@ The ladder prefers fork where it is safe (it runs no constructor twice);
 this rung is for platforms without fork, before emulated workers.
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import logging
@@ -58,6 +60,7 @@ import threading
 import types
 import warnings
 import weakref
+from typing import Any
 
 from ..inspection import digest, opened
 from ..inspection.failures import RemedyFailed
@@ -134,7 +137,7 @@ def _held(value, attrs):
         return value
 
 
-_constructions = {}  # id(dataset) -> (weak reference, Construction)
+_constructions: dict[int, tuple[Any, Construction]] = {}  # id(dataset) -> (weak reference, Construction)
 _local = threading.local()  # .again: this thread builds a dataset for a worker
 
 
@@ -326,7 +329,7 @@ def _expected(obj, made):
                     made.cls.__qualname__)
 
 
-_planned = set()  # ids of the datasets a finding chose to build again
+_planned: set[int] = set()  # ids of the datasets a finding chose to build again
 
 
 def install(datasets):
@@ -380,7 +383,7 @@ def rebuilt_in_worker(cls, args, kwargs, expected):
                    % (expected.name, why))
 
 
-_held_files = {}  # id(a dataset built here) -> the descriptors its build opened, in order
+_held_files: dict[int, list[int]] = {}  # id(a dataset built here) -> the descriptors its build opened, in order
 
 
 def still_the_same(obj, expected):

@@ -16,10 +16,13 @@ and ``cv2.VideoCapture`` objects of a file (reopened at the same frame).
   worker (``reopen_in_forked_worker``), from arguments taken at fork.
 """
 
+from __future__ import annotations
+
 import gc
 import io
 import mmap
 import sys
+from typing import Any
 
 from ..inspection.objwalk import is_a
 from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, fork_unsafe,
@@ -228,7 +231,7 @@ def fork_reopen_args(found):
     return args, None, read_only_note(obj)
 
 
-_inherited = []  # a forked worker's copies of the parent's captures: never released
+_inherited: list[Any] = []  # a forked worker's copies of the parent's captures: never released
 
 
 def reopen_in_forked_worker(found, args):

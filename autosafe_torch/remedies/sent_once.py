@@ -20,28 +20,32 @@ ever. Only in fix mode, for our loaders' own worker starts (``offering``),
 and for that dataset object alone: any other pickling is untouched.
 """
 
+from __future__ import annotations
+
 import contextlib
 import pickle
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 from ..inspection import probe as probes
 from ..inspection.parts import PARTS
+from ..loaderstate import state_of
 
-_KEPT_ATTR = "_autosafe_torch_pickled"  # on a loader: the plan's pickle, for its next start
-_offered = {}  # id(dataset) -> (dataset, bytes), while its loader's workers start
+_offered: dict[int, tuple[Any, bytes]] = {}  # id(dataset) -> (dataset, bytes), while its loader's workers start
 
 
 def keep(loader, dataset, pickled):
     """The plan's pickle of ``dataset``, kept on ``loader`` for the workers of
     the iterator it is planning (taken by ``offering``, once)."""
-    loader.__dict__[_KEPT_ATTR] = (dataset, pickled)
+    state_of(loader).pickled = (dataset, pickled)
 
 
 @contextlib.contextmanager
 def offering(loader):
     """While ``loader``'s workers start: its dataset goes to each of them as one
     pickle, where it may (see the module); as torch pickles it otherwise."""
-    kept = loader.__dict__.pop(_KEPT_ATTR, None)
+    state = state_of(loader)
+    kept, state.pickled = state.pickled, None
     dataset = loader.dataset
     pickled = kept[1] if kept is not None and kept[0] is dataset else None
     if pickled is None:

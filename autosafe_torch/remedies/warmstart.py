@@ -34,6 +34,8 @@ worker_init step, ends the worker when that process is gone, as a spawn
 worker's watchdog does.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import sys
@@ -42,17 +44,18 @@ import threading
 import types
 import weakref
 from multiprocessing import context as _mp_context
+from typing import Any
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
 
 _lock = threading.Lock()    # the server's state; held while a new server starts
 _names_lock = threading.Lock()  # the preload list and the contexts: never held for long
-_preload = []          # module names the server imports when it starts
+_preload: list[str] = []          # module names the server imports when it starts
 _state = {"server": None, "started_with": None, "cold": None, "ahead": False}
 # Imported last by the server: its thread check, and where a worker that dies
 # while starting leaves its traceback.
 GUARD = "autosafe_torch.remedies.warmserver"
-_noted = set()
+_noted: set[Any] = set()
 
 
 # -- what the server preloads -------------------------------------------------------
@@ -241,6 +244,14 @@ def _stop(server, wait_s=5.0):
     return None
 
 
+def fork_server_available(platform):
+    """Whether a fork server can run on ``platform`` (a ``sys.platform``)."""
+    import multiprocessing
+
+    return not platform.startswith("win") and not getattr(sys, "frozen", False) \
+        and "forkserver" in multiprocessing.get_all_start_methods()
+
+
 def start_ahead(libraries, context=None):
     """Start the server now, in the background, importing ``libraries``: for a
     loader the ladder will repair for spawn, built before it is iterated. The
@@ -366,8 +377,8 @@ def _popen(process_obj):
 
 # -- build servers: a rebuilt loader's datasets built once ----------------------------
 
-_builds = weakref.WeakKeyDictionary()  # a worker's process object -> its Build
-_kept_for = {}  # id(a dataset) -> its Build, while the dataset lives
+_builds: weakref.WeakKeyDictionary[Any, Build] = weakref.WeakKeyDictionary()  # a worker's process object -> its Build
+_kept_for: dict[int, Build] = {}  # id(a dataset) -> its Build, while the dataset lives
 
 
 class Build:
@@ -376,7 +387,7 @@ class Build:
     ``(the server, {id(dataset): key})``, or ``(None, {})`` where none runs
     (it refused: the warm server serves, the datasets built in each worker)."""
 
-    _known = weakref.WeakValueDictionary()  # the datasets' ids -> their Build
+    _known: weakref.WeakValueDictionary[int, Build] = weakref.WeakValueDictionary()  # the datasets' ids -> their Build
 
     @classmethod
     def of(cls, datasets):
@@ -549,7 +560,7 @@ def warm_context(context, builds=()):
         return _contexts[name]
 
 
-_contexts = {}
+_contexts: dict[Any, Any] = {}
 
 # Windows has no forkserver (the rule never asks for a warm context there).
 if hasattr(_mp_context, "ForkServerContext"):

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ..remedies.isolation import Usage
     from ..report import Intervention
     from .amp import AmpCall
-    from .ladder import Rung
+    from ..rung import Rung
 
 # Where checks run, in the order the patches call them.
 HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
@@ -54,14 +54,14 @@ HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader
 
 RULES: dict[str, Rule] = {}
 
-# Modules that declare rules; within a hook, checks run in this order, then
-# in their order in the module.
+# Modules that declare rules. The order of the checks at a hook is derived from
+# what each declares it runs after (``Check.after``), not from this list.
 RULE_MODULES = (
     "autosafe_torch.rules.start_method",
     "autosafe_torch.rules.pickling",
     "autosafe_torch.rules.fork",
-    "autosafe_torch.rules.warmstart",  # after the ladder: it reads its findings
-    "autosafe_torch.rules.memmap",  # after both: it sees the start method they chose
+    "autosafe_torch.rules.warmstart",
+    "autosafe_torch.rules.memmap",
     "autosafe_torch.rules.loader_args",
     "autosafe_torch.rules.amp",
     "autosafe_torch.rules.accel",
@@ -87,11 +87,42 @@ class Check(Protocol):
     ``rule``, which makes its findings (``check.rule.finding(...)``)."""
 
     rule: Rule
+    # The checks (by name) at the same hook that must run before this one:
+    # those whose findings it reads (``ctx.found``, ``ctx.findings``) or whose
+    # changes to the arguments it sees. The order at a hook is derived from
+    # these (``checks_at``), never from the order the modules were imported.
+    after: tuple[str, ...]
 
     def __call__(self, args: dict[str, Any], ctx: Context, /) -> Found: ...
 
 
-_checks: dict[str, list[Check]] = {hook: [] for hook in HOOKS}
+_checks: dict[str, list[Check]] = {hook: [] for hook in HOOKS}  # as registered
+_ordered: dict[str, list[Check]] = {}  # as they run: derived from ``after``
+
+
+def run_order(checks: Sequence[Check]) -> list[Check]:
+    """``checks`` (one hook's) in an order where each runs after the ones its
+    ``after`` names there; among checks with no such tie, as given. ValueError
+    for a name that is no check, or a circle."""
+    known = {c.__name__ for hook in _checks.values() for c in hook}  # type: ignore[attr-defined]
+    for check in checks:
+        unknown = [n for n in check.after if n not in known]
+        if unknown:
+            raise ValueError("rule %s: %s runs after %s, not a check" % (
+                check.rule.code, check.__name__, ", ".join(unknown)))  # type: ignore[attr-defined]
+    here = {c.__name__ for c in checks}  # type: ignore[attr-defined]
+    ordered: list[Check] = []
+    done: set[str] = set()
+    waiting = list(checks)
+    while waiting:  # a check at several hooks waits only for those at this one
+        ready = next((c for c in waiting if set(c.after) & here <= done), None)
+        if ready is None:
+            raise ValueError("checks wait for each other: %s" % ", ".join(
+                c.__name__ for c in waiting))  # type: ignore[attr-defined]
+        waiting.remove(ready)
+        ordered.append(ready)
+        done.add(ready.__name__)  # type: ignore[attr-defined]
+    return ordered
 
 
 class Rewrite:
@@ -170,18 +201,22 @@ class Rule:
                 return self.notebook_fix
         return self.fix
 
-    def check_at(self, *hooks: str) -> Callable[[CheckFunction], Check]:
-        """Decorator: ``check`` runs at ``hooks`` for this rule."""
+    def check_at(self, *hooks: str,
+                 after: Sequence[str] = ()) -> Callable[[CheckFunction], Check]:
+        """Decorator: ``check`` runs at ``hooks`` for this rule, after the
+        checks named in ``after`` (``Check.after``)."""
         def register(function: CheckFunction) -> Check:
-            check = cast(Check, function)  # its ``rule``, set below
+            check = cast(Check, function)  # its ``rule`` and ``after``, set below
             for hook in hooks:
                 if hook not in _checks:
                     raise ValueError("rule %s: unknown hook %r (one of %s)" % (
                         self.code, hook, ", ".join(HOOKS)))
                 _checks[hook].append(check)
+                _ordered.pop(hook, None)
                 if hook not in self.hooks:
                     self.hooks.append(hook)
             check.rule = self
+            check.after = tuple(after)
             return check
         return register
 
@@ -206,7 +241,7 @@ class Finding:
     ``before``/``after``, ``why`` and ``strategy`` are the details (the JSON
     log, ``AUTOSAFE_TORCH_DEBUG=1``).
     ``rung``: the ladder's rung this finding puts the loader's workers on
-    (``ladder.Rung``), or None: what the patches and the recovery ask,
+    (``rung.Rung``), or None: what the patches and the recovery ask,
     never the rule's code. Its words are the strategy, unless one is given.
     """
 
@@ -316,19 +351,20 @@ def rule(code: str, slug: str, group: str, *, at: None = None, **fields: Any) ->
 
 @overload
 def rule(code: str, slug: str, group: str, *, at: str | Sequence[str],
-         **fields: Any) -> Callable[[CheckFunction], Check]: ...
+         after: Sequence[str] = (), **fields: Any) -> Callable[[CheckFunction], Check]: ...
 
 
 def rule(code: str, slug: str, group: str, *, at: str | Sequence[str] | None = None,
-         **fields: Any) -> Rule | Callable[[CheckFunction], Check]:
+         after: Sequence[str] = (), **fields: Any) -> Rule | Callable[[CheckFunction], Check]:
     """Declare rule ``code`` (``fields``: ``Rule``'s keyword fields); as a
-    decorator, register its check at hook(s) ``at``."""
+    decorator, register its check at hook(s) ``at``, after the checks named
+    in ``after``."""
     if code in RULES:
         raise ValueError("rule %s declared twice" % code)
     declared = RULES[code] = Rule(code, slug, group, **fields)
     if at is None:
         return declared
-    return declared.check_at(*((at,) if isinstance(at, str) else at))
+    return declared.check_at(*((at,) if isinstance(at, str) else at), after=after)
 
 
 def load_all() -> dict[str, Rule]:
@@ -340,7 +376,9 @@ def load_all() -> dict[str, Rule]:
 def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[Check]:
     """The checks that run at ``hook``, in order; ``enabled(rule)`` filters them."""
     load_all()
-    checks = _checks[hook]
+    checks = _ordered.get(hook)
+    if checks is None:
+        checks = _ordered[hook] = run_order(_checks[hook])
     if enabled is None:
         return list(checks)
     return [c for c in checks if enabled(c.rule)]

@@ -126,7 +126,9 @@ def _pin(values, facts):
                 "for xb, yb in DataLoader(ds, num_workers=2, pin_memory=True):\n"
                 "    xb, yb = xb.cuda(non_blocking=True), yb.cuda(non_blocking=True)")),
       versions="every supported torch with an accelerator (CUDA, MPS, XPU)",
-      at="dataloader.init")
+      at="dataloader.init",
+      # it reads pin_memory, which DL105 may turn off
+      after=("pin_memory_without_accelerator",))
 def accelerator_tensors_in_workers(values, ctx):
     facts = ctx.facts
     found, how, device = _plan_workers(values, facts)
@@ -178,7 +180,9 @@ def accelerator_tensors_in_workers(values, ctx):
                 "for (xb,) in DataLoader(ds, batch_size=8):\n"
                 "    xb = xb.to(device)")),
       versions="every supported torch with an accelerator",
-      at="dataloader.init")
+      at="dataloader.init",
+      # it reads pin_memory as DL301 left it; DL301 moves them all where it acts
+      after=("accelerator_tensors_in_workers",))
 def datasets_on_different_devices(values, ctx):
     facts = ctx.facts
     if not device_tensors_possible(facts) or \

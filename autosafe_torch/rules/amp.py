@@ -200,7 +200,9 @@ def provided_amp_api(args, ctx):
       versions=("torch before 2.3 (GradScaler takes no device), and "
                 "torch.cuda.amp.GradScaler on every torch"),
       rewrite=TORCH_AMP_REWRITE,
-      at="scaler")
+      at="scaler",
+      # it reads enabled, which AMP506 may turn off
+      after=("provided_amp_api",))
 def scaler_device_argument(args, ctx):
     call = ctx.call
     given = args["device"]
@@ -287,7 +289,10 @@ def autocast_unsupported(args, ctx):
       versions=("every supported torch; torch 2.0 raises for a device type other than "
                 "cuda or cpu"),
       rewrite=ENABLED_REWRITE,
-      at=("autocast", "scaler"))
+      at=("autocast", "scaler"),
+      # it reads enabled and the device as the others left them
+      after=("autocast_unsupported", "scaler_device_argument", "provided_amp_api",
+             "deprecated_grad_scaler"))
 def amp_device_unavailable(args, ctx):
     facts, caps, call = ctx.facts, ctx.caps, ctx.call
     if not args["enabled"]:

@@ -35,10 +35,10 @@ import sys
 
 from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
+from ..rung import Rung
 from . import Rewrite, number_of, rule
 from .ladder import emulated_workers, start_method
 from .pickling_plan import pickling_plan
-from .warmstart import fork_server_available
 
 GROUP = "cv2"
 
@@ -105,12 +105,15 @@ def cv2_threads_in_workers(args, ctx):
                 "multiprocessing_context=multiprocessing.get_context('forkserver'))")),
       versions=("every supported torch; OpenCV builds with OpenCL, where an OpenCL "
                 "device is usable"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method the ladder and DL209 chose, and whether a check
+      # emulated the workers: it runs last
+      after=("warm_worker_start",))
 def cv2_opencl_context(args, ctx):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules \
             or start_method(args) != "fork":
         return None
-    if any(f.state.get("emulated_workers") for f in ctx.findings):
+    if any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None  # no worker is forked
     runtime = cv2_remedies.opencl_runtime_loaded()
     if runtime is None or not cv2_remedies.opencl_device_usable():
@@ -127,7 +130,7 @@ def _away_from_the_context(check, args, ctx, why):
 
     plan = pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
-            and fork_server_available(ctx.facts.platform)):
+            and _fork_server_available(ctx.facts.platform)):
         reason = "the dataset cannot travel to a clean worker (%s)" % (
             "; ".join("%s: %s" % (f.path, f.error) for f in plan.failures)
             or ("it pickles only once repaired" if plan.needs_repair
@@ -169,3 +172,9 @@ def _add_step(check, args, step, what, note=""):
         % what, strategy="worker_init_fn step",
         done="%s in each of %s (a worker_init_fn step before yours%s)" % (
             what, number_of(args["num_workers"], "worker"), note))
+
+
+def _fork_server_available(platform):
+    from ..remedies import warmstart  # at the first fork loader, not at `import torch`
+
+    return warmstart.fork_server_available(platform)

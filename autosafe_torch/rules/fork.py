@@ -50,7 +50,10 @@ def _owned(plan, by_dl212):
                 "DataLoader(Records(path), num_workers=2, worker_init_fn=open_in_worker)")),
       versions="every supported torch; fork workers (Linux's default before Python 3.14)",
       rewrite=LAZY_OPEN_REWRITE,
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # the repairs that make a dataset pickle are made (or not) before a fork
+      # loader is moved away from fork
+      after=("unpicklable_dataset",))
 def shared_file_offset(args, ctx):
     if not _forking(args):
         return None
@@ -113,7 +116,9 @@ def _fork_done(isolated, handles, shared, workers):
                 "            self.env = lmdb.open(self.path, readonly=True)\n"
                 "        ...")),
       versions="every supported torch; fork workers",
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method DL207 may have moved the loader to
+      after=("shared_file_offset",))
 def handle_not_fork_safe(args, ctx):
     if not _forking(args):
         return None
@@ -172,8 +177,7 @@ def read_through_no_object(args, ctx):
     return read_through_no_object.rule.finding(
         {"files": [name for _fd, name in forked + server]},
         why="the workers read these files, which forked workers would share one offset "
-        "of", strategy="own offset in each worker", state={"privatized": True},
-        done="; ".join(done))
+        "of", strategy="own offset in each worker", done="; ".join(done))
 
 
 @rule("DL217", "descriptor-to-workers", GROUP,
@@ -225,12 +229,12 @@ def descriptor_to_workers(args, ctx):
         {"files": [name for name, _where in held.values()] + [name for _fd, name in moved]},
         why="the workers read these descriptors of the training process by number; "
         "spawn workers have none of them", strategy="carried to each worker",
-        state={"carried": True},
         done="%s, read by number: carried to each of %s, at its own offset" % (
             ", ".join(named), number_of(ctx.workers, "worker")))
 
 
-@thread_pool_to_spawned_workers.rule.check_at("dataloader.iter")
+# it reads the start method DL207 and DL212 may have moved the loader to
+@thread_pool_to_spawned_workers.rule.check_at("dataloader.iter", after=("handle_not_fork_safe",))
 def thread_pool_under_fork(args, ctx):
     from ..inspection import holdings, threads
     from ..remedies import pools

@@ -6,6 +6,19 @@ its fork rung).
 from ..inspection.parts import PARTS
 
 SAFE_FORK_PLATFORMS = ("linux",)
+SPAWNING = ("spawn", "forkserver")
+
+
+def start_method(args):
+    from ..facts import effective_start_method
+
+    return effective_start_method(args["multiprocessing_context"])
+
+
+def spawning_workers(args, ctx):
+    """Workers started by spawn/forkserver from a guarded main: they get pickles.
+    At ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
+    return args["num_workers"] > 0 and start_method(args) in SPAWNING and ctx.main_guarded()
 
 def fork_plan(args, ctx):
     """What forked workers of this loader would share, and what the fork rung

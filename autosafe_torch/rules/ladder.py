@@ -34,62 +34,24 @@ patches and the recovery ask it, never a rule's code.
 
 from __future__ import annotations
 
-import enum
 import types
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
+from ..rung import Rung
 from . import number_of, what_is
-from .fork_plan import fork_is_safe
+from .fork_plan import fork_is_safe, start_method
 from .pickling_plan import pickling_plan
 
 if TYPE_CHECKING:
     from . import Check, Context, Finding
 
 GROUP = "dataloader"
-SPAWNING = ("spawn", "forkserver")
 # What a finding that sends a loader to spawn workers (moved there, or with a
 # repair of ours) keeps on it: each worker checks the process state the
 # dataset's code reads (remedies/process_state.py).
 SENT_TO_SPAWN = {"_process_state": True}
-
-
-class Rung(str, enum.Enum):
-    """The rungs, in the ladder's order, by the words the log uses for them
-    (``strategy``). At ``iter()``: as asked (repaired where needed, DL201-
-    DL203, DL208), spawn (away from an unsafe fork), fork (where spawn's
-    pickles fail and fork is safe: ``fork_is_safe``), rebuilt in each worker
-    (no fork rung: the pickling planner approves it), emulated. After a
-    failure, per kind (``LADDERS``): restart, fewer batches in flight,
-    file_system sharing, spawn workers, emulated."""
-
-    AS_ASKED = "workers as asked"
-    SPAWN = "start method: spawn"
-    WARM_SPAWN = "warm forkserver"  # spawn's semantics, forked from a warm server (DL209)
-    FORK = "start method: fork"
-    REBUILT = "rebuilt in each worker"
-    RESTART = "restart workers"
-    FEWER = "fewer batches in flight"
-    FILE_SYSTEM = "file_system sharing"
-    SPAWN_WORKERS = "spawn workers"  # after forked workers failed: new ones by spawn
-    EMULATED = "emulated workers (in process)"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-def start_method(args: dict[str, Any]) -> str:
-    from ..facts import effective_start_method
-
-    return effective_start_method(args["multiprocessing_context"])
-
-
-def spawning_workers(args: dict[str, Any], ctx: Context) -> bool:
-    """Workers started by spawn/forkserver from a guarded main: they get pickles.
-    At ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
-    return args["num_workers"] > 0 and start_method(args) in SPAWNING \
-        and ctx.main_guarded()  # type: ignore[misc]
 
 
 # -- at iter(): rungs 2-4 --------------------------------------------------------

@@ -26,9 +26,12 @@ emulated workers.
 import os
 import sys
 
+from ..inspection.parts import held_in_parts
+from ..rung import Rung
 from . import number_of, rule
-from .ladder import GROUP, spawning_workers
-from .pickling_plan import held_in_parts, pickling_plan
+from .fork_plan import spawning_workers
+from .ladder import GROUP
+from .pickling_plan import pickling_plan
 
 
 @rule("DL218", "memmap-by-reference", GROUP,
@@ -75,11 +78,15 @@ from .pickling_plan import held_in_parts, pickling_plan
                 "as before. A tensor sent by reference is each worker's private map, as a "
                 "forked worker's is: a worker's writes to it stay its own, where torch's "
                 "shared-memory copy would show them to the training process"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method the ladder chose and whether a check emulated the
+      # workers; before DL209, whose worker step would change the parts it plans
+      # for (the plan of the same parts is made once)
+      after=("thread_pool_under_fork", "logging_config_to_workers"))
 def memmap_by_reference(args, ctx):
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     if (numpy is None and torch is None) or not spawning_workers(args, ctx) \
-            or any(f.state.get("emulated_workers") for f in ctx.findings):
+            or any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None
     plan = pickling_plan(args, ctx)
     if plan.failures or not {"array", "tensor"} & plan.met:

@@ -5,10 +5,12 @@ the repairs; where the plan leaves something that does not pickle, DL201
 hands the loader to the ladder (``ladder.py``).
 """
 
-from . import Rewrite, a_or_an, number_of, rule, what_is
-from .ladder import GROUP, SENT_TO_SPAWN, Rung, fallback, spawning_workers
-from .pickling_plan import held_in_parts, pickling_plan
-from ..inspection.parts import PARTS
+from ..rung import Rung
+from . import Rewrite, number_of, rule, what_is
+from .fork_plan import spawning_workers
+from .ladder import GROUP, SENT_TO_SPAWN, fallback
+from .pickling_plan import pickling_plan
+from .repairs import REPAIRS, what_dl201_says
 
 NOTEBOOK_FIX = ("move the function or class into a .py module next to the notebook and "
                 "import it from there: workers cannot import a notebook")
@@ -52,6 +54,8 @@ LAZY_OPEN_REWRITE = Rewrite(
                 "from Python 3.14)"),
       rewrite=LOCAL_FUNCTION_REWRITE,
       at="dataloader.iter",
+      # it reads the start method these may have moved the loader to
+      after=("fork_on_macos", "fork_after_cuda"),
       notebook_fix=NOTEBOOK_FIX)
 def local_function_to_workers(args, ctx):
     if not spawning_workers(args, ctx):
@@ -94,6 +98,8 @@ def local_function_to_workers(args, ctx):
       versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
                 "from Python 3.14)"),
       at="dataloader.iter",
+      # it reads whether DL202 repairs the dataset's functions (ctx.found)
+      after=("local_function_to_workers",),
       notebook_fix=NOTEBOOK_FIX)
 def interactive_main_class(args, ctx):
     if not spawning_workers(args, ctx):
@@ -131,7 +137,9 @@ def interactive_main_class(args, ctx):
                 "        ...")),
       versions=("every supported torch; fork (a hang) and spawn/forkserver (a pickling "
                 "error)"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method these may have moved the loader to
+      after=("fork_on_macos", "fork_after_cuda"))
 def thread_pool_to_spawned_workers(args, ctx):
     if not spawning_workers(args, ctx):
         return None
@@ -184,100 +192,27 @@ def thread_pool_to_spawned_workers(args, ctx):
       versions=("every supported torch; the platforms that start workers by spawn "
                 "(macOS, Windows) or forkserver (Linux from Python 3.14)"),
       rewrite=LAZY_OPEN_REWRITE,
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads whether their repairs were made (ctx.found)
+      after=("local_function_to_workers", "interactive_main_class",
+             "thread_pool_to_spawned_workers"))
 def unpicklable_dataset(args, ctx):
     if not spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
     if plan.failures:
         return fallback(unpicklable_dataset, args, ctx, None)
-    needed = {"DL202": plan.by_value or plan.nested, "DL203": plan.classes,
-              "DL208": plan.pools}
-    if any(need and not ctx.found(code) for code, need in needed.items()):
+    if any(not ctx.found(r.code) for r in REPAIRS if r.code != "DL201" and getattr(plan, r.field)):
         return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
-    if not (plan.files or plan.maps or plan.forwarders or plan.locks or plan.handlers
-            or plan.images or plan.rebuilt):
+    said = what_dl201_says(plan, args)
+    if said is None:
         return None
-    from ..inspection import dropped
-    from ..remedies import handlers, images, locks, memmaps, pickling, rebuild, reopen
-
-    whys, remedies, done, before, repairs = [], [], [], {}, []
-    if plan.files:
-        path, why, held = plan.files
-        files = _read_only_files(args) or [(path, held)]
-        before["files"] = [where for where, _f in files]
-        whys += [why] + ["%s %s" % (where, note) for where, f in files
-                         for note in [reopen.read_only_note(f)] if note]
-        remedies.append(lambda args: reopen.install_reducers())
-        done.append("%s reopened by path" % _named(files))
-        repairs.append("reopen read-only files by path")
-    if plan.maps:
-        path, why, held = plan.maps
-        maps = _memory_maps(args) or [(path, held)]
-        before["maps"] = [where for where, _m in maps]
-        whys.append(why)
-        remedies.append(lambda args: pickling.install(memmaps.map_reducers()))
-        named = [(where, m) for where, m in maps if not memmaps.anonymous(m)]
-        shared = [(where, m) for where, m in maps if memmaps.anonymous(m)]
-        if named:
-            done.append("%s mapped again from %s" % (
-                _named(named), "its file" if len(named) == 1 else "their files"))
-            repairs.append("map memory maps again by path")
-        if shared:
-            done.append("%s (anonymous) shared through one block of shared memory"
-                        % _named(shared))
-            repairs.append("share anonymous maps")
-    if plan.handlers:
-        before["handlers"] = [where for where, _h in plan.handlers]
-        classes = {type(h) for _where, h in plan.handlers}
-        whys.append("a logging handler's lock and stream do not pickle")
-        remedies.append(lambda args, classes=classes:  # bound now: later blocks reuse the name
-                        pickling.install(handlers.handler_reducers(classes)))
-        done.append("%s made again from its file or stream" % _named(plan.handlers))
-        repairs.append("make logging handlers again")
-    if plan.images:
-        before["images"] = [where for where, _why, _img in plan.images]
-        whys += [why for _where, why, _img in plan.images]
-        remedies.append(lambda args: images.install_reducers())
-        done.append("%s opened again at its frame" % _named(
-            [(where, img) for where, _why, img in plan.images]))
-        repairs.append("open images again")
-    if plan.rebuilt:
-        before["rebuilt"] = [where for where, _d, _why in plan.rebuilt]
-        whys += [why for _where, _d, why in plan.rebuilt]
-        datasets = [d for _where, d, _why in plan.rebuilt]
-        remedies.append(lambda args, datasets=datasets: rebuild.install(datasets))
-        done.append("%s built again by its constructor's call, checked against this one "
-                    "there," % _named([(where, d) for where, d, _why in plan.rebuilt]))
-        repairs.append("build the dataset again")
-    if plan.forwarders:
-        classes = list(plan.forwarders)
-        before["forwarders"] = list(plan.forwarders.values())
-        whys.append("a worker's unpickling of %s recurses in its __getattr__ (it asks the "
-                    "empty instance for __setstate__)" % ", ".join(plan.forwarders.values()))
-        remedies.append(lambda args: pickling.install(pickling.forwarder_reducers(classes)))
-        done.append("%s rebuilt from its attributes" % ", ".join(
-            "%s (%s)" % (where, a_or_an(cls.__name__)) for cls, where in plan.forwarders.items()))
-        repairs.append("rebuild attribute forwarders")
-    if plan.locks:
-        path, why, found = plan.locks
-        before["locks"] = [where for where, _lock in found] or [path]
-        whys.append(why)
-        remedies.append(lambda args: pickling.install(locks.lock_reducers()))
-        done.append("%s made anew, unlocked," % (_named(found) if found else path))
-        repairs.append("new unlocked locks")
     return unpicklable_dataset.rule.finding(
-        before, why="; ".join(whys),
-        strategy="repair: %s in each worker" % " and ".join(repairs),
+        said["before"], why=said["why"], strategy=said["strategy"],
         rung=Rung.REBUILT if plan.rebuilt else None,
         state=dict(SENT_TO_SPAWN, _rebuilt=[d for _where, d, _why in plan.rebuilt])
         if plan.rebuilt else SENT_TO_SPAWN,
-        remedies=remedies,
-        fix=None if plan.files or plan.maps
-        else dropped.IMAGE_FIX if plan.images and not (plan.rebuilt or plan.handlers)
-        else REBUILD_FIX if plan.rebuilt or plan.handlers
-        else LOCK_FIX if plan.locks and not plan.forwarders else FORWARDER_FIX,
-        done="%s in each of %s" % (" and ".join(done), number_of(args["num_workers"], "worker")))
+        remedies=said["remedies"], fix=said["fix"], done=said["done"])
 
 
 @rule("DL219", "logging-config-to-workers", GROUP,
@@ -300,7 +235,9 @@ def unpicklable_dataset(args, ctx):
                 "DataLoader(ds, num_workers=2, worker_init_fn=configure_audit)")),
       versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
                 "from Python 3.14)"),
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the rung DL201 chose (fork, or emulated workers)
+      after=("unpicklable_dataset",))
 def logging_config_to_workers(args, ctx):
     if not spawning_workers(args, ctx):
         return None
@@ -321,42 +258,3 @@ def logging_config_to_workers(args, ctx):
         done="the logger%s %s carried to each of %s with the configuration its records meet "
         "(%s)" % ("s" if len(found) > 1 else "", names, number_of(args["num_workers"], "worker"),
                   number_of(handlers, "handler")))
-
-
-REBUILD_FIX = ("keep paths on the dataset and open files, readers and handlers lazily in "
-               "__getitem__ (or in worker_init_fn), not in __init__")
-LOCK_FIX = ("create locks lazily in __getitem__ or in worker_init_fn (or use "
-            "multiprocessing's), not in __init__")
-FORWARDER_FIX = ("let __getattr__ raise AttributeError for the names it does not forward: "
-                 "unpickling asks the new, empty instance for __setstate__")
-
-
-def _read_only_files(args):
-    """``(path, file)`` for each read-only file the parts hold (the reducers
-    reopen every one of them), as the walk finds them."""
-    from ..inspection import holdings
-
-    found, seen = [], set()
-    for name in PARTS:
-        for held in holdings.find_files(args[name], name) \
-                if args[name] is not None else ():
-            if held.kind == holdings.READONLY and id(held.obj) not in seen:
-                seen.add(id(held.obj))
-                found.append((held.path, held.obj))
-    return found
-
-
-def _memory_maps(args):
-    """``(path, map)`` for each ``mmap.mmap`` the parts hold (the reducer maps
-    every one of them again)."""
-    import mmap
-
-    return list(held_in_parts(args, lambda obj: type(obj) is mmap.mmap))
-
-
-def _named(items, most=3):
-    """``dataset.a (an open file), dataset.b (an h5py Dataset) and 2 more``."""
-    shown = ["%s (%s)" % (path, what_is(obj)) for path, obj in items[:most]]
-    more = len(items) - most
-    return ", ".join(shown) + (" and %d more" % more if more > 0 else "")
-

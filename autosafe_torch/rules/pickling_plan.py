@@ -7,59 +7,35 @@ failures. Planning installs nothing: the probe tries the planned reducers
 without registering them.
 """
 
-import types
 
 from ..inspection import objwalk
 from ..inspection.naming import a_or_an
 from ..inspection.objwalk import is_a
-from ..inspection.parts import PARTS
-from .fork_plan import fork_is_safe, per_parts
+from ..inspection.parts import PARTS, held_in_parts
+from .fork_plan import fork_is_safe, per_parts, spawning_workers
+from .repairs import REPAIRS, Meeting, offer
 
 class PicklingPlan:
-    """The repairs that make a loader's parts reach spawn/forkserver workers.
+    """The repairs that make a loader's parts reach spawn/forkserver workers:
+    one field per repair of the registry (``repairs.REPAIRS``: what each
+    holds, and which rule says it), and ``refused``: why a dataset could not
+    be built again; ``failures``: what still does not pickle with all of
+    them (ProbeResults); ``loggers``: the configured loggers the parts hold
+    (DL219); ``pickled``: the dataset's pickle, where nothing needs a repair;
+    ``met``: the kinds of object the last probes met (inventory.classify)."""
 
-    ``by_value``: part name -> (the part sent by value, why) for a lambda or
-    local function as collate_fn/worker_init_fn (DL202); ``nested``: (path,
-    why) of the first function or class inside a part that a worker cannot
-    import, when all such go by value (DL202); ``classes``: class ->
-    (path, why) for classes of an interactive ``__main__`` (DL203); ``files``:
-    (path, why, the file) of the first read-only file, when files travel by path (DL201);
-    ``maps``: (path, why, the map) of the first ``mmap.mmap``, when maps of
-    named files are mapped again in each worker (DL201);
-    ``pools``: paths of thread pools, sent as new ones (DL208);
-    ``locks``: (path, why, the user's locks as ``UsersLocks.named``) of the
-    first lock nobody holds, when such locks are sent as new, unlocked ones
-    (DL201);
-    ``forwarders``: class -> path of the first instance of a class that
-    forwards unknown attributes, whose unpickling would recurse, built from
-    its attributes instead (DL201); ``handlers``: ``(path, handler)`` of
-    logging handlers made again in each worker from their file or stream
-    (DL201); ``images``: ``(path, why, image)`` of PIL images whose pickle
-    would drop their open file, opened again at their frame in each worker
-    (DL201); ``rebuilt``: ``(path, dataset, why)`` of datasets built again in
-    each worker from their constructor's arguments, where no fork rung is
-    safe (DL201, ``remedies/rebuild.py``), and ``refused``: why a dataset
-    could not be; ``failures``: what still does not pickle with all of
-    these (ProbeResults).
-    """
-
-    __slots__ = ("by_value", "nested", "classes", "files", "maps", "pools", "forwarders",
-                 "locks", "handlers", "images", "rebuilt", "refused", "failures", "loggers",
-                 "pickled", "met")
+    __slots__ = tuple(r.field for r in REPAIRS) + ("refused", "failures", "loggers", "pickled",
+                                                   "met")
 
     def __init__(self):
-        self.by_value, self.classes, self.failures, self.pools = {}, {}, [], []
-        self.forwarders, self.handlers, self.rebuilt, self.refused = {}, [], [], []
-        self.images, self.loggers = [], []
-        self.nested = self.files = self.maps = self.locks = self.pickled = None
-        self.met = frozenset()  # the kinds of object the last probes met (inventory.classify)
+        for repair in REPAIRS:
+            setattr(self, repair.field, repair.empty())
+        self.refused, self.failures, self.loggers, self.pickled = [], [], [], None
+        self.met = frozenset()
 
     @property
     def needs_repair(self):
-        return bool(self.by_value or self.nested or self.classes or self.files or self.maps
-                    or self.pools or self.forwarders or self.locks or self.handlers
-                    or self.images or self.rebuilt)
-
+        return any(getattr(self, r.field) for r in REPAIRS)
 
 
 MAX_REPAIRS = 16  # one failure is found per probe; a dataset has few kinds
@@ -70,19 +46,36 @@ def pickling_plan(args, ctx):
     nothing: the probe tries the planned reducers without registering them)."""
     return per_parts(ctx, "pickling_plans", args,
                       lambda: plan_pickling({name: args[name] for name in PARTS},
-                                             lambda: not fork_is_safe(args, ctx)))
+                                             lambda: not fork_is_safe(args, ctx),
+                                             repairing=lambda: _warm_ahead(args, ctx)))
+
+
+def _warm_ahead(args, ctx):
+    """The parts need a repair to reach spawn workers, which then come from
+    the warm server (DL209): in fix mode it starts now, in the background, so
+    that its imports overlap the rest of the planning (a loader whose repair
+    is refused leaves an idle server, ended at exit)."""
+    from ..config import CONFIG
+    from ..remedies import warmstart
+    from . import RULES
+
+    warm = RULES.get("DL209")
+    if CONFIG.mode != "fix" or warm is None or not CONFIG.rule_enabled(warm.code, warm.group) \
+            or not spawning_workers(args, ctx) \
+            or not warmstart.fork_server_available(ctx.facts.platform):
+        return
+    warmstart.start_ahead(warmstart.libraries_for([args[name] for name in PARTS]))
 
 
 
-def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
+def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=(), repairing=lambda: None):
     """The plan for ``parts``. ``may_rebuild()``: whether datasets may be
     built again in each worker (no fork rung is safe); ``rebuilt``: those
     approved so far, planned first (planning starts again after each one, so
-    that nothing inside them is planned for)."""
+    that nothing inside them is planned for); ``repairing()``: called once a
+    probe failed, before the repairs are looked for."""
     from ..inspection import holdings, probe
-    from ..inspection.mainmodule import interactive_main
-    from ..remedies import (byvalue, handlers, images, locks, memmaps, pickling, pools,
-                            rebuild, reopen)
+    from ..remedies import images, pickling, pools, rebuild
 
     given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy
     plan, planned, owners = PicklingPlan(), {}, None
@@ -128,46 +121,26 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
                 plan.images = [(f.path, f.error, f.value) for f in failures]
                 planned.update(images.image_reducers())
                 continue
+        repairing()
         failure = failures[0]
         value, top = failure.value, failure.path.split(".")[0].split("[")[0]
-        new = _by_value(parts.get(top), value) if top in ("collate_fn", "worker_init_fn") \
-            else None
-        cls = value if is_a(value, type) else type(value)
-        why = "%s: %s" % (failure.path, failure.error)
         if owners is None:
             owners = objwalk.Owners(parts)
-        handler = handlers.holding(owners, value)
-        if new is not None:
-            plan.by_value[top] = (new, why)
-            parts[top] = new
-        elif handler is not None and handler[1] not in [h for _p, h in plan.handlers]:
-            plan.handlers.append(handler)
-            planned.update(handlers.handler_reducers({type(handler[1])}))
-        elif holdings.file_kind(value) == holdings.READONLY and plan.files is None:
-            plan.files = (failure.path, failure.error, value)
-            planned.update(reopen.file_reducers())
-        elif plan.maps is None and memmaps.travels(value):
-            plan.maps = (failure.path, failure.error, value)
-            planned.update(memmaps.map_reducers())
-        elif plan.locks is None and locks.unheld_lock(value) \
-                and (users := locks.UsersLocks(parts)).holds(value):
-            plan.locks = (failure.path, failure.error, users.named)
-            planned.update(locks.lock_reducers())
-        elif cls.__module__ == "__main__" and interactive_main() and cls not in plan.classes:
-            plan.classes[cls] = (failure.path, failure.error)
-            planned.update(byvalue.class_reducers((cls,)))
-        elif plan.nested is None and _not_importable(value):
-            plan.nested = (failure.path, why)
-        elif may_rebuild() and len(plan.rebuilt) < MAX_REPAIRS:
+        meeting = Meeting(failure, value, value if is_a(value, type) else type(value), top,
+                          "%s: %s" % (failure.path, failure.error), parts, plan,
+                          lambda: owners)
+        if offer(plan, meeting, planned):
+            continue
+        if may_rebuild() and len(plan.rebuilt) < MAX_REPAIRS:
             here, dataset, refusal = rebuild.rebuildable_owner(owners, value)
             if dataset is None:
                 plan.refused += [refusal] if refusal else []
                 plan.failures = failures
                 return plan
-            return plan_pickling(given, may_rebuild, plan.rebuilt + [(here, dataset, why)])
-        else:
-            plan.failures = failures
-            return plan
+            return plan_pickling(given, may_rebuild,
+                                 plan.rebuilt + [(here, dataset, meeting.why)], repairing)
+        plan.failures = failures
+        return plan
     plan.failures = failures
     return plan
 
@@ -221,47 +194,3 @@ def attribute_forwarders(parts):
     for here, obj in held_in_parts(parts, holdings.forwards_attributes):
         found.setdefault(type(obj), here)
     return found
-
-
-def _not_importable(value):
-    """A function or class a worker cannot import (a lambda, a local function or
-    class), or an instance of such a class: cloudpickle can send it by value."""
-    from ..inspection.mainmodule import importable_by_reference
-
-    if is_a(value, (types.FunctionType, type)):
-        return not importable_by_reference(value)
-    cls = type(value)
-    return "<locals>" in cls.__qualname__ or (
-        cls.__module__ == "__main__" and not importable_by_reference(cls))
-
-
-def _by_value(part, failing):
-    """``part`` (a collate_fn or worker_init_fn) with ``failing``, the function
-    that does not pickle, sent by value; None when ``failing`` is not that
-    function nor the user's own inside a worker_init_fn of ours."""
-    from ..remedies import byvalue, workerinit
-
-    if failing is part and callable(part):
-        return byvalue.by_value(part)
-    if failing is workerinit.user_function(part) and callable(failing):
-        return workerinit.with_user_function(part, byvalue.by_value(failing))
-    return None
-
-
-
-def held_in_parts(parts, wanted):
-    """``(path, obj)`` for each object the loader's parts (``dataset``,
-    ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
-    once each, as the walk finds them."""
-    from ..inspection import holdings, objwalk
-
-    seen = set()
-    for name in PARTS:
-        if parts[name] is None:
-            continue
-        for here, obj, _edge in objwalk.walk(parts[name], name, stop=holdings.stop_at):
-            if id(obj) not in seen and wanted(obj):
-                seen.add(id(obj))
-                yield here, obj
-
-

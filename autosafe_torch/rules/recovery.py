@@ -18,6 +18,9 @@ engine records; the ladder (``ladder.py``: ``LADDERS``, ``next_rung``)
 chooses the rungs.
 """
 
+from __future__ import annotations
+
+from typing import Any
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..report import HEADLINE_LIMIT
 from ..remedies import process_state
@@ -227,4 +230,4 @@ def kinds_watched(enabled):
     return _watched["kinds"]
 
 
-_watched = {}  # kinds_watched's last answer, and what it depended on
+_watched: dict[str, Any] = {}  # kinds_watched's last answer, and what it depended on

@@ -112,7 +112,9 @@ def _mib(n):
                ("# docker run --shm-size=2g (or --ipc=host)\n"
                 "DataLoader(TensorDataset(images), batch_size=256, num_workers=4)")),
       versions="every supported torch, on Linux",
-      at="dataloader.init")
+      at="dataloader.init",
+      # it reads prefetch_factor, which DL106 may change
+      after=("zero_prefetch_with_workers",))
 def shm_too_small(values, ctx):
     facts = ctx.facts
     workers = values["num_workers"]
@@ -161,7 +163,9 @@ def shm_too_small(values, ctx):
                ("# ulimit -n 65536 before starting, or:\n"
                 "torch.multiprocessing.set_sharing_strategy('file_system')")),
       versions="every supported torch, on Linux (file_descriptor sharing)",
-      at="dataloader.init")
+      at="dataloader.init",
+      # it reads prefetch_factor, which DL106 may change
+      after=("zero_prefetch_with_workers",))
 def open_file_limit_too_low(values, ctx):
     facts = ctx.facts
     workers = values["num_workers"]

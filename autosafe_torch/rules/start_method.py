@@ -7,7 +7,8 @@ start as asked, ``ladder.py`` chooses the rung.
 """
 
 from . import Rewrite, number_of, rule
-from .ladder import GROUP, SPAWNING, away_from_fork, fallback, start_method
+from .fork_plan import SPAWNING, start_method
+from .ladder import GROUP, away_from_fork, fallback
 
 
 
@@ -92,7 +93,9 @@ def unguarded_main(args, ctx):
                 "DataLoader(ds, num_workers=2)"),
                "DataLoader(ds, num_workers=2)              # macOS's default: spawn"),
       versions="every supported torch, on macOS",
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method these may have moved the loader to
+      after=("unguarded_main",))
 def fork_on_macos(args, ctx):
     if args["num_workers"] > 0 and start_method(args) == "fork" \
             and ctx.facts.platform == "darwin" and not _macos_forks_safely():
@@ -135,7 +138,9 @@ def _macos_forks_safely():
                 "for xb in DataLoader(DS(), num_workers=2, pin_memory=True):\n"
                 "    xb = xb.cuda(non_blocking=True)")),
       versions="every supported torch with CUDA, on Linux (fork)",
-      at="dataloader.iter")
+      at="dataloader.iter",
+      # it reads the start method these may have moved the loader to
+      after=("unguarded_main", "fork_on_macos"))
 def fork_after_cuda(args, ctx):
     """At iteration only once forked workers of this loader touched CUDA
     (``ctx.fork_failed``, from the recovery): never on the prediction that

@@ -23,22 +23,13 @@ first epoch's seeds, dataset copy and module state, where a new one is
 seeded ``base_seed + worker_id`` from a base seed drawn each epoch.
 """
 
-import sys
-
 from ..remedies.workerinit import with_step
+from ..rung import Rung
 from . import rule
-from .ladder import GROUP, Rung, start_method
+from .ladder import GROUP, start_method
 
 # Findings that repaired a loader so that its workers start under spawn.
 REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
-
-
-def fork_server_available(platform):
-    """Whether a fork server can run on ``platform`` (a ``sys.platform``)."""
-    import multiprocessing
-
-    return not platform.startswith("win") and not getattr(sys, "frozen", False) \
-        and "forkserver" in multiprocessing.get_all_start_methods()
 
 
 @rule("DL209", "warm-worker-start", GROUP,
@@ -63,20 +54,23 @@ def fork_server_available(platform):
       versions=("every supported torch; spawn with a fork server (macOS, Linux under "
                 "spawn); plain spawn on Windows"),
       at="dataloader.iter",
+      # it reads every repair for spawn (ctx.found) and whether a check emulated
+      # the workers (ctx.findings)
+      after=("thread_pool_under_fork", "logging_config_to_workers", "memmap_by_reference"),
       clause_of=REPAIRED_FOR_SPAWN)
 def warm_worker_start(args, ctx):
     if not args["num_workers"] or start_method(args) != "spawn" \
             or not any(ctx.found(code) for code in REPAIRED_FOR_SPAWN) \
-            or any(f.state.get("emulated_workers") for f in ctx.findings):
+            or any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None
-    if not fork_server_available(ctx.facts.platform):
+    from ..remedies import warmstart  # at the first spawn loader, not at `import torch`
+
+    if not warmstart.fork_server_available(ctx.facts.platform):
         return warm_worker_start.rule.finding(
             {"multiprocessing_context": "spawn"}, why="no fork server on %s: each worker "
             "imports torch and the dataset's modules afresh every epoch"
             % ctx.facts.platform, strategy="plain spawn",
             done="workers start by plain spawn (no fork server on %s)" % ctx.facts.platform)
-    from ..remedies import warmstart
-
     libraries = warmstart.libraries_for(
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
     return warm_worker_start.rule.finding(
