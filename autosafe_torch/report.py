@@ -18,7 +18,7 @@ line 6`` in a notebook), the rule, what was done to what, and the permanent
 fix. A finding that only makes another one fast (DL209) is a clause of that
 line. The details (before/after, strategy, rung, why) go to the JSON log
 and, with ``AUTOSAFE_TORCH_DEBUG=1``, to the lines below the record.
-"""
+"""  # noqa: E501 - the record above is one line, quoted whole
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import sys
 import textwrap
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .callsite import user_part
 from .config import CONFIG

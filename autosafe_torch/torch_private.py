@@ -58,7 +58,8 @@ import inspect
 import itertools
 import re
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Callable
 
 from torch._utils import ExceptionWrapper  # noqa: F401 (a worker's error, as torch wraps it)
 from torch.utils.data import dataloader as _dataloader

@@ -365,7 +365,7 @@ class Source:
             return False
         first, *rest = text.split("\n")
         lines = ["# " + COMMENT_PREFIX + first] + ["#     " + line for line in rest]
-        existing = [getattr(l.comment, "value", None) for l in anchor.leading_lines]
+        existing = [getattr(empty.comment, "value", None) for empty in anchor.leading_lines]
         planned = self._comments.setdefault(id(anchor), [])
         if lines[0] not in existing and lines[0] not in planned:
             planned.extend(lines)
@@ -467,7 +467,7 @@ class _Apply(cst.CSTTransformer):
         if guard:
             first = guard[0]
             guard[0] = first.with_changes(leading_lines=[
-                l for l in first.leading_lines if l.comment is not None])
+                line for line in first.leading_lines if line.comment is not None])
             lines = [cst.EmptyLine(indent=False)] * 2
             if source._guard_comment:
                 lines.append(cst.EmptyLine(indent=False, comment=cst.Comment(

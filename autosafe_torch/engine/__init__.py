@@ -10,7 +10,8 @@ raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .. import report, rules
 from ..config import CONFIG

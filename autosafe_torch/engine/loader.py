@@ -17,7 +17,8 @@ on the loader (``take_pending``).
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, Hashable, Iterable
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .. import callsite, facts
 from ..config import CONFIG

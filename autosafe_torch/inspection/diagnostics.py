@@ -78,7 +78,8 @@ def faulthandler_in_worker(directory, worker_id):
     try:
         import faulthandler
 
-        _worker_dump = open(dump_path(directory, worker_id, os.getpid()), "w")
+        # Open for the worker's life: faulthandler writes to it when the worker crashes.
+        _worker_dump = open(dump_path(directory, worker_id, os.getpid()), "w")  # noqa: SIM115
         faulthandler.enable(_worker_dump, all_threads=True)
         faulthandler.register(DUMP_SIGNAL, _worker_dump, all_threads=True)
     except Exception:

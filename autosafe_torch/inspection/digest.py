@@ -141,8 +141,9 @@ def _file_state(f):
     import os
 
     parts = []
+    # ``lambda: f.tell()``, not ``f.tell``: a file without ``tell`` fails inside the try
     for read in (lambda: getattr(f, "name", None), lambda: getattr(f, "mode", None),
-                 lambda: f.closed, lambda: f.tell()):
+                 lambda: f.closed, lambda: f.tell()):  # noqa: PLW0108
         try:
             value = read()
             parts.append(value if type(value) in (str, int, bool, type(None)) else repr(value))

@@ -156,7 +156,7 @@ def _by_value_parts(obj):
 
 def _filled(cell):
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018 - reading an empty cell raises ValueError
         return True
     except ValueError:
         return False

@@ -142,7 +142,7 @@ def opencl_device_usable(environ=None):
         out = subprocess.run(
             [sys.executable, "-c", "import cv2; print(int(cv2.ocl.haveOpenCL() and "
              "cv2.ocl.useOpenCL()))"], env=env, capture_output=True, text=True,
-            timeout=60).stdout.split()
+            timeout=60, check=False).stdout.split()
         usable = out[-1:] != ["0"]
     except Exception:
         usable = True

@@ -122,8 +122,8 @@ class Descriptions:
     objects (``copies``) have descriptors of their own besides.
 
     A step runs between the caller's statements, so no code of the caller's
-    reads a file while a worker's description is under its number. ``shared``: what could not be given
-    (the file can no longer be reopened), left to the workers as it is."""
+    reads a file while a worker's description is under its number. ``shared``: what could
+    not be given (the file can no longer be reopened), left to the workers as it is."""
 
     def __init__(self, workers):
         from ..inspection.descriptors import open_files
@@ -403,7 +403,7 @@ class EmulatedWorkersIter(tp.BaseIter):
                                      "when fetching next data")
             idx, data = self._runner.next_result()
             self._tasks_outstanding -= 1
-            if tp.is_iterable_kind(self._dataset_kind):
+            if tp.is_iterable_kind(self._dataset_kind):  # noqa: SIM102 - as torch's _next_data reads
                 if isinstance(data, tp.IterableStop):
                     self._workers_status[data.worker_id] = False
                     self._try_put_index()

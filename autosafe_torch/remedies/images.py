@@ -91,7 +91,7 @@ def reopened(how, source, check, fmt, mode, size, frame):
     else:
         (ident, filename), name = check, source
         try:
-            f = open(source, "rb")
+            f = open(source, "rb")  # noqa: SIM115 - the image returned reads it; closed on error
         except OSError as exc:
             raise ImageFileChanged("%s cannot be opened again in this worker (DL201): %s"
                                    % (source, exc.strerror or exc)) from exc

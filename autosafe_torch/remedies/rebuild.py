@@ -226,15 +226,15 @@ def _state(value):
 
 def _changed_since(obj, made):
     now = {name: _state(value) for name, value in digest.attributes(obj)}
-    for name in now:
+    for name, state in now.items():
         if name not in made.attrs:
             return "its attribute %s was set after construction" % name
-        if now[name][0] != made.attrs[name][0]:
+        if state[0] != made.attrs[name][0]:
             return ("its attribute %s was set again after construction (a worker's build "
                     "would not hold it)" % name)
-        if now[name] != made.attrs[name]:
+        if state != made.attrs[name]:
             return "its attribute %s (a %s) was %s after construction" % (
-                name, now[name][1], "advanced" if now[name][1] == "generator" else "read")
+                name, state[1], "advanced" if state[1] == "generator" else "read")
     for name in made.attrs:
         if name not in now:
             return "its attribute %s was deleted after construction" % name

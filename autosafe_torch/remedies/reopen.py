@@ -134,9 +134,9 @@ def _reopen_file(kind, *args):
     if kind == "raw":
         f = io.FileIO(path, "r")
     elif kind == "binary":
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - the reopened file is what this returns
     else:
-        f = open(path, "r", encoding=args[2], errors=args[3])
+        f = open(path, encoding=args[2], errors=args[3])  # noqa: SIM115 - returned, as above
     f.seek(offset)
     return f
 

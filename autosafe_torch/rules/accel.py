@@ -85,8 +85,9 @@ MOVE, EMULATE = "move", "emulate"
 def _plan_workers(values, facts):
     """(found accelerator tensors, what DL301 does with them, the batches' one
     device or None) for this loader: ``MOVE`` to CPU where every batch is
-    certainly copied back to its one device; ``EMULATE`` where they cannot reach a worker (MPS, XPU: the batches
-    of emulated workers keep their device); None: left as they are. CUDA
+    certainly copied back to its one device; ``EMULATE`` where they cannot reach a
+    worker (MPS, XPU: the batches of emulated workers keep their device); None:
+    left as they are. CUDA
     tensors reach spawn workers by CUDA IPC, and forked workers that touch
     them are recovered by spawn (DL205): either way the batches keep their
     device, which moving them would change."""
@@ -245,8 +246,9 @@ def pin_accelerator_batch(args, ctx):
                              and "pinned" in str(args["error"])):
         return None
     return pin_accelerator_batch.rule.finding(
-        {"pin_memory": True}, {"pin_memory": False}, why="a %s tensor cannot be pinned (pinning is for a copy "
-        "from the CPU), and is already on its device" % batch.device.type,
+        {"pin_memory": True}, {"pin_memory": False},
+        why="a %s tensor cannot be pinned (pinning is for a copy from the CPU), and is "
+        "already on its device" % batch.device.type,
         strategy="left unpinned",
         done="batches hold %s tensors, which cannot be pinned: handed on as they are, "
         "the rest of each batch pinned" % batch.device.type)

@@ -35,7 +35,8 @@ patches and the recovery ask it, never a rule's code.
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
