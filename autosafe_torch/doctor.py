@@ -23,7 +23,7 @@ def cv2_state():
         except (ImportError, ValueError):
             return None
     try:
-        import cv2
+        import cv2  # noqa: PLC0415 - optional dependency
 
         # Never cv2.ocl.useOpenCL() here: it creates the OpenCL context that
         # forked workers must not inherit (CV402); a fresh interpreter is asked.
@@ -139,7 +139,7 @@ def broken_combinations(torch_version, timeout=120):
 
 
 def report():
-    import torch
+    import torch  # noqa: PLC0415 - no torch until the report is made
 
     f = facts.current()
     return {

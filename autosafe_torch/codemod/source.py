@@ -396,8 +396,8 @@ def _with_imports(module, imports):
     """``module`` with an ``import m`` for each of ``imports``, where libcst's
     AddImportsVisitor puts one: with the file's imports, after its docstring
     and any ``from __future__`` import, never twice."""
-    from libcst.codemod import CodemodContext
-    from libcst.codemod.visitors import AddImportsVisitor
+    from libcst.codemod import CodemodContext  # noqa: PLC0415 - libcst.codemod costs ~0.2 s: only here
+    from libcst.codemod.visitors import AddImportsVisitor  # noqa: PLC0415 - as above
 
     context = CodemodContext()
     for name in sorted(imports):
@@ -406,7 +406,7 @@ def _with_imports(module, imports):
 
 
 def _names_in(region):
-    import libcst.matchers as m
+    import libcst.matchers as m  # noqa: PLC0415 - libcst.matchers costs ~0.2 s: only here
 
     regions = region if isinstance(region, (list, tuple)) else [region]
     return [name for part in regions for name in m.findall(part, m.Name())]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .. import report, rules
 from ..config import CONFIG
+from ..inspection import objwalk
 
 if TYPE_CHECKING:
     from ..report import Intervention
@@ -55,8 +56,6 @@ def run_checks(hook: str, args: dict[str, Any],
     Returns the findings and the arguments with all their changes. Nothing
     is applied: see ``settle``.
     """
-    from ..inspection import objwalk
-
     work = dict(args)
     findings = ctx.findings = []
     try:

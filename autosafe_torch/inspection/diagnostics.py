@@ -76,7 +76,7 @@ def faulthandler_in_worker(directory, worker_id):
     multiprocessing" loses)."""
     global _worker_dump
     try:
-        import faulthandler
+        import faulthandler  # noqa: PLC0415 - only in a worker
 
         # Open for the worker's life: faulthandler writes to it when the worker crashes.
         _worker_dump = open(dump_path(directory, worker_id, os.getpid()), "w")  # noqa: SIM115
@@ -115,7 +115,7 @@ def leave_start_traceback(directory_of):
 
     def hook(kind, value, tb):
         try:
-            import traceback
+            import traceback  # noqa: PLC0415 - rare; a spawned worker imports this at its start
 
             directory = directory_of()
             if directory is not None:

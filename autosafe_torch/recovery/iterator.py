@@ -23,6 +23,8 @@ from ..errors import NoExactRung
 from ..inspection import failures as F
 from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
 from ..inspection.diagnostics import read as read_dump
+from ..report import internal_error
+from ..rules import Context
 from ..rules import ladder as L
 from .rungs import (ResumedEmulation, real_workers, replanned_without_fork, replay, stop,
                     torch_lacks)
@@ -92,8 +94,6 @@ class RecoveringIter(wrapt.ObjectProxy):
         except NoExactRung:
             raise
         except Exception as exc:  # ours: the user gets torch's error
-            from ..report import internal_error
-
             internal_error("DataLoader recovery", exc)
             recovered = False
         if not recovered:
@@ -217,13 +217,10 @@ class RecoveringIter(wrapt.ObjectProxy):
 
 
 def _record(pending):
-    from ..callsite import user_call_site
-    from ..rules import Context
-
     first, first_rung, tried, rung, exact, _verify_at = pending
     ctx = Context(None, failure=first, first_rung=first_rung, tried=tried, rung=rung,
                   exact=exact)
     found, _ = engine.run_checks("dataloader.failure", {}, ctx)
     if found:
-        engine.settle(found, user_call_site())
+        engine.settle(found, callsite.user_call_site())
 

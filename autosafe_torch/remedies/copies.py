@@ -55,7 +55,7 @@ from ..errors import NoExactRung
 from ..inspection.failures import describe_exception
 from ..inspection.naming import what_is
 from ..report import shorten_line
-from . import images
+from . import images, isolation
 from .reopen import file_reducers, reopen
 
 # Tensors and arrays at least this large are shared with the workers rather
@@ -201,7 +201,7 @@ class CopyPlan:
             for key, lock in self._locks.items():
                 made[key] = self._new_lock(lock)
             for key, pool in self._pools.items():
-                from .pools import _new_pool, _recipe
+                from .pools import _new_pool, _recipe  # noqa: PLC0415 - only for a dataset that holds a pool
 
                 made[key] = _new_pool(*_recipe(pool))
             for _ in range(MAX_UNCOPYABLE):
@@ -277,7 +277,7 @@ class CopyPlan:
 
     def _own_map(self, m):
         """The map mapped again from its file, as a forked worker holds it."""
-        from . import mappings, memmaps
+        from . import mappings, memmaps  # noqa: PLC0415 - only for a mapped file
 
         ref, why = memmaps.map_reference(m)
         if ref is None:
@@ -514,17 +514,15 @@ def _reopen_binary(f):
     at the position ``f`` reads from, with its mode: through the kernel, so
     that a file open for reading and writing (``'r+b'``, a temporary file)
     or one since deleted is reached as it is."""
-    from .isolation import reopen_description
-
     raw = holdings.raw_file(f)
     if raw is None or isinstance(f, io.TextIOWrapper):
         raise ValueError("not a binary file")
-    import fcntl
+    import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     fd = raw.fileno()
     st = os.fstat(fd)
     position = f.tell()
-    new = reopen_description(fd, st.st_dev, st.st_ino, fcntl.fcntl(fd, fcntl.F_GETFL))
+    new = isolation.reopen_description(fd, st.st_dev, st.st_ino, fcntl.fcntl(fd, fcntl.F_GETFL))
     os.lseek(new, position, os.SEEK_SET)
     twin = io.FileIO(new, raw.mode, closefd=True)
     twin.name = raw.name

@@ -67,8 +67,9 @@ import torch
 
 from .. import torch_private as tp
 from ..errors import NoExactRung
+from ..inspection.descriptors import open_files
 from ..inspection.parts import PARTS
-from . import generators
+from . import generators, isolation
 from .copies import SHARE_AT_BYTES, CopyPlan, Watched, copy_for_worker
 
 __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK",
@@ -91,7 +92,7 @@ def _numpy_for_seeding():
     """numpy, imported if torch can (a real worker seeds it even unused)."""
     if not tp.has_numpy():
         return None
-    import numpy
+    import numpy  # noqa: PLC0415 - optional dependency
 
     return numpy
 
@@ -126,9 +127,6 @@ class Descriptions:
     not be given (the file can no longer be reopened), left to the workers as it is."""
 
     def __init__(self, workers):
-        from ..inspection.descriptors import open_files
-        from . import isolation
-
         self.files = [f for f in open_files() if f.private]
         self.shared = []
         self.parked = {}

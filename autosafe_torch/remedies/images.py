@@ -83,7 +83,7 @@ def reopens(value):
 
 def reopened(how, source, check, fmt, mode, size, frame):
     """Runs where the image arrives: the image opened again and moved to ``frame``."""
-    from PIL import Image
+    from PIL import Image  # noqa: PLC0415 - optional dependency
 
     if how == "memory":
         img = Image.open(io.BytesIO(source), formats=[fmt])

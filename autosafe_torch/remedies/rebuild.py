@@ -58,6 +58,7 @@ import threading
 import types
 import warnings
 import weakref
+from multiprocessing import context
 
 from ..inspection import digest, opened
 from ..inspection.failures import RemedyFailed
@@ -290,9 +291,7 @@ def reduce_rebuilt(obj, candidates=frozenset()):
     worker forked from a build server that built it, as a reference to that
     build); other instances pickle as they always did. ``candidates``: ids of
     datasets the plan's probe tries as if they were to be built again."""
-    from multiprocessing import context
-
-    from ..inspection.probe import is_probing
+    from ..inspection.probe import is_probing  # noqa: PLC0415 - parent only: workers import this module too
 
     made = construction_of(obj)
     probing = is_probing()
@@ -331,7 +330,7 @@ _planned = set()  # ids of the datasets a finding chose to build again
 
 def install(datasets):
     """Build ``datasets`` again in workers: a finding's remedy, in fix mode."""
-    from .pickling import install as install_reducers
+    from .pickling import install as install_reducers  # noqa: PLC0415 - parent only: workers import this module too
 
     for obj in datasets:
         key = id(obj)

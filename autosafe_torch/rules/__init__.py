@@ -164,7 +164,7 @@ class Rule:
     def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
         if self.notebook_fix is not None:
-            from ..inspection.mainmodule import in_notebook
+            from ..inspection.mainmodule import in_notebook  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
             if in_notebook():
                 return self.notebook_fix

@@ -47,7 +47,7 @@ def _start_method(values, facts):
     context = values.get("multiprocessing_context")
     if context is None:
         return facts.start_method
-    from ..facts import effective_start_method
+    from ..facts import effective_start_method  # noqa: PLC0415 - the rules load without facts (explain)
 
     return effective_start_method(context)
 
@@ -62,7 +62,7 @@ def _move_to_cpu(found):
     devices = {f.device_type for f in found}
 
     def move_to_cpu(args):
-        from ..remedies.relocate import relocate
+        from ..remedies.relocate import relocate  # noqa: PLC0415 - only when tensors move to the CPU
 
         root, _moved = relocate(args["dataset"], devices=devices)
         return {"dataset": root} if root is not args["dataset"] else None
@@ -216,7 +216,7 @@ def default_collate(fn):
     if fn is None:
         return True
     try:
-        from torch.utils.data import default_collate
+        from torch.utils.data import default_collate  # noqa: PLC0415 - the rules load without torch (explain, doctor)
     except ImportError:
         return False
     return fn is default_collate

@@ -38,6 +38,7 @@ import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..inspection import holdings
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
 from ..rung import Rung
@@ -57,7 +58,7 @@ SENT_TO_SPAWN = {"_process_state": True}
 
 
 def start_method(args: dict[str, Any]) -> str:
-    from ..facts import effective_start_method
+    from ..facts import effective_start_method  # noqa: PLC0415 - the rules load without facts (explain)
 
     return effective_start_method(args["multiprocessing_context"])
 
@@ -128,8 +129,6 @@ def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | No
 
 def permanent_fix(value: object) -> str | None:
     """The fix for what made a dataset unpicklable, by what it is."""
-    from ..inspection import holdings
-
     if holdings.thread_pool_in_use(value) is not None:
         return "create the pool lazily in __getitem__ or in worker_init_fn, not in __init__"
     if holdings.threading_kind(value) is not None:

@@ -5,6 +5,9 @@ the repairs; where the plan leaves something that does not pickle, DL201
 hands the loader to the ladder (``ladder.py``).
 """
 
+import mmap
+
+from ..inspection import holdings
 from ..inspection.parts import PARTS
 from ..rung import Rung
 from . import Rewrite, a_or_an, number_of, rule, what_is
@@ -66,7 +69,7 @@ def local_function_to_workers(args, ctx):
         done="%s (%s) sent by value to %s" % (part, what_is(args[part]), workers))
         for part, (new, why) in plan.by_value.items()]
     if plan.nested:
-        from ..remedies import byvalue
+        from ..remedies import byvalue  # noqa: PLC0415 - only for a function sent by value
 
         path, why = plan.nested
         found.append(local_function_to_workers.rule.finding(
@@ -102,7 +105,7 @@ def interactive_main_class(args, ctx):
     plan = pickling_plan(args, ctx)
     if plan.failures or ((plan.by_value or plan.nested) and not ctx.found("DL202")):
         return None
-    from ..remedies import byvalue
+    from ..remedies import byvalue  # noqa: PLC0415 - only for a function sent by value
 
     return [interactive_main_class.rule.finding(
         {"class": "%s at %s" % (cls.__qualname__, path)}, why=why, strategy="by-value",
@@ -139,7 +142,7 @@ def thread_pool_to_spawned_workers(args, ctx):
     plan = pickling_plan(args, ctx)
     if not plan.pools or plan.failures:
         return None
-    from ..remedies import pools
+    from ..remedies import pools  # noqa: PLC0415 - only for a dataset that holds a pool
 
     return thread_pool_to_spawned_workers.rule.finding(
         {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
@@ -199,8 +202,8 @@ def unpicklable_dataset(args, ctx):
     if not (plan.files or plan.maps or plan.forwarders or plan.locks or plan.handlers
             or plan.images or plan.rebuilt):
         return None
-    from ..inspection import dropped
-    from ..remedies import handlers, images, locks, memmaps, pickling, rebuild, reopen
+    from ..inspection import dropped  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import handlers, images, locks, memmaps, pickling, rebuild, reopen  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     whys, remedies, done, before, repairs = [], [], [], {}, []
     if plan.files:
@@ -308,7 +311,7 @@ def logging_config_to_workers(args, ctx):
     plan = pickling_plan(args, ctx)
     if plan.failures or not plan.loggers:
         return None
-    from ..remedies import loggers, pickling
+    from ..remedies import loggers, pickling  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     found = list(plan.loggers)
     names = ", ".join(repr(lg.name) for lg in found)
@@ -335,8 +338,6 @@ FORWARDER_FIX = ("let __getattr__ raise AttributeError for the names it does not
 def _read_only_files(args):
     """``(path, file)`` for each read-only file the parts hold (the reducers
     reopen every one of them), as the walk finds them."""
-    from ..inspection import holdings
-
     found, seen = [], set()
     for name in PARTS:
         for held in holdings.find_files(args[name], name) \
@@ -350,8 +351,6 @@ def _read_only_files(args):
 def _memory_maps(args):
     """``(path, map)`` for each ``mmap.mmap`` the parts hold (the reducer maps
     every one of them again)."""
-    import mmap
-
     return list(held_in_parts(args, lambda obj: type(obj) is mmap.mmap))
 
 

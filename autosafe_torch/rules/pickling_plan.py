@@ -9,10 +9,11 @@ without registering them.
 
 import types
 
-from ..inspection import objwalk
+from ..inspection import holdings, objwalk
 from ..inspection.naming import a_or_an
 from ..inspection.objwalk import is_a
 from ..inspection.parts import PARTS
+from ..remedies import workerinit
 from .fork_plan import fork_is_safe, per_parts
 
 class PicklingPlan:
@@ -79,9 +80,9 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=()):
     built again in each worker (no fork rung is safe); ``rebuilt``: those
     approved so far, planned first (planning starts again after each one, so
     that nothing inside them is planned for)."""
-    from ..inspection import holdings, probe
-    from ..inspection.mainmodule import interactive_main
-    from ..remedies import (byvalue, handlers, images, locks, memmaps, pickling, pools,
+    from ..inspection import probe  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..inspection.mainmodule import interactive_main  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import (byvalue, handlers, images, locks, memmaps, pickling, pools,  # noqa: PLC0415 - when a loader needs it, not at torch's import
                             rebuild, reopen)
 
     given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy
@@ -178,8 +179,8 @@ def _unfaithful(parts, planned, plan, met):
     each worker (their constructor makes what they hold there). Looked for
     where something could drop one: the probes met an image, or the kernel
     shows a file open for reading (a pickle that drops one never meets it)."""
-    from ..inspection import dropped
-    from ..inspection.descriptors import shared_at_fork
+    from ..inspection import dropped  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     if "image" not in met and not shared_at_fork():
         return []
@@ -190,8 +191,8 @@ def _uncarried_loggers(results, plan):
     """The loggers the parts hold whose configuration a spawned worker would
     lack (``plan.loggers``, carried by DL219); as failures, those it cannot
     be carried for (a handler no worker can make again)."""
-    from ..inspection.probe import ProbeResult
-    from ..remedies import loggers
+    from ..inspection.probe import ProbeResult  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import loggers  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     held = {id(lg): lg for r in results for lg in r.loggers}.values()
     plan.loggers = [lg for lg in held if loggers.configured(lg)]
@@ -215,8 +216,6 @@ def _inside(path, rebuilt):
 def attribute_forwarders(parts):
     """``{class: path}``: classes of the parts' objects that forward unknown
     attributes (``holdings.forwards_attributes``), each at its first instance."""
-    from ..inspection import holdings
-
     found = {}
     for here, obj in held_in_parts(parts, holdings.forwards_attributes):
         found.setdefault(type(obj), here)
@@ -226,7 +225,7 @@ def attribute_forwarders(parts):
 def _not_importable(value):
     """A function or class a worker cannot import (a lambda, a local function or
     class), or an instance of such a class: cloudpickle can send it by value."""
-    from ..inspection.mainmodule import importable_by_reference
+    from ..inspection.mainmodule import importable_by_reference  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     if is_a(value, (types.FunctionType, type)):
         return not importable_by_reference(value)
@@ -239,7 +238,7 @@ def _by_value(part, failing):
     """``part`` (a collate_fn or worker_init_fn) with ``failing``, the function
     that does not pickle, sent by value; None when ``failing`` is not that
     function nor the user's own inside a worker_init_fn of ours."""
-    from ..remedies import byvalue, workerinit
+    from ..remedies import byvalue  # noqa: PLC0415 - only for a function sent by value
 
     if failing is part and callable(part):
         return byvalue.by_value(part)
@@ -253,8 +252,6 @@ def held_in_parts(parts, wanted):
     """``(path, obj)`` for each object the loader's parts (``dataset``,
     ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
     once each, as the walk finds them."""
-    from ..inspection import holdings, objwalk
-
     seen = set()
     for name in PARTS:
         if parts[name] is None:

@@ -36,7 +36,7 @@ REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
 
 def fork_server_available(platform):
     """Whether a fork server can run on ``platform`` (a ``sys.platform``)."""
-    import multiprocessing
+    import multiprocessing  # noqa: PLC0415 - the rules load before torch (explain)
 
     return not platform.startswith("win") and not getattr(sys, "frozen", False) \
         and "forkserver" in multiprocessing.get_all_start_methods()
@@ -76,7 +76,7 @@ def warm_worker_start(args, ctx):
             "imports torch and the dataset's modules afresh every epoch"
             % ctx.facts.platform, strategy="plain spawn",
             done="workers start by plain spawn (no fork server on %s)" % ctx.facts.platform)
-    from ..remedies import warmstart
+    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
 
     libraries = warmstart.libraries_for(
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
