@@ -35,8 +35,8 @@ remedy is a ``Remedy``.
 from __future__ import annotations
 
 import importlib
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol,
-                    Sequence, Union, cast, overload)
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union, cast, overload
 
 from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules' names)
 
@@ -75,11 +75,11 @@ RULE_MODULES = (
 
 # What a remedy gets: the call's working arguments (None where a hook has none
 # to change); what it returns: more changes to them, or None.
-Remedy = Callable[[Optional[Dict[str, Any]]], Optional[Dict[str, Any]]]
+Remedy = Callable[[Optional[dict[str, Any]]], Optional[dict[str, Any]]]
 # What a check returns: one finding, several, or None.
-Found = Union["Finding", List["Finding"], None]
+Found = Union["Finding", list["Finding"], None]
 # A check as written: ``check(args, ctx)``.
-CheckFunction = Callable[[Dict[str, Any], "Context"], Found]
+CheckFunction = Callable[[dict[str, Any], "Context"], Found]
 
 
 class Check(Protocol):
@@ -195,7 +195,7 @@ class Rule:
     def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
         if self.notebook_fix is not None:
-            from ..inspection.mainmodule import in_notebook
+            from ..inspection.mainmodule import in_notebook  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
             if in_notebook():
                 return self.notebook_fix
