@@ -179,7 +179,9 @@ def read_through_no_object(args, ctx):
     return read_through_no_object.rule.finding(
         {"files": [name for _fd, name in forked + server]},
         why="the workers read these files, which forked workers would share one offset "
-        "of", strategy="own offset in each worker", done="; ".join(done))
+        "of", strategy="own offset in each worker",
+        state={"privatized": True},  # done by the worker step: the record says "fixed"
+        done="; ".join(done))
 
 
 @rule("DL217", "descriptor-to-workers", GROUP,
@@ -231,6 +233,7 @@ def descriptor_to_workers(args, ctx):
         {"files": [name for name, _where in held.values()] + [name for _fd, name in moved]},
         why="the workers read these descriptors of the training process by number; "
         "spawn workers have none of them", strategy="carried to each worker",
+        state={"carried": True},  # done by the worker step: the record says "fixed"
         done="%s, read by number: carried to each of %s, at its own offset" % (
             ", ".join(named), number_of(ctx.workers, "worker")))
 
