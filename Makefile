@@ -17,9 +17,10 @@ INSTALL = $(PYTHON) -m pip install -c constraints-test.txt -e
 # a test that skips for want of them fails (tests/conftest.py: ALLOWED_SKIPS).
 TEST_APT_PACKAGES = pocl-opencl-icd ocl-icd-libopencl1
 # The static checks of `make test`, before the suite (configured in pyproject.toml):
-# ruff's pyflakes rules over LINT_PATHS ([tool.ruff]), then mypy over the seams its
-# `files` names ([tool.mypy]: the rule registry, the records, the engine, the ladder,
-# torch_private), whose annotations it holds to what crosses them.
+# ruff over LINT_PATHS (pyflakes, pycodestyle, bugbear, simplify, pyupgrade and pylint's
+# rules, each exception with its reason: [tool.ruff]), then mypy over what its `files`
+# name ([tool.mypy]: engine/, rules/, recovery/, remedies/, torch_private, the records;
+# the seams strictly), whose annotations it holds to what crosses them.
 LINT_PATHS = autosafe_torch tests
 TYPECHECK = $(PYTHON) -m mypy
 

@@ -9,6 +9,7 @@ patches are applied when the user imports torch or cv2.
 import os
 import sys
 
+from . import config as c
 from .config import CONFIG, ENV_SWITCH, switch_state
 from .importhook import PostImportFinder
 
@@ -129,8 +130,6 @@ def configure(mode=None, disable=None, log_file=None, quiet=None, debug=None):
 
     Sets the matching variables too, so that spawned workers agree.
     """
-    from . import config as c
-
     if mode is not None:
         CONFIG.mode = c.parse_mode(str(mode), "configure(mode=...)")
         os.environ[c.ENV_MODE] = CONFIG.mode

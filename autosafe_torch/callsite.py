@@ -31,6 +31,7 @@ tracebacks, ``Cell In[4], line 6``.
 the shim, when a wrapper of ours calls what torch's replaced code called.
 """
 
+import dis
 import os
 import site
 import sys
@@ -371,8 +372,6 @@ def _make_caller(function, name):
 
 def _line_calling(code, name):
     """The first line of ``code`` that loads ``name`` (a method it calls), or None."""
-    import dis
-
     current = None
     for instruction in dis.get_instructions(code):
         number = getattr(instruction, "line_number", None)  # Python >= 3.13
@@ -393,7 +392,7 @@ _pin_thread_sites = weakref.WeakKeyDictionary()
 def pin_thread_serves(iterator, site):
     """``iterator``'s pin-memory thread, if it has one, serves the loader
     iterated at ``site``: the line DL305 names."""
-    from .torch_private import pin_memory_thread
+    from .torch_private import pin_memory_thread  # noqa: PLC0415 - torch_private imports torch; this loads before
 
     thread = pin_memory_thread(iterator)
     if thread is not None:

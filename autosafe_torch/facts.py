@@ -10,6 +10,8 @@ has been initialised) are read fresh, the rest once.
 import os
 import sys
 
+from . import rehearsal
+
 _UNSET = object()
 
 
@@ -53,9 +55,7 @@ class Facts:
 
 
 def _rehearsed_platform():
-    from .rehearsal import platform
-
-    return platform()
+    return rehearsal.platform()
 
 
 def default_start_method(platform=None):
@@ -79,7 +79,7 @@ def effective_start_method(context=None):
             return context.get_start_method()
         except Exception:
             return getattr(context, "_name", None) or default_start_method()
-    import multiprocessing
+    import multiprocessing  # noqa: PLC0415 - facts loads before torch (doctor)
 
     method = multiprocessing.get_start_method(allow_none=True)
     if method:
@@ -143,7 +143,7 @@ def cpus_usable():
 
 def accelerator():
     """The accelerator type torch would pin memory for, or None."""
-    import torch
+    import torch  # noqa: PLC0415 - no torch before the program imports it
 
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "is_available"):
@@ -163,9 +163,9 @@ def pin_memory_warns():
     """Whether torch's iterator warns about pin_memory without an accelerator:
     read from its code's constants, not from the version number."""
     try:
-        import torch  # noqa: F401 (first: its import applies the patches, which use the adapter)
+        import torch  # noqa: F401, PLC0415 - first: its import applies the patches, which use the adapter
 
-        from .torch_private import warns_pin_memory_without_accelerator
+        from .torch_private import warns_pin_memory_without_accelerator  # noqa: PLC0415 - imports torch: after it
 
         return warns_pin_memory_without_accelerator()
     except Exception:
@@ -174,7 +174,7 @@ def pin_memory_warns():
 
 def cuda_initialized():
     try:
-        import torch
+        import torch  # noqa: PLC0415 - no torch before the program imports it
 
         return bool(torch.cuda.is_initialized())
     except Exception:
@@ -208,7 +208,7 @@ def shm_available(path="/dev/shm"):
 def open_file_limit():
     """RLIMIT_NOFILE as (soft, hard), or None where there is none."""
     try:
-        import resource
+        import resource  # noqa: PLC0415 - POSIX only: absent on Windows
 
         return resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):

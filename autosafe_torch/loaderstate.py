@@ -9,7 +9,7 @@ Below every layer (they all read it): imports nothing of ours.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 ATTRIBUTE = "_autosafe_torch_state"  # in the loader's __dict__
 
@@ -21,19 +21,19 @@ class LoaderState:
     batch_device: Any = None  # DL301: the device each batch is copied back to
     emulated_workers: int = 0  # the workers emulated in this process (Rung.EMULATED)
     fork_handles: bool = False  # DL207/DL212: native handles reopened in each forked worker
-    not_rebuilt: Optional[str] = None  # why the rebuild rung was refused, for a refusal's words
+    not_rebuilt: str | None = None  # why the rebuild rung was refused, for a refusal's words
     process_state: bool = False  # sent to spawn workers: each checks the process state
     loggers: bool = False  # DL219: the dataset's loggers travel configured
-    rebuilt: List[Any] = dataclasses.field(default_factory=list)  # built again in each worker
+    rebuilt: list[Any] = dataclasses.field(default_factory=list)  # built again in each worker
     # Kept at iter() (engine/loader.py):
     plan_key: Any = None  # what the worker checks read when they last ran
-    pending: List[Any] = dataclasses.field(default_factory=list)  # their records, until held
+    pending: list[Any] = dataclasses.field(default_factory=list)  # their records, until held
     untouched: bool = False  # the worker checks found nothing to do
     # Kept by a remedy and by the recovery:
-    pickled: Optional[tuple] = None  # sent_once: (dataset, its pickle), for the next start
+    pickled: tuple | None = None  # sent_once: (dataset, its pickle), for the next start
     ladder: Any = None  # recovery/rungs.py: the loader's LoaderLadder
 
-    def keep(self, found: Dict[str, Any]) -> None:
+    def keep(self, found: dict[str, Any]) -> None:
         """A finding's ``state``, kept; a name this record has no field for is
         an error of ours (a rule that keeps what nothing reads)."""
         for name, value in found.items():

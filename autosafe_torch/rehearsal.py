@@ -10,8 +10,10 @@ still wins, as it would there.
 """
 
 import os
+import sys
 
-from .config import ENV_AS
+from .config import ENV_AS, warn_line
+
 # name -> (sys.platform there, its default start method)
 PLATFORMS = {
     "macos": ("darwin", "spawn"),
@@ -33,8 +35,6 @@ def rehearsed(environ=None):
         return value
     if not _warned:
         _warned.append(value)
-        from .config import warn_line
-
         warn_line("%s=%r is not one of %s; running as this machine is" % (
             ENV_AS, env.get(ENV_AS), ", ".join(PLATFORMS)))
         if environ is None:
@@ -44,8 +44,6 @@ def rehearsed(environ=None):
 
 def platform():
     """The ``sys.platform`` the rules see."""
-    import sys
-
     name = rehearsed()
     return PLATFORMS[name][0] if name else sys.platform
 

@@ -18,7 +18,7 @@ line 6`` in a notebook), the rule, what was done to what, and the permanent
 fix. A finding that only makes another one fast (DL209) is a clause of that
 line. The details (before/after, strategy, rung, why) go to the JSON log
 and, with ``AUTOSAFE_TORCH_DEBUG=1``, to the lines below the record.
-"""
+"""  # noqa: E501 - the record above is one line, quoted whole
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import sys
 import textwrap
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .callsite import user_part
 from .config import CONFIG
@@ -261,7 +262,7 @@ def _named_once() -> str:
     global _tool_named
     if _tool_named:
         return ""
-    from .inspection.mainmodule import in_notebook
+    from .inspection.mainmodule import in_notebook  # noqa: PLC0415 - report loads before torch: inspection when used
 
     if not in_notebook():
         return ""  # a script: the summary at exit names it
@@ -369,7 +370,7 @@ def clear() -> None:
 
 def internal_error(where: str, exc: BaseException) -> None:
     """An error of ours: log it once per place, traceback under DEBUG."""
-    from .inspection.failures import exception_text
+    from .inspection.failures import exception_text  # noqa: PLC0415 - report loads before torch: inspection when used
 
     key = (where, type(exc).__name__)
     if key in _errors_logged:

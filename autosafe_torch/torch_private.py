@@ -58,10 +58,13 @@ import inspect
 import itertools
 import re
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Callable
 
+import torch
 from torch._utils import ExceptionWrapper  # noqa: F401 (a worker's error, as torch wraps it)
 from torch.utils.data import dataloader as _dataloader
+from torch.utils.data._utils import pin_memory as _pin_memory
 from torch.utils.data._utils import signal_handling as _signal_handling
 from torch.utils.data._utils import worker as _worker_module
 from torch.utils.data._utils.collate import default_collate
@@ -112,9 +115,7 @@ def pin(data: Any, device: Any) -> Any:
 
 def pin_memory_module() -> Any:
     """The module that holds torch's pin step (``pin_memory``), which DL305 wraps."""
-    from torch.utils.data._utils import pin_memory as module
-
-    return module
+    return _pin_memory
 
 
 def worker_named_in(text: str) -> int | None:
@@ -269,8 +270,6 @@ class _LoaderView:
     random states stay as an uninterrupted run leaves them."""
 
     def __init__(self, loader: Any) -> None:
-        import torch
-
         self._loader = loader
         self._index_sampler: Iterable[Any] = ()
         self.generator = torch.Generator()

@@ -85,7 +85,8 @@ def environment(shim, activation="pth", log_file=None, disable=None):
 
 
 def pytest_command(python, copy, junit, selection=(), timeout=300, extra=()):
-    cmd = [python, "-m", "pytest", *(selection or [str(copy)]), "-p", "no:cacheprovider", "-q", "-rfE",
+    cmd = [python, "-m", "pytest", *(selection or [str(copy)]), "-p", "no:cacheprovider", "-q",
+           "-rfE",
            "--junitxml", str(junit), "-o", "junit_family=xunit1",
            "--timeout", str(timeout), "--timeout-method", "signal"]
     cmd += list(extra)
@@ -364,8 +365,8 @@ def main(argv=None):
         return 2
 
     names = sorted(set(runs["without"]) | set(runs["with"]))
-    differ = [n for n in names
-              if runs["without"].get(n, ("absent", ""))[0] != runs["with"].get(n, ("absent", ""))[0]]
+    differ = [n for n in names if runs["without"].get(n, ("absent", ""))[0]
+              != runs["with"].get(n, ("absent", ""))[0]]
     print("\n%d test(s) differ (without -> with autosafe_torch):" % len(differ))
     for name in differ:
         before, _ = runs["without"].get(name, ("absent", ""))

@@ -57,8 +57,8 @@ PRELUDE = textwrap.dedent('''
 # What the shim writes on stderr: its records, ``path:line: CODE slug: what was
 # done`` with ``  fix: ...`` below (its continuation lines indented further),
 # and its own lines, ``autosafe_torch: ...`` (continued by indented lines).
-RECORD = re.compile(r"^(?P<site>\S.*?): (?P<code>[A-Z]+[0-9]{3}) (?P<slug>[a-z0-9]+(?:-[a-z0-9]+)*): "
-                    r"(?P<done>.*)$")
+RECORD = re.compile(r"^(?P<site>\S.*?): (?P<code>[A-Z]+[0-9]{3}) "
+                    r"(?P<slug>[a-z0-9]+(?:-[a-z0-9]+)*): (?P<done>.*)$")
 FIX, FIX_MORE = "  fix: ", "       "
 READABLE_BEYOND_PATH = 200
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
@@ -152,7 +152,8 @@ class Result:
 
     @property
     def batches(self):
-        lines = [l.split()[1] for l in self.stdout.splitlines() if l.startswith("BATCHES ")]
+        lines = [line.split()[1] for line in self.stdout.splitlines()
+                 if line.startswith("BATCHES ")]
         return lines[-1] if lines else None
 
     @property

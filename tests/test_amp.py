@@ -46,7 +46,8 @@ for code, snippet in CASES.items():
     try:
         exec(snippet, scope)
     except Exception as exc:
-        print("FAILED", code, "%%s: %%s" %% (type(exc).__name__, str(exc).splitlines()[0]), flush=True)
+        print("FAILED", code, "%%s: %%s" %% (type(exc).__name__, str(exc).splitlines()[0]),
+              flush=True)
     else:
         print("OK", code, repr(scope.get("result")), flush=True)
 '''
@@ -140,7 +141,8 @@ if hasattr(torch.amp, "GradScaler"):
             raise RuntimeError("User specified autocast device_type must be 'cuda' or 'cpu'")
         if device_type == "cpu" and dtype not in (None, torch.bfloat16):
             warnings.warn("In CPU autocast, but the target dtype is not supported. Disabling "
-                          "autocast.\\nCPU Autocast only supports dtype of torch.bfloat16 currently.")
+                          "autocast.\\nCPU Autocast only supports dtype of "
+                          "torch.bfloat16 currently.")
             enabled = False
         _init(self, device_type, dtype, enabled, cache_enabled)
     torch.amp.autocast_mode.autocast.__init__ = _torch20_init
@@ -163,7 +165,8 @@ OLD_TORCH_CASES = {
     "AMP506 torch.amp.autocast": (
         "a = torch.amp.autocast('cpu', dtype=torch.bfloat16)\n"
         "with a:  # (torch 2.0's __enter__ returns None)\n"
-        "    result = ((torch.ones(2, 2) @ torch.ones(2, 2)).dtype, isinstance(a, torch.amp.autocast))",
+        "    result = ((torch.ones(2, 2) @ torch.ones(2, 2)).dtype,\n"
+        "              isinstance(a, torch.amp.autocast))",
         "AttributeError: module 'torch.amp' has no attribute 'autocast'",
         "(torch.bfloat16, True)"),
     "AMP504 old GradScaler(device='cuda')": (
@@ -296,7 +299,7 @@ print("WARNINGS", len(caught))
 
 
 def _line(result, label):
-    return next(l for l in result.stdout.splitlines() if l.startswith(label + " "))
+    return next(line for line in result.stdout.splitlines() if line.startswith(label + " "))
 
 
 def test_training_loop_same_losses_no_warning_one_log_line_per_site(tmp_path):

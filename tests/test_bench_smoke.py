@@ -24,8 +24,8 @@ def test_bench_quick_writes_a_table(tmp_path):
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| figure | budget | measured (median, min – max) | verdict | note |" in text
     assert "Machine:" in text and "torch" in text
-    rows = [l for l in text.splitlines() if l.startswith("| 3a") or l.startswith("| 4a")
-            or l.startswith("| 6a")]
+    rows = [line for line in text.splitlines() if line.startswith("| 3a") or line.startswith("| 4a")
+            or line.startswith("| 6a")]
     assert len(rows) == 3, text
     for row in rows:
         assert any(v in row for v in ("| ok |", "| over budget |", "| n/a |")), row

@@ -100,7 +100,7 @@ DL101_ERROR = "prefetch_factor option could only be specified in multiprocessing
 
 
 def _one_config_line(result, expected):
-    lines = [l for l in result.stderr.splitlines() if "the JSON log is off" in l]
+    lines = [line for line in result.stderr.splitlines() if "the JSON log is off" in line]
     assert len(lines) == 1 and expected in lines[0], result
     assert "fixes still apply" in lines[0]
     assert "internal error" not in result.stderr and "please report" not in result.stderr
@@ -158,7 +158,7 @@ digest(DataLoader(TensorDataset(torch.arange(8.)), batch_size=2, persistent_work
                              "LOG_DIR": str(log_dir)})
     assert result.rc == 0, result
     assert [r.code for r in logged(result.stderr)] == ["DL101", "DL102"], result
-    lines = [l for l in result.stderr.splitlines() if "cannot write the JSON log" in l]
+    lines = [line for line in result.stderr.splitlines() if "cannot write the JSON log" in line]
     assert len(lines) == 1 and "FileNotFoundError" in lines[0], result
     assert "the JSON log is off" in lines[0] and "internal error" not in result.stderr
 

@@ -112,7 +112,8 @@ def test_a_worker_is_never_given_a_non_zero_thread_count(monkeypatch, setting):
     assert cv2_remedies.WORKER_THREADS == 0
     for module in (cv2_remedies, cv2_rules, cv2_patch):
         calls = [node for node in ast.walk(ast.parse(open(module.__file__).read()))
-                 if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "setNumThreads"]
+                 if isinstance(node, ast.Call)
+                 and getattr(node.func, "attr", "") == "setNumThreads"]
         assert all([ast.unparse(a) for a in c.args] == ["WORKER_THREADS"] for c in calls)
 
 
@@ -121,7 +122,7 @@ def test_the_fork_hook_acts_in_dataloader_workers_only(monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", fake)
     for target in (print, types.SimpleNamespace(__name__="_worker_loop", __module__="mine")):
         monkeypatch.setattr("multiprocessing.current_process",
-                            lambda: types.SimpleNamespace(_target=target))
+                            lambda target=target: types.SimpleNamespace(_target=target))
         cv2_remedies._after_fork(None)
     assert fake.calls == []
 
@@ -153,7 +154,7 @@ def test_patch_never_breaks_import_cv2(monkeypatch):
     finally:
         cv2_patch.unpatch()
         report.logger.removeHandler(handler)
-    assert [m.split(" (")[0] for m in seen] == [
+    assert [m.split(" (")[0].replace("autosafe_torch: ", "") for m in seen] == [
         "internal error in recording cv2.VideoCapture",
         "internal error in registering the cv2 fork hook"], seen
     assert "open" not in vars(Capture) and not cv2_patch.capture_recorded(broken)
@@ -204,8 +205,8 @@ def test_healthy_program_keeps_its_cv2_threads(tmp_path):
     off = run_script(tmp_path, HEALTHY_BODY)
     on = run_script(tmp_path, HEALTHY_BODY, activation="import")
     assert off.rc == 0 and on.rc == 0, on
-    threads = [l for l in off.stdout.splitlines() if l.startswith("THREADS")]
-    assert threads == [l for l in on.stdout.splitlines() if l.startswith("THREADS")], on
+    threads = [line for line in off.stdout.splitlines() if line.startswith("THREADS")]
+    assert threads == [line for line in on.stdout.splitlines() if line.startswith("THREADS")], on
     assert "THREADS 1 " not in threads[0], off  # a real pool (2 threads on 2 CPUs)
     assert on.batches == off.batches
     assert logged(on.stderr) == [], on.stderr
@@ -232,7 +233,8 @@ if __name__ == "__main__":
     for method in ("fork", "spawn", "forkserver"):
         ctx = mp.get_context(method)
         states = {tuple(row) for b in DataLoader(Report(), batch_size=2, num_workers=1,
-                                                  multiprocessing_context=ctx) for row in b.tolist()}
+                                                  multiprocessing_context=ctx)
+                  for row in b.tolist()}
         print("WORKER", method, sorted(states))
     # worker_init_fn set after construction: the shim's step is not there;
     # fork workers still get no pool, from the after-fork hook.

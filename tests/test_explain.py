@@ -47,7 +47,9 @@ def test_explain_from_the_command_line():
 
 def test_explain_says_whether_fix_rewrites_the_rule():
     """From the rule's declaration: the rewrite, what it serves, or a comment."""
-    flat = lambda code: " ".join(explain(find_rule(code)).split())
+    def flat(code):
+        return " ".join(explain(find_rule(code)).split())
+
     assert "rewrites the code at the logged line: `self.f = open(path, ...)`" in flat("DL201")
     assert "rewrites nothing: once the repair it served (DL201, DL202) is in the code" \
         in flat("DL209")

@@ -163,7 +163,7 @@ def test_loader_arguments_read_the_calls_own_worker_count(tmp_path):
     assert run_file(tmp_path, script, "cli", cli_args=("--log-file", str(log))).rc == 0
     diff = fix(tmp_path, log)
     assert diff.returncode == 0 and script.read_text() == (FIX / "loader_args.py").read_text()
-    added = [l[1:].strip() for l in diff.stdout.splitlines() if l.startswith("+ ")]
+    added = [line[1:].strip() for line in diff.stdout.splitlines() if line.startswith("+ ")]
     assert added[:5] == ["# autosafe-torch DL101: prefetch_factor only with workers",
                          "# autosafe-torch DL102: persistent_workers only with workers",
                          "# autosafe-torch DL103: multiprocessing_context only with workers",
@@ -339,7 +339,7 @@ def test_where_a_rewrite_would_not_be_exact_the_fix_is_a_comment(tmp_path, text,
     assert "%s left as a comment: %s" % (code, reason) in summary
     comment = "# autosafe-torch %s: the permanent fix of %s" % (code, code)
     assert comment in new
-    assert [l for l in new.splitlines() if l.strip() != comment] == text.splitlines()
+    assert [line for line in new.splitlines() if line.strip() != comment] == text.splitlines()
 
 
 def test_a_file_that_does_not_parse_is_left_alone(tmp_path):

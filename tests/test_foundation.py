@@ -49,10 +49,10 @@ def test_loader_made_every_epoch_logs_once(tmp_path):
     assert rec.site == "train.py:%d" % line_of(tmp_path, "return DataLoader"), result
     assert rec.done == "prefetch_factor 2 -> None: num_workers=0 (rank 3)", rec
     assert rec.fix == "pass prefetch_factor only when num_workers > 0", rec
-    summary = [l for l in result.stderr.splitlines() if "summary" in l]
+    summary = [line for line in result.stderr.splitlines() if "summary" in line]
     assert summary == ["autosafe_torch[rank 3]: summary: fixed DL101 x3; JSON log: %s"
                        % log.name], result
-    records = [json.loads(l) for l in log.read_text().splitlines()]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == 1
     rec = records[0]
     assert rec["code"] == "DL101" and rec["slug"] == "prefetch-without-workers"
@@ -173,7 +173,8 @@ import autosafe_torch, torch
 from torch.utils.data import DataLoader
 patched = DataLoader.__init__
 autosafe_torch.deactivate()
-print("RESTORED", type(DataLoader.__dict__["__init__"]).__name__, DataLoader.__init__ is not patched)
+print("RESTORED", type(DataLoader.__dict__["__init__"]).__name__,
+      DataLoader.__init__ is not patched)
 autosafe_torch.activate()
 print("AGAIN", type(DataLoader.__dict__["__init__"]).__name__)
 """
@@ -247,7 +248,8 @@ for i in range(2):
     assert result.rc == 0, result
     assert "BATCHES" in result.stdout
     assert result.stdout.count("ORIGINAL-ERROR prefetch_factor option") == 2, result
-    assert result.stderr.count("internal error in DataLoader.__init__ (RuntimeError: injected)") == 1
+    assert result.stderr.count(
+        "internal error in DataLoader.__init__ (RuntimeError: injected)") == 1
 
 
 @pytest.mark.internal_error_expected
@@ -296,7 +298,8 @@ def test_debug_shows_traceback(tmp_path):
 # ---- the CLI ---------------------------------------------------------------
 
 def test_cli_passes_exit_code_and_argv(tmp_path):
-    body = "import sys\nprint('ARGV', sys.argv[1:], sys.path[0] == %r)\nsys.exit(3)\n" % str(tmp_path)
+    body = ("import sys\nprint('ARGV', sys.argv[1:], sys.path[0] == %r)\nsys.exit(3)\n"
+            % str(tmp_path))
     result = run_script(tmp_path, body, activation="cli", args=("a", "--b"))
     assert result.rc == 3 and "ARGV ['a', '--b'] True" in result.stdout, result
 

@@ -14,11 +14,12 @@ scenario meets both). The two runs must print the same lines:
 
 and with the shim no intervention may be recorded: the JSON-lines log
 (``AUTOSAFE_TORCH_LOG_FILE``) stays absent or empty and the shim writes no
-line on stderr (no record, no ``autosafe_torch:`` line). The scenarios use data that shows a change: random
-augmentation (torch, random, numpy), the worker id in samples, fetch
-counters, barriers across all workers (which give up after a timeout, so a
-broken run fails instead of hanging). The scenarios whose point is a torch
-behaviour are checked to show it, on their run without the shim.
+line on stderr (no record, no ``autosafe_torch:`` line). The scenarios use
+data that shows a change: random augmentation (torch, random, numpy), the
+worker id in samples, fetch counters, barriers across all workers (which
+give up after a timeout, so a broken run fails instead of hanging). The
+scenarios whose point is a torch behaviour are checked to show it, on their
+run without the shim.
 
 The two runs of a pair run side by side, to halve the wall time.
 """
@@ -88,12 +89,12 @@ class Run:
 
     @property
     def batches(self):
-        return [l for l in self.stdout.splitlines() if l.startswith("BATCHES ")]
+        return [line for line in self.stdout.splitlines() if line.startswith("BATCHES ")]
 
     @property
     def states(self):
         # Sorted: a line printed while workers run may come in another order.
-        return sorted(l for l in self.stdout.splitlines() if l.startswith("STATE "))
+        return sorted(line for line in self.stdout.splitlines() if line.startswith("STATE "))
 
     def interventions(self):
         if self.log_file is None or not self.log_file.exists():

@@ -90,7 +90,8 @@ def test_every_holder_on_every_rung(tmp_path, tmp_path_factory, kind, rung):
     assert "internal error" not in result.stderr, result
     if refused(kind, rung):
         assert result.rc != 0 and "NoExactRung" in result.stderr, result
-        assert "neither pickles for spawn workers nor copies for emulated ones" in result.stderr, result
+        assert "neither pickles for spawn workers nor copies for emulated ones" \
+            in result.stderr, result
         assert "no rung gives the batches of its workers exactly" in result.stderr
         assert not result.batches, result
         assert all(r["action"] != "fixed" for r in records), records

@@ -107,7 +107,8 @@ def test_each_case_fails_without_autosafe_torch(tmp_path):
         if error is None:
             assert "OK %s" % code in result.stdout, (code, result)
             continue
-        failed = [l for l in result.stdout.splitlines() if l.startswith("FAILED %s " % code)]
+        failed = [line for line in result.stdout.splitlines()
+                  if line.startswith("FAILED %s " % code)]
         assert failed and error in failed[0], (code, result)
 
 

@@ -55,7 +55,7 @@ def workers(result):
 
 def parent(result):
     """``(tokens moved into shared memory, /dev/shm growth in bytes)``."""
-    (line,) = [l for l in result.stdout.splitlines() if l.startswith("PARENT ")]
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("PARENT ")]
     shared, rise = (pair.split("=")[1] for pair in line.split()[1:])
     return shared == "True", int(rise)
 
@@ -317,7 +317,8 @@ def test_moved_file_is_followed_deleted_file_goes_torch_s_way(saved, starting, t
     os.unlink(moved)
     ref, why = mapped_tensors.reference(tokens)
     assert ref is None and "deleted" in why
-    assert sent(tokens).is_shared() and torch.equal(tokens, torch.arange(50_000, dtype=torch.float32) / 7)
+    assert sent(tokens).is_shared()
+    assert torch.equal(tokens, torch.arange(50_000, dtype=torch.float32) / 7)
 
 
 @pytest.mark.rule("DL218")

@@ -73,7 +73,8 @@ def test_lambdas_and_local_functions_fail_like_pickle():
     assert re.match(LOCAL_OBJECT, result.error) and "<lambda>" in result.error
     result = probe(functools.partial(local, 1), "worker_init_fn")
     assert result.path == "worker_init_fn.func"
-    assert result.error.endswith("test_lambdas_and_local_functions_fail_like_pickle.<locals>.local'")
+    assert result.error.endswith(
+        "test_lambdas_and_local_functions_fail_like_pickle.<locals>.local'")
     assert probe(Holder(transform=local)).path == "dataset.transform"
 
 

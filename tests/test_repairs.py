@@ -90,18 +90,17 @@ def test_unrepairable_files_fail_as_before(data, tmp_path, reducers):
             roundtrip(Holder(w=w))
         assert probe(Holder(w=w)).path == "dataset.w"
     r, wfd = os.pipe()
-    with os.fdopen(r, "rb") as pipe, os.fdopen(wfd, "wb"):
-        with pytest.raises(TypeError, match=cannot_pickle("BufferedReader")):
-            roundtrip(pipe)
+    with os.fdopen(r, "rb") as pipe, os.fdopen(wfd, "wb"), \
+            pytest.raises(TypeError, match=cannot_pickle("BufferedReader")):
+        roundtrip(pipe)
 
 
 def test_uninstall_restores_the_default(data):
     path, _ = data
     reopen.install_reducers()
     pickling.uninstall_reducers()
-    with open(path, "rb") as f:
-        with pytest.raises(TypeError, match=cannot_pickle("BufferedReader")):
-            roundtrip(f)
+    with open(path, "rb") as f, pytest.raises(TypeError, match=cannot_pickle("BufferedReader")):
+        roundtrip(f)
     assert io.BufferedReader not in ForkingPickler._extra_reducers
 
 

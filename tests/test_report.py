@@ -8,7 +8,7 @@ A record is two lines, in the convention of compilers and linters::
 No repr of our internals, no memory address; the details go to the JSON log
 and to AUTOSAFE_TORCH_DEBUG=1. Every test that runs a script with the shim
 also checks each line it wrote (``support.assert_readable``).
-"""
+"""  # noqa: E501 - the record above is one line, quoted whole
 
 import os
 import re
@@ -154,7 +154,7 @@ digest(DataLoader(ds, batch_size=2, persistent_workers=True, prefetch_factor=2))
     result = run_script(tmp_path, body, activation="env",
                         env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
     assert result.rc == 0, result
-    summary = [l for l in result.stderr.splitlines() if "summary" in l]
+    summary = [line for line in result.stderr.splitlines() if "summary" in line]
     assert summary == ["autosafe_torch: summary: fixed DL101 x4 (2 call sites), DL102 x1; "
                        "JSON log: out.jsonl"], result
 
@@ -173,7 +173,7 @@ if __name__ == "__main__":
 
 
 def _warnings(stderr):
-    return [l for l in stderr.splitlines() if re.search(r":\d+: UserWarning: ", l)]
+    return [line for line in stderr.splitlines() if re.search(r":\d+: UserWarning: ", line)]
 
 
 def test_torch_s_worker_count_warning_points_where_it_points_without_the_shim(tmp_path):

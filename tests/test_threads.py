@@ -92,8 +92,8 @@ def python(tmp_path_factory):
 def run(tmp_path, python, kind, thread, **kw):
     env = dict(kw.pop("env", {}), THREADLIB_THREAD="1" if thread else "0")
     res = run_script(tmp_path, SCRIPT, python=python, args=(kind,), env=env, **kw)
-    res.started_by = [l.split()[1] for l in res.stdout.splitlines()
-                      if l.startswith("STARTED_BY")]
+    res.started_by = [line.split()[1] for line in res.stdout.splitlines()
+                      if line.startswith("STARTED_BY")]
     return res
 
 
@@ -124,7 +124,7 @@ def test_a_server_with_a_library_thread_gives_plain_spawn_as_on_macos(tmp_path, 
     res = run(tmp_path, python, "legacy", True, activation="cli", cli_args=("--as", "macos"))
     assert res.rc == 0, res
     assert "DL201 unpicklable-dataset" in res.stderr and "DL209 warm-worker-start" in res.stderr
-    refused = [l for l in res.stderr.splitlines() if REFUSED in l]
+    refused = [line for line in res.stderr.splitlines() if REFUSED in line]
     assert len(refused) == 1 and "plain spawn" in refused[0], res
     assert res.started_by == ["parent"], res
     assert res.batches == reference.batches

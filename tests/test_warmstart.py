@@ -48,7 +48,8 @@ def start_is_a_clause(res, strategy, action="fixed"):
 
 
 def started_by(res):
-    return [l.split()[1:] for l in res.stdout.splitlines() if l.startswith("STARTED_BY")][-1]
+    return [line.split()[1:] for line in res.stdout.splitlines()
+            if line.startswith("STARTED_BY")][-1]
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +157,8 @@ def test_a_changed_environment_keeps_the_start_warm(tmp_path):
 def test_workers_exit_when_the_training_process_is_killed(tmp_path):
     res = run(tmp_path, "legacy", args=("--die",))
     assert res.rc == -9, res
-    pids = [int(p) for l in res.stdout.splitlines() if l.startswith("WORKERS")
-            for p in l.split()[1:]]
+    pids = [int(p) for line in res.stdout.splitlines() if line.startswith("WORKERS")
+            for p in line.split()[1:]]
     assert pids, res
     deadline = time.time() + 30
     while time.time() < deadline and any(_alive(p) for p in pids):

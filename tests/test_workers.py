@@ -309,11 +309,13 @@ def test_dl203_class_from_interactive_main(tmp_path, method):
         return proc
 
     bad = run(2, False)
-    assert bad.returncode != 0 and "Can't get attribute 'Squares' on <module '__main__'" in bad.stderr
+    assert bad.returncode != 0
+    assert "Can't get attribute 'Squares' on <module '__main__'" in bad.stderr
     good, ref = run(2, True), run(0, False)
     assert good.returncode == 0, good.stderr
-    digest = [l for l in good.stdout.splitlines() if l.startswith("BATCHES")]
-    assert digest and digest == [l for l in ref.stdout.splitlines() if l.startswith("BATCHES")]
+    digest = [line for line in good.stdout.splitlines() if line.startswith("BATCHES")]
+    assert digest
+    assert digest == [line for line in ref.stdout.splitlines() if line.startswith("BATCHES")]
     (record,) = [r for r in json_log(log) if r["code"] == "DL203"]
     at = body.splitlines().index("digest(DataLoader(Squares(), batch_size=4, num_workers=WORKERS))")
     # python -c: the line in the command

@@ -204,7 +204,7 @@ def _without_name(statement, name):
                 small = small.with_changes(names=names)
         body.append(small)
     if not body:
-        commented = any(l.comment for l in statement.leading_lines) \
+        commented = any(line.comment for line in statement.leading_lines) \
             or statement.trailing_whitespace.comment
         return statement if commented else cst.RemovalSentinel.REMOVE  # a comment stays
     return statement.with_changes(body=body)

@@ -175,9 +175,10 @@ def _plan_attribute(source, cls, attribute, statement, code):
     getitem = _methods(cls)["__getitem__"]
     me = _self_name(getitem)
     reopen = cst.parse_statement(
-        "if {s}._{a}_pid != {os}.getpid():  # autosafe-torch {code}: a file of its own\n"
-        "    {s}.{a}, {s}._{a}_pid = {s}._open_{a}(), {os}.getpid()\n".format(
-            s=me, a=attribute, os=os_name, code=code))
+        f"if {me}._{attribute}_pid != {os_name}.getpid():"
+        f"  # autosafe-torch {code}: a file of its own\n"
+        f"    {me}.{attribute}, {me}._{attribute}_pid = "
+        f"{me}._open_{attribute}(), {os_name}.getpid()\n")
 
     def first_in_getitem(function):
         body = list(function.body.body)

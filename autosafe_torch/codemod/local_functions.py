@@ -199,7 +199,7 @@ def _lift_def(source, call, part, value, assignment):
         params = params.with_changes(star_arg=star,
                                      kwonly_params=list(params.kwonly_params) + extra)
     lifted = function.with_changes(params=params, leading_lines=_leading_lines() + [
-        l.with_changes(indent=False) for l in function.leading_lines if l.comment])
+        line.with_changes(indent=False) for line in function.leading_lines if line.comment])
     source.edit(function, lambda node: cst.RemovalSentinel.REMOVE)
     _insert(source, call, lifted)
     if closure:

@@ -365,7 +365,7 @@ class Source:
             return False
         first, *rest = text.split("\n")
         lines = ["# " + COMMENT_PREFIX + first] + ["#     " + line for line in rest]
-        existing = [getattr(l.comment, "value", None) for l in anchor.leading_lines]
+        existing = [getattr(empty.comment, "value", None) for empty in anchor.leading_lines]
         planned = self._comments.setdefault(id(anchor), [])
         if lines[0] not in existing and lines[0] not in planned:
             planned.extend(lines)
@@ -396,8 +396,8 @@ def _with_imports(module, imports):
     """``module`` with an ``import m`` for each of ``imports``, where libcst's
     AddImportsVisitor puts one: with the file's imports, after its docstring
     and any ``from __future__`` import, never twice."""
-    from libcst.codemod import CodemodContext
-    from libcst.codemod.visitors import AddImportsVisitor
+    from libcst.codemod import CodemodContext  # noqa: PLC0415 - libcst.codemod costs ~0.2 s: only here
+    from libcst.codemod.visitors import AddImportsVisitor  # noqa: PLC0415 - as above
 
     context = CodemodContext()
     for name in sorted(imports):
@@ -406,7 +406,7 @@ def _with_imports(module, imports):
 
 
 def _names_in(region):
-    import libcst.matchers as m
+    import libcst.matchers as m  # noqa: PLC0415 - libcst.matchers costs ~0.2 s: only here
 
     regions = region if isinstance(region, (list, tuple)) else [region]
     return [name for part in regions for name in m.findall(part, m.Name())]
@@ -467,7 +467,7 @@ class _Apply(cst.CSTTransformer):
         if guard:
             first = guard[0]
             guard[0] = first.with_changes(leading_lines=[
-                l for l in first.leading_lines if l.comment is not None])
+                line for line in first.leading_lines if line.comment is not None])
             lines = [cst.EmptyLine(indent=False)] * 2
             if source._guard_comment:
                 lines.append(cst.EmptyLine(indent=False, comment=cst.Comment(

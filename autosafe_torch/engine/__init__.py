@@ -10,10 +10,12 @@ raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .. import report, rules
 from ..config import CONFIG
+from ..inspection import objwalk
 
 if TYPE_CHECKING:
     from ..report import Intervention
@@ -54,8 +56,6 @@ def run_checks(hook: str, args: dict[str, Any],
     Returns the findings and the arguments with all their changes. Nothing
     is applied: see ``settle``.
     """
-    from ..inspection import objwalk
-
     work = dict(args)
     findings = ctx.findings = []
     try:

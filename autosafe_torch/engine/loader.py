@@ -16,12 +16,15 @@ of the worker checks are made once their remedies held in the workers
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, Hashable, Iterable
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .. import callsite, facts
 from ..config import CONFIG
+from ..inspection import holdings
 from ..inspection.parts import parts_of
 from ..loaderstate import state_of
+from ..remedies import cv2 as cv2_remedies
 from ..rules import Context
 from ..rung import Rung
 from . import run_checks, settle, settle_later
@@ -84,9 +87,7 @@ def _plan_key(loader: Loader) -> Hashable:
 
 def _opencl_used() -> bool:
     # CV402: the program's first OpenCL use between epochs changes the plan.
-    from ..remedies.cv2 import opencl_runtime_loaded
-
-    return opencl_runtime_loaded()
+    return cv2_remedies.opencl_runtime_loaded()
 
 
 def decide_iteration(loader: Loader, frame: FrameType) -> None:
@@ -112,7 +113,7 @@ def _keep_the_pickle(loader: Loader, ctx: Context) -> None:
     may go as it is to each (``remedies/sent_once.py``)."""
     for plan in ctx.plans.get("pickling_plans", {}).values():
         if plan.pickled is not None:
-            from ..remedies import sent_once
+            from ..remedies import sent_once  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
             sent_once.keep(loader, loader.dataset, plan.pickled)
 
@@ -122,7 +123,7 @@ def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None 
     """The worker checks' findings for ``loader`` and the arguments they leave:
     planned, nothing applied. ``fork_failed``: the failure of its forked
     workers that rules fork out (``Context.fork_failed``)."""
-    from ..inspection.mainmodule import main_is_guarded
+    from ..inspection.mainmodule import main_is_guarded  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     guarded: list[bool] = []
 
@@ -191,7 +192,7 @@ def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
         return  # the common case: nothing read here that grows with the dataset
     _values, found, work, _ctx = _plan_workers(loader, frame)
     if any(f.rung is Rung.WARM_SPAWN for f in found):
-        from ..remedies import warmstart
+        from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
 
         warmstart.start_ahead(warmstart.libraries_for(list(parts_of(work).values())),
                               work["multiprocessing_context"])
@@ -203,9 +204,9 @@ def _repair_likely(parts: dict[str, Any]) -> bool:
     device open for reading (a handle a dataset keeps), another thread alive (a
     pool, a refresher), a function or class a worker cannot import, a class
     that forwards its attributes."""
-    from ..inspection import holdings, threads
-    from ..inspection.descriptors import shared_at_fork
-    from ..inspection.mainmodule import importable_by_reference
+    from ..inspection import threads  # noqa: PLC0415 - only a loader with workers needs it
+    from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..inspection.mainmodule import importable_by_reference  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     if shared_at_fork() or threads.others_alive():
         return True

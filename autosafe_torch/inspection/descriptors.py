@@ -88,7 +88,7 @@ def descriptor_of(obj):
 def _describe_fd(fd):
     """``(access, regular, dev, ino, name)`` of an open descriptor, or None."""
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
     except ImportError:  # Windows: no fork, nothing shares an offset
         return None
     try:
@@ -124,7 +124,7 @@ def path_of(fd):
             return None
         return None if path.endswith(" (deleted)") else path
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
         getpath = getattr(fcntl, "F_GETPATH", None)  # macOS
         if getpath is None:
@@ -235,7 +235,7 @@ def describe_open(fd, shm_devices=None):
     """The ``OpenFile`` on ``fd``, or None: not open, not a regular file, a
     path handle, torch's shared memory (``/dev/shm``, memfd)."""
     try:
-        import fcntl
+        import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
     except ImportError:  # Windows: no fork, nothing shares an offset
         return None
     try:

@@ -76,9 +76,10 @@ def faulthandler_in_worker(directory, worker_id):
     multiprocessing" loses)."""
     global _worker_dump
     try:
-        import faulthandler
+        import faulthandler  # noqa: PLC0415 - only in a worker
 
-        _worker_dump = open(dump_path(directory, worker_id, os.getpid()), "w")
+        # Open for the worker's life: faulthandler writes to it when the worker crashes.
+        _worker_dump = open(dump_path(directory, worker_id, os.getpid()), "w")  # noqa: SIM115
         faulthandler.enable(_worker_dump, all_threads=True)
         faulthandler.register(DUMP_SIGNAL, _worker_dump, all_threads=True)
     except Exception:
@@ -114,7 +115,7 @@ def leave_start_traceback(directory_of):
 
     def hook(kind, value, tb):
         try:
-            import traceback
+            import traceback  # noqa: PLC0415 - rare; a spawned worker imports this at its start
 
             directory = directory_of()
             if directory is not None:

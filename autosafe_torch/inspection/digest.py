@@ -31,6 +31,7 @@ as torch's own pickling of the dataset for a worker would.
 import copyreg
 import hashlib
 import mmap
+import os
 import pickle
 import sys
 import types
@@ -88,7 +89,7 @@ class _Pickler(pickle.Pickler):
         if tensor_types and is_a(obj, tensor_types):
             return _tensor(obj)
         if array_type is not None and is_a(obj, array_type) and not obj.dtype.hasobject:
-            import numpy
+            import numpy  # noqa: PLC0415 - optional dependency
 
             return ("array", obj.dtype.str, obj.shape,
                     _bytes_hash(numpy.ascontiguousarray(obj).view(numpy.uint8).data))
@@ -138,11 +139,10 @@ def _payload_types():
 
 def _file_state(f):
     """Name, mode, position, size and modification time of an open file."""
-    import os
-
     parts = []
+    # ``lambda: f.tell()``, not ``f.tell``: a file without ``tell`` fails inside the try
     for read in (lambda: getattr(f, "name", None), lambda: getattr(f, "mode", None),
-                 lambda: f.closed, lambda: f.tell()):
+                 lambda: f.closed, lambda: f.tell()):  # noqa: PLW0108
         try:
             value = read()
             parts.append(value if type(value) in (str, int, bool, type(None)) else repr(value))

@@ -250,11 +250,11 @@ def _stores(code, attribute, depth=0):
     """``self.<attribute> = <not None>`` anywhere in ``code`` (or code it nests)."""
     before = [None, None]
     for ins in dis.get_instructions(code):
-        if ins.opname == "STORE_ATTR" and ins.argval == attribute:
-            # ``x.a = None`` is LOAD_CONST None, LOAD_FAST x, STORE_ATTR a.
-            if not (before[0] is not None and before[0].opname == "LOAD_CONST"
-                    and before[0].argval is None):
-                return True
+        # ``x.a = None`` is LOAD_CONST None, LOAD_FAST x, STORE_ATTR a.
+        if ins.opname == "STORE_ATTR" and ins.argval == attribute \
+                and not (before[0] is not None and before[0].opname == "LOAD_CONST"
+                         and before[0].argval is None):
+            return True
         before = [before[1], ins]
     if depth < 4:
         return any(_stores(const, attribute, depth + 1) for const in code.co_consts

@@ -45,7 +45,7 @@ def a_or_an(noun):
 def what_is(value):
     """A few words for what a dataset holds or a loader is given: "an open
     file", "a lambda", "a thread pool"... (``brief`` for anything else)."""
-    from . import holdings
+    from . import holdings  # noqa: PLC0415 - the rules' registry loads without it (explain, doctor)
 
     try:
         if isinstance(value, (types.FunctionType, type)):

@@ -161,7 +161,7 @@ def plain(container):
     known = _plain_known.get(id(container))
     if known is not None and known[0] is container:
         return known[1]
-    from .inventory import only_plain
+    from .inventory import only_plain  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     result = only_plain(container)
     if len(_plain_known) < 256:

@@ -16,7 +16,7 @@ def held_in_parts(parts, wanted):
     """``(path, obj)`` for each object the loader's parts (``dataset``,
     ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
     once each, as the walk finds them."""
-    from . import holdings, objwalk
+    from . import holdings, objwalk  # noqa: PLC0415 - parts.py loads at start-up; the walker when a loader needs it
 
     seen = set()
     for name in PARTS:

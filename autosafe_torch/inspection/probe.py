@@ -103,7 +103,7 @@ def _fork_semlock_reducers():
     """Python 3.9 pickles a lock or semaphore of a fork context for a spawned
     child, which then fails to open it (its name was unlinked at creation):
     refuse it as Python 3.10 and later do."""
-    from multiprocessing import synchronize
+    from multiprocessing import synchronize  # noqa: PLC0415 - only for a semaphore being pickled
 
     def reduce(lock):
         if sys.platform != "win32" and lock._semlock.name is None:
@@ -156,7 +156,7 @@ def _by_value_parts(obj):
 
 def _filled(cell):
     try:
-        cell.cell_contents
+        cell.cell_contents  # noqa: B018 - reading an empty cell raises ValueError
         return True
     except ValueError:
         return False

@@ -146,7 +146,7 @@ def batch_device(dataset):
     copy each batch back, and the script sees the very batches it had.
     Other datasets may mix devices within a sample: None.
     """
-    from torch.utils.data import ConcatDataset, Subset, TensorDataset
+    from torch.utils.data import ConcatDataset, Subset, TensorDataset  # noqa: PLC0415 - the rules load without torch (explain, doctor)
 
     pending, devices = [dataset], set()
     while pending:

@@ -22,6 +22,7 @@ C libraries (a BLAS pool, a telemetry client) as well as Python's.
 
 import os
 import sys
+import threading
 
 __all__ = ["count", "single_threaded", "others_alive"]
 
@@ -73,7 +74,7 @@ def single_threaded():
 
 def _libsystem():
     if "lib" not in _mach:
-        import ctypes
+        import ctypes  # noqa: PLC0415 - macOS only (libSystem)
 
         lib = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
         port = ctypes.c_uint  # mach_port_t, thread_act_t, mach_msg_type_number_t
@@ -113,8 +114,6 @@ def others_alive():
     (a thread pool's workers, a cache refresher, another loader's pin thread):
     what a pool or a lock a dataset holds needs, to be a fork hazard. None
     alive: a pool has no threads to lose, a lock no holder but this thread."""
-    import threading
-
     main = threading.main_thread()
     return [t for t in threading.enumerate()
             if t is not main and not (t.name or "").startswith("autosafe_torch")]

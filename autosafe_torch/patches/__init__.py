@@ -10,6 +10,8 @@ puts every original back.
 import importlib
 import inspect
 
+from ..config import CONFIG
+
 # trigger module -> patch modules applied when it is imported
 TARGETS = {
     "torch": ("autosafe_torch.patches.dataloader", "autosafe_torch.patches.pinning",
@@ -105,7 +107,6 @@ def original(owner, name):
 
 def apply_for(trigger, module):
     """Apply every patch module registered for ``trigger``; each fails alone."""
-    from ..config import CONFIG
     from ..report import internal_error
     from ..rules import load_all
 

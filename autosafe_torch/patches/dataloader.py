@@ -24,7 +24,7 @@ _signature = {}
 
 
 def patch(torch):
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader  # noqa: PLC0415 - torch's own import runs this patch
 
     signature = _signature["sig"] = signature_without_self(DataLoader.__init__)
     _signature["defaults"] = defaults_of(signature)
@@ -54,7 +54,7 @@ def _init_wrapper(wrapped, instance, args, kwargs):
 def _iterator_wrapper(wrapped, loader, args, kwargs):
     engine.fail_open(None, "DataLoader iteration", plans.decide_iteration, loader,
                      sys._getframe(1))
-    from .. import recovery  # imported at the first iterator, not at torch's import
+    from .. import recovery  # noqa: PLC0415 - imported at the first iterator, not at torch's import
 
     # The records of this iteration's findings: made once their remedies held.
     pending = plans.take_pending(loader)
@@ -68,7 +68,7 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
         callsite.pin_thread_serves(iterator, callsite.iteration_site(loader))
     device = state.batch_device
     if device is not None:
-        from ..remedies.batchdevice import BatchesTo
+        from ..remedies.batchdevice import BatchesTo  # noqa: PLC0415 - imports torch; only for batches moved
 
         iterator = BatchesTo(iterator, device)
     return iterator

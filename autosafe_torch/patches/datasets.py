@@ -30,7 +30,7 @@ _pending = threading.local()
 
 
 def patch(torch):
-    from torch.utils.data import Dataset
+    from torch.utils.data import Dataset  # noqa: PLC0415 - torch's own import runs this patch
 
     replace(Dataset, "__new__", staticmethod(_recording_new))
 
@@ -39,7 +39,7 @@ def unpatch():
     """After ``revert``: a ``__new__`` that only does what ``__new__`` did before.
     Deleting ours is not enough: CPython keeps the slot it made for it, and
     ``object.__new__`` would then refuse every subclass's arguments."""
-    from torch.utils.data import Dataset
+    from torch.utils.data import Dataset  # noqa: PLC0415 - torch's own import runs this patch
 
     Dataset.__new__ = staticmethod(_plain_new)
 
@@ -47,7 +47,7 @@ def unpatch():
 def _plain_new(cls, *args, **kwargs):
     """What ``Dataset(...)`` did without the shim: the next ``__new__`` along
     the class's MRO, with object.__new__'s own refusal of arguments."""
-    from torch.utils.data import Dataset
+    from torch.utils.data import Dataset  # noqa: PLC0415 - torch's own import runs this patch
 
     following = super(Dataset, cls).__new__
     if following is not object.__new__:
@@ -68,7 +68,7 @@ def _recording_new(cls, *args, **kwargs):
 
 
 def _record(obj, cls, args, kwargs):
-    from ..remedies import rebuild
+    from ..remedies import rebuild  # noqa: PLC0415 - at a recorded construction, not torch's import
 
     if not rebuild.recording() or (cls.__module__ or "").startswith("torch."):
         return
@@ -120,7 +120,7 @@ class MeasuredInit:
         if ref is None or ref() is not obj:
             return self.__wrapped__(obj, *args, **kwargs)
         made, _pending.ref, _pending.made = _pending.made, None, None
-        from ..remedies import rebuild
+        from ..remedies import rebuild  # noqa: PLC0415 - at a recorded construction, not torch's import
 
         return rebuild.measured(made, obj, self.__wrapped__, args, kwargs)
 

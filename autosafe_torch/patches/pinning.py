@@ -24,7 +24,7 @@ from . import replace
 
 
 def patch(torch):
-    from ..torch_private import pin_memory_module
+    from ..torch_private import pin_memory_module  # noqa: PLC0415 - imports torch, whose import runs this patch
 
     module = pin_memory_module()
 

@@ -56,7 +56,9 @@ from ..loaderstate import state_of
 from ..inspection.diagnostics import dump_dir
 from ..remedies import isolation
 from ..remedies.workerinit import with_step
+from ..report import log
 from ..rung import Rung
+from ..rules import Context, number_of
 from ..rules.recovery import kinds_watched
 from .iterator import RecoveringIter
 from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,
@@ -159,7 +161,7 @@ def _warm_mark(pending):
     """Where the warm starts stood before this iterator's workers (DL209), or None."""
     if not any(i.rung is Rung.WARM_SPAWN for i in pending):
         return None
-    from ..remedies import warmstart
+    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
 
     return warmstart.starts().mark()
 
@@ -170,8 +172,7 @@ def _warm_outcome(pending, mark):
     and why (its own line, with the user's file:line)."""
     if mark is None:
         return
-    from ..rules import number_of
-    from ..remedies import warmstart
+    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
 
     started = warmstart.starts()
     warm_started, plain, built = started.since(mark)
@@ -191,11 +192,7 @@ def _say_used(site, pending, workers, usage):
     """The records of what the workers read through descriptions of their own
     (the rules at ``dataloader.outcome``; ``pending``: the records of the
     iteration, which may have named some already)."""
-    from ..rules import Context
-
     if usage.missing:
-        from ..report import log
-
         log(logging.DEBUG, "%s: not reached in the workers (the number holds another file "
             "there): %s", site, "; ".join("%s: %s" % item for item in usage.missing.items()))
     found = engine.run_checks("dataloader.outcome", {},

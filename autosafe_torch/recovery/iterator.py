@@ -10,11 +10,13 @@ delivered; once the rung delivered every batch that was in flight at the
 failure, the recovery's record is made (``dataloader.failure``).
 """
 
+from __future__ import annotations
+
 import multiprocessing.process
 import os
 import time
 import weakref
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import wrapt
 
@@ -24,6 +26,8 @@ from ..errors import NoExactRung
 from ..inspection import failures as F
 from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
 from ..inspection.diagnostics import read as read_dump
+from ..report import internal_error
+from ..rules import Context
 from ..rules import ladder as L
 from ..rung import Rung
 from .rungs import (ResumedEmulation, real_workers, replanned_without_fork, replay, stop,
@@ -39,9 +43,9 @@ class Recovered(NamedTuple):
 
     first: F.Failure  # the failure that started it
     first_rung: Rung  # the rung that failed first
-    tried: List[Tuple[Rung, F.Failure]]  # the rungs that failed on the way, and how
+    tried: list[tuple[Rung, F.Failure]]  # the rungs that failed on the way, and how
     rung: Rung  # the rung that runs now
-    exact: Optional[str]  # None, or why the batches may differ
+    exact: str | None  # None, or why the batches may differ
     verify_at: int  # the batches to be delivered before it counts as held
 
 
@@ -106,8 +110,6 @@ class RecoveringIter(wrapt.ObjectProxy):
         except NoExactRung:
             raise
         except Exception as exc:  # ours: the user gets torch's error
-            from ..report import internal_error
-
             internal_error("DataLoader recovery", exc)
             recovered = False
         if not recovered:
@@ -233,12 +235,9 @@ class RecoveringIter(wrapt.ObjectProxy):
 
 
 def _record(pending: Recovered) -> None:
-    from ..callsite import user_call_site
-    from ..rules import Context
-
     ctx = Context(None, failure=pending.first, first_rung=pending.first_rung,
                   tried=pending.tried, rung=pending.rung, exact=pending.exact)
     found, _ = engine.run_checks("dataloader.failure", {}, ctx)
     if found:
-        engine.settle(found, user_call_site())
+        engine.settle(found, callsite.user_call_site())
 

@@ -31,6 +31,7 @@ from ..remedies import isolation, loggers, process_state, sent_once
 from ..remedies.emulated_workers import EmulatedWorkersIter
 from ..remedies.limits import file_system_sharing, use_file_system_sharing
 from ..remedies.workerinit import with_step
+from ..report import log, shorten_line
 from ..rules.fork import own_descriptions_wanted
 from ..rung import Rung
 from .watch import POLL_S, Failed, raised_in_worker
@@ -207,8 +208,6 @@ def torch_lacks(seam, missing, consequence):
     ``*_missing``); said once per process."""
     if missing and seam not in _said:
         _said.add(seam)
-        from ..report import log, shorten_line
-
         log(logging.WARNING, "torch %s lacks %s: %s; torch's own iterator runs instead",
             torch.__version__, shorten_line(missing, 80), consequence)
     return bool(missing)

@@ -27,19 +27,21 @@ from __future__ import annotations
 import os
 import pickle
 from typing import Any
+from multiprocessing import process, spawn
 
 from ..inspection.diagnostics import in_fork_server
 
 RECIPES = "AUTOSAFE_TORCH_BUILD_RECIPES"
 
-BUILT: dict[Any, Any] = {}  # in a build server and its children: key -> the dataset built (or Unbuilt)
+# in a build server and its children: key -> the dataset built (or Unbuilt)
+BUILT: dict[Any, Any] = {}
 
 
 def from_server(key, expected):
     """In a worker forked from the build server: the dataset it built, if it
     still holds what the training process's holds now; else a stand-in that
     fails the worker's start (``rebuild.Unbuilt``)."""
-    from . import rebuild
+    from . import rebuild  # noqa: PLC0415 - in a worker of the build server only
 
     built = BUILT.get(key)
     if built is None:
@@ -53,8 +55,6 @@ def _build():
     preparation data (the main module imported as ``__mp_main__``, its
     ``sys.path``, working directory, argv), then the datasets, each built and
     checked."""
-    from multiprocessing import process, spawn
-
     path = os.environ.pop(RECIPES, None)
     if not path:
         return

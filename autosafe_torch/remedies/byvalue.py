@@ -27,7 +27,7 @@ class ByValue:
         return self.function(*args, **kwargs)
 
     def __reduce__(self):
-        import cloudpickle
+        import cloudpickle  # noqa: PLC0415 - only for a function sent by value
 
         return _load_by_value, (cloudpickle.dumps(self.function),)
 
@@ -36,7 +36,7 @@ class ByValue:
 
 
 def _load_by_value(data):
-    import cloudpickle
+    import cloudpickle  # noqa: PLC0415 - only for a function sent by value
 
     return ByValue(cloudpickle.loads(data))
 
@@ -58,7 +58,7 @@ class _ClassByValue:
         return self.cls(*args, **kwargs)
 
     def __reduce__(self):
-        import cloudpickle
+        import cloudpickle  # noqa: PLC0415 - only for a function sent by value
 
         return cloudpickle.loads, (cloudpickle.dumps(self.cls),)
 
@@ -105,10 +105,10 @@ def _reducer_override(pickler, obj):
     dataset class defined inside ``main()``) goes by value; everything else
     as before."""
     if isinstance(obj, (types.FunctionType, type)):
-        from ..inspection.mainmodule import importable_by_reference
+        from ..inspection.mainmodule import importable_by_reference  # noqa: PLC0415 - parent only: workers import this module too
 
         if not importable_by_reference(obj):
-            import cloudpickle
+            import cloudpickle  # noqa: PLC0415 - only for a function sent by value
 
             return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=PROTOCOL),)
     return NotImplemented

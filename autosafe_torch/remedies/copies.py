@@ -55,7 +55,7 @@ from ..errors import NoExactRung
 from ..inspection.failures import describe_exception
 from ..inspection.naming import what_is
 from ..report import shorten_line
-from . import images
+from . import images, isolation
 from .reopen import file_reducers, reopen
 
 # Tensors and arrays at least this large are shared with the workers rather
@@ -91,7 +91,8 @@ def _shared(obj):
     if logging is not None and objwalk.is_a(obj, (logging.Logger, logging.Handler)):
         return "logger"
     if _written_or_not_regular(obj):
-        return "not read from a file (written, a pipe, a socket): shared, as forked workers share it"
+        return ("not read from a file (written, a pipe, a socket): shared, as forked workers "
+                "share it")
     if holdings.threading_kind(obj) == "thread":
         return "thread"
     return None
@@ -200,7 +201,7 @@ class CopyPlan:
             for key, lock in self._locks.items():
                 made[key] = self._new_lock(lock)
             for key, pool in self._pools.items():
-                from .pools import _new_pool, _recipe
+                from .pools import _new_pool, _recipe  # noqa: PLC0415 - only for a dataset that holds a pool
 
                 made[key] = _new_pool(*_recipe(pool))
             for _ in range(MAX_UNCOPYABLE):
@@ -213,7 +214,7 @@ class CopyPlan:
                     culprit = _failed_object(exc.__traceback__)
                     if culprit is None or id(culprit) in made:
                         raise NoExactRung("%s cannot be copied for each emulated worker (%s)"
-                                          % (self._named(culprit), _short(exc)))
+                                          % (self._named(culprit), _short(exc))) from exc
                     made[id(culprit)] = self._round_trip(culprit, exc)
             raise NoExactRung("too many objects that cannot be copied for emulated workers")
         except BaseException:
@@ -226,11 +227,11 @@ class CopyPlan:
         # reaches them (a weak proxy's referent) finds their copy.
         for key, obj in self._direct.items():
             memo[key] = _new_instance(type(obj))
-        for key, closer in self._closers.items():
+        for closer in self._closers.values():
             _closer_copy(closer, memo)
-        for key, reader in self._readers.items():
+        for reader in self._readers.values():
             _reader_copy(reader, memo)
-        for key, f in self._buffered.items():
+        for f in self._buffered.values():
             _buffered_copy(f, memo)
         for key, func in self._functions.items():
             memo[key] = _rebuilt(func, memo)
@@ -264,7 +265,7 @@ class CopyPlan:
             return _reopen_binary(f)
         except (OSError, ValueError) as exc:
             raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
-                              % (self._named(f), _short(exc)))
+                              % (self._named(f), _short(exc))) from exc
 
     def _own_image(self, img):
         """The image opened again at its frame, as a forked worker's reads it."""
@@ -272,11 +273,11 @@ class CopyPlan:
             return images.copy_of(img)
         except (OSError, ValueError, RuntimeError) as exc:
             raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
-                              % (self._named(img), _short(exc)), dropped.IMAGE_FIX)
+                              % (self._named(img), _short(exc)), dropped.IMAGE_FIX) from exc
 
     def _own_map(self, m):
         """The map mapped again from its file, as a forked worker holds it."""
-        from . import mappings, memmaps
+        from . import mappings, memmaps  # noqa: PLC0415 - only for a mapped file
 
         ref, why = memmaps.map_reference(m)
         if ref is None:
@@ -285,7 +286,7 @@ class CopyPlan:
         try:
             return memmaps.map_again(*ref.args())
         except mappings.MappedFileChanged as exc:
-            raise NoExactRung("%s: %s" % (self._named(m), exc))
+            raise NoExactRung("%s: %s" % (self._named(m), exc)) from exc
 
     def _new_lock(self, lock):
         kind = holdings.threading_kind(lock)
@@ -513,17 +514,15 @@ def _reopen_binary(f):
     at the position ``f`` reads from, with its mode: through the kernel, so
     that a file open for reading and writing (``'r+b'``, a temporary file)
     or one since deleted is reached as it is."""
-    from .isolation import reopen_description
-
     raw = holdings.raw_file(f)
     if raw is None or isinstance(f, io.TextIOWrapper):
         raise ValueError("not a binary file")
-    import fcntl
+    import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     fd = raw.fileno()
     st = os.fstat(fd)
     position = f.tell()
-    new = reopen_description(fd, st.st_dev, st.st_ino, fcntl.fcntl(fd, fcntl.F_GETFL))
+    new = isolation.reopen_description(fd, st.st_dev, st.st_ino, fcntl.fcntl(fd, fcntl.F_GETFL))
     os.lseek(new, position, os.SEEK_SET)
     twin = io.FileIO(new, raw.mode, closefd=True)
     twin.name = raw.name

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from ..config import CONFIG
+
 # The only count a worker is ever given. OpenCV reads OPENCV_FOR_THREADS_NUM
 # for a negative count only; 0 means no pool. Any non-zero count in a forked
 # child hangs or crashes it (measured on every release, 4.5.1 .. 5.0.0).
@@ -24,7 +26,7 @@ def _cv2():
     """cv2 in a worker: imported only because the parent had it."""
     module = sys.modules.get("cv2")
     if module is None:
-        import cv2 as module
+        import cv2 as module  # noqa: PLC0415 - optional dependency
     return module
 
 
@@ -56,7 +58,7 @@ def install_fork_hook():
     before the process's target; it acts only in torch's DataLoader workers."""
     if _installed:
         return
-    from multiprocessing import util
+    from multiprocessing import util  # noqa: PLC0415 - cv2 may be imported before torch
 
     util.register_after_fork(_hook, _after_fork)
     _installed.append(True)
@@ -70,13 +72,11 @@ def _is_dataloader_worker(process):
 
 def _after_fork(_owner):
     try:
-        import multiprocessing
+        import multiprocessing  # noqa: PLC0415 - cv2 may be imported before torch
 
         cv2 = sys.modules.get("cv2")
         if cv2 is None or not _is_dataloader_worker(multiprocessing.current_process()):
             return
-        from ..config import CONFIG
-
         if CONFIG.mode != "fix" or not CONFIG.rule_enabled("CV401", "cv2"):
             return
         cv2.setNumThreads(WORKER_THREADS)
@@ -131,7 +131,7 @@ def opencl_device_usable(environ=None):
     fresh interpreter with this environment (asking here would create the
     context that is the hazard). Cached per OPENCV_OPENCL_* setting. A probe
     that fails says yes: only consulted once this process has loaded a runtime."""
-    import subprocess
+    import subprocess  # noqa: PLC0415 - only for the OpenCL probe (a child interpreter)
 
     env = dict(os.environ if environ is None else environ)
     key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("OPENCV_OPENCL")))
@@ -145,7 +145,7 @@ def opencl_device_usable(environ=None):
         out = subprocess.run(
             [sys.executable, "-c", "import cv2; print(int(cv2.ocl.haveOpenCL() and "
              "cv2.ocl.useOpenCL()))"], env=env, capture_output=True, text=True,
-            timeout=60).stdout.split()
+            timeout=60, check=False).stdout.split()
         usable = out[-1:] != ["0"]
     except Exception:
         usable = True

@@ -67,8 +67,9 @@ import torch
 
 from .. import torch_private as tp
 from ..errors import NoExactRung
+from ..inspection.descriptors import open_files
 from ..inspection.parts import PARTS
-from . import generators
+from . import generators, isolation
 from .copies import SHARE_AT_BYTES, CopyPlan, Watched, copy_for_worker
 
 __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK",
@@ -91,7 +92,7 @@ def _numpy_for_seeding():
     """numpy, imported if torch can (a real worker seeds it even unused)."""
     if not tp.has_numpy():
         return None
-    import numpy
+    import numpy  # noqa: PLC0415 - optional dependency
 
     return numpy
 
@@ -122,13 +123,10 @@ class Descriptions:
     objects (``copies``) have descriptors of their own besides.
 
     A step runs between the caller's statements, so no code of the caller's
-    reads a file while a worker's description is under its number. ``shared``: what could not be given
-    (the file can no longer be reopened), left to the workers as it is."""
+    reads a file while a worker's description is under its number. ``shared``: what could
+    not be given (the file can no longer be reopened), left to the workers as it is."""
 
     def __init__(self, workers):
-        from ..inspection.descriptors import open_files
-        from . import isolation
-
         self.files = [f for f in open_files() if f.private]
         self.shared = []
         self.parked = {}
@@ -403,7 +401,7 @@ class EmulatedWorkersIter(tp.BaseIter):
                                      "when fetching next data")
             idx, data = self._runner.next_result()
             self._tasks_outstanding -= 1
-            if tp.is_iterable_kind(self._dataset_kind):
+            if tp.is_iterable_kind(self._dataset_kind):  # noqa: SIM102 - as torch's _next_data reads
                 if isinstance(data, tp.IterableStop):
                     self._workers_status[data.worker_id] = False
                     self._try_put_index()

@@ -83,7 +83,7 @@ def reopens(value):
 
 def reopened(how, source, check, fmt, mode, size, frame):
     """Runs where the image arrives: the image opened again and moved to ``frame``."""
-    from PIL import Image
+    from PIL import Image  # noqa: PLC0415 - optional dependency
 
     if how == "memory":
         img = Image.open(io.BytesIO(source), formats=[fmt])
@@ -91,7 +91,7 @@ def reopened(how, source, check, fmt, mode, size, frame):
     else:
         (ident, filename), name = check, source
         try:
-            f = open(source, "rb")
+            f = open(source, "rb")  # noqa: SIM115 - the image returned reads it; closed on error
         except OSError as exc:
             raise ImageFileChanged("%s cannot be opened again in this worker (DL201): %s"
                                    % (source, exc.strerror or exc)) from exc

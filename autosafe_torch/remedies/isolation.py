@@ -56,7 +56,7 @@ import sys
 from multiprocessing import context, reduction, util
 from typing import Any
 
-from ..inspection import holdings
+from ..inspection import holdings, objwalk
 from ..inspection.descriptors import (STDIO, describe_open, find_descriptors, open_files,
                                       path_of)
 from ..inspection.diagnostics import in_fork_server
@@ -77,7 +77,7 @@ def reopen_description(fd, dev, ino, flags):
     """A new open file description of the file open on ``fd``: the same access
     mode and status flags (``O_APPEND``, ``O_NONBLOCK``...), checked to be the
     same file. Close-on-exec. Raises OSError."""
-    import fcntl
+    import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     if sys.platform.startswith("linux"):
         path = "/proc/self/fd/%d" % fd  # reaches the file even if it was renamed or deleted
@@ -122,7 +122,7 @@ def can_privatize(fd, dev, ino, flags):
 
 def park(fd):
     """A second descriptor on ``fd``'s description, above what programs open."""
-    import fcntl
+    import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
 
@@ -298,7 +298,7 @@ def _still_open(files):
 
 def _through_a_server(popen):
     try:
-        from multiprocessing import popen_forkserver
+        from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
     except ImportError:  # Windows
         return False
     return isinstance(popen, popen_forkserver.Popen)
@@ -405,7 +405,7 @@ def _replaceable(fd):
 
 
 def _appends(fd):
-    import fcntl
+    import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
 
@@ -545,8 +545,7 @@ def held_numbers(parts, fds):
     number, whether or not its offset moves (``os.pread``). A library's ints
     (an image's tag numbers) are not descriptors. Names what was carried;
     carrying does not depend on it."""
-    from ..inspection import objwalk
-    from .locks import users_class
+    from .locks import users_class  # noqa: PLC0415 - only for a dataset that holds a lock
 
     wanted, found = {fd for fd in fds if fd > 2}, {}
     for name, part in parts.items():

@@ -6,7 +6,7 @@ def raise_soft_limit(target):
     """A remedy that raises RLIMIT_NOFILE's soft limit to ``target``, as
     ``ulimit -n`` does (never above the hard limit the caller checked)."""
     def raise_soft_limit(args):
-        import resource
+        import resource  # noqa: PLC0415 - POSIX only: absent on Windows
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < target:
@@ -16,7 +16,7 @@ def raise_soft_limit(target):
 
 def file_system_sharing(args):
     """A remedy: torch shares tensors through named files, no descriptor each."""
-    import torch.multiprocessing
+    import torch.multiprocessing  # noqa: PLC0415 - the rules load without torch (explain, doctor)
 
     torch.multiprocessing.set_sharing_strategy("file_system")
 

@@ -69,6 +69,8 @@ from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import torch
+
 from .mappings import MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, install
 
@@ -190,8 +192,6 @@ def mapped_tensor_again(cls, path, ident, offset, nbytes, dtype, size, stride,
     """In a worker: the tensor torch's reducer would have given, its storage
     mapped from the file copy-on-write; ``MappedFileChanged`` if the file is
     not the one it was."""
-    import torch
-
     storage = _storage(path, tuple(ident), offset, nbytes)
     t = torch.empty((0,), dtype=dtype).set_(storage, storage_offset, size, stride)
     if cls is torch.nn.Parameter:  # as torch's rebuild_tensor: integer tensors need it
@@ -201,8 +201,6 @@ def mapped_tensor_again(cls, path, ident, offset, nbytes, dtype, size, stride,
 
 
 def _storage(path, ident, offset, nbytes):
-    import torch
-
     key = (path, ident, offset, nbytes)
     storage = _storages.get(key)
     if storage is None:

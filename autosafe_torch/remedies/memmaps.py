@@ -68,6 +68,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import weakref
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
@@ -127,7 +128,7 @@ def reference(arr, mappings=()):
 def mapped_again(path, ident, start, length, delta, shape, dtype, order):
     """In a worker: the array pickling would have given, mapped from the file
     copy-on-write; ``MappedFileChanged`` if the file is not the one it was."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - optional dependency
 
     try:
         with open(path, "rb") as f:
@@ -158,7 +159,7 @@ def reduce_memmap(arr):
 
 
 def install_reducers():
-    import numpy as np
+    import numpy as np  # noqa: PLC0415 - optional dependency
 
     install({np.memmap: reduce_memmap})
 
@@ -344,21 +345,20 @@ _blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
 
 def _shm_open():
     try:
-        import _posixshmem
+        import _posixshmem  # noqa: PLC0415 - POSIX only: absent on Windows
     except ImportError:  # Windows: named mappings, not done here
         return None
     return _posixshmem.shm_open
 
 
 def _reduce_anonymous(m):
-    from multiprocessing import shared_memory
-    import weakref
+    from multiprocessing import shared_memory  # noqa: PLC0415 - only for an anonymous map
 
     length = len(m)
     if length == 0 or _shm_open() is None:
         raise TypeError("cannot pickle 'mmap.mmap' object (an empty anonymous map, or no "
                         "POSIX shared memory here)")
-    from ..inspection.probe import is_probing
+    from ..inspection.probe import is_probing  # noqa: PLC0415 - parent only: workers import this module too
 
     if is_probing():  # planning: nothing is made for a child that never starts
         return map_shared_block, ("/probe", length, m.tell(), _writable(m))

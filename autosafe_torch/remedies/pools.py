@@ -9,13 +9,15 @@ what a dataset that made its pool lazily would have had.
 
 from concurrent.futures import ThreadPoolExecutor
 
+from torch.utils.data import get_worker_info
+
 from ..inspection import holdings
 
 
 def _new_pool(kind, max_workers, prefix):
     if kind == "executor":
         return ThreadPoolExecutor(max_workers, thread_name_prefix=prefix)
-    from multiprocessing.pool import ThreadPool
+    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - only for a dataset that holds a ThreadPool
 
     return ThreadPool(max_workers)
 
@@ -33,13 +35,13 @@ def _reduce_pool(pool):
 
 def pool_reducers():
     """Reducers that send a thread pool to a spawned worker as a new one."""
-    from multiprocessing.pool import ThreadPool
+    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - only for a dataset that holds a ThreadPool
 
     return {ThreadPoolExecutor: _reduce_pool, ThreadPool: _reduce_pool}
 
 
 def install_reducers():
-    from .pickling import install
+    from .pickling import install  # noqa: PLC0415 - parent only: workers import this module too
 
     install(pool_reducers())
 
@@ -60,8 +62,6 @@ def rebuild_pools(obj, path="dataset"):
 
 def rebuild_pools_in_worker(worker_id):
     """A worker_init step: this worker's own thread pools."""
-    from torch.utils.data import get_worker_info
-
     info = get_worker_info()
     if info is not None:
         rebuild_pools(info.dataset)

@@ -139,7 +139,7 @@ def expected(dataset):
 def check_in_worker(fingerprints, worker_id):
     """Worker step: the process state this worker's dataset reads is the
     training process's, or ``RemedyFailed`` naming what differs."""
-    from torch.utils.data import get_worker_info
+    from torch.utils.data import get_worker_info  # noqa: PLC0415 - the rules load without torch (explain, doctor)
 
     info = get_worker_info()
     if info is None or not fingerprints:

@@ -61,6 +61,7 @@ import types
 import warnings
 import weakref
 from typing import Any
+from multiprocessing import context
 
 from ..inspection import digest, opened
 from ..inspection.failures import RemedyFailed
@@ -137,7 +138,8 @@ def _held(value, attrs):
         return value
 
 
-_constructions: dict[int, tuple[Any, Construction]] = {}  # id(dataset) -> (weak reference, Construction)
+# id(dataset) -> (weak reference, Construction)
+_constructions: dict[int, tuple[Any, Construction]] = {}
 _local = threading.local()  # .again: this thread builds a dataset for a worker
 
 
@@ -229,15 +231,15 @@ def _state(value):
 
 def _changed_since(obj, made):
     now = {name: _state(value) for name, value in digest.attributes(obj)}
-    for name in now:
+    for name, state in now.items():
         if name not in made.attrs:
             return "its attribute %s was set after construction" % name
-        if now[name][0] != made.attrs[name][0]:
+        if state[0] != made.attrs[name][0]:
             return ("its attribute %s was set again after construction (a worker's build "
                     "would not hold it)" % name)
-        if now[name] != made.attrs[name]:
+        if state != made.attrs[name]:
             return "its attribute %s (a %s) was %s after construction" % (
-                name, now[name][1], "advanced" if now[name][1] == "generator" else "read")
+                name, state[1], "advanced" if state[1] == "generator" else "read")
     for name in made.attrs:
         if name not in now:
             return "its attribute %s was deleted after construction" % name
@@ -293,9 +295,7 @@ def reduce_rebuilt(obj, candidates=frozenset()):
     worker forked from a build server that built it, as a reference to that
     build); other instances pickle as they always did. ``candidates``: ids of
     datasets the plan's probe tries as if they were to be built again."""
-    from multiprocessing import context
-
-    from ..inspection.probe import is_probing
+    from ..inspection.probe import is_probing  # noqa: PLC0415 - parent only: workers import this module too
 
     made = construction_of(obj)
     probing = is_probing()
@@ -334,7 +334,7 @@ _planned: set[int] = set()  # ids of the datasets a finding chose to build again
 
 def install(datasets):
     """Build ``datasets`` again in workers: a finding's remedy, in fix mode."""
-    from .pickling import install as install_reducers
+    from .pickling import install as install_reducers  # noqa: PLC0415 - parent only: workers import this module too
 
     for obj in datasets:
         key = id(obj)
@@ -383,7 +383,8 @@ def rebuilt_in_worker(cls, args, kwargs, expected):
                    % (expected.name, why))
 
 
-_held_files: dict[int, list[int]] = {}  # id(a dataset built here) -> the descriptors its build opened, in order
+# id(a dataset built here) -> the descriptors its build opened, in order
+_held_files: dict[int, list[int]] = {}
 
 
 def still_the_same(obj, expected):

@@ -23,6 +23,7 @@ import io
 import mmap
 import sys
 from typing import Any
+import urllib.parse
 
 from ..inspection.objwalk import is_a
 from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, fork_unsafe,
@@ -107,20 +108,19 @@ def _lines_end_at_lf(f):
 def _reopen_file(kind, *args):
     """Runs where the file arrives (a worker): the same file, at the same place."""
     if kind == "sqlite":
-        import sqlite3
-        import urllib.parse
+        import sqlite3  # noqa: PLC0415 - sys.modules tells whether the program uses sqlite3
 
         path, row_factory, text_factory = args
         conn = sqlite3.connect("file:%s?mode=ro" % urllib.parse.quote(path), uri=True)
         conn.row_factory, conn.text_factory = row_factory, text_factory
         return conn
     if kind == "lmdb":
-        import lmdb
+        import lmdb  # noqa: PLC0415 - optional dependency
 
         path, options = args
         return lmdb.open(path, **options)
     if kind == "video":
-        import cv2
+        import cv2  # noqa: PLC0415 - optional dependency
 
         source, frame, api, params = args
         cap = cv2.VideoCapture(source, api, list(params)) if params \
@@ -128,7 +128,7 @@ def _reopen_file(kind, *args):
         cap.set(cv2.CAP_PROP_POS_FRAMES, frame)
         return cap
     if kind == "h5py":
-        import h5py
+        import h5py  # noqa: PLC0415 - optional dependency
 
         filename, name, whole = args
         f = h5py.File(filename, "r")
@@ -137,9 +137,9 @@ def _reopen_file(kind, *args):
     if kind == "raw":
         f = io.FileIO(path, "r")
     elif kind == "binary":
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - the reopened file is what this returns
     else:
-        f = open(path, "r", encoding=args[2], errors=args[3])
+        f = open(path, encoding=args[2], errors=args[3])  # noqa: SIM115 - returned, as above
     f.seek(offset)
     return f
 

@@ -31,7 +31,8 @@ from ..inspection import probe as probes
 from ..inspection.parts import PARTS
 from ..loaderstate import state_of
 
-_offered: dict[int, tuple[Any, bytes]] = {}  # id(dataset) -> (dataset, bytes), while its loader's workers start
+# id(dataset) -> (dataset, bytes), while its loader's workers start
+_offered: dict[int, tuple[Any, bytes]] = {}
 
 
 def keep(loader, dataset, pickled):

@@ -37,14 +37,22 @@ worker's watchdog does.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import pickle
 import sys
 import sysconfig
+import tempfile
 import threading
+import time
 import types
 import weakref
+from multiprocessing import connection, reduction, spawn
 from multiprocessing import context as _mp_context
 from typing import Any
+
+from ..inspection.failures import describe_exception
+from ..report import log, shorten_line
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
 
@@ -121,7 +129,7 @@ def _inherited():
     except (AttributeError, OSError):
         affinity = None
     try:
-        import resource
+        import resource  # noqa: PLC0415 - POSIX only: absent on Windows
 
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):
@@ -132,7 +140,7 @@ def _inherited():
 
 def _server():
     """The running server, started now if need be; None: use plain spawn."""
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
     with _lock:
         if _state["cold"]:
@@ -195,9 +203,9 @@ def _greet(server, libraries):
     """Wait for a server just started to import ``libraries`` and say whether it
     forks: None when it does (its first child, a ``warmserver.Hello`` sent before
     any dataset is pickled, exits with 0), else why not (the server is stopped)."""
-    from multiprocessing import forkserver, reduction
+    from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
-    from .warmserver import REFUSED, UNCHECKED, Hello
+    from .warmserver import REFUSED, UNCHECKED, Hello  # noqa: PLC0415 - the server's side: once a server starts
 
     status = None
     try:
@@ -229,8 +237,6 @@ def _greet(server, libraries):
 def _stop(server, wait_s=5.0):
     """Stop ``server`` (it reads EOF on its pipe from us) and return its exit
     status (None: not seen in ``wait_s``)."""
-    import time
-
     os.close(server._forkserver_alive_fd)
     pid, deadline = server._forkserver_pid, time.monotonic() + wait_s
     try:
@@ -246,7 +252,7 @@ def _stop(server, wait_s=5.0):
 
 def fork_server_available(platform):
     """Whether a fork server can run on ``platform`` (a ``sys.platform``)."""
-    import multiprocessing
+    import multiprocessing  # noqa: PLC0415 - the rules load before torch (explain)
 
     return not platform.startswith("win") and not getattr(sys, "frozen", False) \
         and "forkserver" in multiprocessing.get_all_start_methods()
@@ -289,7 +295,7 @@ class _ThroughServer:
         self._server = server
 
     def __getattr__(self, name):
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
         return getattr(forkserver, name)
 
@@ -303,15 +309,11 @@ class _PreparingWithDumps:
     (``warmserver``), once recovery has a directory for it."""
 
     def __getattr__(self, name):
-        from multiprocessing import spawn
-
         return getattr(spawn, name)
 
     @staticmethod
     def get_preparation_data(name):
-        from multiprocessing import spawn
-
-        from ..inspection.diagnostics import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, current_dir
+        from ..inspection.diagnostics import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, current_dir  # noqa: PLC0415 - loads with the recovery, after this module
 
         data = spawn.get_preparation_data(name)
         directory = current_dir()
@@ -336,7 +338,7 @@ def _launch_through(server):
     """The stdlib's forkserver ``Popen._launch``, reading ``forkserver`` from
     ``_ThroughServer(server)`` and ``spawn`` from ``_PreparingWithDumps``: its
     code, not a copy of it."""
-    from multiprocessing import popen_forkserver
+    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
     launch = popen_forkserver.Popen._launch
     scope = dict(launch.__globals__, forkserver=_ThroughServer(server),
@@ -348,7 +350,7 @@ def _launch_through(server):
 def _popen(process_obj):
     """Start ``process_obj`` from its build server, else the warm server, else by
     plain spawn."""
-    from multiprocessing import popen_forkserver, popen_spawn_posix
+    from multiprocessing import popen_forkserver, popen_spawn_posix  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
     build = _builds.get(process_obj)
     try:
@@ -356,7 +358,7 @@ def _popen(process_obj):
         if server is None:
             server = _server()
         if server is not None:
-            from .buildserver import from_server
+            from .buildserver import from_server  # noqa: PLC0415 - build servers only (isolation checks if loaded)
 
             # What rebuild.reduce_rebuilt asks of the Popen starting a worker: the
             # datasets its server built ({id: key}), and how a worker takes one.
@@ -377,7 +379,8 @@ def _popen(process_obj):
 
 # -- build servers: a rebuilt loader's datasets built once ----------------------------
 
-_builds: weakref.WeakKeyDictionary[Any, Build] = weakref.WeakKeyDictionary()  # a worker's process object -> its Build
+# a worker's process object -> its Build
+_builds: weakref.WeakKeyDictionary[Any, Build] = weakref.WeakKeyDictionary()
 _kept_for: dict[int, Build] = {}  # id(a dataset) -> its Build, while the dataset lives
 
 
@@ -387,7 +390,8 @@ class Build:
     ``(the server, {id(dataset): key})``, or ``(None, {})`` where none runs
     (it refused: the warm server serves, the datasets built in each worker)."""
 
-    _known: weakref.WeakValueDictionary[int, Build] = weakref.WeakValueDictionary()  # the datasets' ids -> their Build
+    # the datasets' ids -> their Build
+    _known: weakref.WeakValueDictionary[int, Build] = weakref.WeakValueDictionary()
 
     @classmethod
     def of(cls, datasets):
@@ -432,11 +436,9 @@ class Build:
             return self.forkserver, self.keys
 
     def _start(self, datasets):
-        import pickle
-        import tempfile
-        from multiprocessing import forkserver, spawn
+        from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
-        from . import buildserver, rebuild
+        from . import buildserver, rebuild  # noqa: PLC0415 - build servers only (isolation checks if loaded)
 
         prepared = spawn.get_preparation_data("autosafe_torch build server")
         if "authkey" in prepared:  # pickles only for a child being started: as bytes here
@@ -480,8 +482,6 @@ def exit_with_parent(worker_id):
     Started by spawn, the parent is that process and torch's watchdog sees
     it die; started by the server, a thread waits on the parent's sentinel
     (the end of the pipe the parent keeps open) and exits the worker."""
-    import multiprocessing
-
     parent = multiprocessing.parent_process()
     if parent is None or parent.pid == os.getppid():
         return
@@ -490,17 +490,12 @@ def exit_with_parent(worker_id):
 
 
 def _exit_when_ready(sentinel):
-    from multiprocessing.connection import wait
-
-    wait([sentinel])
+    connection.wait([sentinel])
     os._exit(1)
 
 
 def _failure(exc):
     """An exception as one short clause of a note: a line, never a traceback."""
-    from ..inspection.failures import describe_exception
-    from ..report import shorten_line
-
     return shorten_line(describe_exception(exc), 80)
 
 
@@ -540,8 +535,6 @@ def _note(message):
     their line, once the workers started (``recovery``)."""
     if message not in _noted:
         _noted.add(message)
-        from ..report import log
-
         log(logging.DEBUG, "DL209 warm-worker-start: %s", message)
 
 

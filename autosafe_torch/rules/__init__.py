@@ -35,8 +35,8 @@ remedy is a ``Remedy``.
 from __future__ import annotations
 
 import importlib
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Protocol,
-                    Sequence, Union, cast, overload)
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union, cast, overload
 
 from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules' names)
 
@@ -75,11 +75,11 @@ RULE_MODULES = (
 
 # What a remedy gets: the call's working arguments (None where a hook has none
 # to change); what it returns: more changes to them, or None.
-Remedy = Callable[[Optional[Dict[str, Any]]], Optional[Dict[str, Any]]]
+Remedy = Callable[[Optional[dict[str, Any]]], Optional[dict[str, Any]]]
 # What a check returns: one finding, several, or None.
-Found = Union["Finding", List["Finding"], None]
+Found = Union["Finding", list["Finding"], None]
 # A check as written: ``check(args, ctx)``.
-CheckFunction = Callable[[Dict[str, Any], "Context"], Found]
+CheckFunction = Callable[[dict[str, Any], "Context"], Found]
 
 
 class Check(Protocol):
@@ -97,7 +97,8 @@ class Check(Protocol):
 
 
 _checks: dict[str, list[Check]] = {hook: [] for hook in HOOKS}  # as registered
-_ordered: dict[str, list[Check]] = {}  # as they run: derived from ``after``
+# As they run, derived from ``after``, with the registered list it was derived from.
+_ordered: dict[str, tuple[tuple[int, ...], list[Check]]] = {}
 
 
 def run_order(checks: Sequence[Check]) -> list[Check]:
@@ -105,8 +106,9 @@ def run_order(checks: Sequence[Check]) -> list[Check]:
     ``after`` names there; among checks with no such tie, as given. ValueError
     for a name that is no check, or a circle."""
     known = {c.__name__ for hook in _checks.values() for c in hook}  # type: ignore[attr-defined]
+    after = {id(c): getattr(c, "after", ()) for c in checks}  # a check put there by hand: none
     for check in checks:
-        unknown = [n for n in check.after if n not in known]
+        unknown = [n for n in after[id(check)] if n not in known]
         if unknown:
             raise ValueError("rule %s: %s runs after %s, not a check" % (
                 check.rule.code, check.__name__, ", ".join(unknown)))  # type: ignore[attr-defined]
@@ -115,7 +117,7 @@ def run_order(checks: Sequence[Check]) -> list[Check]:
     done: set[str] = set()
     waiting = list(checks)
     while waiting:  # a check at several hooks waits only for those at this one
-        ready = next((c for c in waiting if set(c.after) & here <= done), None)
+        ready = next((c for c in waiting if set(after[id(c)]) & here <= done), None)
         if ready is None:
             raise ValueError("checks wait for each other: %s" % ", ".join(
                 c.__name__ for c in waiting))  # type: ignore[attr-defined]
@@ -195,7 +197,7 @@ class Rule:
     def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
         if self.notebook_fix is not None:
-            from ..inspection.mainmodule import in_notebook
+            from ..inspection.mainmodule import in_notebook  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
             if in_notebook():
                 return self.notebook_fix
@@ -212,7 +214,6 @@ class Rule:
                     raise ValueError("rule %s: unknown hook %r (one of %s)" % (
                         self.code, hook, ", ".join(HOOKS)))
                 _checks[hook].append(check)
-                _ordered.pop(hook, None)
                 if hook not in self.hooks:
                     self.hooks.append(hook)
             check.rule = self
@@ -376,9 +377,12 @@ def load_all() -> dict[str, Rule]:
 def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[Check]:
     """The checks that run at ``hook``, in order; ``enabled(rule)`` filters them."""
     load_all()
-    checks = _ordered.get(hook)
-    if checks is None:
-        checks = _ordered[hook] = run_order(_checks[hook])
+    registered = _checks[hook]
+    key = tuple(map(id, registered))  # a check added or removed since: derived again
+    derived = _ordered.get(hook)
+    if derived is None or derived[0] != key:
+        derived = _ordered[hook] = (key, run_order(registered))
+    checks = derived[1]
     if enabled is None:
         return list(checks)
     return [c for c in checks if enabled(c.rule)]

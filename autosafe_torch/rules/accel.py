@@ -47,7 +47,7 @@ def _start_method(values, facts):
     context = values.get("multiprocessing_context")
     if context is None:
         return facts.start_method
-    from ..facts import effective_start_method
+    from ..facts import effective_start_method  # noqa: PLC0415 - the rules load without facts (explain)
 
     return effective_start_method(context)
 
@@ -62,7 +62,7 @@ def _move_to_cpu(found):
     devices = {f.device_type for f in found}
 
     def move_to_cpu(args):
-        from ..remedies.relocate import relocate
+        from ..remedies.relocate import relocate  # noqa: PLC0415 - only when tensors move to the CPU
 
         root, _moved = relocate(args["dataset"], devices=devices)
         return {"dataset": root} if root is not args["dataset"] else None
@@ -85,8 +85,9 @@ MOVE, EMULATE = "move", "emulate"
 def _plan_workers(values, facts):
     """(found accelerator tensors, what DL301 does with them, the batches' one
     device or None) for this loader: ``MOVE`` to CPU where every batch is
-    certainly copied back to its one device; ``EMULATE`` where they cannot reach a worker (MPS, XPU: the batches
-    of emulated workers keep their device); None: left as they are. CUDA
+    certainly copied back to its one device; ``EMULATE`` where they cannot reach a
+    worker (MPS, XPU: the batches of emulated workers keep their device); None:
+    left as they are. CUDA
     tensors reach spawn workers by CUDA IPC, and forked workers that touch
     them are recovered by spawn (DL205): either way the batches keep their
     device, which moving them would change."""
@@ -219,7 +220,7 @@ def default_collate(fn):
     if fn is None:
         return True
     try:
-        from torch.utils.data import default_collate
+        from torch.utils.data import default_collate  # noqa: PLC0415 - the rules load without torch (explain, doctor)
     except ImportError:
         return False
     return fn is default_collate
@@ -249,8 +250,9 @@ def pin_accelerator_batch(args, ctx):
                              and "pinned" in str(args["error"])):
         return None
     return pin_accelerator_batch.rule.finding(
-        {"pin_memory": True}, {"pin_memory": False}, why="a %s tensor cannot be pinned (pinning is for a copy "
-        "from the CPU), and is already on its device" % batch.device.type,
+        {"pin_memory": True}, {"pin_memory": False},
+        why="a %s tensor cannot be pinned (pinning is for a copy from the CPU), and is "
+        "already on its device" % batch.device.type,
         strategy="left unpinned",
         done="batches hold %s tensors, which cannot be pinned: handed on as they are, "
         "the rest of each batch pinned" % batch.device.type)

@@ -56,7 +56,7 @@ def device_type(value):
 
 
 def device_available(device, facts):
-    return device == "cpu" or device == facts.accelerator
+    return device in ("cpu", facts.accelerator)
 
 
 def inert_device(facts):

@@ -126,7 +126,7 @@ def cv2_opencl_context(args, ctx):
 def _away_from_the_context(check, args, ctx, why):
     """Warm server where the dataset travels (it pickles as it is, and the
     main module can be imported by a worker), else emulated workers."""
-    from ..remedies import warmstart  # the warm server's side: only where it is used
+    from ..remedies import warmstart  # noqa: PLC0415 - the warm server's side: only where it is used
 
     plan = pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
@@ -175,6 +175,6 @@ def _add_step(check, args, step, what, note=""):
 
 
 def _fork_server_available(platform):
-    from ..remedies import warmstart  # at the first fork loader, not at `import torch`
+    from ..remedies import warmstart  # noqa: PLC0415 - at the first fork loader, not at torch's import
 
     return warmstart.fork_server_available(platform)

@@ -6,6 +6,8 @@ one the fork rung's remedies cannot handle, the loader leaves fork
 (``ladder.away_from_fork``).
 """
 
+from ..inspection import holdings
+from ..remedies.workerinit import with_step
 from . import number_of, rule, what_is
 from .fork_plan import fork_plan
 from .ladder import GROUP, away_from_fork, start_method
@@ -147,7 +149,7 @@ def handle_not_fork_safe(args, ctx):
 
 
 def _used(usage, how):
-    from ..remedies import isolation
+    from ..remedies import isolation  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     return sorted((fd, name) for name, fd in usage.used.get(getattr(isolation, how), {}).items())
 
@@ -177,7 +179,9 @@ def read_through_no_object(args, ctx):
     return read_through_no_object.rule.finding(
         {"files": [name for _fd, name in forked + server]},
         why="the workers read these files, which forked workers would share one offset "
-        "of", strategy="own offset in each worker", done="; ".join(done))
+        "of", strategy="own offset in each worker",
+        state={"privatized": True},  # done by the worker step: the record says "fixed"
+        done="; ".join(done))
 
 
 @rule("DL217", "descriptor-to-workers", GROUP,
@@ -213,7 +217,7 @@ def descriptor_to_workers(args, ctx):
     """The carried descriptors the workers read (the offset moved), and those
     whose number the loader's parts hold, read or not (``os.pread`` moves no
     offset); the others were carried too, but nothing shows a worker used them."""
-    from ..remedies import isolation
+    from ..remedies import isolation  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     usage = ctx.usage
     held = {fd: (name, usage.by_number[fd])
@@ -229,6 +233,7 @@ def descriptor_to_workers(args, ctx):
         {"files": [name for name, _where in held.values()] + [name for _fd, name in moved]},
         why="the workers read these descriptors of the training process by number; "
         "spawn workers have none of them", strategy="carried to each worker",
+        state={"carried": True},  # done by the worker step: the record says "fixed"
         done="%s, read by number: carried to each of %s, at its own offset" % (
             ", ".join(named), number_of(ctx.workers, "worker")))
 
@@ -236,9 +241,8 @@ def descriptor_to_workers(args, ctx):
 # it reads the start method DL207 and DL212 may have moved the loader to
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter", after=("handle_not_fork_safe",))
 def thread_pool_under_fork(args, ctx):
-    from ..inspection import holdings, threads
-    from ..remedies import pools
-    from ..remedies.workerinit import with_step
+    from ..inspection import threads  # noqa: PLC0415 - only a loader with workers needs it
+    from ..remedies import pools  # noqa: PLC0415 - only for a dataset that holds a pool
 
     if not args["num_workers"] or start_method(args) != "fork":
         return None

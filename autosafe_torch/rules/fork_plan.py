@@ -3,6 +3,7 @@ whether fork is safe for it (``fork_is_safe``, the ladder's condition for
 its fork rung).
 """
 
+from ..inspection import holdings
 from ..inspection.parts import PARTS
 
 SAFE_FORK_PLATFORMS = ("linux",)
@@ -10,7 +11,7 @@ SPAWNING = ("spawn", "forkserver")
 
 
 def start_method(args):
-    from ..facts import effective_start_method
+    from ..facts import effective_start_method  # noqa: PLC0415 - the rules load without facts (explain)
 
     return effective_start_method(args["multiprocessing_context"])
 
@@ -25,9 +26,8 @@ def fork_plan(args, ctx):
     does about it (``remedies.isolation.ForkPlan``), cached on ``ctx``. Empty
     for a dataset that reopens its files per process by itself. The one check
     for deciding and acting: the worker step applies the same plan."""
-    from ..inspection import holdings
-    from ..inspection.descriptors import shared_at_fork
-    from ..remedies import isolation
+    from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import isolation  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     def make():
         # Decided where it lives: with no file open for reading and no device,
@@ -60,9 +60,9 @@ def fork_is_safe(args, ctx):
     a loader whose forked workers were seen to fail (``ctx.fork_failed``).
     CUDA initialised in this process is no reason: forked workers that do not
     touch it run, and those that do are recovered (DL205)."""
-    import multiprocessing
+    import multiprocessing  # noqa: PLC0415 - the rules load before torch (explain)
 
-    from ..inspection import holdings, threads
+    from ..inspection import threads  # noqa: PLC0415 - only a loader with workers needs it
 
     if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None:
         return False

@@ -35,8 +35,10 @@ patches and the recovery ask it, never a rule's code.
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from ..inspection import holdings
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
 from ..rung import Rung
@@ -113,8 +115,6 @@ def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | No
 
 def permanent_fix(value: object) -> str | None:
     """The fix for what made a dataset unpicklable, by what it is."""
-    from ..inspection import holdings
-
     if holdings.thread_pool_in_use(value) is not None:
         return "create the pool lazily in __getitem__ or in worker_init_fn, not in __init__"
     if holdings.threading_kind(value) is not None:

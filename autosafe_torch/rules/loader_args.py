@@ -169,7 +169,7 @@ def _flag(value):
 def _valid_context(context):
     """A start method this platform has, or a multiprocessing context object;
     anything else is torch's to reject."""
-    import multiprocessing
+    import multiprocessing  # noqa: PLC0415 - the rules load before torch (explain)
 
     if isinstance(context, str):
         return context in multiprocessing.get_all_start_methods()

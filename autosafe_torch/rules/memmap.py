@@ -94,7 +94,7 @@ def memmap_by_reference(args, ctx):
     arrays, tensors, kept = _mapped(args, numpy, torch)
     if not arrays and not tensors:
         return None
-    from ..remedies import mapped_tensors, memmaps
+    from ..remedies import mapped_tensors, memmaps  # noqa: PLC0415 - only for a memory map
 
     workers = number_of(args["num_workers"], "worker")
     named = ["%s (a numpy memmap of %s, %s)" % (
@@ -128,7 +128,7 @@ def _mapped(args, numpy, torch):
     of the parts that can go by reference, ``(path, TensorReference)`` for each
     file-mapped tensor that can, ``(path, why not)`` for the others (one walk,
     one read of this process's maps)."""
-    from ..remedies import mapped_tensors, memmaps
+    from ..remedies import mapped_tensors, memmaps  # noqa: PLC0415 - only for a memory map
 
     # The types the reducers are registered for: a subclass pickles as it always did.
     memmap = numpy.memmap if numpy is not None else None

@@ -69,7 +69,7 @@ def local_function_to_workers(args, ctx):
         done="%s (%s) sent by value to %s" % (part, what_is(args[part]), workers))
         for part, (new, why) in plan.by_value.items()]
     if plan.nested:
-        from ..remedies import byvalue
+        from ..remedies import byvalue  # noqa: PLC0415 - only for a function sent by value
 
         path, why = plan.nested
         found.append(local_function_to_workers.rule.finding(
@@ -107,7 +107,7 @@ def interactive_main_class(args, ctx):
     plan = pickling_plan(args, ctx)
     if plan.failures or ((plan.by_value or plan.nested) and not ctx.found("DL202")):
         return None
-    from ..remedies import byvalue
+    from ..remedies import byvalue  # noqa: PLC0415 - only for a function sent by value
 
     return [interactive_main_class.rule.finding(
         {"class": "%s at %s" % (cls.__qualname__, path)}, why=why, strategy="by-value",
@@ -146,7 +146,7 @@ def thread_pool_to_spawned_workers(args, ctx):
     plan = pickling_plan(args, ctx)
     if not plan.pools or plan.failures:
         return None
-    from ..remedies import pools
+    from ..remedies import pools  # noqa: PLC0415 - only for a dataset that holds a pool
 
     return thread_pool_to_spawned_workers.rule.finding(
         {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
@@ -244,7 +244,7 @@ def logging_config_to_workers(args, ctx):
     plan = pickling_plan(args, ctx)
     if plan.failures or not plan.loggers:
         return None
-    from ..remedies import loggers, pickling
+    from ..remedies import loggers, pickling  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     found = list(plan.loggers)
     names = ", ".join(repr(lg.name) for lg in found)

@@ -8,10 +8,12 @@ without registering them.
 """
 
 
-from ..inspection import objwalk
+from ..inspection import holdings, objwalk
 from ..inspection.naming import a_or_an
 from ..inspection.objwalk import is_a
 from ..inspection.parts import PARTS, held_in_parts
+from ..config import CONFIG
+from . import RULES
 from .fork_plan import fork_is_safe, per_parts, spawning_workers
 from .repairs import REPAIRS, Meeting, offer
 
@@ -55,9 +57,7 @@ def _warm_ahead(args, ctx):
     the warm server (DL209): in fix mode it starts now, in the background, so
     that its imports overlap the rest of the planning (a loader whose repair
     is refused leaves an idle server, ended at exit)."""
-    from ..config import CONFIG
-    from ..remedies import warmstart
-    from . import RULES
+    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only, when a loader needs it
 
     warm = RULES.get("DL209")
     if CONFIG.mode != "fix" or warm is None or not CONFIG.rule_enabled(warm.code, warm.group) \
@@ -74,8 +74,8 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=(), repairing=lambda
     approved so far, planned first (planning starts again after each one, so
     that nothing inside them is planned for); ``repairing()``: called once a
     probe failed, before the repairs are looked for."""
-    from ..inspection import holdings, probe
-    from ..remedies import images, pickling, pools, rebuild
+    from ..inspection import holdings, probe  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import images, pickling, pools, rebuild  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy
     plan, planned, owners = PicklingPlan(), {}, None
@@ -128,7 +128,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=(), repairing=lambda
             owners = objwalk.Owners(parts)
         meeting = Meeting(failure, value, value if is_a(value, type) else type(value), top,
                           "%s: %s" % (failure.path, failure.error), parts, plan,
-                          lambda: owners)
+                          lambda owners=owners: owners)
         if offer(plan, meeting, planned):
             continue
         if may_rebuild() and len(plan.rebuilt) < MAX_REPAIRS:
@@ -151,8 +151,8 @@ def _unfaithful(parts, planned, plan, met):
     each worker (their constructor makes what they hold there). Looked for
     where something could drop one: the probes met an image, or the kernel
     shows a file open for reading (a pickle that drops one never meets it)."""
-    from ..inspection import dropped
-    from ..inspection.descriptors import shared_at_fork
+    from ..inspection import dropped  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     if "image" not in met and not shared_at_fork():
         return []
@@ -163,8 +163,8 @@ def _uncarried_loggers(results, plan):
     """The loggers the parts hold whose configuration a spawned worker would
     lack (``plan.loggers``, carried by DL219); as failures, those it cannot
     be carried for (a handler no worker can make again)."""
-    from ..inspection.probe import ProbeResult
-    from ..remedies import loggers
+    from ..inspection.probe import ProbeResult  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import loggers  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     held = {id(lg): lg for r in results for lg in r.loggers}.values()
     plan.loggers = [lg for lg in held if loggers.configured(lg)]
@@ -188,8 +188,6 @@ def _inside(path, rebuilt):
 def attribute_forwarders(parts):
     """``{class: path}``: classes of the parts' objects that forward unknown
     attributes (``holdings.forwards_attributes``), each at its first instance."""
-    from ..inspection import holdings
-
     found = {}
     for here, obj in held_in_parts(parts, holdings.forwards_attributes):
         found.setdefault(type(obj), here)

@@ -21,10 +21,11 @@ chooses the rungs.
 from __future__ import annotations
 
 from typing import Any
+from ..config import CONFIG
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..report import HEADLINE_LIMIT
 from ..remedies import process_state
-from . import rule
+from . import checks_at, rule
 from .resources import DOCKER_FIX
 from .start_method import fork_after_cuda
 
@@ -220,9 +221,6 @@ KINDS = {"DL205": CUDA, "DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS
 def kinds_watched(enabled):
     """The failure kinds recovered, given ``enabled(rule)`` (AUTOSAFE_TORCH_DISABLE);
     asked at every iterator's start, worked out once per configuration."""
-    from ..config import CONFIG
-    from . import checks_at
-
     key = (enabled, CONFIG.disabled)
     if _watched.get("key") != key:
         _watched.update(key=key, kinds=frozenset(

@@ -214,7 +214,7 @@ def open_file_limit_too_low(values, ctx):
 
 def _infinity():
     try:
-        import resource
+        import resource  # noqa: PLC0415 - POSIX only: absent on Windows
 
         return resource.RLIM_INFINITY
     except ImportError:

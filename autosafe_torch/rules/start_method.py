@@ -110,7 +110,7 @@ def _macos_forks_safely():
     the children of a process that has, or had, more. The ladder itself never
     chooses fork on macOS: a library may start a thread at any time, and
     spawn's semantics are what a Mac user's script was written for."""
-    from ..inspection import threads
+    from ..inspection import threads  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     return threads.single_threaded()
 

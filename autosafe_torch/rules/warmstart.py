@@ -63,7 +63,7 @@ def warm_worker_start(args, ctx):
             or not any(ctx.found(code) for code in REPAIRED_FOR_SPAWN) \
             or any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None
-    from ..remedies import warmstart  # at the first spawn loader, not at `import torch`
+    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
 
     if not warmstart.fork_server_available(ctx.facts.platform):
         return warm_worker_start.rule.finding(

@@ -40,7 +40,7 @@ class Run:
 
     @property
     def losses(self):
-        lines = [l for l in self.stdout.splitlines() if l.startswith("LOSSES ")]
+        lines = [line for line in self.stdout.splitlines() if line.startswith("LOSSES ")]
         return ast.literal_eval(lines[-1][len("LOSSES "):]) if lines else None
 
     def fixes(self, allowed=()):
@@ -49,7 +49,8 @@ class Run:
 
     @property
     def summary(self):
-        lines = [l for l in self.stderr.splitlines() if l.startswith("autosafe_torch: summary:")]
+        lines = [line for line in self.stderr.splitlines()
+                 if line.startswith("autosafe_torch: summary:")]
         return lines[-1] if lines else None
 
     def logged_codes(self):

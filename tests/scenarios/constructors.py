@@ -75,9 +75,9 @@ def write_data():
 
     for version, offset in (("v1", 0.0), ("v2", 1000.0)):
         table = pa.table({"x": [offset + k for k in range(DAYS * ROWS)]})
-        with pa.OSFile(os.path.join(TMP, "feats-%s.arrow" % version), "wb") as sink:
-            with pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
+        with pa.OSFile(os.path.join(TMP, "feats-%s.arrow" % version), "wb") as sink, \
+                pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
     for day in range(DAYS):
         pq.write_table(pa.table({"x": [100.0 * day + k for k in range(ROWS)]}),
                        os.path.join(TMP, "day%d.parquet" % day))

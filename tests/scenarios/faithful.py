@@ -71,7 +71,7 @@ def main():
     loader = DataLoader(Augmented(kind), batch_size=4, num_workers=workers,
                         worker_init_fn=init_worker, shuffle=True)
     h = hashlib.sha256()
-    for epoch in range(2):
+    for _epoch in range(2):
         for batch in loader:
             h.update(batch.numpy().tobytes())
     print("BATCHES", h.hexdigest(), flush=True)

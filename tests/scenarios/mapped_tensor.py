@@ -18,9 +18,10 @@ real=<bool>`` once per tensor: whether its storage lies in a map of the file
 worker is a process of its own. The training process prints ``PARENT
 shared=<bool> shm_rise=<bytes>``: whether ``tokens`` was moved into shared
 memory, and how much more of ``/dev/shm`` it maps at the loader's first
-batch than before the dataset was made. With ``changed``, the file's modification time changes right after the
-workers of the first epoch were started, before they unpickle what they were
-sent: a worker sent a reference must refuse to map it. ``BATCHES`` as ever.
+batch than before the dataset was made. With ``changed``, the file's
+modification time changes right after the workers of the first epoch were
+started, before they unpickle what they were sent: a worker sent a reference
+must refuse to map it. ``BATCHES`` as ever.
 """
 
 import hashlib

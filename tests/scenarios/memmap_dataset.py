@@ -69,7 +69,7 @@ def main():
     torch.manual_seed(0)
     loader = DataLoader(Rows(kind, path), batch_size=8, shuffle=True, num_workers=2)
     h = hashlib.sha256()
-    for epoch in range(1 if changed else 2):
+    for _epoch in range(1 if changed else 2):
         it = iter(loader)
         if changed:  # the workers are started: they unpickle once they have imported torch
             st = os.stat(path)

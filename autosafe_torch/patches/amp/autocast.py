@@ -173,13 +173,15 @@ def patch_custom_decorators(torch, module, call_of):
 
     @functools.wraps(legacy_fwd)
     def custom_fwd(fwd=None, *, cast_inputs=None):
-        if engine.fail_open(False, "torch.cuda.amp.custom_fwd", _route_decision, call_of("custom_fwd")):
+        if engine.fail_open(False, "torch.cuda.amp.custom_fwd", _route_decision,
+                            call_of("custom_fwd")):
             return modern_fwd(fwd, device_type="cuda", cast_inputs=cast_inputs)
         return legacy_fwd(fwd, cast_inputs=cast_inputs)
 
     @functools.wraps(legacy_bwd)
     def custom_bwd(bwd):
-        if engine.fail_open(False, "torch.cuda.amp.custom_bwd", _route_decision, call_of("custom_bwd")):
+        if engine.fail_open(False, "torch.cuda.amp.custom_bwd", _route_decision,
+                            call_of("custom_bwd")):
             return modern_bwd(bwd, device_type="cuda")
         return legacy_bwd(bwd)
 

@@ -1,6 +1,8 @@
 """AMP506: ``torch.amp.GradScaler`` and ``torch.amp.autocast`` on a torch that
 predates them, built from what it has."""
 
+import wrapt
+
 from ... import engine
 from ...callsite import cached_call_site
 from ...rules.amp import AmpCall
@@ -36,8 +38,6 @@ def grad_scaler(legacy, legacy_init):
 
 
 def autocast(torch):
-    import wrapt
-
     call = AmpCall("torch.amp.autocast", route="torch.autocast", provided=True)
 
     def wrapper(wrapped, instance, args, kwargs):

@@ -36,7 +36,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     seen = hashlib.sha256()
-    for epoch in range(2):
+    for _epoch in range(2):
         for x, y in loader:
             seen.update(x.float().numpy().tobytes())
             with accelerator.autocast():

@@ -32,7 +32,7 @@ def main():
                        num_workers=2)
     cached = ThreadDataLoader(CacheDataset(samples(), transform=transform, progress=False),
                               batch_size=4, num_workers=0)
-    for epoch in range(2):
+    for _epoch in range(2):
         for loader in (train, cached):
             for batch in loader:
                 seen.update(batch["image"].numpy().tobytes())

@@ -38,7 +38,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scaler = GradScaler(2.0 ** 10)  # positional: init_scale
     h = hashlib.sha256()
-    for step in range(4):
+    for _step in range(4):
         x = torch.rand(32, 8)
         with torch.cuda.amp.autocast():
             loss = nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))

@@ -39,7 +39,7 @@ def main():
     torch.manual_seed(0)
     loader = DataLoader(Records(path), batch_size=8, shuffle=True, num_workers=2)
     h = hashlib.sha256()
-    for epoch in range(1):
+    for _epoch in range(1):
         for batch in loader:
             h.update(batch.numpy().tobytes())
     print("BATCHES", h.hexdigest(), flush=True)

@@ -101,7 +101,8 @@ def main():
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    loader = DataLoader(Augmented(fault, n=400 if fault == "fds" else 48), batch_size=4, shuffle=True, num_workers=2,
+    loader = DataLoader(Augmented(fault, n=400 if fault == "fds" else 48), batch_size=4,
+                        shuffle=True, num_workers=2,
                         collate_fn=per_sample if fault == "fds" else None)
     h = hashlib.sha256()
     killed = False

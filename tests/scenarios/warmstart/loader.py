@@ -4,10 +4,11 @@ Run: python loader.py KIND [--env-change] [--die] [--ahead]. KIND ``legacy`` hol
 open file (it does not pickle: DL201 repairs it under spawn); ``healthy``
 opens its file per fetch; ``forwarder`` wraps the healthy one in a class
 that forwards attributes with ``__getattr__`` (it pickles, but a worker's
-unpickling recurses: DL201 rebuilds it from its attributes). Each sample carries its bytes, draws from torch's,
-Python's and numpy's global generators, the worker's info and seed, the
-dataset copy's fetch count, the worker's process name, the modules it had,
-and an environment variable. Prints:
+unpickling recurses: DL201 rebuilds it from its attributes). Each sample
+carries its bytes, draws from torch's, Python's and numpy's global
+generators, the worker's info and seed, the dataset copy's fetch count, the
+worker's process name, the modules it had, and an environment variable.
+Prints:
 
 - ``BATCHES <sha256>`` over every sample of both epochs, in order;
 - ``STARTED_BY parent|server``: whether the workers' parent process is this
