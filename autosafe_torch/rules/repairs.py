@@ -26,6 +26,7 @@ in the order of ``REPAIRS``.
 
 from __future__ import annotations
 
+import importlib
 import types
 from typing import Any, Callable, NamedTuple
 
@@ -157,18 +158,33 @@ def _handlers_said(found, _args):
                 lambda args: pickling.install(handlers.handler_reducers(classes)))
 
 
-def _file_meets(m: Meeting):
+def _first_met(field, holds):
+    """``meets`` for a repair that plans from the first such holder only (its
+    reducers send every one): ``(path, why, holder)``."""
+    def meets(m: Meeting):
+        if getattr(m.plan, field) is None and holds(m.value):
+            return (m.failure.path, m.failure.error, m.value)
+        return None
+    return meets
+
+
+def _remedy(module, name):
+    """``remedies.<module>.<name>()``, the module imported when a loader needs it."""
+    def call(_entry=None):
+        return getattr(importlib.import_module("autosafe_torch.remedies." + module), name)()
+    return call
+
+
+def _read_only(value):
     from ..inspection import holdings
 
-    if m.plan.files is None and holdings.file_kind(m.value) == holdings.READONLY:
-        return (m.failure.path, m.failure.error, m.value)
-    return None
+    return holdings.file_kind(value) == holdings.READONLY
 
 
-def _file_reducers(_entry):
-    from ..remedies import reopen
+def _travels(value):
+    from ..remedies import memmaps
 
-    return reopen.file_reducers()
+    return memmaps.travels(value)
 
 
 def _files_said(found, args):
@@ -182,20 +198,6 @@ def _files_said(found, args):
                 ["%s reopened by path" % _named(files)],
                 ["reopen read-only files by path"],
                 lambda args: reopen.install_reducers())
-
-
-def _map_meets(m: Meeting):
-    from ..remedies import memmaps
-
-    if m.plan.maps is None and memmaps.travels(m.value):
-        return (m.failure.path, m.failure.error, m.value)
-    return None
-
-
-def _map_reducers(_entry):
-    from ..remedies import memmaps
-
-    return memmaps.map_reducers()
 
 
 def _maps_said(found, args):
@@ -225,12 +227,6 @@ def _lock_meets(m: Meeting):
         if users.holds(m.value):
             return (m.failure.path, m.failure.error, users.named)
     return None
-
-
-def _lock_reducers(_entry):
-    from ..remedies import locks
-
-    return locks.lock_reducers()
 
 
 def _locks_said(found, _args):
@@ -291,10 +287,12 @@ REPAIRS: tuple[Repair, ...] = (
     Repair("classes", "DL203", dict, meets=_class_meets, add=_class_add,
            reducers=_class_reducers, plan_rank=5),
     Repair("pools", "DL208", list),  # found where the probes met a pool (the planner)
-    Repair("files", "DL201", lambda: None, meets=_file_meets, reducers=_file_reducers,
-           said=_files_said, fix=None, fix_rank=0, plan_rank=2),
-    Repair("maps", "DL201", lambda: None, meets=_map_meets, reducers=_map_reducers,
-           said=_maps_said, fix=None, fix_rank=0, plan_rank=3),
+    Repair("files", "DL201", lambda: None, meets=_first_met("files", _read_only),
+           reducers=_remedy("reopen", "file_reducers"), said=_files_said, fix=None,
+           fix_rank=0, plan_rank=2),
+    Repair("maps", "DL201", lambda: None, meets=_first_met("maps", _travels),
+           reducers=_remedy("memmaps", "map_reducers"), said=_maps_said, fix=None, fix_rank=0,
+           plan_rank=3),
     Repair("handlers", "DL201", list, meets=_handler_meets,
            reducers=_handler_reducers, said=_handlers_said, fix=REBUILD_FIX, fix_rank=1,
            plan_rank=1),
@@ -305,7 +303,8 @@ REPAIRS: tuple[Repair, ...] = (
            runs_user_code=True),
     # Found where the probes met one (the planner):
     Repair("forwarders", "DL201", dict, said=_forwarders_said, fix=FORWARDER_FIX, fix_rank=3),
-    Repair("locks", "DL201", lambda: None, meets=_lock_meets, reducers=_lock_reducers,
+    Repair("locks", "DL201", lambda: None, meets=_lock_meets,
+           reducers=_remedy("locks", "lock_reducers"),
            said=_locks_said, fix=LOCK_FIX, fix_rank=4, plan_rank=4),
 )
 BY_FIELD = {r.field: r for r in REPAIRS}
