@@ -362,6 +362,14 @@ the other", ≤ budget).
    wrapper, shim with 2 workers vs `num_workers=0`, fresh processes alternating;
    whole run and steady epoch; the shim's samples must come from real worker
    processes (children of the warm server).
+19. At the size people train (benchmarks/size.py, issue 41): an ImageNet-style
+   index, a captions dict and pre-tokenised lists at 10k, 1.28M and (the index) 10M
+   samples, each run a script of its own (spawned workers import its __main__):
+   healthy loader of 2 workers, model and optimizer built after it, the first batch
+   timed from iter() and a short first epoch; plain torch and the shim alternating,
+   under fork, spawn and spawn as on macOS. 19d: the index guarded by a lock, as on
+   macOS, against the hand fix (the lock made in __setstate__, plain spawn); 19e: a
+   tiny persistent loader's later iter(), 200 of them, shim minus plain.
 
 Child processes run without PYTHONDONTWRITEBYTECODE, so cached bytecode is used as on
 a normal installation.
