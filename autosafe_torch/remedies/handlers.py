@@ -55,14 +55,20 @@ def reduce_handler(handler):
     state = dict(vars(handler))
     stream = state.pop("stream", None)
     state.pop("lock", None)
+    # Methods of the stream set on the handler itself (transformers' default
+    # handler has `flush = sys.stderr.flush`): bound again to the worker's stream.
+    of_stream = {name: value.__name__ for name, value in state.items()
+                 if stream is not None and getattr(value, "__self__", None) is stream}
+    for name in of_stream:
+        del state[name]
     if isinstance(handler, logging.FileHandler):
         how = "file" if stream is not None else None  # delay=True, or closed
     else:
         how = _stdio_name(stream)
-    return made_again, (type(handler), state, how)
+    return made_again, (type(handler), state, how, of_stream)
 
 
-def made_again(cls, state, how):
+def made_again(cls, state, how, of_stream=None):
     """In a worker: the handler as a forked worker would hold it."""
     handler = cls.__new__(cls)
     handler.__dict__.update(state)
@@ -78,6 +84,9 @@ def made_again(cls, state, how):
         handler.stream = getattr(sys, how)
     else:
         handler.stream = None
+    for name, method in (of_stream or {}).items():
+        if handler.stream is not None:
+            setattr(handler, name, getattr(handler.stream, method))
     logging._addHandlerRef(handler)  # flushed and closed at the worker's exit
     return handler
 
