@@ -38,6 +38,7 @@ import types
 
 from . import holdings
 from .objwalk import is_a
+from .slots import slot_names
 
 PROTOCOL = 4
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, tuple,
@@ -172,15 +173,11 @@ def attributes(obj):
         found = list(dict.items(object.__getattribute__(obj, "__dict__")))
     except (AttributeError, TypeError):
         pass
-    for klass in type(obj).__mro__:
-        slots = vars(klass).get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            try:
-                found.append((name, object.__getattribute__(obj, name)))
-            except AttributeError:
-                continue
+    for name in slot_names(type(obj)):
+        try:
+            found.append((name, object.__getattribute__(obj, name)))
+        except AttributeError:
+            continue
     return found
 
 

@@ -38,6 +38,8 @@ import threading
 import types
 from multiprocessing import context
 
+from .slots import slot_names
+
 PROTOCOL = pickle.DEFAULT_PROTOCOL  # ForkingPickler.dumps' (protocol=None)
 HELD, SENT = "held", "sent"
 
@@ -190,15 +192,11 @@ def _held_reduction(obj):
     except Exception:
         pass
     slots = []
-    for klass in type(obj).__mro__:
-        names = vars(klass).get("__slots__", ())
-        for name in (names,) if isinstance(names, str) else names:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            try:
-                slots.append(object.__getattribute__(obj, name))
-            except Exception:
-                continue
+    for name in slot_names(type(obj)):
+        try:
+            slots.append(object.__getattribute__(obj, name))
+        except Exception:
+            continue
     items = None
     cls = type(obj)
     try:

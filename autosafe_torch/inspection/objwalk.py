@@ -24,6 +24,8 @@ import sys
 import types
 from itertools import islice
 
+from .slots import slot_names
+
 MAX_DEPTH = 24
 MAX_OBJECTS = 200_000  # objects entered in Python: large plain containers are read in C
 
@@ -117,33 +119,6 @@ def _is_storage(torch, obj):
                                     if storage is not None and hasattr(storage, n)))
     kinds = _storage_kinds[0]
     return bool(kinds) and is_a(obj, kinds)
-
-
-_slots_of = {}
-
-
-def slot_names(cls):
-    """Attribute names of every ``__slots__`` along the MRO (mangled), cached."""
-    names = _slots_of.get(cls)
-    if names is None:
-        names = _slots_of[cls] = tuple(_slot_names(cls))
-    return names
-
-
-def _slot_names(cls):
-    names = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        if isinstance(slots, str):
-            slots = (slots,)
-        for name in slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            if name.startswith("__") and not name.endswith("__"):
-                name = "_%s%s" % (klass.__name__.lstrip("_"), name)
-            if name not in names:
-                names.append(name)
-    return names
 
 
 # A built-in container this large is first read whole in C (``plain``): one of

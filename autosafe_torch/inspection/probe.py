@@ -136,6 +136,23 @@ def _stand_in(*parts):
     """What a by-value function or class stands for in the probe (never loaded)."""
 
 
+def _code_reduction(obj, by_value, sent):
+    """For a class or function: ``(_stand_in, parts)`` where it goes by value
+    (``sent``: the ids already sent, for a class its own methods name), the
+    AttributeError a worker's unpickling would raise where its ``__main__``
+    lacks it, else None."""
+    if by_value and not importable_by_reference(obj):
+        if id(obj) in sent:
+            return _stand_in, ()
+        sent.add(id(obj))
+        return _stand_in, _by_value_parts(obj)
+    if getattr(obj, "__module__", None) == "__main__":
+        error = missing_in_child(obj)
+        if error is not None:
+            return AttributeError(error)
+    return None
+
+
 def _by_value_parts(obj):
     """What sending ``obj`` by value (cloudpickle) would pickle besides code: a
     function's closure, the globals it names (modules go by reference) and its
@@ -201,16 +218,10 @@ class _ProbePickler(pickle.Pickler):
             if isinstance(obj, logging.Logger):
                 self.loggers[id(obj)] = obj
             return NotImplemented
-        if self.by_value and not importable_by_reference(obj):
-            if id(obj) in self._sent_by_value:  # a class its own methods name
-                return _stand_in, ()
-            self._sent_by_value.add(id(obj))
-            return _stand_in, _by_value_parts(obj)
-        if getattr(obj, "__module__", None) == "__main__":
-            error = missing_in_child(obj)
-            if error is not None:
-                raise AttributeError(error)
-        return NotImplemented
+        reduced = _code_reduction(obj, self.by_value, self._sent_by_value)
+        if isinstance(reduced, Exception):
+            raise reduced
+        return NotImplemented if reduced is None else reduced
 
 
 def is_probing():
@@ -369,15 +380,9 @@ class _CodeSent:
     def __call__(self, obj):
         if not objwalk.is_a(obj, (type, types.FunctionType)):
             return NotImplemented
-        if self.by_value and not importable_by_reference(obj):
-            if id(obj) in self.sent:  # a class its own methods name
-                return _stand_in, ()
-            self.sent.add(id(obj))
-            return _stand_in, _by_value_parts(obj)
-        if getattr(obj, "__module__", None) == "__main__":
-            error = missing_in_child(obj)
-            if error is not None:
-                return AttributeError(error)
+        reduced = _code_reduction(obj, self.by_value, self.sent)
+        if reduced is not None:
+            return reduced
         if not importable_by_reference(obj):
             try:
                 pickle.dumps(obj, PROTOCOL)  # by reference: pickle's own words

@@ -1,0 +1,29 @@
+"""An instance's ``__slots__``, read the one way (every class along the MRO,
+private names mangled): for the walker, the inventory's reductions and the
+digests. Imports nothing of ours, so that each can use it."""
+
+_slots_of = {}
+
+
+def slot_names(cls):
+    """Attribute names of every ``__slots__`` along the MRO (mangled), cached."""
+    names = _slots_of.get(cls)
+    if names is None:
+        names = _slots_of[cls] = tuple(_slot_names(cls))
+    return names
+
+
+def _slot_names(cls):
+    names = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        for name in slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = "_%s%s" % (klass.__name__.lstrip("_"), name)
+            if name not in names:
+                names.append(name)
+    return names
