@@ -23,7 +23,7 @@ class LoaderState:
     fork_handles: bool = False  # DL207/DL212: native handles reopened in each forked worker
     not_rebuilt: str | None = None  # why the rebuild rung was refused, for a refusal's words
     process_state: bool = False  # sent to spawn workers: each checks the process state
-    loggers: bool = False  # DL219: the dataset's loggers travel configured
+    loggers: Any = None  # DL219: the dataset's loggers travel configured (loggers.Reports)
     rebuilt: list[Any] = dataclasses.field(default_factory=list)  # built again in each worker
     # Kept at iter() (engine/loader.py):
     plan_key: Any = None  # what the worker checks read when they last ran

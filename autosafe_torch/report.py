@@ -32,7 +32,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .callsite import user_part
 from .config import CONFIG
@@ -74,7 +74,7 @@ class Intervention:
 
     __slots__ = ("code", "slug", "before", "after", "why", "fix", "call_site",
                  "strategy", "action", "pid", "rank", "local_rank", "world_size", "time",
-                 "count", "done", "clauses", "said", "rung", "subject")
+                 "count", "done", "clauses", "said", "rung", "subject", "needed")
 
     def __init__(self, code: str, slug: str, before: dict[str, Any], after: dict[str, Any],
                  why: str, fix: str, call_site: str, strategy: str | None = None,
@@ -102,6 +102,8 @@ class Intervention:
         self.rung = rung    # the ladder's rung its finding chose (rung.Rung), or None
         # what it was done to (a loader: id), where one site serves several; None: the site
         self.subject: int | None = None
+        # Finding.needed: asked before a fix made in the workers is recorded
+        self.needed: Callable[[], bool] | None = None
 
     def failed(self, why: str) -> None:
         """This fix did not hold (a remedy a worker could not apply, a start

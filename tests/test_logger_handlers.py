@@ -3,7 +3,13 @@ included: a handler with methods of its stream set on itself (transformers'
 default handler: ``handler.flush = sys.stderr.flush``) is made again with them
 bound to the worker's stream. tests/realworld's transformers Trainer found it:
 as on macOS the workers' start failed with "cannot pickle '_io.TextIOWrapper'
-object", where plain spawn runs."""
+object", where plain spawn runs.
+
+Where the worker's own import configures the logger as the training process
+has it (a library that sets up its logger at import), plain spawn needs
+nothing, and the shim does nothing: each worker keeps its own and says so, and
+no DL219 record is made. Where the program configured it further after its
+imports, the workers need the carried configuration, and DL219 says fixed."""
 
 import pytest
 
@@ -40,6 +46,7 @@ class Noisy(Dataset):
 
 
 if __name__ == "__main__":
+    AFTER_IMPORTS
     torch.manual_seed(0)
     digest(DataLoader(Noisy(), batch_size=4, num_workers=2, collate_fn=Collate()))
 """
@@ -47,17 +54,39 @@ LINE = "collated 4 samples"
 
 
 @pytest.mark.rule("DL219")
-def test_a_handler_with_its_streams_methods_is_carried_to_spawn_workers(tmp_path):
+def test_a_logger_configured_at_import_is_the_workers_own_no_repair_made(tmp_path):
     """Plain spawn runs (the worker's import of the script configures its own
-    logger): the shim, which carries the configuration, runs too, with the same
-    batches and each line once. It crashed at the workers' start before."""
-    plain = run_script(tmp_path, LIBRARY_LOGGING, start_method="spawn")
+    logger, as transformers' does): the shim gives the same batches and each
+    line once, and records nothing, since no worker needed anything. (It
+    crashed at the workers' start once, then recorded a repair.)"""
+    script = LIBRARY_LOGGING.replace("AFTER_IMPORTS", "pass")
+    plain = run_script(tmp_path, script, start_method="spawn")
     assert plain.rc == 0 and plain.stderr.count(LINE) == 4, plain
     log = tmp_path / "log.jsonl"
-    shim = run_script(tmp_path, LIBRARY_LOGGING, activation="env",
+    shim = run_script(tmp_path, script, activation="env",
                       env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_LOG_FILE": str(log)})
     assert shim.rc == 0 and shim.batches == plain.batches, shim
-    assert shim.stderr.count(LINE) == 4, shim  # the worker's own handler replaced, not added to
+    assert shim.stderr.count(LINE) == 4, shim  # the worker's own handler, not a second one
+    records = json_log(log) if log.exists() else []
+    assert {r["code"] for r in records} <= {"DL209"}, records
+    assert "DL219" not in shim.stderr, shim
+
+
+@pytest.mark.rule("DL219")
+def test_a_logger_configured_after_the_imports_is_carried_and_said(tmp_path):
+    """The program sets a format in main(), after its imports: a spawned worker's
+    import does not, so plain spawn writes the workers' lines without it, where
+    fork writes them with it. The shim carries it: fork's lines, DL219 fixed."""
+    script = LIBRARY_LOGGING.replace(
+        "AFTER_IMPORTS", "handler.setFormatter(logging.Formatter('lib: %(message)s'))")
+    fork = run_script(tmp_path, script, start_method="fork")
+    assert fork.rc == 0 and fork.stderr.count("lib: " + LINE) == 4, fork
+    plain = run_script(tmp_path, script, start_method="spawn")
+    assert plain.rc == 0 and plain.stderr.count("lib: " + LINE) == 0, plain  # the hazard
+    log = tmp_path / "log.jsonl"
+    shim = run_script(tmp_path, script, activation="env",
+                      env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert shim.rc == 0 and shim.batches == plain.batches == fork.batches, shim
+    assert shim.stderr.count("lib: " + LINE) == 4 and shim.stderr.count(LINE) == 4, shim
     records = json_log(log)
-    assert records and all(r["action"] == "fixed" for r in records), records
-    assert {r["code"] for r in records} <= {"DL219", "DL209"}, records
+    assert [r["action"] for r in records if r["code"] == "DL219"] == ["fixed"], records

@@ -38,9 +38,11 @@ def intervention_of(finding: Finding, call_site: str, action: str) -> Interventi
     """The record of ``finding`` at ``call_site``: ``action`` is "fixed",
     "would-fix", "advised" or "refused"."""
     r = finding.rule
-    return report.Intervention(r.code, r.slug, finding.before, finding.after, finding.why,
+    made = report.Intervention(r.code, r.slug, finding.before, finding.after, finding.why,
                                finding.fix, call_site, finding.strategy, action, finding.done,
                                finding.rung)
+    made.needed = finding.needed
+    return made
 
 
 def enabled(rule: Rule) -> bool:
@@ -111,11 +113,15 @@ def settle_later(findings: Sequence[Finding], call_site: str,
     return bool(actions), made
 
 
-def record_outcome(intervention: Intervention, failed: str | None = None) -> Intervention:
+def record_outcome(intervention: Intervention,
+                   failed: str | None = None) -> Intervention | None:
     """Record ``intervention`` (from ``settle_later``) now that its remedy ran:
-    as fixed, or, given why (``failed``), as a fix that did not hold."""
+    as fixed, or, given why (``failed``), as a fix that did not hold. None
+    where the workers needed none of it (``Finding.needed``): nothing was done."""
     if failed is not None:
         intervention.failed(failed)
+    elif intervention.needed is not None and not intervention.needed():
+        return None
     return report.record(intervention)
 
 

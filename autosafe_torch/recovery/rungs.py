@@ -113,8 +113,8 @@ def sent_once_where_spawned(loader):
 def carried_loggers(loader):
     """While ``loader``'s workers start: its loggers travel configured, where
     DL219 chose that (``remedies/loggers.py``)."""
-    return loggers.carrying() if state_of(loader).loggers \
-        else contextlib.nullcontext()
+    reports = state_of(loader).loggers
+    return loggers.carrying(reports) if reports is not None else contextlib.nullcontext()
 
 
 def own_files(loader, report_dir):

@@ -14,6 +14,12 @@ its level, formatter and filters. In the worker that configuration replaces
 (never adds to) what the worker's own import of the script configured, once
 per worker: a line is written once, where the training process writes it.
 
+Where the worker's own imports configured a logger as the training process
+has it (a library that sets up its logger at import, as transformers does),
+plain spawn needs nothing: the worker keeps its own, untouched, and says so
+(``Reports``). DL219's record is made from what the workers said: none when
+every worker had it of its own (promise 1: nothing was done).
+
 A handler that cannot be made again (a socket, a queue, a class of the
 program's) cannot be carried: the plan says so, and the loader goes where
 its loggers need nothing carried (fork, or emulated workers).
@@ -22,20 +28,83 @@ its loggers need nothing carried (fork, or emulated workers).
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
+import weakref
 
 from . import handlers as _handlers
 
 _carrying = threading.local()
 
 
+class Reports:
+    """Where a loader's workers say, as they receive its loggers, whether they
+    needed the training process's configuration (``CARRIED``) or had it of
+    their own (``KEPT``): one line per logger, appended to a file of ours
+    (the workers are processes of their own; the lines are a few bytes)."""
+
+    def __init__(self):
+        self.path = None  # made at the first start of the workers (planning makes none)
+
+    def open(self):
+        if self.path is None:
+            fd, self.path = tempfile.mkstemp(prefix="autosafe_torch-loggers-")
+            os.close(fd)
+            weakref.finalize(self, _unlink, self.path)  # at the latest at exit
+        return self.path
+
+    def needed(self):
+        """Whether a worker needed the carried configuration: True where one
+        said so, or where none said anything yet (their records were made
+        before a worker received its loggers: what was sent stands)."""
+        if self.path is None:
+            return True
+        try:
+            with open(self.path) as f:
+                said = f.read().split()
+        except OSError:
+            return True
+        return CARRIED in said or not said
+
+
+CARRIED, KEPT = "carried", "kept"
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _say(path, what):
+    """In a worker: ``what`` it did, appended to the training process's
+    report (gone: nobody waits for it any more)."""
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError:
+        return
+    try:
+        os.write(fd, (what + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 class carrying:
     """While a loader of ours starts its workers: its loggers travel
     configured (the reducer acts for these pickles only, not for the
-    program's own processes)."""
+    program's own processes), and the workers say into ``reports``
+    whether they needed it."""
+
+    def __init__(self, reports=None):
+        self.reports = reports
 
     def __enter__(self):
         _carrying.on = getattr(_carrying, "on", 0) + 1
+        _carrying.path = self.reports.open() if self.reports is not None else None
         return self
 
     def __exit__(self, *exc):
@@ -78,18 +147,17 @@ def uncarried(logger):
     return None
 
 
-def handler_classes(loggers):
-    return {type(h) for logger in loggers for link in chain(logger) for h in link.handlers}
-
-
 def reduce_logger(logger):
     """ForkingPickler's reducer for loggers: by name, as ever, but while a
-    loader of ours starts its workers, with the configuration its records meet."""
+    loader of ours starts its workers, with the configuration its records meet
+    (each handler as the recipe that makes it again: made only where the
+    worker needs it)."""
     if not getattr(_carrying, "on", 0) or not configured(logger) or uncarried(logger):
         return logger.__reduce__()
     links = [(_name(link), link.level, link.propagate, link.disabled, list(link.filters),
-              list(link.handlers)) for link in chain(logger)]
-    return configured_in_worker, (_name(logger), links)
+              [_handlers.reduce_handler(h)[1] for h in link.handlers])
+             for link in chain(logger)]
+    return configured_in_worker, (_name(logger), links, getattr(_carrying, "path", None))
 
 
 def _name(logger):
@@ -100,36 +168,78 @@ def _logger(name):
     return logging.getLogger(name) if name is not None else logging.root
 
 
-_replaced: set[str] = set()  # in a worker: the loggers configured from the training process's
+_decided: set[str | None] = set()  # in a worker: the loggers configured as the training process's
 
 
-def configured_in_worker(name, links):
+def configured_in_worker(name, links, report=None):
     """In a worker: the logger ``name``, its chain configured as the training
-    process's is (replacing what this process configured, once)."""
-    for link_name, level, propagate, disabled, filters, handlers in links:
-        link = _logger(link_name)
-        if link_name in _replaced:
+    process's is: each link the worker's own imports configured otherwise is
+    replaced (once), one they configured the same is kept as it is. Says into
+    ``report`` whether anything was replaced."""
+    replaced = False
+    for link_name, level, propagate, disabled, filters, recipes in links:
+        if link_name in _decided:
             continue
-        _replaced.add(link_name)
+        _decided.add(link_name)
+        link = _logger(link_name)
+        if _configured_alike(link, level, propagate, disabled, filters, recipes):
+            continue  # as plain spawn: the worker's own
+        replaced = True
         for own in list(link.handlers):  # the worker's import configured these
             link.removeHandler(own)
             try:
                 own.close()
             except Exception:
                 pass
-        for handler in handlers:
-            link.addHandler(handler)
+        for recipe in recipes:
+            link.addHandler(_handlers.made_again(*recipe))
         link.setLevel(level)
         link.propagate, link.disabled = propagate, disabled
         link.filters = list(filters)
+    _say(report, CARRIED if replaced else KEPT)
     return _logger(name)
 
 
+def _configured_alike(link, level, propagate, disabled, filters, recipes):
+    """Whether the worker's ``link`` is configured as the training process's
+    (its level, propagate, disabled, filters, and handlers that the same
+    recipe would make: same class, target and state)."""
+    if (link.level, link.propagate, link.disabled) != (level, propagate, disabled):
+        return False
+    if not _alike(list(link.filters), list(filters)) or len(link.handlers) != len(recipes):
+        return False
+    for own, recipe in zip(link.handlers, recipes):
+        if not _handlers.rebuildable(own) or \
+                not _alike(_handlers.reduce_handler(own)[1], recipe):
+            return False
+    return True
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _alike(a, b, depth=0):
+    """Equal in value, objects compared by class and attributes (a formatter
+    or a filter made again in the worker is another object); functions and
+    classes by identity. Anything else, or too deep: not alike."""
+    if type(a) is not type(b) or depth > 6:
+        return False
+    if isinstance(a, _PLAIN):
+        return a == b
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_alike(a[k], b[k], depth + 1) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_alike(x, y, depth + 1) for x, y in zip(a, b))
+    if isinstance(a, type) or callable(a):
+        return a is b
+    own, other = getattr(a, "__dict__", None), getattr(b, "__dict__", None)
+    return isinstance(own, dict) and isinstance(other, dict) and _alike(own, other, depth + 1)
+
+
 def reducers(loggers):
-    """The reducers a worker start needs for ``loggers``: theirs, and their
-    handlers' (made again)."""
+    """The reducers a worker start needs for ``loggers`` (their handlers
+    travel as recipes: ``reduce_logger``)."""
     table = {type(logger): reduce_logger for logger in loggers}
     table[logging.Logger] = reduce_logger
     table[logging.RootLogger] = reduce_logger
-    table.update(_handlers.handler_reducers(handler_classes(loggers)))
     return table

@@ -190,9 +190,10 @@ class Rule:
                 why: str = "", strategy: str | None = None,
                 state: dict[str, Any] | None = None, remedies: Iterable[Remedy] = (),
                 fix: str | None = None, done: str | None = None,
-                rung: Rung | None = None) -> Finding:
+                rung: Rung | None = None, needed: Callable[[], bool] | None = None) -> Finding:
         """This rule's ``Finding`` (its fields, as ``Finding`` has them)."""
-        return Finding(self, before, changes, why, strategy, state, remedies, fix, done, rung)
+        return Finding(self, before, changes, why, strategy, state, remedies, fix, done, rung,
+                       needed)
 
     def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
@@ -244,17 +245,22 @@ class Finding:
     ``rung``: the ladder's rung this finding puts the loader's workers on
     (``rung.Rung``), or None: what the patches and the recovery ask,
     never the rule's code. Its words are the strategy, unless one is given.
+    ``needed``: for a remedy that the workers apply only where they lack
+    what it gives, asked once they started: False when none needed it (no
+    record is made: nothing was done); None: always needed.
     """
 
     __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix",
-                 "done", "rung")
+                 "done", "rung", "needed")
 
     def __init__(self, rule: Rule, before: dict[str, Any],
                  changes: dict[str, Any] | None = None, why: str = "",
                  strategy: str | None = None, state: dict[str, Any] | None = None,
                  remedies: Iterable[Remedy] = (), fix: str | None = None,
-                 done: str | None = None, rung: Rung | None = None) -> None:
+                 done: str | None = None, rung: Rung | None = None,
+                 needed: Callable[[], bool] | None = None) -> None:
         self.rule = rule
+        self.needed = needed
         self.before = before
         self.changes = changes or {}
         self.why = why

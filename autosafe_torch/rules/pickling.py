@@ -249,11 +249,14 @@ def logging_config_to_workers(args, ctx):
     found = list(plan.loggers)
     names = ", ".join(repr(lg.name) for lg in found)
     handlers = sum(len(link.handlers) for lg in found for link in loggers.chain(lg))
+    # Whether a worker needs it is its own to see: its imports may configure
+    # the same (a library's logger); then it keeps its own, and no record is made.
+    reports = loggers.Reports()
     return logging_config_to_workers.rule.finding(
         {"loggers": [lg.name for lg in found]},
         why="a logger pickles by its name: a spawned worker's has none of this process's "
         "handlers, levels or filters", strategy="carry logging configuration",
-        state=dict(SENT_TO_SPAWN, _loggers=True),
+        state=dict(SENT_TO_SPAWN, _loggers=reports), needed=reports.needed,
         remedies=[lambda args: pickling.install(loggers.reducers(found))],
         done="the logger%s %s carried to each of %s with the configuration its records meet "
         "(%s)" % ("s" if len(found) > 1 else "", names, number_of(args["num_workers"], "worker"),

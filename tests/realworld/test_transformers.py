@@ -54,11 +54,6 @@ def test_as_on_macos_with_the_shim_the_linux_losses(linux, macos_shim):
 # program would fail. Spawned plainly, this one runs: transformers' tokenizer has a
 # __getattr__, but one that answers pickle's question (AttributeError), so it is
 # no forwarder to rebuild.
-@pytest.mark.xfail(strict=True, reason=(
-    "open: DL219 carries transformers' logger configuration, which the library sets at "
-    "import and a spawned worker's import sets again, so it records a repair where plain "
-    "spawn needs none; DL219 decides in the training process, and no worker reports back "
-    "before its record is made"))
 def test_as_on_macos_with_the_shim_no_repair_where_none_is_needed(macos, macos_shim):
     assert macos.rc == 0, macos
     assert [r["code"] for r in macos_shim.fixes()] == [], macos_shim
