@@ -90,3 +90,51 @@ def test_a_logger_configured_after_the_imports_is_carried_and_said(tmp_path):
     assert shim.stderr.count("lib: " + LINE) == 4 and shim.stderr.count(LINE) == 4, shim
     records = json_log(log)
     assert [r["action"] for r in records if r["code"] == "DL219"] == ["fixed"], records
+
+
+AUDITED_WITH_A_LAMBDA = """
+import logging
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Audited(Dataset):
+    def __init__(self, path):
+        self.log = logging.getLogger("audit")
+        handler = logging.FileHandler(path)
+        handler.addFilter(lambda record: True)  # a callable filter (Python >= 3.2)
+        self.log.addHandler(handler)
+        self.log.setLevel(logging.INFO)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        self.log.info("sample %d", i)
+        return torch.tensor([float(i), torch.rand(1).item()])
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    digest(DataLoader(Audited("audit.log"), batch_size=2, num_workers=2))
+"""
+
+
+@pytest.mark.rule("DL219")
+def test_a_configuration_that_does_not_pickle_is_refused_not_sent(tmp_path):
+    """A lambda as a handler's filter: its configuration cannot be sent to a
+    worker. The plan sees that (it pickles the configuration it would send) and
+    takes the next rung; before, the workers' start failed with torch's
+    traceback (AttributeError: Can't pickle local object)."""
+    fork = run_script(tmp_path, AUDITED_WITH_A_LAMBDA, start_method="fork")
+    assert fork.rc == 0, fork
+    fork_lines = (tmp_path / "audit.log").read_text().count("sample")
+    assert fork_lines == 8
+    (tmp_path / "audit.log").unlink()
+    log = tmp_path / "log.jsonl"
+    shim = run_script(tmp_path, AUDITED_WITH_A_LAMBDA, activation="env",
+                      env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert shim.rc == 0 and shim.batches == fork.batches, shim
+    assert "Traceback" not in shim.stderr, shim
+    assert (tmp_path / "audit.log").read_text().count("sample") == fork_lines
+    assert "DL219" not in {r["code"] for r in json_log(log)}, json_log(log)

@@ -32,7 +32,9 @@ import os
 import tempfile
 import threading
 import weakref
+from multiprocessing.reduction import ForkingPickler
 
+from ..inspection.naming import a_or_an
 from . import handlers as _handlers
 
 _carrying = threading.local()
@@ -138,12 +140,21 @@ def configured(logger):
 
 
 def uncarried(logger):
-    """The first handler along ``logger``'s chain that a worker cannot make
-    again, or None."""
+    """Why a worker cannot be given the configuration ``logger``'s records
+    meet, or None: a handler it cannot make again, or a filter, formatter or
+    handler attribute that does not pickle (a lambda used as a filter)."""
     for link in chain(logger):
         for handler in link.handlers:
             if not _handlers.rebuildable(handler):
-                return handler
+                return "its handler (%s) cannot be made again in a worker" % (
+                    a_or_an(type(handler).__name__))
+    try:
+        ForkingPickler.dumps([(list(link.filters),
+                               [_handlers.reduce_handler(h)[1] for h in link.handlers])
+                              for link in chain(logger)])
+    except Exception as exc:
+        return "its configuration does not pickle (%s)" % (
+            str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__)
     return None
 
 

@@ -9,7 +9,6 @@ without registering them.
 
 
 from ..inspection import holdings, objwalk
-from ..inspection.naming import a_or_an
 from ..inspection.objwalk import is_a
 from ..inspection.parts import PARTS, held_in_parts
 from ..config import CONFIG
@@ -170,12 +169,11 @@ def _uncarried_loggers(results, plan):
     plan.loggers = [lg for lg in held if loggers.configured(lg)]
     failures = []
     for logger in plan.loggers:
-        handler = loggers.uncarried(logger)
-        if handler is not None:
+        why = loggers.uncarried(logger)
+        if why is not None:
             failures.append(ProbeResult(
-                False, "the logger %r" % logger.name, "its handler (%s) cannot be made again "
-                "in a worker, and without it the lines logged there are lost" % (
-                    a_or_an(type(handler).__name__)), logger))
+                False, "the logger %r" % logger.name, "%s, and without it the lines logged "
+                "in a worker are lost" % why, logger))
     return failures
 
 
