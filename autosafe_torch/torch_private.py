@@ -56,8 +56,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import pickle
 import re
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable
 
@@ -298,6 +300,15 @@ class Recording(BaseIter):
         self._index_sampler = loader._index_sampler
         self._base_seed = resume.base_seed
 
+    def begin_after_failed_start(self, loader: Any) -> None:
+        """Its workers could not start (``__init__`` raised): the epoch's
+        sampler iterator, recorded, as torch's ``_reset`` would have begun it
+        (the base seed was drawn already), for the rung that goes on from it.
+        A resumed iterator goes on from its own recorder."""
+        if self._autosafe_resume is None:
+            BaseIter._reset(self, loader, True)
+            self._sampler_iter = self._autosafe_watch.recorder = Recorder(self._sampler_iter)
+
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         resume, watch = self._autosafe_resume, self._autosafe_watch
         if resume is None:
@@ -314,6 +325,14 @@ class Recording(BaseIter):
 # -- the watched multi-process iterator --------------------------------------------
 
 
+# torch's advice when a worker's start fails to pickle (torch >= 2.8), which it
+# attributes to the caller of the iterator's __init__: for a watched iterator
+# that is Watched.__init__ here, and the recovery takes the next rung instead
+# (its record says what failed). Other iterators' warnings are untouched.
+warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker",
+                        category=UserWarning, module=re.escape(__name__) + "$")
+
+
 # (bases chosen at import: mypy cannot read them, and sees Any)
 class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
                 if MultiProcessIter else (Recording,))):
@@ -326,7 +345,10 @@ class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
     and in ``_get_data`` ``watch.limit()``, ``watch.observed(seconds)``,
     ``watch.failed(iterator, exc)`` (an exception to raise instead, or None:
     torch's stands) and ``watch.hung(worker, pid, seconds)`` (the exception
-    to raise). ``poll_s``: how often a wait looks at the workers."""
+    to raise). ``poll_s``: how often a wait looks at the workers. Where a
+    worker could not start (what it is sent does not pickle: torch raises
+    from ``__init__``), ``watch.start_failed(iterator, loader, exc)`` gives
+    the exception to raise instead, or None."""
 
     # Until torch's __init__ sets it, no worker has started: an iterator that
     # could not start (no file descriptor for its queues) has nothing to stop.
@@ -339,7 +361,16 @@ class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
         self._autosafe_resume = resume
         self._autosafe_poll_s = poll_s
         watch.starting()
-        super().__init__(loader)
+        try:
+            super().__init__(loader)
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:
+            # torch's own catch around each worker's start (its _workers list
+            # is made just before, and _send_idx at the end by _reset)
+            starting = "_workers" in vars(self) and "_send_idx" not in vars(self)
+            instead = watch.start_failed(self, loader, exc) if starting else None
+            if instead is None:
+                raise
+            raise instead from exc
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         if first_iter and self._worker_pids_set:

@@ -210,6 +210,12 @@ class Failure:
         self.note = None
         self.starting = False  # the dump is a traceback the worker left while starting
 
+    @property
+    def unsent(self):
+        """A start that failed here, in the training process: what the workers
+        were to be sent did not pickle (no worker ran)."""
+        return self.starting and self.pid is None
+
     def who(self):
         if self.worker is None:
             return "a worker"
@@ -226,6 +232,8 @@ class Failure:
             text = "%s touched CUDA" % self.who()
             if not self.dump:
                 text += ": %s" % _first_line(self.exc)
+        elif self.unsent:
+            text = "the workers could not be started: %s" % _first_line(self.exc)
         elif self.status:
             text = "%s %s" % (self.who(), self.status)
         elif self.worker is None:
@@ -235,7 +243,7 @@ class Failure:
             text = "%s failed: %s" % (self.who(), _first_line(self.exc))
         if self.kind in (SHM, FDS) and self.exc is not None and self.status:
             text += " (%s)" % _first_line(self.exc)
-        if self.starting:
+        if self.starting and not self.unsent:
             text += " while starting"
         found = where(self.dump, short=room is not None) if self.dump else None
         found = ", in %s" % found if found else ""

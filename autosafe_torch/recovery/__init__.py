@@ -63,7 +63,7 @@ from ..rules.recovery import kinds_watched
 from .iterator import RecoveringIter
 from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,
                     sent_once_where_spawned, torch_lacks, with_state_checked)
-from .watch import Watch, record_failed, record_held
+from .watch import Failed, Watch, record_failed, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
 
@@ -152,7 +152,10 @@ def _start(loader, kinds, pending):
     watch = Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
                   outcome)
     mark = _warm_mark(pending)
-    inner = real_workers(loader, ladder, watch)
+    try:
+        inner = real_workers(loader, ladder, watch)
+    except Failed as failed:  # its workers could not start: the next rung, from here
+        return RecoveringIter.after_failed_start(failed, loader, ladder, watch)
     engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
     return RecoveringIter(inner, loader, ladder, watch)
 

@@ -66,6 +66,14 @@ class RecoveringIter(wrapt.ObjectProxy):
         self._self_epoch = 0
         self._self_pending = None  # a Recovered, until it is verified
 
+    @classmethod
+    def after_failed_start(cls, failed, loader, ladder, watch):
+        """The recovering iterator of a loader whose workers could not start
+        (``failed``: ``Watch.start_failed``'s), on the next rung already."""
+        recovering = cls(failed.iterator, loader, ladder, watch)
+        recovering._recover_or_raise(failed.failure)
+        return recovering
+
     def __iter__(self):
         return self
 

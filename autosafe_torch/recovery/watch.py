@@ -22,9 +22,10 @@ DEATH_WAIT_S = 0.5    # for a death behind a broken connection to show
 class Failed(Exception):
     """A failure of the workers, on its way from ``_get_data`` to ``RecoveringIter``."""
 
-    def __init__(self, failure):
+    def __init__(self, failure, iterator=None):
         super().__init__(failure)
         self.failure = failure
+        self.iterator = iterator  # one whose workers could not start: to stop, to go on from
 
 
 class Watch:
@@ -74,6 +75,18 @@ class Watch:
         ``Failed`` for a failure of the workers, None where torch's error stands."""
         failure = observe(iterator, exc)
         return None if failure is None else Failed(failure)
+
+    def start_failed(self, iterator, loader, exc):
+        """A worker could not start: what it is sent did not pickle (what a
+        repair of ours sent, or what the plan did not see). New workers would
+        be sent the same: a failure at the start, which the recovery steps
+        down from (never through). None where its rule is off: torch's error."""
+        if F.REMEDY not in self.kinds:
+            return None
+        iterator.begin_after_failed_start(loader)
+        failure = F.Failure(F.REMEDY, exc)
+        failure.starting = True
+        return Failed(failure, iterator)
 
     def hung(self, worker, pid, waited):
         return Failed(F.Failure(F.HUNG, worker=worker, pid=pid, waited=waited))

@@ -41,7 +41,10 @@ def _recovered(check, kind, ctx):
     why += "; resumed at batch %d on %s" % (failure.batch, ctx.rung)
     why += (", every batch delivered once, as in a run without the failure"
             if ctx.exact is None else " (not exact: %s)" % ctx.exact)
-    if failure.starting:
+    if failure.unsent:
+        why += ". What the workers were to be sent did not pickle, here in the training " \
+            "process: no worker ran"
+    elif failure.starting:
         why += ". It died while starting (unpickling what it was sent, or importing the " \
             "main module)"
         why += "; its traceback:\n%s" % failure.dump if failure.dump else \
@@ -61,9 +64,14 @@ def _recovered(check, kind, ctx):
     done = failure.what(room=room - len(outcome)) + outcome
     return check.rule.finding(failure.before(str(ctx.first_rung)), why=why,
                               strategy=str(ctx.rung), state={"rung": str(ctx.rung)}, done=done,
-                              fix=STARTING_FIX if failure.starting else None)
+                              fix=UNSENT_FIX if failure.unsent
+                              else STARTING_FIX if failure.starting else None)
 
 
+UNSENT_FIX = ("what the workers are sent must pickle when they start: open files and "
+              "readers lazily in each worker, and only there (the training process that reads "
+              "the dataset itself, ds[0], opens them here first), and define functions and "
+              "classes at module level, not as lambdas or local functions")
 STARTING_FIX = ("a spawned worker imports your main module and unpickles the dataset before "
                 "any of your code runs: keep module-level work under if __name__ == "
                 "'__main__': and make what that module imports importable in a new process "
@@ -179,7 +187,8 @@ def worker_out_of_memory(args, ctx):
 
 @rule("DL216", "repair-failed-in-worker", GROUP,
       summary=("a repair chosen before the workers started could not be applied in a "
-               "worker (a file that could no longer be reopened there): never run with "
+               "worker (a file that could no longer be reopened there), or the workers "
+               "could not be started (what they are sent did not pickle): never run with "
                "the hazard in place; the iterator is rebuilt on emulated workers and "
                "resumed at the first batch not delivered"),
       prevents=("a run that goes on with the hazard the repair was for: forked workers "

@@ -4,7 +4,6 @@ text, 2 workers masking at random. Offline: nothing comes from the Hub."""
 
 import random
 
-import pytest
 from harness import check_no_fix, check_same_losses
 
 PACKAGES = ("transformers", "tokenizers", "accelerate")
