@@ -78,14 +78,18 @@ def effective_start_method(context=None):
         try:
             return context.get_start_method()
         except Exception:
-            return getattr(context, "_name", None) or default_start_method()
+            from .mp_private import context_name  # noqa: PLC0415 - facts loads before torch (doctor)
+
+            return context_name(context) or default_start_method()
     import multiprocessing  # noqa: PLC0415 - facts loads before torch (doctor)
 
     method = multiprocessing.get_start_method(allow_none=True)
     if method:
         return method
     try:
-        return multiprocessing.context._default_context._default_context._name
+        from .mp_private import default_start_method as mp_default  # noqa: PLC0415 - facts loads before torch (doctor)
+
+        return mp_default()
     except Exception:
         return default_start_method()
 

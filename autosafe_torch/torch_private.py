@@ -436,9 +436,15 @@ WATCHED_ATTRIBUTES = ("_task_info", "_rcvd_idx", "_workers", "_worker_pids_set",
                       "_index_sampler", "_base_seed")
 # What the emulated workers take from torch: its base iterator's state, and the
 # worker module's names for a worker's identity and seeds.
+# What the emulated workers (remedies/emulated_workers.py, a port of torch's
+# multi-process loop onto _BaseDataLoaderIter) read of the base class: the
+# fields its __init__/_reset set and the methods they call or override.
+# tests/test_layers.py fails where another private name of torch's is used.
 EMULATED_ATTRIBUTES = ("_dataset_kind", "_auto_collation", "_drop_last", "_collate_fn",
                        "_dataset", "_index_sampler", "_sampler_iter", "_num_yielded",
-                       "_base_seed", "_pin_memory", "_num_workers", "_persistent_workers")
+                       "_base_seed", "_pin_memory", "_num_workers", "_persistent_workers",
+                       "_shared_seed", "_world_size", "_rank", "_pin_memory_device")
+EMULATED_METHODS = ("_next_index", "_reset")
 WORKER_MODULE = ("_worker_info", "WorkerInfo", "_generate_state",
                  "_IterableDatasetStopIteration", "HAS_NUMPY")
 DATALOADER_MODULE = ("_BaseDataLoaderIter", "_MultiProcessingDataLoaderIter", "_DatasetKind",
@@ -486,6 +492,8 @@ def _emulated() -> list[str]:
     base = getattr(_dataloader, "_BaseDataLoaderIter", None)
     if base is not None:
         missing += _set_by(base, EMULATED_ATTRIBUTES)
+        missing += ["%s.%s" % (base.__name__, name) for name in EMULATED_METHODS
+                    if not callable(getattr(base, name, None))]
     return missing
 
 

@@ -1,20 +1,26 @@
 """Imports run one way: patches -> recovery -> engine -> rules -> remedies ->
-inspection -> torch_private.
+inspection -> torch_private, mp_private.
 
 Read from each module's syntax tree (an import inside a function counts too):
 a module of a lower layer never imports one of a higher layer, so that the
 recovery never reaches back into the patch that starts it, a rule never
-reaches back into what calls it, and only ``torch_private`` touches torch's
-private DataLoader internals. And no module imports itself back through
-others: the package has no import cycle.
+reaches back into what calls it. Only ``torch_private`` touches torch's
+private DataLoader internals, and only ``mp_private`` multiprocessing's (each
+private name outside them fails a test). And no module imports itself back
+through others: the package has no import cycle.
 """
 
 import ast
+import inspect
 
+import torch.utils.data.dataloader as torch_dataloader
+
+from autosafe_torch import torch_private
 from support import ROOT
 
 PACKAGE = ROOT / "autosafe_torch"
-LAYERS = ("torch_private", "inspection", "remedies", "rules", "engine", "recovery", "patches")
+LAYERS = ("mp_private", "torch_private", "inspection", "remedies", "rules", "engine", "recovery",
+          "patches")
 
 
 def _layer(parts):
@@ -115,3 +121,92 @@ def test_the_vocabulary_imports_no_layer():
                     if parts and parts[0] not in VOCABULARY:
                         upward.append("%s:%d imports %s" % (name, node.lineno, ".".join(parts)))
     assert not upward, "the vocabulary reaches up:\n" + "\n".join(upward)
+
+
+# -- private names: each library's in its adapter only ------------------------------
+
+ADAPTERS = {"torch": "torch_private.py", "multiprocessing": "mp_private.py"}
+
+
+def _bound_to_libraries(tree):
+    """``{name: library}`` for the names ``tree`` binds by importing torch or
+    multiprocessing (a module, or a name from one)."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                if top in ADAPTERS:
+                    bound[alias.asname or top] = top
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            top = node.module.split(".")[0]
+            if top in ADAPTERS:
+                for alias in node.names:
+                    bound[alias.asname or alias.name] = top
+    return bound
+
+
+def _root(node):
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _torch_base_names():
+    """The private names of torch's ``_BaseDataLoaderIter`` (what its methods
+    set on ``self``, and the methods themselves) and of ``DataLoader``'s."""
+    names = set()
+    for cls in (torch_dataloader._BaseDataLoaderIter, torch_dataloader.DataLoader):
+        tree = ast.parse(inspect.getsource(cls).lstrip())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "self" and _private(node.attr):
+                names.add(node.attr)
+            elif isinstance(node, ast.FunctionDef) and _private(node.name):
+                names.add(node.name)
+    return names
+
+
+def test_only_the_adapters_touch_private_names_of_torch_and_multiprocessing():
+    """A private name reached from a torch or multiprocessing import (``X._y``
+    where ``X`` came from ``import multiprocessing``...) is used in its adapter
+    only; so is a private name of torch's base iterator or DataLoader, but
+    those the adapter declares for the emulated workers (a port of torch's
+    loop onto that base, read by ``emulated_missing`` on every torch)."""
+    declared = set(torch_private.EMULATED_ATTRIBUTES) | set(torch_private.EMULATED_METHODS)
+    torch_names = _torch_base_names() - declared
+    outside = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ADAPTERS.values() and path.parent == PACKAGE:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        bound = _bound_to_libraries(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                continue
+            root = _root(node.value)
+            library = bound.get(root.id) if isinstance(root, ast.Name) else None
+            if library is None and node.attr in torch_names:
+                library = "torch"
+            if library is not None:
+                outside.append("%s:%d %s (%s's: %s)" % (
+                    path.relative_to(ROOT), node.lineno, node.attr, library, ADAPTERS[library]))
+    assert not outside, "private names outside their adapter:\n" + "\n".join(outside)
+
+
+def test_the_scan_sees_a_private_name_where_one_is_used(tmp_path):
+    """The scan above, on code that breaks the rule in each way it reads."""
+    tree = ast.parse("from multiprocessing.reduction import ForkingPickler\n"
+                     "import multiprocessing as mp\n"
+                     "ForkingPickler._extra_reducers\n"
+                     "mp.process.current_process()._inheriting\n")
+    bound = _bound_to_libraries(tree)
+    found = [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+             and _private(node.attr) and isinstance(_root(node.value), ast.Name)
+             and _root(node.value).id in bound]
+    assert sorted(found) == ["_extra_reducers", "_inheriting"]
+    assert {"_base_seed", "_index_sampler", "_get_iterator"} <= _torch_base_names()

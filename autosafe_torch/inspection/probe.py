@@ -24,8 +24,8 @@ import pickle
 import sys
 import types
 from multiprocessing import context
-from multiprocessing.reduction import ForkingPickler
 
+from ..mp_private import extra_reducers
 from . import inventory, objwalk
 from .failures import exception_text
 from .mainmodule import importable_by_reference, missing_in_child
@@ -88,7 +88,7 @@ def _probe_dispatch_table(planned=None):
     them). A repair installed for another loader does not count: each loader
     is planned, and recorded, as if it were the only one."""
     table = copyreg.dispatch_table.copy()
-    for cls, reducer in ForkingPickler._extra_reducers.items():
+    for cls, reducer in extra_reducers().items():
         module = getattr(reducer, "__module__", None) or getattr(
             getattr(reducer, "func", None), "__module__", "")
         if module != _TORCH_REDUCERS_MODULE and not module.startswith(_OURS):

@@ -27,9 +27,10 @@ from __future__ import annotations
 import os
 import pickle
 from typing import Any
-from multiprocessing import process, spawn
+from multiprocessing import spawn
 
 from ..inspection.diagnostics import in_fork_server
+from ..mp_private import inheriting
 
 RECIPES = "AUTOSAFE_TORCH_BUILD_RECIPES"
 
@@ -58,8 +59,7 @@ def _build():
     path = os.environ.pop(RECIPES, None)
     if not path:
         return
-    process.current_process()._inheriting = True
-    try:
+    with inheriting():
         with open(path, "rb") as f:
             spawn.prepare(pickle.load(f))
             recipes = pickle.load(f)
@@ -68,8 +68,6 @@ def _build():
                 BUILT[key] = build(*args)
             except Exception:  # workers fail their start without it, and say so
                 continue
-    finally:
-        del process.current_process()._inheriting
 
 
 if in_fork_server():

@@ -66,11 +66,11 @@ import sys
 import threading
 import weakref
 from multiprocessing.context import get_spawning_popen
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
 
+from ..mp_private import extra_reducers
 from .mappings import MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, install
 
@@ -291,7 +291,7 @@ def install_reducers(files=()):
         _files.update(files)
     reducers = {}
     for cls in (torch.Tensor, torch.nn.Parameter):
-        current = ForkingPickler._extra_reducers.get(cls)
+        current = extra_reducers().get(cls)
         if not isinstance(current, TensorReducer):
             reducers[cls] = TensorReducer(current)
     install(reducers)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from ..mp_private import extra_reducers
+
 PROTOCOL = __import__("pickle").DEFAULT_PROTOCOL
 
 _MISSING = object()
@@ -40,7 +42,7 @@ def install(reducers):
     """Register ``{class: reducer}`` with ForkingPickler, remembering the old ones."""
     for cls, reducer in reducers.items():
         if cls not in _installed:
-            _installed[cls] = ForkingPickler._extra_reducers.get(cls, _MISSING)
+            _installed[cls] = extra_reducers().get(cls, _MISSING)
         ForkingPickler.register(cls, reducer)
 
 
@@ -65,7 +67,7 @@ def uninstall_reducers():
 
     for cls, previous in _installed.items():
         if previous is _MISSING:
-            ForkingPickler._extra_reducers.pop(cls, None)
+            extra_reducers().pop(cls, None)
         else:
-            ForkingPickler._extra_reducers[cls] = previous
+            extra_reducers()[cls] = previous
     _installed.clear()

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..inspection import probe as probes
 from ..inspection.parts import PARTS
+from ..mp_private import extra_reducers
 from ..loaderstate import state_of
 
 # id(dataset) -> (dataset, bytes), while its loader's workers start
@@ -52,7 +53,7 @@ def offering(loader):
     if pickled is None:
         pickled = _pickled(loader)
     cls = type(dataset)
-    if pickled is None or cls in ForkingPickler._extra_reducers:
+    if pickled is None or cls in extra_reducers():
         yield
         return
     _offered[id(dataset)] = (dataset, pickled)
@@ -61,8 +62,8 @@ def offering(loader):
         yield
     finally:
         _offered.pop(id(dataset), None)
-        if ForkingPickler._extra_reducers.get(cls) is _reduce:
-            del ForkingPickler._extra_reducers[cls]
+        if extra_reducers().get(cls) is _reduce:
+            del extra_reducers()[cls]
 
 
 def _pickled(loader):

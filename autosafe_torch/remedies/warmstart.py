@@ -45,13 +45,13 @@ import sysconfig
 import tempfile
 import threading
 import time
-import types
 import weakref
 from multiprocessing import connection, reduction, spawn
 from multiprocessing import context as _mp_context
 from typing import Any
 
 from ..inspection.failures import describe_exception
+from ..mp_private import forkserver_launch, forkserver_pid, stop_forkserver
 from ..report import log, shorten_line
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
@@ -151,9 +151,9 @@ def _server():
         with _names_lock:
             libraries = list(_preload)
         server.set_forkserver_preload(libraries + [GUARD])
-        before, now = server._forkserver_pid, _inherited()
+        before, now = forkserver_pid(server), _inherited()
         server.ensure_running()  # restarts a server that died
-        if server._forkserver_pid != before:
+        if forkserver_pid(server) != before:
             _state["started_with"] = now
             refused = _greet(server, named(libraries, most=2))
             if refused is None:
@@ -237,8 +237,7 @@ def _greet(server, libraries):
 def _stop(server, wait_s=5.0):
     """Stop ``server`` (it reads EOF on its pipe from us) and return its exit
     status (None: not seen in ``wait_s``)."""
-    os.close(server._forkserver_alive_fd)
-    pid, deadline = server._forkserver_pid, time.monotonic() + wait_s
+    pid, deadline = stop_forkserver(server), time.monotonic() + wait_s
     try:
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -338,13 +337,7 @@ def _launch_through(server):
     """The stdlib's forkserver ``Popen._launch``, reading ``forkserver`` from
     ``_ThroughServer(server)`` and ``spawn`` from ``_PreparingWithDumps``: its
     code, not a copy of it."""
-    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
-
-    launch = popen_forkserver.Popen._launch
-    scope = dict(launch.__globals__, forkserver=_ThroughServer(server),
-                 spawn=_PreparingWithDumps())
-    return types.FunctionType(launch.__code__, scope, launch.__name__,
-                              launch.__defaults__, launch.__closure__)
+    return forkserver_launch(_ThroughServer(server), _PreparingWithDumps())
 
 
 def _popen(process_obj):

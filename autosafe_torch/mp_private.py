@@ -1,0 +1,82 @@
+"""The one place that touches multiprocessing's private parts.
+
+CPython keeps some of what the shim needs private: ForkingPickler's table of
+reducers, the name of the default context, a fork server's pid and the pipe
+that keeps it alive, forkserver ``Popen._launch`` (whose module globals the
+warm start swaps), and the flag a spawned process sets while it unpickles
+what it inherits. A Python release may rename any of them. Everything of
+ours that depends on them goes through this module, as torch's privates go
+through ``torch_private.py``; ``tests/test_mp_private.py`` pins what each
+piece does on every Python the project supports (3.9 to 3.13), and
+``tests/test_layers.py`` fails where a private name of multiprocessing is
+used outside this module.
+
+Nothing here imports the rest of the package, nor torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from multiprocessing import process
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable
+
+
+def extra_reducers() -> dict[type, Callable[[Any], Any]]:
+    """ForkingPickler's ``{class: reducer}`` (what ``ForkingPickler.register``
+    adds to): read and changed in place."""
+    return ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # private: see above
+
+
+def context_name(context: Any) -> str | None:
+    """The start method a ``multiprocessing`` context object stands for."""
+    return getattr(context, "_name", None)
+
+
+def default_start_method() -> str:
+    """The start method multiprocessing would pick now, without fixing it
+    (``get_start_method()`` would)."""
+    import multiprocessing  # noqa: PLC0415 - the package, not only its parts
+
+    default = multiprocessing.context._default_context  # the DefaultContext
+    return default._default_context._name  # type: ignore[attr-defined]  # private
+
+
+def forkserver_pid(server: Any) -> int | None:
+    """The pid of ``server``'s process (a ``forkserver.ForkServer``), None
+    before it runs."""
+    return server._forkserver_pid
+
+
+def stop_forkserver(server: Any) -> int | None:
+    """Close the pipe that keeps ``server`` alive (it exits on EOF); its pid."""
+    import os  # noqa: PLC0415 - only here
+
+    os.close(server._forkserver_alive_fd)
+    return server._forkserver_pid
+
+
+def forkserver_launch(forkserver: Any, spawn: Any) -> Callable[..., Any]:
+    """The stdlib's forkserver ``Popen._launch``, its own code, reading the
+    module names ``forkserver`` and ``spawn`` from the objects given (a new
+    process from another server; more preparation data), as a method for a
+    ``popen_forkserver.Popen`` subclass."""
+    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only
+
+    launch = popen_forkserver.Popen._launch  # type: ignore[attr-defined]  # private
+    scope = dict(launch.__globals__, forkserver=forkserver, spawn=spawn)
+    return types.FunctionType(launch.__code__, scope, launch.__name__,
+                              launch.__defaults__, launch.__closure__)
+
+
+@contextlib.contextmanager
+def inheriting() -> Iterator[None]:
+    """While this process unpickles what a parent sent it, as
+    ``spawn._main`` does (objects that may only be inherited check it)."""
+    process.current_process()._inheriting = True  # type: ignore[attr-defined]  # private
+    try:
+        yield
+    finally:
+        del process.current_process()._inheriting  # type: ignore[attr-defined]  # private

@@ -1,0 +1,153 @@
+"""What each piece of autosafe_torch/mp_private.py does, checked against the
+running Python's multiprocessing (POSIX). Run as a script by any CPython from
+3.9 on, torch or not: mp_private is loaded from its file alone. Prints one
+"ok <name>" line per check; the first failure raises."""
+
+import importlib.util
+import multiprocessing
+import os
+import pathlib
+import sys
+import time
+from multiprocessing import forkserver, popen_forkserver, process, spawn
+from multiprocessing.reduction import ForkingPickler
+
+HERE = pathlib.Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location(
+    "mp_private_alone", HERE.parent / "autosafe_torch" / "mp_private.py")
+mp_private = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mp_private)
+
+
+class Registered:
+    pass
+
+
+def _reduce_registered(obj):
+    return Registered, ()
+
+
+class ThroughProcess(multiprocessing.context.ForkServerProcess):
+    """Started by the Popen the check makes (a class attribute: not pickled)."""
+
+    made = None
+
+    @staticmethod
+    def _Popen(process_obj):
+        return ThroughProcess.made(process_obj)
+
+
+def child_writes(path):
+    with open(path, "w") as f:
+        f.write("ran %d" % os.getpid())
+
+
+def check_extra_reducers():
+    table = mp_private.extra_reducers()
+    ForkingPickler.register(Registered, _reduce_registered)
+    try:
+        assert table.get(Registered) is _reduce_registered  # the same table, in place
+        assert isinstance(ForkingPickler.loads(ForkingPickler.dumps(Registered())), Registered)
+    finally:
+        table.pop(Registered, None)
+    assert Registered not in ForkingPickler(open(os.devnull, "wb")).dispatch_table
+
+
+def check_context_name():
+    for method in multiprocessing.get_all_start_methods():
+        assert mp_private.context_name(multiprocessing.get_context(method)) == method
+    assert mp_private.context_name(object()) is None
+
+
+def check_default_start_method():
+    # Asked without fixing it: the program may still choose.
+    assert multiprocessing.get_start_method(allow_none=True) is None
+    method = mp_private.default_start_method()
+    assert multiprocessing.get_start_method(allow_none=True) is None
+    assert method == multiprocessing.get_start_method()  # what it then picks
+
+
+def check_forkserver_pid_and_stop():
+    server = forkserver.ForkServer()
+    assert mp_private.forkserver_pid(server) is None  # not running yet
+    server.ensure_running()
+    pid = mp_private.forkserver_pid(server)
+    assert isinstance(pid, int) and pid > 0
+    os.kill(pid, 0)  # alive
+    assert mp_private.stop_forkserver(server) == pid
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the fork server did not exit when its pipe closed")
+
+
+class _Spawn:
+    """``spawn`` as the launch reads it, counting what it asks."""
+
+    asked = 0
+
+    def __getattr__(self, name):
+        return getattr(spawn, name)
+
+    def get_preparation_data(self, name):
+        _Spawn.asked += 1
+        return spawn.get_preparation_data(name)
+
+
+def check_forkserver_launch(tmp):
+    server = forkserver.ForkServer()
+    server.ensure_running()
+
+    class Through:
+        used = 0
+
+        def __getattr__(self, name):
+            return getattr(forkserver, name)
+
+        def connect_to_new_process(self, fds):
+            Through.used += 1
+            return server.connect_to_new_process(fds)
+
+    launch = mp_private.forkserver_launch(Through(), _Spawn())
+    assert launch.__code__ is popen_forkserver.Popen._launch.__code__  # its code, not a copy
+    popen = type("ThroughPopen", (popen_forkserver.Popen,), {"_launch": launch})
+    path = os.path.join(tmp, "child.txt")
+    ThroughProcess.made = popen
+    child = ThroughProcess(target=child_writes, args=(path,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0, child.exitcode
+    with open(path) as f:
+        assert f.read().startswith("ran ")
+    assert Through.used == 1 and _Spawn.asked == 1
+    mp_private.stop_forkserver(server)
+
+
+def check_inheriting():
+    me = process.current_process()
+    assert not getattr(me, "_inheriting", False)
+    with mp_private.inheriting():
+        assert me._inheriting is True
+    assert not hasattr(me, "_inheriting")
+
+
+def main(tmp):
+    check_extra_reducers()
+    print("ok extra_reducers")
+    check_context_name()
+    print("ok context_name")
+    check_default_start_method()
+    print("ok default_start_method")
+    check_forkserver_pid_and_stop()
+    print("ok forkserver_pid stop_forkserver")
+    check_forkserver_launch(tmp)
+    print("ok forkserver_launch")
+    check_inheriting()
+    print("ok inheriting")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
