@@ -84,9 +84,12 @@ def test_a_start_that_fails_in_the_training_process_steps_down(tmp_path, forked)
 
 
 @pytest.mark.rule("DL216")
-def test_with_its_rule_off_torchs_error_stands(tmp_path):
+@pytest.mark.parametrize("disabled", ["DL216", "DL201"])
+def test_with_its_rule_off_torchs_error_stands(tmp_path, disabled):
+    """DL216 off, or a rule that repairs what workers are sent (here DL201, the
+    file's): torch's error stands, at the start as at the plan."""
     shim = run_script(tmp_path, SCRIPT, activation="env",
-                      env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_DISABLE": "DL216"})
+                      env={"AUTOSAFE_TORCH_AS": "macos", "AUTOSAFE_TORCH_DISABLE": disabled})
     assert shim.rc != 0 and PLAIN_ERROR in shim.stderr, shim
 
 

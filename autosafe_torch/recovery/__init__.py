@@ -59,7 +59,7 @@ from ..remedies.workerinit import with_step
 from ..report import log
 from ..rung import Rung
 from ..rules import Context, number_of
-from ..rules.recovery import kinds_watched
+from ..rules.recovery import kinds_watched, start_failures_recovered
 from .iterator import RecoveringIter
 from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,
                     sent_once_where_spawned, torch_lacks, with_state_checked)
@@ -150,7 +150,7 @@ def _start(loader, kinds, pending):
     outcome = isolation.Outcome(None, functools.partial(_say_used, site, pending,
                                                         loader.num_workers))
     watch = Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
-                  outcome)
+                  outcome, start_failures_recovered(engine.enabled))
     mark = _warm_mark(pending)
     try:
         inner = real_workers(loader, ladder, watch)

@@ -37,9 +37,10 @@ class Watch:
     the workers report what they had of their own (``outcome``)."""
 
     __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "dumps",
-                 "pending", "delivered", "workers", "outcome")
+                 "pending", "delivered", "workers", "outcome", "start_recovered")
 
-    def __init__(self, kinds, floor, timeout, pending=(), workers=0, outcome=None):
+    def __init__(self, kinds, floor, timeout, pending=(), workers=0, outcome=None,
+                 start_recovered=True):
         self.recorder = None
         self.slowest = 0.0
         self.fresh = True
@@ -51,6 +52,8 @@ class Watch:
         self.delivered = set()
         self.workers = workers
         self.outcome = outcome
+        # rules.recovery.start_failures_recovered: a start that fails here goes on
+        self.start_recovered = start_recovered
 
     # -- the hooks of torch_private.Watched, in the order they run --
 
@@ -80,8 +83,9 @@ class Watch:
         """A worker could not start: what it is sent did not pickle (what a
         repair of ours sent, or what the plan did not see). New workers would
         be sent the same: a failure at the start, which the recovery steps
-        down from (never through). None where its rule is off: torch's error."""
-        if F.REMEDY not in self.kinds:
+        down from (never through). None where its rule, or a rule that repairs
+        what workers are sent, is off: torch's error stands."""
+        if F.REMEDY not in self.kinds or not self.start_recovered:
             return None
         iterator.begin_after_failed_start(loader)
         failure = F.Failure(F.REMEDY, exc)
