@@ -268,7 +268,9 @@ def start_ahead(libraries, context=None):
     preload(libraries)
     build = getattr(context, "_build", None)
     if build is not None:
-        start = build.server
+        def start():
+            _retire_ahead()
+            return build.server()
     else:
         with _names_lock:
             if _state["ahead"] or _state["server"] is not None or _state["cold"]:
@@ -277,6 +279,20 @@ def start_ahead(libraries, context=None):
         start = _server
     threading.Thread(target=_start_quietly, args=(start,), name="autosafe_torch warm start",
                      daemon=True).start()
+
+
+def _retire_ahead():
+    """A build server serves the loader that the shared server was started
+    ahead for (the plan's first failed probe starts it before it knows which
+    repair it takes): the shared one goes while no worker has come from any
+    server, its imports would only hold memory (figure 18b). It is not started
+    ahead again; a later loader that needs it starts it at its workers' start."""
+    with _lock:
+        server = _state["server"]
+        if server is None or _starts.warm:
+            return
+        _state["server"] = None
+    _stop_quietly(server)
 
 
 def _start_quietly(start):
