@@ -17,6 +17,7 @@ Nothing here imports the rest of the package, nor torch.
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 from collections.abc import Iterator
 from multiprocessing import process
@@ -52,8 +53,6 @@ def forkserver_pid(server: Any) -> int | None:
 
 def stop_forkserver(server: Any) -> int | None:
     """Close the pipe that keeps ``server`` alive (it exits on EOF); its pid."""
-    import os  # noqa: PLC0415 - only here
-
     os.close(server._forkserver_alive_fd)
     return server._forkserver_pid
 

@@ -149,9 +149,7 @@ def uncarried(logger):
                 return "its handler (%s) cannot be made again in a worker" % (
                     a_or_an(type(handler).__name__))
     try:
-        ForkingPickler.dumps([(list(link.filters),
-                               [_handlers.reduce_handler(h)[1] for h in link.handlers])
-                              for link in chain(logger)])
+        ForkingPickler.dumps(_links(logger))
     except Exception as exc:
         return "its configuration does not pickle (%s)" % (
             str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__)
@@ -165,10 +163,17 @@ def reduce_logger(logger):
     worker needs it)."""
     if not getattr(_carrying, "on", 0) or not configured(logger) or uncarried(logger):
         return logger.__reduce__()
-    links = [(_name(link), link.level, link.propagate, link.disabled, list(link.filters),
-              [_handlers.reduce_handler(h)[1] for h in link.handlers])
-             for link in chain(logger)]
-    return configured_in_worker, (_name(logger), links, getattr(_carrying, "path", None))
+    return configured_in_worker, (_name(logger), _links(logger),
+                                  getattr(_carrying, "path", None))
+
+
+def _links(logger):
+    """What a worker is given of each link of ``logger``'s chain: its name,
+    level, ``propagate``, ``disabled``, filters, and each handler as the
+    recipe that makes it again (``configured_in_worker`` reads these)."""
+    return [(_name(link), link.level, link.propagate, link.disabled, list(link.filters),
+             [_handlers.reduce_handler(h)[1] for h in link.handlers])
+            for link in chain(logger)]
 
 
 def _name(logger):

@@ -241,15 +241,11 @@ def kinds_watched(enabled):
 _watched: dict[str, Any] = {}  # kinds_watched's last answer, and what it depended on
 
 
-# The rules that repair what the workers are sent (the registry of repairs, and
-# DL219's loggers): one of them turned off, torch's error for what it would
-# have repaired stands, at the start as at the plan.
-SENDING_RULES = ("DL201", "DL202", "DL203", "DL208", "DL219")
-
-
 def start_failures_recovered(enabled):
     """Whether a start that fails here (what the workers are sent does not
-    pickle) goes to the next rung: DL216 on, and every rule that repairs
-    what workers are sent on (``enabled(rule)``); else torch's error stands."""
-    codes = set(SENDING_RULES) | {r.code for r in REPAIRS} | {"DL216"}
+    pickle) goes to the next rung: DL216 on, and every rule that repairs what
+    workers are sent on (``enabled(rule)``: the registry of repairs' rules, and
+    DL219's loggers); one of them off, torch's error for what it would have
+    repaired stands, at the start as at the plan."""
+    codes = {r.code for r in REPAIRS} | {"DL219", "DL216"}
     return all(enabled(RULES[code]) for code in codes if code in RULES)
