@@ -9,6 +9,11 @@ import pytest
 from autosafe_torch import activation, facts, report
 from autosafe_torch.config import CONFIG, Config
 
+try:
+    import warm  # tests/warm.py: runs forked from a warm interpreter
+except ImportError:  # this file copied alone (tests/test_suite_checks.py)
+    warm = None
+
 
 @pytest.fixture(autouse=True)
 def _gpu_only_where_marked(request):
@@ -136,6 +141,8 @@ class _InternalErrorsHere(logging.Filter):
 
 def pytest_configure(config):
     subprocess.Popen.communicate = _communicate_and_look
+    if warm is not None:
+        warm.Server.outputs_seen.append(note_internal_errors)
     report.logger.addFilter(_InternalErrorsHere())
 
 

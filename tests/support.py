@@ -7,6 +7,7 @@ Scripts print ``BATCHES <sha256>`` through ``PRELUDE.digest`` so that a
 test can compare every batch, in order, with a known-safe reference run.
 """
 
+import atexit
 import hashlib
 import json
 import os
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import warm as warm_module
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM_SIM = ROOT / "tests" / "platform_sim"
@@ -302,15 +305,66 @@ def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_arg
         pythonpath.insert(0, str(TEMPLATE_DIR))
     full_env = clean_env(extra)
     full_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    warm = python is None  # another interpreter starts fresh
     python = str(python or sys.executable)
     if activation == "cli":
         cmd = [python, "-m", "autosafe_torch", "run", *cli_args, str(script), *args]
     else:
         cmd = [python, str(script), *args]
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = run_command(cmd, tmp_path, full_env, timeout) if warm else \
+        subprocess.run(cmd, cwd=str(tmp_path), env=full_env, capture_output=True, text=True,
+                       timeout=timeout)
     assert_readable(proc.stderr, full_env)
     return Result(proc)
+
+
+_warm = []
+
+
+def warm_server():
+    """This test process's warm interpreter (``tests/warm.py``), or None where
+    AUTOSAFE_TEST_WARM=0 asks every run to start a fresh one."""
+    if os.environ.get("AUTOSAFE_TEST_WARM", "1") == "0":
+        return None
+    if not _warm:
+        env = clean_env()
+        env.pop("PYTHONPATH", None)
+        server = warm_module.Server(sys.executable, env)
+        atexit.register(server.close)
+        _warm.append(server)
+    return _warm[0]
+
+
+def _warm_for(cmd, env):
+    """The warm server where it may start ``cmd`` with ``env`` as this Python
+    would (a script, ``-m`` or ``-c``; an environment it started alike), else None."""
+    server = warm_server()
+    if server is None or len(cmd) < 2 or str(cmd[0]) != sys.executable:
+        return None
+    if str(cmd[1]).startswith("-") and str(cmd[1]) not in ("-m", "-c"):
+        return None
+    return server if warm_module.eligible(env, server.env) else None
+
+
+def run_command(cmd, cwd, env, timeout):
+    """``subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+    timeout=timeout)``, forked from the warm interpreter where it may be."""
+    server = _warm_for(cmd, env)
+    if server is not None:
+        return server.run(cmd, cwd, env, timeout)
+    return subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def popen(cmd, cwd, env, start_new_session=False):
+    """``subprocess.Popen(cmd, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE,
+    text=True)``, forked from the warm interpreter where it may be."""
+    server = _warm_for(cmd, env)
+    if server is not None:
+        return server.popen(cmd, cwd, env, start_new_session)
+    return subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            start_new_session=start_new_session)
 
 
 def site_dirs():

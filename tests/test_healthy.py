@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
+import support
 from support import PLATFORM_SIM, START_METHODS, clean_env, shim_lines
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios" / "healthy"
@@ -133,8 +134,7 @@ def _start(script, args, workdir, start_method, activation, extra_env):
         cmd = [sys.executable, "-m", "autosafe_torch", "run", path, *args]
     else:
         cmd = [sys.executable, path, *args]
-    proc = subprocess.Popen(cmd, cwd=str(workdir), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = support.popen(cmd, workdir, env, start_new_session=True)
     return proc, log_file
 
 

@@ -1,0 +1,469 @@
+"""A warm interpreter: ``python script args`` without paying ``import torch`` again.
+
+Two thirds of ``make test``'s time went to interpreters starting and importing
+torch (1.3 s of CPU each, ~550 scripts per run). Each test process keeps one
+server (this file, run as a script) that imported torch once, from an
+environment like ``support.clean_env()``'s, and forks it for each run that may
+start this way (``eligible``). The child is made into the process that
+``python script args`` would have started, before the script runs:
+
+- its descriptors 0, 1 and 2 are /dev/null and the two output files, and no
+  other is open (as ``subprocess.run`` starts a child);
+- its working directory, environment, ``sys.argv``, ``sys.orig_argv`` and
+  ``sys.path`` (the script's directory, then PYTHONPATH, then the rest) are
+  those of the run;
+- torch is not imported: every ``torch`` module is taken out of ``sys.modules``
+  and comes back, the same objects, when the program imports torch, through
+  an import finder, so that a post-import hook (the shim's, the platform
+  simulator's) sees the import as it would see a real one; what torch's import
+  added to the process that depends on when it ran (its warnings filters, which
+  go in front of those set before it; its ``atexit`` callbacks, which run
+  before those registered earlier) is taken out and put back then too;
+- ``site``'s work that depends on the environment is done again: the
+  ``autosafe_torch.pth`` line (``AUTOSAFE_TORCH=1`` activates there), then
+  ``sitecustomize`` (the platform simulator's, or the template's), found on the
+  run's own ``sys.path``;
+- the random generators a fresh interpreter seeds from the system (``random``,
+  numpy's global one, multiprocessing's authkey) are seeded again;
+- the script runs as ``__main__`` from its file (``-m`` as runpy runs it), an
+  uncaught exception is printed from the script's first frame, and the child
+  ends as an interpreter does (non-daemon threads joined, ``atexit``, buffers
+  flushed).
+
+What stays shared with the server is what a fresh interpreter cannot tell:
+modules torch's import brought that the program imports again (numpy,
+dataclasses: the same code), and the hash seed (``PYTHONHASHSEED``), which
+every run of one test process shares. A run whose environment differs from the
+server's in a variable that is read before the script runs (torch's, OpenMP's,
+Python's own) is not eligible and starts a fresh interpreter.
+"""
+
+import json
+import os
+import signal
+import sys
+
+# The modules ``import torch`` brings that the server holds back until the
+# program imports torch (the rest are the stdlib's and numpy's: the same code).
+HELD_BACK = ("torch", "torchgen", "functorch")
+
+# Variables a run may set that nothing reads before its script runs (ours, the
+# platform simulator's after its start, a scenario's, pytest's name of the running
+# test); any other difference from
+# the server's environment means a fresh interpreter (``eligible``).
+LATE_VARIABLES = ("AUTOSAFE_", "SCENARIO_", "PYTHONPATH", "PYTEST_")
+# Read at start: the platform simulator narrows the CPUs before torch's OpenMP
+# counts them.
+EARLY_VARIABLES = ("AUTOSAFE_TEST_CPUS",)
+
+
+def eligible(env, server_env):
+    """Whether a run with ``env`` may be forked from a server started with
+    ``server_env``: they differ only in variables read after the start."""
+    for name in set(env) | set(server_env):
+        if env.get(name) == server_env.get(name):
+            continue
+        if name in EARLY_VARIABLES or not name.startswith(LATE_VARIABLES):
+            return False
+    return True
+
+
+# -- the server (this file run as a script) ---------------------------------------------
+
+def _say(fd, message):
+    os.write(fd, json.dumps(message).encode() + b"\n")
+
+
+class _TorchImport:
+    """What ``import torch`` added that depends on when it ran, recorded in the
+    server and put back when the program imports torch."""
+
+    def __init__(self):
+        import atexit
+        import warnings
+
+        self.filters_before = list(warnings.filters)
+        self.exit_calls = []
+        self._register = atexit.register
+        atexit.register = self._record_exit_call
+
+    def _record_exit_call(self, func, *args, **kwargs):
+        self.exit_calls.append((func, args, kwargs))
+        return self._register(func, *args, **kwargs)
+
+    def done(self):
+        """After ``import torch``: hold back its modules, filters and exit calls."""
+        import atexit
+        import warnings
+
+        atexit.register = self._register
+        self.filters = [f for f in warnings.filters if f not in self.filters_before]
+        self.modules = {name: module for name, module in sys.modules.items()
+                        if name.partition(".")[0] in HELD_BACK}
+        self.specs = {name: (module.__spec__, getattr(module, "__loader__", None))
+                      for name, module in self.modules.items()}
+
+    def hold_back(self):
+        """In a child: as if torch had not been imported yet."""
+        import atexit
+        import warnings
+
+        for name in self.modules:
+            del sys.modules[name]
+        for func, _args, _kwargs in self.exit_calls:
+            atexit.unregister(func)
+        for entry in self.filters:
+            warnings.filters.remove(entry)
+        warnings._filters_mutated()
+        sys.meta_path.insert(0, _HeldBack(self))
+
+    def give_back(self):
+        """The program imports torch: its modules, filters and exit calls, as
+        its own import would have left them."""
+        import atexit
+        import warnings
+
+        for name, module in self.modules.items():
+            sys.modules.setdefault(name, module)
+        warnings.filters[:0] = self.filters
+        warnings._filters_mutated()
+        for func, args, kwargs in self.exit_calls:
+            atexit.register(func, *args, **kwargs)
+
+
+class _HeldBack:
+    """Finds ``torch`` (and its modules) for an import, as the modules the
+    server imported; their loader's ``exec_module`` gives them all back."""
+
+    def __init__(self, held):
+        self.held = held
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.held.modules:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec):
+        return self.held.modules[spec.name]
+
+    def exec_module(self, module):
+        # The import set the module's __spec__ (and a hook its __loader__): its own again.
+        spec, loader = self.held.specs[module.__name__]
+        module.__spec__ = spec
+        if loader is not None:
+            module.__loader__ = loader
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+            self.held.give_back()
+
+
+def _become(request, held):
+    """In the forked child: the process ``python`` would have started."""
+    import random
+
+    if request.get("session"):
+        os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND)
+    err = os.open(request["stderr"], os.O_WRONLY | os.O_APPEND)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    sys.orig_argv = list(argv)
+    if argv[1] == "-m":
+        sys.argv = ["-m"] + argv[3:]
+        first = os.getcwd()
+    elif argv[1] == "-c":
+        sys.argv = ["-c"] + argv[3:]
+        first = ""
+    else:
+        sys.argv = argv[1:]
+        first = os.path.dirname(os.path.realpath(argv[1]))
+    path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [first] + path + sys.path[1:]
+    sys.path_importer_cache.clear()
+    held.hold_back()
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    import multiprocessing
+
+    multiprocessing.current_process().authkey = os.urandom(32)
+    _site_again()
+
+
+def _site_again():
+    """What ``site`` does at start that reads the environment: the project's
+    ``.pth`` line, then ``sitecustomize`` from the run's ``sys.path``."""
+    import site
+
+    for directory in site.getsitepackages():
+        if os.path.exists(os.path.join(directory, "autosafe_torch.pth")):
+            site.addpackage(directory, "autosafe_torch.pth", set(sys.path))
+            break
+    sys.modules.pop("sitecustomize", None)
+    site.execsitecustomize()
+
+
+def _run_as_main(argv):
+    """Run the script (or ``-m`` module) as the interpreter would."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    if argv[1] == "-m":
+        import runpy
+
+        run, target = runpy._run_module_as_main, (argv[2],)
+    elif argv[1] == "-c":
+        main.__dict__.update(__package__=None, __spec__=None, __annotations__={},
+                             __builtins__=builtins,
+                             __loader__=importlib.machinery.BuiltinImporter)
+        run, target = exec, (compile(argv[2], "<string>", "exec", dont_inherit=True),
+                             main.__dict__)
+    else:
+        script = os.path.abspath(argv[1])
+        main.__dict__.update(__package__=None, __spec__=None, __annotations__={},
+                             __builtins__=builtins, __file__=script, __cached__=None,
+                             __loader__=importlib.machinery.SourceFileLoader("__main__", script))
+        with open(script, "rb") as f:
+            code = compile(f.read(), script, "exec", dont_inherit=True)
+        run, target = exec, (code, main.__dict__)
+    try:
+        run(*target)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        # The interpreter prints the traceback from the script's first frame.
+        tb = exc.__traceback__
+        tb = tb.tb_next if tb is not None else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        sys.exit(1)
+
+
+def serve():
+    """Read requests from stdin and fork a child for each; answer its pid at
+    once, and its exit status when it ends (children run side by side).
+    Returns only in a child, with its request."""
+    import select
+
+    held = _TorchImport()
+    import torch  # noqa: F401  (the point of the server)
+
+    held.done()
+    buffer, children = b"", {}
+    _say(1, {"ready": True})
+    while True:
+        ready, _, _ = select.select([0, *children], [], [])
+        for fd in ready:
+            if fd in children:
+                pid = children.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                _say(1, {"exit": pid, "status": status})
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                sys.exit(0)
+            buffer += chunk
+            while b"\n" in buffer:
+                line, _, buffer = buffer.partition(b"\n")
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        _become(request, held)
+                    except BaseException as exc:
+                        os.write(2, ("warm: the child could not start: %r\n"
+                                     % (exc,)).encode())
+                        os._exit(125)
+                    return request
+                children[os.pidfd_open(pid)] = pid
+                _say(1, {"pid": pid})
+
+
+# -- the client (a test process) ----------------------------------------------------------
+
+class Server:
+    """This test process's warm interpreter, started at its first run; ``popen``
+    and ``run`` as ``subprocess``'s, for the runs it may start (``eligible``)."""
+
+    # Called with each finished run's (stdout, stderr), as conftest looks at what
+    # every subprocess printed.
+    outputs_seen = []
+
+    def __init__(self, python, env):
+        import tempfile
+        import threading
+
+        self.python, self.env = python, env
+        self._lock = threading.RLock()
+        self._proc = None
+        self._dir = tempfile.mkdtemp(prefix="autosafe-warm-")
+        self._buffer = b""
+        self._exits = {}
+
+    def _start(self):
+        import subprocess
+
+        with open(os.path.join(self._dir, "server.log"), "ab") as log:
+            self._proc = subprocess.Popen([self.python, os.path.abspath(__file__)],
+                                          env=self.env, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=log, cwd=self._dir)
+        if self._message(None) != {"ready": True}:
+            raise RuntimeError("the warm interpreter did not start: see %s" % log.name)
+
+    def _message(self, timeout):
+        """The server's next message, or None after ``timeout`` seconds."""
+        import select
+
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError("the warm interpreter exited")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def popen(self, argv, cwd, env, start_new_session=False):
+        """A started run, used as ``subprocess.Popen(argv, cwd=cwd, env=env,
+        stdout=PIPE, stderr=PIPE, text=True)`` is."""
+        import tempfile
+
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            outputs = []
+            for name in ("stdout", "stderr"):
+                fd, path = tempfile.mkstemp(dir=self._dir, prefix=name)
+                os.close(fd)
+                outputs.append(path)
+            request = dict(argv=[str(a) for a in argv], cwd=str(cwd), env=env,
+                           stdout=outputs[0], stderr=outputs[1], session=start_new_session)
+            self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self._proc.stdin.flush()
+            while True:
+                message = self._message(60)
+                if message is None:
+                    raise RuntimeError("the warm interpreter did not answer")
+                if "pid" in message:
+                    return WarmProcess(self, argv, message["pid"], outputs)
+                self._exits[message["exit"]] = message["status"]
+
+    def status(self, pid, timeout):
+        """``pid``'s wait status once it ended; None if it still runs after
+        ``timeout`` seconds (0: do not wait; None: wait for it)."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while pid not in self._exits:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                message = self._message(left)
+                if message is None:
+                    return None
+                self._exits[message["exit"]] = message["status"]
+            return self._exits.pop(pid)
+
+    def run(self, argv, cwd, env, timeout):
+        """``subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=timeout)``."""
+        import subprocess
+
+        proc = self.popen(argv, cwd, env)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+    def close(self):
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(30)
+
+
+class WarmProcess:
+    """A run forked from the warm interpreter, used as a ``subprocess.Popen``."""
+
+    def __init__(self, server, args, pid, outputs):
+        self._server, self.args, self.pid, self._outputs = server, args, pid, outputs
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            status = self._server.status(self.pid, 0)
+            if status is not None:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import subprocess
+
+        if self.returncode is None:
+            status = self._server.status(self.pid, timeout)
+            if status is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        import subprocess
+
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise subprocess.TimeoutExpired(self.args, timeout, *self._read()) from None
+        outputs = self._read()
+        for path in self._outputs:
+            if os.path.exists(path):
+                os.unlink(path)
+        for seen in Server.outputs_seen:
+            seen(*outputs)
+        return outputs
+
+    def _read(self):
+        return tuple(_text(path) if os.path.exists(path) else "" for path in self._outputs)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
+
+    def send_signal(self, signum):
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def _text(path):
+    """A file's bytes as ``subprocess.run(text=True)`` decodes a pipe's."""
+    import locale
+
+    with open(path, "rb") as f:
+        data = f.read()
+    text = data.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+if __name__ == "__main__":
+    _server_module = sys.modules["__main__"]  # kept: the child replaces __main__
+    _run_as_main(serve()["argv"])
