@@ -12,7 +12,7 @@ import sys
 from . import facts
 from .facts import open_file_limit, shm_bytes  # noqa: F401 (one place: facts)
 from .remedies import cv2 as cv2_remedies
-from .rules import Context, checks_at, loader_args
+from .rules import InitContext, checks_at, loader_args
 
 
 def cv2_state():
@@ -38,7 +38,7 @@ def default_loader_findings(f):
     """Rules that fire for DataLoader(ds, num_workers=2, pin_memory=True) here."""
     args = {"num_workers": 2, "prefetch_factor": None, "persistent_workers": False,
             "multiprocessing_context": None, "timeout": 0, "pin_memory": True}
-    ctx = Context(f, defaults={"prefetch_factor": None})
+    ctx = InitContext(f, defaults={"prefetch_factor": None})
     out = []
     for check in checks_at("dataloader.init"):
         found = check(args, ctx) if check.__module__ == loader_args.__name__ else None

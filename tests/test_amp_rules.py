@@ -8,7 +8,7 @@ import pytest
 
 from autosafe_torch.engine import run_checks
 from autosafe_torch.facts import Facts
-from autosafe_torch.rules import RULES, Context, load_all, rules_in_group
+from autosafe_torch.rules import RULES, AmpContext, load_all, rules_in_group
 from autosafe_torch.rules import amp as r
 from autosafe_torch.rules.amp import AmpCall
 
@@ -59,7 +59,7 @@ PROVIDED_SCALER = AmpCall("torch.amp.GradScaler", takes_device=True,
 
 
 def ctx(facts, caps, call):
-    return Context(facts, caps=caps, call=call)
+    return AmpContext(facts, caps=caps, call=call)
 
 
 def autocast_args(device_type="cuda", dtype=None, enabled=True, cache_enabled=None):
@@ -73,13 +73,14 @@ def scaler_args(device=None, init_scale=2.0 ** 16, enabled=True):
 
 
 def autocast_outcome(args, facts, caps=None):
-    found, fixed = run_checks("autocast", args, Context(facts, caps=caps or FakeCaps(),
-                                                        call=MODERN_AUTOCAST))
+    found, fixed = run_checks("autocast", args, AmpContext(facts, caps=caps or FakeCaps(),
+                                                           call=MODERN_AUTOCAST))
     return [f.rule.code for f in found], with_state(fixed, found)
 
 
 def scaler_outcome(args, facts, call, caps=None):
-    found, fixed = run_checks("scaler", args, Context(facts, caps=caps or FakeCaps(), call=call))
+    found, fixed = run_checks("scaler", args,
+                              AmpContext(facts, caps=caps or FakeCaps(), call=call))
     return [f.rule.code for f in found], with_state(fixed, found)
 
 

@@ -20,7 +20,7 @@ import torch
 from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import failures
-from autosafe_torch.rules import Context
+from autosafe_torch.rules import IterContext
 from support import SCENARIOS, json_log, logged, once_per_run, run_scenario, shim_lines
 
 SCENARIO = "cuda_workers.py"
@@ -130,8 +130,8 @@ def plan(dataset, fork_failed=None, method="fork"):
     args = {"num_workers": 2, "multiprocessing_context": method, "dataset": dataset,
             "collate_fn": None, "worker_init_fn": None, "timeout": 0}
     facts = facts_mod.Facts(cpus_usable=8, platform="linux", cuda_initialized=True)
-    return run_checks("dataloader.iter", args, Context(facts, main_guarded=lambda: True,
-                                                       fork_failed=fork_failed))[0]
+    return run_checks("dataloader.iter", args, IterContext(facts, main_guarded=lambda: True,
+                                                           fork_failed=fork_failed))[0]
 
 
 def _touched():

@@ -23,7 +23,7 @@ from autosafe_torch.facts import Facts
 from autosafe_torch.patches import cv2 as cv2_patch
 from autosafe_torch.remedies import cv2 as cv2_remedies
 from autosafe_torch.remedies.workerinit import steps_of, user_function
-from autosafe_torch.rules import Context
+from autosafe_torch.rules import Context, IterContext
 from autosafe_torch.rules import cv2 as cv2_rules
 from support import clean_env, json_log, logged, once_per_run, run_script
 
@@ -410,7 +410,7 @@ def test_cv402_decides_where_the_parent_used_opencl(monkeypatch, guarded, strate
     monkeypatch.setattr(cv2_remedies, "opencl_device_usable", lambda environ=None: True)
     args = dict(num_workers=2, worker_init_fn=None, collate_fn=None, dataset=Rows(),
                 multiprocessing_context=multiprocessing.get_context("fork"), timeout=0)
-    ctx = Context(Facts(), main_guarded=lambda: guarded)
+    ctx = IterContext(Facts(), main_guarded=lambda: guarded)
     finding = cv2_rules.cv2_opencl_context(args, ctx)
     assert finding is not None and finding.strategy == strategy, finding
     assert finding.done.startswith(done) and "OpenCL" in finding.done, finding.done
@@ -421,8 +421,8 @@ def test_cv402_decides_where_the_parent_used_opencl(monkeypatch, guarded, strate
         assert finding.state == {"emulated_workers": 2}, finding.state
     # no OpenCL use in the parent: nothing
     monkeypatch.setattr(cv2_remedies, "opencl_runtime_loaded", lambda environ=None: None)
-    assert cv2_rules.cv2_opencl_context(args, Context(Facts(), main_guarded=lambda: guarded)) \
-        is None
+    assert cv2_rules.cv2_opencl_context(
+        args, IterContext(Facts(), main_guarded=lambda: guarded)) is None
 
 
 # -- OpenCL, where a CPU OpenCL runtime is installed -----------------------------------

@@ -23,7 +23,7 @@ import pytest
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import descriptors, holdings, probe, tensors
 from autosafe_torch.remedies import isolation
-from autosafe_torch.rules import Context
+from autosafe_torch.rules import IterContext
 from support import json_log, once_per_run, rotated, run_scenario, run_script
 
 KINDS = ("zip", "tar", "gzip", "bz2", "lzma", "npz", "text-crlf", "delegator", "iterable")
@@ -312,7 +312,7 @@ def _iter_plan(dataset, method, platform="linux"):
 
     args = {"num_workers": 2, "multiprocessing_context": method, "dataset": dataset,
             "collate_fn": None, "worker_init_fn": None, "timeout": 0}
-    ctx = Context(facts.Facts(cpus_usable=8, platform=platform), main_guarded=lambda: True)
+    ctx = IterContext(facts.Facts(cpus_usable=8, platform=platform), main_guarded=lambda: True)
     return run_checks("dataloader.iter", args, ctx)[0]
 
 

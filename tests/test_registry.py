@@ -1,9 +1,11 @@
 """The rule registry is whole: every rule runs somewhere and is tested."""
 
 import ast
+import inspect
 import re
+import typing
 
-from autosafe_torch.rules import HOOKS, RULES, checks_at, load_all
+from autosafe_torch.rules import CONTEXTS, HOOKS, RULES, Context, checks_at, load_all
 from support import ROOT
 
 
@@ -14,6 +16,18 @@ def test_every_rule_checks_at_a_known_hook():
         assert set(rule.hooks) <= set(HOOKS), code
         for hook in rule.hooks:
             assert any(c.rule is rule for c in checks_at(hook)), (code, hook)
+
+
+def test_every_check_takes_the_context_its_hooks_give():
+    """A check that reads what one hook knows takes that hook's context
+    (``ctx: IterContext``: mypy checks what it reads against it), so it may
+    be registered only at hooks that give that context."""
+    assert set(CONTEXTS) == set(HOOKS)
+    for hook in HOOKS:
+        for check in checks_at(hook):
+            ctx = list(inspect.signature(check).parameters)[1]
+            taken = typing.get_type_hints(check).get(ctx, Context)
+            assert issubclass(CONTEXTS[hook], taken), (hook, check.__name__, taken.__name__)
 
 
 def proving_tests():

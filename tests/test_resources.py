@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from autosafe_torch.facts import Facts
 from autosafe_torch.remedies import limits
-from autosafe_torch.rules import Context, resources
+from autosafe_torch.rules import InitContext, resources
 from autosafe_torch.rules.resources import open_file_limit_too_low, shm_too_small
 from support import (PLATFORM_SIM, Result, assert_readable, clean_env, logged, once_per_run,
                      run_script, write_script)
@@ -40,7 +40,7 @@ DEFAULTS = {"prefetch_factor": None}
 
 
 def ctx(facts):
-    return Context(facts, defaults=DEFAULTS)
+    return InitContext(facts, defaults=DEFAULTS)
 
 
 def mib_dataset(n=64, sample_mib=0.25):

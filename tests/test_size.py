@@ -26,7 +26,7 @@ from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import inventory, objwalk, probe
 from autosafe_torch.remedies import sent_once
-from autosafe_torch.rules import Context
+from autosafe_torch.rules import IterContext
 from support import json_log, run_script, shim_lines
 
 N = 200_000
@@ -52,7 +52,7 @@ def checks(dataset, method, platform="linux", cuda=False, collate_fn=None):
     args = {"num_workers": 2, "multiprocessing_context": method, "dataset": dataset,
             "collate_fn": collate_fn, "worker_init_fn": None, "timeout": 0}
     facts = facts_mod.Facts(cpus_usable=8, platform=platform, cuda_initialized=cuda)
-    return run_checks("dataloader.iter", args, Context(facts, main_guarded=lambda: True))[0]
+    return run_checks("dataloader.iter", args, IterContext(facts, main_guarded=lambda: True))[0]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection.mainmodule import guarded_lines
-from autosafe_torch.rules import Context
+from autosafe_torch.rules import Context, IterContext
 from autosafe_torch.rules import start_method as start_rules
 from support import (LOCAL_OBJECT, PRELUDE, assert_readable, cannot_pickle, clean_env, json_log,
                      line_of, logged, once_per_run, one_of, run_script, shim_lines)
@@ -494,7 +494,7 @@ def plan(dataset, facts, method="fork"):
     """The findings of the iteration checks for a 2-worker loader, in this process."""
     args = {"num_workers": 2, "multiprocessing_context": method, "dataset": dataset,
             "collate_fn": None, "worker_init_fn": None, "timeout": 0}
-    return run_checks("dataloader.iter", args, Context(facts, main_guarded=lambda: True))[0]
+    return run_checks("dataloader.iter", args, IterContext(facts, main_guarded=lambda: True))[0]
 
 
 def _facts(**kw):
@@ -565,5 +565,5 @@ def test_a_repair_turned_off_leaves_torch_s_error():
             "dataset": [1, 2, 3], "collate_fn": None, "worker_init_fn": lambda i: None,
             "timeout": 0}
     found = run_checks("dataloader.iter", args,
-                       Context(_facts(platform="linux"), main_guarded=lambda: True))[0]
+                       IterContext(_facts(platform="linux"), main_guarded=lambda: True))[0]
     assert found == []

@@ -25,7 +25,7 @@ from ..inspection import holdings
 from ..inspection.parts import parts_of
 from ..loaderstate import state_of
 from ..remedies import cv2 as cv2_remedies
-from ..rules import Context
+from ..rules import Context, InitContext, IterContext
 from ..rung import Rung
 from . import run_checks, settle, settle_later
 
@@ -69,7 +69,7 @@ def decide_construction(values: dict[str, Any], defaults: dict[str, Any],
     workers = values.get("num_workers")
     if not isinstance(workers, int) or workers < 0:
         return None  # torch rejects it, in its own words: nothing of ours applies
-    ctx = Context(facts.current(values.get("multiprocessing_context")), defaults=defaults)
+    ctx = InitContext(facts.current(values.get("multiprocessing_context")), defaults=defaults)
     found, work = run_checks("dataloader.init", values, ctx)
     # Always: the site is the loader's origin, which loaders built from it inherit.
     site = callsite.loader_site(instance, values.get("dataset"))
@@ -119,10 +119,10 @@ def _keep_the_pickle(loader: Loader, ctx: Context) -> None:
 
 
 def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None = None
-                  ) -> tuple[dict[str, Any], list[Finding], dict[str, Any], Context]:
+                  ) -> tuple[dict[str, Any], list[Finding], dict[str, Any], IterContext]:
     """The worker checks' findings for ``loader`` and the arguments they leave:
     planned, nothing applied. ``fork_failed``: the failure of its forked
-    workers that rules fork out (``Context.fork_failed``)."""
+    workers that rules fork out (``IterContext.fork_failed``)."""
     from ..inspection.mainmodule import main_is_guarded  # noqa: PLC0415 - when a loader needs it, not at torch's import
 
     guarded: list[bool] = []
@@ -133,8 +133,8 @@ def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None 
         return guarded[0]
 
     values = {name: getattr(loader, name) for name in ITER_ARGS}
-    ctx = Context(facts.current(loader.multiprocessing_context), main_guarded=main_guarded,
-                  fork_failed=fork_failed)
+    ctx = IterContext(facts.current(loader.multiprocessing_context), main_guarded=main_guarded,
+                      fork_failed=fork_failed)
     found, work = run_checks("dataloader.iter", values, ctx)
     return values, found, work, ctx
 

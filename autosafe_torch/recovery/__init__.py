@@ -58,7 +58,7 @@ from ..remedies import isolation
 from ..remedies.workerinit import with_step
 from ..report import log
 from ..rung import Rung
-from ..rules import Context, number_of
+from ..rules import OutcomeContext, number_of
 from ..rules.recovery import kinds_watched, start_failures_recovered
 from .iterator import RecoveringIter
 from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,
@@ -199,7 +199,8 @@ def _say_used(site, pending, workers, usage):
         log(logging.DEBUG, "%s: not reached in the workers (the number holds another file "
             "there): %s", site, "; ".join("%s: %s" % item for item in usage.missing.items()))
     found = engine.run_checks("dataloader.outcome", {},
-                              Context(None, usage=usage, workers=workers, said=pending))[0]
+                              OutcomeContext(None, usage=usage, workers=workers,
+                                             said=pending))[0]
     if found:
         engine.settle(found, site)
 

@@ -27,7 +27,7 @@ from ..inspection import failures as F
 from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
 from ..inspection.diagnostics import read as read_dump
 from ..report import internal_error
-from ..rules import Context
+from ..rules import FailureContext
 from ..rules import ladder as L
 from ..rung import Rung
 from .rungs import (ResumedEmulation, real_workers, replanned_without_fork, replay, stop,
@@ -243,8 +243,8 @@ class RecoveringIter(wrapt.ObjectProxy):
 
 
 def _record(pending: Recovered) -> None:
-    ctx = Context(None, failure=pending.first, first_rung=pending.first_rung,
-                  tried=pending.tried, rung=pending.rung, exact=pending.exact)
+    ctx = FailureContext(None, failure=pending.first, first_rung=pending.first_rung,
+                         tried=pending.tried, rung=pending.rung, exact=pending.exact)
     found, _ = engine.run_checks("dataloader.failure", {}, ctx)
     if found:
         engine.settle(found, callsite.user_call_site())

@@ -12,11 +12,12 @@ and ``explain`` (cli.py), the docs/rules.md and docs/fix.md tables
           versions="the torch versions it concerns",
           rewrite=Rewrite("loader_args", "site", does, not_where),  # or None
           at="dataloader.init")
-    def prefetch_without_workers(args, ctx): ...
+    def prefetch_without_workers(args, ctx: InitContext): ...
 
 A check is pure: it looks at the call's arguments (``args``, as the earlier
-checks of the same hook left them) and at ``ctx`` (the platform facts and
-what the hook knows: defaults, capabilities, the findings so far), and
+checks of the same hook left them) and at ``ctx`` (a ``Context``: the
+platform facts, the findings so far, and what its hook knows, on that hook's
+subclass: ``InitContext``'s defaults, ``AmpContext``'s capabilities...), and
 returns a ``Finding``, a list of them, or None. It changes nothing: no
 reducer installed, no environment touched, no tensor moved. The engine
 applies what a finding asks, in fix mode only.
@@ -29,14 +30,18 @@ and the rule's ``fix`` (the second).
 
 The seams are typed (mypy checks them in ``make test``): a check as written
 is a ``CheckFunction``, once registered a ``Check`` (it has its ``rule``); a
-remedy is a ``Remedy``.
+remedy is a ``Remedy``. A check that reads what one hook knows takes that
+hook's context (``def check(args, ctx: IterContext)``), so mypy checks what
+it reads, and tests/test_registry.py that it is registered only where that
+context is given (``CONTEXTS``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union, cast, overload
+from typing import (TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar, Union, cast,
+                    overload)
 
 from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules' names)
 
@@ -78,13 +83,18 @@ RULE_MODULES = (
 Remedy = Callable[[Optional[dict[str, Any]]], Optional[dict[str, Any]]]
 # What a check returns: one finding, several, or None.
 Found = Union["Finding", list["Finding"], None]
-# A check as written: ``check(args, ctx)``.
-CheckFunction = Callable[[dict[str, Any], "Context"], Found]
+# The context a check takes: ``Context``, or its hook's (``CONTEXTS``).
+_C = TypeVar("_C", bound="Context")
+_C_contra = TypeVar("_C_contra", bound="Context", contravariant=True)
+# A check as written: ``check(args, ctx)``; ``CheckFunction[IterContext]``.
+CheckFunction = Callable[[dict[str, Any], _C], Found]
 
 
-class Check(Protocol):
+class Check(Protocol[_C_contra]):
     """A check once registered (``Rule.check_at``): ``check(args, ctx)``, and its
-    ``rule``, which makes its findings (``check.rule.finding(...)``)."""
+    ``rule``, which makes its findings (``check.rule.finding(...)``). The
+    registry holds ``Check[Any]``: the engine gives each hook's checks the
+    context of that hook."""
 
     rule: Rule
     # The checks (by name) at the same hook that must run before this one:
@@ -93,15 +103,15 @@ class Check(Protocol):
     # these (``checks_at``), never from the order the modules were imported.
     after: tuple[str, ...]
 
-    def __call__(self, args: dict[str, Any], ctx: Context, /) -> Found: ...
+    def __call__(self, args: dict[str, Any], ctx: _C_contra, /) -> Found: ...
 
 
-_checks: dict[str, list[Check]] = {hook: [] for hook in HOOKS}  # as registered
+_checks: dict[str, list[Check[Any]]] = {hook: [] for hook in HOOKS}  # as registered
 # As they run, derived from ``after``, with the registered list it was derived from.
-_ordered: dict[str, tuple[tuple[int, ...], list[Check]]] = {}
+_ordered: dict[str, tuple[tuple[int, ...], list[Check[Any]]]] = {}
 
 
-def run_order(checks: Sequence[Check]) -> list[Check]:
+def run_order(checks: Sequence[Check[Any]]) -> list[Check[Any]]:
     """``checks`` (one hook's) in an order where each runs after the ones its
     ``after`` names there; among checks with no such tie, as given. ValueError
     for a name that is no check, or a circle."""
@@ -113,7 +123,7 @@ def run_order(checks: Sequence[Check]) -> list[Check]:
             raise ValueError("rule %s: %s runs after %s, not a check" % (
                 check.rule.code, check.__name__, ", ".join(unknown)))  # type: ignore[attr-defined]
     here = {c.__name__ for c in checks}  # type: ignore[attr-defined]
-    ordered: list[Check] = []
+    ordered: list[Check[Any]] = []
     done: set[str] = set()
     waiting = list(checks)
     while waiting:  # a check at several hooks waits only for those at this one
@@ -205,11 +215,11 @@ class Rule:
         return self.fix
 
     def check_at(self, *hooks: str,
-                 after: Sequence[str] = ()) -> Callable[[CheckFunction], Check]:
+                 after: Sequence[str] = ()) -> Callable[[CheckFunction[_C]], Check[_C]]:
         """Decorator: ``check`` runs at ``hooks`` for this rule, after the
         checks named in ``after`` (``Check.after``)."""
-        def register(function: CheckFunction) -> Check:
-            check = cast(Check, function)  # its ``rule`` and ``after``, set below
+        def register(function: CheckFunction[_C]) -> Check[_C]:
+            check = cast("Check[_C]", function)  # its ``rule`` and ``after``, set below
             for hook in hooks:
                 if hook not in _checks:
                     raise ValueError("rule %s: unknown hook %r (one of %s)" % (
@@ -299,57 +309,106 @@ def number_of(count: int, thing: str) -> str:
 
 class Context:
     """What a check sees besides the arguments, by name. Every hook gives
-    ``facts`` (the platform, as the rules see it); ``findings`` are those made
-    so far at this hook, in order (``found(code)``); ``plans`` caches what the
-    checks of one hook share (the pickling and fork plans). The rest is what
-    one hook knows, None elsewhere:
-
-    - ``dataloader.init``: ``defaults``, DataLoader's own argument defaults;
-    - ``dataloader.iter``: ``main_guarded()``, whether the main module runs
-      its training under ``if __name__ == "__main__":``; ``fork_failed``, None,
-      or the failure of this loader's forked workers that rules fork out (one
-      touched CUDA, which a child forked after the parent initialised it
-      cannot: seen, never predicted);
-    - ``autocast``, ``scaler``, ``amp.*``: ``caps``, what this torch's AMP can
-      do, and ``call``, the call being made;
-    - ``dataloader.outcome``: ``usage`` (what the workers reported using),
-      ``workers`` (their count), ``said`` (the iteration's records, which
-      may have named the objects already);
-    - ``dataloader.failure``: ``failure``, the first failure; ``first_rung``,
-      the rung it happened on; ``tried``, the rungs that failed on the way;
-      ``rung``, the one that works; ``exact``, None or why the batches may
-      differ;
-    - ``dataloader.pin``: the arguments are ``batch``, the part of a batch
-      that torch could not pin, and ``error``, what it raised.
+    ``facts`` (the platform, as the rules see it; None at the hooks that
+    run after the workers: outcome, failure, pin); ``findings`` are those
+    made so far at this hook, in order (``found(code)``); ``plans`` caches
+    what the checks of one hook share (the pickling and fork plans). What
+    one hook knows besides is on its subclass (``CONTEXTS``), and a check
+    that reads it takes that subclass: mypy checks what it reads.
+    ``dataloader.pin`` gives no more: the arguments are ``batch``, the part
+    of a batch that torch could not pin, and ``error``, what it raised.
     """
 
-    __slots__ = ("facts", "findings", "plans", "defaults", "main_guarded", "fork_failed",
-                 "caps", "call",
-                 "usage", "workers", "said", "failure", "first_rung", "tried", "rung",
-                 "exact")
+    __slots__ = ("facts", "findings", "plans")
 
-    def __init__(self, facts: Facts | None, *, defaults: dict[str, Any] | None = None,
-                 main_guarded: Callable[[], bool] | None = None,
-                 fork_failed: Failure | None = None,
-                 caps: Any = None,  # patches.amp.caps.TorchAmpCaps: a layer above
-                 call: AmpCall | None = None,
-                 usage: Usage | None = None, workers: int | None = None,
-                 said: Sequence[Intervention] = (), failure: Failure | None = None,
-                 first_rung: Rung | None = None,
-                 tried: Sequence[tuple[Rung, Failure]] = (), rung: Rung | None = None,
-                 exact: str | None = None) -> None:
+    def __init__(self, facts: Facts | None) -> None:
         self.facts = facts
         self.findings: list[Finding] = []
         self.plans: dict[str, Any] = {}
-        self.defaults, self.main_guarded, self.fork_failed = defaults, main_guarded, fork_failed
-        self.caps, self.call = caps, call
-        self.usage, self.workers, self.said = usage, workers, said
-        self.failure, self.first_rung, self.tried = failure, first_rung, tried
-        self.rung, self.exact = rung, exact
 
     def found(self, code: str) -> bool:
         """Whether an earlier check at this hook made a finding for ``code``."""
         return any(f.rule.code == code for f in self.findings)
+
+
+class InitContext(Context):
+    """At ``dataloader.init``: ``defaults``, DataLoader's own argument defaults."""
+
+    __slots__ = ("defaults",)
+    facts: Facts  # always given before the workers run
+
+    def __init__(self, facts: Facts, *, defaults: dict[str, Any]) -> None:
+        super().__init__(facts)
+        self.defaults = defaults
+
+
+class IterContext(Context):
+    """At ``dataloader.iter``: ``main_guarded()``, whether the main module runs
+    its training under ``if __name__ == "__main__":``; ``fork_failed``, None,
+    or the failure of this loader's forked workers that rules fork out (one
+    touched CUDA, which a child forked after the parent initialised it
+    cannot: seen, never predicted)."""
+
+    __slots__ = ("main_guarded", "fork_failed")
+    facts: Facts  # always given before the workers run
+
+    def __init__(self, facts: Facts, *, main_guarded: Callable[[], bool],
+                 fork_failed: Failure | None = None) -> None:
+        super().__init__(facts)
+        self.main_guarded, self.fork_failed = main_guarded, fork_failed
+
+
+class AmpContext(Context):
+    """At ``autocast``, ``scaler``, ``amp.*``: ``caps``, what this torch's AMP
+    can do, and ``call``, the call being made."""
+
+    __slots__ = ("caps", "call")
+    facts: Facts  # always given at an AMP call
+
+    def __init__(self, facts: Facts, *,
+                 caps: Any,  # patches.amp.caps.TorchAmpCaps: a layer above
+                 call: AmpCall) -> None:
+        super().__init__(facts)
+        self.caps, self.call = caps, call
+
+
+class OutcomeContext(Context):
+    """At ``dataloader.outcome``, as the workers exit: ``usage`` (what they
+    reported using), ``workers`` (their count), ``said`` (the iteration's
+    records, which may have named the objects already)."""
+
+    __slots__ = ("usage", "workers", "said")
+
+    def __init__(self, facts: Facts | None, *, usage: Usage, workers: int,
+                 said: Sequence[Intervention] = ()) -> None:
+        super().__init__(facts)
+        self.usage, self.workers, self.said = usage, workers, said
+
+
+class FailureContext(Context):
+    """At ``dataloader.failure``, once a recovery delivered: ``failure``, the
+    first failure; ``first_rung``, the rung it happened on; ``tried``, the
+    rungs that failed on the way; ``rung``, the one that works; ``exact``,
+    None or why the batches may differ."""
+
+    __slots__ = ("failure", "first_rung", "tried", "rung", "exact")
+
+    def __init__(self, facts: Facts | None, *, failure: Failure, first_rung: Rung,
+                 tried: Sequence[tuple[Rung, Failure]] = (), rung: Rung,
+                 exact: str | None = None) -> None:
+        super().__init__(facts)
+        self.failure, self.first_rung, self.tried = failure, first_rung, tried
+        self.rung, self.exact = rung, exact
+
+
+# The context each hook gives its checks; a check registered there takes it or
+# a base of it (tests/test_registry.py).
+CONTEXTS: dict[str, type[Context]] = {
+    "dataloader.init": InitContext, "dataloader.iter": IterContext,
+    "dataloader.outcome": OutcomeContext, "dataloader.failure": FailureContext,
+    "dataloader.pin": Context,
+    "autocast": AmpContext, "scaler": AmpContext, "amp.legacy": AmpContext,
+    "amp.provided": AmpContext}
 
 
 @overload
@@ -358,11 +417,12 @@ def rule(code: str, slug: str, group: str, *, at: None = None, **fields: Any) ->
 
 @overload
 def rule(code: str, slug: str, group: str, *, at: str | Sequence[str],
-         after: Sequence[str] = (), **fields: Any) -> Callable[[CheckFunction], Check]: ...
+         after: Sequence[str] = (), **fields: Any) -> Callable[[CheckFunction[_C]], Check[_C]]: ...
 
 
 def rule(code: str, slug: str, group: str, *, at: str | Sequence[str] | None = None,
-         after: Sequence[str] = (), **fields: Any) -> Rule | Callable[[CheckFunction], Check]:
+         after: Sequence[str] = (), **fields: Any
+         ) -> Rule | Callable[[CheckFunction[_C]], Check[_C]]:
     """Declare rule ``code`` (``fields``: ``Rule``'s keyword fields); as a
     decorator, register its check at hook(s) ``at``, after the checks named
     in ``after``."""
@@ -380,7 +440,7 @@ def load_all() -> dict[str, Rule]:
     return RULES
 
 
-def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[Check]:
+def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[Check[Any]]:
     """The checks that run at ``hook``, in order; ``enabled(rule)`` filters them."""
     load_all()
     registered = _checks[hook]

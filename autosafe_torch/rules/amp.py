@@ -18,7 +18,7 @@ A routing finding changes the pseudo-argument ``api``: the patch builds the
 object through the modern class instead of the deprecated one.
 """
 
-from . import Rewrite, rule
+from . import AmpContext, Rewrite, rule
 
 GROUP = "amp"
 
@@ -124,7 +124,7 @@ DTYPE_REWRITE = Rewrite(
                 "has torch.amp.autocast too"),
       rewrite=TORCH_AMP_REWRITE,
       at="amp.legacy")
-def deprecated_autocast_api(args, ctx):
+def deprecated_autocast_api(args, ctx: AmpContext):
     call = ctx.call
     if call.route and call.api != call.route:
         return deprecated_autocast_api.rule.finding(
@@ -147,7 +147,7 @@ def deprecated_autocast_api(args, ctx):
       versions="torch 2.4 and later warn; torch.amp.GradScaler exists from torch 2.3",
       rewrite=TORCH_AMP_REWRITE,
       at="scaler")
-def deprecated_grad_scaler(args, ctx):
+def deprecated_grad_scaler(args, ctx: AmpContext):
     call = ctx.call
     if call.route and not call.provided:
         return deprecated_grad_scaler.rule.finding(
@@ -169,7 +169,7 @@ def deprecated_grad_scaler(args, ctx):
                "scaler = torch.cuda.amp.GradScaler()    # or torch >= 2.3"),
       versions="torch before 2.3 (no torch.amp.GradScaler)",
       at=("scaler", "amp.provided"))
-def provided_amp_api(args, ctx):
+def provided_amp_api(args, ctx: AmpContext):
     call = ctx.call
     if not call.provided:
         return None
@@ -203,7 +203,7 @@ def provided_amp_api(args, ctx):
       at="scaler",
       # it reads enabled, which AMP506 may turn off
       after=("provided_amp_api",))
-def scaler_device_argument(args, ctx):
+def scaler_device_argument(args, ctx: AmpContext):
     call = ctx.call
     given = args["device"]
     if given is None or call.takes_device:
@@ -241,7 +241,7 @@ def scaler_device_argument(args, ctx):
                 "installed torch (probed once), not read from its version number"),
       rewrite=DTYPE_REWRITE,
       at="autocast")
-def autocast_unsupported(args, ctx):
+def autocast_unsupported(args, ctx: AmpContext):
     facts, caps = ctx.facts, ctx.caps
     given = args["device_type"]
     before, after, why, done = {}, {}, [], []
@@ -293,7 +293,7 @@ def autocast_unsupported(args, ctx):
       # it reads enabled and the device as the others left them
       after=("autocast_unsupported", "scaler_device_argument", "provided_amp_api",
              "deprecated_grad_scaler"))
-def amp_device_unavailable(args, ctx):
+def amp_device_unavailable(args, ctx: AmpContext):
     facts, caps, call = ctx.facts, ctx.caps, ctx.call
     if not args["enabled"]:
         return None

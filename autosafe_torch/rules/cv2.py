@@ -36,7 +36,7 @@ import sys
 from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
 from ..rung import Rung
-from . import Rewrite, number_of, rule
+from . import IterContext, Rewrite, number_of, rule
 from .ladder import emulated_workers, start_method
 from .pickling_plan import pickling_plan
 
@@ -109,7 +109,7 @@ def cv2_threads_in_workers(args, ctx):
       # it reads the start method the ladder and DL209 chose, and whether a check
       # emulated the workers: it runs last
       after=("warm_worker_start",))
-def cv2_opencl_context(args, ctx):
+def cv2_opencl_context(args, ctx: IterContext):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules \
             or start_method(args) != "fork":
         return None
@@ -123,7 +123,7 @@ def cv2_opencl_context(args, ctx):
     return _away_from_the_context(cv2_opencl_context, args, ctx, why)
 
 
-def _away_from_the_context(check, args, ctx, why):
+def _away_from_the_context(check, args, ctx: IterContext, why):
     """Warm server where the dataset travels (it pickles as it is, and the
     main module can be imported by a worker), else emulated workers."""
     from ..remedies import warmstart  # noqa: PLC0415 - the warm server's side: only where it is used

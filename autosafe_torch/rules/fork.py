@@ -8,7 +8,7 @@ one the fork rung's remedies cannot handle, the loader leaves fork
 
 from ..inspection import holdings
 from ..remedies.workerinit import with_step
-from . import number_of, rule, what_is
+from . import IterContext, OutcomeContext, number_of, rule, what_is
 from .fork_plan import fork_plan
 from .ladder import GROUP, away_from_fork, start_method
 from .pickling import LAZY_OPEN_REWRITE, thread_pool_to_spawned_workers
@@ -56,7 +56,7 @@ def _owned(plan, by_dl212):
       # the repairs that make a dataset pickle are made (or not) before a fork
       # loader is moved away from fork
       after=("unpicklable_dataset",))
-def shared_file_offset(args, ctx):
+def shared_file_offset(args, ctx: IterContext):
     if not _forking(args):
         return None
     plan = fork_plan(args, ctx)
@@ -121,7 +121,7 @@ def _fork_done(isolated, handles, shared, workers):
       at="dataloader.iter",
       # it reads the start method DL207 may have moved the loader to
       after=("shared_file_offset",))
-def handle_not_fork_safe(args, ctx):
+def handle_not_fork_safe(args, ctx: IterContext):
     if not _forking(args):
         return None
     handles, unhandled = _owned(fork_plan(args, ctx), by_dl212=True)
@@ -159,7 +159,7 @@ def _files(used):
 
 
 @shared_file_offset.rule.check_at("dataloader.outcome")
-def read_through_no_object(args, ctx):
+def read_through_no_object(args, ctx: OutcomeContext):
     """What forked workers read through a description of their own that no
     object of the loader's named (a raw descriptor, a closure, a C library),
     or that a fork server opened (its children share it otherwise)."""
@@ -213,7 +213,7 @@ def read_through_no_object(args, ctx):
       versions=("every supported torch; spawn workers (macOS, Windows) and forkserver "
                 "workers (Linux from Python 3.14)"),
       at="dataloader.outcome")
-def descriptor_to_workers(args, ctx):
+def descriptor_to_workers(args, ctx: OutcomeContext):
     """The carried descriptors the workers read (the offset moved), and those
     whose number the loader's parts hold, read or not (``os.pread`` moves no
     offset); the others were carried too, but nothing shows a worker used them."""

@@ -5,6 +5,7 @@ its fork rung).
 
 from ..inspection import holdings
 from ..inspection.parts import PARTS
+from . import IterContext
 
 SAFE_FORK_PLATFORMS = ("linux",)
 SPAWNING = ("spawn", "forkserver")
@@ -16,7 +17,7 @@ def start_method(args):
     return effective_start_method(args["multiprocessing_context"])
 
 
-def spawning_workers(args, ctx):
+def spawning_workers(args, ctx: IterContext):
     """Workers started by spawn/forkserver from a guarded main: they get pickles.
     At ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
     return args["num_workers"] > 0 and start_method(args) in SPAWNING and ctx.main_guarded()
@@ -51,7 +52,7 @@ def per_parts(ctx, name, args, make):
 
 
 
-def fork_is_safe(args, ctx):
+def fork_is_safe(args, ctx: IterContext):
     """Rung 2: fork, where this platform allows it and the fork rung's remedies
     handle everything forked workers would share: read-only files get their
     own offsets and native handles are reopened (DL207, DL212: the plan their

@@ -47,7 +47,7 @@ from .fork_plan import fork_is_safe, start_method
 from .pickling_plan import pickling_plan
 
 if TYPE_CHECKING:
-    from . import Check, Context, Finding
+    from . import Check, Finding, IterContext
 
 GROUP = "dataloader"
 # What a finding that sends a loader to spawn workers (moved there, or with a
@@ -58,7 +58,7 @@ SENT_TO_SPAWN = {"_process_state": True}
 
 # -- at iter(): rungs 2-4 --------------------------------------------------------
 
-def fallback(check: Check, args: dict[str, Any], ctx: Context, why: str | None) -> Finding:
+def fallback(check: Check, args: dict[str, Any], ctx: IterContext, why: str | None) -> Finding:
     """Rungs 2-4 for a loader that cannot start as asked."""
     fix, reason, refused = None, why, []
     if why is None:
@@ -84,14 +84,14 @@ def fallback(check: Check, args: dict[str, Any], ctx: Context, why: str | None) 
     return found
 
 
-def away_from_fork(check: Check, args: dict[str, Any], ctx: Context, why: str,
+def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: str,
                    repairs: bool = True) -> Finding:
     """Spawn where everything pickles, else emulated workers. ``repairs``:
     whether the repairs that make it pickle can still be made (the checks
     that make them, DL201-DL203 and DL208, run before DL207 and DL212). At
     ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
     plan = pickling_plan(args, ctx)
-    if ctx.main_guarded() and not plan.failures and (  # type: ignore[misc]
+    if ctx.main_guarded() and not plan.failures and (
             repairs or not plan.needs_repair):
         return check.rule.finding({"multiprocessing_context": "fork"},
                                   {"multiprocessing_context": "spawn"}, why,

@@ -14,7 +14,7 @@ untouched (``timeout=-1`` is the user's mistake, and torch says so).
 import numbers
 
 
-from . import Rewrite, brief, rule
+from . import InitContext, Rewrite, brief, rule
 
 GROUP = "dataloader"
 
@@ -46,7 +46,7 @@ PIN_MEMORY_REWRITE = Rewrite(
                 "prefetch_factor but None without workers (torch 1.x refused any but 2)"),
       rewrite=WORKER_ARGUMENT_REWRITE,
       at="dataloader.init")
-def prefetch_without_workers(args, ctx):
+def prefetch_without_workers(args, ctx: InitContext):
     default = ctx.defaults.get("prefetch_factor")
     value = args["prefetch_factor"]
     if args["num_workers"] == 0 and value != default and _count(value) and value >= 1:

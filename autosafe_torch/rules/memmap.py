@@ -28,7 +28,7 @@ import sys
 
 from ..inspection.parts import held_in_parts
 from ..rung import Rung
-from . import number_of, rule
+from . import IterContext, number_of, rule
 from .fork_plan import spawning_workers
 from .ladder import GROUP
 from .pickling_plan import pickling_plan
@@ -83,7 +83,7 @@ from .pickling_plan import pickling_plan
       # workers; before DL209, whose worker step would change the parts it plans
       # for (the plan of the same parts is made once)
       after=("thread_pool_under_fork", "logging_config_to_workers"))
-def memmap_by_reference(args, ctx):
+def memmap_by_reference(args, ctx: IterContext):
     numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
     if (numpy is None and torch is None) or not spawning_workers(args, ctx) \
             or any(f.rung is Rung.EMULATED for f in ctx.findings):
@@ -102,18 +102,18 @@ def memmap_by_reference(args, ctx):
     named += ["%s (a tensor mapped from %s, %s)" % (
         path, _file_name(ref.path), memmaps.size_text(ref.nbytes)) for path, ref in tensors]
     shown = ", ".join(named[:3]) + (" and %d more" % (len(named) - 3) if len(named) > 3 else "")
-    why, remedies, before = [], [], {}
+    reasons, remedies, before = [], [], {}
     if arrays:
-        why.append("pickling copies each memmap into every worker start")
+        reasons.append("pickling copies each memmap into every worker start")
         remedies.append(lambda args: memmaps.install_reducers())
         before["memmaps"] = [path for path, _arr, _ref in arrays]
     if tensors:
-        why.append("torch copies each file-mapped tensor into shared memory (/dev/shm) for "
-                   "the tensor's life")
+        reasons.append("torch copies each file-mapped tensor into shared memory (/dev/shm) "
+                       "for the tensor's life")
         files = {ref.file for _path, ref in tensors}
         remedies.append(lambda args: mapped_tensors.install_reducers(files))
         before["tensors"] = [path for path, _ref in tensors]
-    why = "; ".join(why) + "; each worker maps the file again instead, copy-on-write (as " \
+    why = "; ".join(reasons) + "; each worker maps the file again instead, copy-on-write (as " \
         "writable as the copy, and its own)"
     if kept:
         why += "; pickled as before: %s" % "; ".join("%s (%s)" % item for item in kept)

@@ -6,7 +6,7 @@ hands the loader to the ladder (``ladder.py``).
 """
 
 from ..rung import Rung
-from . import Rewrite, number_of, rule, what_is
+from . import IterContext, Rewrite, number_of, rule, what_is
 from .fork_plan import spawning_workers
 from .ladder import GROUP, SENT_TO_SPAWN, fallback
 from .pickling_plan import pickling_plan
@@ -57,7 +57,7 @@ LAZY_OPEN_REWRITE = Rewrite(
       # it reads the start method these may have moved the loader to
       after=("fork_on_macos", "fork_after_cuda"),
       notebook_fix=NOTEBOOK_FIX)
-def local_function_to_workers(args, ctx):
+def local_function_to_workers(args, ctx: IterContext):
     if not spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
@@ -101,7 +101,7 @@ def local_function_to_workers(args, ctx):
       # it reads whether DL202 repairs the dataset's functions (ctx.found)
       after=("local_function_to_workers",),
       notebook_fix=NOTEBOOK_FIX)
-def interactive_main_class(args, ctx):
+def interactive_main_class(args, ctx: IterContext):
     if not spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
@@ -111,7 +111,9 @@ def interactive_main_class(args, ctx):
 
     return [interactive_main_class.rule.finding(
         {"class": "%s at %s" % (cls.__qualname__, path)}, why=why, strategy="by-value",
-        state=SENT_TO_SPAWN, remedies=[lambda args, cls=cls: byvalue.register_by_value_class(cls)],
+        state=SENT_TO_SPAWN,
+        # cls=cls: each finding's own class (a default mypy cannot type in a lambda)
+        remedies=[lambda args, cls=cls: byvalue.register_by_value_class(cls)],  # type: ignore[misc]
         done="class %s of __main__ (%s) sent by value to %s" % (
             cls.__qualname__, path, number_of(args["num_workers"], "worker")))
         for cls, (path, why) in plan.classes.items()]
@@ -140,7 +142,7 @@ def interactive_main_class(args, ctx):
       at="dataloader.iter",
       # it reads the start method these may have moved the loader to
       after=("fork_on_macos", "fork_after_cuda"))
-def thread_pool_to_spawned_workers(args, ctx):
+def thread_pool_to_spawned_workers(args, ctx: IterContext):
     if not spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
@@ -196,7 +198,7 @@ def thread_pool_to_spawned_workers(args, ctx):
       # it reads whether their repairs were made (ctx.found)
       after=("local_function_to_workers", "interactive_main_class",
              "thread_pool_to_spawned_workers"))
-def unpicklable_dataset(args, ctx):
+def unpicklable_dataset(args, ctx: IterContext):
     if not spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)
@@ -238,7 +240,7 @@ def unpicklable_dataset(args, ctx):
       at="dataloader.iter",
       # it reads the rung DL201 chose (fork, or emulated workers)
       after=("unpicklable_dataset",))
-def logging_config_to_workers(args, ctx):
+def logging_config_to_workers(args, ctx: IterContext):
     if not spawning_workers(args, ctx):
         return None
     plan = pickling_plan(args, ctx)

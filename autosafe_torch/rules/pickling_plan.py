@@ -12,7 +12,7 @@ from ..inspection import holdings, objwalk
 from ..inspection.objwalk import is_a
 from ..inspection.parts import PARTS, held_in_parts
 from ..config import CONFIG
-from . import RULES
+from . import RULES, IterContext
 from .fork_plan import fork_is_safe, per_parts, spawning_workers
 from .repairs import REPAIRS, Meeting, offer
 
@@ -42,7 +42,7 @@ class PicklingPlan:
 MAX_REPAIRS = 16  # one failure is found per probe; a dataset has few kinds
 
 
-def pickling_plan(args, ctx):
+def pickling_plan(args, ctx: IterContext):
     """The ``PicklingPlan`` for ``args``, cached on ``ctx`` (planning installs
     nothing: the probe tries the planned reducers without registering them)."""
     return per_parts(ctx, "pickling_plans", args,
@@ -51,7 +51,7 @@ def pickling_plan(args, ctx):
                                              repairing=lambda: _warm_ahead(args, ctx)))
 
 
-def _warm_ahead(args, ctx):
+def _warm_ahead(args, ctx: IterContext):
     """The parts need a repair to reach spawn workers, which then come from
     the warm server (DL209): in fix mode it starts now, in the background, so
     that its imports overlap the rest of the planning (a loader whose repair

@@ -25,14 +25,14 @@ from ..config import CONFIG
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..report import HEADLINE_LIMIT
 from ..remedies import process_state
-from . import RULES, checks_at, rule
+from . import RULES, FailureContext, checks_at, rule
 from .repairs import REPAIRS
 from .resources import DOCKER_FIX
 from .start_method import fork_after_cuda
 
 GROUP = "dataloader"
 
-def _recovered(check, kind, ctx):
+def _recovered(check, kind, ctx: FailureContext):
     failure = ctx.failure
     if failure.kind != kind:
         return None
@@ -102,7 +102,7 @@ STARTING_FIX = ("a spawned worker imports your main module and unpickles the dat
                 "DataLoader(ds, num_workers=2, worker_init_fn=make_handle_in_worker)")),
       versions="every supported torch",
       at="dataloader.failure")
-def worker_died(args, ctx):
+def worker_died(args, ctx: FailureContext):
     return _recovered(worker_died, DIED, ctx)
 
 
@@ -130,7 +130,7 @@ def worker_died(args, ctx):
                 "        with self.lock: ...")),
       versions="every supported torch",
       at="dataloader.failure")
-def worker_hung(args, ctx):
+def worker_hung(args, ctx: FailureContext):
     return _recovered(worker_hung, HUNG, ctx)
 
 
@@ -147,7 +147,7 @@ def worker_hung(args, ctx):
                 "DataLoader(images, batch_size=64, num_workers=4)")),
       versions="every supported torch, on Linux (batches travel through /dev/shm)",
       at="dataloader.failure")
-def shared_memory_failed(args, ctx):
+def shared_memory_failed(args, ctx: FailureContext):
     return _recovered(shared_memory_failed, SHM, ctx)
 
 
@@ -164,7 +164,7 @@ def shared_memory_failed(args, ctx):
                 "DataLoader(ds, num_workers=8, collate_fn=list_of_tensors)")),
       versions="every supported torch, on Linux (file_descriptor sharing)",
       at="dataloader.failure")
-def open_files_exhausted(args, ctx):
+def open_files_exhausted(args, ctx: FailureContext):
     return _recovered(open_files_exhausted, FDS, ctx)
 
 
@@ -182,7 +182,7 @@ def open_files_exhausted(args, ctx):
                 "# or fewer workers, smaller samples or batches")),
       versions="every supported torch",
       at="dataloader.failure")
-def worker_out_of_memory(args, ctx):
+def worker_out_of_memory(args, ctx: FailureContext):
     return _recovered(worker_out_of_memory, MEMORY, ctx)
 
 
@@ -209,7 +209,7 @@ def worker_out_of_memory(args, ctx):
                 "        ...")),
       versions="every supported torch; fork workers (the repairs of DL207 and DL212)",
       at="dataloader.failure")
-def repair_failed_in_worker(args, ctx):
+def repair_failed_in_worker(args, ctx: FailureContext):
     found = _recovered(repair_failed_in_worker, REMEDY, ctx)
     if found is not None and process_state.DIFFERS in (ctx.failure.what() or ""):
         found.fix = process_state.FIX  # not a file: what the worker's import left
@@ -217,7 +217,7 @@ def repair_failed_in_worker(args, ctx):
 
 
 @fork_after_cuda.rule.check_at("dataloader.failure")
-def cuda_touched_in_forked_worker(args, ctx):
+def cuda_touched_in_forked_worker(args, ctx: FailureContext):
     """DL205's record, once the workers that replaced the forked ones delivered:
     who touched CUDA, at which line of the user's (the worker's traceback),
     and where the loader resumed."""

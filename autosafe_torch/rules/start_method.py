@@ -6,7 +6,7 @@ can change between construction and iteration; where the workers cannot
 start as asked, ``ladder.py`` chooses the rung.
 """
 
-from . import Rewrite, number_of, rule
+from . import IterContext, Rewrite, number_of, rule
 from .fork_plan import SPAWNING, start_method
 from .ladder import GROUP, away_from_fork, fallback
 
@@ -76,7 +76,7 @@ def too_many_workers(values, ctx):
                 "from Python 3.14)"),
       rewrite=MAIN_GUARD_REWRITE,
       at="dataloader.iter")
-def unguarded_main(args, ctx):
+def unguarded_main(args, ctx: IterContext):
     method = start_method(args)
     if args["num_workers"] > 0 and method in SPAWNING and not ctx.main_guarded():
         return fallback(unguarded_main, args, ctx, "workers are started from top-level "
@@ -96,7 +96,7 @@ def unguarded_main(args, ctx):
       at="dataloader.iter",
       # it reads the start method these may have moved the loader to
       after=("unguarded_main",))
-def fork_on_macos(args, ctx):
+def fork_on_macos(args, ctx: IterContext):
     if args["num_workers"] > 0 and start_method(args) == "fork" \
             and ctx.facts.platform == "darwin" and not _macos_forks_safely():
         return away_from_fork(fork_on_macos, args, ctx,
@@ -141,7 +141,7 @@ def _macos_forks_safely():
       at="dataloader.iter",
       # it reads the start method these may have moved the loader to
       after=("unguarded_main", "fork_on_macos"))
-def fork_after_cuda(args, ctx):
+def fork_after_cuda(args, ctx: IterContext):
     """At iteration only once forked workers of this loader touched CUDA
     (``ctx.fork_failed``, from the recovery): never on the prediction that
     "CUDA is initialised", which holds for every GPU script and says nothing

@@ -2,7 +2,7 @@
 call is ``patches.bind``, as for the DataLoader's patch)."""
 
 from ... import engine, facts
-from ...rules import Context
+from ...rules import AmpContext
 
 _CLEAN = "clean"      # cached plan: call the original unchanged
 _PLAN_CACHE_LIMIT = 4096
@@ -11,8 +11,8 @@ state = {}            # caps, the autocast call, cached route findings (patch() 
 
 def run(hook, args, call):
     """The enabled checks at ``hook`` for ``call``: (findings tuple, arguments)."""
-    found, fixed = engine.run_checks(hook, args, Context(facts.current(), caps=state["caps"],
-                                                         call=call))
+    found, fixed = engine.run_checks(hook, args, AmpContext(facts.current(), caps=state["caps"],
+                                                            call=call))
     return tuple(found), fixed
 
 
