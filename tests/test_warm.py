@@ -26,6 +26,7 @@ def facts(when):
         "main": sorted(k for k in vars(__main__) if k.startswith("__")),
         "file": __main__.__file__, "spec": repr(__main__.__spec__),
         "torch": "torch" in sys.modules,
+        "mp main": sys.modules.get("__mp_main__", __main__) is __main__,
         "env": {k: os.environ.get(k)
                 for k in ("AUTOSAFE_TEST_START_METHOD", "HOME", "SCENARIO_TMP")},
         "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
@@ -72,6 +73,7 @@ def test_a_warm_run_is_what_a_fresh_interpreter_runs(tmp_path, args):
     assert warmed == fresh
     facts = [json.loads(line) for line in fresh[1].splitlines() if line.startswith("{")]
     assert [f["torch"] for f in facts] == [False, True]
+    assert all(f["mp main"] for f in facts)
     assert facts[0]["sitecustomize"].startswith(str(support.PLATFORM_SIM))
     assert facts[0]["start method"] == "spawn"
     assert "first filter Warning ignore" in fresh[1]  # torch's, in front of the script's

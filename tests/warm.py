@@ -220,6 +220,8 @@ def _run_as_main(argv):
 
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
+    if "__mp_main__" in sys.modules:  # multiprocessing names __main__ so when imported
+        sys.modules["__mp_main__"] = main
     if argv[1] == "-m":
         import runpy
 
