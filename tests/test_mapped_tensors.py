@@ -217,7 +217,8 @@ def starting(saved):
     """As while a process is being started, the reducer installed for ``saved``."""
     mapped_tensors.install_reducers([file_of(saved)])
     context.set_spawning_popen(Starting())
-    yield
+    with pickling.sending():  # as our workers' start pickles
+        yield
     context.set_spawning_popen(None)
     pickling.uninstall_reducers()
     mapped_tensors._files.clear()

@@ -130,7 +130,8 @@ def starting():
     """As while a process is being started (what spawn's Popen sets)."""
     memmaps.install_reducers()
     context.set_spawning_popen(object())
-    yield
+    with pickling.sending():  # as our workers' start pickles
+        yield
     context.set_spawning_popen(None)
     pickling.uninstall_reducers()
 
@@ -272,7 +273,8 @@ def test_mmap_under_fork_is_left_alone(tmp_path):
 def maps_starting():
     pickling.install(memmaps.map_reducers())
     context.set_spawning_popen(object())
-    yield
+    with pickling.sending():  # as our workers' start pickles
+        yield
     context.set_spawning_popen(None)
     pickling.uninstall_reducers()
 

@@ -36,7 +36,8 @@ def data(tmp_path):
 @pytest.fixture
 def reducers():
     reopen.install_reducers()
-    yield
+    with pickling.sending():  # as our workers' start pickles
+        yield
     pickling.uninstall_reducers()
 
 
@@ -199,7 +200,7 @@ SPAWN_FILE = """
     import sys
     import torch
     from torch.utils.data import DataLoader, Dataset
-    from autosafe_torch.remedies import byvalue, reopen
+    from autosafe_torch.remedies import byvalue, pickling, reopen
 
     class Records(Dataset):
         def __init__(self, path):
@@ -216,7 +217,8 @@ SPAWN_FILE = """
         if "install" in sys.argv:
             reopen.install_reducers()
         workers = 0 if "reference" in sys.argv else 1
-        digest(DataLoader(Records("records.bin"), batch_size=4, num_workers=workers))
+        with pickling.sending():  # as the shim starts a repaired loader's workers
+            digest(DataLoader(Records("records.bin"), batch_size=4, num_workers=workers))
 """
 
 
@@ -275,7 +277,7 @@ def test_fork_shared_offset_gives_wrong_samples_until_isolated(tmp_path):
 INTERACTIVE_CLASS = """
 import torch
 from torch.utils.data import DataLoader, Dataset
-from autosafe_torch.remedies import byvalue, reopen
+from autosafe_torch.remedies import byvalue, pickling, reopen
 
 class DS(Dataset):
     def __init__(self):
@@ -289,7 +291,8 @@ if BY_VALUE:
     byvalue.register_by_value_class(DS)
 loader = DataLoader(DS(), batch_size=2, num_workers=1, multiprocessing_context="spawn",
                     collate_fn=byvalue.by_value(lambda b: torch.stack(b).sum()))
-print("SUM", float(sum(loader)))
+with pickling.sending():  # as the shim starts a repaired loader's workers
+    print("SUM", float(sum(loader)))
 """
 
 

@@ -61,8 +61,8 @@ from ..rung import Rung
 from ..rules import OutcomeContext, number_of
 from ..rules.recovery import kinds_watched, start_failures_recovered
 from .iterator import RecoveringIter
-from .rungs import (Emulated, carried_loggers, ladder_of, own_files, real_workers,
-                    sent_once_where_spawned, torch_lacks, with_state_checked)
+from .rungs import (Emulated, ladder_of, own_files, real_workers, sending_to_workers,
+                    torch_lacks, with_state_checked)
 from .watch import Failed, Watch, record_failed, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
@@ -92,7 +92,7 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     if loader.num_workers:
         loader.worker_init_fn = with_state_checked(loader, loader.worker_init_fn)
     try:
-        with carried_loggers(loader), sent_once_where_spawned(loader):
+        with sending_to_workers(loader):
             iterator = wrapped(*args, **kwargs)
     finally:
         loader.worker_init_fn = saved

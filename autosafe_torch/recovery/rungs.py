@@ -27,7 +27,7 @@ from ..engine import loader as plans
 from ..loaderstate import state_of
 from ..inspection.diagnostics import dump_dir, faulthandler_in_worker
 from ..inspection.parts import parts_of
-from ..remedies import isolation, loggers, process_state, sent_once
+from ..remedies import isolation, loggers, pickling, process_state, sent_once
 from ..remedies.emulated_workers import EmulatedWorkersIter
 from ..remedies.limits import file_system_sharing, use_file_system_sharing
 from ..remedies.workerinit import with_step
@@ -81,7 +81,7 @@ def real_workers(loader, ladder, watch, resume=None):
     if Rung.FEWER in ladder.settings:
         loader.prefetch_factor = 1
     try:
-        with carried_loggers(loader), sent_once_where_spawned(loader):
+        with sending_to_workers(loader):
             return tp.Watched(loader, watch, resume, poll_s=POLL_S)
     finally:
         loader.worker_init_fn, loader.prefetch_factor = saved
@@ -98,6 +98,16 @@ def with_state_checked(loader, init):
     if not fingerprints:
         return init
     return with_step(init, functools.partial(process_state.check_in_worker, fingerprints))
+
+
+@contextlib.contextmanager
+def sending_to_workers(loader):
+    """While ``loader``'s workers start: the reducers of its repairs act
+    (``remedies/pickling.py``), its loggers travel configured where DL219 chose
+    that, and its dataset goes once to all spawned workers where nothing was
+    repaired."""
+    with pickling.sending(), carried_loggers(loader), sent_once_where_spawned(loader):
+        yield
 
 
 def sent_once_where_spawned(loader):

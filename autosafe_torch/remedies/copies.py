@@ -56,6 +56,7 @@ from ..inspection.failures import describe_exception
 from ..inspection.naming import what_is
 from ..report import shorten_line
 from . import images, isolation
+from .pickling import sending
 from .reopen import file_reducers, reopen
 
 # Tensors and arrays at least this large are shared with the workers rather
@@ -318,7 +319,8 @@ class CopyPlan:
                                 "advances it (one that does is refused)"))
             return obj
         try:
-            return pickle.loads(ForkingPickler.dumps(obj))
+            with sending():  # as a spawned worker would receive it: with our reducers
+                return pickle.loads(ForkingPickler.dumps(obj))
         except Exception:
             raise NoExactRung("%s neither pickles for spawn workers nor copies for "
                               "emulated ones, and no two workers may share it"

@@ -70,9 +70,8 @@ from typing import Any
 
 import torch
 
-from ..mp_private import extra_reducers
 from .mappings import MappedFileChanged, file_mappings, mapped_file, written_pages
-from .pickling import PROTOCOL, install
+from .pickling import PROTOCOL, before_us, install, installed
 
 # The files (device, inode) whose mapped tensors go by reference: those the
 # tensors of a spawn loader's parts lie in (``install_reducers``).
@@ -291,7 +290,6 @@ def install_reducers(files=()):
         _files.update(files)
     reducers = {}
     for cls in (torch.Tensor, torch.nn.Parameter):
-        current = extra_reducers().get(cls)
-        if not isinstance(current, TensorReducer):
-            reducers[cls] = TensorReducer(current)
+        if not isinstance(installed(cls), TensorReducer):
+            reducers[cls] = TensorReducer(before_us(cls))
     install(reducers)

@@ -1,0 +1,131 @@
+"""The program's own pickling is as it would be without us.
+
+Our repairs are reducers registered with multiprocessing's ForkingPickler,
+which is the whole process's: the program's own ``Queue.put``, ``Pipe.send``
+and ``Pool.map`` pickle with it too. Before, a repaired loader left them
+registered for every pickle: a program that put an open file or a lambda on
+its own queue got it through with the shim, and an error without it
+(promise 1: the shim acts only on the loader it repairs). Now they act only
+while a repaired loader's workers are sent what they get.
+"""
+
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+
+from autosafe_torch.mp_private import extra_reducers
+from autosafe_torch.remedies import byvalue, pickling, reopen
+from support import logged, run_script
+
+SCRIPT = """
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+
+class Lines(Dataset):
+    def __init__(self, path, transform):
+        self.fh = open(path)  # held open: spawn cannot send it as it is
+        self.lines = self.fh.read().splitlines()
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.lines)
+
+    def __getitem__(self, i):
+        self.fh.seek(0)
+        info = get_worker_info()
+        return self.transform(torch.tensor([float(len(self.fh.readline())), float(i),
+                                            torch.rand(1).item(),
+                                            float(info.id if info else -1)]))
+
+
+def own_pickling(label, obj):
+    try:
+        ForkingPickler.dumps(obj)
+        print(label, "pickled")
+    except Exception as exc:
+        print(label, "refused", type(exc).__name__)
+
+
+if __name__ == "__main__":
+    with open("lines.txt", "w") as f:
+        f.write("\\n".join("x" * n for n in range(1, 17)))
+    torch.manual_seed(0)
+    loader = DataLoader(Lines("lines.txt", lambda t: t * 2), batch_size=4, num_workers=2,
+                        shuffle=True)
+    digest(loader)
+    with open("lines.txt") as held:
+        own_pickling("an open file", held)
+    own_pickling("a lambda", lambda x: x)
+"""
+
+
+def own_lines(stdout):
+    return [line for line in stdout.splitlines() if not line.startswith("BATCHES")]
+
+
+def test_a_programs_own_pickling_after_a_repaired_loader_is_as_without_the_shim(tmp_path):
+    for name in ("plain", "shim"):
+        (tmp_path / name).mkdir()
+    plain = run_script(tmp_path / "plain", SCRIPT, start_method="fork")
+    assert plain.rc == 0, plain
+    assert own_lines(plain.stdout) == ["an open file refused TypeError",
+                                       "a lambda refused PicklingError"]
+    shim = run_script(tmp_path / "shim", SCRIPT, activation="env", start_method="spawn")
+    assert shim.rc == 0, shim
+    assert shim.batches == plain.batches  # the loader repaired: fork's batches
+    assert logged(shim.stderr, "DL202"), shim.stderr  # the lambda went by value
+    assert own_lines(shim.stdout) == own_lines(plain.stdout)
+
+
+@pytest.fixture
+def installed():
+    reopen.install_reducers()
+    byvalue.send_by_value_where_needed()
+    yield
+    pickling.uninstall_reducers()
+
+
+def test_our_reducers_act_only_while_our_workers_are_sent(installed, tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("abc\ndef\n")
+    with open(path) as held:
+        held.readline()
+        with pytest.raises(TypeError, match="cannot pickle '_io.TextIOWrapper'"):
+            ForkingPickler.dumps(held)
+        with pytest.raises((pickle.PicklingError, AttributeError)):  # as the Python says
+            ForkingPickler.dumps(lambda x: x + 1)
+        with pickling.sending():
+            again = pickle.loads(ForkingPickler.dumps(held))
+            add = pickle.loads(ForkingPickler.dumps(lambda x: x + 1))
+        assert again.name == held.name and again.readline() == "def\n"
+        assert add(1) == 2
+
+
+def test_a_reducer_the_program_registered_answers_outside_our_start(tmp_path):
+    import io
+
+    mine = []
+
+    def program_reducer(f):
+        mine.append(f)
+        return str, ("the program's",)
+
+    ForkingPickler.register(io.TextIOWrapper, program_reducer)
+    try:
+        reopen.install_reducers()
+        (tmp_path / "x.txt").write_text("x\n")
+        with open(tmp_path / "x.txt") as held:
+            assert pickle.loads(ForkingPickler.dumps(held)) == "the program's"
+            assert mine == [held]
+            with pickling.sending():
+                assert pickle.loads(ForkingPickler.dumps(held)).name == held.name
+            assert len(mine) == 1
+        pickling.uninstall_reducers()
+        assert extra_reducers()[io.TextIOWrapper] is program_reducer
+    finally:
+        pickling.uninstall_reducers()
+        extra_reducers().pop(io.TextIOWrapper, None)
