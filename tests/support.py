@@ -326,9 +326,11 @@ def warm_server():
     AUTOSAFE_TEST_WARM=0 asks every run to start a fresh one."""
     if os.environ.get("AUTOSAFE_TEST_WARM", "1") == "0":
         return None
+    env = clean_env()
+    env.pop("PYTHONPATH", None)
+    if _warm and warm_module.read_early(env, _warm[0].env):
+        _warm.pop().close()  # a test changed this process's environment: start from it now
     if not _warm:
-        env = clean_env()
-        env.pop("PYTHONPATH", None)
         server = warm_module.Server(sys.executable, env)
         atexit.register(server.close)
         _warm.append(server)

@@ -57,15 +57,18 @@ LATE_VARIABLES = ("AUTOSAFE_", "SCENARIO_", "PYTHONPATH", "PYTEST_")
 EARLY_VARIABLES = ("AUTOSAFE_TEST_CPUS",)
 
 
+def read_early(env, server_env):
+    """The variables, read before a script runs, in which ``env`` differs from
+    ``server_env`` (those that keep a run from being forked from the server)."""
+    return sorted(name for name in set(env) | set(server_env)
+                  if env.get(name) != server_env.get(name)
+                  and (name in EARLY_VARIABLES or not name.startswith(LATE_VARIABLES)))
+
+
 def eligible(env, server_env):
     """Whether a run with ``env`` may be forked from a server started with
     ``server_env``: they differ only in variables read after the start."""
-    for name in set(env) | set(server_env):
-        if env.get(name) == server_env.get(name):
-            continue
-        if name in EARLY_VARIABLES or not name.startswith(LATE_VARIABLES):
-            return False
-    return True
+    return not read_early(env, server_env)
 
 
 # -- the server (this file run as a script) ---------------------------------------------
@@ -175,6 +178,8 @@ def _become(request, held):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    if "multiprocessing.process" in sys.modules:  # its import notes where it started
+        sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     argv = request["argv"]
     sys.orig_argv = list(argv)
     if argv[1] == "-m":
