@@ -207,19 +207,16 @@ def result_once_per_run(tmp_path_factory, name, run):
     return result
 
 
-def rotated(names, choices=START_METHODS, quick=None):
+def rotated(names, choices=START_METHODS):
     """pytest parameters ``(name, choice)`` for every pair; those off the rotation
     (one choice per name, turning with the name's index) are marked ``heavy``:
-    ``make test`` meets every name and every choice, ``make heavy`` every pair.
-    ``quick``: the names ``make test`` meets (the others are a mechanism one of
-    them shows already: ``make heavy`` only)."""
+    ``make test`` meets every name and every choice, ``make heavy`` every pair."""
     import pytest
 
     params = []
     for i, name in enumerate(names):
         for j, choice in enumerate(choices):
-            on_rotation = j == i % len(choices) and (quick is None or name in quick)
-            marks = () if on_rotation else (pytest.mark.heavy,)
+            marks = () if j == i % len(choices) else (pytest.mark.heavy,)
             params.append(pytest.param(name, choice, marks=marks, id="%s-%s" % (name, choice)))
     return params
 

@@ -15,8 +15,7 @@ forkserver give the twin's batches from real worker processes:
 - the descriptor is carried, and DL217 names it although pread moves no offset.
 
 Beside each, the healthy control: under fork the script runs as it is, records
-nothing and gives the twin's batches (make test: three kinds, and the repair of a
-fourth; make heavy: all).
+nothing and gives the twin's batches (make test: three kinds; make heavy: all).
 """
 
 import pytest
@@ -105,8 +104,7 @@ def check_fork_is_left_alone(tmp_path, kind, safe):
 
 
 @pytest.mark.rule("DL201", "DL217")
-@pytest.mark.parametrize("kind", [  # make heavy: safetensors and pandas, rebuilt as parquet is
-    k if k in QUICK + ("anonmap",) else pytest.param(k, marks=pytest.mark.heavy) for k in KINDS])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_rehearsed_mac_gets_real_workers(tmp_path, tmp_path_factory, kind):
     safe = twin(tmp_path_factory, kind)
     if kind in QUICK:

@@ -27,9 +27,6 @@ from autosafe_torch.rules import IterContext
 from support import json_log, once_per_run, rotated, run_scenario, run_script
 
 KINDS = ("zip", "tar", "gzip", "bz2", "lzma", "npz", "text-crlf", "delegator", "iterable")
-# make test: one of each way a file is read (bz2 and lzma read as gzip does; npz is
-# a zip); make heavy: every kind under every start method.
-QUICK_KINDS = ("zip", "tar", "gzip", "text-crlf", "delegator", "iterable")
 # What spawn can send by path with the same bytes and state (a TarFile's state
 # is its file and its member list; the delegator's and the stream's, a plain
 # file). The rest (a decompressor, a ZipFile's lock, a newline mode) cannot be.
@@ -84,7 +81,7 @@ def expected_rungs(kind, method):
     return {("DL201", FORK), ("DL207", "own offset in each worker")}
 
 
-@pytest.mark.parametrize("kind, method", rotated(KINDS, quick=QUICK_KINDS))
+@pytest.mark.parametrize("kind, method", rotated(KINDS))
 def test_held_file_runs_with_the_safe_twins_batches(tmp_path, tmp_path_factory, kind, method):
     safe = twin(tmp_path_factory, kind)
     plain = run_scenario(tmp_path, "held_files.py", args=(kind, "held"), start_method=method)

@@ -20,10 +20,6 @@ import pytest
 from support import json_log, once_per_run, rotated, run_scenario
 
 KINDS = ("rawfd", "rplus", "tempfile", "partial", "closure", "weakproxy", "csv", "soundfile")
-# make test: every rung, and holders that reach the descriptor in other ways (a
-# weak proxy and a csv reader hold a file object as "partial" and "closure" do);
-# make heavy: every holder on every rung.
-QUICK_KINDS = ("rawfd", "rplus", "tempfile", "partial", "closure", "soundfile")
 RUNGS = ("fork", "forkserver", "spawn", "macos", "emulated")
 # How each rung is reached: the start method forced from outside, the platform rehearsed.
 SETUP = {"fork": ("fork", None), "forkserver": (None, "linux-py314"), "spawn": ("spawn", None),
@@ -80,7 +76,7 @@ def shim_run(tmp_path, kind, rung, name="log"):
 
 
 @pytest.mark.rule("DL217")
-@pytest.mark.parametrize("kind, rung", rotated(KINDS, RUNGS, quick=QUICK_KINDS))
+@pytest.mark.parametrize("kind, rung", rotated(KINDS, RUNGS))
 def test_every_holder_on_every_rung(tmp_path, tmp_path_factory, kind, rung):
     safe = twin(tmp_path_factory, kind)
     if rung != "emulated":
