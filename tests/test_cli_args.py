@@ -1,17 +1,15 @@
 """``autosafe-torch run`` passes the program's arguments through, as python does."""
 
-import subprocess
 import sys
 
-from support import clean_env
+from support import clean_env, run_command
 
 ARGV_MODULE = "import sys\nprint('ARGV', sys.argv[1:])\n"
 
 
 def _run(tmp_path, *args):
-    return subprocess.run([sys.executable, "-m", "autosafe_torch", "run", *args], cwd=tmp_path,
-                          env=clean_env({"PYTHONPATH": str(tmp_path)}), capture_output=True,
-                          text=True, timeout=120)
+    return run_command([sys.executable, "-m", "autosafe_torch", "run", *args], tmp_path,
+                       clean_env({"PYTHONPATH": str(tmp_path)}), 120)
 
 
 def test_module_options_pass_through_without_double_dash(tmp_path):

@@ -8,11 +8,11 @@ on PYTHONPATH stands in for it: one whose import fails exactly that way,
 and one that loads.
 """
 
+import os
 import json
-import subprocess
 import sys
 
-from support import clean_env
+from support import clean_env, run_command
 
 NMS_ERROR = "operator torchvision::nms does not exist"
 
@@ -25,16 +25,15 @@ def _fake_torchvision(root, body):
 
 
 def _doctor(pythonpath, *args):
-    return subprocess.run([sys.executable, "-m", "autosafe_torch", "doctor", *args],
-                          env=clean_env({"PYTHONPATH": str(pythonpath)}), capture_output=True,
-                          text=True, timeout=180)
+    return run_command([sys.executable, "-m", "autosafe_torch", "doctor", *args], os.getcwd(),
+                       clean_env({"PYTHONPATH": str(pythonpath)}), 180)
 
 
 def test_doctor_names_a_torchvision_that_does_not_load_and_the_fix(tmp_path):
     root = _fake_torchvision(tmp_path / "broken",
                              "raise RuntimeError(%r)\n" % NMS_ERROR)
-    plain = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True,
-                           text=True, env=clean_env({"PYTHONPATH": str(root)}), timeout=120)
+    plain = run_command([sys.executable, "-c", "import torchvision"], os.getcwd(),
+                        clean_env({"PYTHONPATH": str(root)}), 120)
     assert plain.returncode != 0 and NMS_ERROR in plain.stderr
     proc = _doctor(root, "--json")
     assert proc.returncode == 0, proc.stderr

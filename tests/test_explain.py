@@ -1,14 +1,14 @@
 """``autosafe-torch explain CODE``, as ``ruff rule F401``: generated from the
 registry, for every rule."""
 
-import subprocess
+import os
 import sys
 
 import pytest
 
 from autosafe_torch.cli import explanation as explain
 from autosafe_torch.rules import RULES, find_rule, load_all
-from support import clean_env
+from support import clean_env, run_command
 
 SECTIONS = ("What it fixes", "Why: what happens without it", "Example", "This fails:",
             "The permanent fix:", "Permanent fix", "autosafe-torch fix", "Torch versions",
@@ -16,8 +16,8 @@ SECTIONS = ("What it fixes", "Why: what happens without it", "Example", "This fa
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "autosafe_torch", "explain", *args],
-                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    return run_command([sys.executable, "-m", "autosafe_torch", "explain", *args], os.getcwd(),
+                       clean_env(), 60)
 
 
 def test_every_registered_rule_is_explained():

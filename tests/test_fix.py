@@ -17,14 +17,13 @@ import io
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 import tokenize
 
 import pytest
 
-from support import (LOCAL_OBJECT, ROOT, SCENARIOS, cannot_pickle, clean_env, json_log,
+from support import (run_command, LOCAL_OBJECT, ROOT, SCENARIOS, cannot_pickle, clean_env, json_log,
                      run_file)
 
 FIX = SCENARIOS / "fix"
@@ -71,9 +70,8 @@ CASES = [
 
 
 def fix(tmp_path, log, *options):
-    return subprocess.run([sys.executable, "-m", "autosafe_torch", "fix", "--from", str(log),
-                           *options], cwd=str(tmp_path), env=clean_env(), capture_output=True,
-                          text=True, timeout=120)
+    return run_command([sys.executable, "-m", "autosafe_torch", "fix", "--from", str(log),
+                        *options], tmp_path, clean_env(), 120)
 
 
 def logged(log):
@@ -354,8 +352,8 @@ def test_without_libcst_one_line_says_how_to_install(tmp_path):
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('No module named libcst')\n")
     env = clean_env({"PYTHONPATH": str(blocker.parent)})
-    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "fix", "--from", "x.jsonl"],
-                          cwd=str(tmp_path), env=env, capture_output=True, text=True)
+    proc = run_command([sys.executable, "-m", "autosafe_torch", "fix", "--from", "x.jsonl"],
+                       tmp_path, env, 120)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "autosafe-torch fix: needs libcst, to rewrite your source keeping its formatting: "

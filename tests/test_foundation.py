@@ -14,7 +14,7 @@ import sysconfig
 import pytest
 
 from autosafe_torch.facts import pin_memory_warns
-from support import clean_env, line_of, logged, run_script
+from support import clean_env, line_of, logged, run_command, run_script
 
 BROKEN_LOADER = '''
 import torch
@@ -313,16 +313,13 @@ def test_cli_passes_signals(tmp_path):
 def test_cli_options_and_module(tmp_path):
     (tmp_path / "mymod.py").write_text(BROKEN_LOADER + "make()\nprint('MODULE-RAN', __name__)\n")
     log = tmp_path / "log.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "run", "--log-file", str(log),
-                           "--mode", "fix", "-m", "mymod"], cwd=tmp_path,
-                          env=clean_env({"PYTHONPATH": str(tmp_path)}), capture_output=True,
-                          text=True, timeout=120)
+    proc = run_command([sys.executable, "-m", "autosafe_torch", "run", "--log-file", str(log),
+                        "--mode", "fix", "-m", "mymod"], tmp_path,
+                       clean_env({"PYTHONPATH": str(tmp_path)}), 120)
     assert proc.returncode == 0 and "MODULE-RAN __main__" in proc.stdout, proc.stderr
     assert json.loads(log.read_text().splitlines()[0])["code"] == "DL101"
-    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "run", "--disable", "DL101",
-                           "-m", "mymod"], cwd=tmp_path,
-                          env=clean_env({"PYTHONPATH": str(tmp_path)}), capture_output=True,
-                          text=True, timeout=120)
+    proc = run_command([sys.executable, "-m", "autosafe_torch", "run", "--disable", "DL101",
+                        "-m", "mymod"], tmp_path, clean_env({"PYTHONPATH": str(tmp_path)}), 120)
     assert proc.returncode != 0 and DL101_ERROR in proc.stderr
 
 
@@ -337,16 +334,16 @@ def test_console_script_and_doctor():
                 "open_file_limit", "accelerator", "default_loader_rules"):
         assert key in report
     assert any(r.startswith("DL105") for r in report["default_loader_rules"])
-    text = subprocess.run([sys.executable, "-m", "autosafe_torch", "doctor"], capture_output=True,
-                          text=True, env=clean_env(), timeout=120).stdout
+    text = run_command([sys.executable, "-m", "autosafe_torch", "doctor"], os.getcwd(),
+                       clean_env(), 120).stdout
     assert "start_method:" in text and "cpus_usable:" in text
 
 
 def test_rules_command_lists_every_rule():
     from autosafe_torch.rules import load_all
 
-    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "rules", "--format", "json"],
-                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    proc = run_command([sys.executable, "-m", "autosafe_torch", "rules", "--format", "json"],
+                       os.getcwd(), clean_env(), 60)
     listed = {r["code"] for r in json.loads(proc.stdout)}
     assert listed == set(load_all())
 

@@ -12,14 +12,13 @@ also checks each line it wrote (``support.assert_readable``).
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
 from autosafe_torch import engine, report
 from autosafe_torch.rules import RULES, brief, load_all
-from support import (ROOT, cannot_pickle, clean_env, json_log, line_of, logged,
+from support import (run_command, ROOT, cannot_pickle, clean_env, json_log, line_of, logged,
                      run_script, unreadable_lines)
 
 EXAMPLES = ROOT / "examples"
@@ -29,16 +28,14 @@ def _demo(tmp_path, *options):
     """``autosafe-torch run --as macos examples/legacy_file_dataset.py``, from the
     repository root as the README shows it (the demo's own run)."""
     env = clean_env()
-    proc = subprocess.run([sys.executable, "-m", "autosafe_torch", "run", "--as", "macos",
-                           *options, "examples/legacy_file_dataset.py"],
-                          cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=180)
+    proc = run_command([sys.executable, "-m", "autosafe_torch", "run", "--as", "macos",
+                        *options, "examples/legacy_file_dataset.py"], ROOT, env, 180)
     return proc
 
 
 def test_the_demo_says_what_was_done_to_what_in_two_lines(tmp_path):
-    plain = subprocess.run([sys.executable, str(EXAMPLES / "as_on_macos.py"),
-                            str(EXAMPLES / "legacy_file_dataset.py")], env=clean_env(),
-                           capture_output=True, text=True, timeout=180)
+    plain = run_command([sys.executable, str(EXAMPLES / "as_on_macos.py"),
+                         str(EXAMPLES / "legacy_file_dataset.py")], os.getcwd(), clean_env(), 180)
     assert plain.returncode != 0 and re.search(cannot_pickle("BufferedReader"), plain.stderr)
     log = tmp_path / "run.jsonl"
     proc = _demo(tmp_path, "--log-file", str(log))
@@ -67,9 +64,8 @@ def debug_adds_the_details_below_the_record(quiet_lines):
     """With AUTOSAFE_TORCH_DEBUG=1, the same demo run says more than ``quiet_lines``
     (the quiet run's, above; --log-file adds no line): the details, below the record."""
     env = clean_env({"AUTOSAFE_TORCH_DEBUG": "1"})
-    debug = subprocess.run([sys.executable, "-m", "autosafe_torch", "run", "--as", "macos",
-                            "examples/legacy_file_dataset.py"], cwd=str(ROOT), env=env,
-                           capture_output=True, text=True, timeout=180)
+    debug = run_command([sys.executable, "-m", "autosafe_torch", "run", "--as", "macos",
+                         "examples/legacy_file_dataset.py"], ROOT, env, 180)
     assert debug.returncode == 0, debug.stderr
     assert len(debug.stderr.splitlines()) > quiet_lines
     for detail in ("  strategy: repair: reopen read-only files by path in each worker",
