@@ -181,7 +181,8 @@ def _become(request, held):
     if "multiprocessing.process" in sys.modules:  # its import notes where it started
         sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     argv = request["argv"]
-    sys.orig_argv = list(argv)
+    if hasattr(sys, "orig_argv"):  # Python 3.10+
+        sys.orig_argv = list(argv)
     if argv[1] == "-m":
         sys.argv = ["-m"] + argv[3:]
         first = os.getcwd()
