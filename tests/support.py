@@ -302,15 +302,12 @@ def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_arg
         pythonpath.insert(0, str(TEMPLATE_DIR))
     full_env = clean_env(extra)
     full_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
-    warm = python is None  # another interpreter starts fresh
     python = str(python or sys.executable)
     if activation == "cli":
         cmd = [python, "-m", "autosafe_torch", "run", *cli_args, str(script), *args]
     else:
         cmd = [python, str(script), *args]
-    proc = run_command(cmd, tmp_path, full_env, timeout) if warm else \
-        subprocess.run(cmd, cwd=str(tmp_path), env=full_env, capture_output=True, text=True,
-                       timeout=timeout)
+    proc = run_command(cmd, tmp_path, full_env, timeout)  # another Python starts fresh
     assert_readable(proc.stderr, full_env)
     return Result(proc)
 
