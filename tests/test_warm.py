@@ -93,3 +93,90 @@ def test_a_variable_read_at_start_means_a_fresh_interpreter():
     assert not warm.eligible(dict(server_env, OMP_NUM_THREADS="1"), server_env)
     assert not warm.eligible(dict(server_env, AUTOSAFE_TEST_CPUS="1"), server_env)
     assert not warm.eligible({"PATH": "/bin"}, server_env)
+
+
+# A warm run's spawned processes are forked from its zygote: what each sees of
+# its start, before it imports torch, must be what a freshly started one sees.
+SPAWNED = r'''
+import json, multiprocessing, os, resource, signal, sys
+
+def facts(parent, tag):
+    out = {
+        "tag": tag, "argv": sys.argv, "orig argv": getattr(sys, "orig_argv", None),
+        "path": sys.path[:3], "cwd": os.getcwd(), "fds": sorted(os.listdir("/proc/self/fd")),
+        "parent": os.getppid() == parent,
+        "parent process": multiprocessing.parent_process().pid == parent,
+        "torch": "torch" in sys.modules, "main": sys.modules["__main__"].__name__,
+        "mp main": sorted(sys.modules["__mp_main__"].__dict__)[:3],
+        "env": {k: os.environ.get(k) for k in ("SCENARIO_LATE", "HOME")},
+        "umask": oct(os.umask(0)),
+        "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "ignored": sorted(int(s) for s in signal.valid_signals()
+                          if s not in (signal.SIGKILL, signal.SIGSTOP)
+                          and signal.getsignal(s) is signal.SIG_IGN),
+        "sigint": str(signal.getsignal(signal.SIGINT)),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "dont write bytecode": sys.flags.dont_write_bytecode,
+        "name": multiprocessing.current_process().name,
+    }
+    import torch
+    out["torch after"] = torch.tensor([1, 2]).sum().item()
+    print(json.dumps(out, sort_keys=True), flush=True)
+    # What the test reads apart: whether this process was forked warm.
+    print("forked:", tag, "warm.py" in open("/proc/self/cmdline").read(), flush=True)
+    sys.exit(7)
+
+if __name__ == "__main__":
+    os.umask(0o027)
+    os.environ["SCENARIO_LATE"] = "set by the script"
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:1])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    for method in ("spawn", "forkserver"):
+        child = multiprocessing.get_context(method).Process(target=facts,
+                                                            args=(os.getpid(), method))
+        child.start()
+        child.join(120)
+        print(method, "exit code", child.exitcode, flush=True)
+    slow = multiprocessing.get_context("spawn").Process(target=__import__("time").sleep,
+                                                         args=(60,))
+    slow.start()
+    slow.terminate()
+    slow.join(120)
+    print("terminated:", slow.exitcode, flush=True)
+'''
+
+
+def test_a_warm_runs_spawned_processes_are_what_a_fresh_start_gives(tmp_path):
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    env = support.clean_env({})
+    cmd = [sys.executable, str(script)]
+    fresh = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                           timeout=240)
+    server = support.warm_server()
+    warmed = server.run(cmd, tmp_path, env, 240)
+
+    def seen(run):
+        assert run.returncode == 0, run.stderr
+        lines = run.stdout.splitlines()
+        return ([line for line in lines if not line.startswith("forked:")],
+                sorted(line for line in lines if line.startswith("forked:")))
+
+    assert seen(warmed)[0] == seen(fresh)[0]
+    assert seen(fresh)[1] == ["forked: forkserver False", "forked: spawn False"]
+    # The spawned process and the forkserver came from the run's zygote.
+    assert seen(warmed)[1] == ["forked: forkserver True", "forked: spawn True"]
+    assert "spawn exit code 7" in fresh.stdout and "terminated: -15" in fresh.stdout
+    facts = [json.loads(line) for line in fresh.stdout.splitlines() if line.startswith("{")]
+    assert all(f["parent"] or f["tag"] == "forkserver" for f in facts)
+    assert all(f["parent process"] and not f["torch"] for f in facts)
+    assert warmed.stderr == fresh.stderr
+
+
+def test_a_spawn_with_a_variable_read_at_start_starts_fresh():
+    server_env = {"PATH": "/bin"}
+    assert warm.eligible(dict(server_env, TORCHINDUCTOR_CACHE_DIR="/tmp/x"), server_env)
+    assert not warm.eligible(dict(server_env, LD_LIBRARY_PATH="/x"), server_env)

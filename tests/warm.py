@@ -51,7 +51,9 @@ HELD_BACK = ("torch", "torchgen", "functorch")
 # platform simulator's after its start, a scenario's, pytest's name of the running
 # test); any other difference from the server's environment means a fresh
 # interpreter (``eligible``).
-LATE_VARIABLES = ("AUTOSAFE_", "SCENARIO_", "PYTHONPATH", "PYTEST_")
+# TORCHINDUCTOR_CACHE_DIR: torch sets it when the script builds an optimizer (so
+# its spawned workers start with it) and reads it only when it compiles.
+LATE_VARIABLES = ("AUTOSAFE_", "SCENARIO_", "PYTHONPATH", "PYTEST_", "TORCHINDUCTOR_CACHE_DIR")
 # Read at start: the platform simulator narrows the CPUs before torch's OpenMP
 # counts them.
 EARLY_VARIABLES = ("AUTOSAFE_TEST_CPUS",)
@@ -100,6 +102,7 @@ class _TorchImport:
         import warnings
 
         atexit.register = self._register
+        self.server_env = dict(os.environ)
         self.filters = [f for f in warnings.filters if f not in self.filters_before]
         self.modules = {name: module for name, module in sys.modules.items()
                         if name.partition(".")[0] in HELD_BACK}
@@ -162,19 +165,37 @@ class _HeldBack:
             self.held.give_back()
 
 
-def _become(request, held):
-    """In the forked child: the process ``python`` would have started."""
-    import random
-
+def _child(request, held):
+    """In the child the server forked: the process ``python`` would have
+    started for ``request``; or, in a worker its zygote forked later, the one
+    that worker's spawn asked for. Returns the request that process runs."""
     if request.get("session"):
         os.setsid()
+    spawned = _zygote(held)
+    if spawned is not None:
+        _given_descriptors(spawned)
+        _inherit(spawned)
+        _become(spawned, held)
+        return spawned
     null = os.open(os.devnull, os.O_RDONLY)
     out = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND)
     err = os.open(request["stderr"], os.O_WRONLY | os.O_APPEND)
     os.dup2(null, 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096)
+    os.closerange(3, _MAX_FD)
+    _become(request, held)
+    _spawn_warm_from(os.getpid(), held.server_env)
+    return request
+
+
+_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 4096
+
+
+def _become(request, held):
+    """The rest of a fresh start: what the process reads of its run."""
+    import random
+
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -182,7 +203,7 @@ def _become(request, held):
         sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     argv = request["argv"]
     if hasattr(sys, "orig_argv"):  # Python 3.10+
-        sys.orig_argv = list(argv)
+        sys.orig_argv = list(request.get("orig_argv", argv))
     if argv[1] == "-m":
         sys.argv = ["-m"] + argv[3:]
         first = os.getcwd()
@@ -289,14 +310,232 @@ def serve():
                 pid = os.fork()
                 if pid == 0:
                     try:
-                        _become(request, held)
+                        return _child(request, held)
                     except BaseException as exc:
                         os.write(2, ("warm: the child could not start: %r\n"
                                      % (exc,)).encode())
                         os._exit(125)
-                    return request
                 children[os.pidfd_open(pid)] = pid
                 _say(1, {"pid": pid})
+
+
+# -- spawned workers, forked warm too ---------------------------------------------------
+#
+# A run's spawned processes (spawn's DataLoader workers, a forkserver, the
+# shim's servers) would each start a fresh interpreter and import torch again.
+# Each warm run therefore forks, before it becomes the run, a zygote: a copy of
+# the server, torch imported and held back, that waits on a socket named after
+# the run's pid. ``multiprocessing.util.spawnv_passfds``, which every
+# multiprocessing start of a new interpreter calls, asks the zygote when the
+# command is ``python -c ...`` and the environment is one the server may start
+# (``eligible``); otherwise, or when anything fails before a process exists,
+# it starts the interpreter as before.
+#
+# The zygote forks an intermediate that forks the worker and exits, while the
+# run is a child subreaper, so the worker becomes the run's own child: its pid
+# is the one ``spawnv_passfds`` returns, the run waits for it, signals reach it,
+# and ``os.getppid()`` in it is the run (torch's watchdog, our dump directory).
+# It gets what exec would have given it: the descriptors 0-2 and those passed
+# (the same numbers, nothing else open), the environment as the C library holds
+# it, the working directory, the signal mask, the signals ignored, the umask,
+# the CPU affinity and the open-file limit; then the rest of ``_become``.
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 1, 36, 37
+
+
+def _socket_name(pid):
+    return "\0autosafe-warm-zygote-%d" % pid
+
+
+def _prctl(option, value):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if option == PR_GET_CHILD_SUBREAPER:
+        flag = ctypes.c_int(0)
+        libc.prctl(option, ctypes.byref(flag), 0, 0, 0)
+        return flag.value
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(%d)" % option)
+    return None
+
+
+def _zygote(held):
+    """Fork this run's zygote. Returns None in the run; in a worker the
+    zygote forked, that worker's request (with its descriptors)."""
+    import socket
+
+    run = os.getpid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(_socket_name(run))
+    except OSError:
+        listener.close()
+        return None  # a name still held: this run's spawns start fresh
+    listener.listen(16)
+    if os.fork() != 0:
+        listener.close()
+        return None
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # ends with the run
+        if os.getppid() != run:
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)  # the server's pipes: never held open by the zygote
+        keep = listener.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, _MAX_FD)
+        while True:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 256)
+            request = json.loads(message)
+            middle = os.fork()
+            if middle == 0:
+                worker = os.fork()
+                if worker == 0:
+                    conn.close()
+                    listener.close()
+                    request["received"] = fds
+                    return request
+                conn.send(json.dumps({"pid": worker}).encode())
+                os._exit(0)
+            os.waitpid(middle, 0)  # the worker is the run's child from here
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+    except BaseException as exc:  # the zygote (or its middle process) never returns
+        try:
+            os.write(2, ("warm: the zygote ended: %r\n" % (exc,)).encode())
+        finally:
+            os._exit(0)
+
+
+def _spawn_warm_from(run, server_env):
+    """In a warm run: ``multiprocessing.util.spawnv_passfds`` asks this run's
+    zygote where it may."""
+    import threading
+    from multiprocessing import util
+
+    original = util.spawnv_passfds
+    lock = threading.Lock()
+
+    def spawnv_passfds(path, args, passfds):
+        if os.getpid() != run or not _may_spawn_warm(path, args):
+            return original(path, args, passfds)
+        env = _c_environ()
+        if not eligible(env, server_env):
+            return original(path, args, passfds)
+        with lock:
+            orig_argv = [os.fsdecode(a) for a in args]
+            argv = orig_argv[:1] + orig_argv[orig_argv.index("-c"):]  # flags: the zygote's
+            pid = _ask_zygote(run, dict(argv=argv, orig_argv=orig_argv, env=env,
+                                        cwd=os.getcwd(), **_inherited()),
+                              tuple(sorted({0, 1, 2, *map(int, passfds)})))
+        return original(path, args, passfds) if pid is None else pid
+
+    spawnv_passfds.__wrapped__ = original
+    util.spawnv_passfds = spawnv_passfds
+
+
+def _may_spawn_warm(path, args):
+    """``python -c ...``, this interpreter with the flags it runs with (those
+    the zygote has: the server's)."""
+    from multiprocessing import util
+
+    flags = util._args_from_interpreter_flags()
+    args = [os.fsdecode(a) for a in args]
+    return (os.fsdecode(path) == sys.executable and args[0] == sys.executable
+            and args[1:len(flags) + 1] == flags and args[len(flags) + 1:len(flags) + 2] == ["-c"]
+            and len(args) >= len(flags) + 3)
+
+
+def _c_environ():
+    """The environment exec would pass: the C library's, which a library may
+    have changed without ``os.environ`` knowing."""
+    import ctypes
+
+    environ = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    env, i = {}, 0
+    while environ[i] is not None:
+        name, _, value = os.fsdecode(environ[i]).partition("=")
+        env.setdefault(name, value)
+        i += 1
+    return env
+
+
+def _inherited():
+    """What a process started by exec keeps of this one."""
+    import resource
+
+    mask = os.umask(0)
+    os.umask(mask)
+    ignored = [int(s) for s in signal.valid_signals()
+               if s not in (signal.SIGKILL, signal.SIGSTOP)
+               and signal.getsignal(s) is signal.SIG_IGN]
+    return dict(umask=mask, ignored=ignored,
+                blocked=sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                cpus=sorted(os.sched_getaffinity(0)),
+                nofile=list(resource.getrlimit(resource.RLIMIT_NOFILE)))
+
+
+def _ask_zygote(run, request, fds):
+    """The pid of the worker this run's zygote started for ``request``, now a
+    child of this process; None where none was started."""
+    import socket
+
+    fds = tuple(fd for fd in fds if _is_open(fd))
+    request["fds"] = list(fds)
+    subreaper = _prctl(PR_GET_CHILD_SUBREAPER, 0)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(_socket_name(run))
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        socket.send_fds(conn, [json.dumps(request).encode()], list(fds))
+        answer = conn.recv(4096)
+        while conn.recv(4096):  # closed once the middle process has ended
+            pass
+    except OSError:
+        return None
+    finally:
+        conn.close()
+        if not subreaper:
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
+    return json.loads(answer)["pid"] if answer else None
+
+
+def _is_open(fd):
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _given_descriptors(request):
+    """The worker's descriptors: those the run passed, at their numbers."""
+    import fcntl
+
+    wanted, received = request["fds"], request.pop("received")
+    floor = max([*wanted, *received]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in received]
+    for fd in received:
+        os.close(fd)
+    for number, fd in zip(wanted, moved):  # nothing else is open: the zygote saw to that
+        os.dup2(fd, number, inheritable=True)
+        os.close(fd)
+
+
+def _inherit(request):
+    """What exec would have kept of the run (``_inherited``)."""
+    import resource
+
+    os.umask(request["umask"])
+    for signum in request["ignored"]:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["blocked"])
+    os.sched_setaffinity(0, request["cpus"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, tuple(request["nofile"]))
 
 
 # -- the client (a test process) ----------------------------------------------------------
