@@ -44,6 +44,18 @@ import torch
 facts("torch")
 print("spec", torch.__spec__.name, type(torch.__loader__).__name__, flush=True)
 print("first filter", warnings.filters[0][2].__name__, warnings.filters[1][0], flush=True)
+# What a real script does next: a model, an optimizer, a step (torch._dynamo's import).
+print("dynamo before the step", "torch._dynamo" in sys.modules,
+      os.environ.get("TORCHINDUCTOR_CACHE_DIR"), flush=True)
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(2, 3)).sum().backward()
+optimizer.step()
+import hashlib
+torch_modules = sorted(m for m in sys.modules if m.partition(".")[0] == "torch")
+print("after the step", "torch._dynamo" in sys.modules, len(torch_modules),
+      hashlib.sha256(" ".join(torch_modules).encode()).hexdigest()[:12],
+      os.environ.get("TORCHINDUCTOR_CACHE_DIR"), len(warnings.filters), flush=True)
 if sys.argv[1:] == ["fail"]:
     raise ValueError("as asked")
 sys.exit(int(sys.argv[1]) if sys.argv[1:] else 0)
