@@ -28,7 +28,8 @@ from autosafe_torch.inspection import failures
 from autosafe_torch.rules import ladder, recovery
 from autosafe_torch.rung import Rung
 from support import (PLATFORM_SIM, SCENARIOS, START_METHODS, Result, assert_readable,
-                     clean_env, json_log, line_of, logged, once_per_run, one_of, shim_lines)
+                     clean_env, json_log, line_of, logged, once_per_run, one_of, run_command,
+                     shim_lines)
 from test_resources import needs_private_shm
 
 SCENARIO = SCENARIOS / "recovery" / "scenario.py"
@@ -51,11 +52,14 @@ def run(tmp_path, fault, start_method="fork", shim=True, env=None, shm=None, nof
                "exec %s %s %s" % (shm, sys.executable, SCENARIO, fault)]
 
     def lower_limit():
-        if nofile:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=clean_env(extra), capture_output=True,
-                          text=True, timeout=RUN_TIMEOUT_S, preexec_fn=lower_limit)
+    if shm or nofile:  # a start of its own: a mount namespace, a lower limit
+        proc = subprocess.run(cmd, cwd=str(tmp_path), env=clean_env(extra),
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                              preexec_fn=lower_limit if nofile else None)
+    else:
+        proc = run_command(cmd, tmp_path, clean_env(extra), RUN_TIMEOUT_S)
     assert_readable(proc.stderr, extra)
     records = json_log(log)
     return Result(proc), records
