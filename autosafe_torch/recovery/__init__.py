@@ -60,7 +60,7 @@ from ..report import log
 from ..rung import Rung
 from ..rules import OutcomeContext, number_of
 from ..rules.recovery import kinds_watched, start_failures_recovered
-from .iterator import RecoveringIter
+from .iterator import RecoveringIter, UnwatchedIter
 from .rungs import (Emulated, ladder_of, own_files, real_workers, sending_to_workers,
                     torch_lacks, with_state_checked)
 from .watch import Failed, Watch, record_failed, record_held
@@ -81,8 +81,11 @@ def watched(loader, wrapped, args, kwargs, pending=()):
 
 def _unwatched(loader, wrapped, args, kwargs, pending):
     """torch's own iterator, each worker's own files first where there are
-    workers; the records are made once the workers started (not watched:
-    nothing more is seen of them)."""
+    workers. Where this torch cannot be watched, the records wait for the
+    batches (``UnwatchedIter``: fixed once each worker delivered; a repair a
+    worker could not apply stops the run with ``NoExactRung``, as it cannot
+    step down); otherwise (not ours to watch) they are made once the workers
+    started."""
     table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader,
                              dump_dir()) if loader.num_workers else None
     mark = _warm_mark(pending)
@@ -97,6 +100,9 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     finally:
         loader.worker_init_fn = saved
     engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
+    missing = tp.watched_missing() if pending and loader.num_workers else ""
+    if missing and CONFIG.mode == "fix":
+        return UnwatchedIter(iterator, pending, loader.num_workers, missing)
     record_held(pending)
     return iterator
 

@@ -26,13 +26,14 @@ from ..errors import NoExactRung
 from ..inspection import failures as F
 from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
 from ..inspection.diagnostics import read as read_dump
-from ..report import internal_error
+from ..remedies import process_state
+from ..report import internal_error, shorten_line
 from ..rules import FailureContext
 from ..rules import ladder as L
 from ..rung import Rung
 from .rungs import (ResumedEmulation, real_workers, replanned_without_fork, replay, stop,
                     torch_lacks)
-from .watch import Failed, raised_in_worker
+from .watch import Failed, raised_in_worker, record_failed, record_held
 
 DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
 
@@ -249,3 +250,71 @@ def _record(pending: Recovered) -> None:
     if found:
         engine.settle(found, callsite.user_call_site())
 
+
+
+class UnwatchedIter(wrapt.ObjectProxy):
+    """What ``_get_iterator`` returns where this torch cannot be watched
+    (``torch_private.watched_missing``): torch's own iterator, and the records
+    of the repairs its workers were given (``pending``) made only as the
+    batches show them. torch sends a new iterator's first indices round robin
+    and hands the batches over in order, so the first ``workers`` delivered
+    come one from each worker: then the repairs held. A repair that a worker
+    could not apply (``RemedyFailed``, re-raised here by torch) cannot step
+    down: no rung below can resume where this one stopped without the watch
+    (the indices drawn, each worker's deliveries). Its records say it failed,
+    and the run stops with ``NoExactRung``, never with a record that said
+    "fixed" before the workers showed it. Where the iterator ends, raises
+    a worker's own error or is dropped after a delivery, the workers that
+    delivered showed the repairs held (as ``Watch.shut_down`` says); where
+    they failed otherwise before any delivered (a death), nothing is said."""
+
+    def __init__(self, inner, pending, workers, missing):
+        super().__init__(inner)
+        self._self_pending = list(pending)
+        self._self_workers = workers
+        self._self_delivered = 0
+        self._self_missing = missing
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            data = next(self.__wrapped__)
+        except StopIteration:
+            self._held()
+            raise
+        except Exception as exc:
+            if F.exception_kind(exc) == F.REMEDY:
+                self._refuse(exc)
+            if self._self_delivered or tp.worker_named_in(F.exception_text(exc)) is not None:
+                self._held()  # a worker's own error: it ran with the repairs
+            raise  # the error stands for its batch, as in torch
+        self._self_delivered += 1
+        if self._self_delivered >= self._self_workers:
+            self._held()
+        return data
+
+    def __del__(self):
+        if self._self_delivered:
+            self._held()
+
+    def _held(self):
+        pending, self._self_pending = self._self_pending, []
+        record_held(pending)
+
+    def _refuse(self, exc):
+        worker = tp.worker_named_in(F.exception_text(exc))
+        try:
+            pid = tp.worker_processes(self.__wrapped__)[worker].pid
+        except Exception:  # a torch that moved its names: the worker alone
+            pid = "?"
+        what = F.Failure(F.REMEDY, exc, worker, pid).what(room=160) if worker is not None \
+            else F.Failure(F.REMEDY, exc).what(room=160)
+        pending, self._self_pending = self._self_pending, []
+        record_failed(pending, what)
+        fix = process_state.FIX if process_state.DIFFERS in what else None
+        raise NoExactRung("%s\n  and no rung below can take over: this torch cannot watch "
+                          "its workers (it lacks %s), and only a watched start can resume "
+                          "on another rung" % (what, shorten_line(self._self_missing, 80)),
+                          fix) from None
