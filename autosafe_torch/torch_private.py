@@ -40,8 +40,10 @@ NOTE [the data flow of a repaired loader]
    run; it leaves its traceback where ``diagnostics.bootstrap_path`` says.
 4. Report back. The parent's ``_get_data`` polls the queue (``Watch.limit``,
    ``observed``); ``_process_data(data, worker_idx)`` tells the watch which
-   worker delivered (``Watch.delivered_by``): once each did, the records
-   waiting on the workers are made ("fixed": the remedy held). A death, a
+   worker delivered (``Watch.delivered_by``; on torch 2.0, whose
+   ``_process_data(data)`` names none, the worker its index was sent to:
+   ``_WatchedAtIndex``): once each did, the records waiting on the workers
+   are made ("fixed": the remedy held). A death, a
    silence past the limit or a shared-memory/open-file error becomes a
    ``Failure`` (``Watch.failed``, ``hung``); the recovery
    (``recovery/iterator.py``) builds the next rung's iterator with the same
@@ -334,8 +336,8 @@ warnings.filterwarnings("ignore", message="Got pickle error when attempting to s
 
 
 # (bases chosen at import: mypy cannot read them, and sees Any)
-class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
-                if MultiProcessIter else (Recording,))):
+class _Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
+                 if MultiProcessIter else (Recording,))):
     """torch's iterator, with the sampler's indices recorded, deaths left to
     the watch (out of torch's SIGCHLD table) and a watchdog on every wait.
 
@@ -380,10 +382,6 @@ class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
             self._worker_pids_set = False
         super()._reset(loader, first_iter)
 
-    def _process_data(self, data: Any, worker_idx: int) -> Any:
-        self._autosafe_watch.delivered_by(worker_idx)
-        return super()._process_data(data, worker_idx)
-
     def _shutdown_workers(self) -> None:
         try:
             super()._shutdown_workers()
@@ -417,23 +415,58 @@ class Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
                 raise watch.hung(worker, pid, waited)
 
 
+class _WatchedByWorker(_Watched):
+    """torch >= 2.1: ``_process_data(data, worker_idx)`` names the worker that
+    delivered."""
+
+    def _process_data(self, data: Any, worker_idx: int) -> Any:
+        self._autosafe_watch.delivered_by(worker_idx)
+        return super()._process_data(data, worker_idx)
+
+
+class _WatchedAtIndex(_Watched):
+    """torch 2.0: ``_process_data(data)`` names no worker, but it is called
+    while ``_rcvd_idx`` is still the index delivered (it advances it itself),
+    and ``_try_put_index`` records the worker each index went to
+    (``_task_info[_send_idx] = (worker,)``) before advancing ``_send_idx``;
+    ``_next_data`` drops that entry before the call, so the worker of each
+    index sent is kept here until its batch is delivered."""
+
+    _autosafe_sent: dict[int, int]
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._autosafe_sent = {}  # torch's _reset starts _send_idx at 0 and sends
+        super()._reset(loader, first_iter)
+
+    def _try_put_index(self) -> None:
+        sent = self._send_idx
+        super()._try_put_index()
+        if self._send_idx != sent:
+            self._autosafe_sent[sent] = self._task_info[sent][0]
+
+    def _process_data(self, data: Any) -> Any:
+        worker = self._autosafe_sent.pop(self._rcvd_idx, None)
+        if worker is not None:
+            self._autosafe_watch.delivered_by(worker)
+        return super()._process_data(data)
+
+
 # -- whether this torch has them: names and shapes, checked once per process ------
 
 # Methods of _MultiProcessingDataLoaderIter that Watched calls or overrides,
-# with the parameters it passes.
+# with the parameters it passes (_process_data's: delivery_shape).
 WATCHED_METHODS = {
     "_try_get_data": ("timeout",),
     "_get_data": (),
-    "_process_data": ("data", "worker_idx"),
     "_shutdown_workers": (),
     "_reset": ("loader", "first_iter"),
     "_next_data": (),
     "_try_put_index": (),
 }
 # Attributes read here, set by torch's iterators' __init__ or _reset.
-WATCHED_ATTRIBUTES = ("_task_info", "_rcvd_idx", "_workers", "_worker_pids_set", "_pin_memory",
-                      "_workers_status", "_timeout", "_num_yielded", "_sampler_iter",
-                      "_index_sampler", "_base_seed")
+WATCHED_ATTRIBUTES = ("_task_info", "_rcvd_idx", "_send_idx", "_workers", "_worker_pids_set",
+                      "_pin_memory", "_workers_status", "_timeout", "_num_yielded",
+                      "_sampler_iter", "_index_sampler", "_base_seed")
 # What the emulated workers take from torch: its base iterator's state, and the
 # worker module's names for a worker's identity and seeds.
 # What the emulated workers (remedies/emulated_workers.py, a port of torch's
@@ -482,8 +515,41 @@ def _watched() -> list[str]:
         method = getattr(cls, name, None)
         if not callable(method) or not _takes(method, params):
             missing.append("%s.%s(%s)" % (cls.__name__, name, ", ".join(params)))
+    if delivery_shape(cls) is None:
+        missing.append("%s._process_data(data, worker_idx)" % cls.__name__)
     missing += _set_by(cls, WATCHED_ATTRIBUTES)
     return missing
+
+
+def delivery_shape(cls: Any) -> str | None:
+    """``"worker"`` where ``cls._process_data(data, worker_idx)`` is passed the
+    worker (torch >= 2.1); ``"index"`` where it is ``_process_data(data)``, advances
+    ``_rcvd_idx`` itself and ``_try_put_index`` records each index's worker in
+    ``_task_info`` (torch 2.0: ``_WatchedAtIndex``); None for any other shape."""
+    process = getattr(cls, "_process_data", None)
+    if not callable(process):
+        return None
+    if _takes(process, ("data", "worker_idx")):
+        return "worker"
+    put = getattr(cls, "_try_put_index", None)
+    if _params(process) == ["data"] and "_rcvd_idx" in _code_names(process) \
+            and {"_task_info", "_send_idx"} <= _code_names(put):
+        return "index"
+    return None
+
+
+def _params(function: Callable[..., Any]) -> list[str] | None:
+    """A method's parameters after ``self`` (None where they cannot be read)."""
+    try:
+        return list(inspect.signature(function).parameters)[1:]
+    except (TypeError, ValueError):
+        return None
+
+
+def _code_names(function: Any) -> set[str]:
+    """The names a function's code reads and sets (attributes among them)."""
+    code = getattr(function, "__code__", None)
+    return set(code.co_names) if code is not None else set()
 
 
 def _emulated() -> list[str]:
@@ -519,3 +585,9 @@ def _set_by(cls: type, attributes: Iterable[str]) -> list[str]:
             if code is not None:
                 named.update(code.co_names)
     return ["%s.%s" % (cls.__name__, a) for a in attributes if a not in named]
+
+
+# The watched iterator for this torch's delivery shape (where it has neither, the
+# recovery never builds one: watched_missing() names _process_data).
+Watched: type[_Watched] = (_WatchedAtIndex if delivery_shape(MultiProcessIter) == "index"
+                           else _WatchedByWorker)

@@ -120,9 +120,8 @@ def torch_s(dataset, **kwargs):
 
 # What a supported torch lacks of what ``Watched`` needs: there, the shim leaves
 # the loader to torch's own iterator (unwatched, said once: test_torch_seams).
-WATCHED_GAPS = {
-    "2.0": "_MultiProcessingDataLoaderIter._process_data(data, worker_idx)",
-}
+# None today: torch 2.0's _process_data(data) is watched by _WatchedAtIndex.
+WATCHED_GAPS: dict = {}
 TORCH = ".".join(torch.__version__.split(".")[:2])
 
 
@@ -147,6 +146,83 @@ def test_this_torch_has_every_piece_or_its_known_gap():
     assert tp.iterator_class_is_torchs()
 
 
+class ByWorker:
+    """torch >= 2.1's shape: ``_process_data`` is passed the worker."""
+
+    def _process_data(self, data, worker_idx):
+        return data
+
+    def _try_put_index(self):
+        pass
+
+
+class AtIndex:
+    """torch 2.0's shape: ``_process_data(data)`` advances ``_rcvd_idx`` itself,
+    ``_try_put_index`` records each index's worker in ``_task_info``."""
+
+    def _process_data(self, data):
+        self._rcvd_idx += 1
+        return data
+
+    def _try_put_index(self):
+        self._task_info[self._send_idx] = (0,)
+        self._send_idx += 1
+
+
+class Neither(AtIndex):
+    """One argument, but the index is advanced elsewhere: no worker to be read."""
+
+    def _process_data(self, data):
+        return data
+
+
+def test_the_delivery_shape_picks_the_watched_variant_of_this_torch():
+    assert tp.delivery_shape(ByWorker) == "worker"
+    assert tp.delivery_shape(AtIndex) == "index"
+    assert tp.delivery_shape(Neither) is None
+    assert tp.delivery_shape(object) is None
+    params = list(inspect.signature(tp.MultiProcessIter._process_data).parameters)
+    expected = "worker" if "worker_idx" in params else "index"  # 2.0: (self, data)
+    assert tp.delivery_shape(tp.MultiProcessIter) == expected
+    assert tp.Watched._process_data.__code__.co_argcount == len(params)
+    assert issubclass(tp.Watched, tp.MultiProcessIter)
+
+
+class Stalled(Dataset):
+    """Index 0 comes late: worker 1's batch arrives first and waits in torch's
+    ``_task_info`` until index 0's is delivered."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 0:
+            time.sleep(0.5)
+        return torch.tensor([float(i), float(get_worker_info().id)])
+
+
+class Uneven(IterableDataset):
+    """Worker 0 ends its stream first: torch skips the indices it sent there."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        return (torch.tensor(i) for i in range(info.id * 100, info.id * 100 + 2 + 3 * info.id))
+
+
+@needs_watched
+@pytest.mark.parametrize("dataset,worker_of", [
+    (Stalled, lambda b: int(b[0][1])),  # an early batch kept, delivered after index 0's
+    (Uneven, lambda b: int(b) // 100),  # a worker's end: the indices it had are skipped
+], ids=["out-of-order", "stream-ended"])
+def test_delivered_by_names_the_worker_of_each_batch_as_it_is_yielded(dataset, worker_of):
+    kwargs = {"batch_size": 1} if dataset is Stalled else {"batch_size": None}
+    expected = torch_s(dataset(), **kwargs)
+    watch = Recorded()
+    batches = list(tp.Watched(loader(dataset(), **kwargs), watch))
+    assert [b.tolist() for b in batches] == expected
+    assert [c[1] for c in watch.calls if c[0] == "delivered"] == [worker_of(b) for b in batches]
+
+
 @needs_watched
 def test_watched_gives_torch_s_batches_and_calls_each_hook_in_order():
     expected = torch_s(Noisy())
@@ -155,7 +231,8 @@ def test_watched_gives_torch_s_batches_and_calls_each_hook_in_order():
     assert [b.tolist() for b in it] == expected  # the same seeds, workers and order
     kinds = [c[0] for c in watch.calls]
     assert kinds[0] == "starting" and kinds[-1] == "shut_down"
-    # _process_data(data, worker_idx): once per batch, round robin over the workers
+    # _process_data: once per batch, round robin over the workers (torch >= 2.1
+    # passes the worker; on 2.0, _WatchedAtIndex reads it from the index sent)
     assert [c[1] for c in watch.calls if c[0] == "delivered"] == [0, 1] * 6
     assert kinds.count("observed") == 12  # _get_data: once per batch received
     assert ("shut_down", 2) in watch.calls

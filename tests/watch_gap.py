@@ -1,5 +1,6 @@
 """What a torch without the watch's names shows by design (``torch_private.
-watched_missing``: torch < 2.1, ``make compat``): the one line that says its
+watched_missing``: a torch whose private names moved; every supported torch has
+them, torch 2.0 through ``torch_private._WatchedAtIndex``): the one line that says its
 workers are not watched, and no step down from a failure in a worker (a repair a
 worker could not apply stops the run with NoExactRung: ``recovery.UnwatchedIter``).
 tests/test_healthy.py filters the same line its own way."""
