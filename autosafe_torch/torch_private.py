@@ -135,6 +135,22 @@ def warns_pin_memory_without_accelerator() -> bool:
     return any(isinstance(c, str) and PIN_MEMORY_WARNING in c for c in consts)
 
 
+_storage_objects_kept: list[bool] = []
+
+
+def storages_keep_their_python_object() -> bool:
+    """Whether a storage's Python object is kept as long as the storage lives
+    (``t.untyped_storage() is t.untyped_storage()``: torch >= 2.1), so that a
+    weak reference to it is safe. torch 2.0 makes a new one at each call and
+    frees it without clearing its weak references: a ``WeakValueDictionary`` of
+    storages segfaults when an entry of a freed one is replaced. Read from what
+    torch does, once per process."""
+    if not _storage_objects_kept:
+        probe = torch.empty(1)
+        _storage_objects_kept.append(probe.untyped_storage() is probe.untyped_storage())
+    return _storage_objects_kept[0]
+
+
 def original_get_iterator() -> Callable[..., Any] | None:
     """torch's ``DataLoader._get_iterator`` under the wrapper of ours."""
     return getattr(_dataloader.DataLoader.__dict__.get("_get_iterator"), "__wrapped__", None)

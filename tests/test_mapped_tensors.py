@@ -13,6 +13,7 @@ workers start makes them fail loudly, never map other data. A
 ``UntypedStorage.from_file`` tensor, which torch cannot send at all, goes.
 """
 
+import inspect
 import os
 import pickle
 import re
@@ -22,12 +23,18 @@ import torch
 from multiprocessing import context
 from multiprocessing.reduction import ForkingPickler
 
+from autosafe_torch import torch_private as tp
 from autosafe_torch.remedies import mapped_tensors, memmaps, pickling
 from support import json_log, one_of, result_once_per_run, run_scenario
 
 PLATFORMS = {"spawn": {"AUTOSAFE_TORCH_AS": "macos"},
              "spawn-linux": {}, "forkserver": {"AUTOSAFE_TORCH_AS": "linux-py314"}}
 TOKENS = 96 * (1 << 14) * 4  # the scenario's tokens, in bytes
+# torch.load(mmap=True), what the scenario and most tests here map a file by, is
+# torch 2.1's; torch 2.0 maps by UntypedStorage.from_file (and np.memmap) only.
+LOAD_MMAP = "mmap" in inspect.signature(torch.load).parameters
+WHY_NO_LOAD_MMAP = "needs torch >= 2.1: torch.load(mmap=True) makes this test's mapped tensors"
+needs_load_mmap = pytest.mark.skipif(not LOAD_MMAP, reason=WHY_NO_LOAD_MMAP)
 
 
 def run(tmp_path, kind, method, shim, *more):
@@ -81,6 +88,8 @@ def torch_way(result):
 def plain_load(tmp_path_factory):
     """The ``load`` scenario under spawn without the shim: the known-safe batches
     (once in the whole test run)."""
+    if not LOAD_MMAP:
+        pytest.skip(WHY_NO_LOAD_MMAP)
     plain = result_once_per_run(tmp_path_factory, "mapped-tensors-plain-load", lambda: run(
         tmp_path_factory.mktemp("plain"), "load", "spawn-linux", shim=False)[0])
     assert plain.rc == 0 and plain.batches and torch_way(plain), plain
@@ -245,6 +254,7 @@ def in_map_of(tensor, path):
     return False
 
 
+@needs_load_mmap
 @pytest.mark.rule("DL218")
 def test_what_a_worker_gets_is_what_torch_gives(saved, starting):
     loaded = torch.load(saved, mmap=True)
@@ -269,6 +279,7 @@ def test_what_a_worker_gets_is_what_torch_gives(saved, starting):
         assert torch.equal(plain, got[name]) and plain.is_shared(), name
 
 
+@needs_load_mmap
 @pytest.mark.rule("DL218")
 def test_one_map_per_file_one_storage_per_storage(saved, starting):
     loaded = torch.load(saved, mmap=True)
@@ -282,6 +293,7 @@ def test_one_map_per_file_one_storage_per_storage(saved, starting):
     assert torch.load(saved, mmap=True)["tokens"][0] == 0
 
 
+@needs_load_mmap
 @pytest.mark.rule("DL218")
 def test_only_while_a_process_starts_and_only_the_loader_s_files(saved, starting, tmp_path):
     loaded = torch.load(saved, mmap=True)
@@ -295,6 +307,7 @@ def test_only_while_a_process_starts_and_only_the_loader_s_files(saved, starting
     assert tokens.is_shared() and pickle.loads(data).is_shared()
 
 
+@needs_load_mmap
 @pytest.mark.rule("DL218")
 def test_written_private_map_goes_torch_s_way(saved, starting):
     loaded = torch.load(saved, mmap=True)
@@ -307,6 +320,7 @@ def test_written_private_map_goes_torch_s_way(saved, starting):
     assert new[3] == -1.0 and new.is_shared() and tokens.is_shared()
 
 
+@needs_load_mmap
 @pytest.mark.rule("DL218")
 def test_moved_file_is_followed_deleted_file_goes_torch_s_way(saved, starting, tmp_path):
     tokens = torch.load(saved, mmap=True)["tokens"]
@@ -322,6 +336,7 @@ def test_moved_file_is_followed_deleted_file_goes_torch_s_way(saved, starting, t
     assert torch.equal(tokens, torch.arange(50_000, dtype=torch.float32) / 7)
 
 
+@needs_load_mmap
 @pytest.mark.rule("DL218")
 def test_worker_refuses_a_changed_file(saved):
     loaded = torch.load(saved, mmap=True)
@@ -350,17 +365,49 @@ def test_from_file_storages_and_no_maps_to_read(tmp_path, starting):
         new[0] = -3  # private: the file keeps its bytes, the parent's map too
         assert t[10] == 10
         del new  # the next is another worker's: its own map
-    saved = str(tmp_path / "saved.pt")
-    torch.save({"t": torch.ones(9)}, saved)
-    tokens = torch.load(saved, mmap=True)["t"]
-    assert mapped_tensors.reference(tokens)[0] is not None
     # where there is no /proc/self/maps (macOS), nothing can be said of any tensor
-    assert mapped_tensors.reference(tokens, mapped_tensors.Maps(None)) == (None, None)
+    assert mapped_tensors.reference(t, mapped_tensors.Maps(None)) == (None, None)
     # memory of no file, and torch's shared memory (which stays shared): nothing to say
     for other in (torch.ones(4096), torch.ones(4096).share_memory_()):
         assert mapped_tensors.reference(other) == (None, None)
 
 
+@pytest.mark.rule("DL218")
+def test_a_storage_is_sent_again_after_the_last_one_was_freed(tmp_path, starting):
+    """Each worker of each epoch rebuilds the tensor (here: one process, its
+    earlier copies freed or kept): never a dangling cache of storages (torch 2.0
+    frees a storage's Python object without clearing its weak references, and
+    replacing a cached one segfaulted)."""
+    path = str(tmp_path / "raw.bin")
+    (torch.arange(4096, dtype=torch.int32)).numpy().tofile(path)
+    mapped_tensors.install_reducers([file_of(path)])
+    t = torch.empty(0, dtype=torch.int32).set_(
+        torch.UntypedStorage.from_file(path, shared=False, nbytes=4 * 4096))
+    kept = []
+    for i in range(6):
+        new, part = sent((t[10:], t[20:]))
+        assert torch.equal(new, t[10:]) and in_map_of(new, path), i
+        # one storage for the views of one storage: the same bytes, and on a torch
+        # whose storages keep their Python object, the same storage
+        assert new.untyped_storage().data_ptr() == part.untyped_storage().data_ptr()
+        assert (new.untyped_storage() is part.untyped_storage()) \
+            == tp.storages_keep_their_python_object()
+        if i % 2:
+            kept.append(new)
+        del new, part
+
+
+@needs_load_mmap
+@pytest.mark.rule("DL218")
+def test_a_loaded_map_is_found(tmp_path):
+    saved = str(tmp_path / "saved.pt")
+    torch.save({"t": torch.ones(9)}, saved)
+    tokens = torch.load(saved, mmap=True)["t"]
+    assert mapped_tensors.reference(tokens)[0] is not None
+    assert mapped_tensors.reference(tokens, mapped_tensors.Maps(None)) == (None, None)
+
+
+@needs_load_mmap
 @pytest.mark.rule("DL218")
 def test_an_error_of_ours_sends_it_torch_s_way(saved, starting, monkeypatch):
     tokens = torch.load(saved, mmap=True)["tokens"]

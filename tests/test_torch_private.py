@@ -381,3 +381,14 @@ def test_next_epoch_is_a_persistent_loader_s_next_epoch():
     tp.next_epoch(it, same)
     assert [first, [b.tolist() for b in it]] == expected
     tp.shut_down(it)
+
+
+def test_storages_keep_their_python_object_is_what_torch_does():
+    import weakref
+
+    t = torch.ones(3)
+    kept = t.untyped_storage() is t.untyped_storage()
+    assert tp.storages_keep_their_python_object() == kept
+    if kept:  # then a weak reference to a storage is safe: it goes when the storage goes
+        cache = weakref.WeakValueDictionary(s=torch.ones(3).untyped_storage())
+        assert len(cache) == 0

@@ -19,9 +19,11 @@ stride, storage offset and ``requires_grad``. The worker maps the whole file
 once, private and copy-on-write (``MAP_PRIVATE``, as ``torch.load(mmap=True)``
 maps it), takes the storage's bytes as a storage of their own, and rebuilds
 the same view, a ``Parameter`` as a ``Parameter`` (as torch's
-``rebuild_tensor`` does). Views of one storage get one storage, and every
-storage of one file one map, in each worker: memory stays one map per
-worker, and the page cache holds the file's pages once for all of them.
+``rebuild_tensor`` does). Views of one storage get one storage (on torch
+2.0, whose storages take no safe weak reference, a storage each over the
+same bytes), and every storage of one file one map, in each worker: memory
+stays one map per worker, and the page cache holds the file's pages once for
+all of them.
 
 Exact or nothing: a tensor goes by reference only where its bytes are the
 file's bytes, else torch's reducer sends it as it always did:
@@ -70,6 +72,7 @@ from typing import Any
 
 import torch
 
+from .. import torch_private as tp
 from .mappings import MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, before_us, install, installed
 
@@ -209,6 +212,8 @@ def _storage(path, ident, offset, nbytes):
         # The storage keeps its map alive (frombuffer holds the buffer's owner).
         storage = torch.frombuffer(whole, dtype=torch.uint8, count=nbytes,
                                    offset=offset).untyped_storage()
+        if not tp.storages_keep_their_python_object():
+            return storage  # torch 2.0: no safe weak reference, one each over the one map
         try:
             _storages[key] = storage
         except TypeError:  # a torch whose storages take no weak reference: one each
