@@ -12,6 +12,7 @@ after; the emulated run must report the same.
 The rest are in-process checks of the mechanism, fast and direct.
 """
 
+import inspect
 import io
 import re
 import sqlite3
@@ -134,6 +135,8 @@ def test_len_and_persistent_iterator_reused_by_dataloader():
     assert len(list(loader)) == 4
 
 
+@pytest.mark.skipif("in_order" not in inspect.signature(DataLoader).parameters,
+                    reason="needs torch >= 2.6: DataLoader(in_order=) is newer than this torch")
 def test_in_order_false_gives_the_in_order_sequence():
     def batches(in_order):
         torch.manual_seed(3)
@@ -275,3 +278,17 @@ def test_batches_are_pinned_as_torch_pins_them():
     loader = emulated(DataLoader(RandPlusWorkerId(), batch_size=2, num_workers=2,
                                  pin_memory=True))
     assert all(torch.as_tensor(b).is_pinned() for b in loader)
+
+
+def test_a_torch_generator_is_copied_by_its_state():
+    """Each emulated worker's copy of a dataset's ``torch.Generator`` draws what
+    a forked worker's would: the same state, its own (reached where the
+    generator does not pickle: torch 2.0; the scenario map_aug runs it)."""
+    from autosafe_torch.remedies import copies
+
+    gen = torch.Generator().manual_seed(11)
+    torch.rand(3, generator=gen)
+    twin = copies._torch_generator_copy(gen)
+    assert twin is not gen and twin.initial_seed() == gen.initial_seed()
+    assert torch.equal(torch.rand(5, generator=twin), torch.rand(5, generator=gen))
+    assert copies._torch_generator_copy(object()) is None

@@ -311,13 +311,17 @@ class CopyPlan:
 
     def _round_trip(self, obj, exc):
         """``obj`` as a spawned worker would receive it, or ``NoExactRung``; a
-        generator is shared, watched: refused as soon as a worker advances it."""
+        generator is shared, watched: refused as soon as a worker advances it; a
+        torch.Generator that does not pickle (torch 2.0) is made again from its state."""
         if objwalk.is_a(obj, types.GeneratorType):
             if obj.gi_frame is not None:
                 self.watched[id(obj)] = (obj, self.path_of(obj))
             self.shared.append((self.path_of(obj), "generator", "shared while no worker "
                                 "advances it (one that does is refused)"))
             return obj
+        again = _torch_generator_copy(obj)
+        if again is not None:
+            return again
         try:
             with sending():  # as a spawned worker would receive it: with our reducers
                 return pickle.loads(ForkingPickler.dumps(obj))
@@ -325,6 +329,20 @@ class CopyPlan:
             raise NoExactRung("%s neither pickles for spawn workers nor copies for "
                               "emulated ones, and no two workers may share it"
                               % self._named(obj)) from None
+
+
+def _torch_generator_copy(obj):
+    """A ``torch.Generator`` as a forked worker holds it: its seed and state, or
+    None for anything else. torch >= 2.1 pickles (and deep-copies) one, so this
+    is reached only on a torch that does not (2.0: ``cannot pickle
+    'torch._C.Generator' object``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) is not torch.Generator:
+        return None
+    new = torch.Generator(device=obj.device)
+    new.manual_seed(obj.initial_seed())
+    new.set_state(obj.get_state())
+    return new
 
 
 def generator_state(gen):
