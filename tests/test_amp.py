@@ -418,8 +418,8 @@ def _dynamo_supported():
         return False
 
 
-@pytest.mark.skipif(not _dynamo_supported(), reason="torch.compile needs torch >= 2.1 on "
-                    "Python 3.11; this is torch %s" % torch.__version__)
+@pytest.mark.skipif(not _dynamo_supported(), reason="needs torch >= 2.1 on Python 3.11: "
+                    "torch.compile is not supported on this torch %s" % torch.__version__)
 def test_torch_compile_still_traces_autocast(tmp_path):
     """Dynamo binds autocast arguments with inspect.signature of the class."""
     result = run_script(tmp_path, COMPILED, activation="import")
