@@ -25,8 +25,12 @@ import pytest
 
 from support import (run_command, LOCAL_OBJECT, ROOT, SCENARIOS, cannot_pickle, clean_env, json_log,
                      run_file)
+from test_amp import ROUTES_AUTOCAST, ROUTES_SCALER
+
+from autosafe_torch.facts import pin_memory_warns
 
 FIX = SCENARIOS / "fix"
+PIN_MEMORY_WARNS = pin_memory_warns()  # DL105 fires where it does (torch 2.0: never)
 WARNINGS_AS_ERRORS = "error::FutureWarning,error::UserWarning"
 # The shim adds its worker step to every loader while cv2 is imported: a later
 # run logs it again, and fix finds the calls after the import.
@@ -52,10 +56,16 @@ def case(scenario, start_method, codes, failure, heavy=False):
 
 
 CASES = [
-    case("loader_args", "fork", {"DL101", "DL102", "DL103", "DL105", "DL107"},
+    # DL105 where torch warns of pin_memory without CUDA (not torch 2.0)
+    case("loader_args", "fork", {"DL101", "DL102", "DL103", "DL107"} | (
+        {"DL105"} if PIN_MEMORY_WARNS else set()),
          "ValueError: prefetch_factor option could only be specified"),
-    case("amp_cpu", None, {"AMP501", "AMP502", "AMP503", "AMP505"},
-         r"ValueError: Expected `device_type` of type `str`"),
+    # torch < 2.4: torch.cuda.amp is not deprecated (no AMP501, AMP502); torch 2.0
+    # (make compat) refuses a torch.device as autocast's device type in other words
+    case("amp_cpu", None, {"AMP503", "AMP505"} | (
+        {"AMP501", "AMP502"} if ROUTES_AUTOCAST and ROUTES_SCALER else set()),
+         r"ValueError: Expected `device_type` of type `str`|RuntimeError: User specified "
+         r"autocast device_type must be 'cuda' or 'cpu'"),
     case("cv2_workers", "fork", set(AT_IMPORT), None),
     case("cv2_workers", "spawn", set(AT_IMPORT), None, heavy=True),
     case("unguarded", "spawn", {"DL204"}, "pickle", heavy=True),
@@ -162,16 +172,18 @@ def test_loader_arguments_read_the_calls_own_worker_count(tmp_path):
     diff = fix(tmp_path, log)
     assert diff.returncode == 0 and script.read_text() == (FIX / "loader_args.py").read_text()
     added = [line[1:].strip() for line in diff.stdout.splitlines() if line.startswith("+ ")]
-    assert added[:5] == ["# autosafe-torch DL101: prefetch_factor only with workers",
-                         "# autosafe-torch DL102: persistent_workers only with workers",
-                         "# autosafe-torch DL103: multiprocessing_context only with workers",
-                         "# autosafe-torch DL107: timeout only with workers",
-                         "# autosafe-torch DL105: pin_memory only with CUDA"]
-    assert "prefetch_factor=4 if NUM_WORKERS > 0 else None,  # tuned on the cluster" in added[5]
+    said = ["# autosafe-torch DL101: prefetch_factor only with workers",
+            "# autosafe-torch DL102: persistent_workers only with workers",
+            "# autosafe-torch DL103: multiprocessing_context only with workers",
+            "# autosafe-torch DL107: timeout only with workers"]
+    said += ["# autosafe-torch DL105: pin_memory only with CUDA"] if PIN_MEMORY_WARNS else []
+    n = len(said)
+    assert added[:n] == said
+    assert "prefetch_factor=4 if NUM_WORKERS > 0 else None,  # tuned on the cluster" in added[n]
     assert "persistent_workers=NUM_WORKERS > 0, " \
-           'multiprocessing_context="fork" if NUM_WORKERS > 0 else None,' in added[6]
-    assert added[7] == "timeout=60 if NUM_WORKERS > 0 else 0, " \
-                       "pin_memory=torch.cuda.is_available())"
+           'multiprocessing_context="fork" if NUM_WORKERS > 0 else None,' in added[n + 1]
+    assert added[n + 2] == "timeout=60 if NUM_WORKERS > 0 else 0, " + (
+        "pin_memory=torch.cuda.is_available())" if PIN_MEMORY_WARNS else "pin_memory=True)")
     # With workers, the arguments reach torch as written (persistent workers, so
     # the second epoch's order differs from a run without: torch's, not ours).
     assert fix(tmp_path, log, "--write").returncode == 0

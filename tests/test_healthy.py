@@ -114,7 +114,8 @@ class Run:
 
     def shim_lines(self):
         """What the shim wrote, less the one line a torch without the watch's
-        names gets by design (torch_private.watched_missing: torch < 2.1)."""
+        names gets by design (torch_private.watched_missing: a torch whose
+        private names moved; tests/watch_gap.py)."""
         return [line for line in shim_lines(self.stderr)
                 if not (WATCH_MISSING and "workers not watched" in line)]
 
