@@ -20,7 +20,8 @@ Prints:
 As a training script does, it builds a model and its optimizer after the
 loader, and runs forward, backward and ``step()`` on every batch: building
 the optimizer imports ``torch._dynamo``, which sets TORCHINDUCTOR_CACHE_DIR
-in ``os.environ`` after the loader (and the warm server) started; it prints
+in ``os.environ`` after the loader (and the warm server) started (on torch
+2.0, which does not, the script sets it there itself); it prints
 ``SETUP_CHANGED_ENV True`` when it did.
 
 ``--ahead`` prints ``AHEAD <starting> <running>`` just after the loader is
@@ -37,6 +38,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -122,6 +124,11 @@ def main(argv):
     had_cache_dir = "TORCHINDUCTOR_CACHE_DIR" in os.environ
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if not had_cache_dir and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # torch 2.0's optimizer imports no torch._dynamo: the setup changes
+        # os.environ as a later torch's does, so that every torch runs the case
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(),
+                                                             "scenario_inductor")
     print("SETUP_CHANGED_ENV", not had_cache_dir and "TORCHINDUCTOR_CACHE_DIR" in os.environ,
           flush=True)
     h, started_by = hashlib.sha256(), set()
