@@ -34,9 +34,10 @@ What stays shared with the server is what a fresh interpreter cannot tell:
 modules torch's import brought that the program imports again (numpy,
 dataclasses: the same code), the hash seed (``PYTHONHASHSEED``), which
 every run of one test process shares, and the collector's permanent generation,
-where the objects of the server's imports lie (``_freeze``). A run whose environment differs from the
-server's in a variable that is read before the script runs (torch's, OpenMP's,
-Python's own) is not eligible and starts a fresh interpreter.
+where the objects of the server's imports lie (``_freeze``). A run whose
+environment differs from the server's in a variable that is read before the
+script runs (torch's, OpenMP's, Python's own) is not eligible and starts a
+fresh interpreter.
 """
 
 import json
