@@ -40,7 +40,8 @@ def facts(when):
 
 facts("start")
 warnings.simplefilter("error", DeprecationWarning)  # torch's own filters go in front
-atexit.register(lambda: print("exit: the script's", flush=True))
+atexit.register(lambda: print("exit: the script's; last", getattr(sys, "last_type", None),
+                              flush=True))
 import torch
 facts("torch")
 print("spec", torch.__spec__.name, type(torch.__loader__).__name__, flush=True)
@@ -58,8 +59,22 @@ torch_modules = sorted(m for m in sys.modules if m.partition(".")[0] == "torch")
 print("after the step", "torch._dynamo" in sys.modules, len(torch_modules),
       hashlib.sha256(" ".join(torch_modules).encode()).hexdigest()[:12],
       os.environ.get("TORCHINDUCTOR_CACHE_DIR"), len(warnings.filters), flush=True)
-if sys.argv[1:] == ["fail"]:
+
+
+class Held:
+    """Held by the failing frame: freed when the interpreter drops sys.last_traceback."""
+
+    def __del__(self):
+        os.write(1, b"held: freed\n")
+
+
+def fail():
+    held = Held()  # noqa: F841  (kept by the frame)
     raise ValueError("as asked")
+
+
+if sys.argv[1:] == ["fail"]:
+    fail()
 sys.exit(int(sys.argv[1]) if sys.argv[1:] else 0)
 '''
 
@@ -96,6 +111,8 @@ def test_a_warm_run_is_what_a_fresh_interpreter_runs(tmp_path, args):
     # and on 2.13), so a server that imported torch first must give the same order
     position = re.search(r"the script's filter at \[(\d+)\]", fresh[1])
     assert position and int(position.group(1)) > 0
+    if args == ("fail",):  # the failing frame lives until the interpreter ends, after atexit
+        assert fresh[1].endswith("exit: the script's; last <class 'ValueError'>\nheld: freed\n")
 
 
 def test_the_env_activation_runs_where_the_pth_line_would(tmp_path):

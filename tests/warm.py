@@ -274,11 +274,23 @@ def _run_as_main(argv):
     except SystemExit:
         raise
     except BaseException as exc:
-        # The interpreter prints the traceback from the script's first frame.
+        # As the interpreter's PyErr_Print: the traceback from the script's first
+        # frame kept in sys.last_* (so the frames, and what they hold, such as a
+        # DataLoader iterator and its workers, live until the interpreter ends),
+        # then the hook; no reference to it is left here, where it would make a
+        # cycle that the collector ends at another time (a worker shutdown in the
+        # middle of an atexit callback's import waited 10 s).
         tb = exc.__traceback__
         tb = tb.tb_next if tb is not None else None
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        sys.exit(1)
+        exc.with_traceback(tb)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
+        sys.excepthook(type(exc), exc, tb)
+        del tb
+    else:
+        return
+    sys.exit(1)
 
 
 def _freeze():
