@@ -312,34 +312,38 @@ def _run(tmp_path, script, activation, start_method, env, args, timeout, cli_arg
     return Result(proc)
 
 
-_warm = []
+_warm = {}
 
 
-def warm_server():
-    """This test process's warm interpreter (``tests/warm.py``), or None where
+def warm_server(early=()):
+    """This test process's warm interpreter (``tests/warm.py``) for runs that set
+    the variables read at start (``warm.EARLY_VARIABLES``) as ``early`` (name,
+    value) pairs do, started at its first use; or None where
     AUTOSAFE_TEST_WARM=0 asks every run to start a fresh one."""
     if os.environ.get("AUTOSAFE_TEST_WARM", "1") == "0":
         return None
-    env = clean_env()
+    env = clean_env(dict(early))
     env.pop("PYTHONPATH", None)
-    if _warm and warm_module.read_early(env, _warm[0].env):
-        _warm.pop().close()  # a test changed this process's environment: start from it now
-    if not _warm:
-        server = warm_module.Server(sys.executable, env)
+    server = _warm.get(early)
+    if server is not None and warm_module.read_early(env, server.env):
+        server.close()  # a test changed this process's environment: start from it now
+        server = None
+    if server is None:
+        server = _warm[early] = warm_module.Server(sys.executable, env)
         atexit.register(server.close)
-        _warm.append(server)
-    return _warm[0]
+    return server
 
 
 def _warm_for(cmd, env):
     """The warm server where it may start ``cmd`` with ``env`` as this Python
     would (a script, ``-m`` or ``-c``; an environment it started alike), else None."""
-    server = warm_server()
-    if server is None or len(cmd) < 2 or str(cmd[0]) != sys.executable:
+    if len(cmd) < 2 or str(cmd[0]) != sys.executable:
         return None
     if str(cmd[1]).startswith("-") and str(cmd[1]) not in ("-m", "-c"):
         return None
-    return server if warm_module.eligible(env, server.env) else None
+    server = warm_server(tuple((name, env[name]) for name in warm_module.EARLY_VARIABLES
+                               if name in env))
+    return server if server is not None and warm_module.eligible(env, server.env) else None
 
 
 def run_command(cmd, cwd, env, timeout):

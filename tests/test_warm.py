@@ -45,6 +45,7 @@ atexit.register(lambda: print("exit: the script's; last", getattr(sys, "last_typ
 import torch
 facts("torch")
 print("spec", torch.__spec__.name, type(torch.__loader__).__name__, flush=True)
+print("cpus", len(os.sched_getaffinity(0)), "threads", torch.get_num_threads(), flush=True)
 print("the script's filter at", [i for i, f in enumerate(warnings.filters)
                                   if f[0] == "error" and f[2] is DeprecationWarning], flush=True)
 # What a real script does next: a model, an optimizer, a step (torch._dynamo's import).
@@ -79,20 +80,21 @@ sys.exit(int(sys.argv[1]) if sys.argv[1:] else 0)
 '''
 
 
-def both(tmp_path, args, activation=None):
+def both(tmp_path, args, activation=None, early=()):
     """The probe's (rc, stdout, stderr), fresh and warm, with the env activation's
-    variables where asked."""
+    variables where asked, and the variables read at start in `early`."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     env = support.clean_env({"AUTOSAFE_TEST_START_METHOD": "spawn",
                               "SCENARIO_TMP": str(tmp_path)})
     env["PYTHONPATH"] = str(support.PLATFORM_SIM)
+    env.update(early)
     if activation == "env":
         env["AUTOSAFE_TORCH"] = "1"
     cmd = [sys.executable, str(script), *args]
     fresh = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True,
                            timeout=120)
-    server = support.warm_server()
+    server = support.warm_server(early)
     assert server is not None and not warm.read_early(env, server.env)
     warmed = server.run(cmd, tmp_path, env, 120)
     return ((p.returncode, p.stdout, p.stderr) for p in (fresh, warmed))
@@ -119,6 +121,14 @@ def test_the_env_activation_runs_where_the_pth_line_would(tmp_path):
     fresh, warmed = both(tmp_path, (), activation="env")
     assert warmed == fresh
     assert "activated after" not in fresh[2]  # the shim saw torch imported after it
+
+
+def test_a_variable_read_at_start_has_a_server_of_its_own(tmp_path):
+    """AUTOSAFE_TEST_CPUS=1: the simulator narrows the CPUs before torch's OpenMP
+    counts them, in the server as at a fresh start."""
+    fresh, warmed = both(tmp_path, (), early=(("AUTOSAFE_TEST_CPUS", "1"),))
+    assert warmed == fresh
+    assert "cpus 1 threads 1" in fresh[1], fresh
 
 
 def test_a_variable_read_at_start_means_a_fresh_interpreter():

@@ -57,7 +57,8 @@ HELD_BACK = ("torch", "torchgen", "functorch")
 # its spawned workers start with it) and reads it only when it compiles.
 LATE_VARIABLES = ("AUTOSAFE_", "SCENARIO_", "PYTHONPATH", "PYTEST_", "TORCHINDUCTOR_CACHE_DIR")
 # Read at start: the platform simulator narrows the CPUs before torch's OpenMP
-# counts them.
+# counts them. A run that sets them is forked from a server of its own, started
+# with them (``support.warm_server``).
 EARLY_VARIABLES = ("AUTOSAFE_TEST_CPUS",)
 
 
@@ -315,6 +316,13 @@ def serve():
     Returns only in a child, with its request."""
     import select
 
+    if any(name in os.environ for name in EARLY_VARIABLES):
+        # A server for runs that set them: the platform simulator reads them
+        # here, before torch's import, as it does at a fresh start.
+        import runpy
+
+        runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "platform_sim", "sitecustomize.py"))
     held = _TorchImport()
     import torch  # noqa: F401  (the point of the server)
 
