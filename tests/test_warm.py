@@ -49,14 +49,27 @@ print("cpus", len(os.sched_getaffinity(0)), "threads", torch.get_num_threads(), 
 print("the script's filter at", [i for i, f in enumerate(warnings.filters)
                                   if f[0] == "error" and f[2] is DeprecationWarning], flush=True)
 # What a real script does next: a model, an optimizer, a step (torch._dynamo's import).
-print("dynamo before the step", "torch._dynamo" in sys.modules,
-      os.environ.get("TORCHINDUCTOR_CACHE_DIR"), flush=True)
+import logging
+import tempfile
+
+
+def dynamo(when):
+    print("dynamo", when, "torch._dynamo" in sys.modules, hasattr(torch, "_dynamo"),
+          os.environ.get("TORCHINDUCTOR_CACHE_DIR"), hasattr(torch.manual_seed, "__wrapped__"),
+          tempfile.tempdir, sum(n.startswith("torch._dynamo")
+                                for n in logging.Logger.manager.loggerDict), flush=True)
+
+
+dynamo("before the seed")
+torch.manual_seed(0)  # torch._dynamo's import wraps it: a seed alone imports nothing
+dynamo("before the step")
 model = torch.nn.Linear(3, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model(torch.ones(2, 3)).sum().backward()
 optimizer.step()
 import hashlib
 torch_modules = sorted(m for m in sys.modules if m.partition(".")[0] == "torch")
+dynamo("after the step")
 print("after the step", "torch._dynamo" in sys.modules, len(torch_modules),
       hashlib.sha256(" ".join(torch_modules).encode()).hexdigest()[:12],
       os.environ.get("TORCHINDUCTOR_CACHE_DIR"), len(warnings.filters), flush=True)

@@ -18,7 +18,15 @@ run that may start this way (``eligible``). The child is made into the process t
   simulator's) sees the import as it would see a real one; what torch's import
   added to the process that depends on when it ran (its warnings filters, which
   go in front of those set before it; its ``atexit`` callbacks, which run
-  before those registered earlier) is taken out and put back then too;
+  before those registered earlier) is taken out and put back then too; the
+  same for ``torch._dynamo``, which the server imports next (building an
+  optimizer imports it: another second), whose modules come back when the
+  program first imports one of them, with the variables its import set in
+  ``os.environ`` (``TORCHINDUCTOR_CACHE_DIR``, where not set already), the
+  loggers it made and what it set in modules imported before it (it wraps
+  ``torch.manual_seed``: a program that seeds and builds no optimizer calls
+  torch's own, and imports nothing); two classes it changes stay changed
+  (``Placement``'s comparison, ``CacheInfo``'s fields: nothing our scripts use);
 - ``site``'s work that depends on the environment is done again: the
   ``autosafe_torch.pth`` line (``AUTOSAFE_TORCH=1`` activates there), then
   ``sitecustomize`` (the platform simulator's, or the template's), found on the
@@ -31,7 +39,7 @@ run that may start this way (``eligible``). The child is made into the process t
   flushed).
 
 What stays shared with the server is what a fresh interpreter cannot tell:
-modules torch's import brought that the program imports again (numpy,
+modules those imports brought that are not torch's (numpy, sympy,
 dataclasses: the same code), the hash seed (``PYTHONHASHSEED``), which
 every run of one test process shares, and the collector's permanent generation,
 where the objects of the server's imports lie (``_freeze``). A run whose
@@ -41,13 +49,19 @@ fresh interpreter.
 """
 
 import json
+import logging
 import os
 import signal
 import sys
+import types
 
 # The modules ``import torch`` brings that the server holds back until the
 # program imports torch (the rest are the stdlib's and numpy's: the same code).
 HELD_BACK = ("torch", "torchgen", "functorch")
+# What the server imports, in order, each held back in a child until its program
+# imports it: torch (1.1-1.3 s), then torch._dynamo (another second: building an
+# optimizer imports it, and most scripts do).
+IMPORTED = ("torch", "torch._dynamo")
 
 # Variables a run may set that nothing reads before its script runs (ours, the
 # platform simulator's after its start, a scenario's, pytest's name of the running
@@ -82,90 +96,160 @@ def _say(fd, message):
     os.write(fd, json.dumps(message).encode() + b"\n")
 
 
-class _TorchImport:
-    """What ``import torch`` added that depends on when it ran, recorded in the
-    server and put back when the program imports torch."""
+_MISSING = object()
 
-    def __init__(self):
-        import atexit
+
+def _set(module, key, value):
+    if value is _MISSING:
+        vars(module).pop(key, None)
+    else:
+        vars(module)[key] = value
+
+
+class _Group:
+    """What one import in the server added that a fresh interpreter would get
+    only when its program makes that import: its modules (torch's own; the
+    stdlib's, numpy's and sympy's stay, the same code), its warnings filters
+    (they go in front of those set before), its ``atexit`` calls (they run
+    before those registered earlier), the variables it set in ``os.environ``,
+    the loggers it made, and what it set in modules imported before it (such
+    as ``torch.manual_seed``, which ``torch._dynamo`` wraps: a program that
+    seeds and never builds an optimizer calls torch's own)."""
+
+    def __init__(self, root, record):
         import warnings
 
-        self.filters_before = list(warnings.filters)
-        self.exit_calls = []
-        self._register = atexit.register
-        atexit.register = self._record_exit_call
-
-    def _record_exit_call(self, func, *args, **kwargs):
-        self.exit_calls.append((func, args, kwargs))
-        return self._register(func, *args, **kwargs)
-
-    def done(self):
-        """After ``import torch``: hold back its modules, filters and exit calls."""
-        import atexit
-        import warnings
-
-        atexit.register = self._register
-        self.server_env = dict(os.environ)
-        self.filters = [f for f in warnings.filters if f not in self.filters_before]
+        modules_before, filters_before = set(sys.modules), list(warnings.filters)
+        env_before, record.exit_calls = dict(os.environ), []
+        loggers_before = set(logging.Logger.manager.loggerDict)
+        attributes_before = {name: dict(vars(module)) for name, module in sys.modules.items()
+                             if isinstance(module, types.ModuleType)}
+        __import__(root)
+        self.root, self.exit_calls = root, record.exit_calls
+        self.filters = [f for f in warnings.filters if f not in filters_before]
         self.modules = {name: module for name, module in sys.modules.items()
-                        if name.partition(".")[0] in HELD_BACK}
+                        if name not in modules_before and name.partition(".")[0] in HELD_BACK}
         self.specs = {name: (module.__spec__, getattr(module, "__loader__", None))
                       for name, module in self.modules.items()}
+        self.env = {k: v for k, v in os.environ.items() if k not in env_before}
+        self.loggers = {name: logger for name, logger
+                        in logging.Logger.manager.loggerDict.items()
+                        if name not in loggers_before}
+        # (module, name, value before or _MISSING, value after); a module a
+        # name came to hold that stays imported keeps it (an import of it that
+        # finds it in sys.modules would not set it again).
+        self.attributes = []
+        for name, before in attributes_before.items():
+            module = sys.modules.get(name)
+            after = vars(module) if module is not None else {}
+            for key in set(before) | set(after):
+                old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+                if old is new or (key.startswith("__") and key.endswith("__")):
+                    continue
+                if isinstance(new, types.ModuleType) and new not in self.modules.values():
+                    continue
+                self.attributes.append((module, key, old, new))
 
     def hold_back(self):
-        """In a child: as if torch had not been imported yet."""
+        """In a child: as if the import had not been made."""
         import atexit
         import warnings
 
         for name in self.modules:
             del sys.modules[name]
+        for module, key, old, _new in self.attributes:
+            _set(module, key, old)
+        for name in self.loggers:
+            del logging.Logger.manager.loggerDict[name]
         for func, _args, _kwargs in self.exit_calls:
             atexit.unregister(func)
         for entry in self.filters:
             warnings.filters.remove(entry)
-        warnings._filters_mutated()
-        sys.meta_path.insert(0, _HeldBack(self))
 
     def give_back(self):
-        """The program imports torch: its modules, filters and exit calls, as
-        its own import would have left them."""
+        """The program makes the import: what it would have left."""
         import atexit
         import warnings
 
         for name, module in self.modules.items():
             sys.modules.setdefault(name, module)
+        for module, key, _old, new in self.attributes:
+            _set(module, key, new)
+        for name, logger in self.loggers.items():
+            logging.Logger.manager.loggerDict.setdefault(name, logger)
         warnings.filters[:0] = self.filters
         warnings._filters_mutated()
         for func, args, kwargs in self.exit_calls:
             atexit.register(func, *args, **kwargs)
+        for name, value in self.env.items():  # as torch sets them: where not set yet
+            os.environ.setdefault(name, value)
+
+
+class _Imports:
+    """The server's imports (``IMPORTED``), each a ``_Group`` held back in a
+    child and given back when its program first imports one of its modules."""
+
+    def __init__(self):
+        import atexit
+
+        self.exit_calls = []
+        self._register = atexit.register
+        atexit.register = self._record_exit_call
+        try:
+            self.groups = [_Group(root, self) for root in IMPORTED]
+        finally:
+            atexit.register = self._register
+        self.server_env = dict(os.environ)
+
+    def _record_exit_call(self, func, *args, **kwargs):
+        self.exit_calls.append((func, args, kwargs))
+        return self._register(func, *args, **kwargs)
+
+    def hold_back(self):
+        """In a child: as if torch had not been imported yet."""
+        import warnings
+
+        for group in self.groups:
+            group.hold_back()
+        warnings._filters_mutated()
+        sys.meta_path.insert(0, _HeldBack(self.groups))
 
 
 class _HeldBack:
-    """Finds ``torch`` (and its modules) for an import, as the modules the
-    server imported; their loader's ``exec_module`` gives them all back."""
+    """Finds a held module for an import, as the module the server imported;
+    its loader's ``exec_module`` gives back the whole group it came with (a
+    later group only after those before it: ``torch._dynamo`` after ``torch``)."""
 
-    def __init__(self, held):
-        self.held = held
+    def __init__(self, groups):
+        self.groups, self.held = groups, list(groups)
 
     def find_spec(self, name, path=None, target=None):
-        if name not in self.held.modules:
-            return None
+        if not any(name in group.modules for group in self.held):
+            return None  # not held, or given back already (and so in sys.modules)
         import importlib.util
 
         return importlib.util.spec_from_loader(name, self)
 
     def create_module(self, spec):
-        return self.held.modules[spec.name]
+        group = next(g for g in self.held if spec.name in g.modules)
+        while self.held and self.held[0] is not group:  # those before it first
+            self._give_back(self.held[0])
+        self._give_back(group)
+        return group.modules[spec.name]
+
+    def _give_back(self, group):
+        self.held.remove(group)
+        group.give_back()
+        if not self.held and self in sys.meta_path:
+            sys.meta_path.remove(self)
 
     def exec_module(self, module):
         # The import set the module's __spec__ (and a hook its __loader__): its own again.
-        spec, loader = self.held.specs[module.__name__]
+        group = next(g for g in self.groups if module.__name__ in g.specs)
+        spec, loader = group.specs[module.__name__]
         module.__spec__ = spec
         if loader is not None:
             module.__loader__ = loader
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-            self.held.give_back()
 
 
 def _child(request, held):
@@ -323,10 +407,7 @@ def serve():
 
         runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                     "platform_sim", "sitecustomize.py"))
-    held = _TorchImport()
-    import torch  # noqa: F401  (the point of the server)
-
-    held.done()
+    held = _Imports()
     _freeze()
     buffer, children = b"", {}
     _say(1, {"ready": True})
