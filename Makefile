@@ -48,8 +48,8 @@ test: install-test
 	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "$(SUITE)" $(PYTEST_ARGS)
 
 # Every scenario under every start method and rehearsed platform: `make test`
-# runs each scenario once, the start method rotating (about 11 minutes on 2
-# cores); CI runs this too.
+# runs each scenario once, the start method rotating (about 6 minutes on 2
+# cores; `make test` about 5:40); CI runs this too.
 heavy: install-test
 	$(PYTHON) -m pytest -n $(TEST_JOBS) -m "heavy and not gpu" $(PYTEST_ARGS)
 
