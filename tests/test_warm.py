@@ -95,7 +95,7 @@ sys.exit(int(sys.argv[1]) if sys.argv[1:] else 0)
 
 def both(tmp_path, args, activation=None, early=()):
     """The probe's (rc, stdout, stderr), fresh and warm, with the env activation's
-    variables where asked, and the variables read at start in `early`."""
+    variables where asked, and the variables read at start in ``early``."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     env = support.clean_env({"AUTOSAFE_TEST_START_METHOD": "spawn",
@@ -148,6 +148,7 @@ def test_a_variable_read_at_start_means_a_fresh_interpreter():
     server_env = {"PATH": "/bin", "PYTHONUNBUFFERED": "1"}
     assert warm.eligible(dict(server_env, AUTOSAFE_TORCH="1", PYTHONPATH="/x"), server_env)
     assert not warm.eligible(dict(server_env, OMP_NUM_THREADS="1"), server_env)
+    # not from a server started without it: from one of its own (the test above)
     assert not warm.eligible(dict(server_env, AUTOSAFE_TEST_CPUS="1"), server_env)
     assert not warm.eligible({"PATH": "/bin"}, server_env)
 
