@@ -18,7 +18,11 @@ from autosafe_torch.mp_private import extra_reducers
 from autosafe_torch.remedies import byvalue, pickling, reopen
 from support import logged, run_script
 
+# The dataset reads its held file with os.pread: forked workers share one file
+# offset, and a seek then a read would race between them (a shorter line now
+# and then: CI saw the fork run's batches differ so, not the shim's).
 SCRIPT = """
+import os
 from multiprocessing.reduction import ForkingPickler
 
 import torch
@@ -35,9 +39,9 @@ class Lines(Dataset):
         return len(self.lines)
 
     def __getitem__(self, i):
-        self.fh.seek(0)
+        first = os.pread(self.fh.fileno(), 64, 0).split(b"\\n")[0]
         info = get_worker_info()
-        return self.transform(torch.tensor([float(len(self.fh.readline())), float(i),
+        return self.transform(torch.tensor([float(len(first)), float(i),
                                             torch.rand(1).item(),
                                             float(info.id if info else -1)]))
 
