@@ -49,8 +49,9 @@ class Augmented(Dataset):
         info = get_worker_info()
         byte = 0
         if hasattr(self, "f"):
-            self.f.seek(i)
-            byte = self.f.read(1)[0]
+            # os.pread: forked workers share the file's offset, and a seek then a
+            # read would race between them (the fork reference's bytes by chance)
+            byte = os.pread(self.f.fileno(), 1, i)[0]
         values = [float(i), float(info.id), float(info.seed % 1000), float(byte), self.offset,
                   torch.rand(1).item(), random.random(), float(np.random.rand()),
                   float(self.state.rand()), float(self.gen.random())]
