@@ -22,7 +22,7 @@ class LoaderState:
     emulated_workers: int = 0  # the workers emulated in this process (Rung.EMULATED)
     fork_handles: bool = False  # DL207/DL212: native handles reopened in each forked worker
     not_rebuilt: str | None = None  # why the rebuild rung was refused, for a refusal's words
-    process_state: bool = False  # sent to spawn workers: each checks the process state
+    process_state: Any = None  # DL220: what the workers read, carried (process_state.Carry)
     loggers: Any = None  # DL219: the dataset's loggers travel configured (loggers.Reports)
     rebuilt: list[Any] = dataclasses.field(default_factory=list)  # built again in each worker
     # Kept at iter() (engine/loader.py):

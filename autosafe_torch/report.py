@@ -23,6 +23,7 @@ and, with ``AUTOSAFE_TORCH_DEBUG=1``, to the lines below the record.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -48,6 +49,19 @@ JSON_FIELDS = ("time", "pid", "rank", "code", "slug", "action", "strategy",
                "call_site", "cwd", "before", "after", "why", "fix", "done")
 # Added to the object only when the launcher (torchrun) set them.
 JSON_OPTIONAL_FIELDS = ("local_rank", "world_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class Said:
+    """What the workers said they did, for a record made from it (what
+    ``Finding.needed`` may return): its words and what it adds to ``after``."""
+
+    done: str
+    after: dict[str, Any]
+
+
+# Finding.needed: False, nothing was needed (no record); True, as planned; Said: as done.
+Needed = Callable[[], "bool | Said"]
 
 
 def _env_int(name: str) -> int | None:
@@ -103,7 +117,7 @@ class Intervention:
         # what it was done to (a loader: id), where one site serves several; None: the site
         self.subject: int | None = None
         # Finding.needed: asked before a fix made in the workers is recorded
-        self.needed: Callable[[], bool] | None = None
+        self.needed: Needed | None = None
 
     def failed(self, why: str) -> None:
         """This fix did not hold (a remedy a worker could not apply, a start

@@ -23,7 +23,8 @@ NOTE [the data flow of a repaired loader]
    descriptions, ``remedies/isolation.py``; faulthandler into a file of
    ours, ``inspection/diagnostics.py``). torch's ``__init__`` draws the base
    seed, pickles the loader's parts for each worker (spawn; fork copies
-   them) through the reducers the repairs installed, starts the workers and
+   them) through the reducers the repairs installed, the process state its
+   code reads first (DL220: ``dataset_kind_as``), starts the workers and
    sends each ``prefetch_factor`` indices, round robin (``_try_put_index``),
    drawn from the sampler through a ``Recorder``.
 2. Server. Under DL209 the workers are not spawned by the parent but forked
@@ -32,7 +33,9 @@ NOTE [the data flow of a repaired loader]
    child starts as spawn does (the pickled parts, the main module imported)
    and first gets its own description of each file the server holds open
    (``isolation.after_fork_in_server_child``).
-3. Worker. torch's ``_worker_loop``: seeds ``base_seed + id`` (random,
+3. Worker. As it unpickles what it was sent: the training process's values
+   where its own import left others (``process_state.arrive``), then the
+   dataset. torch's ``_worker_loop``: seeds ``base_seed + id`` (random,
    torch, numpy), sets ``get_worker_info()``, runs ``worker_init_fn`` (our
    steps, then the user's), then for each index fetches and collates a
    batch and puts it on the result queue (tensors through shared memory).
@@ -194,6 +197,24 @@ def collate_in_process(batch: Any) -> Any:
         return default_collate(batch)
     finally:
         _worker_module._worker_info = saved
+
+
+# -- what a worker is sent first --------------------------------------------------
+
+@contextlib.contextmanager
+def dataset_kind_as(loader: Any, make: Callable[[int], int]) -> Iterator[None]:
+    """While an iterator of ``loader`` is made: its dataset kind (an int,
+    ``_DatasetKind``) is ``make(kind)``. torch sends it to each worker first,
+    before the dataset (``_worker_loop``'s first argument): an int subclass of
+    ours that pickles as the carried process state, then the kind itself
+    (``remedies/process_state.py``: ``StateFirst``). torch compares the kind
+    by value (``==``), in the training process and in the worker."""
+    saved = loader._dataset_kind
+    loader._dataset_kind = make(saved)
+    try:
+        yield
+    finally:
+        loader._dataset_kind = saved
 
 
 # -- an iterator's fields ---------------------------------------------------------
@@ -500,6 +521,13 @@ DATALOADER_MODULE = ("_BaseDataLoaderIter", "_MultiProcessingDataLoaderIter", "_
                      "_sharding_worker_init_fn")
 
 _checked: dict[str, str] = {}  # seam -> what is missing ("" where nothing is)
+
+
+def dataset_kind_missing() -> str:
+    """What ``dataset_kind_as`` needs that this torch lacks ("" where nothing):
+    the loader's ``_dataset_kind``, which its iterators take and send first."""
+    return _once("dataset kind", lambda: _set_by(_dataloader.DataLoader, ("_dataset_kind",))
+                 + _set_by(BaseIter, ("_dataset_kind",)))
 
 
 def watched_missing() -> str:

@@ -100,28 +100,32 @@ def test_moved_worker_names_leave_torch_s_error_and_say_the_fix_did_not_hold(tmp
 
 
 # A file the dataset reads (repaired for spawn: reopened by path in each worker) and
-# a class attribute main() sets, which a spawned worker's import leaves at its
-# default: each worker's check fails before its first batch (RemedyFailed).
+# a class attribute main() sets to a function of its own that does not pickle (a
+# lambda), which a spawned worker's import leaves at its default: the process state
+# cannot be carried, and each worker refuses before its first batch (RemedyFailed).
 RUNTIME_STATE = '''
 import os, sys
 import torch
 from torch.utils.data import DataLoader, Dataset
 {moved}
 class Scaled(Dataset):
-    factor = 1.0
+    scale = None  # main() may set a function of its own
     def __init__(self, path):
         self.fh = open(path, "rb")
     def __len__(self):
         return 8
     def __getitem__(self, i):
         # os.pread: the fork twin's workers share one offset (a seek, then a read, races)
-        return torch.tensor(float(os.pread(self.fh.fileno(), 1, i)[0]) * Scaled.factor)
+        value = float(os.pread(self.fh.fileno(), 1, i)[0])
+        return torch.tensor(Scaled.scale(value) if Scaled.scale is not None else value)
 
 if __name__ == "__main__":
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bytes.bin")
     with open(path, "wb") as out:
         out.write(bytes(range(8)))
-    Scaled.factor = float(sys.argv[1])
+    factor = float(sys.argv[1])
+    if factor != 1:
+        Scaled.scale = lambda value: value * factor
     torch.manual_seed(0)
     digest(DataLoader(Scaled(path), batch_size=2, num_workers=2))
 '''
@@ -129,22 +133,23 @@ if __name__ == "__main__":
 
 def test_a_repair_a_worker_cannot_apply_unwatched_stops_and_says_it_did_not_hold(tmp_path):
     """As on macOS (no fork rung), the file is reopened in each spawned worker and
-    each checks what the dataset's code reads from the process: the class
-    attribute main() set is at its default there. A watched torch steps down to
-    emulated workers (tests/test_constructors.py); a torch whose names moved
-    cannot, and runs torch's own iterator: the run stops with the one reason
-    (NoExactRung), no batch of the workers' wrong state, and the record says the
-    repair did not hold, never "fixed"."""
+    what main() set that the dataset's code reads is carried (DL220), but the
+    function main() put on the class does not pickle, so each worker refuses. A
+    watched torch steps down to emulated workers (tests/test_process_state.py); a
+    torch whose names moved cannot, and runs torch's own iterator: the run stops
+    with the one reason (NoExactRung), no batch of the workers' wrong state, and
+    the records say the repairs did not hold, never "fixed"."""
     body = RUNTIME_STATE.format(moved=MOVED_TRY_GET_DATA)
     env = {"AUTOSAFE_TORCH_AS": "macos"}
     shim = run_script(tmp_path, body, env=env, activation="env", args=("3",))
     assert shim.rc != 0 and "NoExactRung" in shim.stderr, shim
-    assert "Scaled.factor is not in this spawned worker what it is in the training process" \
-        in shim.stderr, shim
+    assert "Scaled.scale (train.py:" in shim.stderr, shim
+    assert "cannot be carried to a spawned worker: it does not pickle" in shim.stderr, shim
     assert "this torch cannot watch its workers" in shim.stderr, shim
     assert "BATCHES" not in shim.stdout and "RemedyFailed" not in shim.stderr, shim
-    (record,) = logged(shim.stderr, "DL201")
-    assert record.done.startswith("did not hold:"), record
+    records = {r.code: r for r in logged(shim.stderr)}
+    assert records["DL201"].done.startswith("did not hold:"), records
+    assert records["DL220"].done.startswith("did not hold:"), records
     assert "summary: fixed" not in shim.stderr and "did not hold DL201" in shim.stderr, shim
     # Where the worker's state is the program's (the default kept), the repair held:
     # the batches of the same program under fork, and the record says fixed.

@@ -92,10 +92,12 @@ def settle_later(findings: Sequence[Finding], call_site: str,
     workers, recorded once it held there (``record_outcome``): a record
     states an outcome, never a plan. Warn and strict mode record (or
     raise) now, as ``settle`` does, and return no records."""
+    fixing = CONFIG.mode == "fix"
+    if not fixing:
+        findings = [f for f in findings if not f.told_by_workers]
     actions = [f for f in findings if not f.is_advice]
     if actions and CONFIG.mode == "strict":
         raise UnsafeCallError(actions[0], call_site)
-    fixing = CONFIG.mode == "fix"
     made = [intervention_of(f, call_site,
                             "advised" if f.is_advice else "fixed" if fixing else "would-fix")
             for f in findings]
@@ -117,11 +119,16 @@ def record_outcome(intervention: Intervention,
                    failed: str | None = None) -> Intervention | None:
     """Record ``intervention`` (from ``settle_later``) now that its remedy ran:
     as fixed, or, given why (``failed``), as a fix that did not hold. None
-    where the workers needed none of it (``Finding.needed``): nothing was done."""
+    where the workers needed none of it (``Finding.needed``): nothing was done,
+    and nothing failed."""
+    said = intervention.needed() if intervention.needed is not None else True
+    if not said:
+        return None
+    if isinstance(said, report.Said):
+        intervention.done = said.done
+        intervention.after = dict(intervention.after, **said.after)
     if failed is not None:
         intervention.failed(failed)
-    elif intervention.needed is not None and not intervention.needed():
-        return None
     return report.record(intervention)
 
 

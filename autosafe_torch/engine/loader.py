@@ -96,16 +96,35 @@ def decide_iteration(loader: Loader, frame: FrameType) -> None:
     state = state_of(loader)
     key = _plan_key(loader)
     if state.plan_key == key:
+        _again_unless_said(state)
         return
     if loader.num_workers:
         values, found, work, ctx = _plan_workers(loader, frame)
         if found:
             state.pending = _apply(loader, values, found, work)
-        elif CONFIG.mode == "fix":
+        # A loader nothing of ours touches (its process state carried beside it
+        # at most): its dataset may be pickled once for all.
+        state.untouched = all(_beside(f) for f in found)
+        if state.untouched and CONFIG.mode == "fix":
             _keep_the_pickle(loader, ctx)
-        # A loader nothing of ours touches: its dataset may be pickled once for all.
-        state.untouched = not found
     state.plan_key = _plan_key(loader)
+
+
+def _beside(finding: Finding) -> bool:
+    """Whether ``finding`` leaves what the workers are sent as it is: it only
+    sends the process state beside it (DL220)."""
+    return not (finding.changes or finding.remedies or finding.rung) \
+        and set(finding.state) == {"_process_state"}
+
+
+def _again_unless_said(state: Any) -> None:
+    """An iterator of the same plan: the record of the carried process state
+    waits on its workers again, until a start's workers carried something
+    (the state ``main()`` changes between epochs)."""
+    carry = state.process_state
+    record = getattr(carry, "record", None)
+    if record is not None and not carry.said and record not in state.pending:
+        state.pending.append(record)
 
 
 def _keep_the_pickle(loader: Loader, ctx: Context) -> None:
@@ -152,8 +171,11 @@ def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: d
                 setattr(loader, name, work[name])
         keep_state(loader, found)
     skipped = {f.rule.code for f in unsaid}
-    for record in made:
+    for finding, record in zip(found, made):
         record.subject = id(loader)  # each loader its own record, at one site too
+        carry = finding.state.get("_process_state")
+        if carry is not None:
+            carry.record = record  # for the later iterators, until it is said
     return [record for record in made if record.code not in skipped]
 
 

@@ -46,15 +46,20 @@ def current_dir():
     return _dump_dir if _dump_dir is not None and os.path.isdir(_dump_dir) else None
 
 
+# What workers tell this process (``process_state``'s reports): read here, never
+# named in the log, so nothing to keep at exit.
+REPORT_PREFIX = "report-"
+
+
 def _clean_dumps(directory, pid):
-    """At exit: drop the empty dump files (healthy workers); keep the others,
-    which the log names."""
+    """At exit: drop the empty dump files (healthy workers) and the workers'
+    reports; keep the others, which the log names."""
     if os.getpid() != pid:
         return
     try:
         for name in os.listdir(directory):
             path = os.path.join(directory, name)
-            if os.path.getsize(path) == 0:
+            if name.startswith(REPORT_PREFIX) or os.path.getsize(path) == 0:
                 os.unlink(path)
         os.rmdir(directory)
     except OSError:

@@ -13,7 +13,7 @@ before the pickler's own fast paths):
 
 - classes and functions by module and name (a spawned worker's main module
   is ``__mp_main__``, the training process's ``__main__``: the same one),
-  functions with a hash of their code;
+  functions with a hash of their code (``_code_hash``);
 - sets by their items in sorted order (their own order follows string
   hashes, which differ from process to process);
 - tensors and arrays by dtype, shape, device and a hash of their bytes;
@@ -77,9 +77,7 @@ class _Pickler(pickle.Pickler):
         if cls is set or cls is frozenset:
             return ("set", cls.__name__, tuple(sorted(digest(item) for item in obj)))
         if cls is types.FunctionType:
-            code = obj.__code__
-            return ("function", _module(obj), obj.__qualname__,
-                    _bytes_hash(code.co_code), repr(code.co_consts)[:2000])
+            return ("function", _module(obj), obj.__qualname__, _code_hash(obj.__code__))
         if is_a(obj, type):
             return ("class", _module(obj), getattr(obj, "__qualname__", ""))
         if cls is types.ModuleType:
@@ -112,6 +110,22 @@ class _Pickler(pickle.Pickler):
         except Exception:  # a handle that does not pickle: its kind, nothing more
             cls = type(obj)
             return _opaque, ("%s.%s" % (_module(cls), cls.__qualname__),)
+
+
+def _code_hash(code, depth=0):
+    """A code object's fingerprint: its bytecode, names and constants, nested
+    code by its own (a nested code object's repr holds its address, and a
+    frozenset constant's its process's string hashes)."""
+    h = hashlib.blake2b(code.co_code, digest_size=20)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            h.update(_code_hash(const, depth + 1).encode() if depth < 16 else b"deep")
+        elif isinstance(const, frozenset):
+            h.update(repr(sorted(map(repr, const))).encode())
+        else:
+            h.update(repr(const)[:2000].encode())
+    return h.hexdigest()
 
 
 def _opaque(name):

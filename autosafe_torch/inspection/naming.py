@@ -77,3 +77,8 @@ def what_is(value):
     except Exception:  # a user's object may raise anything from its attributes
         pass
     return brief(value)
+
+
+def number_of(count, thing):
+    """``1 worker``, ``2 workers``."""
+    return "%d %s%s" % (count, thing, "" if count == 1 else "s")

@@ -56,13 +56,13 @@ from ..loaderstate import state_of
 from ..inspection.diagnostics import dump_dir
 from ..remedies import isolation
 from ..remedies.workerinit import with_step
-from ..report import log
+from ..report import log, shorten_line
 from ..rung import Rung
 from ..rules import OutcomeContext, number_of
 from ..rules.recovery import kinds_watched, start_failures_recovered
 from .iterator import RecoveringIter, UnwatchedIter
 from .rungs import (Emulated, ladder_of, own_files, real_workers, sending_to_workers,
-                    torch_lacks, with_state_checked)
+                    torch_lacks, with_state_refused)
 from .watch import Failed, Watch, record_failed, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
@@ -93,7 +93,7 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     if table is not None:
         loader.worker_init_fn = with_step(saved, isolation.worker_step(table), first=True)
     if loader.num_workers:
-        loader.worker_init_fn = with_state_checked(loader, loader.worker_init_fn)
+        loader.worker_init_fn = with_state_refused(loader, loader.worker_init_fn)
     try:
         with sending_to_workers(loader):
             iterator = wrapped(*args, **kwargs)
@@ -102,9 +102,23 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
     missing = tp.watched_missing() if pending and loader.num_workers else ""
     if missing and CONFIG.mode == "fix":
-        return UnwatchedIter(iterator, pending, loader.num_workers, missing)
+        return UnwatchedIter(iterator, pending, loader.num_workers,
+                             "this torch cannot watch its workers (it lacks %s)"
+                             % shorten_line(missing, 80))
+    if loader.num_workers and CONFIG.mode == "fix" and any(r.needed for r in pending):
+        # what the workers did is theirs to say (DL220): once they delivered
+        return UnwatchedIter(iterator, pending, loader.num_workers,
+                             "its workers are not watched (%s)" % _unwatched_because(loader))
     record_held(pending)
     return iterator
+
+
+def _unwatched_because(loader):
+    if not getattr(loader, "in_order", True):
+        return "in_order=False"
+    if isinstance(loader.dataset, tp.DATAPIPES):
+        return "a DataPipe"
+    return "its iterator is not torch's, or the recovery rules are off"
 
 
 def emulated(loader, pending=(), torch_s=None):

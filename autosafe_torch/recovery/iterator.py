@@ -27,7 +27,7 @@ from ..inspection import failures as F
 from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
 from ..inspection.diagnostics import read as read_dump
 from ..remedies import process_state
-from ..report import internal_error, shorten_line
+from ..report import internal_error
 from ..rules import FailureContext
 from ..rules import ladder as L
 from ..rung import Rung
@@ -253,27 +253,29 @@ def _record(pending: Recovered) -> None:
 
 
 class UnwatchedIter(wrapt.ObjectProxy):
-    """What ``_get_iterator`` returns where this torch cannot be watched
-    (``torch_private.watched_missing``): torch's own iterator, and the records
-    of the repairs its workers were given (``pending``) made only as the
-    batches show them. torch sends a new iterator's first indices round robin
-    and hands the batches over in order, so the first ``workers`` delivered
-    come one from each worker: then the repairs held. A repair that a worker
-    could not apply (``RemedyFailed``, re-raised here by torch) cannot step
-    down: no rung below can resume where this one stopped without the watch
-    (the indices drawn, each worker's deliveries). Its records say it failed,
+    """What ``_get_iterator`` returns where its workers are not watched (this
+    torch cannot be, ``torch_private.watched_missing``, or the loader is not
+    ours to watch: ``in_order=False``, another library's iterator) but were
+    given repairs: torch's own iterator, and the records of those repairs
+    (``pending``) made only as the batches show them. torch sends a new
+    iterator's first indices round robin and hands the batches over in order,
+    so the first ``workers`` delivered come one from each worker: then the
+    repairs held. A repair that a worker could not apply (``RemedyFailed``,
+    re-raised here by torch) cannot step down: no rung below can resume where
+    this one stopped without the watch (the indices drawn, each worker's
+    deliveries). Its records say it failed,
     and the run stops with ``NoExactRung``, never with a record that said
     "fixed" before the workers showed it. Where the iterator ends, raises
     a worker's own error or is dropped after a delivery, the workers that
     delivered showed the repairs held (as ``Watch.shut_down`` says); where
     they failed otherwise before any delivered (a death), nothing is said."""
 
-    def __init__(self, inner, pending, workers, missing):
+    def __init__(self, inner, pending, workers, unwatched):
         super().__init__(inner)
         self._self_pending = list(pending)
         self._self_workers = workers
         self._self_delivered = 0
-        self._self_missing = missing
+        self._self_unwatched = unwatched  # why the workers are not watched, in words
 
     def __iter__(self):
         return self
@@ -313,8 +315,7 @@ class UnwatchedIter(wrapt.ObjectProxy):
             else F.Failure(F.REMEDY, exc).what(room=160)
         pending, self._self_pending = self._self_pending, []
         record_failed(pending, what)
-        fix = process_state.FIX if process_state.DIFFERS in what else None
-        raise NoExactRung("%s\n  and no rung below can take over: this torch cannot watch "
-                          "its workers (it lacks %s), and only a watched start can resume "
-                          "on another rung" % (what, shorten_line(self._self_missing, 80)),
+        fix = process_state.FIX if process_state.REFUSED in what else None
+        raise NoExactRung("%s\n  and no rung below can take over: %s, and only a watched "
+                          "start can resume on another rung" % (what, self._self_unwatched),
                           fix) from None

@@ -75,7 +75,7 @@ def real_workers(loader, ladder, watch, resume=None):
     if Rung.FILE_SYSTEM in ladder.settings:
         file_system_sharing(None)
         init = with_step(init, use_file_system_sharing)
-    init = with_state_checked(loader, init)
+    init = with_state_refused(loader, init)
     saved = loader.worker_init_fn, loader.prefetch_factor
     loader.worker_init_fn = init
     if Rung.FEWER in ladder.settings:
@@ -87,26 +87,42 @@ def real_workers(loader, ladder, watch, resume=None):
         loader.worker_init_fn, loader.prefetch_factor = saved
 
 
-def with_state_checked(loader, init):
-    """``init`` with a step that checks, in each spawned worker, the process
-    state the dataset's code reads (``remedies/process_state.py``), where the
-    loader was repaired for spawn workers."""
-    if not state_of(loader).process_state or \
+def with_state_refused(loader, init):
+    """``init`` with the step that stops a worker whose process state differs
+    from the training process's where it could not be carried (DL220,
+    ``remedies/process_state.py``)."""
+    if _carry(loader) is None:
+        return init
+    return with_step(init, process_state.refuse_in_worker)
+
+
+def carried_state(loader):
+    """While ``loader``'s workers start: the process state its workers' code
+    reads goes to each, ahead of its dataset (DL220), where they do not fork."""
+    carry = _carry(loader)
+    if carry is None or torch_lacks("process state", tp.dataset_kind_missing(),
+                                    "what main() set does not reach spawned workers"):
+        return contextlib.nullcontext()
+    return tp.dataset_kind_as(loader, carry.start(dump_dir()).first)
+
+
+def _carry(loader):
+    carry = state_of(loader).process_state
+    if carry is None or CONFIG.mode != "fix" or \
             facts.effective_start_method(loader.multiprocessing_context) == "fork":
-        return init
-    fingerprints = process_state.expected(loader.dataset)
-    if not fingerprints:
-        return init
-    return with_step(init, functools.partial(process_state.check_in_worker, fingerprints))
+        return None
+    return carry
 
 
 @contextlib.contextmanager
 def sending_to_workers(loader):
     """While ``loader``'s workers start: the reducers of its repairs act
     (``remedies/pickling.py``), its loggers travel configured where DL219 chose
-    that, and its dataset goes once to all spawned workers where nothing was
+    that, the process state its workers read goes ahead of its dataset (DL220),
+    and its dataset goes once to all spawned workers where nothing was
     repaired."""
-    with pickling.sending(), carried_loggers(loader), sent_once_where_spawned(loader):
+    with pickling.sending(), carried_loggers(loader), carried_state(loader), \
+            sent_once_where_spawned(loader):
         yield
 
 

@@ -18,7 +18,8 @@ program changed between epochs is never served stale.
 
 The recipes come in a file the training process names in the server's
 environment (``RECIPES``), pickled with the plain pickler (no handle of the
-training process's: a server is no child that takes them). Imported
+training process's: a server is no child that takes them), after what the
+workers' code reads from the training process (DL220, set before the build). Imported
 anywhere but in a build server, this module does nothing.
 """
 
@@ -62,12 +63,26 @@ def _build():
     with inheriting():
         with open(path, "rb") as f:
             spawn.prepare(pickle.load(f))
+            state = pickle.load(f)
             recipes = pickle.load(f)
+        if state is not None:
+            _carried(state)
         for key, (build, args) in recipes.items():
             try:
                 BUILT[key] = build(*args)
             except Exception:  # workers fail their start without it, and say so
                 continue
+
+
+def _carried(state):
+    """What main() set that the workers' code reads, in place before the build
+    (DL220): a constructor that reads a config finds the training process's."""
+    from . import process_state  # noqa: PLC0415 - in a build server only
+
+    try:
+        process_state.arrive_in_server(*pickle.loads(state))
+    except Exception:  # each worker compares again, and refuses what differs
+        pass
 
 
 if in_fork_server():

@@ -1,151 +1,595 @@
-"""What a dataset's code reads from the process, not from the dataset: checked in
-each spawned worker of a repaired loader.
+"""What ``main()`` set, every worker sees: the training process's state
+carried to spawn and forkserver workers (DL220).
 
-Pickling a dataset carries its attributes; it carries its class and the
-functions it calls by name. A spawned worker imports them again, as the
-script left them at import: a class attribute the program set at run time
-(``Features.version = args.version``), or a module-level value ``main()``
-changed (a config dict set from argparse, a registry filled), is back at its
-default there, while a forked worker has the program's. Where the shim sends
-a loader to spawn workers with repairs of its own (``state["_process_state"]``
-on the findings that do), the training process fingerprints, at each
-iterator's start (``expected``), the class attributes of the dataset's own
-classes and the module-level values their methods name (plain data: not
-modules, functions or classes), and each worker compares its own before its
-first batch (``check_in_worker``, a worker_init step). A difference fails the
-worker's start, naming it (``RemedyFailed``): the recovery takes emulated
-workers, which run in this process and read what the program set, or stops
-with the reason. Nothing is carried: a value the program set would mean
-setting the worker's module state, which nothing here can show to be whole.
+A worker that does not fork imports the program's modules again (the script
+as ``__mp_main__``, its ``if __name__ == "__main__":`` block not run), then
+unpickles what torch sends it. What ``main()`` changed at run time, a config
+dict filled from argparse, a class attribute set from statistics, a library
+function replaced, torch's default dtype, is back at its import-time value
+there, and plain torch trains on other data without a word. A forked
+worker has the program's values; so does a worker here.
 
-"Own" classes are the program's: not those of installed libraries or the
-standard library. Fingerprints are ``inspection/digest.py``'s.
+NOTE [carrying the process state]
+
+1. Which values: ``inspection/reads.py`` reads, from the code, what the
+   workers may run (the dataset's methods, its transforms, ``collate_fn``,
+   ``worker_init_fn``, the program's functions and classes they name) and
+   the module globals and class attributes it reads (``Read``); and the
+   library-wide settings a new interpreter resets (``SETTINGS``). The rule
+   (``rules/pickling.py``, DL220) keeps them on the loader (``Carry``).
+2. At each start of the workers (fork's semantics: the values at the
+   iterator's start; persistent workers: at their first), the training
+   process fingerprints each value (``inspection/digest.py``) and sends the
+   fingerprints and the values, in the pickle torch makes of what each
+   worker gets (a tensor through shared memory, a repaired handle by its
+   repair), ahead of the dataset: in the first thing torch sends, its
+   dataset kind (``StateFirst``, ``torch_private.dataset_kind_as``). An
+   object a global and the dataset both hold is then one object there, as
+   in a forked worker; and a ``__setstate__``, a dataset rebuilt from its
+   constructor (DL201), a logger made again (DL219), a memory map or a lock
+   made again all find the program's values. A large array goes as a tensor
+   through shared memory: one copy, not one per worker.
+3. In the worker (``arrive``), after its imports and before the dataset is
+   unpickled: each fingerprint compared with the worker's own value's; where
+   one differs, the training process's value is set. A value that does not
+   pickle can be compared but not carried (its fingerprint stands in its
+   type, an open file's its name and mode): where it differs, the worker
+   refuses before its first batch (``refuse_in_worker``, ``RemedyFailed``
+   naming it and the line that reads it), and the recovery takes the next
+   rung. Never the import's value in silence.
+4. Each worker says what it set (a line per value, in a file of the
+   training process's report directory); DL220's record is made from that,
+   once every worker delivered (``Carry.outcome``: none where no value
+   differed, promise 1). A build server (``buildserver.py``) sets them
+   before it builds, and its children say so.
 """
 
-import functools
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import mmap
 import os
+import pickle
 import sys
-import sysconfig
 import types
+from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable
 
 from ..inspection import digest
-from ..inspection.failures import RemedyFailed
+from ..inspection.diagnostics import REPORT_PREFIX
+from ..inspection.failures import RemedyFailed, describe_exception
+from ..inspection.holdings import is_file_object
+from ..inspection.naming import number_of
+from ..inspection.reads import Read
+from ..report import Said, shorten_line, shown_site, without_addresses
 
-# How a worker says it (its error travels as text), and the permanent fix.
-DIFFERS = "is not in this spawned worker what it is in the training process"
-FIX = ("keep what the dataset's methods read on the dataset itself (set in __init__ from its "
-       "arguments), not on its class or module, or set it in worker_init_fn")
-
-_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-         types.ModuleType, staticmethod, classmethod, property)
-# Construction: what it read is in the attributes the dataset pickles with (and a
-# dataset built again in the worker is checked by the rebuild's own check).
-_CONSTRUCTION = frozenset({"__init__", "__new__", "__init_subclass__", "__class_getitem__"})
-
-
-@functools.lru_cache(maxsize=1)
-def _library_dirs():
-    paths = sysconfig.get_paths()
-    dirs = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
-    dirs += [p for p in sys.path if isinstance(p, str)
-             and os.path.basename(p) in ("site-packages", "dist-packages")]
-    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+# The words of a refusal (the recovery reads them to give the fix) and the permanent fix.
+REFUSED = "cannot be carried to a spawned worker"
+FIX = ("pass what the dataset's code reads to its constructor and keep it on the dataset "
+       "(or set it in worker_init_fn), not in a module global or class attribute that "
+       "main() changes")
+_MAIN = ("__main__", "__mp_main__")
+_LARGE_ARRAY = 1 << 20  # bytes: an array this large goes through shared memory
+_UNKNOWN = object()
 
 
-def _programs(cls):
-    """Whether ``cls`` is the program's own (not a library's, not Python's)."""
-    module = sys.modules.get(getattr(cls, "__module__", None) or "")
-    path = getattr(module, "__file__", None)
-    if module is None or not path:
-        return module is not None and module.__name__ in ("__main__", "__mp_main__")
-    return not os.path.realpath(path).startswith(_library_dirs())
+# -- the library-wide settings ---------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A process-wide setting a new interpreter resets and a worker's data
+    depends on (``changes``: how): read in the training process where
+    ``module`` is imported there, set in a worker whose own differs.
+    ``default``: a new interpreter's value, where a worker need not import
+    ``module`` to have it."""
+
+    label: str
+    module: str
+    changes: str
+    read: Callable[[Any], Any]
+    write: Callable[[Any, Any], None]
+    default: Any = _UNKNOWN
 
 
-def _datasets(dataset):
-    """The dataset and those torch's wrappers hold (Subset, ConcatDataset)."""
-    found, todo = [], [dataset]
-    while todo and len(found) < 64:
-        ds = todo.pop()
-        found.append(ds)
-        inner = getattr(type(ds), "__module__", "").startswith("torch.utils.data") and (
-            vars(ds).get("datasets") or [vars(ds).get("dataset")])
-        todo.extend(d for d in inner or () if d is not None)
-    return found
+def _set_deterministic(torch: Any, value: tuple[bool, bool]) -> None:
+    torch.use_deterministic_algorithms(value[0], warn_only=value[1])
 
 
-def _functions(value):
-    value = getattr(value, "__wrapped__", value)  # patches.datasets.MeasuredInit
-    if type(value) in (staticmethod, classmethod):
-        value = value.__func__
-    if type(value) is property:
-        return [f for f in (value.fget, value.fset) if type(f) is types.FunctionType]
-    return [value] if type(value) is types.FunctionType else []
+def _decimal_context(decimal: Any) -> tuple[Any, ...]:
+    c = decimal.getcontext()
+    return (c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp,
+            tuple(sorted(t.__name__ for t, on in c.traps.items() if on)))
 
 
-def _names(code, depth=0):
-    names = set(code.co_names)
-    if depth < 4:
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                names |= _names(const, depth + 1)
-    return names
+def _set_decimal_context(decimal: Any, value: tuple[Any, ...]) -> None:
+    c = decimal.getcontext()
+    c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp, traps = value
+    for trap in c.traps:
+        c.traps[trap] = trap.__name__ in traps
 
 
-def _module_name(module_globals):
-    name = module_globals.get("__name__", "?")
-    return "__main__" if name == "__mp_main__" else name
+def _attribute(name: str) -> tuple[Callable[[Any], Any], Callable[[Any, Any], None]]:
+    return (lambda module: getattr(module, name),
+            lambda module, value: setattr(module, name, value))
 
 
-def _read(dataset):
-    """``{label: value}`` of the process state the dataset's own classes read."""
-    found = {}
-    for ds in _datasets(dataset):
-        for klass in type(ds).__mro__:
-            if not _programs(klass):
-                continue
-            for name, value in vars(klass).items():
-                if name in _CONSTRUCTION:
-                    continue
-                for function in _functions(value):
-                    scope = function.__globals__
-                    for global_name in _names(function.__code__):
-                        if global_name in scope and not isinstance(scope[global_name], _CODE):
-                            found.setdefault("the global %s of %s" % (
-                                global_name, _module_name(scope)), scope[global_name])
-                if not isinstance(value, _CODE) and not _functions(value) \
-                        and not (name.startswith("__") and name.endswith("__")):
-                    found.setdefault("%s.%s" % (klass.__qualname__, name), value)
-    return found
+# What a dataset's samples depend on beyond its own code (docs/how-it-decides.md's
+# table is made from this one). Not here: the seeds (torch seeds each worker
+# base_seed + id), torch's thread count (1 in a worker, by torch), the working
+# directory, sys.path and the environment (spawn carries them), logging (DL219),
+# warnings filters and print options (messages, not data), and torch's default
+# device (CUDA in a worker is a choice of its own, not a setting to copy).
+SETTINGS = (
+    Setting("torch's default dtype", "torch",
+            "the dtype of the tensors a worker makes from Python numbers "
+            "(torch.set_default_dtype)",
+            lambda t: t.get_default_dtype(), lambda t, v: t.set_default_dtype(v)),
+    Setting("torch.use_deterministic_algorithms", "torch",
+            "which kernels a worker's tensor code may use, and whether a "
+            "nondeterministic one raises",
+            lambda t: (t.are_deterministic_algorithms_enabled(),
+                       t.is_deterministic_algorithms_warn_only_enabled()),
+            _set_deterministic),
+    Setting("torch's float32 matmul precision", "torch",
+            "the precision of float32 matrix products a worker computes "
+            "(torch.set_float32_matmul_precision)",
+            lambda t: t.get_float32_matmul_precision(),
+            lambda t, v: t.set_float32_matmul_precision(v)),
+    Setting("torch's sharing strategy", "torch.multiprocessing",
+            "how a worker hands its batches over: file_system, set where file "
+            "descriptors run out (torch.multiprocessing.set_sharing_strategy)",
+            lambda m: m.get_sharing_strategy(), lambda m, v: m.set_sharing_strategy(v)),
+    Setting("numpy's floating-point error handling", "numpy",
+            "whether a worker's numpy overflow or invalid value raises, warns or "
+            "passes (numpy.seterr)",
+            lambda n: n.geterr(), lambda n, v: n.seterr(**v)),
+    Setting("the decimal context", "decimal",
+            "the precision, rounding and traps of a worker's Decimal arithmetic "
+            "(decimal.getcontext())",
+            _decimal_context, _set_decimal_context),
+    Setting("the recursion limit", "sys",
+            "how deep a worker's code may recurse (sys.setrecursionlimit)",
+            lambda s: s.getrecursionlimit(), lambda s, v: s.setrecursionlimit(v)),
+    Setting("PIL.Image.MAX_IMAGE_PIXELS", "PIL.Image",
+            "the image size over which a worker's Image.open raises "
+            "DecompressionBombError",
+            *_attribute("MAX_IMAGE_PIXELS"), default=int(1024 * 1024 * 1024 // 4 // 3)),
+    Setting("PIL.ImageFile.LOAD_TRUNCATED_IMAGES", "PIL.ImageFile",
+            "whether a worker loads a truncated image or raises",
+            *_attribute("LOAD_TRUNCATED_IMAGES"), default=False),
+)
+_SETTINGS = {s.label: s for s in SETTINGS}
 
 
-def _fingerprints(dataset):
-    out = {}
-    for label, value in _read(dataset).items():
+# -- what is sent ----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One value as a worker receives it: what it is (a ``Read``'s module,
+    name, label and site, or a setting's label) and the training process's
+    fingerprint of it (None: it could not be taken)."""
+
+    label: str
+    module: str
+    name: str
+    site: str | None
+    setting: bool
+    fingerprint: str | None
+
+
+def fingerprint(value: Any) -> str | None:
+    """What two processes' values are compared by: the digest, or, for an open
+    file, its name and mode (the worker's import opened one of its own, at its
+    own offset, which is right)."""
+    if is_file_object(value):
+        return "file:%r:%r" % (getattr(value, "name", None), getattr(value, "mode", None))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and type(value) is numpy.memmap and value.mode == "r" \
+            and isinstance(value.filename, str) and isinstance(value.base, mmap.mmap):
+        # a read-only map of a whole file (np.load(mmap_mode="r"), not a slice of
+        # one): the file and the view, not a hash of gigabytes it cannot change
         try:
-            out[label] = digest.digest(value)
-        except Exception:  # too deep, or it raises: not compared
-            continue
-    return out
-
-
-def expected(dataset):
-    """What a worker's dataset classes must read (fingerprints), or None."""
+            st = os.stat(value.filename)
+        except OSError:
+            return None
+        return "memmap:%r:%d:%r:%s:%d:%d" % (value.filename, value.offset, value.shape,
+                                              value.dtype.str, st.st_size, st.st_mtime_ns)
     try:
-        return _fingerprints(dataset) or None
+        return digest.digest(value)
     except Exception:
         return None
 
 
-def check_in_worker(fingerprints, worker_id):
-    """Worker step: the process state this worker's dataset reads is the
-    training process's, or ``RemedyFailed`` naming what differs."""
-    from torch.utils.data import get_worker_info  # noqa: PLC0415 - the rules load without torch (explain, doctor)
+def _owner(module: str, name: str, importing: bool) -> tuple[Any, str] | None:
+    """The object that holds ``name``'s last part (a module, a class), and that
+    part; None where the module is not imported here (and not to be)."""
+    target = sys.modules.get("__main__" if module in _MAIN else module)
+    if target is None:
+        if not importing:
+            return None
+        target = importlib.import_module(module)
+    first, *path = name.split(".")
+    if not path:
+        return target, first
+    target = _namespace(target)[first]
+    for part in path[:-1]:
+        target = getattr(target, part)
+    return target, path[-1]
 
-    info = get_worker_info()
-    if info is None or not fingerprints:
+
+def _value(module: str, name: str, importing: bool) -> Any:
+    """``module.name`` as the module's code reads it, or ``_MISSING``."""
+    found = _owner(module, name, importing)
+    if found is None:
+        return _MISSING
+    owner, last = found
+    if isinstance(owner, types.ModuleType):
+        return _namespace(owner).get(last, _MISSING)
+    return getattr(owner, last, _MISSING)
+
+
+_namespaces: dict[int, dict[str, Any]] = {}  # id(module) -> where its code reads globals
+
+
+def _namespace(owner: Any) -> dict[str, Any]:
+    found = _namespaces.get(id(owner))
+    if found is None:
+        found = _namespaces[id(owner)] = _code_namespace(owner)
+    return found
+
+
+def _code_namespace(owner: Any) -> dict[str, Any]:
+    """Where the code of module ``owner`` reads its globals. A spawned process
+    (a worker; a DDP rank that ``mp.spawn`` started) runs the script through
+    ``runpy``, whose functions keep the namespace they ran in while the module
+    ``__mp_main__`` gets a copy of it: read or set a global there, and it is
+    not what the script's code reads."""
+    table = vars(owner)
+    for value in list(table.values()):
+        for function in [value] + (list(vars(value).values()) if isinstance(value, type)
+                                   else []):
+            scope = getattr(function, "__globals__", None)
+            if type(function) is types.FunctionType and scope is not table and \
+                    isinstance(scope, dict) and scope.get("__name__") == owner.__name__ and \
+                    getattr(function, "__module__", None) == owner.__name__:
+                return scope
+    return table
+
+
+_MISSING = object()
+
+
+def _current(entry: Entry) -> Any:
+    """The worker's own value of ``entry`` (importing its module where the
+    worker has not: the program's, or a library's whose function the program
+    replaced), or ``_MISSING``: not there (a name the import does not bind, a
+    setting whose module the worker need not import to have it as sent)."""
+    if entry.setting:
+        setting = _SETTINGS[entry.label]
+        module = sys.modules.get(setting.module)
+        if module is None:
+            if setting.default is not _UNKNOWN and \
+                    fingerprint(setting.default) == entry.fingerprint:
+                return _MISSING  # importing it later gives the training process's
+            module = importlib.import_module(setting.module)
+        return setting.read(module)
+    return _value(entry.module, entry.name, True)
+
+
+def _set(entry: Entry, value: Any) -> None:
+    if entry.setting:
+        setting = _SETTINGS[entry.label]
+        setting.write(importlib.import_module(setting.module), value)
         return
-    mine = _fingerprints(info.dataset)
-    for label, value in fingerprints.items():
-        if label in mine and mine[label] != value:
-            raise RemedyFailed("%s %s (set after import: the worker imported the script "
-                               "again)" % (label, DIFFERS))
+    found = _owner(entry.module, entry.name, True)
+    assert found is not None
+    owner, name = found
+    setattr(owner, name, value)
+    if isinstance(owner, types.ModuleType):
+        _namespace(owner)[name] = value
+
+
+def mark(read: Read) -> tuple[Any, ...]:
+    """What says a value changed, cheaply (no copy, no walk): the object a name
+    holds, and a container's length."""
+    try:
+        value = _value(read.module, read.name, False)
+    except Exception:
+        return ()
+    return id(value), len(value) if type(value) in (list, dict, set) else None
+
+
+class Carry:
+    """A loader's carried state (``LoaderState.process_state``): what its
+    workers' code reads (``reads``), snapshot at each start of its workers
+    (``start``); ``outcome()`` is DL220's ``Finding.needed``."""
+
+    def __init__(self, reads: Sequence[Read], workers: int) -> None:
+        self.reads = tuple(reads)
+        self.workers = workers
+        self.current: Carried | None = None
+        self.said = False  # a start's workers carried something: its record was made
+        self.record: Any = None  # that record (engine/loader.py), until it is made
+        # id(array) -> (its fingerprint, the array, its copy in shared memory): made
+        # once, and again only where the array changed since
+        self.shared: dict[int, tuple[str | None, Any, Any]] = {}
+
+    def start(self, report_dir: str | None) -> Carried:
+        """The values now (fork's semantics: at the iterator's start); what the
+        workers of the start before said, if nobody asked, is dropped."""
+        if self.current is not None:
+            self.current.said()
+        self.current = Carried(self.reads, report_dir, self.shared)
+        return self.current
+
+    def outcome(self) -> Said | bool:
+        """DL220's record, once the workers said what they set; False where
+        they set and refused nothing (every value was the import's): no record."""
+        current = self.current
+        carried, refused = current.said() if current is not None else ([], [])
+        if not (carried or refused):
+            return False
+        self.said = True
+        shown = ["%s (%s)" % (e.label, e.site) if e.site else e.label for e in carried]
+        done = "main() set %s its workers read; carried to each of %s: %s" % (
+            number_of(len(carried), "value"), number_of(self.workers, "worker"),
+            ", ".join(shown)) if carried else "main() set values its workers read"
+        return Said(done, {"carried": [dataclasses.asdict(e) for e in carried],
+                           "refused": refused})
+
+
+_tokens = itertools.count()
+
+
+class Carried:
+    """One start's values: ``entries`` and ``values``, in order."""
+
+    def __init__(self, reads: Sequence[Read], report_dir: str | None,
+                 shared: dict[int, tuple[str | None, Any, Any]] | None = None) -> None:
+        self.entries: list[Entry] = []
+        self.values: list[Any] = []
+        self.report_dir = report_dir
+        self.token = "%d-%d" % (os.getpid(), next(_tokens))
+        self._shared = shared if shared is not None else {}
+        self._unsent: dict[int, str] | None = None
+        for read in reads:
+            try:
+                value = _value(read.module, read.name, False)
+            except Exception:  # a class the program deleted since: nothing to read
+                continue
+            if value is not _MISSING:
+                self._add(Entry(read.label, read.module, read.name, read.site, False, None),
+                          value)
+        for setting in SETTINGS:
+            module = sys.modules.get(setting.module)
+            if module is None:
+                continue
+            try:
+                value = setting.read(module)
+            except Exception:  # a torch without it: nothing to carry
+                continue
+            self._add(Entry(setting.label, setting.module, setting.label, None, True, None),
+                      value)
+
+    def _add(self, entry: Entry, value: Any) -> None:
+        self.entries.append(dataclasses.replace(entry, fingerprint=fingerprint(value)))
+        self.values.append(value)
+
+    def first(self, kind: int) -> StateFirst:
+        """torch's dataset kind, sent with these values ahead of the dataset."""
+        return StateFirst(kind, self)
+
+    def sent(self) -> tuple[list[Any], dict[int, str]]:
+        """The values for a worker starting now, and ``{index: why}`` for those
+        that do not pickle (None in their place), found at the first worker's
+        start. They go in the same pickle as the dataset, ahead of it: an object
+        both hold is one object in the worker, as in a forked one (a handle a
+        global and the dataset share, reopened once)."""
+        values = [self._as_sent(v, e.fingerprint) for v, e in zip(self.values, self.entries)]
+        if self._unsent is None:
+            self._unsent = {}
+            for i, value in enumerate(values):
+                try:
+                    ForkingPickler.dumps(value, pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:
+                    self._unsent[i] = "it does not pickle (%s)" % shorten_line(
+                        without_addresses(describe_exception(exc, 80)), 60)
+        return [None if i in self._unsent else v for i, v in enumerate(values)], self._unsent
+
+    def _as_sent(self, value: Any, fingerprint: str | None) -> Any:
+        """A large numpy array as a tensor in shared memory, as torch sends a
+        tensor: one copy for every worker, made again only where the array
+        changed since the last start; else the value as it is."""
+        numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+        if numpy is None or torch is None or type(value) is not numpy.ndarray \
+                or value.nbytes < _LARGE_ARRAY or value.dtype.hasobject:
+            return value
+        kept = self._shared.get(id(value))
+        if kept is not None and kept[1] is value and kept[0] == fingerprint \
+                and fingerprint is not None:
+            return kept[2]
+        try:
+            tensor = torch.from_numpy(numpy.ascontiguousarray(value)).clone()
+        except Exception:  # a dtype torch has not: by value
+            return value
+        shared = _SharedArray(tensor.share_memory_(), value.shape)
+        self._shared[id(value)] = (fingerprint, value, shared)
+        return shared
+
+    def in_server(self) -> tuple[list[Entry], dict[int, Any]]:
+        """For a build server (plain pickle, no handle of ours): the values that
+        pickle so, by index; the others are left for the workers to compare."""
+        values = {}
+        for i, value in enumerate(self.values):
+            try:
+                pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            except Exception:
+                continue
+            values[i] = value
+        return list(self.entries), values
+
+    def said(self) -> tuple[list[Entry], list[str]]:
+        """The entries the workers set, and what they refused (from their
+        reports, read once)."""
+        carried: set[str] = set()
+        refused: list[str] = []
+        for line in _read_reports(self.report_dir, self.token):
+            how, _tab, what = line.partition("\t")
+            if how == "carried":
+                carried.add(what)
+            elif how == "refused" and what not in refused:
+                refused.append(what)
+        return [e for e in self.entries if e.label in carried], refused
+
+
+class _SharedArray:
+    """A numpy array sent as a tensor in shared memory; a numpy array again in the
+    worker (its memory the shared one)."""
+
+    def __init__(self, tensor: Any, shape: tuple[int, ...]) -> None:
+        self.tensor, self.shape = tensor, shape
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _as_array, (self.tensor,)
+
+
+def _as_array(tensor: Any) -> Any:
+    return tensor.numpy()
+
+
+class StateFirst(int):
+    """torch's dataset kind (``_DatasetKind.Map``, an int), as the training
+    process sends it to a worker: the carried state first, then the kind
+    itself, a plain int there."""
+
+    carried: Carried
+
+    def __new__(cls, kind: int, carried: Carried) -> StateFirst:
+        made = super().__new__(cls, kind)
+        made.carried = carried
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        carried = self.carried
+        values, unsent = carried.sent()
+        return arrive, (carried.entries, values, unsent,
+                        _report_path(carried.report_dir, carried.token), int(self))
+
+
+# -- in the worker -------------------------------------------------------------------
+
+_refused: list[str] = []       # in a worker: the values that differ and did not come
+_set_here: dict[str, str] = {}  # label -> fingerprint: set in this process (or its server)
+
+
+def arrive(entries: list[Entry], values: list[Any], unsent: dict[int, str],
+           report: str | None, kind: int) -> int:
+    """In a worker, as it unpickles what it was sent, before the dataset: the
+    training process's value of each entry where the worker's own differs.
+    Returns torch's dataset kind."""
+    refused = len(_refused)
+    try:
+        carried = _arrive(entries, lambda: values, unsent)
+    except Exception as exc:  # ours: the worker refuses before its first batch
+        _refused.append("the process state could not be carried (%s)" % describe_exception(
+            exc, 120))
+        carried = []
+    _say(report, carried, _refused[refused:])
+    return kind
+
+
+def _arrive(entries: list[Entry], values_of: Callable[[], Any],
+            unsent: dict[int, str]) -> list[str]:
+    differing = []
+    for i, entry in enumerate(entries):
+        try:
+            own = _current(entry)
+        except Exception:  # its module does not import here: no value of its own
+            own = _MISSING
+        if own is _MISSING and entry.setting:
+            continue
+        if entry.fingerprint is None or own is _MISSING or \
+                fingerprint(own) != entry.fingerprint:
+            differing.append((i, entry))
+    if not differing:
+        return []
+    values = values_of()
+    carried = []
+    for i, entry in differing:
+        if i in unsent:
+            _refused.append("%s%s %s: %s" % (
+                entry.label, " (%s)" % shown_site(entry.site) if entry.site else "", REFUSED,
+                unsent[i]))
+            continue
+        _set(entry, values[i])
+        _set_here[entry.label] = entry.fingerprint or ""
+        carried.append(entry.label)
+    return carried
+
+
+def arrive_in_server(entries: list[Entry], values: dict[int, Any]) -> None:
+    """In a build server, before it builds: the training process's values
+    where its own differ (``Carried.in_server``); its children inherit them."""
+    unsent = {i: "" for i in range(len(entries)) if i not in values}  # the workers say why
+    try:
+        _arrive(entries, lambda: values, unsent)
+    except Exception:
+        pass  # each worker compares again
+    del _refused[:]  # each worker refuses for itself
+
+
+def refuse_in_worker(worker_id: int) -> None:
+    """Worker step: a value that differs and could not be carried stops this
+    worker before its first batch (never the import's value in silence)."""
+    if _refused:
+        raise RemedyFailed("; ".join(_refused))
+
+
+# -- what the workers say --------------------------------------------------------------
+
+def _report_path(directory: str | None, token: str) -> str | None:
+    return None if directory is None else os.path.join(directory, _prefix(token))
+
+
+def _prefix(token: str) -> str:
+    return "%sstate-%s-" % (REPORT_PREFIX, token)
+
+
+def _say(prefix: str | None, carried: list[str], refused: list[str]) -> None:
+    """A worker's lines: each value it has as the training process's (set here
+    or in the server it was forked from), and each it refused."""
+    labels = list(dict.fromkeys(carried + list(_set_here)))
+    if prefix is None or not (labels or refused):
+        return
+    try:
+        fd = os.open("%s%d.txt" % (prefix, os.getpid()),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write("".join("carried\t%s\n" % label for label in labels))
+        f.write("".join("refused\t%s\n" % " ".join(why.split()) for why in refused))
+
+
+def _read_reports(directory: str | None, token: str) -> list[str]:
+    """The lines the workers of one start wrote, read once (their files removed)."""
+    if directory is None:
+        return []
+    prefix = _prefix(token)
+    lines = []
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as f:
+                lines += f.read().splitlines()
+            os.unlink(path)
+        except OSError:
+            continue
+    return lines

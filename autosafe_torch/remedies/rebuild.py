@@ -63,10 +63,10 @@ import weakref
 from typing import Any
 from multiprocessing import context
 
-from ..inspection import digest, opened
+from ..inspection import digest, opened, reads
 from ..inspection.failures import RemedyFailed
 from ..inspection.objwalk import is_a
-from . import generators
+from . import generators, process_state
 
 PROTOCOL = 4
 
@@ -79,13 +79,18 @@ class Construction:
     before the call where it drew from them (``generators.capture``), else
     None; ``opened``: ``opened.Opened`` of the descriptors it added and held
     at its end, None where its end was not seen (an ``__init__`` that is not
-    Python code); ``attrs``: ``{name: _state(value)}`` at its end."""
+    Python code); ``attrs``: ``{name: _state(value)}`` at its end;
+    ``changed``: the labels of the module globals and class attributes its
+    code reads that the call changed (a counter, a registry): a build in a
+    worker starts from the import's, not from this process's, which already
+    holds the call's change (``process_state``, DL220)."""
 
-    __slots__ = ("cls", "args", "kwargs", "rng", "opened", "attrs")
+    __slots__ = ("cls", "args", "kwargs", "rng", "opened", "attrs", "changed")
 
     def __init__(self, cls, args, kwargs):
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.rng = self.opened = self.attrs = None
+        self.changed = frozenset()  # the globals it read that it changed (a counter)
 
     def call(self):
         try:
@@ -165,8 +170,12 @@ def measured(made, obj, init, args, kwargs):
     bounded: what it opened and drew is recorded in ``made``."""
     before_rng = generators.capture()
     before_fds = opened.snapshot()
+    read = _globals_read(type(obj))
+    before = [process_state.mark(r) for r in read]
     result = init(obj, *args, **kwargs)
     try:
+        made.changed = frozenset(r.label for r, mark in zip(read, before)
+                                 if process_state.mark(r) != mark)
         # Files only: another thread may open a pipe or a socket meanwhile (a warm
         # server starting); a worker's build, alone in its process, refuses those.
         made.opened = [o for o in opened.opened_since(before_fds) if o.kind == opened.FILE]
@@ -180,6 +189,21 @@ def measured(made, obj, init, args, kwargs):
     except Exception:  # a record is an option: never the program's problem
         made.opened = None
     return result
+
+
+_read_by: weakref.WeakKeyDictionary[type, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+def _globals_read(cls):
+    """What building ``cls`` reads of the process (``inspection/reads.py``), per class."""
+    found = _read_by.get(cls)
+    if found is None:
+        try:
+            found = reads.reads_of((), rebuilt=[cls])
+        except Exception:
+            found = ()
+        _read_by[cls] = found
+    return found
 
 
 def construction_of(obj):

@@ -421,6 +421,7 @@ class Build:
         self.keys = {id(d): "%d-%d" % (os.getpid(), id(d)) for d in datasets}
         self.forkserver = None
         self.refused = False
+        self.carry = None  # the loader's process_state.Carry (DL220), set by warm_context
 
     def server(self):
         with _lock:
@@ -444,6 +445,28 @@ class Build:
                 weakref.finalize(dataset, _stop_quietly, self.forkserver)
             return self.forkserver, self.keys
 
+    def _state(self, datasets):
+        """What the workers' code reads from this process as it is now, as the
+        server takes it before it builds (DL220; a pickle of its own: where it
+        does not load there, the server builds, and each worker compares).
+        Not what the constructions themselves changed (a counter): the build
+        starts from the import's, as the program's own construction did; each
+        worker is then given this process's value."""
+        if self.carry is None:
+            return None
+        from . import process_state, rebuild  # noqa: PLC0415 - build servers only
+
+        changed = set()
+        for dataset in datasets:
+            made = rebuild.construction_of(dataset)
+            changed |= made.changed if made is not None else set()
+        try:
+            reads = [r for r in self.carry.reads if r.label not in changed]
+            return pickle.dumps(process_state.Carried(reads, None).in_server(),
+                                pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            return None
+
     def _start(self, datasets):
         from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
@@ -458,7 +481,8 @@ class Build:
         fd, path = tempfile.mkstemp(prefix="autosafe_torch-build-")
         with os.fdopen(fd, "wb") as f:
             pickle.dump(prepared, f, pickle.HIGHEST_PROTOCOL)  # loaded first: the main
-            pickle.dump(recipes, f, pickle.HIGHEST_PROTOCOL)   # module, then its classes
+            pickle.dump(self._state(datasets), f, pickle.HIGHEST_PROTOCOL)  # module, what main()
+            pickle.dump(recipes, f, pickle.HIGHEST_PROTOCOL)   # set, then its classes
         server = forkserver.ForkServer()
         with _names_lock:
             libraries = list(_preload)
@@ -547,15 +571,18 @@ def _note(message):
         log(logging.DEBUG, "DL209 warm-worker-start: %s", message)
 
 
-def warm_context(context, builds=()):
+def warm_context(context, builds=(), carry=None):
     """The warm context replacing ``context`` (None or spawn's): its workers bear
     the names spawn would give them (``Process-1``, ``SpawnProcess-1``);
     ``builds``: datasets built again in each worker, built once in a build
-    server instead where one runs. (See NOTE [the data flow of a repaired
-    loader] in torch_private.py, step 2.)"""
+    server instead where one runs, with what the workers' code reads from this
+    process (``carry``, DL220) in place first. (See NOTE [the data flow of a
+    repaired loader] in torch_private.py, step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
     if builds:
-        return WarmContext(name, Build.of(builds))
+        build = Build.of(builds)
+        build.carry = carry if carry is not None else build.carry
+        return WarmContext(name, build)
     with _names_lock:
         if name not in _contexts:
             _contexts[name] = WarmContext(name)

@@ -43,13 +43,13 @@ from collections.abc import Iterable, Sequence
 from typing import (TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar, Union, cast,
                     overload)
 
-from ..inspection.naming import a_or_an, brief, what_is  # noqa: F401 (the rules' names)
+from ..inspection.naming import a_or_an, brief, number_of, what_is  # noqa: F401 (the rules' names)
 
 if TYPE_CHECKING:
     from ..facts import Facts
     from ..inspection.failures import Failure
     from ..remedies.isolation import Usage
-    from ..report import Intervention
+    from ..report import Intervention, Needed
     from .amp import AmpCall
     from ..rung import Rung
 
@@ -200,7 +200,7 @@ class Rule:
                 why: str = "", strategy: str | None = None,
                 state: dict[str, Any] | None = None, remedies: Iterable[Remedy] = (),
                 fix: str | None = None, done: str | None = None,
-                rung: Rung | None = None, needed: Callable[[], bool] | None = None) -> Finding:
+                rung: Rung | None = None, needed: Needed | None = None) -> Finding:
         """This rule's ``Finding`` (its fields, as ``Finding`` has them)."""
         return Finding(self, before, changes, why, strategy, state, remedies, fix, done, rung,
                        needed)
@@ -257,7 +257,8 @@ class Finding:
     never the rule's code. Its words are the strategy, unless one is given.
     ``needed``: for a remedy that the workers apply only where they lack
     what it gives, asked once they started: False when none needed it (no
-    record is made: nothing was done); None: always needed.
+    record is made: nothing was done), a ``report.Said`` for what they did
+    (the record's words); None: always needed.
     """
 
     __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix",
@@ -268,7 +269,7 @@ class Finding:
                  strategy: str | None = None, state: dict[str, Any] | None = None,
                  remedies: Iterable[Remedy] = (), fix: str | None = None,
                  done: str | None = None, rung: Rung | None = None,
-                 needed: Callable[[], bool] | None = None) -> None:
+                 needed: Needed | None = None) -> None:
         self.rule = rule
         self.needed = needed
         self.before = before
@@ -292,6 +293,13 @@ class Finding:
     def is_advice(self) -> bool:
         return not (self.changes or self.state or self.remedies)
 
+    @property
+    def told_by_workers(self) -> bool:
+        """Whether only the workers given its remedy can tell what it did
+        (``needed``), and it changes nothing here (DL220): in warn and strict
+        modes, where no worker is given it, there is nothing to say."""
+        return self.needed is not None and not (self.changes or self.remedies)
+
     def __repr__(self) -> str:
         return "Finding(%s %s -> %s)" % (self.rule.code, self.before, self.after)
 
@@ -300,11 +308,6 @@ def changed_text(before: dict[str, Any], changes: dict[str, Any]) -> str:
     """``prefetch_factor 4 -> None, ...``: the arguments a finding changes."""
     return ", ".join("%s %s -> %s" % (name, brief(before.get(name)), brief(new))
                      for name, new in changes.items())
-
-
-def number_of(count: int, thing: str) -> str:
-    """``1 worker``, ``2 workers``."""
-    return "%d %s%s" % (count, thing, "" if count == 1 else "s")
 
 
 class Context:

@@ -50,10 +50,6 @@ if TYPE_CHECKING:
     from . import Check, Finding, IterContext
 
 GROUP = "dataloader"
-# What a finding that sends a loader to spawn workers (moved there, or with a
-# repair of ours) keeps on it: each worker checks the process state the
-# dataset's code reads (remedies/process_state.py).
-SENT_TO_SPAWN = {"_process_state": True}
 
 
 # -- at iter(): rungs 2-4 --------------------------------------------------------
@@ -95,7 +91,7 @@ def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: st
             repairs or not plan.needs_repair):
         return check.rule.finding({"multiprocessing_context": "fork"},
                                   {"multiprocessing_context": "spawn"}, why,
-                                  rung=Rung.SPAWN, state=SENT_TO_SPAWN,
+                                  rung=Rung.SPAWN,
                                   done="workers started by spawn instead of fork: " + why)
     return emulated_workers(check, args, why)
 

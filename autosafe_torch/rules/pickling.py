@@ -1,14 +1,16 @@
-"""What travels to spawn/forkserver workers: DL202, DL203, DL208 and DL201.
+"""What travels to spawn/forkserver workers: DL202, DL203, DL208, DL201, DL219
+and DL220.
 
 Each reads the one pickling plan (``pickling_plan.py``) and says its part of
 the repairs; where the plan leaves something that does not pickle, DL201
 hands the loader to the ladder (``ladder.py``).
 """
 
+from ..inspection.parts import PARTS
 from ..rung import Rung
 from . import IterContext, Rewrite, number_of, rule, what_is
 from .fork_plan import spawning_workers
-from .ladder import GROUP, SENT_TO_SPAWN, fallback
+from .ladder import GROUP, fallback
 from .pickling_plan import pickling_plan
 from .repairs import REPAIRS, what_dl201_says
 
@@ -65,7 +67,7 @@ def local_function_to_workers(args, ctx: IterContext):
         return None  # the ladder (DL201) takes the loader elsewhere
     workers = number_of(args["num_workers"], "worker")
     found = [local_function_to_workers.rule.finding(
-        {part: args[part]}, {part: new}, why, strategy="by-value", state=SENT_TO_SPAWN,
+        {part: args[part]}, {part: new}, why, strategy="by-value",
         done="%s (%s) sent by value to %s" % (part, what_is(args[part]), workers))
         for part, (new, why) in plan.by_value.items()]
     if plan.nested:
@@ -73,7 +75,7 @@ def local_function_to_workers(args, ctx: IterContext):
 
         path, why = plan.nested
         found.append(local_function_to_workers.rule.finding(
-            {"function": path}, why=why, strategy="by-value", state=SENT_TO_SPAWN,
+            {"function": path}, why=why, strategy="by-value",
             remedies=[lambda args: byvalue.send_by_value_where_needed()],
             done="%s and other code workers cannot import sent by value to %s"
             % (path, workers)))
@@ -111,7 +113,6 @@ def interactive_main_class(args, ctx: IterContext):
 
     return [interactive_main_class.rule.finding(
         {"class": "%s at %s" % (cls.__qualname__, path)}, why=why, strategy="by-value",
-        state=SENT_TO_SPAWN,
         # cls=cls: each finding's own class (a default mypy cannot type in a lambda)
         remedies=[lambda args, cls=cls: byvalue.register_by_value_class(cls)],  # type: ignore[misc]
         done="class %s of __main__ (%s) sent by value to %s" % (
@@ -153,7 +154,7 @@ def thread_pool_to_spawned_workers(args, ctx: IterContext):
     return thread_pool_to_spawned_workers.rule.finding(
         {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
         "spawned worker; each gets a new one of the same size", strategy="new pool per worker",
-        state=SENT_TO_SPAWN, remedies=[lambda args: pools.install_reducers()],
+        remedies=[lambda args: pools.install_reducers()],
         done="%s (a thread pool) sent as a new, empty pool to each of %s" % (
             ", ".join(plan.pools), number_of(args["num_workers"], "worker")))
 
@@ -212,8 +213,7 @@ def unpicklable_dataset(args, ctx: IterContext):
     return unpicklable_dataset.rule.finding(
         said["before"], why=said["why"], strategy=said["strategy"],
         rung=Rung.REBUILT if plan.rebuilt else None,
-        state=dict(SENT_TO_SPAWN, _rebuilt=[d for _where, d, _why in plan.rebuilt])
-        if plan.rebuilt else SENT_TO_SPAWN,
+        state={"_rebuilt": [d for _where, d, _why in plan.rebuilt]} if plan.rebuilt else None,
         remedies=said["remedies"], fix=said["fix"], done=said["done"])
 
 
@@ -258,8 +258,81 @@ def logging_config_to_workers(args, ctx: IterContext):
         {"loggers": [lg.name for lg in found]},
         why="a logger pickles by its name: a spawned worker's has none of this process's "
         "handlers, levels or filters", strategy="carry logging configuration",
-        state=dict(SENT_TO_SPAWN, _loggers=reports), needed=reports.needed,
+        state={"_loggers": reports}, needed=reports.needed,
         remedies=[lambda args: pickling.install(loggers.reducers(found))],
         done="the logger%s %s carried to each of %s with the configuration its records meet "
         "(%s)" % ("s" if len(found) > 1 else "", names, number_of(args["num_workers"], "worker"),
                   number_of(handlers, "handler")))
+
+
+PROCESS_STATE_REWRITE = Rewrite(
+    "process_state", "site",
+    "the module globals and class attributes of the loader's own file that the run "
+    "carried are given to each worker by its `worker_init_fn`: a function the rewrite "
+    "adds at module level sets them there, then calls the loader's own "
+    "`worker_init_fn`, given as `functools.partial(set_state, {...}, own)`",
+    "a value of another module, a library-wide setting, a library function the program "
+    "replaced, an attribute of a nested class or a value that did not pickle; a call that "
+    "passes `worker_init_fn` positionally or by `*`/`**`; a name local where the loader "
+    "is made, or bound again after it (a worker would get the value at the loader, not "
+    "at its start); a value a `__setstate__`, `__getattr__` or `__getattribute__` reads "
+    "(it must be in place before the dataset arrives)")
+
+
+@rule("DL220", "process-state", GROUP,
+      summary=("spawn/forkserver workers: the module globals and class attributes their "
+               "code reads (the dataset's methods, its transforms, collate_fn, "
+               "worker_init_fn and the program's functions and classes they name) and the "
+               "library-wide settings a new interpreter resets (torch's default dtype, "
+               "deterministic algorithms...), carried from the training process where a "
+               "worker's own import left another value, before the dataset arrives: the "
+               "values a forked worker would have"),
+      prevents=("silently wrong batches, with no error: a spawned worker imports the script "
+                "again, so a config main() filled from argparse, class statistics it "
+                "computed, torch.set_default_dtype() or a library function it replaced are "
+                "at their import-time values there"),
+      fix=("pass what the dataset's code reads to its constructor and keep it on the "
+           "dataset (or set it in worker_init_fn), not in a module global or class "
+           "attribute that main() changes"),
+      example=(("CONFIG = {'scale': 1.0}\n"
+                "\n"
+                "class Spectra(Dataset):\n"
+                "    def __getitem__(self, i):\n"
+                "        return self.data[i] * CONFIG['scale']   # 1.0 in a spawned worker\n"
+                "\n"
+                "if __name__ == '__main__':\n"
+                "    CONFIG['scale'] = parse_args().scale\n"
+                "    DataLoader(Spectra(data), num_workers=2)"),
+               ("class Spectra(Dataset):\n"
+                "    def __init__(self, data, scale):\n"
+                "        self.data, self.scale = data, scale     # travels with the dataset\n"
+                "    def __getitem__(self, i):\n"
+                "        return self.data[i] * self.scale\n"
+                "\n"
+                "if __name__ == '__main__':\n"
+                "    DataLoader(Spectra(data, parse_args().scale), num_workers=2)")),
+      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux from "
+                "Python 3.14)"),
+      rewrite=PROCESS_STATE_REWRITE,
+      at="dataloader.iter",
+      # it reads the start method and the rung the ladder chose (fork, emulated
+      # workers: their workers read this process's own values)
+      after=("memmap_by_reference",))
+def process_state_to_workers(args, ctx: IterContext):
+    if not spawning_workers(args, ctx) or any(f.rung is Rung.EMULATED for f in ctx.findings):
+        return None
+    from ..inspection.reads import reads_of  # noqa: PLC0415 - when a loader spawns workers
+    from ..remedies.process_state import Carry  # noqa: PLC0415 - when a loader spawns workers
+
+    rebuilt = {type(d) for f in ctx.findings for d in f.state.get("_rebuilt", ())}
+    reads = reads_of([args[part] for part in PARTS], rebuilt)
+    carry = Carry(reads, args["num_workers"])
+    # Whether a worker's value differs is its own to see: the record is made from
+    # what the workers said (none where every value was the import's).
+    return process_state_to_workers.rule.finding(
+        {"read": [r.label for r in reads]},
+        why="a spawned worker imports the program's modules again: what main() changed is "
+        "at its import-time value there", strategy="carried to each worker",
+        state={"_process_state": carry}, needed=carry.outcome,
+        done="the values main() set that its workers read carried to each of %s" % (
+            number_of(args["num_workers"], "worker")))

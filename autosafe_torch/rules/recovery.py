@@ -211,7 +211,7 @@ def worker_out_of_memory(args, ctx: FailureContext):
       at="dataloader.failure")
 def repair_failed_in_worker(args, ctx: FailureContext):
     found = _recovered(repair_failed_in_worker, REMEDY, ctx)
-    if found is not None and process_state.DIFFERS in (ctx.failure.what() or ""):
+    if found is not None and process_state.REFUSED in (ctx.failure.what() or ""):
         found.fix = process_state.FIX  # not a file: what the worker's import left
     return found
 

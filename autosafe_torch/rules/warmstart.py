@@ -56,7 +56,8 @@ REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
       at="dataloader.iter",
       # it reads every repair for spawn (ctx.found) and whether a check emulated
       # the workers (ctx.findings)
-      after=("thread_pool_under_fork", "logging_config_to_workers", "memmap_by_reference"),
+      after=("thread_pool_under_fork", "logging_config_to_workers", "memmap_by_reference",
+             "process_state_to_workers"),
       clause_of=REPAIRED_FOR_SPAWN)
 def warm_worker_start(args, ctx):
     if not args["num_workers"] or start_method(args) != "spawn" \
@@ -77,7 +78,9 @@ def warm_worker_start(args, ctx):
         {"multiprocessing_context": args["multiprocessing_context"] or "spawn"},
         {"multiprocessing_context": warmstart.warm_context(
             args["multiprocessing_context"],
-            builds=[d for f in ctx.findings for d in f.state.get("_rebuilt", ())]),
+            builds=[d for f in ctx.findings for d in f.state.get("_rebuilt", ())],
+            carry=next((f.state["_process_state"] for f in ctx.findings
+                        if "_process_state" in f.state), None)),
          "worker_init_fn": with_step(args["worker_init_fn"], warmstart.exit_with_parent)},
         "spawn workers would import %s again every epoch; a server that imported them "
         "once forks each worker, which then starts as spawn does" % ", ".join(libraries),

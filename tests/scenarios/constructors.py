@@ -25,6 +25,8 @@ ones run. KIND (data written to ``SCENARIO_TMP``):
   at ``dataset[0]`` before the loader.
 - ``runtime``: ``audit``, whose ``__getitem__`` also reads a class attribute and
   a module-level value that ``main()`` set.
+- ``weighted``: ``days``, whose constructor reads a weight from the config
+  ``main()`` set.
 
 ``lazy``: the hand fix, each handle made in the process that uses it.
 
@@ -160,6 +162,19 @@ class Runtime(Audited):
         return x, pid
 
 
+class Weighted(Days):
+    """Days whose constructor reads a weight from the config main() set."""
+
+    def __init__(self, root, lazy=False):
+        super().__init__(root, lazy)
+        self.weight = CONFIG["scale"]
+
+    def __getitem__(self, i):
+        x, pid = super().__getitem__(i)
+        x[0] = x[0] * self.weight
+        return x, pid
+
+
 class Counted(Days):
     made = 0
 
@@ -240,8 +255,10 @@ def make(kind, lazy):
         return Ordinary(TMP, Compose([Scale(2.0), Shift(1.0)]), frame, classes, low, lazy=lazy)
     if kind == "runtime":
         Runtime.factor, CONFIG["scale"] = 3.0, 2.0  # from the command line, say
+    if kind == "weighted":
+        CONFIG["scale"] = 5.0
     return {"config": Features, "days": Days, "audit": Audited, "counted": Counted,
-            "peeked": Peeked, "runtime": Runtime}[kind](TMP, lazy=lazy)
+            "peeked": Peeked, "runtime": Runtime, "weighted": Weighted}[kind](TMP, lazy=lazy)
 
 
 def main():

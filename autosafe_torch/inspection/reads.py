@@ -1,0 +1,416 @@
+"""What the workers' code reads from the process: module globals and class
+attributes, found in the code, never by running it.
+
+A spawned (or forkserver) worker imports the program's modules again, so
+what ``main()`` changed at run time is at its import-time value there,
+while the dataset itself arrives by pickle (``remedies/process_state.py``
+carries the rest). What a worker may run starts at what torch sends it: the
+dataset (and the datasets, transforms and other callables among its
+attributes), ``collate_fn`` and ``worker_init_fn``. The sampler stays in the
+training process (torch sends the workers indices), so what it reads is
+never a worker's. From those objects, the methods a worker calls (the
+protocols torch and the dataset's own code use: ``__getitem__``,
+``__iter__``, ``__call__``, ``__setstate__``...), then, transitively, the
+program's own functions and classes their code names: a global name read
+by the code (``LOAD_GLOBAL``), an attribute named on a class of the program
+in scope (``self.mean``, ``Spectra.mean``, ``type(self).mean``) or on a
+module of the program (``config.LR``), and, on a library's module, a
+function of the program put there (``np.load = my_load``).
+
+What is found is a ``Read``: the module, the dotted name under it, and the
+first line that reads it. Cost: a code object is read once per process
+(``dis``, cached by code object); objects are looked at only through their
+attributes, a few hundred at most, and containers only while small: a
+dataset's million samples are never walked. No user code runs:
+attributes are read from ``__dict__`` and ``__slots__``, never through
+``getattr`` on an instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import functools
+import os
+import sys
+import types
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .. import callsite
+from .mainmodule import importable_by_reference
+from .objwalk import is_a
+from .slots import slot_names
+
+# The methods a worker calls on what it is sent, by torch's loop, by pickle
+# (``__setstate__`` as it arrives) or by the program's own code on them.
+# Construction is not among them: a worker unpickles, never builds (but a
+# dataset the rebuild rung builds again there: ``reads_of(rebuilt=...)``).
+ENTRIES = ("__getitem__", "__getitems__", "__len__", "__iter__", "__next__", "__call__",
+           "__setstate__", "__getattr__", "__getattribute__", "__contains__", "__bool__",
+           "__enter__", "__exit__")
+CONSTRUCTION = ("__new__", "__init__", "__post_init__")
+MAX_OBJECTS = 512  # objects looked at per loader (through attributes, never samples)
+MAX_ITEMS = 64     # a container larger than this is data, not code to follow
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
+_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "LOAD_SUPER_ATTR",
+                       "DELETE_ATTR", "IMPORT_FROM"})
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+              types.BuiltinMethodType, staticmethod, classmethod, property,
+              functools.partial)
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
+_MAIN = ("__main__", "__mp_main__")
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One value the workers' code reads from the process: ``name`` (dotted:
+    ``Spectra.mean`` for a class attribute) under ``module`` (``__main__`` for
+    the script), first read at ``site`` (``/path/train.py:14``)."""
+
+    module: str
+    name: str
+    site: str
+
+    @property
+    def label(self) -> str:
+        """How a person names it: ``CONFIG``, ``Spectra.mean`` in the script;
+        ``config.LR`` elsewhere."""
+        return self.name if self.module in _MAIN else "%s.%s" % (self.module, self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Code:
+    """What one code object (with its nested code) names: ``{name: line}`` of
+    the globals it reads, of the attributes it names (``from m import name``
+    too) and of the modules it imports itself (``import json`` in a function),
+    first line each."""
+
+    filename: str
+    globals: dict[str, int]
+    attrs: dict[str, int]
+    imports: dict[str, int]
+
+
+@functools.lru_cache(maxsize=4096)
+def _code(code: types.CodeType) -> _Code:
+    facts = _Code(code.co_filename, {}, {}, {})
+    _scan(code, facts, 0)
+    return facts
+
+
+def _scan(code: types.CodeType, facts: _Code, depth: int) -> None:
+    line = code.co_firstlineno
+    for instruction in dis.get_instructions(code):
+        line = _line_of(instruction, line)
+        if not isinstance(instruction.argval, str):
+            continue
+        if instruction.opname in _GLOBAL_OPS:
+            facts.globals.setdefault(instruction.argval, line)
+        elif instruction.opname in _ATTR_OPS:
+            facts.attrs.setdefault(instruction.argval, line)
+        elif instruction.opname == "IMPORT_NAME":
+            facts.imports.setdefault(instruction.argval, line)
+    if depth < 8:
+        for const in code.co_consts:  # comprehensions, lambdas, inner functions
+            if isinstance(const, types.CodeType):
+                _scan(const, facts, depth + 1)
+
+
+def _line_of(instruction: dis.Instruction, last: int) -> int:
+    line = getattr(instruction, "line_number", None)  # Python 3.13
+    if isinstance(line, int):
+        return line
+    starts = instruction.starts_line  # an int before 3.13
+    return starts if isinstance(starts, int) and not isinstance(starts, bool) else last
+
+
+@functools.lru_cache(maxsize=1024)
+def _module_is_programs(name: str) -> bool:
+    """Whether module ``name`` is the program's own: the script, or a file
+    outside the installed libraries and the standard library."""
+    if name in _MAIN:
+        return True
+    path = getattr(sys.modules.get(name), "__file__", None)
+    return bool(path) and not os.path.realpath(path).startswith(callsite.installed_dirs())
+
+
+def is_programs(obj: Any) -> bool:
+    """Whether a class or function is the program's own (by its module)."""
+    name = getattr(obj, "__module__", None)
+    return isinstance(name, str) and _module_is_programs(name)
+
+
+def _main_name(module: str) -> str:
+    return "__main__" if module == "__mp_main__" else module
+
+
+def _qualified(owner: type) -> str | None:
+    """``owner``'s dotted name under its module, where that name leads back to it."""
+    qualname = getattr(owner, "__qualname__", None)
+    if not isinstance(qualname, str) or "<" in qualname:
+        return None
+    return qualname
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.found: dict[tuple[str, str], Read] = {}
+        self.objects: set[int] = set()
+        self.functions: set[tuple[Any, ...]] = set()
+        self.classes: set[int] = set()
+        self.sent: set[int] = set()  # the classes of instances the workers are sent
+        self.budget = MAX_OBJECTS
+
+    # -- objects: what torch sends, and what their attributes hold --
+
+    def object(self, obj: Any) -> None:
+        if is_a(obj, _PLAIN) or id(obj) in self.objects or self.budget <= 0:
+            return
+        self.objects.add(id(obj))
+        self.budget -= 1
+        if is_a(obj, types.FunctionType):
+            self.function(obj, ())
+        elif is_a(obj, types.MethodType):
+            owner = obj.__self__
+            self.object(owner)
+            self.function(obj.__func__, _mro(owner if isinstance(owner, type) else type(owner)))
+        elif is_a(obj, functools.partial):
+            for part in (obj.func, *obj.args, *obj.keywords.values()):
+                self.object(part)
+        elif is_a(obj, (staticmethod, classmethod)):
+            self.object(obj.__func__)
+        elif is_a(obj, type):
+            self.klass(obj)
+        elif is_a(obj, (list, tuple, set, frozenset)):
+            if len(obj) <= MAX_ITEMS:
+                for item in obj:
+                    self.object(item)
+        elif is_a(obj, dict):
+            if len(obj) <= MAX_ITEMS:
+                for item in obj.values():
+                    self.object(item)
+        elif not is_a(obj, (types.ModuleType, types.BuiltinFunctionType)):
+            self.instance(obj)
+
+    def instance(self, obj: Any) -> None:
+        cls = type(obj)
+        if is_programs(cls):
+            self.sent.add(id(cls))
+            classes = _mro(cls) if importable_by_reference(cls) else ()
+            held = _attribute_names(obj)
+            for klass in classes:
+                for name in ENTRIES:
+                    if name in vars(klass):
+                        for function in _functions_of(vars(klass)[name]):
+                            self.function(function, classes, held)
+        elif not (callable(obj) or _holds_datasets(obj)):
+            return  # a library's data object (a DataFrame, a file): no code of the program
+        for _name, value in _attributes(obj):
+            if is_a(value, _PLAIN) or _is_payload(value):
+                continue
+            self.object(value)
+
+    def klass(self, cls: type) -> None:
+        """A class the code names: what building it runs, where that is the
+        program's (``Helper(x)`` in ``__getitem__``). Not for a class the
+        workers are sent an instance of (a dataset naming its own class reads
+        its attributes: ``Spectra.mean``), nor one that goes by value."""
+        if id(cls) in self.classes or id(cls) in self.sent or not is_programs(cls) \
+                or not importable_by_reference(cls):
+            return
+        self.classes.add(id(cls))
+        classes = _mro(cls)
+        for klass in classes:
+            for name in CONSTRUCTION:
+                if name in vars(klass):
+                    for function in _functions_of(vars(klass)[name]):
+                        self.function(function, classes)
+
+    # -- code --
+
+    def function(self, function: Any, classes: tuple[type, ...],
+                 held: frozenset[str] = frozenset()) -> None:
+        """``function``'s reads. ``classes``: the program's classes along the
+        MRO of the instance it is a method of (its class was checked to go by
+        reference); else it is a free function, which goes by reference
+        or by value (a lambda, a local function: its globals travel with it,
+        as the training process has them, and need nothing more)."""
+        if not is_a(function, types.FunctionType) or not is_programs(function):
+            return  # a library's code is not read
+        if not classes and not importable_by_reference(function):
+            return
+        code = function.__code__
+        key = (code, id(function.__globals__), classes)
+        if key in self.functions or len(self.functions) > 4 * MAX_OBJECTS:
+            return
+        self.functions.add(key)
+        facts = _code(code)
+        scope = function.__globals__
+        module = _main_name(scope.get("__name__", "?"))
+        named = list(classes)
+        for name, line in facts.globals.items():
+            if name not in scope or name.startswith("__") and name.endswith("__"):
+                continue  # a builtin, not defined yet, or the module's own (__name__)
+            value = scope[name]
+            if is_a(value, types.ModuleType):
+                self.module_attributes(value, facts)
+                continue
+            self.add(module, name, facts.filename, line)
+            if is_a(value, type) and is_programs(value):
+                named.extend(k for k in _mro(value) if k not in named)
+                self.klass(value)
+            elif is_a(value, types.FunctionType):
+                self.function(value, ())
+            elif not is_a(value, type):
+                self.object(value)
+        self.class_attributes(tuple(named), facts, held)
+        for name in facts.imports:
+            imported = sys.modules.get(name)
+            if imported is not None:
+                self.module_attributes(imported, facts)
+        for cell in function.__closure__ or ():
+            try:
+                self.object(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        for value in (function.__defaults__ or ()) + tuple((function.__kwdefaults__ or {})
+                                                             .values()):
+            self.object(value)
+
+    def class_attributes(self, classes: tuple[type, ...], facts: _Code,
+                         held: frozenset[str]) -> None:
+        """The attributes ``facts`` names that a class in scope has (the first
+        along each class's MRO, as attribute lookup finds it): its methods are
+        followed, its data is a read, unless the instance holds its own."""
+        for name, line in facts.attrs.items():
+            if name in held:
+                continue
+            for klass in classes:
+                if name not in vars(klass):
+                    continue
+                value = vars(klass)[name]
+                functions = _functions_of(value)
+                for function in functions:
+                    self.function(function, _mro_from(classes, klass))
+                qualname = _qualified(klass)
+                if qualname is not None and not (name.startswith("__") and name.endswith("__")) \
+                        and not _defined_in(functions, qualname):
+                    # data, or a function put there (Scaled.scale = lambda ...): a binding
+                    self.add(_main_name(klass.__module__), "%s.%s" % (qualname, name),
+                             facts.filename, line)
+                    if is_a(value, type):
+                        self.klass(value)
+                break
+
+    def module_attributes(self, module: types.ModuleType, facts: _Code) -> None:
+        """The attributes ``facts`` names on ``module``: on the program's own
+        module, its values (``config.LR``) and the code they lead to; on a
+        library's, a function of the program put there (``np.load = load``)."""
+        own = _module_is_programs(module.__name__)
+        table = vars(module)
+        for name, line in facts.attrs.items():
+            if name not in table:
+                continue
+            value = table[name]
+            if is_a(value, types.ModuleType):
+                continue
+            if own:
+                self.add(_main_name(module.__name__), name, facts.filename, line)
+                if is_a(value, types.FunctionType):
+                    self.function(value, ())
+                elif is_a(value, type):
+                    self.klass(value)
+                else:
+                    self.object(value)
+            elif is_a(value, types.FunctionType) and is_programs(value):
+                self.add(module.__name__, name, facts.filename, line)  # replaced in a library
+                self.function(value, ())
+
+    def add(self, module: str, name: str, filename: str, line: int) -> None:
+        self.found.setdefault((module, name), Read(module, name, callsite.place(filename, line)))
+
+
+def _mro(cls: type) -> tuple[type, ...]:
+    """The program's own classes along ``cls``'s MRO."""
+    try:
+        return tuple(k for k in cls.__mro__ if is_programs(k))
+    except Exception:
+        return ()
+
+
+def _mro_from(classes: tuple[type, ...], klass: type) -> tuple[type, ...]:
+    return classes if klass in classes else _mro(klass)
+
+
+def _functions_of(value: Any) -> list[Any]:
+    """The plain functions behind a class attribute (a method, a static or
+    class method, a property's accessors; ``__wrapped__`` where a decorator of
+    ours measured it)."""
+    if not is_a(value, (types.FunctionType, staticmethod, classmethod, property, type)):
+        try:  # patches.datasets.MeasuredInit: read from its __dict__, no code run
+            value = object.__getattribute__(value, "__dict__").get("__wrapped__", value)
+        except (AttributeError, TypeError):
+            return []
+    if is_a(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if is_a(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if is_a(f, types.FunctionType)]
+    return [value] if is_a(value, types.FunctionType) else []
+
+
+def _defined_in(functions: list[Any], qualname: str) -> bool:
+    """Whether these are a method of the class body ``qualname`` (not a function
+    the program put on the class later)."""
+    return bool(functions) and all(
+        getattr(f, "__qualname__", "").startswith(qualname + ".") for f in functions)
+
+
+def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
+    try:
+        table = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        table = None
+    if is_a(table, dict):
+        yield from list(table.items())[:MAX_ITEMS * 4]
+    for name in slot_names(type(obj)):
+        try:
+            yield name, object.__getattribute__(obj, name)
+        except AttributeError:
+            continue
+
+
+def _attribute_names(obj: Any) -> frozenset[str]:
+    return frozenset(name for name, _value in _attributes(obj))
+
+
+def _holds_datasets(obj: Any) -> bool:
+    """A library's dataset or sampler (torch's ``Subset``, ``ConcatDataset``):
+    what it holds is followed, for the program's datasets inside."""
+    data = sys.modules.get("torch.utils.data")
+    bases = tuple(c for c in (getattr(data, "Dataset", None), getattr(data, "Sampler", None))
+                  if c is not None)
+    return bool(bases) and is_a(obj, bases)
+
+
+def _is_payload(value: Any) -> bool:
+    """Tensors and arrays: data, never code."""
+    for name, kind in (("torch", "Tensor"), ("numpy", "ndarray")):
+        module = sys.modules.get(name)
+        if module is not None and is_a(value, getattr(module, kind, ())):
+            return True
+    return False
+
+
+def reads_of(parts: Iterable[Any], rebuilt: Iterable[type] = ()) -> tuple[Read, ...]:
+    """The ``Read``\\ s of what a loader's workers may run: ``parts`` are what
+    torch sends them (its dataset, ``collate_fn``, ``worker_init_fn``: ours
+    unwrapped by the caller); ``rebuilt``: classes whose construction runs in
+    the workers too (the rebuild rung)."""
+    walk = _Walk()
+    for cls in rebuilt:
+        walk.klass(cls)
+    for part in parts:
+        if part is not None:
+            walk.object(part)
+    return tuple(walk.found.values())
