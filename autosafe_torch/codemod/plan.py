@@ -9,7 +9,8 @@ from .source import Source
 
 # The order the rewrites plan in: the file's shape first (the main guard, the
 # cv2 import), then each line's calls.
-ORDER = ("main_guard", "cv2", "loader_args", "amp", "local_functions", "lazy_open")
+ORDER = ("main_guard", "cv2", "loader_args", "amp", "local_functions", "lazy_open",
+         "process_state")
 
 
 def rewrites(scope):

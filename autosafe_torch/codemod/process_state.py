@@ -1,0 +1,328 @@
+"""DL220: what main() set that the workers read, given to each worker by the
+loader's ``worker_init_fn``.
+
+The log names the ``DataLoader(...)`` call (or the line that iterates the
+loader it made) and each value the run carried to its spawned workers: a
+module global or a class attribute of the script (``CONFIG``,
+``Spectra.mean``) and the first line that reads it. The rewrite adds one
+function to the file, after its imports (``HELPER_TEXT``):
+``set_main_state(state, worker_init_fn, worker_id)`` sets each name of
+``state`` in ``globals()`` (``Spectra.mean`` on the class ``Spectra``), then
+calls ``worker_init_fn(worker_id)`` where it is not None. The call hands it
+the values, then its own ``worker_init_fn`` (None where it gave none)::
+
+    DataLoader(ds, num_workers=2, worker_init_fn=seed_worker)
+    ->  DataLoader(ds, num_workers=2, worker_init_fn=functools.partial(
+            set_main_state, {"SEED": SEED, "Spectra.mean": Spectra.mean}, seed_worker))
+
+The dict goes to each worker with ``worker_init_fn``, pickled as its workers
+start (a dict main() fills in place between epochs goes as it is then), and
+is set there before the loader's own ``worker_init_fn`` and the first sample.
+``globals()`` is the namespace the script's functions read: in a spawned
+worker, the one runpy ran the script in, not the copy ``__mp_main__`` holds.
+Under fork the values are the ones the worker has already.
+
+Exact only where every value the record carried is the script's own and is
+in place in time: a name of the module ``__main__`` (this file, by the line
+that reads it) that this file binds at module level, or an attribute of a
+class it binds there, and that names the module's value where the loader is
+made. The whole record is left as a comment (the rule's fix, at the loader)
+for any other value:
+
+- a value of another module, a library-wide setting (torch's default dtype),
+  a library function the program replaced, a nested class's attribute;
+- a value a ``__setstate__`` of this file reads (or a ``__getattr__``, which
+  pickle calls as it looks ``__setstate__`` up): it is read as the dataset
+  arrives, before any ``worker_init_fn``;
+- a value set again after the loader is made, later in the function that
+  makes it or in a function that one names after it: the dict holds what was
+  bound at the call, fork's workers what is bound at each start;
+- a name that is a local variable where the loader is made;
+- a value the run could not carry (it does not pickle);
+
+and for a call that gives ``worker_init_fn`` by position, or its arguments
+by ``*`` or ``**``.
+
+Run again under the shim, the patched script logs DL220 again (the shim sets
+the values before the dataset arrives, ahead of any ``worker_init_fn``): a
+call that gives the function already is left as it is, or given the values
+its dict lacks.
+"""
+
+import os
+
+import libcst as cst
+import libcst.matchers as m
+from libcst import metadata as md
+
+from .records import COVERED, NOT_EXACT, REWRITTEN, NotExact, split_site
+from .source import (LOADER_POSITIONAL, append_arg, find_arg, has_star, is_docstring,
+                     keyword_arg, set_arg_value)
+
+HELPER = "set_main_state"
+MARK = "# autosafe-torch DL220"
+HELPER_TEXT = '''\
+def {name}(state, worker_init_fn, worker_id):  {mark}: what main() set, in each worker
+    for name, value in state.items():
+        owner, _, attribute = name.rpartition(".")
+        if owner:
+            setattr(globals()[owner], attribute, value)
+        else:
+            globals()[name] = value
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+'''
+COMMENT = "DL220: worker_init_fn sets what main() set, in each worker"
+# What pickle runs as it rebuilds the dataset in a worker, before worker_init_fn:
+# __setstate__, and __getattr__ where pickle looks __setstate__ up on an instance.
+ARRIVING = ("__setstate__", "__getattr__", "__getattribute__")
+
+
+def rewrite(source, records):
+    out = []
+    for record in records:
+        try:
+            out.append((record, *_plan(source, record)))
+        except NotExact as exc:
+            out.append((record, NOT_EXACT, str(exc)))
+    return out
+
+
+def _plan(source, record):
+    """(kind, what was done) for one loader's record; NotExact where not exact."""
+    carried, refused = record.after.get("carried"), record.after.get("refused")
+    if refused:
+        raise NotExact(" ".join(str(refused[0]).split()))
+    if not isinstance(carried, list) or not carried:
+        raise NotExact("the record names no value carried")
+    call = source.dataloader_at(record.line)
+    if call is None:
+        raise NotExact("no DataLoader(...) made or iterated at this line")
+    if has_star(call):
+        raise NotExact("the call passes arguments by * or **")
+    own = find_arg(call, "worker_init_fn", LOADER_POSITIONAL)
+    if own is not None and own[1].keyword is None:
+        raise NotExact("worker_init_fn is passed by position")
+    names = list(dict.fromkeys(_exact_name(source, record, call, e) for e in carried))
+    earlier = _earlier_rewrite(source, own[1].value if own else None)
+    if earlier is not None:
+        return _extend(source, call, earlier, names)
+    planned = source.notes.setdefault("DL220: state", {})  # id(call) -> its names
+    if id(call) in planned:  # another record of the same loader: one function, one dict
+        state = planned[id(call)]
+        state.extend(n for n in names if n not in state)
+        return COVERED, "the loader's worker_init_fn sets these values already"
+    state = planned[id(call)] = names
+    helper = _helper(source)
+    functools = source.module_name("functools")
+
+    def edit(node):
+        found = find_arg(node, "worker_init_fn", LOADER_POSITIONAL)
+        given = found[1].value if found else cst.Name("None")
+        partial = cst.parse_expression("%s.partial(%s, %s, None)" % (
+            functools, helper, _dict_text(state)))
+        partial = partial.with_changes(args=[*partial.args[:2],
+                                             partial.args[2].with_changes(value=given)])
+        if found:
+            return set_arg_value(node, found[0], partial)
+        return append_arg(node, keyword_arg("worker_init_fn", partial))
+
+    source.edit(call, edit)  # after DL202's (order 40): it wraps the function DL202 lifted
+    source.comment(call, COMMENT)
+    return REWRITTEN, "%s set in each worker by %s, %s" % (
+        ", ".join(names), helper,
+        "then the loader's own worker_init_fn" if own else "as its worker_init_fn")
+
+
+def _dict_text(names):
+    return "{%s}" % ", ".join('"%s": %s' % (n, n) for n in names)
+
+
+# -- which values are exact -------------------------------------------------------------
+
+
+def _exact_name(source, record, call, entry):
+    """The dotted name (``CONFIG``, ``Spectra.mean``) of one carried value, where
+    setting it in ``worker_init_fn`` gives the workers what the shim gave them."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise NotExact("a value the record carried has no name")
+    label, name, module = entry.get("label") or entry["name"], entry["name"], entry.get("module")
+    if entry.get("setting"):
+        raise NotExact("%s is a library-wide setting: set it in worker_init_fn" % label)
+    if module != "__main__":
+        raise NotExact("%s is a value of module %s, not of this file" % (label, module))
+    parts = name.split(".")
+    if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+        raise NotExact("%s is not a global or a class attribute of this file" % label)
+    if parts[0] not in source.globals_bound():
+        raise NotExact("%s is not bound at module level in this file" % parts[0])
+    _global_at(source, call, parts[0])
+    site = split_site(entry.get("site"))
+    if site is None or not _same_file(site[0], record.path):
+        raise NotExact("%s is read in another file (%s)" % (label, entry.get("site")))
+    _not_read_as_it_arrives(source, label, parts, site[1])
+    _not_set_after(source, call, label, parts)
+    return name
+
+
+def _global_at(source, call, name):
+    """The dict is made at the call: ``name`` must be the module's there, not a
+    local variable (a parameter) of the function that makes the loader, or of one
+    around it."""
+    scope = source.scope(call)
+    while scope is not None and not isinstance(scope, md.GlobalScope):
+        if scope.assignments[name] and (scope is source.scope(call)
+                                        or not isinstance(scope, md.ClassScope)):
+            raise NotExact("%s is a local name where the loader is made" % name)
+        scope = scope.parent
+
+
+def _same_file(name, path):
+    """Whether a reading site's file is ``path`` (the record's, resolved): a
+    script run by a relative path (``autosafe-torch run train.py``) names its
+    code by that path, from a directory the log does not keep."""
+    if os.path.isabs(name):
+        return os.path.realpath(name) == path
+    return path.endswith(os.sep + os.path.normpath(name))
+
+
+def _functions_around(source, line):
+    """The functions whose lines hold ``line``, innermost last."""
+    found = [f for f in source.nodes(cst.FunctionDef)
+             if source.lines(f)[0] <= line <= source.lines(f)[1]]
+    return sorted(found, key=lambda f: source.lines(f)[0])
+
+
+def _reads(function, parts):
+    """Whether ``function`` names the value: the global, or the attribute on anything
+    (``self.mean`` reads ``Spectra.mean``)."""
+    if len(parts) == 1:
+        return bool(m.findall(function.body, m.Name(parts[0])))
+    return bool(m.findall(function.body, m.Attribute(attr=m.Name(parts[1]))))
+
+
+def _not_read_as_it_arrives(source, label, parts, line):
+    around = [f for f in _functions_around(source, line) if f.name.value in ARRIVING]
+    readers = around + [f for f in source.nodes(cst.FunctionDef)
+                        if f.name.value in ARRIVING and f not in around and _reads(f, parts)]
+    if readers:
+        raise NotExact("%s is read in %s (line %d), as the dataset arrives in a worker, "
+                       "before worker_init_fn" % (label, readers[0].name.value,
+                                                  source.lines(readers[0])[0]))
+
+
+def _bindings(source, parts):
+    """The nodes of this file that bind the value: the global's assignments (a
+    function's under ``global``), ``Owner.attribute = ...`` (``cls.attribute`` too)."""
+    if len(parts) == 1:
+        scope = source.scope(source.module)
+        return [a.node for a in scope.assignments[parts[0]]] if scope is not None else []
+    stored = (md.ExpressionContext.STORE, md.ExpressionContext.DEL)
+    contexts = source.meta(md.ExpressionContextProvider)
+    return [node for node in source.nodes(cst.Attribute)
+            if contexts.get(node) in stored and node.attr.value == parts[1]
+            and isinstance(node.value, cst.Name) and node.value.value in (parts[0], "cls")]
+
+
+def _function_of(source, node):
+    return next((a for a in source.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+
+def _not_set_after(source, call, label, parts):
+    """The dict holds what is bound when the loader is made; fork's workers get
+    what is bound at each start of them. Not exact where the file binds the value
+    again later in the function that makes the loader, or in a function named
+    there after the call (``train(loader, before_epoch=harder)``)."""
+    position = source.meta(md.PositionProvider)
+    maker, end = _function_of(source, call), position[call].end
+    span = source.lines(maker) if maker is not None else (1, len(source.text.splitlines()))
+    later = {n.value for n in source.nodes(cst.Name)
+             if (position[n].start.line, position[n].start.column) > (end.line, end.column)
+             and position[n].start.line <= span[1]}
+    for node in _bindings(source, parts):
+        where = _function_of(source, node)
+        line = position[node].start.line
+        if where is maker and line > end.line:
+            raise NotExact("%s is set again at line %d, after the loader is made" % (
+                label, line))
+        named = [f.name.value for f in [where] + list(source.ancestors(where or node))
+                 if isinstance(f, cst.FunctionDef) and f.name.value in later]
+        if where is not maker and named:
+            raise NotExact("%s is set in %s (line %d), which runs after the loader is "
+                           "made" % (label, named[0], line))
+
+
+# -- the function added, and an earlier rewrite's ----------------------------------------
+
+
+def _helpers(source):
+    """The module-level functions an earlier rewrite added (their first line's comment)."""
+    found = []
+    for statement in source.module.body:
+        header = getattr(getattr(statement, "body", None), "header", None)
+        comment = getattr(header, "comment", None)
+        if isinstance(statement, cst.FunctionDef) and comment is not None \
+                and comment.value.startswith(MARK):
+            found.append(statement.name.value)
+    return found
+
+
+def _helper(source):
+    """The function's name: an earlier rewrite's, else one added once per file,
+    before the first top-level statement after the imports (before any use)."""
+    named = _helpers(source) or [source.notes.get("DL220: helper")]
+    if named[0]:
+        return named[0]
+    body = list(source.module.body)
+    # there is one: the statement that makes the loader is not an import
+    anchor = next(s for i, s in enumerate(body) if not (
+        (i == 0 and is_docstring(s)) or isinstance(s, cst.SimpleStatementLine) and all(
+            isinstance(small, (cst.Import, cst.ImportFrom)) for small in s.body)))
+    name = source.notes["DL220: helper"] = source.free_name(HELPER)
+    function = cst.parse_statement(HELPER_TEXT.format(name=name, mark=MARK))
+    source.insert_before(anchor, [function.with_changes(
+        leading_lines=[cst.EmptyLine(indent=False)] * 2)])
+    source.edit(anchor, _two_blank_lines, order=0)  # after a function, as PEP 8 has it
+    return name
+
+
+def _two_blank_lines(statement):
+    lines = list(statement.leading_lines)
+    blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+    return statement.with_changes(
+        leading_lines=[cst.EmptyLine(indent=False)] * max(0, 2 - blank) + lines)
+
+
+def _earlier_rewrite(source, value):
+    """``(helper, the dict)`` where ``worker_init_fn`` is ``functools.partial(helper,
+    {...}, own)`` of an earlier rewrite, else None."""
+    if not isinstance(value, cst.Call) or len(value.args) != 3 \
+            or "functools.partial" not in source.qualified(value.func):
+        return None
+    helper, state = value.args[0].value, value.args[1].value
+    if isinstance(helper, cst.Name) and helper.value in _helpers(source) \
+            and isinstance(state, cst.Dict):
+        return helper.value, state
+    return None
+
+
+def _extend(source, call, earlier, names):
+    """An earlier rewrite's call: the values its dict lacks added to it."""
+    helper, state = earlier
+    given = {e.key.evaluated_value for e in state.elements
+             if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)}
+    missing = [n for n in names if n not in given]
+    if not missing:
+        return COVERED, "worker_init_fn gives %s these values already" % helper
+    added = cst.parse_expression(_dict_text(missing))
+
+    def edit(node):
+        elements = list(node.elements)
+        if elements:
+            elements[-1] = elements[-1].with_changes(
+                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return node.with_changes(elements=elements + list(added.elements))
+
+    source.edit(state, edit)
+    source.comment(call, COMMENT)
+    return REWRITTEN, "%s added to what %s sets in each worker" % (", ".join(missing), helper)
