@@ -81,8 +81,9 @@ demo:
 	$(PYTHON) examples/run_demo.py
 
 # The generated tables (autosafe_torch/readme.py: FILES): configuration in the
-# README, rules in docs/rules.md, fix's rewrites in docs/fix.md.
-READMES = README.md docs/rules.md docs/fix.md
+# README, rules in docs/rules.md, fix's rewrites in docs/fix.md, the settings
+# DL220 carries in docs/how-it-decides.md.
+READMES = README.md docs/rules.md docs/fix.md docs/how-it-decides.md
 
 readme:
 	$(PYTHON) -m autosafe_torch.readme --write $(READMES)

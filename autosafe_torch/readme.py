@@ -4,7 +4,8 @@
 in each file, the text between the markers it holds:
 ``<!-- rules:start -->``/``<!-- rules:end -->`` (docs/rules.md),
 ``<!-- rewrites:start -->``/``<!-- rewrites:end -->`` (docs/fix.md) and
-``<!-- config:start -->``/``<!-- config:end -->`` (README.md); ``--check``
+``<!-- config:start -->``/``<!-- config:end -->`` (README.md),
+``<!-- settings:start -->``/``<!-- settings:end -->`` (docs/how-it-decides.md); ``--check``
 exits 1 when a file disagrees with the registry (a test checks the same).
 Every table must be held by one of the files given.
 """
@@ -48,6 +49,16 @@ def rewrites_markdown():
     return "\n".join(rows)
 
 
+def settings_markdown():
+    """The table of the library-wide settings DL220 carries (docs/how-it-decides.md)."""
+    from .remedies.process_state import SETTINGS  # noqa: PLC0415 - the docs only
+
+    rows = ["| setting | read where the training process imported | what it changes in a "
+            "worker |", "|---|---|---|"]
+    rows += ["| %s | `%s` | %s |" % (s.label, s.module, s.changes) for s in SETTINGS]
+    return "\n".join(rows)
+
+
 def config_markdown():
     rows = ["| variable | default | meaning (a malformed value: one warning line, the default) |",
             "|---|---|---|"]
@@ -55,11 +66,13 @@ def config_markdown():
     return "\n".join(rows)
 
 
-SECTIONS = {"rules": rules_markdown, "rewrites": rewrites_markdown, "config": config_markdown}
+SECTIONS = {"rules": rules_markdown, "rewrites": rewrites_markdown, "config": config_markdown,
+            "settings": settings_markdown}
 
 # Each file with generated tables, from the repository root, and the tables it holds
 # (`make readme` and tests/test_readme.py).
-FILES = {"README.md": ("config",), "docs/rules.md": ("rules",), "docs/fix.md": ("rewrites",)}
+FILES = {"README.md": ("config",), "docs/rules.md": ("rules",), "docs/fix.md": ("rewrites",),
+         "docs/how-it-decides.md": ("settings",)}
 
 
 def _markers(name):
