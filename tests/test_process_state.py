@@ -136,6 +136,21 @@ def test_a_value_that_does_not_pickle_is_refused_loudly_never_left_at_the_defaul
     assert by_code["DL216"]["fix"] == process_state.FIX
 
 
+@pytest.mark.rule("DL220")
+def test_a_library_function_replaced_by_one_no_worker_can_import_is_refused(
+        tmp_path, tmp_path_factory):
+    """main() puts a lambda in a library's place: carried by reference it cannot
+    be, so the workers refuse, naming it, and emulated workers (which have it)
+    give the safe run's batches."""
+    reference = safe(tmp_path_factory, "replaced_function", ("lambda",))
+    result, records = run(tmp_path, "replaced_function", "macos", args=("lambda",))
+    assert result.rc == 0 and result.batches == reference and pids(result) == 0, result
+    by_code = {r["code"]: r for r in records}
+    assert by_code["DL220"]["action"] == "failed", records
+    assert "colorsys.rgb_to_hsv (" in by_code["DL220"]["done"], records
+    assert "cannot be carried to a spawned worker" in by_code["DL216"]["done"], records
+
+
 @pytest.mark.parametrize("kind, platform", rotated(CONTROLS, sorted(PLATFORMS)))
 def test_controls_are_left_alone(tmp_path, tmp_path_factory, kind, platform):
     """Nothing a worker reads differs: the batches of fork and of plain spawn,
@@ -283,18 +298,48 @@ def test_the_cost_does_not_grow_with_the_dataset(monkeypatch):
     assert len(looked) == small < 20  # the samples are data: never walked
 
 
-def test_a_large_array_goes_once_through_shared_memory():
-    array = np.random.default_rng(0).normal(size=(1024, 512)).astype(np.float32)
-    carry = process_state.Carry((), 2)
-    mark = process_state.fingerprint(array)
-    first = carry.start(None)._as_sent(array, mark)
-    assert carry.start(None)._as_sent(array, mark) is first and first.tensor.is_shared()
+BIG = None
+
+
+def _sent_first():
+    """What a worker of a new start of BIG's carry is sent for it."""
+    return CARRY.start(None).sent()[0][0]
+
+
+CARRY = process_state.Carry((reads.Read(__name__, "BIG", "here:1"),), 2)
+
+
+def test_a_large_value_goes_once_through_shared_memory():
+    """A large array as a tensor in shared memory, another large value as its
+    pickle there (loaded only where a worker's own differs): one copy for every
+    worker, made again only where the value changed since the last start."""
+    global BIG
+    BIG = np.random.default_rng(0).normal(size=(1024, 512)).astype(np.float32)
+    first = _sent_first()
+    assert _sent_first() is first and first.tensor.is_shared()
     again = pickle.loads(pickle.dumps(first))
-    assert isinstance(again, np.ndarray) and np.array_equal(again, array)
-    array[0, 0] += 1  # changed since: shared again
-    assert carry.start(None)._as_sent(array, process_state.fingerprint(array)) is not first
-    small = np.zeros(4)
-    assert carry.start(None)._as_sent(small, None) is small
+    assert isinstance(again, np.ndarray) and np.array_equal(again, BIG)
+    BIG[0, 0] += 1  # changed since: shared again
+    assert _sent_first() is not first
+    BIG = [("/data/img_%07d.JPEG" % i, i % 1000) for i in range(40_000)]
+    lazy = pickle.loads(pickle.dumps(_sent_first()))
+    assert isinstance(lazy, process_state._Lazy) and lazy.load() == BIG
+    BIG = {"scale": 2.0}
+    assert _sent_first() is BIG  # small: in the pickle, as it is
+
+
+def test_a_new_interpreters_settings_are_the_tables_defaults():
+    """A worker imports a setting's module to compare only where the training
+    process's value is not a new interpreter's: each default is that value."""
+    import subprocess
+
+    code = ("import decimal, PIL.Image, PIL.ImageFile\n"
+            "from autosafe_torch.remedies import process_state as p\n"
+            "for s in p.SETTINGS:\n"
+            "    if s.default is not p._UNKNOWN:\n"
+            "        m = __import__(s.module, fromlist=['_'])\n"
+            "        assert s.read(m) == s.default, s.label\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_settings_are_read_where_their_module_is_imported():

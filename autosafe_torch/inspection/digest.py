@@ -46,13 +46,18 @@ _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray
 
 
 class _Hasher:
-    __slots__ = ("h",)
+    __slots__ = ("h", "size", "kept")
 
-    def __init__(self):
+    def __init__(self, keep=False):
         self.h = hashlib.blake2b(digest_size=20)
+        self.size = 0
+        self.kept = [] if keep else None  # the stream itself, where it is wanted
 
     def write(self, data):
         self.h.update(data)
+        self.size += len(data)
+        if self.kept is not None:
+            self.kept.append(bytes(data))
         return len(data)
 
 
@@ -69,11 +74,21 @@ class _Pickler(pickle.Pickler):
     def __init__(self, sink):
         super().__init__(sink, PROTOCOL)
         self._payload = _payload_types()
+        self.plain = True  # nothing met but what the plain pickler writes the same way
+        self.stood_in = False  # the stream is a plain pickle of the object
 
     def persistent_id(self, obj):
         cls = type(obj)
         if cls in _PLAIN:
             return None
+        found = self._stand_in(obj, cls)
+        if found is not None:
+            self.stood_in = True
+            if found[0] not in ("set", "array"):
+                self.plain = False  # a tensor, a handle, or code by name (may not import)
+        return found
+
+    def _stand_in(self, obj, cls):
         if cls is set or cls is frozenset:
             return ("set", cls.__name__, tuple(sorted(digest(item) for item in obj)))
         if cls is types.FunctionType:
@@ -108,6 +123,7 @@ class _Pickler(pickle.Pickler):
         try:
             return reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
         except Exception:  # a handle that does not pickle: its kind, nothing more
+            self.plain, self.stood_in = False, True
             cls = type(obj)
             return _opaque, ("%s.%s" % (_module(cls), cls.__qualname__),)
 
@@ -174,9 +190,21 @@ def _file_state(f):
 def digest(obj):
     """The fingerprint of ``obj`` (a hex string). Raises what pickling raises
     that is no failure to pickle a handle (a RecursionError: too deep)."""
-    sink = _Hasher()
-    _Pickler(sink).dump(obj)
-    return sink.h.hexdigest()
+    return measured(obj)[0]
+
+
+def measured(obj, keep=False):
+    """``(digest(obj), plain, size, pickled)``: ``plain`` where it holds nothing
+    but values the plain pickler writes whole (no tensor, no handle, no
+    function, class or module, which go by name and may not import: a lambda),
+    the size of its pickle here, in bytes (an array's stands in for it), and,
+    with ``keep``, that pickle where nothing stood in (a plain pickle of
+    ``obj``, protocol 4), else None: one pass for both."""
+    sink = _Hasher(keep)
+    pickler = _Pickler(sink)
+    pickler.dump(obj)
+    pickled = b"".join(sink.kept) if keep and not pickler.stood_in else None
+    return sink.h.hexdigest(), pickler.plain, sink.size, pickled
 
 
 def attributes(obj):

@@ -72,7 +72,7 @@ FIX = ("pass what the dataset's code reads to its constructor and keep it on the
        "(or set it in worker_init_fn), not in a module global or class attribute that "
        "main() changes")
 _MAIN = ("__main__", "__mp_main__")
-_LARGE_ARRAY = 1 << 20  # bytes: an array this large goes through shared memory
+_LARGE = 1 << 20  # bytes: a value this large goes once through shared memory
 _UNKNOWN = object()
 
 
@@ -149,7 +149,9 @@ SETTINGS = (
     Setting("the decimal context", "decimal",
             "the precision, rounding and traps of a worker's Decimal arithmetic "
             "(decimal.getcontext())",
-            _decimal_context, _set_decimal_context),
+            _decimal_context, _set_decimal_context,
+            default=(28, "ROUND_HALF_EVEN", -999999, 999999, 1, 0,
+                     ("DivisionByZero", "InvalidOperation", "Overflow"))),
     Setting("the recursion limit", "sys",
             "how deep a worker's code may recurse (sys.setrecursionlimit)",
             lambda s: s.getrecursionlimit(), lambda s, v: s.setrecursionlimit(v)),
@@ -181,26 +183,34 @@ class Entry:
 
 
 def fingerprint(value: Any) -> str | None:
-    """What two processes' values are compared by: the digest, or, for an open
-    file, its name and mode (the worker's import opened one of its own, at its
-    own offset, which is right)."""
+    """What two processes' values are compared by (``_measured``)."""
+    return _measured(value)[0]
+
+
+def _measured(value: Any, keep: bool = False) -> tuple[str | None, bool, int, bytes | None]:
+    """``(fingerprint, plain, size, pickled)``: the digest and what it saw
+    (``inspection/digest.py``: ``measured``); for an open file, its name and
+    mode (the worker's import opened one of its own, at its own offset, which
+    is right); for a read-only map of a whole file (``np.load(mmap_mode="r")``),
+    the file and the view, not a hash of the gigabytes it cannot change. None
+    where it cannot be taken."""
     if is_file_object(value):
-        return "file:%r:%r" % (getattr(value, "name", None), getattr(value, "mode", None))
+        return "file:%r:%r" % (getattr(value, "name", None),
+                               getattr(value, "mode", None)), False, 0, None
     numpy = sys.modules.get("numpy")
     if numpy is not None and type(value) is numpy.memmap and value.mode == "r" \
             and isinstance(value.filename, str) and isinstance(value.base, mmap.mmap):
-        # a read-only map of a whole file (np.load(mmap_mode="r"), not a slice of
-        # one): the file and the view, not a hash of gigabytes it cannot change
         try:
             st = os.stat(value.filename)
         except OSError:
-            return None
-        return "memmap:%r:%d:%r:%s:%d:%d" % (value.filename, value.offset, value.shape,
-                                              value.dtype.str, st.st_size, st.st_mtime_ns)
+            return None, False, 0, None
+        return "memmap:%r:%d:%r:%s:%d:%d" % (
+            value.filename, value.offset, value.shape, value.dtype.str, st.st_size,
+            st.st_mtime_ns), False, 0, None
     try:
-        return digest.digest(value)
+        return digest.measured(value, keep)
     except Exception:
-        return None
+        return None, False, 0, None
 
 
 def _owner(module: str, name: str, importing: bool) -> tuple[Any, str] | None:
@@ -354,7 +364,10 @@ class Carried:
         self.report_dir = report_dir
         self.token = "%d-%d" % (os.getpid(), next(_tokens))
         self._shared = shared if shared is not None else {}
-        self._unsent: dict[int, str] | None = None
+        self._plain: list[bool] = []   # pickles plainly, as the worker's own would
+        self._sizes: list[int] = []
+        self._pickled: list[bytes | None] = []  # a large one's pickle, from its fingerprint
+        self._sent: tuple[list[Any], dict[int, str]] | None = None
         for read in reads:
             try:
                 value = _value(read.module, read.name, False)
@@ -375,48 +388,70 @@ class Carried:
                       value)
 
     def _add(self, entry: Entry, value: Any) -> None:
-        self.entries.append(dataclasses.replace(entry, fingerprint=fingerprint(value)))
+        mark, plain, size, pickled = _measured(value, keep=True)
+        self.entries.append(dataclasses.replace(entry, fingerprint=mark))
         self.values.append(value)
+        self._plain.append(plain)
+        self._sizes.append(size)
+        self._pickled.append(pickled if size >= _LARGE else None)
 
     def first(self, kind: int) -> StateFirst:
         """torch's dataset kind, sent with these values ahead of the dataset."""
         return StateFirst(kind, self)
 
     def sent(self) -> tuple[list[Any], dict[int, str]]:
-        """The values for a worker starting now, and ``{index: why}`` for those
-        that do not pickle (None in their place), found at the first worker's
-        start. They go in the same pickle as the dataset, ahead of it: an object
-        both hold is one object in the worker, as in a forked one (a handle a
-        global and the dataset share, reopened once)."""
-        values = [self._as_sent(v, e.fingerprint) for v, e in zip(self.values, self.entries)]
-        if self._unsent is None:
-            self._unsent = {}
+        """The values for the workers of this start, and ``{index: why}`` for
+        those that do not pickle (None in their place), made at the first
+        worker's start. They go in the pickle of what torch sends each worker,
+        ahead of the dataset: an object both hold is one object in the worker,
+        as in a forked one (a handle a global and the dataset share, reopened
+        once). A large one goes once, through shared memory (``_as_sent``)."""
+        if self._sent is None:
+            values = [self._as_sent(i) for i in range(len(self.values))]
+            self._pickled = [None] * len(values)  # in shared memory now, where wanted
+            unsent = {}
             for i, value in enumerate(values):
+                if self._plain[i] or value is not self.values[i]:
+                    continue  # the plain pickler wrote it whole: it pickles
                 try:
                     ForkingPickler.dumps(value, pickle.HIGHEST_PROTOCOL)
                 except Exception as exc:
-                    self._unsent[i] = "it does not pickle (%s)" % shorten_line(
+                    unsent[i] = "it does not pickle (%s)" % shorten_line(
                         without_addresses(describe_exception(exc, 80)), 60)
-        return [None if i in self._unsent else v for i, v in enumerate(values)], self._unsent
+                    values[i] = None
+            self._sent = values, unsent
+        return self._sent
 
-    def _as_sent(self, value: Any, fingerprint: str | None) -> Any:
-        """A large numpy array as a tensor in shared memory, as torch sends a
-        tensor: one copy for every worker, made again only where the array
-        changed since the last start; else the value as it is."""
+    def _as_sent(self, i: int) -> Any:
+        """The value as each worker gets it: a read-only map of a whole file by
+        its path (mapped again there); a large numpy array as a tensor in shared
+        memory, as torch sends a tensor; another large value that pickles
+        plainly as its pickle in shared memory, loaded only where the worker's
+        own differs; each made once for every worker, and again only where the
+        value changed since the last start. Anything else as it is."""
+        value, mark = self.values[i], self.entries[i].fingerprint
+        if mark is not None and mark.startswith("memmap:"):
+            return _Remapped(value.filename, value.offset, value.shape, value.dtype.str)
         numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
-        if numpy is None or torch is None or type(value) is not numpy.ndarray \
-                or value.nbytes < _LARGE_ARRAY or value.dtype.hasobject:
+        if torch is None or numpy is None or mark is None:
+            return value
+        array = type(value) is numpy.ndarray and not value.dtype.hasobject
+        if not (array or self._plain[i]) or \
+                (value.nbytes if array else self._sizes[i]) < _LARGE:
             return value
         kept = self._shared.get(id(value))
-        if kept is not None and kept[1] is value and kept[0] == fingerprint \
-                and fingerprint is not None:
+        if kept is not None and kept[1] is value and kept[0] == mark:
             return kept[2]
         try:
-            tensor = torch.from_numpy(numpy.ascontiguousarray(value)).clone()
-        except Exception:  # a dtype torch has not: by value
+            pickled = self._pickled[i]
+            if not array and pickled is None:
+                pickled = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            shared: Any = _SharedArray(_in_shared_memory(torch, value)) if array else \
+                _SharedPickle(_in_shared_memory(torch, numpy.frombuffer(pickled,
+                                                                        dtype=numpy.uint8)))
+        except Exception:  # a dtype torch has not, no shared memory: in the pickle
             return value
-        shared = _SharedArray(tensor.share_memory_(), value.shape)
-        self._shared[id(value)] = (fingerprint, value, shared)
+        self._shared[id(value)] = (mark, value, shared)
         return shared
 
     def in_server(self) -> tuple[list[Entry], dict[int, Any]]:
@@ -445,12 +480,21 @@ class Carried:
         return [e for e in self.entries if e.label in carried], refused
 
 
+def _in_shared_memory(torch: Any, array: Any) -> Any:
+    """A tensor of torch's own in shared memory holding ``array``'s values (one
+    copy: torch shares only the storages it allocated)."""
+    dtype = torch.from_numpy(array[:0].copy()).dtype  # an empty copy: writable, no warning
+    tensor = torch.empty(array.shape, dtype=dtype).share_memory_()
+    tensor.numpy()[...] = array
+    return tensor
+
+
 class _SharedArray:
     """A numpy array sent as a tensor in shared memory; a numpy array again in the
     worker (its memory the shared one)."""
 
-    def __init__(self, tensor: Any, shape: tuple[int, ...]) -> None:
-        self.tensor, self.shape = tensor, shape
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _as_array, (self.tensor,)
@@ -458,6 +502,42 @@ class _SharedArray:
 
 def _as_array(tensor: Any) -> Any:
     return tensor.numpy()
+
+
+class _SharedPickle:
+    """A large value's pickle in shared memory: in the worker, a ``_Lazy`` that
+    loads it only where its own value differs."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _Lazy, (self.tensor,)
+
+
+class _Lazy:
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def load(self) -> Any:
+        return pickle.loads(memoryview(self.tensor.numpy()))
+
+
+class _Remapped:
+    """A read-only map of a whole file (``np.load(mmap_mode="r")``), by its path:
+    mapped again in the worker, as fork shares its pages."""
+
+    def __init__(self, filename: str, offset: int, shape: tuple[int, ...], dtype: str) -> None:
+        self.args = filename, offset, shape, dtype
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _remapped, self.args
+
+
+def _remapped(filename: str, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
+    import numpy  # noqa: PLC0415 - only where the training process mapped an array
+
+    return numpy.memmap(filename, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
 class StateFirst(int):
@@ -524,7 +604,8 @@ def _arrive(entries: list[Entry], values_of: Callable[[], Any],
                 entry.label, " (%s)" % shown_site(entry.site) if entry.site else "", REFUSED,
                 unsent[i]))
             continue
-        _set(entry, values[i])
+        value = values[i]
+        _set(entry, value.load() if isinstance(value, _Lazy) else value)
         _set_here[entry.label] = entry.fingerprint or ""
         carried.append(entry.label)
     return carried

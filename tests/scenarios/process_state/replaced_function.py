@@ -1,6 +1,9 @@
-"""A library function replaced in main() (a monkeypatch) that __getitem__ calls."""
+"""A library function replaced in main() (a monkeypatch) that __getitem__ calls:
+by a function of the script, or (``lambda`` on the command line) by a lambda,
+which a worker cannot import."""
 
 import colorsys
+import sys
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -25,7 +28,8 @@ class Pixels(Dataset):
 
 
 def main():
-    colorsys.rgb_to_hsv = rgb_to_hsv_degrees
+    colorsys.rgb_to_hsv = rgb_to_hsv_degrees if sys.argv[1:] != ["lambda"] else \
+        (lambda r, g, b: tuple(x * 2.0 for x in _fractions(r, g, b)))
     torch.manual_seed(0)
     train(DataLoader(Pixels(), batch_size=4, shuffle=True, num_workers=2))
 
