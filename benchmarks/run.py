@@ -273,6 +273,7 @@ FIGURES = {
     "17": lambda: __import__("mapped_tensor").figures(),
     "18": lambda: __import__("rebuild_cost").figures(),
     "19": lambda: __import__("size").figures(),
+    "20": lambda: __import__("process_state").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
 OPTIONAL = ("10", "15", "16", "17")
