@@ -126,19 +126,24 @@ def parse_mode(value, name=ENV_MODE):
     return "fix"
 
 
-def parse_seconds(name, value, default):
-    """``value`` of variable ``name`` as seconds >= 0 (0 and off: 0, "none");
-    malformed -> warning, default."""
-    if value is None or value.strip() == "":
-        return default
-    word = value.strip().lower()
+def _seconds(word):
+    """``word`` as seconds >= 0 (0 and off: 0, "none"), or None: not such a number."""
     if word in FALSE_WORDS:
         return 0.0
     try:
         seconds = float(word)
     except ValueError:
-        seconds = -1.0
-    if seconds >= 0 and seconds != float("inf"):
+        return None
+    return seconds if 0 <= seconds != float("inf") else None
+
+
+def parse_seconds(name, value, default):
+    """``value`` of variable ``name`` as seconds >= 0 (0 and off: 0, "none");
+    malformed -> warning, default."""
+    if value is None or value.strip() == "":
+        return default
+    seconds = _seconds(value.strip().lower())
+    if seconds is not None:
         return seconds
     warn_line("%s=%r is not a number of seconds >= 0 (0 or off: none); using %g" % (
         name, value, default))
@@ -207,7 +212,8 @@ class Config:
     def _settle(self, env):
         taken = {ENV_MODE: self.mode, ENV_LOG_FILE: self.log_file or "",
                  ENV_QUIET: "1" if self.quiet else "0",
-                 ENV_DEBUG: "1" if self.debug else "0"}
+                 ENV_DEBUG: "1" if self.debug else "0",
+                 ENV_HANG_TIMEOUT: "%g" % self.hang_timeout}
         for name, value in taken.items():
             raw = env.get(name)
             if raw is None or raw.strip() == "":
@@ -216,6 +222,8 @@ class Config:
                 refused = value == ""
             elif name == ENV_MODE:
                 refused = raw.strip().lower() != value
+            elif name == ENV_HANG_TIMEOUT:
+                refused = _seconds(raw.strip().lower()) is None
             else:
                 refused = raw.strip().lower() not in TRUE_WORDS + FALSE_WORDS
             if refused:

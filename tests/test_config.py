@@ -135,6 +135,26 @@ digest(DataLoader(TensorDataset(torch.arange(8.)), batch_size=2, num_workers=2))
     _one_config_line(result, "its directory")
 
 
+@pytest.mark.parametrize("variable, value", [
+    ("AUTOSAFE_TORCH_HANG_TIMEOUT", "-5"), ("AUTOSAFE_TORCH_MODE", "loud"),
+    ("AUTOSAFE_TORCH_QUIET", "maybe")])
+def test_a_refused_setting_is_said_once_for_the_whole_run(tmp_path, variable, value):
+    """As on macOS, each spawned worker reads the environment too: the default
+    the training process took is written back, so no worker says it again."""
+    body = """
+if __name__ == "__main__":
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    digest(DataLoader(TensorDataset(torch.arange(8.)), batch_size=2, num_workers=2),
+           epochs=2)
+"""
+    result = run_script(tmp_path, body, activation="env",
+                        env={"AUTOSAFE_TORCH_AS": "macos", variable: value})
+    assert result.rc == 0 and result.batches, result
+    lines = [line for line in result.stderr.splitlines() if variable + "=" in line]
+    assert len(lines) == 1 and repr(value) in lines[0], result
+
+
 def test_bad_log_file_from_the_cli_names_the_option(tmp_path):
     result = run_script(tmp_path, LOADER_MISTAKE, activation="cli",
                         cli_args=("--log-file", str(tmp_path / "nope" / "x.jsonl")))
