@@ -211,7 +211,8 @@ def run_fix(tmp_path, text, records, write=True):
             record.setdefault("fix", "the permanent fix of %s" % record["code"])
             f.write(json.dumps(record) + "\n")
     out, err = io.StringIO(), io.StringIO()
-    assert main(argparse.Namespace(log=str(log), write=write), out, err) == 0
+    assert main(argparse.Namespace(log=str(log), write=write, root=str(tmp_path)), out,
+                err) == 0
     return script.read_text(), err.getvalue()
 
 
@@ -274,6 +275,41 @@ def test_only_the_users_files_are_touched(tmp_path):
     assert "gone.py:3: DL101 skipped: no such file here" in summary
     assert "train.py:1: DL101 left as a comment: no DataLoader(...) call" in summary
     assert open(library.__file__).read() == library_text
+
+
+def test_a_hostile_log_writes_nothing_outside_the_project(tmp_path):
+    """A log names files elsewhere, by an absolute path, by ``..``, through its
+    ``cwd`` and through a link inside the project: ``fix --write``, run in the
+    project, refuses each with a line and changes none of them; the project's
+    own file is rewritten; ``--root`` widens it."""
+    loader = "from torch.utils.data import DataLoader\nx = DataLoader(d, prefetch_factor=2)\n"
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    victims = {name: elsewhere / name for name in ("absolute.py", "dotdot.py", "cwd.py",
+                                                   "linked.py")}
+    for victim in victims.values():
+        victim.write_text(loader)
+    (project / "link.py").symlink_to(victims["linked.py"])
+    (project / "train.py").write_text(loader)
+    sites = [(str(victims["absolute.py"]), None), ("../elsewhere/dotdot.py", None),
+             ("cwd.py", str(elsewhere)), ("link.py", None), ("train.py", None)]
+    log = project / "hostile.jsonl"
+    log.write_text("".join(json.dumps(dict(
+        {"code": "DL101", "call_site": "%s:2" % site, "time": time.time() + 60,
+         "after": {"prefetch_factor": None}, "fix": "pass prefetch_factor only with workers"},
+        **({"cwd": cwd} if cwd else {}))) + "\n" for site, cwd in sites))
+    result = run_command([sys.executable, "-m", "autosafe_torch", "fix", "--from", str(log),
+                          "--write"], project, clean_env(), 120)
+    assert result.returncode == 0, result
+    refused = [line for line in result.stderr.splitlines() if "outside this directory" in line]
+    assert len(refused) == 4, result.stderr
+    assert all(v.read_text() == loader for v in victims.values())
+    assert "prefetch_factor=2 if" not in loader and \
+        (project / "train.py").read_text() != loader, result.stderr
+    widened = run_command([sys.executable, "-m", "autosafe_torch", "fix", "--from", str(log),
+                           "--root", str(tmp_path)], project, clean_env(), 120)
+    assert widened.returncode == 0 and "outside" not in widened.stderr, widened.stderr
 
 
 def test_main_guard_keeps_definitions_and_what_they_read(tmp_path):

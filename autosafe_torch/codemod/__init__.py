@@ -9,8 +9,11 @@ that the script runs without the shim, with the batches the shim gave:
     autosafe-torch fix --from LOG.jsonl --write   # applied
 
 Only where the rewrite is exact (each module says when); anywhere else, a
-comment above the line with the permanent fix. Only the user's files, never
-a library's, the standard library or autosafe_torch. libcst keeps every
+comment above the line with the permanent fix. Only the user's files under
+the directory it runs in (or ``--root``), never a library's, the standard
+library or autosafe_torch, nor a file the log names elsewhere (by an
+absolute path, ``..``, its ``cwd`` or a link): a log says where, not what
+may be written. libcst keeps every
 line no rewrite touches, byte for byte; each change carries a short comment
 naming its rule. The summary (on stderr, so that stdout is the patch) lists
 what was rewritten and what was left as a comment.
@@ -20,6 +23,7 @@ lines may have moved), so a second ``fix --write`` from the same log
 changes nothing. Run it again under the shim, and fix from the new log.
 """
 
+import os
 import sys
 
 from ..config import CONFIG
@@ -35,6 +39,8 @@ def add_parser(subparsers):
                    help="the JSON-lines log of a run (run --log-file, AUTOSAFE_TORCH_LOG_FILE)")
     p.add_argument("--write", action="store_true",
                    help="apply the patch (without it, print it as a unified diff)")
+    p.add_argument("--root", default=os.curdir, metavar="DIR",
+                   help="the only directory whose files are changed (default: this one)")
     return p
 
 
@@ -46,7 +52,7 @@ def main(args, out=None, err=None):
         err.write(INSTALL_HINT + "\n")
         return 2
     try:
-        records, unusable = read_log(args.log)
+        records, unusable = read_log(args.log, getattr(args, "root", os.curdir))
     except FileNotFoundError:
         err.write("autosafe-torch fix: no log at %s (a run that changed nothing writes "
                   "none)\n" % args.log)
@@ -66,14 +72,21 @@ def main(args, out=None, err=None):
             continue
         shown = file_records[0].shown
         if args.write:
-            with open(path, "w", encoding="utf-8", newline="") as f:
-                f.write(new)
+            _write(path, new)
             written.append(shown)
         else:
             out.write(unified_diff(old, new, shown))
     out.flush()
     _summary(err, outcomes, written, args.write)
     return 0
+
+
+def _write(path, text):
+    """``text`` into the file ``path`` names, never through a link put there since
+    it was read (``O_NOFOLLOW``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+    with open(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
 
 
 def fix_file(path, records, log=()):

@@ -99,10 +99,22 @@ def _locate(name, log_dir, cwd=None):
     return None
 
 
-def read_log(path):
+def outside(path, root):
+    """Why ``path`` (as found) is not to be written from ``root``, or None: a
+    log names any file it likes (by an absolute path, by ``..``, through its
+    ``cwd`` or a link), and only the project's are ours to change."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, top]) != top:
+        return "outside %s (fix changes files under the directory it runs in, or --root)" % (
+            _shown(top) if top != os.path.realpath(os.curdir) else "this directory")
+    return None
+
+
+def read_log(path, root=os.curdir):
     """``(records, unusable)``: the records naming a user's file that exists
-    here, one per (code, file, line), in the log's order; and the others,
-    each with why it is left alone. Raises OSError for an unreadable log."""
+    here, under ``root``, one per (code, file, line), in the log's order; and
+    the others, each with why it is left alone. Raises OSError for an
+    unreadable log."""
     log_dir = os.path.dirname(os.path.abspath(path))
     records, unusable, seen = [], [], set()
     with open(path, encoding="utf-8") as f:
@@ -135,7 +147,7 @@ def read_log(path):
         if found is None:
             unusable.append(Unusable(obj["code"], "%s:%d" % (name, line), "no such file here"))
             continue
-        reason = library_reason(found)
+        reason = library_reason(found) or outside(found, root)
         if reason:
             unusable.append(Unusable(obj["code"], "%s:%d" % (name, line), reason))
             continue
