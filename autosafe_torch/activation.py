@@ -74,13 +74,14 @@ def activate(source="import"):
 def _report_a_failed_start():
     """In a spawned worker (activated through the environment before its start
     runs): an exception that ends the start (unpickling the dataset, importing
-    the main module) is written where the parent's recovery reads it."""
+    the main module) is written where the parent's recovery reads it, which
+    its preparation data says (``diagnostics.told``)."""
     if getattr(sys, "argv", [])[-1:] != ["--multiprocessing-fork"]:
         return  # not a process multiprocessing spawned
     try:
         from .inspection import diagnostics
 
-        diagnostics.leave_start_traceback(diagnostics.parents_dump_dir)
+        diagnostics.listen_as_spawned()
     except Exception:
         pass
 

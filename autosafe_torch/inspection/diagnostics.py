@@ -5,20 +5,20 @@ worker's Python traceback, and on ``DUMP_SIGNAL`` every thread's stack, to
 ``dump_path``: what "details are lost due to multiprocessing" loses. A
 worker that dies before its steps run, while it starts (unpickling its
 dataset, importing the main module), leaves its traceback at
-``bootstrap_path``: the warm server's children are told the directory
-(``warmserver``), a spawned worker finds its parent's by name (the
-directory's name holds the parent's pid; ``leave_start_traceback``). One
+``bootstrap_path``: every worker of ours is told the directory, by its path,
+in its preparation data (``telling_workers``, ``told``). One
 that left no dump file at all never ran its first step: it died starting.
 Files of healthy workers are empty and removed at exit; the others stay,
 and the log names them.
 """
 
 import atexit
-import glob
+import contextlib
 import os
 import signal
 import sys
 import tempfile
+import threading
 
 DUMP_SIGNAL = signal.SIGUSR1
 # Where a warm worker is told the directory, in its preparation data (``warmserver``),
@@ -99,33 +99,83 @@ def read(path):
         return ""
 
 
-def parents_dump_dir():
-    """In a spawned worker: its parent's directory (made by ``dump_dir``, owned
-    by this user), or None."""
-    pattern = os.path.join(tempfile.gettempdir(), _PREFIX % os.getppid() + "*")
-    for directory in glob.glob(pattern):
-        try:
-            if os.path.isdir(directory) and os.stat(directory).st_uid == os.getuid():
-                return directory
-        except OSError:
-            continue
-    return None
+_telling = threading.local()  # .directory: while this thread starts workers of ours
 
 
-def leave_start_traceback(directory_of):
+@contextlib.contextmanager
+def telling_workers(directory):
+    """While this thread starts workers of ours: each is told ``directory`` in its
+    preparation data (``DUMPS_KEY``), by its path, never found again by a glob
+    another user could answer with a link."""
+    _tell_once()
+    saved = getattr(_telling, "directory", None)
+    _telling.directory = directory
+    try:
+        yield
+    finally:
+        _telling.directory = saved
+
+
+def _tell_once():
+    from multiprocessing import spawn  # noqa: PLC0415 - when workers of ours start
+
+    made = spawn.get_preparation_data
+    if getattr(made, "_autosafe_tells", False):
+        return
+
+    def get_preparation_data(name):
+        data = made(name)
+        directory = getattr(_telling, "directory", None)
+        if directory is not None:
+            data.setdefault(DUMPS_KEY, directory)
+        return data
+
+    get_preparation_data._autosafe_tells = True
+    spawn.get_preparation_data = get_preparation_data
+
+
+def told(data):
+    """In a worker starting, its preparation data in hand: where a failure to
+    start leaves its traceback, taken out of ``data`` (its parent told it)."""
+    directory = data.pop(DUMPS_KEY, None)
+    if directory:
+        leave_start_traceback(directory)
+
+
+def listen_as_spawned():
+    """In a process multiprocessing spawned, activated before its start: what
+    its parent tells it in the preparation data is taken before spawn's own
+    preparation runs (``told``)."""
+    from multiprocessing import spawn  # noqa: PLC0415 - a spawned process only
+
+    prepare = spawn.prepare
+    if getattr(prepare, "_autosafe_told", False):
+        return
+
+    def told_then_prepare(data):
+        told(data)
+        return prepare(data)
+
+    told_then_prepare._autosafe_told = True
+    spawn.prepare = told_then_prepare
+
+
+def leave_start_traceback(directory):
     """In a worker that is starting: an exception that ends its start is also
-    written to ``bootstrap_path`` in ``directory_of()`` (looked up only then),
-    for the parent's record. multiprocessing reports it through ``sys.excepthook``."""
+    written to ``bootstrap_path`` in ``directory``, for the parent's record
+    (created there, never through a link). multiprocessing reports it
+    through ``sys.excepthook``."""
     shown = sys.excepthook
 
     def hook(kind, value, tb):
         try:
             import traceback  # noqa: PLC0415 - rare; a spawned worker imports this at its start
 
-            directory = directory_of()
-            if directory is not None:
-                with open(bootstrap_path(directory, os.getpid()), "w") as f:
-                    traceback.print_exception(kind, value, tb, file=f)
+            fd = os.open(bootstrap_path(directory, os.getpid()),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                         0o600)
+            with os.fdopen(fd, "w") as f:
+                traceback.print_exception(kind, value, tb, file=f)
         except Exception:
             pass
         shown(kind, value, tb)

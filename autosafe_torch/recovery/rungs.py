@@ -25,7 +25,7 @@ from .. import torch_private as tp
 from ..config import CONFIG
 from ..engine import loader as plans
 from ..loaderstate import state_of
-from ..inspection.diagnostics import dump_dir, faulthandler_in_worker
+from ..inspection.diagnostics import dump_dir, faulthandler_in_worker, telling_workers
 from ..inspection.parts import parts_of
 from ..remedies import isolation, loggers, pickling, process_state, sent_once
 from ..remedies.emulated_workers import EmulatedWorkersIter
@@ -119,10 +119,10 @@ def sending_to_workers(loader):
     """While ``loader``'s workers start: the reducers of its repairs act
     (``remedies/pickling.py``), its loggers travel configured where DL219 chose
     that, the process state its workers read goes ahead of its dataset (DL220),
-    and its dataset goes once to all spawned workers where nothing was
-    repaired."""
-    with pickling.sending(), carried_loggers(loader), carried_state(loader), \
-            sent_once_where_spawned(loader):
+    its dataset goes once to all spawned workers where nothing was repaired,
+    and each worker is told where a failed start leaves its traceback."""
+    with pickling.sending(), telling_workers(dump_dir()), carried_loggers(loader), \
+            carried_state(loader), sent_once_where_spawned(loader):
         yield
 
 

@@ -39,8 +39,7 @@ import sys
 import warnings
 
 from ..inspection import threads
-from ..inspection.diagnostics import (DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, in_fork_server,
-                                     leave_start_traceback)
+from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, in_fork_server, told
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module
@@ -87,9 +86,7 @@ def _prepare_and_report(data, prepare):
         os.environ.update(environ)
     if umask is not None:
         os.umask(umask)
-    directory = data.pop(DUMPS_KEY, None)
-    if directory:
-        leave_start_traceback(lambda: directory)
+    told(data)
     return prepare(data)
 
 

@@ -320,20 +320,18 @@ class _ThroughServer:
 
 class _PreparingWithDumps:
     """``multiprocessing.spawn`` as our Popen sees it: the preparation data also
-    says where a worker that dies while starting leaves its traceback
-    (``warmserver``), once recovery has a directory for it."""
+    holds the parent's environment and umask at this start (besides where a
+    worker that dies while starting leaves its traceback, which every start of
+    our workers adds: ``diagnostics.telling_workers``)."""
 
     def __getattr__(self, name):
         return getattr(spawn, name)
 
     @staticmethod
     def get_preparation_data(name):
-        from ..inspection.diagnostics import DUMPS_KEY, ENVIRON_KEY, UMASK_KEY, current_dir  # noqa: PLC0415 - loads with the recovery, after this module
+        from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY  # noqa: PLC0415 - loads with the recovery, after this module
 
-        data = spawn.get_preparation_data(name)
-        directory = current_dir()
-        if directory is not None:
-            data[DUMPS_KEY] = directory
+        data = spawn.get_preparation_data(name)  # where to leave a traceback, in it
         # The parent's at this start (spawn's data already has sys.path and
         # the working directory): a server started before the program's
         # setup (an optimizer sets TORCHINDUCTOR_CACHE_DIR) forks workers
