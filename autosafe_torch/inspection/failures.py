@@ -65,6 +65,16 @@ def _chain(exc):
         exc = exc.__cause__ or exc.__context__
 
 
+def kept(exc):
+    """``exc``, to be kept (noted, returned, compared later), without the
+    frames it was raised through: a traceback holds its frames, each frame its
+    caller's, and so every local up the stack (the DataLoader iterator being
+    made) until the next garbage collection, where a worker's end would wait."""
+    for e in _chain(exc):
+        e.__traceback__ = None
+    return exc
+
+
 def exception_kind(exc):
     """``remedy``, ``memory``, ``fds`` or ``shm`` where ``exc`` (or what it was
     raised from) says so, else None."""

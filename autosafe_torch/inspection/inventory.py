@@ -38,6 +38,7 @@ import threading
 import types
 from multiprocessing import context
 
+from .failures import kept
 from .slots import slot_names
 
 PROTOCOL = pickle.DEFAULT_PROTOCOL  # ForkingPickler.dumps' (protocol=None)
@@ -145,7 +146,7 @@ class _Pass(pickle.Pickler):
                 return _nothing, ()
             sent = self.code(obj) if self.code is not None else NotImplemented
             if isinstance(sent, BaseException):
-                inv.unpicklable.append((obj, sent))
+                inv.unpicklable.append((obj, kept(sent)))
                 raise _Stopped
             return sent
         if inv.mode == HELD:
@@ -154,7 +155,7 @@ class _Pass(pickle.Pickler):
         try:
             return reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
         except Exception as exc:  # what a worker's pickling would raise
-            inv.unpicklable.append((obj, exc))
+            inv.unpicklable.append((obj, kept(exc)))
             # As pickling itself: nothing after the first failure is asked to reduce
             # (a lazy-module proxy further on would import its module).
             raise _Stopped from None

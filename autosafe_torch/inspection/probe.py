@@ -27,7 +27,7 @@ from multiprocessing import context
 
 from ..mp_private import extra_reducers
 from . import inventory, objwalk
-from .failures import exception_text
+from .failures import exception_text, kept
 from .mainmodule import importable_by_reference, missing_in_child
 
 # ForkingPickler.dumps(obj) passes protocol=None: pickle.DEFAULT_PROTOCOL.
@@ -251,7 +251,7 @@ class _Prober:
             pickler.dump(obj)
             return None
         except Exception as exc:  # what the real pickler would raise, any type
-            return exc
+            return kept(exc)
         finally:
             context.set_spawning_popen(spawning)
             self.objects += pickler.objects
@@ -387,7 +387,7 @@ class _CodeSent:
             try:
                 pickle.dumps(obj, PROTOCOL)  # by reference: pickle's own words
             except Exception as exc:
-                return exc
+                return kept(exc)
         return NotImplemented
 
 
