@@ -79,3 +79,39 @@ def inheriting() -> Iterator[None]:
         yield
     finally:
         del process.current_process()._inheriting  # type: ignore[attr-defined]  # private
+
+
+def _forkserver_main_locals() -> dict[str, Any]:
+    """The locals of ``forkserver.main`` below this call, in a fork server
+    while it preloads, else {}."""
+    import sys  # noqa: PLC0415 - only in a fork server
+
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    frame: types.FrameType | None = sys._getframe(2)
+    while forkserver is not None and frame is not None:
+        if frame.f_code is forkserver.main.__code__:
+            return dict(frame.f_locals)
+        frame = frame.f_back
+    return {}
+
+
+def forkserver_listener_path() -> str | None:
+    """In a fork server, while it preloads: the path of the socket it listens on
+    (``forkserver.main``'s ``listener_fd``), else None."""
+    import socket  # noqa: PLC0415 - only in a fork server
+
+    fd = _forkserver_main_locals().get("listener_fd")
+    if not isinstance(fd, int):
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, fileno=os.dup(fd)) as listener:
+            path = listener.getsockname()
+    except OSError:
+        return None
+    return path if isinstance(path, str) and path else None
+
+
+def forkserver_preload() -> list[str]:
+    """In a fork server, while it preloads (a module it imports then asks): the
+    names it was given to preload (``forkserver.main``'s ``preload``), else []."""
+    return list(_forkserver_main_locals().get("preload") or ())

@@ -7,6 +7,7 @@ import importlib.util
 import multiprocessing
 import os
 import pathlib
+import stat
 import sys
 import time
 from multiprocessing import forkserver, popen_forkserver, process, spawn
@@ -126,6 +127,39 @@ def check_forkserver_launch(tmp):
     mp_private.stop_forkserver(server)
 
 
+PRELOAD_PROBE = """
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("mp_private_alone", %r)
+mp_private = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mp_private)
+with open(os.path.join(%r, "preload.txt"), "w") as f:
+    f.write(repr((mp_private.forkserver_preload(), mp_private.forkserver_listener_path())))
+"""
+
+
+def check_forkserver_preload(tmp):
+    """A module a fork server preloads reads the list it was given and the path
+    it listens on (the server's sys.path holds its working directory: the probe
+    module is there)."""
+    with open(os.path.join(tmp, "preload_probe.py"), "w") as f:
+        f.write(PRELOAD_PROBE % (str(HERE.parent / "autosafe_torch" / "mp_private.py"), tmp))
+    assert mp_private.forkserver_preload() == [] and \
+        mp_private.forkserver_listener_path() is None  # not in a fork server
+    server = forkserver.ForkServer()
+    wanted = ["preload_probe", "no_such_module=/a/path"]
+    server.set_forkserver_preload(wanted)
+    server.ensure_running()
+    path = os.path.join(tmp, "preload.txt")
+    deadline = time.monotonic() + 20
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with open(path) as f:
+        preload, listening = eval(f.read())  # noqa: S307 - our own file, a repr
+    assert preload == wanted, preload
+    assert stat.S_ISSOCK(os.stat(listening).st_mode), listening
+    mp_private.stop_forkserver(server)
+
+
 def check_inheriting():
     me = process.current_process()
     assert not getattr(me, "_inheriting", False)
@@ -145,6 +179,8 @@ def main(tmp):
     print("ok forkserver_pid stop_forkserver")
     check_forkserver_launch(tmp)
     print("ok forkserver_launch")
+    check_forkserver_preload(tmp)
+    print("ok forkserver_preload")
     check_inheriting()
     print("ok inheriting")
 

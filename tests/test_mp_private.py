@@ -16,7 +16,8 @@ CHECK = pathlib.Path(__file__).resolve().parent / "mp_private_check.py"
 SUPPORTED = ("3.9", "3.10", "3.11", "3.12", "3.13")
 PYENV = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv")) / "versions"
 EXPECTED = ["ok extra_reducers", "ok context_name", "ok default_start_method",
-            "ok forkserver_pid stop_forkserver", "ok forkserver_launch", "ok inheriting"]
+            "ok forkserver_pid stop_forkserver", "ok forkserver_launch", "ok forkserver_preload",
+            "ok inheriting"]
 
 
 def _interpreter(version):

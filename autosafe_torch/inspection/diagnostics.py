@@ -8,14 +8,15 @@ dataset, importing the main module), leaves its traceback at
 ``bootstrap_path``: every worker of ours is told the directory, by its path,
 in its preparation data (``telling_workers``, ``told``). One
 that left no dump file at all never ran its first step: it died starting.
-Files of healthy workers are empty and removed at exit; the others stay,
-and the log names them.
+The folder goes at exit: the records hold what the dumps said.
 """
 
 import atexit
 import contextlib
 import os
+import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -33,11 +34,16 @@ _PREFIX = "autosafe_torch-workers-%d-"  # the pid of the process whose workers d
 
 
 def dump_dir():
-    """This process's directory for its workers' dumps, made on first use."""
+    """This process's private folder (0700, made on first use): its workers'
+    dumps and reports, a build server's recipes, every file of ours. Removed
+    whole at exit: what a record needs of it (a worker's traceback) is in the
+    record. Where the process could not remove it (SIGKILL, ``os._exit``), the
+    next run does (``_sweep``)."""
     global _dump_dir
     if _dump_dir is None or not os.path.isdir(_dump_dir):
+        _sweep()
         _dump_dir = tempfile.mkdtemp(prefix=_PREFIX % os.getpid())
-        atexit.register(_clean_dumps, _dump_dir, os.getpid())
+        atexit.register(_remove, _dump_dir, os.getpid())
     return _dump_dir
 
 
@@ -46,24 +52,41 @@ def current_dir():
     return _dump_dir if _dump_dir is not None and os.path.isdir(_dump_dir) else None
 
 
-# What workers tell this process (``process_state``'s reports): read here, never
-# named in the log, so nothing to keep at exit.
-REPORT_PREFIX = "report-"
+def private_file(kind):
+    """A new, empty file of ours in this process's folder (``dump_dir``): its path."""
+    fd, path = tempfile.mkstemp(prefix=kind + "-", dir=dump_dir())
+    os.close(fd)
+    return path
 
 
-def _clean_dumps(directory, pid):
-    """At exit: drop the empty dump files (healthy workers) and the workers'
-    reports; keep the others, which the log names."""
-    if os.getpid() != pid:
-        return
+def _remove(directory, pid):
+    """At exit (of the process that made it, not of a forked child)."""
+    if os.getpid() == pid:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sweep():
+    """The folders of this user's runs that ended without removing theirs (a
+    SIGKILL, ``os._exit``): a real folder (not a link), owned by this user,
+    whose process is gone."""
+    top = tempfile.gettempdir()
+    head = _PREFIX.split("%", 1)[0]
     try:
-        for name in os.listdir(directory):
-            path = os.path.join(directory, name)
-            if name.startswith(REPORT_PREFIX) or os.path.getsize(path) == 0:
-                os.unlink(path)
-        os.rmdir(directory)
+        names = [n for n in os.listdir(top) if n.startswith(head)]
     except OSError:
-        pass
+        return
+    for name in names:
+        pid = name[len(head):].split("-", 1)[0]
+        path = os.path.join(top, name)
+        try:
+            st = os.lstat(path)
+            if not pid.isdigit() or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive under another user (a pid reused), or unreadable: left
+            continue
 
 
 def dump_path(directory, worker_id, pid):

@@ -16,8 +16,9 @@ the dataset as a reference to it (``from_server``) with what it holds at that
 worker's start, and the worker checks the values again, so a dataset the
 program changed between epochs is never served stale.
 
-The recipes come in a file the training process names in the server's
-environment (``RECIPES``), pickled with the plain pickler (no handle of the
+The recipes come in a file of the training process's private folder, named to
+the server in its preload list (``RECIPES``) and removed as soon as it is
+opened, pickled with the plain pickler (no handle of the
 training process's: a server is no child that takes them), after what the
 workers' code reads from the training process (DL220, set before the build). Imported
 anywhere but in a build server, this module does nothing.
@@ -31,9 +32,16 @@ from typing import Any
 from multiprocessing import spawn
 
 from ..inspection.diagnostics import in_fork_server
-from ..mp_private import inheriting
+from ..mp_private import forkserver_preload, inheriting
 
-RECIPES = "AUTOSAFE_TORCH_BUILD_RECIPES"
+# How the training process names the recipes' file to the server: an entry of its
+# preload list that no module has this name (forkserver passes over what does not
+# import), the file's path after it.
+RECIPES = "autosafe_torch_build_recipes="
+
+
+def recipes_entry(path):
+    return RECIPES + path
 
 # in a build server and its children: key -> the dataset built (or Unbuilt)
 BUILT: dict[Any, Any] = {}
@@ -57,11 +65,13 @@ def _build():
     preparation data (the main module imported as ``__mp_main__``, its
     ``sys.path``, working directory, argv), then the datasets, each built and
     checked."""
-    path = os.environ.pop(RECIPES, None)
+    path = next((entry[len(RECIPES):] for entry in forkserver_preload()
+                 if entry.startswith(RECIPES)), None)
     if not path:
         return
     with inheriting():
         with open(path, "rb") as f:
+            os.unlink(path)  # read once, by this server alone: nothing of it left behind
             spawn.prepare(pickle.load(f))
             state = pickle.load(f)
             recipes = pickle.load(f)

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
 
+from ..inspection.diagnostics import private_file
 from ..inspection.naming import a_or_an
 from . import handlers as _handlers
 
@@ -51,8 +51,7 @@ class Reports:
 
     def open(self):
         if self.path is None:
-            fd, self.path = tempfile.mkstemp(prefix="autosafe_torch-loggers-")
-            os.close(fd)
+            self.path = private_file("loggers")
             weakref.finalize(self, _unlink, self.path)  # at the latest at exit
         return self.path
 

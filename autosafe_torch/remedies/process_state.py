@@ -59,7 +59,6 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from ..inspection import digest
-from ..inspection.diagnostics import REPORT_PREFIX
 from ..inspection.failures import RemedyFailed, describe_exception
 from ..inspection.holdings import is_file_object
 from ..inspection.naming import number_of
@@ -636,7 +635,7 @@ def _report_path(directory: str | None, token: str) -> str | None:
 
 
 def _prefix(token: str) -> str:
-    return "%sstate-%s-" % (REPORT_PREFIX, token)
+    return "report-state-%s-" % token
 
 
 def _say(prefix: str | None, carried: list[str], refused: list[str]) -> None:

@@ -33,12 +33,15 @@ under ``diagnostics.DUMPS_KEY``) where to leave that traceback
 Imported anywhere else, this module does nothing.
 """
 
+import atexit
 import functools
 import os
 import sys
+import time
 import warnings
 
 from ..inspection import threads
+from ..mp_private import forkserver_listener_path
 from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, in_fork_server, told
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
@@ -90,10 +93,58 @@ def _prepare_and_report(data, prepare):
     return prepare(data)
 
 
+_EXITING = 0x4  # the kernel's PF_EXITING, in /proc/<pid>/stat's flags
+
+
+def _gone(parent):
+    """Whether ``parent`` has ended, or is ending: the pipe that tells a server so
+    closes as the process exits, a moment before its children are given another
+    parent, so its state says it first (Linux; elsewhere, the new parent)."""
+    if os.getppid() != parent:
+        return True
+    try:
+        with open("/proc/%d/stat" % parent) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & _EXITING)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _remove_listener(path, parent):
+    """At the server's exit: the socket it listened on (its own: nothing else
+    connects to it once it is gone), and, where the training process that
+    started it ended without its clean-up (SIGKILL, ``os._exit``), that
+    process's multiprocessing folder (``pymp-*``) where nothing else is left."""
+    try:
+        os.unlink(path)
+        folder = os.path.dirname(path)
+        if _gone(parent) and os.path.basename(folder).startswith("pymp-"):
+            _children_ended(2.0)  # their sockets there go with them (warmstart.exit_with_parent)
+            os.rmdir(folder)  # only where empty: anything else in it is not ours
+    except OSError:
+        pass
+
+
+def _children_ended(seconds):
+    """Wait, ``seconds`` at most, for this server's children (workers whose
+    training process is gone end at once) to end."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.01)
+
+
 if in_fork_server():
     if not forks_safely():
         os._exit(REFUSED)
     _checked.append(True)
+    _listening = forkserver_listener_path()
+    if _listening:
+        atexit.register(_remove_listener, _listening, os.getppid())
     from multiprocessing import spawn
 
     spawn.prepare = functools.partial(_prepare_and_report, prepare=spawn.prepare)

@@ -36,13 +36,13 @@ worker's watchdog does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import pickle
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import weakref
@@ -50,6 +50,7 @@ from multiprocessing import connection, reduction, spawn
 from multiprocessing import context as _mp_context
 from typing import Any
 
+from ..inspection.diagnostics import private_file
 from ..inspection.failures import describe_exception
 from ..mp_private import forkserver_launch, forkserver_pid, stop_forkserver
 from ..report import log, shorten_line
@@ -476,24 +477,24 @@ class Build:
         if not ({"init_main_from_path", "init_main_from_name"} & set(prepared)):
             return None  # an interactive main: the server could not import its classes
         recipes = {self.keys[id(d)]: rebuild.recipe(d) for d in datasets}
-        fd, path = tempfile.mkstemp(prefix="autosafe_torch-build-")
-        with os.fdopen(fd, "wb") as f:
+        path = private_file("build")
+        with open(path, "wb") as f:
             pickle.dump(prepared, f, pickle.HIGHEST_PROTOCOL)  # loaded first: the main
             pickle.dump(self._state(datasets), f, pickle.HIGHEST_PROTOCOL)  # module, what main()
             pickle.dump(recipes, f, pickle.HIGHEST_PROTOCOL)   # set, then its classes
         server = forkserver.ForkServer()
         with _names_lock:
             libraries = list(_preload)
-        server.set_forkserver_preload(libraries + [buildserver.__name__, GUARD])
-        os.environ[buildserver.RECIPES] = path  # the server's only: taken back at once
-        try:
-            server.ensure_running()
-        finally:
-            os.environ.pop(buildserver.RECIPES, None)
+        # The recipes' path goes to the server alone, in what it is told to preload
+        # (never in this process's environment, which its other children inherit).
+        server.set_forkserver_preload(libraries + [buildserver.__name__,
+                                                   buildserver.recipes_entry(path), GUARD])
+        server.ensure_running()
         try:
             refused = _greet(server, named(libraries, most=2) + " and the dataset")
         finally:
-            os.remove(path)
+            with contextlib.suppress(OSError):  # the server removes it once read
+                os.remove(path)
         if refused is not None:
             _note("no build server (%s): each worker builds the dataset" % refused)
             return None
@@ -522,6 +523,12 @@ def exit_with_parent(worker_id):
 
 def _exit_when_ready(sentinel):
     connection.wait([sentinel])
+    try:  # the socket its batches' descriptors were passed through, in the parent's
+        from multiprocessing import resource_sharer  # noqa: PLC0415 - a worker whose parent died
+
+        resource_sharer.stop(timeout=1.0)  # folder: gone with it, as a worker's normal exit does
+    except Exception:
+        pass
     os._exit(1)
 
 
