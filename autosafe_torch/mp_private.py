@@ -17,6 +17,7 @@ Nothing here imports the rest of the package, nor torch.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import types
 from collections.abc import Iterator
@@ -115,3 +116,27 @@ def forkserver_preload() -> list[str]:
     """In a fork server, while it preloads (a module it imports then asks): the
     names it was given to preload (``forkserver.main``'s ``preload``), else []."""
     return list(_forkserver_main_locals().get("preload") or ())
+
+
+def wrap_spawn_main(wrapper: Callable[..., Any]) -> None:
+    """What a fork server's child runs to read what it was sent (``spawn._main(fd,
+    parent_sentinel)``, private), as ``wrapper(original, fd, parent_sentinel)``:
+    a check before anything is unpickled."""
+    from multiprocessing import spawn  # noqa: PLC0415 - only in a fork server
+
+    original = spawn._main  # private: see above
+    spawn._main = functools.partial(wrapper, original)
+
+
+# The releases whose fork server listened in Linux's abstract socket namespace, open
+# to every local user (CVE-2022-42919), before the fix: a socket path in a private
+# folder. Told by version: asking multiprocessing for an address would make its folder.
+_ABSTRACT_FORKSERVER = (((3, 9), (3, 9, 16)), ((3, 10), (3, 10, 9)), ((3, 11), (3, 11, 1)))
+
+
+def forkserver_listens_abstract(version: tuple[int, ...] | None = None) -> bool:
+    """Whether this Python's fork server listens in the abstract namespace (Linux)."""
+    import sys  # noqa: PLC0415 - sys.version_info, here only
+
+    version = tuple(version or sys.version_info[:3])
+    return any(first <= version < fixed for first, fixed in _ABSTRACT_FORKSERVER)

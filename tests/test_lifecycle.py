@@ -3,9 +3,12 @@ as promptly as plain torch's.
 """
 
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -106,8 +109,10 @@ def _end(tmp_path, end, shim, name):
     """Run the scenario to ``end`` in a session of its own, TMPDIR a folder of its
     own: ``(what is left there once every process of the session is gone, seconds
     the session outlived its main process)``."""
-    folder = tmp_path / ("tmp-" + name)
-    folder.mkdir()
+    # short, as a real TMPDIR is: multiprocessing binds sockets under it (AF_UNIX
+    # paths stop at 107 bytes; pytest's own folders under xdist are longer)
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="lc-%s-" % name, dir="/tmp"))
+    _made.append(folder)
     env = clean_env({"SCENARIO_TMP": str(tmp_path), "TMPDIR": str(folder),
                      "PYTHONPATH": str(PLATFORM_SIM)})
     env.update({"AUTOSAFE_TORCH": "1", "AUTOSAFE_TORCH_AS": "macos"} if shim
@@ -130,6 +135,16 @@ def _end(tmp_path, end, shim, name):
     outlived = time.monotonic() - ended
     assert not _group(proc.pid), "still running: %s" % _group(proc.pid)
     return _ours(folder), outlived, folder, env
+
+
+_made = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_folders():
+    yield
+    while _made:
+        shutil.rmtree(_made.pop(), ignore_errors=True)
 
 
 ENDS = ["clean", "exception", "exit", "os_exit", "kill_servers", "sigint-group", "sigterm",

@@ -61,3 +61,90 @@ def test_a_worker_that_dies_starting_writes_only_where_its_parent_told_it(tmp_pa
     # it wrote in the folder its parent made and told it (the record has its
     # traceback), which went at exit with everything of ours
     assert [p for p in os.listdir(shared) if not p.endswith("-planted")] == []
+
+
+# A local process that found a fork server's socket asks it for a process, and
+# sends what a stranger would: a pickle that runs code as it is loaded (it writes a
+# file). Against the fork server Python's multiprocessing starts, the code runs; the
+# shim's warm server, started here for a loader repaired as on macOS, ends the child
+# before it reads a byte of the pickle (exit status 88), and the loader's own
+# workers, which bring the run's secret, run as ever.
+STRANGER = r'''
+import os, pickle, sys
+import torch
+from multiprocessing import forkserver
+from torch.utils.data import DataLoader, Dataset
+
+class Held(Dataset):
+    def __init__(self, path):
+        self.fh = open(path, "rb")
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.tensor([float(os.pread(self.fh.fileno(), 1, i)[0])])
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch %s" % sys.argv[2],))
+
+def ask(address):
+    """What a stranger sends, as multiprocessing's client does: a connection of its
+    own to the server's socket, its own pipes, then the pickles."""
+    import socket
+    from multiprocessing import reduction, resource_tracker
+    child_r, data_w = os.pipe()
+    status_r, child_w = os.pipe()
+    alive_r, _alive_w = os.pipe()
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(address)
+        reduction.sendfds(client, [child_r, child_w, alive_r, resource_tracker.getfd()])
+    os.close(child_r)
+    os.close(child_w)
+    with open(data_w, "wb") as f:
+        pickle.dump({"sys_path": sys.path}, f)
+        pickle.dump(Payload(), f)
+    forkserver.read_signed(status_r)  # the child's pid, then how it ended
+    return forkserver.read_signed(status_r)
+
+if __name__ == "__main__":
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data.bin")
+    with open(path, "wb") as f:
+        f.write(bytes(range(8)))
+    if sys.argv[1] == "python":
+        server = forkserver.ForkServer()
+        server.ensure_running()
+        print("STATUS", ask(server._forkserver_address), flush=True)
+    else:
+        loader = DataLoader(Held(path), batch_size=2, num_workers=2)
+        print("FIRST", next(iter(loader)).tolist(), flush=True)
+        from autosafe_torch.remedies import warmstart
+        print("STATUS", ask(warmstart._state["server"]._forkserver_address), flush=True)
+        digest(loader)
+'''
+
+
+def test_a_server_of_ours_serves_only_its_own_run(tmp_path):
+    touched = tmp_path / "touched"
+    python = run_script(tmp_path, STRANGER, args=("python", str(touched)))
+    assert python.rc == 0 and touched.exists(), python  # what the shim guards against
+    touched.unlink()
+    ours = run_script(tmp_path, STRANGER, activation="env", args=("shim", str(touched)),
+                      env={"AUTOSAFE_TORCH_AS": "macos"})
+    assert ours.rc == 0 and "STATUS 88" in ours.stdout and ours.batches, ours
+    assert not touched.exists()
+    assert "DL209" in ours.stderr  # the loader's workers came from that server
+
+
+def test_no_fork_server_of_ours_where_pythons_listens_for_any_local_user(monkeypatch):
+    """CPython before the CVE-2022-42919 fix put a fork server's socket in the
+    abstract namespace: there the shim starts none, says why, and workers spawn."""
+    from autosafe_torch import mp_private
+    from autosafe_torch.remedies import warmstart
+
+    assert [v for v in ((3, 9, 15), (3, 9, 16), (3, 10, 8), (3, 10, 9), (3, 11, 0),
+                        (3, 11, 1), (3, 12, 0)) if mp_private.forkserver_listens_abstract(v)] \
+        == [(3, 9, 15), (3, 10, 8), (3, 11, 0)]
+    assert warmstart.no_fork_server("linux") is None  # this Python: fixed
+    monkeypatch.setattr(warmstart, "forkserver_listens_abstract", lambda: True)
+    assert "CVE-2022-42919" in warmstart.no_fork_server("linux")
+    assert not warmstart.fork_server_available("linux")

@@ -35,17 +35,23 @@ Imported anywhere else, this module does nothing.
 
 import atexit
 import functools
+import hmac
 import os
 import sys
 import time
 import warnings
 
 from ..inspection import threads
-from ..mp_private import forkserver_listener_path
+from ..mp_private import forkserver_listener_path, forkserver_preload, wrap_spawn_main
 from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, in_fork_server, told
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module
+STRANGER = 88   # a child's: whoever asked for it did not have the run's secret
+# How the training process names the file that holds the server's secret: an entry
+# of its preload list (no module has this name), the file's path after it.
+SECRET = "autosafe_torch_server_secret="
+_secret = []  # in the server: the run's secret, read once
 _checked = []   # in the server: its threads were counted, and it forks
 
 
@@ -110,6 +116,42 @@ def _gone(parent):
         return False
 
 
+def secret_entry(path):
+    return SECRET + path
+
+
+def _take_secret():
+    """In the server, as it preloads: the secret its training process gave it
+    (the file is removed as it is read)."""
+    for entry in forkserver_preload():
+        if entry.startswith(SECRET):
+            path = entry[len(SECRET):]
+            try:
+                with open(path, "rb") as f:
+                    os.unlink(path)
+                    return f.read()
+            except OSError:
+                return None
+    return None
+
+
+def _only_ours(main, fd, *args):
+    """A child of the server, before it reads what it was sent (spawn's
+    ``_main``): the run's secret first, else it ends there, nothing unpickled
+    (a local process that found the server's socket is not the training
+    process)."""
+    secret = _secret[0]
+    got = b""
+    while len(got) < len(secret):
+        chunk = os.read(fd, len(secret) - len(got))
+        if not chunk:
+            break
+        got += chunk
+    if not hmac.compare_digest(got, secret):
+        os._exit(STRANGER)
+    return main(fd, *args)
+
+
 def _remove_listener(path, parent):
     """At the server's exit: the socket it listened on (its own: nothing else
     connects to it once it is gone), and, where the training process that
@@ -145,6 +187,11 @@ if in_fork_server():
     _listening = forkserver_listener_path()
     if _listening:
         atexit.register(_remove_listener, _listening, os.getppid())
+    _given = _take_secret()
+    if not _given:
+        os._exit(UNCHECKED)  # never a server that would serve whoever connects
+    _secret.append(_given)
+    wrap_spawn_main(_only_ours)
     from multiprocessing import spawn
 
     spawn.prepare = functools.partial(_prepare_and_report, prepare=spawn.prepare)

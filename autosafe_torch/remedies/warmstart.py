@@ -52,7 +52,8 @@ from typing import Any
 
 from ..inspection.diagnostics import private_file
 from ..inspection.failures import describe_exception
-from ..mp_private import forkserver_launch, forkserver_pid, stop_forkserver
+from ..mp_private import (forkserver_launch, forkserver_listens_abstract, forkserver_pid,
+                          stop_forkserver)
 from ..report import log, shorten_line
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
@@ -151,12 +152,14 @@ def _server():
             server = _state["server"] = forkserver.ForkServer()
         with _names_lock:
             libraries = list(_preload)
-        server.set_forkserver_preload(libraries + [GUARD])
         before, now = forkserver_pid(server), _inherited()
-        server.ensure_running()  # restarts a server that died
-        if forkserver_pid(server) != before:
+        with _secret_given(server) as secret:
+            server.set_forkserver_preload(libraries + [secret, GUARD])
+            server.ensure_running()  # restarts a server that died
+            started = forkserver_pid(server) != before
+            refused = _greet(server, named(libraries, most=2)) if started else None
+        if started:
             _state["started_with"] = now
-            refused = _greet(server, named(libraries, most=2))
             if refused is None:
                 return server
             _state.update(cold=True, server=None)
@@ -210,7 +213,7 @@ def _greet(server, libraries):
 
     status = None
     try:
-        status_r, data_w = server.connect_to_new_process([])
+        status_r, data_w = _connect(server, [])
         try:
             with open(data_w, "wb", closefd=True) as f:
                 # Our path only (to unpickle Hello): the main module is not imported.
@@ -251,11 +254,23 @@ def _stop(server, wait_s=5.0):
 
 
 def fork_server_available(platform):
-    """Whether a fork server can run on ``platform`` (a ``sys.platform``)."""
+    """Whether a fork server of ours may run on ``platform`` (a ``sys.platform``)."""
+    return no_fork_server(platform) is None
+
+
+def no_fork_server(platform):
+    """Why no fork server of ours runs on ``platform`` (a ``sys.platform``), or
+    None: it may. Not where multiprocessing's would listen in the abstract socket
+    namespace, where any local user can connect (said on DL209's line)."""
     import multiprocessing  # noqa: PLC0415 - the rules load before torch (explain)
 
-    return not platform.startswith("win") and not getattr(sys, "frozen", False) \
-        and "forkserver" in multiprocessing.get_all_start_methods()
+    if platform.startswith("win") or getattr(sys, "frozen", False) \
+            or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "no fork server on %s" % platform
+    if platform.startswith("linux") and forkserver_listens_abstract():
+        return ("Python %d.%d.%d's fork server listens where any local user can connect "
+                "(CVE-2022-42919: fixed in 3.9.16, 3.10.9, 3.11.1)" % sys.version_info[:3])
+    return None
 
 
 def start_ahead(libraries, context=None):
@@ -316,7 +331,49 @@ class _ThroughServer:
         return getattr(forkserver, name)
 
     def connect_to_new_process(self, fds):
-        return self._server.connect_to_new_process(fds)
+        return _connect(self._server, fds)
+
+
+# -- who may ask a server of ours for a process -------------------------------------
+
+def _connect(server, fds):
+    """A new process from ``server``: its run's secret first, which the child
+    checks before it reads anything else (``warmserver``: nothing unpickled for
+    one who does not have it)."""
+    status_r, data_w = server.connect_to_new_process(fds)
+    try:
+        _write_all(data_w, server.autosafe_secret)
+    except BaseException:
+        os.close(status_r)
+        os.close(data_w)
+        raise
+    return status_r, data_w
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+@contextlib.contextmanager
+def _secret_given(server):
+    """While ``server`` starts (or is found running): its secret (made once,
+    kept on it), in a file of this process's private folder, named to it in
+    its preload list (the entry this yields); the server removes the file as
+    it reads it, and what it did not read goes when the start is over."""
+    from .warmserver import secret_entry  # noqa: PLC0415 - the server's side: once a server starts
+
+    if getattr(server, "autosafe_secret", None) is None:
+        server.autosafe_secret = os.urandom(32)
+    path = private_file("secret")
+    with open(path, "wb") as f:
+        f.write(server.autosafe_secret)
+    try:
+        yield secret_entry(path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 class _PreparingWithDumps:
@@ -487,11 +544,12 @@ class Build:
             libraries = list(_preload)
         # The recipes' path goes to the server alone, in what it is told to preload
         # (never in this process's environment, which its other children inherit).
-        server.set_forkserver_preload(libraries + [buildserver.__name__,
-                                                   buildserver.recipes_entry(path), GUARD])
-        server.ensure_running()
         try:
-            refused = _greet(server, named(libraries, most=2) + " and the dataset")
+            with _secret_given(server) as secret:
+                server.set_forkserver_preload(libraries + [
+                    buildserver.__name__, buildserver.recipes_entry(path), secret, GUARD])
+                server.ensure_running()
+                refused = _greet(server, named(libraries, most=2) + " and the dataset")
         finally:
             with contextlib.suppress(OSError):  # the server removes it once read
                 os.remove(path)

@@ -66,12 +66,12 @@ def warm_worker_start(args, ctx):
         return None
     from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
 
-    if not warmstart.fork_server_available(ctx.facts.platform):
+    none = warmstart.no_fork_server(ctx.facts.platform)
+    if none is not None:
         return warm_worker_start.rule.finding(
-            {"multiprocessing_context": "spawn"}, why="no fork server on %s: each worker "
-            "imports torch and the dataset's modules afresh every epoch"
-            % ctx.facts.platform, strategy="plain spawn",
-            done="workers start by plain spawn (no fork server on %s)" % ctx.facts.platform)
+            {"multiprocessing_context": "spawn"}, why="%s: each worker imports torch and the "
+            "dataset's modules afresh every epoch" % none, strategy="plain spawn",
+            done="workers start by plain spawn (%s)" % none)
     libraries = warmstart.libraries_for(
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
     return warm_worker_start.rule.finding(
