@@ -120,7 +120,9 @@ def _repaired(cells, fork_batches):
     """The loop's cell gave fork's batches, and its one record names the cell."""
     loop = cells[-1]
     assert not loop.errors and batches(cells) == fork_batches, (loop.errors, loop.stderr)
-    (record,) = logged(loop.stderr)
+    records = logged(loop.stderr)
+    assert len(records) == 1, loop.stderr
+    (record,) = records
     assert record.site == "Cell In[%d], line %d" % (loop.count, LOOP_LINE), loop.stderr
     assert record.code in ("DL202", "DL203") and "sent by value to 2 workers" in record.done
     assert "; workers start warm" in record.done  # DL209, a clause of the same line

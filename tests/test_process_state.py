@@ -345,7 +345,7 @@ def test_a_new_interpreters_settings_are_the_tables_defaults():
 def test_settings_are_read_where_their_module_is_imported():
     carried = process_state.Carried([], None)
     labels = [e.label for e in carried.entries]
-    assert "torch's default dtype" in labels and "the recursion limit" in labels
+    assert "torch's default dtype" in labels and "the decimal context" in labels
     assert ("PIL.ImageFile.LOAD_TRUNCATED_IMAGES" in labels) == ("PIL.ImageFile" in sys.modules)
     saved = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)

@@ -119,8 +119,10 @@ def _attribute(name: str) -> tuple[Callable[[Any], Any], Callable[[Any, Any], No
 # table is made from this one). Not here: the seeds (torch seeds each worker
 # base_seed + id), torch's thread count (1 in a worker, by torch), the working
 # directory, sys.path and the environment (spawn carries them), logging (DL219),
-# warnings filters and print options (messages, not data), and torch's default
-# device (CUDA in a worker is a choice of its own, not a setting to copy).
+# warnings filters and print options (messages, not data), torch's default
+# device (CUDA in a worker is a choice of its own, not a setting to copy), and
+# the recursion limit: it changes no value, only whether deep code raises (loudly),
+# and imports raise it (jedi's, under IPython 8, to 3000), not main().
 SETTINGS = (
     Setting("torch's default dtype", "torch",
             "the dtype of the tensors a worker makes from Python numbers "
@@ -151,9 +153,6 @@ SETTINGS = (
             _decimal_context, _set_decimal_context,
             default=(28, "ROUND_HALF_EVEN", -999999, 999999, 1, 0,
                      ("DivisionByZero", "InvalidOperation", "Overflow"))),
-    Setting("the recursion limit", "sys",
-            "how deep a worker's code may recurse (sys.setrecursionlimit)",
-            lambda s: s.getrecursionlimit(), lambda s, v: s.setrecursionlimit(v)),
     Setting("PIL.Image.MAX_IMAGE_PIXELS", "PIL.Image",
             "the image size over which a worker's Image.open raises "
             "DecompressionBombError",
