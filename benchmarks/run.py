@@ -274,6 +274,7 @@ FIGURES = {
     "18": lambda: __import__("rebuild_cost").figures(),
     "19": lambda: __import__("size").figures(),
     "20": lambda: __import__("process_state").figures(),
+    "21": lambda: __import__("lifecycle").figures(),
 }
 # Run only when asked (--only): too slow for the default run.
 OPTIONAL = ("10", "15", "16", "17")

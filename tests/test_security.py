@@ -148,3 +148,59 @@ def test_no_fork_server_of_ours_where_pythons_listens_for_any_local_user(monkeyp
     monkeypatch.setattr(warmstart, "forkserver_listens_abstract", lambda: True)
     assert "CVE-2022-42919" in warmstart.no_fork_server("linux")
     assert not warmstart.fork_server_available("linux")
+
+
+# A loader built again in each worker as on macOS (a ParquetFile from __init__: DL201's
+# rebuild), whose build server starts ahead, in a thread, while the program goes on:
+# the program's environment holds no variable of ours then or after (torch's own,
+# which building the optimizer sets, aside).
+ENVIRONMENT = '''
+import os, sys
+import pyarrow as pa, pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Days(Dataset):
+    def __init__(self, path):
+        self.file = pq.ParquetFile(path)
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.tensor([float(self.file.read().column(0)[i].as_py())])
+
+if __name__ == "__main__":
+    before = set(os.environ)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "day.parquet")
+    pq.write_table(pa.table({"x": [float(k) for k in range(8)]}), path)
+    loader = DataLoader(Days(path), batch_size=2, num_workers=2)
+    seen = set()
+    for _ in range(200):  # while the server starts ahead
+        seen |= set(os.environ) - before
+    model = torch.nn.Linear(1, 1)
+    torch.optim.SGD(model.parameters(), lr=0.1)
+    digest(loader)
+    seen |= set(os.environ) - before
+    print("ADDED", sorted(seen - {"TORCHINDUCTOR_CACHE_DIR"}), flush=True)
+'''
+
+
+def test_no_variable_of_ours_enters_the_programs_environment(tmp_path):
+    result = run_script(tmp_path, ENVIRONMENT, activation="env", env={"AUTOSAFE_TORCH_AS": "macos"})
+    assert result.rc == 0 and result.batches, result
+    assert "ADDED []" in result.stdout, result
+    assert "dataset built once" in result.stderr or "DL209" in result.stderr, result
+
+
+def test_every_promise_of_security_md_has_its_test():
+    """SECURITY.md names a test for each promise: each exists."""
+    import ast
+    import re
+
+    from support import ROOT
+
+    named = re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", (ROOT / "SECURITY.md").read_text())
+    assert len(named) >= 9, named
+    for path, name in named:
+        tree = ast.parse((ROOT / path).read_text())
+        assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, \
+            "%s::%s" % (path, name)
