@@ -7,7 +7,9 @@ copy itself is replaced (a meta tensor has no data to copy). Real CUDA runs
 are marked ``gpu``.
 """
 
+import collections
 import pickle
+import types
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from torch.utils.data import (ChainDataset, ConcatDataset, DataLoader, Dataset,
 
 from autosafe_torch.facts import Facts
 from autosafe_torch.inspection import objwalk, tensors
-from autosafe_torch.remedies import relocate
+from autosafe_torch.remedies import batchdevice, relocate
 from autosafe_torch.rules import Context, accel
 from support import run_script
 
@@ -197,6 +199,17 @@ def test_batch_device_only_when_certain(meta_is_accelerator):
     assert tensors.batch_device(TensorDataset(meta(4), torch.zeros(4))) is None
     assert tensors.batch_device(TensorDataset(torch.zeros(4))) is None
     assert tensors.batch_device(Holder(x=meta(4))) is None
+
+
+def test_batches_go_back_in_their_own_mapping_class():
+    """A defaultdict batch (default_collate keeps the class) goes back to its
+    device a defaultdict, its factory kept: its class takes no dict alone."""
+    batch = collections.defaultdict(list, {"x": torch.zeros(2), "y": [torch.zeros(1)]})
+    out = batchdevice.to_device(batch, "meta")
+    assert type(out) is collections.defaultdict and out.default_factory is list
+    assert out["x"].is_meta and out["y"][0].is_meta and not batch["x"].is_meta
+    proxy = batchdevice.to_device(types.MappingProxyType({"x": torch.zeros(1)}), "meta")
+    assert type(proxy) is types.MappingProxyType and proxy["x"].is_meta
 
 
 def test_dl302_mixed_parts_without_workers(meta_is_accelerator):

@@ -8,6 +8,7 @@ that persistent workers (``_reset``) and everything else still work.
 """
 
 import collections.abc
+import copy
 
 import torch
 import wrapt
@@ -21,7 +22,15 @@ def to_device(data, device):
     if isinstance(data, (list, tuple)):
         return type(data)(to_device(x, device) for x in data)
     if isinstance(data, collections.abc.Mapping):
-        return type(data)({k: to_device(v, device) for k, v in data.items()})
+        moved = {k: to_device(v, device) for k, v in data.items()}
+        if isinstance(data, collections.abc.MutableMapping):  # as torch's collate does:
+            clone = copy.copy(data)  # its class and state kept (a defaultdict, whose
+            clone.update(moved)      # class cannot be built from a dict alone)
+            return clone
+        try:
+            return type(data)(moved)  # type: ignore[call-arg]  # its class's; Mapping declares none
+        except TypeError:  # a class not built from a dict: a dict, as torch's collate gives
+            return moved
     return data
 
 
