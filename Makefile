@@ -19,8 +19,9 @@ TEST_APT_PACKAGES = pocl-opencl-icd ocl-icd-libopencl1
 # The static checks of `make test`, before the suite (configured in pyproject.toml):
 # ruff over LINT_PATHS (pyflakes, pycodestyle, bugbear, simplify, pyupgrade and pylint's
 # rules, each exception with its reason: [tool.ruff]), then mypy over what its `files`
-# name ([tool.mypy]: engine/, rules/, recovery/, remedies/, torch_private, the records;
-# the seams strictly), whose annotations it holds to what crosses them.
+# name ([tool.mypy]: engine/, rules/, recovery/, remedies/, torch_private, mp_private,
+# the records, the rungs and the loader's state; every body checked, the seams' defs
+# all annotated), whose annotations it holds to what crosses them.
 LINT_PATHS = autosafe_torch tests
 TYPECHECK = $(PYTHON) -m mypy
 

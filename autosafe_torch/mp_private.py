@@ -52,8 +52,9 @@ def forkserver_pid(server: Any) -> int | None:
     return server._forkserver_pid
 
 
-def stop_forkserver(server: Any) -> int | None:
-    """Close the pipe that keeps ``server`` alive (it exits on EOF); its pid."""
+def stop_forkserver(server: Any) -> int:
+    """Close the pipe that keeps ``server`` alive (it exits on EOF); its pid
+    (set with that pipe: a server that never ran fails at the close)."""
     os.close(server._forkserver_alive_fd)
     return server._forkserver_pid
 

@@ -132,6 +132,7 @@ class RecoveringIter(wrapt.ObjectProxy):
         if failure.kind not in watch.kinds:
             return False  # its rule is disabled: torch's error, the workers untouched
         failure.batch = self._self_delivered
+        rung: Rung | None  # None: the ladder has no rung left
         rung = self._self_rung
         if self._self_pending is None:
             first, first_rung, tried, verify_at = failure, rung, [], 0
@@ -210,13 +211,13 @@ class RecoveringIter(wrapt.ObjectProxy):
                 return
             if failure.kind == F.HUNG:
                 for process in processes:
-                    if process.is_alive():
+                    if process.is_alive() and process.pid is not None:
                         os.kill(process.pid, DUMP_SIGNAL)
                 deadline = time.monotonic() + DUMP_WAIT_S
                 paths = [dump_path(directory, i, p.pid) for i, p in enumerate(processes)]
                 while time.monotonic() < deadline and not all(read_dump(p) for p in paths):
                     time.sleep(0.02)
-                failure.dump = "\n".join("worker %d (pid %d):\n%s" % (
+                failure.dump = "\n".join("worker %d (pid %s):\n%s" % (
                     i, p.pid, read_dump(path).rstrip() or "(no stack written)")
                     for i, (p, path) in enumerate(zip(processes, paths)))
             elif failure.worker is not None and failure.pid is not None and not failure.dump:
@@ -308,7 +309,7 @@ class UnwatchedIter(wrapt.ObjectProxy):
     def _refuse(self, exc):
         worker = tp.worker_named_in(F.exception_text(exc))
         try:
-            pid = tp.worker_processes(self.__wrapped__)[worker].pid
+            pid = None if worker is None else tp.worker_processes(self.__wrapped__)[worker].pid
         except Exception:  # a torch that moved its names: the worker alone
             pid = "?"
         what = F.Failure(F.REMEDY, exc, worker, pid).what(room=160) if worker is not None \

@@ -153,10 +153,10 @@ def own_files(loader, report_dir):
     forked, carry = own_descriptions_wanted(engine.enabled)
     if not (forked or carry):
         return None
-    handles = ()
+    handles: list[tuple[Any, Any]] = []
     if forked and state_of(loader).fork_handles:
-        handles, _unhandled = isolation.native_handles(isolation.users_parts(loader))
-        handles = [(held, args) for held, args, _note in handles]
+        native, _unhandled = isolation.native_handles(isolation.users_parts(loader))
+        handles = [(held, args) for held, args, _note in native]
     table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
     if carry and table.files:
         table.by_number = isolation.held_numbers(parts_of(loader), [f.fd for f in table.files])

@@ -79,9 +79,9 @@ def _reduce_instance_by_value(obj):
     if isinstance(rv, str):
         raise TypeError("cannot pickle %r by value" % (obj,))
     func, args, rest = rv[0], tuple(rv[1] or ()), tuple(rv[2:])
-    if func is copyreg.__newobj__:
+    if func is copyreg.__newobj__:  # type: ignore[attr-defined]  # not in typeshed
         func = _new_instance
-    elif func is copyreg.__newobj_ex__:
+    elif func is copyreg.__newobj_ex__:  # type: ignore[attr-defined]  # not in typeshed
         func = _new_instance_ex
     elif func is cls:
         func = _ClassByValue(cls)

@@ -49,6 +49,7 @@ import threading
 import types
 import weakref
 from multiprocessing.reduction import ForkingPickler
+from typing import cast
 
 from ..inspection import dropped, holdings, objwalk
 from ..errors import NoExactRung
@@ -140,7 +141,7 @@ class CopyPlan:
         self._by_id = {}  # id -> every object the walk met
         self._readers = {}  # id -> a decompressing reader (gzip, bz2, lzma): rewound
         self._images = {}  # id -> a PIL image of several frames: opened again at its frame
-        self._paths = {}
+        self._paths: dict[int, str] = {}
         roots = list(zip(names, objects)) if names else [("worker", objects)]
         for name, root in roots:
             for path, obj in _walk(root, name):
@@ -304,7 +305,7 @@ class CopyPlan:
             return new
         if kind == "semaphore":
             return type(lock)(lock._value) if not isinstance(lock, threading.BoundedSemaphore) \
-                else threading.BoundedSemaphore(lock._initial_value)
+                else threading.BoundedSemaphore(lock._initial_value)  # type: ignore[attr-defined]  # private
         if kind == "condition":
             return threading.Condition()
         raise NoExactRung("%s cannot be made anew for each emulated worker" % self._named(lock))
@@ -366,7 +367,8 @@ class Watched:
         self.before = [generator_state(gen) for gen, _path in self.watched]
 
     def leave(self, worker_id):
-        for (gen, path), before in zip(self.watched, self.before):
+        # enter() set before: EmulatedWorker.active() calls leave only after it
+        for (gen, path), before in zip(self.watched, cast(list, self.before)):
             if generator_state(gen) != before:
                 raise NoExactRung("emulated worker %d advanced %s (a generator), which the "
                                   "emulated workers share: each forked worker would have "

@@ -130,7 +130,7 @@ class Descriptions:
         self.files = [f for f in open_files() if f.private]
         self.shared = []
         self.parked = {}
-        self.own = [{} for _ in range(workers)]
+        self.own: list[dict[int, int]] = [{} for _ in range(workers)]
         try:
             for found in self.files:
                 try:
@@ -287,7 +287,7 @@ class _InlineRunner:
     """Runs each task when the iterator needs its result, in the caller's thread."""
 
     def __init__(self):
-        self._pending = collections.deque()
+        self._pending: collections.deque[tuple[int, EmulatedWorker, object]] = collections.deque()
 
     def submit(self, task):
         self._pending.append(task)

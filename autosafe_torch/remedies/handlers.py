@@ -87,7 +87,7 @@ def made_again(cls, state, how, of_stream=None):
     for name, method in (of_stream or {}).items():
         if handler.stream is not None:
             setattr(handler, name, getattr(handler.stream, method))
-    logging._addHandlerRef(handler)  # flushed and closed at the worker's exit
+    logging._addHandlerRef(handler)  # type: ignore[attr-defined]  # private: flushed and closed at the worker's exit
     return handler
 
 

@@ -547,7 +547,8 @@ def held_numbers(parts, fds):
     carrying does not depend on it."""
     from .locks import users_class  # noqa: PLC0415 - only for a dataset that holds a lock
 
-    wanted, found = {fd for fd in fds if fd > 2}, {}
+    wanted = {fd for fd in fds if fd > 2}
+    found: dict[int, str] = {}
     for name, part in parts.items():
         if part is None or not wanted:
             continue

@@ -57,7 +57,8 @@ class UsersLocks:
     lock inside it), as the log names them."""
 
     def __init__(self, parts):
-        self._owners, primitives = {}, []
+        self._owners: dict[int, object] = {}
+        primitives = []
         for name, part in parts.items():
             if part is None:
                 continue
@@ -83,8 +84,8 @@ class UsersLocks:
 def users_class(cls):
     """A class of the user's own: not from an installed library nor the
     standard library."""
-    name = getattr(cls, "__module__", None)
+    name = getattr(cls, "__module__", "")
     if name in ("__main__", "__mp_main__"):
         return True
     path = getattr(sys.modules.get(name), "__file__", None)
-    return bool(path) and not os.path.realpath(path).startswith(callsite.installed_dirs())
+    return bool(path and not os.path.realpath(path).startswith(callsite.installed_dirs()))

@@ -128,7 +128,7 @@ class Maps:
     def holding(self, address):
         """The file mapping ``address`` lies in, or None."""
         i = bisect.bisect_right(self.starts, address) - 1
-        if i >= 0 and address < self.mappings[i].end:
+        if i >= 0 and self.mappings and address < self.mappings[i].end:
             return self.mappings[i]
         return None
 
@@ -266,7 +266,7 @@ class TensorReducer:
         return self.fallback(tensor)
 
 
-_starting = [None, None]  # a weak reference to the Popen being started, its Maps
+_starting: list[Any] = [None, None]  # a weak reference to the Popen being started, its Maps
 
 
 def _maps_while_starting(popen):

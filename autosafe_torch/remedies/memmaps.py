@@ -70,7 +70,7 @@ import mmap
 import os
 import weakref
 from multiprocessing.context import get_spawning_popen
-from typing import Any
+from typing import Any, cast
 
 from .mappings import MAPS, MappedFileChanged, file_mappings, mapped_file, written_pages
 from .pickling import PROTOCOL, install
@@ -365,7 +365,7 @@ def _reduce_anonymous(m):
     block = _blocks.get(id(m))
     if block is None or block.buf[:length] != memoryview(m):
         block = shared_memory.SharedMemory(create=True, size=length)
-        block.buf[:length] = memoryview(m)
+        cast(memoryview, block.buf)[:length] = memoryview(m)  # None only once closed
         previous = _blocks.get(id(m))
         _blocks[id(m)] = block
         if previous is None:

@@ -128,7 +128,7 @@ def install_override(reducer_override):
                 return reduced
         return NotImplemented if previous is _MISSING else previous(pickler, obj)
 
-    ForkingPickler.reducer_override = scoped_override
+    ForkingPickler.reducer_override = scoped_override  # type: ignore[method-assign]  # patched on purpose
 
 
 _OVERRIDE = "reducer_override"
@@ -140,7 +140,7 @@ def uninstall_reducers():
     if previous is _MISSING:
         del ForkingPickler.reducer_override
     elif previous is not None:
-        ForkingPickler.reducer_override = previous
+        ForkingPickler.reducer_override = previous  # type: ignore[method-assign]  # put back
 
     for cls, previous in _installed.items():
         if previous is _MISSING:

@@ -90,7 +90,7 @@ class Construction:
     def __init__(self, cls, args, kwargs):
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.rng = self.opened = self.attrs = None
-        self.changed = frozenset()  # the globals it read that it changed (a counter)
+        self.changed: frozenset[str] = frozenset()  # globals it read and changed (a counter)
 
     def call(self):
         try:
@@ -157,7 +157,7 @@ def begin(obj, cls, args, kwargs):
     """``Dataset.__new__`` made ``obj``: its call, until its ``__init__`` ends."""
     key = id(obj)
     try:
-        ref = weakref.ref(obj, lambda _ref, key=key: _constructions.pop(key, None))
+        ref = weakref.ref(obj, lambda _ref: _constructions.pop(key, None))
     except TypeError:  # __slots__ without __weakref__: no record
         return None
     made = Construction(cls, args, kwargs)
@@ -330,7 +330,7 @@ def reduce_rebuilt(obj, candidates=frozenset()):
     if probing:  # the plan's probe: do the call's arguments pickle?
         return rebuilt_in_worker, call + (None,)
     # A worker started from a build server that built it (warmstart.Build): a reference.
-    popen = context.get_spawning_popen()
+    popen: Any = context.get_spawning_popen()  # with built_here: warmstart's WarmPopen
     key = (getattr(popen, "built_here", None) or {}).get(id(obj))
     if key is not None:
         return popen.from_server, (key, _expected(obj, made))
@@ -576,7 +576,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _CHANGES = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate",
                       "os.link", "os.symlink", "os.chmod", "os.chown", "os.utime",
                       "shutil.rmtree", "shutil.move", "shutil.copyfile", "sqlite3.connect"})
-_guard = {"wrote": None, "hooked": False}
+_guard: dict[str, Any] = {"wrote": None, "hooked": False}
 
 
 @contextlib.contextmanager
@@ -586,7 +586,7 @@ def _refused_writes():
     if not _guard["hooked"]:
         sys.addaudithook(_refuse_writes)  # for good: this process is a worker of ours
         _guard["hooked"] = True
-    wrote = []
+    wrote: list[str] = []
     _guard["wrote"] = wrote
     try:
         yield wrote

@@ -5,6 +5,8 @@ referenced twice stays one tensor, and views of one storage stay views of
 one CPU storage.
 """
 
+from typing import Any
+
 from ..inspection import objwalk
 from ..inspection.tensors import ACCELERATORS, _torch, never_entered, scan
 
@@ -36,7 +38,7 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
     if not found:
         return root, []
     # Tensors sharing one storage: copy the storage once, rebuild the views.
-    by_storage = {}
+    by_storage: dict[Any, list[Any]] = {}
     for f in found:
         by_storage.setdefault(_storage_key(f.tensor), []).append(f.tensor)
     new = {}
@@ -54,7 +56,7 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
                 view.requires_grad_(True)
             new[id(t)] = view
 
-    done = {}
+    done: dict[int, Any] = {}
 
     def fix(obj, depth):
         """The object to hold instead of ``obj`` (itself when unchanged)."""

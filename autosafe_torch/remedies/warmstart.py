@@ -61,7 +61,7 @@ __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_paren
 _lock = threading.Lock()    # the server's state; held while a new server starts
 _names_lock = threading.Lock()  # the preload list and the contexts: never held for long
 _preload: list[str] = []          # module names the server imports when it starts
-_state = {"server": None, "started_with": None, "cold": None, "ahead": False}
+_state: dict[str, Any] = {"server": None, "started_with": None, "cold": None, "ahead": False}
 # Imported last by the server: its thread check, and where a worker that dies
 # while starting leaves its traceback.
 GUARD = "autosafe_torch.remedies.warmserver"
@@ -85,7 +85,7 @@ def _installed(name):
     user's code: a worker finds it where the server does."""
     module = sys.modules.get(name)
     path = getattr(module, "__file__", None)
-    return bool(path) and os.path.realpath(path).startswith(_install_dirs())
+    return bool(path and os.path.realpath(path).startswith(_install_dirs()))
 
 
 def libraries_for(parts):
@@ -455,8 +455,8 @@ class Build:
     ``(the server, {id(dataset): key})``, or ``(None, {})`` where none runs
     (it refused: the warm server serves, the datasets built in each worker)."""
 
-    # the datasets' ids -> their Build
-    _known: weakref.WeakValueDictionary[int, Build] = weakref.WeakValueDictionary()
+    # the datasets' ids, sorted -> their Build
+    _known: weakref.WeakValueDictionary[tuple[int, ...], Build] = weakref.WeakValueDictionary()
 
     @classmethod
     def of(cls, datasets):
@@ -512,7 +512,7 @@ class Build:
             return None
         from . import process_state, rebuild  # noqa: PLC0415 - build servers only
 
-        changed = set()
+        changed: set[str] = set()
         for dataset in datasets:
             made = rebuild.construction_of(dataset)
             changed |= made.changed if made is not None else set()
@@ -671,7 +671,8 @@ if hasattr(_mp_context, "ForkServerContext"):
             self._process_name = process_name
             self._build = build
 
-        def Process(self, *args, **kwargs):
+        # typeshed declares the stdlib's Process a class; this is called as one is
+        def Process(self, *args, **kwargs):  # type: ignore[override]
             process = WarmProcess(*args, **kwargs)
             default = WarmProcess.__name__ + "-"
             if process.name.startswith(default):

@@ -197,7 +197,7 @@ def datasets_on_different_devices(values, ctx):
     if not default_collate(values["collate_fn"]):
         return None  # a collate_fn of the user's may move samples itself
     result = scan(values["dataset"])
-    per_part = {}
+    per_part: dict[int, set[str]] = {}
     for f in result.found:
         if f.part is not None:
             per_part.setdefault(f.part, set()).add(f.device)

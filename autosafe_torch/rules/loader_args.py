@@ -108,7 +108,7 @@ def context_without_workers(args, ctx):
 def timeout_without_workers(args, ctx):
     timeout = args["timeout"]
     if args["num_workers"] == 0 and isinstance(timeout, numbers.Real) \
-            and not isinstance(timeout, bool) and timeout > 0:
+            and not isinstance(timeout, bool) and timeout > 0:  # type: ignore[operator]  # typeshed's Real lacks >
         return timeout_without_workers.rule.finding(
             {"timeout": args["timeout"]}, {"timeout": 0},
             "timeout bounds the wait for a worker's batch and there are no workers",

@@ -7,6 +7,9 @@ failures. Planning installs nothing: the probe tries the planned reducers
 without registering them.
 """
 
+from __future__ import annotations
+
+from typing import Any
 
 from ..inspection import holdings, objwalk
 from ..inspection.objwalk import is_a
@@ -27,6 +30,13 @@ class PicklingPlan:
 
     __slots__ = tuple(r.field for r in REPAIRS) + ("refused", "failures", "loggers", "pickled",
                                                    "met")
+    # What the planner reads and sets itself of the fields (REPAIRS makes each):
+    nested: tuple[str, str] | None  # (path, why)
+    pools: list[str]  # paths
+    images: list[tuple[str, str, Any]]  # (path, error, image)
+    rebuilt: list[tuple[str, Any, str]]  # (path, dataset, why)
+    forwarders: dict[type, str]  # {class: path}
+    met: frozenset[str]
 
     def __init__(self):
         for repair in REPAIRS:
@@ -127,7 +137,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, rebuilt=(), repairing=lambda
             owners = objwalk.Owners(parts)
         meeting = Meeting(failure, value, value if is_a(value, type) else type(value), top,
                           "%s: %s" % (failure.path, failure.error), parts, plan,
-                          lambda owners=owners: owners)
+                          lambda owners=owners: owners)  # type: ignore[misc]  # a default mypy cannot type in a lambda
         if offer(plan, meeting, planned):
             continue
         if may_rebuild() and len(plan.rebuilt) < MAX_REPAIRS:
@@ -186,7 +196,7 @@ def _inside(path, rebuilt):
 def attribute_forwarders(parts):
     """``{class: path}``: classes of the parts' objects that forward unknown
     attributes (``holdings.forwards_attributes``), each at its first instance."""
-    found = {}
+    found: dict[type, str] = {}
     for here, obj in held_in_parts(parts, holdings.forwards_attributes):
         found.setdefault(type(obj), here)
     return found

@@ -36,10 +36,10 @@ def _recovered(check, kind, ctx: FailureContext):
     failure = ctx.failure
     if failure.kind != kind:
         return None
-    why = "%s while batch %d was awaited" % (failure.what(), failure.batch)
+    why = "%s while batch %s was awaited" % (failure.what(), failure.batch)
     for rung, later in ctx.tried:
         why += "; %s failed too (%s)" % (rung, later.what())
-    why += "; resumed at batch %d on %s" % (failure.batch, ctx.rung)
+    why += "; resumed at batch %s on %s" % (failure.batch, ctx.rung)
     why += (", every batch delivered once, as in a run without the failure"
             if ctx.exact is None else " (not exact: %s)" % ctx.exact)
     if failure.unsent:
@@ -59,7 +59,7 @@ def _recovered(check, kind, ctx: FailureContext):
         why += " (%s)" % failure.note
     # The headline names the rung by its first words ("emulated workers"): the
     # record's ``why`` and ``strategy`` have the rest.
-    outcome = "; resumed at batch %d (%s%s)" % (
+    outcome = "; resumed at batch %s (%s%s)" % (
         failure.batch, ctx.rung.partition(" (")[0], "" if ctx.exact is None else ", not exact")
     room = HEADLINE_LIMIT - len("%s %s: " % (check.rule.code, check.rule.slug))
     done = failure.what(room=room - len(outcome)) + outcome
