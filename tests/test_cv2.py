@@ -319,64 +319,113 @@ def test_the_seeds_deadlock_scenarios_give_the_fork_runs_batches(tmp_path, body)
 RATE_BODY = '''
 import os, signal, sys, threading, time
 import cv2, numpy as np
-N, FIX = int(sys.argv[1]), sys.argv[2] == "fix"
-if FIX:
-    from autosafe_torch.remedies.cv2 import worker_threads_off
+from autosafe_torch.remedies.cv2 import worker_threads_off
+RETIRE, BUSY, FIX = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "fix"
 img = np.random.RandomState(0).rand(600, 600).astype(np.float32)
+live, failed = {}, {}
+def reap(limit):
+    while len(live) > limit:
+        for pid, since in list(live.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                failed["died"] += status != 0
+                del live[pid]
+            elif time.monotonic() - since > 10:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                failed["hangs"] += 1
+                del live[pid]
+        time.sleep(0.001)
+def children(label, n, at_once):
+    failed.update(hangs=0, died=0)
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if FIX:
+                    worker_threads_off(0)  # the shim's worker step, as the fork hook runs it
+                cv2.resize(img, (300, 300))  # a parallel call: the inherited pool's job
+                cv2.GaussianBlur(img[:200, :200], (9, 9), 0)
+                cv2.resize(img[:200, :200], (100, 100))
+            finally:
+                os._exit(0)
+        live[pid] = time.monotonic()
+        reap(at_once - 1)
+    reap(0)
+    print(label, n, "HANGS", failed["hangs"], "DIED", failed["died"], flush=True)
+def tasks():
+    return set(os.listdir("/proc/self/task"))
+def asleep(tid):
+    try:
+        with open("/proc/self/task/%s/stat" % tid) as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+    except OSError:
+        return False
+# 1. A pool bigger than the count: 7 workers, then setNumThreads(2), which the
+# next parallel call applies by retiring 6 of them. A child's first parallel
+# call does that to workers it does not have: joined, then their condition
+# variables destroyed, which waits for the waiters (the workers, asleep at the
+# fork) that never leave: it hangs (or crashes, forked before they slept).
+default, before = cv2.getNumThreads(), tasks()
+cv2.setNumThreads(8)
+cv2.resize(img, (1000, 1000))
+pool = tasks() - before
+cv2.setNumThreads(2)
+deadline = time.monotonic() + 60
+while not all(map(asleep, pool)) and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("POOL", len(pool), "ASLEEP", int(all(map(asleep, pool))), flush=True)
+children("RETIRE", RETIRE, RETIRE)  # all at once: a hung child sleeps
+# 2. The default count, 8 threads of the parent in cv2, children forked as fast as they end.
+cv2.setNumThreads(default)
 stop = []
 def busy():
     while not stop:
         cv2.GaussianBlur(img, (9, 9), 0)
         cv2.resize(img, (300, 300))
-for _ in range(8):
-    threading.Thread(target=busy, daemon=True).start()
-live, hangs, died = {}, 0, 0
-def reap(limit):
-    global hangs, died
-    while len(live) > limit:
-        for pid, since in list(live.items()):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                died += status != 0
-                del live[pid]
-            elif time.monotonic() - since > 10:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                hangs += 1
-                del live[pid]
-        time.sleep(0.001)
-for i in range(N):
-    pid = os.fork()
-    if pid == 0:
-        try:
-            if FIX:
-                worker_threads_off(0)  # the shim's worker step, as the fork hook runs it
-            cv2.GaussianBlur(img[:200, :200], (9, 9), 0)
-            cv2.resize(img[:200, :200], (100, 100))
-        finally:
-            os._exit(0)
-    live[pid] = time.monotonic()
-    reap(4)
-reap(0)
+if BUSY:
+    for _ in range(8):
+        threading.Thread(target=busy, daemon=True).start()
+    children("BUSY", BUSY, 4)
 stop.append(1)
-print("CHILDREN", N, "HANGS", hangs, "DIED", died, "OPENCV", cv2.__version__, flush=True)
+print("OPENCV", cv2.__version__, flush=True)
 os._exit(0)
 '''
-RATE = 300  # children per run (measured: 2-10 hangs in 3000 on 5.0.0 with no fix)
+# Children per run (measured on OpenCV 5.0.0, glibc 2.36, 2 CPUs). RETIRE:
+# without the fix every one fails, by construction: 1,330 hung of 1,330 forked
+# once the workers slept, 30 crashed of 30 forked before; with it 1,500 of 1,500
+# exited. A run without the fix passes with probability q**10, q < 0.0051 (no
+# child of 1,360 exited; 99.9% bound): below 1e-22, so 10 > ln(1000)/p with room.
+# BUSY, no proof that the test can fail: without the fix 3 hung of 3,000 (0 of
+# 9,000 with only the two small calls, which never reach the pool); with it 0
+# of 3,000.
+RETIRE, BUSY = 10, 300
 
 
-def _rate(tmp_path, mode):
-    r = run_script(tmp_path, RATE_BODY, args=(str(RATE), mode), name="rate_%s.py" % mode,
-                   timeout=300)
+def _rate(tmp_path, mode, busy=BUSY):
+    r = run_script(tmp_path, RATE_BODY, args=(str(RETIRE), str(busy), mode),
+                   name="rate_%s.py" % mode, timeout=300)
     assert r.rc == 0, r
-    found = re.search(r"CHILDREN (\d+) HANGS (\d+) DIED (\d+) OPENCV (\S+)", r.stdout)
-    return int(found.group(2)), int(found.group(3)), found.group(4)
+    assert re.search(r"^POOL 7 ASLEEP 1$", r.stdout, re.M), r.stdout  # the state to fork in
+    assert "OPENCV " in r.stdout, r.stdout
+    return {label: (int(hangs), int(died)) for label, hangs, died in re.findall(
+        r"^(RETIRE|BUSY) \d+ HANGS (\d+) DIED (\d+)$", r.stdout, re.M)}
 
 
 def test_high_rate_forks_do_not_hang_with_the_worker_fix(tmp_path):
-    """8 threads of the parent in cv2, children forked as fast as they end,
-    each running the worker step first: none hangs, none dies."""
-    assert _rate(tmp_path, "fix")[:2] == (0, 0)
+    """Children forked from a parent whose pool outnumbers its count (each
+    would retire workers it does not have), then from a parent with 8 threads
+    in cv2, as fast as they end; each runs the worker step first: none hangs,
+    none dies."""
+    assert _rate(tmp_path, "fix") == {"RETIRE": (0, 0), "BUSY": (0, 0)}
+
+
+def test_without_the_worker_fix_every_forked_child_hangs(tmp_path):
+    """The control: the same children without the worker step, from the
+    parent whose pool outnumbers its count: every one hangs (or crashes),
+    so the test above cannot pass without its fix."""
+    hangs, died = _rate(tmp_path, "none", busy=0)["RETIRE"]
+    assert hangs + died == RETIRE, (hangs, died)
 
 
 # -- CV402's decision, in this process: OpenCL used on a usable device (said so) ---------
