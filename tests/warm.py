@@ -669,6 +669,8 @@ class Server:
     outputs_seen = []
 
     def __init__(self, python, env):
+        import atexit
+        import shutil
         import tempfile
         import threading
 
@@ -676,6 +678,8 @@ class Server:
         self._lock = threading.RLock()
         self._proc = None
         self._dir = tempfile.mkdtemp(prefix="autosafe-warm-")
+        # Removed as this test process ends (its server ends with it: EOF on stdin).
+        atexit.register(shutil.rmtree, self._dir, ignore_errors=True)
         self._buffer = b""
         self._exits = {}
 
