@@ -14,17 +14,35 @@ from typing import Any
 ATTRIBUTE = "_autosafe_torch_state"  # in the loader's __dict__
 
 
-@dataclasses.dataclass
-class LoaderState:
-    # From the worker checks' findings (their ``state``, by these names; a
-    # leading "_" there keeps the name out of the record's ``after``):
-    batch_device: Any = None  # DL301: the device each batch is copied back to
-    emulated_workers: int = 0  # the workers emulated in this process (Rung.EMULATED)
-    fork_handles: bool = False  # DL207/DL212: native handles reopened in each forked worker
-    not_rebuilt: str | None = None  # why the rebuild rung was refused, for a refusal's words
+def _shown() -> Any:
+    return dataclasses.field(default=None, metadata={"shown": True})
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """What a worker check's finding keeps on the loader for its iterators: the
+    fields it sets (None: not set); those made by ``_shown()`` its record shows
+    in ``after`` too. ``LoaderState.kept``: what all of them kept."""
+    batch_device: Any = _shown()  # DL301: the device each batch is copied back to
+    emulated_workers: int | None = _shown()  # the workers emulated here (Rung.EMULATED)
+    fork_handles: bool | None = _shown()  # DL207/DL212: handles reopened in forked workers
+    not_rebuilt: str | None = _shown()  # why the rebuild rung was refused, for a refusal
     process_state: Any = None  # DL220: what the workers read, carried (process_state.Carry)
     loggers: Any = None  # DL219: the dataset's loggers travel configured (loggers.Reports)
-    rebuilt: list[Any] = dataclasses.field(default_factory=list)  # built again in each worker
+    rebuilt: tuple[Any, ...] | None = None  # DL201: the datasets built again in each worker
+
+    def given(self, shown: bool = False) -> dict[str, Any]:
+        """Its fields given (not None), by name (``shown``: those its record shows)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None and (f.metadata or not shown)}
+
+    def __bool__(self) -> bool:  # whether it keeps anything
+        return bool(self.given())
+
+
+@dataclasses.dataclass
+class LoaderState:
+    kept: Kept = Kept()  # what the worker checks' findings keep (engine/loader.py)
     # Kept at iter() (engine/loader.py):
     plan_key: Any = None  # what the worker checks read when they last ran
     pending: list[Any] = dataclasses.field(default_factory=list)  # their records, until held
@@ -33,18 +51,9 @@ class LoaderState:
     pickled: tuple | None = None  # sent_once: (dataset, its pickle), for the next start
     ladder: Any = None  # recovery/rungs.py: the loader's LoaderLadder
 
-    def keep(self, found: dict[str, Any]) -> None:
-        """A finding's ``state``, kept; a name this record has no field for is
-        an error of ours (a rule that keeps what nothing reads)."""
-        for name, value in found.items():
-            field = name.lstrip("_")
-            if field not in _FROM_FINDINGS:
-                raise KeyError("a finding keeps %r, which no loader state reads" % name)
-            setattr(self, field, value)
-
-
-_FROM_FINDINGS = ("batch_device", "emulated_workers", "fork_handles", "not_rebuilt",
-                  "process_state", "loggers", "rebuilt")
+    def keep(self, kept: Kept) -> None:
+        """What a finding keeps: the fields it set, over what earlier ones kept."""
+        self.kept = dataclasses.replace(self.kept, **kept.given())
 
 
 def state_of(loader: Any) -> LoaderState:

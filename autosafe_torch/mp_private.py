@@ -1,15 +1,20 @@
-"""The one place that touches multiprocessing's private parts.
+"""The one place that touches multiprocessing's private parts (and threading's
+and concurrent.futures').
 
 CPython keeps some of what the shim needs private: ForkingPickler's table of
 reducers, the name of the default context, a fork server's pid and the pipe
 that keeps it alive, forkserver ``Popen._launch`` (whose module globals the
-warm start swaps), and the flag a spawned process sets while it unpickles
-what it inherits. A Python release may rename any of them. Everything of
-ours that depends on them goes through this module, as torch's privates go
-through ``torch_private.py``; ``tests/test_mp_private.py`` pins what each
-piece does on every Python the project supports (3.9 to 3.13), and
-``tests/test_layers.py`` fails where a private name of multiprocessing is
-used outside this module.
+warm start swaps) and a process class's ``_Popen``, what a fork server's child
+calls (``_bootstrap``), the flag a spawned process sets while it unpickles
+what it inherits, a process's target; and of the objects a dataset may hold:
+the semaphore under a lock, a pool's worker count and state, an executor's
+arguments and threads, a semaphore's value, the lock under a Condition. A
+Python release may rename any of them. Everything of ours that depends on
+them goes through this module, as torch's privates go through
+``torch_private.py``; ``tests/test_mp_private.py`` pins what each piece does
+on every Python the project supports (3.9 to 3.13), and
+``tests/test_layers.py`` fails where a private name of multiprocessing,
+threading or concurrent.futures is used outside this module.
 
 Nothing here imports the rest of the package, nor torch.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import types
 from collections.abc import Iterator
 from multiprocessing import process
@@ -83,6 +89,41 @@ def inheriting() -> Iterator[None]:
         del process.current_process()._inheriting  # type: ignore[attr-defined]  # private
 
 
+def forkserver_popen(launch: Callable[..., Any], name: str,
+                     namespace: dict[str, Any]) -> type:
+    """A subclass ``name`` of forkserver's ``Popen`` that starts its process
+    through ``launch`` (its ``_launch``: ``forkserver_launch``), with
+    ``namespace`` besides."""
+    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only
+
+    return type(name, (popen_forkserver.Popen,), dict(namespace, _launch=launch))
+
+
+def forkserver_process(popen: Callable[[Any], Any], name: str, module: str) -> type:
+    """A subclass ``name`` of ``ForkServerProcess`` whose processes start through
+    ``popen(process)`` (its ``_Popen``), pickled by reference as ``module.name``."""
+    from multiprocessing import context  # noqa: PLC0415 - POSIX only: ForkServerProcess
+
+    return type(name, (context.ForkServerProcess,),
+                {"_Popen": staticmethod(popen), "__module__": module, "__qualname__": name})
+
+
+class ProcessObject:
+    """What a fork server's child is sent to run: it calls ``_bootstrap``, and
+    exits with what ``run()`` returns."""
+
+    def run(self) -> int:
+        raise NotImplementedError
+
+    def _bootstrap(self, parent_sentinel: Any = None) -> int:
+        return self.run()
+
+
+def process_target(process: Any) -> Any:
+    """What a ``multiprocessing.Process`` runs (its ``target``), or None."""
+    return getattr(process, "_target", None)
+
+
 def _forkserver_main_locals() -> dict[str, Any]:
     """The locals of ``forkserver.main`` below this call, in a fork server
     while it preloads, else {}."""
@@ -141,3 +182,57 @@ def forkserver_listens_abstract(version: tuple[int, ...] | None = None) -> bool:
 
     version = tuple(version or sys.version_info[:3])
     return any(first <= version < fixed for first, fixed in _ABSTRACT_FORKSERVER)
+
+
+# -- the objects of multiprocessing, threading and concurrent.futures a dataset holds
+
+def semlock_of(lock: Any) -> Any:
+    """The ``_multiprocessing.SemLock`` under a multiprocessing Lock, RLock or
+    Semaphore (its ``name`` is None where a fork context made it)."""
+    return lock._semlock
+
+
+def pool_processes(pool: Any) -> int:
+    """How many workers a ``multiprocessing.pool`` Pool or ThreadPool was made with."""
+    return pool._processes
+
+
+def pool_running(pool: Any) -> bool:
+    """Whether a ``multiprocessing.pool`` pool has workers and was not closed."""
+    return bool(getattr(pool, "_pool", ())) and getattr(pool, "_state", None) == "RUN"
+
+
+def executor_arguments(executor: Any) -> tuple[int, str]:
+    """``(max_workers, thread_name_prefix)`` a ThreadPoolExecutor was made with."""
+    return executor._max_workers, executor._thread_name_prefix
+
+
+def executor_threads(executor: Any) -> Any:
+    """The threads a ThreadPoolExecutor started (none before its first task)."""
+    return getattr(executor, "_threads", ())
+
+
+def python_rlock() -> type | None:
+    """threading's RLock written in Python (where a C one is missing), if any."""
+    return getattr(threading, "_PyRLock", None)
+
+
+def locks_inside(attrs: dict[str, Any]) -> list[Any]:
+    """What a threading Condition, Semaphore, Event or Barrier keeps its lock
+    or condition in, from its instance ``__dict__`` ``attrs`` ([] for another
+    object's)."""
+    return [attrs[name] for name in ("_cond", "_lock") if attrs.get(name) is not None]
+
+
+def rlock_owned(rlock: Any) -> bool:
+    """Whether this thread holds ``rlock`` (a threading RLock)."""
+    return rlock._is_owned()
+
+
+def new_semaphore(semaphore: Any) -> Any:
+    """A threading semaphore made as ``semaphore`` was: a BoundedSemaphore with
+    the value it was made with, another with its value now."""
+    if isinstance(semaphore, threading.BoundedSemaphore):
+        initial = semaphore._initial_value  # type: ignore[attr-defined]  # private: see above
+        return threading.BoundedSemaphore(initial)
+    return type(semaphore)(semaphore._value)

@@ -1,11 +1,14 @@
-"""The one place that touches torch's private DataLoader internals.
+"""The one place that touches torch's private DataLoader internals (and its
+other privates: a tensor's storage and hooks, an autocast's state).
 
 torch keeps its iterator loop private (``torch.utils.data.dataloader`` and
 ``torch.utils.data._utils``), and a release may rename a method, an
 attribute or an error's words. Everything of ours that depends on them goes
-through this module: the iterator classes we subclass, the fields we read
-or set, ``_worker_info``, the SIGCHLD table, the error strings we match or
-raise in torch's words. Nothing here imports the rest of the package.
+through this module (or the copy of torch's loop, which says the torch it
+mirrors: ``remedies/emulated_workers.py``): the iterator classes we subclass,
+the fields we read or set, ``_worker_info``, the SIGCHLD table, the error
+strings we match or raise in torch's words. Nothing here imports the rest of
+the package.
 
 ``tests/test_torch_private.py`` pins what each piece does (not only that it
 exists) on every torch the project supports (``make compat``,
@@ -154,15 +157,44 @@ def storages_keep_their_python_object() -> bool:
     return _storage_objects_kept[0]
 
 
+# The DataLoader method that makes each iterator (patches/dataloader.py wraps it).
+GET_ITERATOR = "_get_iterator"
+
+
 def original_get_iterator() -> Callable[..., Any] | None:
     """torch's ``DataLoader._get_iterator`` under the wrapper of ours."""
-    return getattr(_dataloader.DataLoader.__dict__.get("_get_iterator"), "__wrapped__", None)
+    return getattr(_dataloader.DataLoader.__dict__.get(GET_ITERATOR), "__wrapped__", None)
+
+
+def is_worker_loop(target: Any) -> bool:
+    """Whether a process's target is torch's ``_worker_loop``: a DataLoader worker."""
+    return getattr(target, "__name__", None) == "_worker_loop" and \
+        getattr(target, "__module__", "").startswith("torch.utils.data")
 
 
 def iterator_class_is_torchs() -> bool:
     """Whether ``_MultiProcessingDataLoaderIter`` is still the class we subclass
     (nobody replaced it after this module was imported)."""
     return getattr(_dataloader, "_MultiProcessingDataLoaderIter", None) is MultiProcessIter
+
+
+# -- torch's objects: a tensor's storage and hooks, an autocast --------------------
+
+def storage_id(tensor: Any) -> int:
+    """The same number for every tensor that views one storage, as long as it
+    lives (its C object's address)."""
+    return tensor.untyped_storage()._cdata
+
+
+def backward_hooks(tensor: Any) -> Any:
+    """The hooks ``register_hook`` put on ``tensor`` (None or empty: none)."""
+    return getattr(tensor, "_backward_hooks", None)
+
+
+def autocast_enabled(autocast: Any) -> bool:
+    """Whether an autocast object (made, not entered) stays enabled: torch
+    disables it, with a warning, for a dtype its device cannot do."""
+    return bool(getattr(autocast, "_enabled", True))
 
 
 # -- get_worker_info() ----------------------------------------------------------
@@ -504,12 +536,12 @@ WATCHED_METHODS = {
 WATCHED_ATTRIBUTES = ("_task_info", "_rcvd_idx", "_send_idx", "_workers", "_worker_pids_set",
                       "_pin_memory", "_workers_status", "_timeout", "_num_yielded",
                       "_sampler_iter", "_index_sampler", "_base_seed")
-# What the emulated workers take from torch: its base iterator's state, and the
-# worker module's names for a worker's identity and seeds.
-# What the emulated workers (remedies/emulated_workers.py, a port of torch's
-# multi-process loop onto _BaseDataLoaderIter) read of the base class: the
-# fields its __init__/_reset set and the methods they call or override.
-# tests/test_layers.py fails where another private name of torch's is used.
+# What the emulated workers (remedies/emulated_workers.py, the copy of torch's
+# multi-process loop onto _BaseDataLoaderIter, which says the torch it mirrors)
+# take from torch, looked for on the running torch (emulated_missing): the fields
+# the base's __init__/_reset set and the methods they call or override
+# (tests/test_torch_private.py: every one the loop reads), and the worker
+# module's names for a worker's identity and seeds.
 EMULATED_ATTRIBUTES = ("_dataset_kind", "_auto_collation", "_drop_last", "_collate_fn",
                        "_dataset", "_index_sampler", "_sampler_iter", "_num_yielded",
                        "_base_seed", "_pin_memory", "_num_workers", "_persistent_workers",

@@ -9,8 +9,11 @@ import os
 import pathlib
 import stat
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import forkserver, popen_forkserver, process, spawn
+from multiprocessing.pool import ThreadPool
 from multiprocessing.reduction import ForkingPickler
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -28,14 +31,17 @@ def _reduce_registered(obj):
     return Registered, ()
 
 
-class ThroughProcess(multiprocessing.context.ForkServerProcess):
-    """Started by the Popen the check makes (a class attribute: not pickled)."""
+class Made:
+    """The Popen the check makes, which starts a ThroughProcess (not pickled)."""
 
-    made = None
+    popen = None
 
-    @staticmethod
-    def _Popen(process_obj):
-        return ThroughProcess.made(process_obj)
+
+def _made_popen(process_obj):
+    return Made.popen(process_obj)
+
+
+ThroughProcess = mp_private.forkserver_process(_made_popen, "ThroughProcess", __name__)
 
 
 def child_writes(path):
@@ -114,10 +120,13 @@ def check_forkserver_launch(tmp):
 
     launch = mp_private.forkserver_launch(Through(), _Spawn())
     assert launch.__code__ is popen_forkserver.Popen._launch.__code__  # its code, not a copy
-    popen = type("ThroughPopen", (popen_forkserver.Popen,), {"_launch": launch})
+    popen = mp_private.forkserver_popen(launch, "ThroughPopen", {"asked": 0})
+    assert issubclass(popen, popen_forkserver.Popen) and popen.asked == 0
+    assert issubclass(ThroughProcess, multiprocessing.context.ForkServerProcess)
     path = os.path.join(tmp, "child.txt")
-    ThroughProcess.made = popen
-    child = ThroughProcess(target=child_writes, args=(path,))
+    Made.popen = popen
+    child = ThroughProcess(target=child_writes, args=(path,))  # pickled by reference
+    assert mp_private.process_target(child) is child_writes
     child.start()
     child.join(30)
     assert child.exitcode == 0, child.exitcode
@@ -168,6 +177,51 @@ def check_inheriting():
     assert not hasattr(me, "_inheriting")
 
 
+def check_process_object():
+    class Exits(mp_private.ProcessObject):
+        def run(self):
+            return 7
+
+    assert Exits()._bootstrap(parent_sentinel=3) == 7  # as spawn._main calls it
+    assert mp_private.process_target(object()) is None
+
+
+def check_held_objects():
+    """The privates of what a dataset may hold: multiprocessing's, threading's,
+    concurrent.futures'."""
+    for method, unlinked in (("fork", True), ("spawn", False)):
+        lock = multiprocessing.get_context(method).Lock()
+        assert (mp_private.semlock_of(lock).name is None) == unlinked, method
+    pool = ThreadPool(2)
+    assert mp_private.pool_processes(pool) == 2 and mp_private.pool_running(pool)
+    pool.close()
+    assert not mp_private.pool_running(pool)
+    pool.join()
+    executor = ThreadPoolExecutor(3, thread_name_prefix="p")
+    assert mp_private.executor_arguments(executor) == (3, "p")
+    assert not mp_private.executor_threads(executor)  # none before a task
+    executor.submit(int).result()
+    assert mp_private.executor_threads(executor)
+    executor.shutdown()
+    rlock = mp_private.python_rlock()()
+    assert not mp_private.rlock_owned(rlock)
+    with rlock:
+        assert mp_private.rlock_owned(rlock)
+    for obj in (threading.Condition(), threading.Semaphore(), threading.Event(),
+                threading.Barrier(1)):
+        (inner,) = mp_private.locks_inside(vars(obj))
+        assert hasattr(inner, "acquire"), obj
+    assert mp_private.locks_inside({}) == []
+    semaphore, bounded = threading.Semaphore(3), threading.BoundedSemaphore(2)
+    semaphore.acquire()
+    bounded.acquire()
+    for old, kind, free in ((semaphore, threading.Semaphore, 2),
+                            (bounded, threading.BoundedSemaphore, 2)):
+        new = mp_private.new_semaphore(old)
+        assert type(new) is kind
+        assert [new.acquire(blocking=False) for _ in range(free + 1)] == [True] * free + [False]
+
+
 def main(tmp):
     check_extra_reducers()
     print("ok extra_reducers")
@@ -178,11 +232,16 @@ def main(tmp):
     check_forkserver_pid_and_stop()
     print("ok forkserver_pid stop_forkserver")
     check_forkserver_launch(tmp)
-    print("ok forkserver_launch")
+    print("ok forkserver_launch forkserver_popen forkserver_process")
     check_forkserver_preload(tmp)
     print("ok forkserver_preload")
     check_inheriting()
     print("ok inheriting")
+    check_process_object()
+    print("ok ProcessObject process_target")
+    check_held_objects()
+    print("ok semlock_of pool_processes pool_running executor_arguments executor_threads "
+          "python_rlock rlock_owned locks_inside new_semaphore")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from torch.utils.data import (ChainDataset, ConcatDataset, DataLoader, Dataset,
 
 from autosafe_torch.facts import Facts
 from autosafe_torch.inspection import objwalk, tensors
+from autosafe_torch.loaderstate import Kept
 from autosafe_torch.remedies import batchdevice, relocate
 from autosafe_torch.rules import Context, accel
 from support import run_script
@@ -175,7 +176,7 @@ def test_dl301_keeps_the_batches_device_under_fork(meta_is_accelerator, monkeypa
     monkeypatch.setattr(accel, "IPC_SHAREABLE", frozenset())
     f = accel.accelerator_tensors_in_workers(v, Context(Facts(accelerator="mps")))
     assert f.strategy == "emulated workers (in process)" and not f.remedies
-    assert f.state == {"emulated_workers": 2} and "dataset.x" in f.done
+    assert f.kept == Kept(emulated_workers=2) and "dataset.x" in f.done
     assert accel.datasets_on_different_devices(v, Context(Facts(accelerator="mps"))) is None
 
 

@@ -87,7 +87,7 @@ def scaler_outcome(args, facts, call, caps=None):
 def with_state(fixed, found):
     """The arguments as the checks left them, and the route (``api``) they chose."""
     for f in found:
-        fixed = dict(fixed, **f.state)
+        fixed = dict(fixed, **f.shown)
     return fixed
 
 

@@ -20,6 +20,7 @@ import types
 import pytest
 
 from autosafe_torch.facts import Facts
+from autosafe_torch.loaderstate import Kept
 from autosafe_torch.patches import cv2 as cv2_patch
 from autosafe_torch.remedies import cv2 as cv2_remedies
 from autosafe_torch.remedies.workerinit import steps_of, user_function
@@ -467,7 +468,7 @@ def test_cv402_decides_where_the_parent_used_opencl(monkeypatch, guarded, strate
         steps = steps_of(finding.after["worker_init_fn"])
         assert cv2_remedies.worker_opencl_off in steps, steps
     else:
-        assert finding.state == {"emulated_workers": 2}, finding.state
+        assert finding.kept == Kept(emulated_workers=2), finding.kept
     # no OpenCL use in the parent: nothing
     monkeypatch.setattr(cv2_remedies, "opencl_runtime_loaded", lambda environ=None: None)
     assert cv2_rules.cv2_opencl_context(

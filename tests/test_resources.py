@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from autosafe_torch.facts import Facts
+from autosafe_torch.loaderstate import Kept
 from autosafe_torch.remedies import limits
 from autosafe_torch.rules import InitContext, resources
 from autosafe_torch.rules.resources import open_file_limit_too_low, shm_too_small
@@ -76,7 +77,7 @@ def test_shm_second_rung_emulates_the_requested_workers():
     """Never fewer workers: the requested ones, emulated, with no shared memory."""
     v = loader_values(mib_dataset(), batch_size=4, num_workers=4, prefetch_factor=2)
     f = shm_too_small(v, ctx(Facts(shm_available=int(4.5 * MiB))))
-    assert f.state == {"emulated_workers": 4} and "num_workers" not in f.after
+    assert f.kept == Kept(emulated_workers=4) and "num_workers" not in f.after
     assert f.strategy == "emulated workers (in process)"
     assert f.done.startswith("4 workers emulated in this process, with the batches of real "
                              "ones: /dev/shm has 4.5 MiB free"), f.done

@@ -7,6 +7,7 @@ In process, with real forked workers: the adapter's classes are built and
 driven as the recovery drives them, with a watch that records its hooks.
 """
 
+import ast
 import inspect
 import os
 import signal
@@ -144,6 +145,42 @@ def test_this_torch_has_every_piece_or_its_known_gap():
     watchable()
     assert tp.emulated_missing() == ""
     assert tp.iterator_class_is_torchs()
+
+
+def test_what_the_emulated_loop_takes_of_torchs_base_is_checked_on_this_torch():
+    """The copy of torch's loop (remedies/emulated_workers.py) reads fields and
+    methods of ``_BaseDataLoaderIter`` that it does not set itself: each is one
+    ``emulated_missing`` looks for on the running torch."""
+    from autosafe_torch.remedies.emulated_workers import EmulatedWorkersIter
+
+    (loop,) = ast.parse(inspect.getsource(EmulatedWorkersIter)).body
+    on_self = [n for n in ast.walk(loop) if isinstance(n, ast.Attribute)
+               and getattr(n.value, "id", None) == "self" and n.attr[:1] == "_" != n.attr[1:2]]
+    its_own = {n.attr for n in on_self if isinstance(n.ctx, ast.Store)} | {
+        f.name for f in loop.body if isinstance(f, ast.FunctionDef)}
+    of_base = {n.attr for n in ast.walk(loop) if isinstance(n, ast.Attribute)
+               and isinstance(n.value, ast.Call) and getattr(n.value.func, "id", None) == "super"
+               and n.attr[:1] == "_" != n.attr[1:2]}
+    taken = {n.attr for n in on_self} - its_own | of_base
+    assert {"_base_seed", "_dataset_kind", "_reset", "_next_index"} <= taken
+    assert taken <= set(tp.EMULATED_ATTRIBUTES) | set(tp.EMULATED_METHODS), taken
+
+
+def test_a_tensors_storage_and_hooks_an_autocasts_state_the_worker_loop():
+    """The pieces of torch outside the loader that the shim reads."""
+    from torch.utils.data._utils import worker
+
+    a = torch.arange(4.0)
+    assert tp.storage_id(a) == tp.storage_id(a[1:]) != tp.storage_id(a.clone())
+    leaf = torch.ones(2, requires_grad=True)
+    assert not tp.backward_hooks(leaf)
+    leaf.register_hook(lambda grad: grad)
+    assert tp.backward_hooks(leaf)
+    assert tp.autocast_enabled(torch.autocast("cpu", dtype=torch.bfloat16))
+    assert not tp.autocast_enabled(torch.autocast("cpu", dtype=torch.bfloat16, enabled=False))
+    assert tp.is_worker_loop(worker._worker_loop)
+    assert not tp.is_worker_loop(default_collate) and not tp.is_worker_loop(None)
+    assert callable(DataLoader.__dict__[tp.GET_ITERATOR])
 
 
 class ByWorker:

@@ -4,11 +4,11 @@ The patch (``patches/dataloader.py``) calls ``decide_construction`` in
 ``DataLoader.__init__`` and ``decide_iteration`` in ``_get_iterator``; the
 recovery (``recovery``) calls ``plan_without_fork`` once forked workers
 failed. Nothing here names a rule: what a finding decided is asked of it
-(its ``rung``, its ``state``).
+(its ``rung``, what it ``kept``).
 
 A finding's ``changes`` become the call's arguments (or, at iteration, the
-loader's attributes); its ``state`` is kept on the loader for its iterators,
-in the loader's one typed record (``loaderstate.LoaderState``). The records
+loader's attributes); what it keeps (``loaderstate.Kept``) is kept on the loader
+for its iterators, in the loader's one typed record (``LoaderState``). The records
 of the worker checks are made once their remedies held in the workers
 (``recovery``), not when planned: they wait there (``take_pending``).
 """
@@ -23,7 +23,7 @@ from .. import callsite, facts
 from ..config import CONFIG
 from ..inspection import holdings
 from ..inspection.parts import parts_of
-from ..loaderstate import state_of
+from ..loaderstate import Kept, state_of
 from ..remedies import cv2 as cv2_remedies
 from ..rules import Context, InitContext, IterContext
 from ..rung import Rung
@@ -45,10 +45,10 @@ ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
 
 
 def keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
-    """Keep each finding's ``state`` on ``loader``, for its iterators."""
+    """Keep what each finding keeps on ``loader``, for its iterators."""
     state = state_of(loader)
     for finding in findings:
-        state.keep(finding.state)
+        state.keep(finding.kept)
 
 
 def take_pending(loader: Loader) -> list[Intervention]:
@@ -113,15 +113,16 @@ def decide_iteration(loader: Loader, frame: FrameType) -> None:
 def _beside(finding: Finding) -> bool:
     """Whether ``finding`` leaves what the workers are sent as it is: it only
     sends the process state beside it (DL220)."""
-    return not (finding.changes or finding.remedies or finding.rung) \
-        and set(finding.state) == {"_process_state"}
+    kept = finding.kept
+    return not (finding.changes or finding.remedies or finding.rung or finding.shown) \
+        and bool(kept) and kept == Kept(process_state=kept.process_state)
 
 
 def _again_unless_said(state: Any) -> None:
     """An iterator of the same plan: the record of the carried process state
     waits on its workers again, until a start's workers carried something
     (the state ``main()`` changes between epochs)."""
-    carry = state.process_state
+    carry = state.kept.process_state
     record = getattr(carry, "record", None)
     if record is not None and not carry.said and record not in state.pending:
         state.pending.append(record)
@@ -173,7 +174,7 @@ def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: d
     skipped = {f.rule.code for f in unsaid}
     for finding, record in zip(found, made):
         record.subject = id(loader)  # each loader its own record, at one site too
-        carry = finding.state.get("_process_state")
+        carry = finding.kept.process_state
         if carry is not None:
             carry.record = record  # for the later iterators, until it is said
     return [record for record in made if record.code not in skipped]

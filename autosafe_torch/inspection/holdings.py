@@ -21,6 +21,8 @@ import sys
 import threading
 import types
 
+from ..mp_private import (executor_threads, locks_inside, pool_running, python_rlock,
+                          rlock_owned)
 from . import objwalk
 from .objwalk import is_a
 
@@ -301,8 +303,8 @@ def _threading_kinds():
     global _THREADING_KINDS
     if _THREADING_KINDS is None:
         kinds = [(type(threading.Lock()), "lock"), (type(threading.RLock()), "rlock")]
-        if hasattr(threading, "_PyRLock"):
-            kinds.append((threading._PyRLock, "rlock"))
+        if python_rlock() is not None:
+            kinds.append((python_rlock(), "rlock"))
         kinds += [(threading.Condition, "condition"), (threading.Semaphore, "semaphore"),
                   (threading.Event, "event"), (threading.Barrier, "barrier"),
                   (threading.Thread, "thread")]
@@ -313,10 +315,10 @@ def _threading_kinds():
 def thread_pool_in_use(obj):
     futures = sys.modules.get("concurrent.futures.thread")
     if futures is not None and is_a(obj, futures.ThreadPoolExecutor):
-        return bool(getattr(obj, "_threads", ()))
+        return bool(executor_threads(obj))
     pool = sys.modules.get("multiprocessing.pool")
     if pool is not None and is_a(obj, pool.ThreadPool):
-        return bool(getattr(obj, "_pool", ())) and getattr(obj, "_state", None) == "RUN"
+        return pool_running(obj)
     return None  # not a thread pool
 
 
@@ -373,9 +375,8 @@ def held(obj):
             attrs = object.__getattribute__(obj, "__dict__")
         except AttributeError:  # a lock: no __dict__
             attrs = {}
-        for name in ("_cond", "_lock"):  # threading's own attributes
-            inner = attrs.get(name)
-            if inner is not None and threading_kind(inner) is not None:
+        for inner in locks_inside(attrs):
+            if threading_kind(inner) is not None:
                 return held(inner)
         if is_a(obj, type(threading.Lock())):
             return obj.locked()
@@ -383,7 +384,7 @@ def held(obj):
             if not obj.acquire(blocking=False):
                 return True  # another thread holds it
             obj.release()
-            return obj._is_owned()  # this thread held it before
+            return rlock_owned(obj)  # this thread held it before
     except Exception:
         pass
     return True

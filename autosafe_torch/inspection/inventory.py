@@ -38,6 +38,7 @@ import threading
 import types
 from multiprocessing import context
 
+from ..mp_private import python_rlock
 from .failures import kept
 from .slots import slot_names
 
@@ -365,8 +366,8 @@ _LOCK_TYPES = []
 def _lock_types():
     if not _LOCK_TYPES:
         kinds = [type(threading.Lock()), type(threading.RLock())]
-        if hasattr(threading, "_PyRLock"):
-            kinds.append(threading._PyRLock)
+        if python_rlock() is not None:
+            kinds.append(python_rlock())
         _LOCK_TYPES.append(tuple(kinds))
     return _LOCK_TYPES[0]
 

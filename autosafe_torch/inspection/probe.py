@@ -25,7 +25,7 @@ import sys
 import types
 from multiprocessing import context
 
-from ..mp_private import extra_reducers
+from ..mp_private import extra_reducers, semlock_of
 from . import inventory, objwalk
 from .failures import exception_text, kept
 from .mainmodule import importable_by_reference, missing_in_child
@@ -106,7 +106,7 @@ def _fork_semlock_reducers():
     from multiprocessing import synchronize  # noqa: PLC0415 - only for a semaphore being pickled
 
     def reduce(lock):
-        if sys.platform != "win32" and lock._semlock.name is None:
+        if sys.platform != "win32" and semlock_of(lock).name is None:
             raise RuntimeError("A SemLock created in a fork context is being shared with a "
                                "process in a spawn context. This is not supported. Please "
                                "use the same context to create multiprocessing objects and "

@@ -26,10 +26,12 @@ _signature = {}
 def patch(torch):
     from torch.utils.data import DataLoader  # noqa: PLC0415 - torch's own import runs this patch
 
+    from ..torch_private import GET_ITERATOR  # noqa: PLC0415 - imports torch, whose import runs this patch
+
     signature = _signature["sig"] = signature_without_self(DataLoader.__init__)
     _signature["defaults"] = defaults_of(signature)
     wrap(DataLoader, "__init__", _init_wrapper)
-    wrap(DataLoader, "_get_iterator", _iterator_wrapper)
+    wrap(DataLoader, GET_ITERATOR, _iterator_wrapper)
 
 
 def _init_wrapper(wrapped, instance, args, kwargs):
@@ -59,14 +61,14 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
     # The records of this iteration's findings: made once their remedies held.
     pending = plans.take_pending(loader)
     state = state_of(loader)
-    emulated = state.emulated_workers
+    emulated = state.kept.emulated_workers
     if emulated and emulated == loader.num_workers:
         iterator = recovery.emulated(loader, pending, lambda: wrapped(*args, **kwargs))
     else:
         iterator = recovery.watched(loader, wrapped, args, kwargs, pending)
     if loader.pin_memory and loader.num_workers:
         callsite.pin_thread_serves(iterator, callsite.iteration_site(loader))
-    device = state.batch_device
+    device = state.kept.batch_device
     if device is not None:
         from ..remedies.batchdevice import BatchesTo  # noqa: PLC0415 - imports torch; only for batches moved
 

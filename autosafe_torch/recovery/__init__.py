@@ -134,7 +134,7 @@ def emulated(loader, pending=(), torch_s=None):
         iterator = Emulated(loader)
     except NoExactRung as refused:
         record_failed(pending, refused.reason)
-        not_rebuilt = state_of(loader).not_rebuilt
+        not_rebuilt = state_of(loader).kept.not_rebuilt
         if not_rebuilt:  # the rung above was refused too: why
             raise NoExactRung("%s\n  %s" % (refused.reason, not_rebuilt), refused.fix) \
                 from None

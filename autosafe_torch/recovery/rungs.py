@@ -107,7 +107,7 @@ def carried_state(loader):
 
 
 def _carry(loader):
-    carry = state_of(loader).process_state
+    carry = state_of(loader).kept.process_state
     if carry is None or CONFIG.mode != "fix" or \
             facts.effective_start_method(loader.multiprocessing_context) == "fork":
         return None
@@ -139,7 +139,7 @@ def sent_once_where_spawned(loader):
 def carried_loggers(loader):
     """While ``loader``'s workers start: its loggers travel configured, where
     DL219 chose that (``remedies/loggers.py``)."""
-    reports = state_of(loader).loggers
+    reports = state_of(loader).kept.loggers
     return loggers.carrying(reports) if reports is not None else contextlib.nullcontext()
 
 
@@ -154,7 +154,7 @@ def own_files(loader, report_dir):
     if not (forked or carry):
         return None
     handles: list[tuple[Any, Any]] = []
-    if forked and state_of(loader).fork_handles:
+    if forked and state_of(loader).kept.fork_handles:
         native, _unhandled = isolation.native_handles(isolation.users_parts(loader))
         handles = [(held, args) for held, args, _note in native]
     table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
@@ -195,7 +195,7 @@ class Emulated(EmulatedWorkersIter):
 
     def __init__(self, loader):
         super().__init__(loader)
-        for worker in self._workers:
+        for worker in self.workers:
             if worker.collate_fn is tp.default_collate:
                 worker.collate_fn = tp.collate_in_process
                 if worker.fetcher is not None:

@@ -55,6 +55,7 @@ from ..inspection import dropped, holdings, objwalk
 from ..errors import NoExactRung
 from ..inspection.failures import describe_exception
 from ..inspection.naming import what_is
+from ..mp_private import new_semaphore
 from ..report import shorten_line
 from . import images, isolation
 from .pickling import sending
@@ -304,8 +305,7 @@ class CopyPlan:
                 new.set()
             return new
         if kind == "semaphore":
-            return type(lock)(lock._value) if not isinstance(lock, threading.BoundedSemaphore) \
-                else threading.BoundedSemaphore(lock._initial_value)  # type: ignore[attr-defined]  # private
+            return new_semaphore(lock)
         if kind == "condition":
             return threading.Condition()
         raise NoExactRung("%s cannot be made anew for each emulated worker" % self._named(lock))

@@ -65,9 +65,16 @@ def install_fork_hook():
 
 
 def _is_dataloader_worker(process):
-    target = getattr(process, "_target", None)
-    return getattr(target, "__name__", None) == "_worker_loop" and \
-        getattr(target, "__module__", "").startswith("torch.utils.data")
+    from ..mp_private import process_target  # noqa: PLC0415 - cv2 may be imported before torch
+
+    target = process_target(process)
+    if not (getattr(target, "__module__", None) or "").startswith("torch."):
+        return False  # not torch's: said without importing torch
+    import torch  # noqa: F401, PLC0415 - the target's; before torch_private, as our patches need
+
+    from ..torch_private import is_worker_loop  # noqa: PLC0415 - imports torch
+
+    return is_worker_loop(target)
 
 
 def _after_fork(_owner):

@@ -1,5 +1,17 @@
 """Faithful emulated DataLoader workers: the in-process rung.
 
+The copy of torch's loop, and so an adapter as ``torch_private.py`` is: the
+one module besides it that uses torch's private names (``tests/test_layers.py``).
+It mirrors torch 2.13.0's ``torch/utils/data/dataloader.py``
+(``_MultiProcessingDataLoaderIter``: ``_reset``, ``_next_data``,
+``_try_put_index``, ``_process_data``; its queues are ``_InlineRunner``) and
+``torch/utils/data/_utils/worker.py`` (``_worker_loop``: ``EmulatedWorker``),
+on the ``_BaseDataLoaderIter`` of every torch supported (each field of it read
+here, the running torch is checked for: ``torch_private.emulated_missing``). A
+torch whose loop changes is compared with this copy, and the version above moves.
+Its behaviour tests: ``tests/test_emulated_workers.py`` (the batches of real
+workers).
+
 When a loader's W worker processes cannot be started, torch's fallbacks
 change the batches: ``num_workers=0`` seeds no worker, plain threads share
 every random state. ``EmulatedWorkersIter`` yields, in this process, exactly
@@ -369,6 +381,11 @@ class EmulatedWorkersIter(tp.BaseIter):
                 worker.resume(self._shared_seed)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
+
+    @property
+    def workers(self):
+        """The emulated workers (none once shut down)."""
+        return self._workers
 
     def _next_index(self):
         with SWAP_LOCK:  # the sampler may draw from the parent's generators

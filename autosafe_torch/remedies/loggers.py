@@ -32,6 +32,7 @@ import os
 import threading
 import weakref
 from multiprocessing.reduction import ForkingPickler
+from typing import Any, NamedTuple
 
 from ..inspection.diagnostics import private_file
 from ..inspection.naming import a_or_an
@@ -166,12 +167,20 @@ def reduce_logger(logger):
                                   getattr(_carrying, "path", None))
 
 
+class Link(NamedTuple):
+    """What a worker is given of one link of a logger's chain (``configured_in_worker``)."""
+    name: str | None  # None: the root
+    level: int
+    propagate: bool
+    disabled: bool
+    filters: list[Any]
+    recipes: list[Any]  # each handler, as the recipe that makes it again
+
+
 def _links(logger):
-    """What a worker is given of each link of ``logger``'s chain: its name,
-    level, ``propagate``, ``disabled``, filters, and each handler as the
-    recipe that makes it again (``configured_in_worker`` reads these)."""
-    return [(_name(link), link.level, link.propagate, link.disabled, list(link.filters),
-             [_handlers.reduce_handler(h)[1] for h in link.handlers])
+    """What a worker is given of each link of ``logger``'s chain."""
+    return [Link(_name(link), link.level, link.propagate, link.disabled, list(link.filters),
+                 [_handlers.reduce_handler(h)[1] for h in link.handlers])
             for link in chain(logger)]
 
 
@@ -192,12 +201,12 @@ def configured_in_worker(name, links, report=None):
     replaced (once), one they configured the same is kept as it is. Says into
     ``report`` whether anything was replaced."""
     replaced = False
-    for link_name, level, propagate, disabled, filters, recipes in links:
-        if link_name in _decided:
+    for want in links:
+        if want.name in _decided:
             continue
-        _decided.add(link_name)
-        link = _logger(link_name)
-        if _configured_alike(link, level, propagate, disabled, filters, recipes):
+        _decided.add(want.name)
+        link = _logger(want.name)
+        if _configured_alike(link, want):
             continue  # as plain spawn: the worker's own
         replaced = True
         for own in list(link.handlers):  # the worker's import configured these
@@ -206,24 +215,24 @@ def configured_in_worker(name, links, report=None):
                 own.close()
             except Exception:
                 pass
-        for recipe in recipes:
+        for recipe in want.recipes:
             link.addHandler(_handlers.made_again(*recipe))
-        link.setLevel(level)
-        link.propagate, link.disabled = propagate, disabled
-        link.filters = list(filters)
+        link.setLevel(want.level)
+        link.propagate, link.disabled = want.propagate, want.disabled
+        link.filters = list(want.filters)
     _say(report, CARRIED if replaced else KEPT)
     return _logger(name)
 
 
-def _configured_alike(link, level, propagate, disabled, filters, recipes):
+def _configured_alike(link, want: Link):
     """Whether the worker's ``link`` is configured as the training process's
     (its level, propagate, disabled, filters, and handlers that the same
     recipe would make: same class, target and state)."""
-    if (link.level, link.propagate, link.disabled) != (level, propagate, disabled):
+    if (link.level, link.propagate, link.disabled) != (want.level, want.propagate, want.disabled):
         return False
-    if not _alike(list(link.filters), list(filters)) or len(link.handlers) != len(recipes):
+    if not _alike(list(link.filters), want.filters) or len(link.handlers) != len(want.recipes):
         return False
-    for own, recipe in zip(link.handlers, recipes):
+    for own, recipe in zip(link.handlers, want.recipes):
         if not _handlers.rebuildable(own) or \
                 not _alike(_handlers.reduce_handler(own)[1], recipe):
             return False

@@ -150,7 +150,7 @@ def plain_tensor(tensor):
         return False
     if tensor.requires_grad and not tensor.is_leaf:
         return False  # torch refuses it: its error stays
-    return not getattr(tensor, "_backward_hooks", None)  # torch warns of them
+    return not tp.backward_hooks(tensor)  # torch warns of them
 
 
 def reference(tensor, maps=None):

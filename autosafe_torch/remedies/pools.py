@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from torch.utils.data import get_worker_info
 
 from ..inspection import holdings
+from ..mp_private import executor_arguments, pool_processes
 
 
 def _new_pool(kind, max_workers, prefix):
@@ -25,8 +26,8 @@ def _new_pool(kind, max_workers, prefix):
 def _recipe(pool):
     """The arguments that make a pool like ``pool``, empty."""
     if isinstance(pool, ThreadPoolExecutor):
-        return "executor", pool._max_workers, pool._thread_name_prefix
-    return "threadpool", pool._processes, ""
+        return ("executor", *executor_arguments(pool))
+    return "threadpool", pool_processes(pool), ""
 
 
 def _reduce_pool(pool):

@@ -311,7 +311,7 @@ def mark(read: Read) -> tuple[Any, ...]:
 
 
 class Carry:
-    """A loader's carried state (``LoaderState.process_state``): what its
+    """A loader's carried state (``loaderstate.Kept.process_state``): what its
     workers' code reads (``reads``), snapshot at each start of its workers
     (``start``); ``outcome()`` is DL220's ``Finding.needed``."""
 

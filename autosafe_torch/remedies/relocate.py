@@ -7,6 +7,7 @@ one CPU storage.
 
 from typing import Any
 
+from .. import torch_private as tp
 from ..inspection import objwalk
 from ..inspection.tensors import ACCELERATORS, _torch, never_entered, scan
 
@@ -86,7 +87,7 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
 
 def _storage_key(t):
     try:
-        return ("storage", t.untyped_storage()._cdata)
+        return ("storage", tp.storage_id(t))
     except Exception:
         return ("tensor", id(t))
 

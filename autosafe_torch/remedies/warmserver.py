@@ -42,7 +42,8 @@ import time
 import warnings
 
 from ..inspection import threads
-from ..mp_private import forkserver_listener_path, forkserver_preload, wrap_spawn_main
+from ..mp_private import (ProcessObject, forkserver_listener_path, forkserver_preload,
+                          wrap_spawn_main)
 from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, in_fork_server, told
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
@@ -55,11 +56,11 @@ _secret = []  # in the server: the run's secret, read once
 _checked = []   # in the server: its threads were counted, and it forks
 
 
-class Hello:
+class Hello(ProcessObject):
     """The server's first child, sent by the training process (``warmstart._greet``):
     its exit status 0 says the server counted its threads and forks."""
 
-    def _bootstrap(self, parent_sentinel=None):
+    def run(self):
         return 0 if _checked else UNCHECKED
 
 

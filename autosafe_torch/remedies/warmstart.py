@@ -53,7 +53,7 @@ from typing import Any
 from ..inspection.diagnostics import private_file
 from ..inspection.failures import describe_exception
 from ..mp_private import (forkserver_launch, forkserver_listens_abstract, forkserver_pid,
-                          stop_forkserver)
+                          forkserver_popen, forkserver_process, stop_forkserver)
 from ..report import log, shorten_line
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
@@ -415,7 +415,7 @@ def _launch_through(server):
 def _popen(process_obj):
     """Start ``process_obj`` from its build server, else the warm server, else by
     plain spawn."""
-    from multiprocessing import popen_forkserver, popen_spawn_posix  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
+    from multiprocessing import popen_spawn_posix  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
 
     build = _builds.get(process_obj)
     try:
@@ -427,9 +427,8 @@ def _popen(process_obj):
 
             # What rebuild.reduce_rebuilt asks of the Popen starting a worker: the
             # datasets its server built ({id: key}), and how a worker takes one.
-            popen = type("WarmPopen", (popen_forkserver.Popen,),
-                         {"_launch": _launch_through(server), "built_here": built,
-                          "from_server": staticmethod(from_server)})
+            popen = forkserver_popen(_launch_through(server), "WarmPopen", {
+                "built_here": built, "from_server": staticmethod(from_server)})
             started = popen(process_obj)
             _starts.warm += 1
             _starts.built += bool(built)
@@ -656,12 +655,7 @@ _contexts: dict[Any, Any] = {}
 
 # Windows has no forkserver (the rule never asks for a warm context there).
 if hasattr(_mp_context, "ForkServerContext"):
-    class WarmProcess(_mp_context.ForkServerProcess):
-        _start_method = "forkserver"
-
-        @staticmethod
-        def _Popen(process_obj):
-            return _popen(process_obj)
+    WarmProcess = forkserver_process(_popen, "WarmProcess", __name__)
 
     class WarmContext(_mp_context.ForkServerContext):
         """A forkserver context whose server is ours and imports libraries only,

@@ -44,6 +44,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar, U
                     overload)
 
 from ..inspection.naming import a_or_an, brief, number_of, what_is  # noqa: F401 (the rules' names)
+from ..loaderstate import Kept
 
 if TYPE_CHECKING:
     from ..facts import Facts
@@ -198,12 +199,12 @@ class Rule:
 
     def finding(self, before: dict[str, Any], changes: dict[str, Any] | None = None,
                 why: str = "", strategy: str | None = None,
-                state: dict[str, Any] | None = None, remedies: Iterable[Remedy] = (),
-                fix: str | None = None, done: str | None = None,
+                kept: Kept | None = None, shown: dict[str, Any] | None = None,
+                remedies: Iterable[Remedy] = (), fix: str | None = None, done: str | None = None,
                 rung: Rung | None = None, needed: Needed | None = None) -> Finding:
         """This rule's ``Finding`` (its fields, as ``Finding`` has them)."""
-        return Finding(self, before, changes, why, strategy, state, remedies, fix, done, rung,
-                       needed)
+        return Finding(self, before, changes, why, strategy, kept, shown, remedies, fix, done,
+                       rung, needed)
 
     def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
@@ -237,14 +238,15 @@ class Finding:
     """What one rule would change, and why.
 
     ``changes``: new values of the call's arguments (``{"prefetch_factor": None}``).
-    ``state``: what the runtime keeps beside the call (loader state such as
-    ``batch_device`` or ``emulated_workers``; the AMP ``api`` a call is routed to;
-    keys beginning with ``_`` are its own bookkeeping, not shown in ``after``).
+    ``kept``: what the loader keeps for its iterators (``loaderstate.Kept``: the
+    ``batch_device``, the ``emulated_workers``...; its record shows the words).
+    ``shown``: what else its record's ``after`` shows (the AMP ``api`` a call is
+    routed to; a remedy's outcome in the workers): the words, nothing reads them.
     ``remedies``: callables ``remedy(args)`` the engine runs in fix mode, in
     order; one may return ``{argument: value}`` to change the call further
     (a dataset that was itself a tensor, moved to CPU).
     ``before``: the old values, or what a remedy acts on, for the log.
-    A finding with none of the three is advice: logged, nothing changed.
+    A finding with none of these is advice: logged, nothing changed.
     ``fix``: the permanent fix for this cause, where it is more precise than
     the rule's (a lock, not a file, made the dataset unpicklable).
     ``done``: what was done to what, in a few words, by the user's attribute
@@ -261,14 +263,14 @@ class Finding:
     (the record's words); None: always needed.
     """
 
-    __slots__ = ("rule", "before", "changes", "why", "strategy", "state", "remedies", "fix",
-                 "done", "rung", "needed")
+    __slots__ = ("rule", "before", "changes", "why", "strategy", "kept", "shown", "remedies",
+                 "fix", "done", "rung", "needed")
 
     def __init__(self, rule: Rule, before: dict[str, Any],
                  changes: dict[str, Any] | None = None, why: str = "",
-                 strategy: str | None = None, state: dict[str, Any] | None = None,
-                 remedies: Iterable[Remedy] = (), fix: str | None = None,
-                 done: str | None = None, rung: Rung | None = None,
+                 strategy: str | None = None, kept: Kept | None = None,
+                 shown: dict[str, Any] | None = None, remedies: Iterable[Remedy] = (),
+                 fix: str | None = None, done: str | None = None, rung: Rung | None = None,
                  needed: Needed | None = None) -> None:
         self.rule = rule
         self.needed = needed
@@ -277,21 +279,21 @@ class Finding:
         self.why = why
         self.rung = rung
         self.strategy = strategy if strategy is not None or rung is None else rung.value
-        self.state = state or {}
+        self.kept = kept or Kept()
+        self.shown = shown or {}
         self.remedies = tuple(remedies)
         self.fix = fix or rule.permanent_fix()
         self.done = done or changed_text(self.before, self.changes) or rule.summary
 
     @property
     def after(self) -> dict[str, Any]:
-        """What the log shows as the new values: arguments and runtime state (but
-        the keys beginning with ``_``: the runtime's own bookkeeping)."""
-        shown = {k: v for k, v in self.state.items() if not k.startswith("_")}
-        return dict(self.changes, **shown)
+        """What the log shows as the new values: arguments, what the loader keeps
+        (its words), what else it shows."""
+        return dict(self.changes, **self.kept.given(shown=True), **self.shown)
 
     @property
     def is_advice(self) -> bool:
-        return not (self.changes or self.state or self.remedies)
+        return not (self.changes or self.kept or self.shown or self.remedies)
 
     @property
     def told_by_workers(self) -> bool:

@@ -34,6 +34,7 @@ import sys
 
 from ..inspection.objwalk import is_a
 from ..inspection.tensors import ACCELERATORS, batch_device, dataset_parts, describe, scan
+from ..loaderstate import Kept
 from . import number_of, rule
 from .ladder import emulated_workers
 
@@ -160,7 +161,7 @@ def accelerator_tensors_in_workers(values, ctx):
         "batch is copied back to %s, as it was" % (
             where, method, "would each need a CUDA context for"
             if method in ("spawn", "forkserver") else "cannot use", device),
-        strategy="move to CPU", state={"batch_device": device},
+        strategy="move to CPU", kept=Kept(batch_device=device),
         remedies=[_move_to_cpu(found)],
         done="moved to CPU for %s: %s; batches copied back to %s" % (
             number_of(values["num_workers"], "worker"), where, device))

@@ -7,6 +7,7 @@ one the fork rung's remedies cannot handle, the loader leaves fork
 """
 
 from ..inspection import holdings
+from ..loaderstate import Kept
 from ..remedies.workerinit import with_step
 from . import IterContext, OutcomeContext, number_of, rule, what_is
 from .fork_plan import fork_plan
@@ -76,7 +77,7 @@ def shared_file_offset(args, ctx: IterContext):
         {"files": [d.path for d in plan.isolate] + [held.path for held, _ in handles]},
         why="forked workers would share one offset per file; in each worker: %s"
         % "; ".join(what), strategy="own offset in each worker",
-        state={"fork_handles": bool(handles)},
+        kept=Kept(fork_handles=bool(handles)),
         done=_fork_done(plan.isolate, handles, plan.shared, args["num_workers"]))
 
 
@@ -137,7 +138,7 @@ def handle_not_fork_safe(args, ctx: IterContext):
         why="a forked worker must not use the parent's %s" % ", ".join(
             "%s (%s)%s" % (held.path, held.fork_unsafe, ", " + note if note else "")
             for held, note in handles),
-        strategy="reopen in each worker", state={"fork_handles": True},
+        strategy="reopen in each worker", kept=Kept(fork_handles=True),
         done=_fork_done((), handles, (), args["num_workers"]))
 
 
@@ -180,7 +181,7 @@ def read_through_no_object(args, ctx: OutcomeContext):
         {"files": [name for _fd, name in forked + server]},
         why="the workers read these files, which forked workers would share one offset "
         "of", strategy="own offset in each worker",
-        state={"privatized": True},  # done by the worker step: the record says "fixed"
+        shown={"privatized": True},  # what the worker step did: the record says "fixed"
         done="; ".join(done))
 
 
@@ -233,7 +234,7 @@ def descriptor_to_workers(args, ctx: OutcomeContext):
         {"files": [name for name, _where in held.values()] + [name for _fd, name in moved]},
         why="the workers read these descriptors of the training process by number; "
         "spawn workers have none of them", strategy="carried to each worker",
-        state={"carried": True},  # done by the worker step: the record says "fixed"
+        shown={"carried": True},  # what the worker step did: the record says "fixed"
         done="%s, read by number: carried to each of %s, at its own offset" % (
             ", ".join(named), number_of(ctx.workers, "worker")))
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ..inspection import holdings
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..inspection.objwalk import is_a
+from ..loaderstate import Kept
 from ..rung import Rung
 from . import number_of, what_is
 from .fork_plan import fork_is_safe, start_method
@@ -74,10 +75,8 @@ def fallback(check: Check, args: dict[str, Any], ctx: IterContext, why: str | No
                                   rung=Rung.FORK, fix=fix,
                                   done="workers started by fork instead of %s: %s" % (
                                       start_method(args), reason))
-    found = emulated_workers(check, args, why, fix, reason)
-    if refused:  # said where emulated workers cannot copy it either (NoExactRung)
-        found.state["not_rebuilt"] = "; ".join(refused)
-    return found
+    # refused: said where emulated workers cannot copy it either (NoExactRung)
+    return emulated_workers(check, args, why, fix, reason, "; ".join(refused) or None)
 
 
 def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: str,
@@ -97,13 +96,14 @@ def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: st
 
 
 def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | None = None,
-                     reason: str | None = None) -> Finding:
+                     reason: str | None = None, not_rebuilt: str | None = None) -> Finding:
     """The last rung: the requested workers emulated in this process, one fetch
     at a time, each with its own dataset copy, seeds and worker info, so the
     batches are those the workers would give (remedies/emulated_workers.py)."""
     return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
                               rung=Rung.EMULATED,
-                              state={"emulated_workers": args["num_workers"]}, fix=fix,
+                              kept=Kept(emulated_workers=args["num_workers"],
+                                        not_rebuilt=not_rebuilt), fix=fix,
                               done="%s emulated in this process, with the batches of real "
                               "ones: %s" % (number_of(args["num_workers"], "worker"),
                                             reason or why))

@@ -7,6 +7,7 @@ hands the loader to the ladder (``ladder.py``).
 """
 
 from ..inspection.parts import PARTS
+from ..loaderstate import Kept
 from ..rung import Rung
 from . import IterContext, Rewrite, number_of, rule, what_is
 from .fork_plan import spawning_workers
@@ -159,24 +160,17 @@ def thread_pool_to_spawned_workers(args, ctx: IterContext):
             ", ".join(plan.pools), number_of(args["num_workers"], "worker")))
 
 
+DL201_SAYS = [r for r in REPAIRS if r.code == "DL201"]  # its words, from the registry
+
+
 @rule("DL201", "unpicklable-dataset", GROUP,
-      summary=("spawn/forkserver workers and a dataset that does not pickle (or whose "
-               "class forwards attributes and so does not unpickle): the repair ladder "
-               "(reopen read-only files per worker, map an mmap.mmap of a named file "
-               "again in each worker with its access and position, share an anonymous "
-               "one through one block of shared memory, rebuild forwarders from their "
-               "attributes, send the user's locks nobody holds as new, unlocked ones, "
-               "make logging handlers again from their file or stream; else fork; "
-               "else, with no fork rung, build the dataset again in each worker by the "
-               "call that built it (recorded, never run here), each worker checking "
-               "that it opened the same files in the same order and holds the same "
-               "values; else emulated workers)"),
-      prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
-                "'sqlite3.Connection', 'mmap.mmap', h5py and lmdb handles, "
-                "'_thread.lock', pyarrow's ParquetReader, 'builtins.safe_open', "
-                "pandas' TextReader, a logging handler's lock); "
-                "RecursionError in a worker unpickling a __getattr__ forwarder "
-                "(DataLoader worker exited unexpectedly)"),
+      summary=("spawn/forkserver workers and a dataset that does not pickle (or whose class "
+               "forwards attributes and so does not unpickle, or whose pickle drops a file "
+               "it reads): the repair ladder (%s; else fork; else, with no fork rung, %s; "
+               "else emulated workers)" % tuple(", ".join(
+                   r.summary for r in DL201_SAYS if r.runs_user_code is last)
+                   for last in (False, True))),
+      prevents="; ".join(r.prevents for r in DL201_SAYS),
       fix="open files lazily in __getitem__ (or in worker_init_fn), not in __init__",
       example=(("class Frames(Dataset):\n"
                 "    def __init__(self, path):\n"
@@ -205,7 +199,8 @@ def unpicklable_dataset(args, ctx: IterContext):
     plan = pickling_plan(args, ctx)
     if plan.failures:
         return fallback(unpicklable_dataset, args, ctx, None)
-    if any(not ctx.found(r.code) for r in REPAIRS if r.code != "DL201" and getattr(plan, r.field)):
+    if any(not ctx.found(r.code) for r in REPAIRS
+           if r.code != "DL201" and not r.carried and getattr(plan, r.field)):
         return None  # its own repair was turned off (AUTOSAFE_TORCH_DISABLE): torch's error stands
     said = what_dl201_says(plan, args)
     if said is None:
@@ -213,7 +208,7 @@ def unpicklable_dataset(args, ctx: IterContext):
     return unpicklable_dataset.rule.finding(
         said["before"], why=said["why"], strategy=said["strategy"],
         rung=Rung.REBUILT if plan.rebuilt else None,
-        state={"_rebuilt": [d for _where, d, _why in plan.rebuilt]} if plan.rebuilt else None,
+        kept=Kept(rebuilt=tuple(d for _where, d, _why in plan.rebuilt)) if plan.rebuilt else None,
         remedies=said["remedies"], fix=said["fix"], done=said["done"])
 
 
@@ -258,7 +253,7 @@ def logging_config_to_workers(args, ctx: IterContext):
         {"loggers": [lg.name for lg in found]},
         why="a logger pickles by its name: a spawned worker's has none of this process's "
         "handlers, levels or filters", strategy="carry logging configuration",
-        state={"_loggers": reports}, needed=reports.needed,
+        kept=Kept(loggers=reports), needed=reports.needed,
         remedies=[lambda args: pickling.install(loggers.reducers(found))],
         done="the logger%s %s carried to each of %s with the configuration its records meet "
         "(%s)" % ("s" if len(found) > 1 else "", names, number_of(args["num_workers"], "worker"),
@@ -324,7 +319,7 @@ def process_state_to_workers(args, ctx: IterContext):
     from ..inspection.reads import reads_of  # noqa: PLC0415 - when a loader spawns workers
     from ..remedies.process_state import Carry  # noqa: PLC0415 - when a loader spawns workers
 
-    rebuilt = {type(d) for f in ctx.findings for d in f.state.get("_rebuilt", ())}
+    rebuilt = {type(d) for f in ctx.findings for d in f.kept.rebuilt or ()}
     reads = reads_of([args[part] for part in PARTS], rebuilt)
     carry = Carry(reads, args["num_workers"])
     # Whether a worker's value differs is its own to see: the record is made from
@@ -333,6 +328,6 @@ def process_state_to_workers(args, ctx: IterContext):
         {"read": [r.label for r in reads]},
         why="a spawned worker imports the program's modules again: what main() changed is "
         "at its import-time value there", strategy="carried to each worker",
-        state={"_process_state": carry}, needed=carry.outcome,
+        kept=Kept(process_state=carry), needed=carry.outcome,
         done="the values main() set that its workers read carried to each of %s" % (
             number_of(args["num_workers"], "worker")))

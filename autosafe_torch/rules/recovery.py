@@ -64,7 +64,7 @@ def _recovered(check, kind, ctx: FailureContext):
     room = HEADLINE_LIMIT - len("%s %s: " % (check.rule.code, check.rule.slug))
     done = failure.what(room=room - len(outcome)) + outcome
     return check.rule.finding(failure.before(str(ctx.first_rung)), why=why,
-                              strategy=str(ctx.rung), state={"rung": str(ctx.rung)}, done=done,
+                              strategy=str(ctx.rung), shown={"rung": str(ctx.rung)}, done=done,
                               fix=UNSENT_FIX if failure.unsent
                               else STARTING_FIX if failure.starting else None)
 
@@ -244,8 +244,8 @@ _watched: dict[str, Any] = {}  # kinds_watched's last answer, and what it depend
 def start_failures_recovered(enabled):
     """Whether a start that fails here (what the workers are sent does not
     pickle) goes to the next rung: DL216 on, and every rule that repairs what
-    workers are sent on (``enabled(rule)``: the registry of repairs' rules, and
-    DL219's loggers); one of them off, torch's error for what it would have
-    repaired stands, at the start as at the plan."""
-    codes = {r.code for r in REPAIRS} | {"DL219", "DL216"}
+    workers are sent on (``enabled(rule)``: the registry of repairs' rules,
+    DL219's loggers among them); one of them off, torch's error for what it
+    would have repaired stands, at the start as at the plan."""
+    codes = {r.code for r in REPAIRS} | {"DL216"}
     return all(enabled(RULES[code]) for code in codes if code in RULES)

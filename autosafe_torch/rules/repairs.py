@@ -1,31 +1,24 @@
 """The registry of repairs: what makes a loader's parts reach spawn/forkserver
-workers, one entry per kind of holder.
-
-Each ``Repair`` declares, in one place:
-
-- the ``PicklingPlan`` field it fills (``field``) and the rule whose record
-  says it (``code``: DL202, DL203 and DL208 have rules of their own; every
-  other repair is said by DL201's one record);
-- what it finds where the probe failed (``meets``: the object that did not
-  pickle, in its place; None where another look finds it: pools and
-  forwarders from what the probes met, images from what a pickle drops, a
-  rebuilt dataset from the constructor recorded for it), and how that is
-  added to the plan (``add``);
-- the reducers the probe tries while planning, and the remedy that installs
-  them in fix mode (``remedy``), or a worker step of its own;
-- the words of its record (``said``: what it found, why, what was done)
-  and its permanent fix (``fix``, the first present by ``fix_rank`` wins);
-- whether it runs the user's code in a worker (``runs_user_code``: the
-  rebuild calls the dataset's constructor there, never in the training
-  process).
-
-The planner (``pickling_plan.plan_pickling``) tries them in ``plan_rank``
-order for each failure; DL201 (``pickling.unpicklable_dataset``) says them
-in the order of ``REPAIRS``.
+workers, one entry per kind of holder. Each ``Repair`` declares the
+``PicklingPlan`` field it fills; the rule whose record says it (``code``:
+DL202, DL203, DL208 and DL219 have their own; DL201's one record says the
+others, and its ``summary`` and ``prevents`` are theirs); how its holders are
+found: where the probe failed (``meets``: the object that did not pickle, in
+its place) or by a look of its own (``looks``: where the probes met its kind,
+``looks_when_met``, else once everything pickled), with what no worker can
+be given; the reducers the probe tries (fix mode installs them, or its
+record's own remedy); its words (``said``) and fix (the first present by
+``fix_rank``); whether it runs the user's code in a worker (``runs_user_code``:
+the rebuild calls a dataset's constructor there, never here), a last resort
+where no fork rung is safe, after which planning starts again; and whether
+the parts reach workers without it (``carried``). The planner
+(``pickling_plan.plan_pickling``) tries them by ``plan_rank``. A program adds
+a kind by ``REPAIRS.append`` before its loader iterates.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import types
 from typing import Any, Callable, NamedTuple
@@ -57,21 +50,36 @@ class Said(NamedTuple):
     whys: list[str]
     done: list[str]
     repairs: list[str]  # the words of the strategy
-    remedy: Callable[[Any], Any]
+    remedy: Callable[[Any], Any] | None = None  # None: its reducers installed
+
+
+class Look(NamedTuple):
+    """What a repair that finds its holders itself is shown after a probe."""
+
+    parts: dict[str, Any]
+    plan: Any
+    planned: dict[type, Any]
+    results: list[Any]
 
 
 class Repair(NamedTuple):
     field: str
     code: str
     empty: Callable[[], Any]  # the field's value in a new plan
-    meets: Callable[[Meeting], Any] | None = None  # its plan entry for this failure, or None
-    add: Callable[[Any, Any, Meeting], None] | None = None  # the entry into the plan
+    # its entry for this failure (a list's item, a dict's items, else the field), or None
+    meets: Callable[[Meeting], Any] | None = None
+    # (the field's value, falsy: none; the failures it found that no worker can be given)
+    looks: Callable[[Look], tuple[Any, list[Any]]] | None = None
+    looks_when_met: str | None = None  # None: it looks whenever everything pickled
     reducers: Callable[[Any], dict[type, Any]] | None = None  # planned for the probe
     said: Callable[[Any, dict[str, Any]], Said] | None = None  # DL201's words
+    summary: str = ""  # its part of DL201's summary and prevents
+    prevents: str = ""
     fix: str | Callable[[], str] | None = None  # a callable: read where it is said
     fix_rank: int = 99
     plan_rank: int = 99
     runs_user_code: bool = False
+    carried: bool = False
 
 
 REBUILD_FIX = ("keep paths on the dataset and open files, readers and handlers lazily in "
@@ -92,16 +100,12 @@ def _named(items, most=3):
 # -- DL202: functions a worker cannot import, sent by value -------------------------
 
 def _by_value_meets(m: Meeting):
-    if m.top not in ("collate_fn", "worker_init_fn"):
+    new = by_value_part(m.parts[m.top], m.value) if m.top in ("collate_fn", "worker_init_fn") \
+        else None
+    if new is None:
         return None
-    new = by_value_part(m.parts.get(m.top), m.value)
-    return None if new is None else (m.top, new, m.why)
-
-
-def _by_value_add(plan, entry, m: Meeting):
-    top, new, why = entry
-    plan.by_value[top] = (new, why)
-    m.parts[top] = new
+    m.parts[m.top] = new  # the parts as planned send it so
+    return {m.top: (new, m.why)}
 
 
 def _nested_meets(m: Meeting):
@@ -115,19 +119,8 @@ def _class_meets(m: Meeting):
     from ..inspection.mainmodule import interactive_main
 
     if m.cls.__module__ == "__main__" and interactive_main() and m.cls not in m.plan.classes:
-        return m.cls, (m.failure.path, m.failure.error)
+        return {m.cls: (m.failure.path, m.failure.error)}
     return None
-
-
-def _class_add(plan, entry, _m):
-    cls, where = entry
-    plan.classes[cls] = where
-
-
-def _class_reducers(entry):
-    from ..remedies import byvalue
-
-    return byvalue.class_reducers((entry[0],))
 
 
 # -- DL201: each holder, made again in each worker ------------------------------------
@@ -141,21 +134,17 @@ def _handler_meets(m: Meeting):
     return None
 
 
-def _handler_reducers(entry):
+def _handler_reducers(found):
     from ..remedies import handlers
 
-    return handlers.handler_reducers({type(entry[1])})
+    return handlers.handler_reducers({type(h) for _where, h in found})
 
 
 def _handlers_said(found, _args):
-    from ..remedies import handlers, pickling
-
-    classes = {type(h) for _where, h in found}
     return Said({"handlers": [where for where, _h in found]},
                 ["a logging handler's lock and stream do not pickle"],
                 ["%s made again from its file or stream" % _named(found)],
-                ["make logging handlers again"],
-                lambda args: pickling.install(handlers.handler_reducers(classes)))
+                ["make logging handlers again"])
 
 
 def _first_met(field, holds):
@@ -168,10 +157,12 @@ def _first_met(field, holds):
     return meets
 
 
-def _remedy(module, name):
-    """``remedies.<module>.<name>()``, the module imported when a loader needs it."""
-    def call(_entry=None):
-        return getattr(importlib.import_module("autosafe_torch.remedies." + module), name)()
+def _remedy(module, name, given=False):
+    """``remedies.<module>.<name>()`` (``given``: of the value it is called
+    with), the module imported when a loader needs it."""
+    def call(found=None):
+        made = getattr(importlib.import_module("autosafe_torch.remedies." + module), name)
+        return made(found) if given else made()
     return call
 
 
@@ -179,12 +170,6 @@ def _read_only(value):
     from ..inspection import holdings
 
     return holdings.file_kind(value) == holdings.READONLY
-
-
-def _travels(value):
-    from ..remedies import memmaps
-
-    return memmaps.travels(value)
 
 
 def _files_said(found, args):
@@ -195,13 +180,11 @@ def _files_said(found, args):
     return Said({"files": [where for where, _f in files]},
                 [why] + ["%s %s" % (where, note) for where, f in files
                          for note in [reopen.read_only_note(f)] if note],
-                ["%s reopened by path" % _named(files)],
-                ["reopen read-only files by path"],
-                lambda args: reopen.install_reducers())
+                ["%s reopened by path" % _named(files)], ["reopen read-only files by path"])
 
 
 def _maps_said(found, args):
-    from ..remedies import memmaps, pickling
+    from ..remedies import memmaps
 
     path, why, held = found
     maps = memory_maps(args) or [(path, held)]
@@ -215,8 +198,7 @@ def _maps_said(found, args):
     if shared:
         done.append("%s (anonymous) shared through one block of shared memory" % _named(shared))
         repairs.append("share anonymous maps")
-    return Said({"maps": [where for where, _m in maps]}, [why], done, repairs,
-                lambda args: pickling.install(memmaps.map_reducers()))
+    return Said({"maps": [where for where, _m in maps]}, [why], done, repairs)
 
 
 def _lock_meets(m: Meeting):
@@ -230,29 +212,17 @@ def _lock_meets(m: Meeting):
 
 
 def _locks_said(found, _args):
-    from ..remedies import locks, pickling
-
     path, why, named = found
     return Said({"locks": [where for where, _lock in named] or [path]}, [why],
                 ["%s made anew, unlocked," % (_named(named) if named else path)],
-                ["new unlocked locks"],
-                lambda args: pickling.install(locks.lock_reducers()))
+                ["new unlocked locks"])
 
 
 def _images_said(found, _args):
-    from ..remedies import images
-
     return Said({"images": [where for where, _why, _img in found]},
                 [why for _where, why, _img in found],
                 ["%s opened again at its frame" % _named(
-                    [(where, img) for where, _why, img in found])],
-                ["open images again"], lambda args: images.install_reducers())
-
-
-def _image_fix():
-    from ..inspection.dropped import IMAGE_FIX  # imported with the first image met
-
-    return IMAGE_FIX
+                    [(where, img) for where, _why, img in found])], ["open images again"])
 
 
 def _rebuilt_said(found, _args):
@@ -267,101 +237,220 @@ def _rebuilt_said(found, _args):
 
 
 def _forwarders_said(found, _args):
-    from ..remedies import pickling
-
-    classes = list(found)
     return Said({"forwarders": list(found.values())},
                 ["a worker's unpickling of %s recurses in its __getattr__ (it asks the empty "
                  "instance for __setstate__)" % ", ".join(found.values())],
                 ["%s rebuilt from its attributes" % ", ".join(
                     "%s (%s)" % (where, a_or_an(cls.__name__)) for cls, where in found.items())],
-                ["rebuild attribute forwarders"],
-                lambda args: pickling.install(pickling.forwarder_reducers(classes)))
+                ["rebuild attribute forwarders"])
+
+
+def made_there(plan, path):
+    """Whether ``path`` lies in what a repair that runs the user's code makes in
+    each worker (a dataset built again: its constructor makes what it holds)."""
+    return any(path == held[0] or path.startswith((held[0] + ".", held[0] + "["))
+               for r in REPAIRS if r.runs_user_code for held in getattr(plan, r.field))
+
+
+def _pools_look(look: Look):
+    from ..inspection import holdings
+
+    dataset = look.parts["dataset"]
+    return ([here for here, _pool, _edge in holdings.find_thread_pools(dataset)
+             if not made_there(look.plan, here)] if dataset is not None else []), []
+
+
+def _forwarders_look(look: Look):
+    """``{class: path}``: the parts' attribute forwarders, each class once."""
+    from ..inspection import holdings
+    from ..inspection.parts import held_in_parts
+
+    found: dict[type, str] = {}
+    for here, obj in held_in_parts(look.parts, holdings.forwards_attributes):
+        if not made_there(look.plan, here):
+            found.setdefault(type(obj), here)
+    return found, []
+
+
+def _images_look(look: Look):
+    """What pickles but drops an open file its methods use (``inspection/dropped.py``),
+    where the probes met an image or a file is open for reading (a pickle that
+    drops one never meets it): images opened again in each worker, else failures."""
+    from ..inspection import dropped
+    from ..inspection.descriptors import shared_at_fork
+    from ..remedies import images
+
+    if "image" not in look.plan.met and not shared_at_fork():
+        return None, []
+    found = [f for f in dropped.unfaithful(look.parts, look.planned)
+             if not made_there(look.plan, f.path)]
+    if found and not look.plan.images and all(images.reopens(f.value) for f in found):
+        return [(f.path, f.error, f.value) for f in found], []
+    return None, found
+
+
+def _loggers_look(look: Look):
+    """The configured loggers the probes met (DL219 carries their configuration
+    to spawned workers); as failures, those it cannot be carried for."""
+    from ..inspection.probe import ProbeResult
+    from ..remedies import loggers
+
+    held = {id(lg): lg for r in look.results for lg in r.loggers}.values()
+    found = [lg for lg in held if loggers.configured(lg)]
+    return found, [ProbeResult(False, "the logger %r" % lg.name, "%s, and without it the lines "
+                               "logged in a worker are lost" % why, lg)
+                   for lg in found for why in [loggers.uncarried(lg)] if why is not None]
+
+
+def _rebuilt_meets(m: Meeting):
+    """The innermost dataset holding the failure that may be built again."""
+    from ..remedies import rebuild
+
+    if len(m.plan.rebuilt) >= MAX_REPAIRS:
+        return None
+    here, dataset, refusal = rebuild.rebuildable_owner(m.owners(), m.value)
+    m.plan.refused += [refusal] if refusal else []
+    return None if dataset is None else (here, dataset, m.why)
+
+
+def _rebuilt_reducers(found):
+    from ..remedies import rebuild
+
+    return rebuild.planned_reducers([d for _where, d, _why in found])
 
 
 # The repairs, in the order DL201 says them; ``plan_rank``: the order in which
-# the planner offers a failure to them (the first that meets it takes it).
-REPAIRS: tuple[Repair, ...] = (
-    Repair("by_value", "DL202", dict, meets=_by_value_meets, add=_by_value_add, plan_rank=0),
+# the planner shows them a probe's outcome or offers them a failure.
+REPAIRS: list[Repair] = [
+    Repair("by_value", "DL202", dict, meets=_by_value_meets, plan_rank=0),
     Repair("nested", "DL202", lambda: None, meets=_nested_meets, plan_rank=6),
-    Repair("classes", "DL203", dict, meets=_class_meets, add=_class_add,
-           reducers=_class_reducers, plan_rank=5),
-    Repair("pools", "DL208", list),  # found where the probes met a pool (the planner)
+    Repair("classes", "DL203", dict, meets=_class_meets,
+           reducers=_remedy("byvalue", "class_reducers", True), plan_rank=5),
+    Repair("pools", "DL208", list, looks=_pools_look, looks_when_met="pool",
+           reducers=_remedy("pools", "pool_reducers"), plan_rank=0),
     Repair("files", "DL201", lambda: None, meets=_first_met("files", _read_only),
-           reducers=_remedy("reopen", "file_reducers"), said=_files_said, fix=None,
-           fix_rank=0, plan_rank=2),
-    Repair("maps", "DL201", lambda: None, meets=_first_met("maps", _travels),
-           reducers=_remedy("memmaps", "map_reducers"), said=_maps_said, fix=None, fix_rank=0,
-           plan_rank=3),
-    Repair("handlers", "DL201", list, meets=_handler_meets,
-           reducers=_handler_reducers, said=_handlers_said, fix=REBUILD_FIX, fix_rank=1,
-           plan_rank=1),
-    Repair("images", "DL201", list, said=_images_said, fix=_image_fix,
-           fix_rank=2),  # found in what a pickle drops (the planner)
-    # Found by the planner, which starts again with each one:
-    Repair("rebuilt", "DL201", list, said=_rebuilt_said, fix=REBUILD_FIX, fix_rank=1,
-           runs_user_code=True),
-    # Found where the probes met one (the planner):
-    Repair("forwarders", "DL201", dict, said=_forwarders_said, fix=FORWARDER_FIX, fix_rank=3),
+           reducers=_remedy("reopen", "file_reducers"), said=_files_said,
+           summary="reopen read-only files per worker",
+           prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
+                     "'sqlite3.Connection', h5py and lmdb handles)"), fix_rank=0, plan_rank=2),
+    Repair("maps", "DL201", lambda: None,
+           meets=_first_met("maps", _remedy("memmaps", "travels", True)),
+           reducers=_remedy("memmaps", "map_reducers"), said=_maps_said,
+           summary=("map an mmap.mmap of a named file again in each worker with its access "
+                    "and position, share an anonymous one through one block of shared memory"),
+           prevents="TypeError: cannot pickle 'mmap.mmap' object", fix_rank=0, plan_rank=3),
+    Repair("handlers", "DL201", list, meets=_handler_meets, reducers=_handler_reducers,
+           said=_handlers_said, summary="make logging handlers again from their file or stream",
+           prevents="TypeError: cannot pickle '_thread.RLock' object (a logging handler's lock)",
+           fix=REBUILD_FIX, fix_rank=1, plan_rank=1),
+    Repair("images", "DL201", list, looks=_images_look,
+           reducers=_remedy("images", "image_reducers"), said=_images_said,
+           summary="open an image of several frames again at its frame",
+           prevents=("AttributeError: 'TiffImageFile' object has no attribute '_min_frame' in "
+                     "a worker (an image's pickle dropped its file)"),
+           fix=lambda: importlib.import_module("autosafe_torch.inspection.dropped").IMAGE_FIX,
+           fix_rank=2, plan_rank=2),  # read where it is said: imported with an image met
+    Repair("rebuilt", "DL201", list, meets=_rebuilt_meets, reducers=_rebuilt_reducers,
+           said=_rebuilt_said, summary=(
+               "build the dataset again in each worker by the call that built it (recorded, "
+               "never run here), each worker checking that it opened the same files in the "
+               "same order and holds the same values"),
+           prevents=("TypeError: cannot pickle 'builtins.safe_open' object (also pyarrow's "
+                     "ParquetReader, pandas' TextReader)"),
+           fix=REBUILD_FIX, fix_rank=1, runs_user_code=True),
+    Repair("forwarders", "DL201", dict, looks=_forwarders_look, looks_when_met="forwarder",
+           reducers=_remedy("pickling", "forwarder_reducers", True), said=_forwarders_said,
+           summary="rebuild forwarders from their attributes",
+           prevents=("RecursionError in a worker unpickling a __getattr__ forwarder "
+                     "(DataLoader worker exited unexpectedly)"),
+           fix=FORWARDER_FIX, fix_rank=3, plan_rank=1),
     Repair("locks", "DL201", lambda: None, meets=_lock_meets,
-           reducers=_remedy("locks", "lock_reducers"),
-           said=_locks_said, fix=LOCK_FIX, fix_rank=4, plan_rank=4),
-)
-BY_FIELD = {r.field: r for r in REPAIRS}
-# The order in which a failure is offered to the repairs that look at failures.
-OFFERED = tuple(sorted((r for r in REPAIRS if r.meets is not None), key=lambda r: r.plan_rank))
+           reducers=_remedy("locks", "lock_reducers"), said=_locks_said,
+           summary="send the user's locks nobody holds as new, unlocked ones",
+           prevents="TypeError: cannot pickle '_thread.lock' object", fix=LOCK_FIX, fix_rank=4,
+           plan_rank=4),
+    Repair("loggers", "DL219", list, looks=_loggers_look, plan_rank=3, carried=True),
+]
+MAX_REPAIRS = 16  # one failure is found per probe; a dataset has few kinds
 
 
-def offer(plan, meeting: Meeting, planned: dict) -> bool:
-    """Offer a failure to the repairs in turn: the first that meets it adds its
-    entry to ``plan`` and its reducers to ``planned``. Whether one took it."""
-    for repair in OFFERED:
-        entry = repair.meets(meeting) if repair.meets is not None else None
+def by_rank(hook: str) -> list[Repair]:
+    """The repairs with ``hook`` (``meets``, ``looks``) in the planner's order:
+    by ``plan_rank``, the last resorts (``runs_user_code``) last."""
+    return sorted((r for r in REPAIRS if getattr(r, hook) is not None),
+                  key=lambda r: (r.runs_user_code, r.plan_rank))
+
+
+def hold(plan, planned: dict, repair: Repair, found) -> None:
+    """``found`` as ``repair``'s field of ``plan``, its reducers in ``planned``."""
+    setattr(plan, repair.field, found)
+    if repair.reducers is not None:
+        planned.update(repair.reducers(found))
+
+
+def offer(plan, meeting: Meeting, planned: dict, may_run_user_code=lambda: False
+          ) -> Repair | None:
+    """Offer a failure to the repairs in turn (those that run the user's code
+    where ``may_run_user_code()``): the first that meets it holds its entry
+    (``hold``), and is returned."""
+    for repair in by_rank("meets"):
+        if repair.meets is None or repair.runs_user_code and not may_run_user_code():
+            continue
+        entry = repair.meets(meeting)
         if entry is None:
             continue
-        if repair.add is not None:
-            repair.add(plan, entry, meeting)
-        elif isinstance(getattr(plan, repair.field), list):
-            getattr(plan, repair.field).append(entry)
-        else:
-            setattr(plan, repair.field, entry)
-        if repair.reducers is not None:
-            planned.update(repair.reducers(entry))
-        return True
-    return False
+        held = getattr(plan, repair.field)
+        if isinstance(held, (list, dict)):
+            entry = held + [entry] if isinstance(held, list) else {**held, **entry}
+        hold(plan, planned, repair, entry)
+        return repair
+    return None
 
 
-def said_by(code: str, plan) -> list[Repair]:
-    """The repairs of ``code`` that ``plan`` holds, in the order they are said."""
-    return [r for r in REPAIRS if r.code == code and getattr(plan, r.field)]
+def look(view: Look, failures: list, looked: set) -> tuple[list, bool]:
+    """Show a probe's outcome to the repairs that look, in turn: where the probes
+    met their kind, once each (``looked``); else while nothing fails. The
+    failures, and whether one planned reducers (the parts are probed again)."""
+    for repair in by_rank("looks"):
+        when = repair.looks_when_met
+        if repair.looks is None or (when in looked or when not in view.plan.met if when
+                                    else failures):
+            continue
+        looked.add(when)
+        found, failing = repair.looks(view)
+        if found:
+            hold(view.plan, view.planned, repair, found)
+            if repair.reducers is not None:
+                return [], True
+        if failing:
+            return failing, False
+    return failures, False
 
 
 def what_dl201_says(plan, args: dict[str, Any]) -> dict[str, Any] | None:
-    """DL201's record for the repairs ``plan`` holds (but DL202, DL203 and
-    DL208's): the finding's fields, or None where it holds none."""
-    present = said_by("DL201", plan)
+    """DL201's record for the repairs ``plan`` holds (but those of other
+    rules): the finding's fields, or None where it holds none."""
+    present = [r for r in REPAIRS if r.code == "DL201" and getattr(plan, r.field)]
     if not present:
         return None
-    before: dict[str, Any] = {}
-    whys: list[str] = []
-    done: list[str] = []
-    repairs: list[str] = []
-    remedies: list[Callable[[Any], Any]] = []
-    for repair in present:
-        if repair.said is None:
-            continue
-        said = repair.said(getattr(plan, repair.field), args)
-        before.update(said.before)
-        whys += said.whys
-        done += said.done
-        repairs += said.repairs
-        remedies.append(said.remedy)
+    said = [(r, r.said(getattr(plan, r.field), args)) for r in present if r.said is not None]
     fix = min(present, key=lambda r: r.fix_rank).fix
-    fix = fix() if callable(fix) else fix
-    return {"before": before, "why": "; ".join(whys), "remedies": remedies, "fix": fix,
-            "strategy": "repair: %s in each worker" % " and ".join(repairs),
-            "done": "%s in each of %s" % (" and ".join(done),
+    return {"before": {k: v for _r, s in said for k, v in s.before.items()},
+            "why": "; ".join(w for _r, s in said for w in s.whys),
+            "fix": fix() if callable(fix) else fix,
+            "remedies": [s.remedy or functools.partial(_install, r.reducers,
+                                                       getattr(plan, r.field)) for r, s in said],
+            "strategy": "repair: %s in each worker" % " and ".join(
+                w for _r, s in said for w in s.repairs),
+            "done": "%s in each of %s" % (" and ".join(d for _r, s in said for d in s.done),
                                          number_of(args["num_workers"], "worker"))}
+
+
+def _install(reducers, found, _args):
+    """A repair's remedy, in fix mode: its reducers installed (``pickling.install``)."""
+    from ..remedies import pickling
+
+    pickling.install(reducers(found))
 
 
 def read_only_files(args):

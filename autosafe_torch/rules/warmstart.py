@@ -78,9 +78,9 @@ def warm_worker_start(args, ctx):
         {"multiprocessing_context": args["multiprocessing_context"] or "spawn"},
         {"multiprocessing_context": warmstart.warm_context(
             args["multiprocessing_context"],
-            builds=[d for f in ctx.findings for d in f.state.get("_rebuilt", ())],
-            carry=next((f.state["_process_state"] for f in ctx.findings
-                        if "_process_state" in f.state), None)),
+            builds=[d for f in ctx.findings for d in f.kept.rebuilt or ()],
+            carry=next((f.kept.process_state for f in ctx.findings
+                        if f.kept.process_state is not None), None)),
          "worker_init_fn": with_step(args["worker_init_fn"], warmstart.exit_with_parent)},
         "spawn workers would import %s again every epoch; a server that imported them "
         "once forks each worker, which then starts as spawn does" % ", ".join(libraries),

@@ -31,8 +31,10 @@ class TorchAmpCaps:
     def autocast_supports(self, device, dtype):
         key = (device, dtype)
         if key not in self._supports:
+            from ...torch_private import autocast_enabled  # noqa: PLC0415 - imports torch, whose import runs this patch
+
             probe = self._probe(device, dtype, True)
-            self._supports[key] = probe is not None and bool(getattr(probe, "_enabled", True))
+            self._supports[key] = probe is not None and autocast_enabled(probe)
         return self._supports[key]
 
     def autocast_quiet_when_disabled(self, device, dtype):
