@@ -11,7 +11,6 @@ import sys
 
 from . import facts
 from .facts import open_file_limit, shm_bytes  # noqa: F401 (one place: facts)
-from .remedies import cv2 as cv2_remedies
 from .rules import InitContext, checks_at, loader_args
 
 
@@ -28,8 +27,8 @@ def cv2_state():
         # Never cv2.ocl.useOpenCL() here: it creates the OpenCL context that
         # forked workers must not inherit (CV402); a fresh interpreter is asked.
         return {"version": cv2.__version__, "threads": cv2.getNumThreads(),
-                "opencl_device": cv2_remedies.opencl_device_usable(),
-                "opencl_used_here": cv2_remedies.opencl_runtime_loaded() is not None}
+                "opencl_device": facts.opencl_device_usable(),
+                "opencl_used_here": facts.opencl_runtime_loaded() is not None}
     except Exception as exc:
         return {"error": repr(exc)}
 

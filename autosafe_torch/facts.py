@@ -9,6 +9,7 @@ has been initialised) are read fresh, the rest once.
 
 import os
 import sys
+from typing import Any
 
 from . import rehearsal
 
@@ -92,6 +93,99 @@ def effective_start_method(context=None):
         return mp_default()
     except Exception:
         return default_start_method()
+
+
+# -- the warm fork server (DL209): whether one of ours may run here
+
+def fork_server_available(platform):
+    """Whether a fork server of ours may run on ``platform`` (a ``sys.platform``)."""
+    return no_fork_server(platform) is None
+
+
+def no_fork_server(platform):
+    """Why no fork server of ours runs on ``platform`` (a ``sys.platform``), or
+    None: it may. Not where multiprocessing's would listen in the abstract socket
+    namespace, where any local user can connect (said on DL209's line)."""
+    import multiprocessing  # noqa: PLC0415 - facts loads before torch (doctor)
+
+    from .mp_private import forkserver_listens_abstract  # noqa: PLC0415 - facts loads before torch (doctor)
+
+    if platform.startswith("win") or getattr(sys, "frozen", False) \
+            or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "no fork server on %s" % platform
+    if platform.startswith("linux") and forkserver_listens_abstract():
+        return ("Python %d.%d.%d's fork server listens where any local user can connect "
+                "(CVE-2022-42919: fixed in 3.9.16, 3.10.9, 3.11.1)" % sys.version_info[:3])
+    return None
+
+
+# -- OpenCL (CV402): whether this process used it, whether a device is usable here
+
+_loaded: list[Any] = []
+
+
+def _runtime_names(environ):
+    path = environ.get("OPENCV_OPENCL_RUNTIME") or ""
+    names = ["libOpenCL.so"]
+    if path and path != "disabled":
+        names.append(os.path.basename(path.split(":")[0]))
+    return names
+
+
+def opencl_runtime_loaded(environ=None):
+    """The OpenCL runtime library OpenCV has loaded in this process, or None.
+
+    OpenCV loads it on its first OpenCL call (``cv2.UMat`` work,
+    ``cv2.ocl.useOpenCL()``), never at ``import cv2`` nor for plain arrays
+    (measured, 5.0.0): loaded means this process has used OpenCL. A library
+    stays loaded, so a yes is kept."""
+    if _loaded:
+        return _loaded[0]
+    if "cv2" not in sys.modules:
+        return None
+    names = _runtime_names(os.environ if environ is None else environ)
+    try:
+        with open("/proc/self/maps") as maps:
+            text = maps.read()  # one read and a substring test: cheap at each epoch
+    except OSError:
+        return None  # no /proc: not Linux, where workers are not forked
+    for name in names:
+        at = text.find("/" + name)
+        if at >= 0:
+            base = text[at + 1:text.find("\n", at)]
+            _loaded.append(base)
+            return base
+    return None
+
+
+_usable: dict[Any, bool] = {}
+
+
+def opencl_device_usable(environ=None):
+    """Whether OpenCV finds an OpenCL device it would use here, asked of a
+    fresh interpreter with this environment (asking here would create the
+    context that is the hazard). Cached per OPENCV_OPENCL_* setting. A probe
+    that fails says yes: only consulted once this process has loaded a runtime."""
+    import subprocess  # noqa: PLC0415 - only for the OpenCL probe (a child interpreter)
+
+    env = dict(os.environ if environ is None else environ)
+    key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("OPENCV_OPENCL")))
+    if key in _usable:
+        return _usable[key]
+    if env.get("OPENCV_OPENCL_RUNTIME") == "disabled":
+        _usable[key] = False
+        return False
+    env["AUTOSAFE_TORCH"] = "0"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import cv2; print(int(cv2.ocl.haveOpenCL() and "
+             "cv2.ocl.useOpenCL()))"], env=env, capture_output=True, text=True,
+            timeout=60, check=False).stdout.split()
+        usable = out[-1:] != ["0"]
+    except Exception:
+        usable = True
+    _usable[key] = usable
+    return usable
 
 
 def _read(path):

@@ -19,6 +19,7 @@ import types
 
 import pytest
 
+from autosafe_torch import facts
 from autosafe_torch.facts import Facts
 from autosafe_torch.loaderstate import Kept
 from autosafe_torch.patches import cv2 as cv2_patch
@@ -455,9 +456,8 @@ def test_cv402_decides_where_the_parent_used_opencl(monkeypatch, guarded, strate
     import multiprocessing
 
     monkeypatch.setitem(sys.modules, "cv2", types.ModuleType("cv2"))
-    monkeypatch.setattr(cv2_remedies, "opencl_runtime_loaded",
-                        lambda environ=None: "libOpenCL.so.1")
-    monkeypatch.setattr(cv2_remedies, "opencl_device_usable", lambda environ=None: True)
+    monkeypatch.setattr(facts, "opencl_runtime_loaded", lambda environ=None: "libOpenCL.so.1")
+    monkeypatch.setattr(facts, "opencl_device_usable", lambda environ=None: True)
     args = dict(num_workers=2, worker_init_fn=None, collate_fn=None, dataset=Rows(),
                 multiprocessing_context=multiprocessing.get_context("fork"), timeout=0)
     ctx = IterContext(Facts(), main_guarded=lambda: guarded)
@@ -470,7 +470,7 @@ def test_cv402_decides_where_the_parent_used_opencl(monkeypatch, guarded, strate
     else:
         assert finding.kept == Kept(emulated_workers=2), finding.kept
     # no OpenCL use in the parent: nothing
-    monkeypatch.setattr(cv2_remedies, "opencl_runtime_loaded", lambda environ=None: None)
+    monkeypatch.setattr(facts, "opencl_runtime_loaded", lambda environ=None: None)
     assert cv2_rules.cv2_opencl_context(
         args, IterContext(Facts(), main_guarded=lambda: guarded)) is None
 

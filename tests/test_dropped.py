@@ -225,7 +225,7 @@ def test_a_multipage_image_is_found_with_its_file_named(tiff):
     assert not found.ok and found.path == "dataset.img" and found.value is dataset.img
     assert found.error == "pickles without its open file frames.tif (PIL's pickle keeps one frame)"
     assert found.fix == dropped.IMAGE_FIX
-    assert images.reopens(found.value)
+    assert dropped.reopens(found.value)
 
 
 @pytest.mark.rule("DL201")
@@ -246,7 +246,7 @@ def test_a_pickle_that_drops_a_file_is_found_where_it_drops_it(png):
     assert found.path == "dataset.reader" and found.value is dataset.reader
     assert found.error == "pickles without its open file page.png (its pickle drops .fh)"
     assert found.fix == dropped.FILE_FIX
-    assert not images.reopens(found.value)
+    assert not dropped.reopens(found.value)
 
 
 def test_what_opens_its_file_again_itself_is_not_found(png, tiff):
@@ -258,7 +258,7 @@ def test_an_image_of_one_frame_travels_as_its_pixels(png):
     img = Image.open(png)
     assert img.fp is not None and dropped.single_frame(img)
     assert dropped.unfaithful({"dataset": Holder(img=img)}) == []
-    assert not images.reopens(img)
+    assert not dropped.reopens(img)
 
 
 def test_no_open_file_costs_one_walk_and_no_pickle(monkeypatch):
@@ -382,7 +382,7 @@ def test_what_the_reducer_cannot_reopen(tiff, png, tmp_path):
     shutil.copy(tiff, gone)
     img = Image.open(gone)
     os.unlink(gone)
-    assert not images.reopens(img)
+    assert not dropped.reopens(img)
     with pytest.raises(TypeError, match="TiffImageFile of several frames cannot be sent"):
         sent(img)
 

@@ -126,6 +126,117 @@ def test_the_vocabulary_imports_no_layer():
     assert not upward, "the vocabulary reaches up:\n" + "\n".join(upward)
 
 
+# -- a rule imports a remedy to apply it, never to find something ------------------------
+
+# What rules/ may reach in remedies/ (imported from one of its modules, an attribute
+# of such a module, or repairs' ``_remedy(module, name)``): what it applies (reducers,
+# installs, worker steps and what builds them, what a finding carries or keeps), the
+# remedy's own answer to whether it can (it tries its reopen, pickles what it would
+# send, reads its own records) and its record's words. A look at the objects or the
+# platform (a predicate, a finder) lives in inspection/ (or facts.py), where rule and
+# remedy both import it: a name not listed fails, until it moves there or is listed
+# with what it applies.
+APPLIED = {
+    "byvalue": {"by_value", "class_reducers", "register_by_value_class",
+                "send_by_value_where_needed"},
+    "cv2": {"worker_opencl_off", "worker_threads_off"},
+    "handlers": {"handler_reducers"},
+    "images": {"image_reducers"},
+    # what its workers report; its own plan (it tries each reopen, DL207/DL212)
+    "isolation": {"CARRIED", "FORKED", "SERVER", "Usage", "ForkPlan", "plan", "users_parts"},
+    "limits": {"file_system_sharing", "raise_soft_limit", "use_file_system_sharing"},
+    "locks": {"lock_reducers"},
+    "loggers": {"Reports", "reducers", "uncarried"},  # uncarried: it pickles what it sends
+    "mapped_tensors": {"install_reducers"},
+    "memmaps": {"install_reducers", "map_reducers", "size_text"},
+    "pickling": {"forwarder_reducers", "install"},
+    "pools": {"install_reducers", "pool_reducers", "rebuild_pools_in_worker"},
+    "process_state": {"Carry", "FIX", "REFUSED"},
+    "rebuild": {"install", "planned_reducers", "rebuildable_owner"},  # by its own records
+    "relocate": {"relocate"},
+    "reopen": {"file_reducers", "read_only_note"},  # the note: what its reopening does
+    "warmstart": {"exit_with_parent", "libraries_for", "named", "preload", "start_ahead",
+                  "warm_context"},
+    "workerinit": {"user_function", "with_step", "with_user_function"},
+}
+
+
+def _remedies_reached(path, tree):
+    """``(line, module, name)`` for each name of remedies/ that ``tree`` reaches;
+    a module of theirs used otherwise than by an attribute: ``name`` None."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_remedy" \
+                and all(isinstance(a, ast.Constant) for a in node.args[:2]):
+            found.append((node.lineno, node.args[0].value, node.args[1].value))
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        for parts in _imported(path, node):
+            if parts[:1] != ["remedies"]:
+                continue
+            if len(parts) > 1:  # from ..remedies.x import y
+                found += [(node.lineno, parts[1], a.name) for a in node.names]
+                continue
+            scope = node  # from ..remedies import x: x's uses where it is bound
+            while scope in parents and not isinstance(scope, ast.FunctionDef):
+                scope = parents[scope]
+            scope = scope if isinstance(scope, ast.FunctionDef) else tree
+            for alias in node.names:
+                name = alias.asname or alias.name
+                for use in ast.walk(scope):
+                    if isinstance(use, ast.Name) and use.id == name \
+                            and isinstance(use.ctx, ast.Load):
+                        outer = parents[use]
+                        attr = outer.attr if isinstance(outer, ast.Attribute) else None
+                        found.append((use.lineno, alias.name, attr))
+    return found
+
+
+def _not_applied(reached):
+    return [(line, module, name) for line, module, name in reached
+            if name not in APPLIED.get(module, ())]
+
+
+def test_a_rule_imports_a_remedy_to_apply_it():
+    found = []
+    for path in sorted((PACKAGE / "rules").glob("*.py")):
+        for line, module, name in _not_applied(
+                _remedies_reached(path, ast.parse(path.read_text(), str(path)))):
+            found.append("%s:%d remedies.%s.%s" % (path.relative_to(ROOT), line, module, name))
+    assert not found, ("rules reaching a remedy to find something (a look at the objects "
+                       "or the platform goes in inspection/), or to apply what APPLIED "
+                       "does not list:\n" + "\n".join(found))
+
+
+FINDING = '''\
+from ..remedies import locks
+from ..remedies.workerinit import with_step, user_function
+
+def meets(m):
+    from ..remedies import images as im
+    return locks.unheld_lock(m) and im.reopens(m) and locks.lock_reducers()
+
+MAPS = _remedy("memmaps", "travels", True)
+
+def used(usage, how):
+    from ..remedies import isolation
+    return getattr(isolation, how)
+'''
+
+
+def test_the_scan_sees_a_rule_find_something_with_a_remedy():
+    path = PACKAGE / "rules" / "example.py"
+    reached = _remedies_reached(path, ast.parse(FINDING))
+    assert sorted(reached) == [
+        (2, "workerinit", "user_function"), (2, "workerinit", "with_step"),
+        (6, "images", "reopens"), (6, "locks", "lock_reducers"), (6, "locks", "unheld_lock"),
+        (8, "memmaps", "travels"), (12, "isolation", None)], reached
+    assert sorted(_not_applied(reached)) == [
+        (6, "images", "reopens"), (6, "locks", "unheld_lock"), (8, "memmaps", "travels"),
+        (12, "isolation", None)]
+
+
 # -- private names: each library's in its adapter only ------------------------------
 
 # The libraries whose private names (``_y``, one underscore) only an adapter of

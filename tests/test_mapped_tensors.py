@@ -24,6 +24,7 @@ from multiprocessing import context
 from multiprocessing.reduction import ForkingPickler
 
 from autosafe_torch import torch_private as tp
+from autosafe_torch.inspection import mappings, tensors
 from autosafe_torch.remedies import mapped_tensors, memmaps, pickling
 from support import json_log, one_of, result_once_per_run, run_scenario
 
@@ -312,9 +313,9 @@ def test_only_while_a_process_starts_and_only_the_loader_s_files(saved, starting
 def test_written_private_map_goes_torch_s_way(saved, starting):
     loaded = torch.load(saved, mmap=True)
     tokens, table = loaded["tokens"], loaded["table"]
-    assert mapped_tensors.reference(table)[1] is None
+    assert tensors.reference(table)[1] is None
     tokens[3] = -1.0  # a page of the map is this process's now: in no file
-    ref, why = mapped_tensors.reference(table)  # the whole map counts
+    ref, why = tensors.reference(table)  # the whole map counts
     assert ref is None and "wrote to" in why
     new = sent(tokens)
     assert new[3] == -1.0 and new.is_shared() and tokens.is_shared()
@@ -327,10 +328,10 @@ def test_moved_file_is_followed_deleted_file_goes_torch_s_way(saved, starting, t
     moved = str(tmp_path / "moved.pt")
     os.rename(saved, moved)
     torch.save({"x": torch.zeros(3)}, saved)  # another file at the old path
-    assert mapped_tensors.reference(tokens)[0].path == moved
+    assert tensors.reference(tokens)[0].path == moved
     assert in_map_of(sent(tokens), moved)
     os.unlink(moved)
-    ref, why = mapped_tensors.reference(tokens)
+    ref, why = tensors.reference(tokens)
     assert ref is None and "deleted" in why
     assert sent(tokens).is_shared()
     assert torch.equal(tokens, torch.arange(50_000, dtype=torch.float32) / 7)
@@ -340,7 +341,7 @@ def test_moved_file_is_followed_deleted_file_goes_torch_s_way(saved, starting, t
 @pytest.mark.rule("DL218")
 def test_worker_refuses_a_changed_file(saved):
     loaded = torch.load(saved, mmap=True)
-    ref, why = mapped_tensors.reference(loaded["tokens"])
+    ref, why = tensors.reference(loaded["tokens"])
     assert why is None
     args = ref.args(torch.Tensor)
     st = os.stat(saved)
@@ -366,10 +367,10 @@ def test_from_file_storages_and_no_maps_to_read(tmp_path, starting):
         assert t[10] == 10
         del new  # the next is another worker's: its own map
     # where there is no /proc/self/maps (macOS), nothing can be said of any tensor
-    assert mapped_tensors.reference(t, mapped_tensors.Maps(None)) == (None, None)
+    assert tensors.reference(t, mappings.Maps(None)) == (None, None)
     # memory of no file, and torch's shared memory (which stays shared): nothing to say
     for other in (torch.ones(4096), torch.ones(4096).share_memory_()):
-        assert mapped_tensors.reference(other) == (None, None)
+        assert tensors.reference(other) == (None, None)
 
 
 @pytest.mark.rule("DL218")
@@ -403,8 +404,8 @@ def test_a_loaded_map_is_found(tmp_path):
     saved = str(tmp_path / "saved.pt")
     torch.save({"t": torch.ones(9)}, saved)
     tokens = torch.load(saved, mmap=True)["t"]
-    assert mapped_tensors.reference(tokens)[0] is not None
-    assert mapped_tensors.reference(tokens, mapped_tensors.Maps(None)) == (None, None)
+    assert tensors.reference(tokens)[0] is not None
+    assert tensors.reference(tokens, mappings.Maps(None)) == (None, None)
 
 
 @needs_load_mmap

@@ -26,6 +26,7 @@ import pytest
 from multiprocessing import context
 from multiprocessing.reduction import ForkingPickler
 
+from autosafe_torch.inspection import mappings
 from autosafe_torch.remedies import memmaps, pickling
 from support import json_log, result_once_per_run, run_scenario
 
@@ -184,16 +185,16 @@ def test_moved_file_is_followed_deleted_file_is_pickled(path, starting, tmp_path
     (np.zeros(30000, dtype=np.float32)).tofile(path)  # another file at the old path
     sent = pickle.loads(ForkingPickler.dumps(mm))
     assert isinstance(sent.base, mmap.mmap) and np.array_equal(sent, mm)
-    assert memmaps.reference(mm)[0].path == moved
+    assert mappings.reference(mm)[0].path == moved
     os.unlink(moved)
     sent = pickle.loads(ForkingPickler.dumps(mm))
     assert not isinstance(sent.base, mmap.mmap) and np.array_equal(sent, mm)
-    assert memmaps.reference(mm)[0] is None
+    assert mappings.reference(mm)[0] is None
 
 
 def test_worker_refuses_a_changed_file(path):
     mm = np.memmap(path, np.float32, "r")
-    ref, why = memmaps.reference(mm)
+    ref, why = mappings.reference(mm)
     assert why is None
     np.zeros(30000, dtype=np.float32).tofile(path)  # rewritten in place
     st = os.stat(path)
@@ -317,17 +318,17 @@ def test_maps_that_cannot_be_mapped_again(path, maps_starting, tmp_path):
         closed.close()
     cases = {written: "wrote to", deleted: "deleted", closed: "closed"}
     for m, why in cases.items():
-        assert why in memmaps.map_reference(m)[1]
+        assert why in mappings.map_reference(m)[1]
         with pytest.raises(TypeError, match="cannot pickle 'mmap.mmap' object"):
             ForkingPickler.dumps(m)
     anonymous = mmap.mmap(-1, 4096)
-    assert "an anonymous map" in memmaps.map_reference(anonymous)[1]
-    assert "an anonymous map" in memmaps.map_reference(anonymous, None)[1]  # no /proc
-    assert memmaps.travels(anonymous) and not memmaps.travels(written)
+    assert "an anonymous map" in mappings.map_reference(anonymous)[1]
+    assert "an anonymous map" in mappings.map_reference(anonymous, None)[1]  # no /proc
+    assert mappings.travels(anonymous) and not mappings.travels(written)
     context.set_spawning_popen(None)
     with open(path, "rb") as f:
         fine = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    assert memmaps.map_reference(fine)[1] is None
+    assert mappings.map_reference(fine)[1] is None
     with pytest.raises(TypeError, match="^cannot pickle 'mmap.mmap' object$"):
         ForkingPickler.dumps(fine)  # a queue: as ever
 

@@ -138,16 +138,15 @@ def test_a_server_of_ours_serves_only_its_own_run(tmp_path):
 def test_no_fork_server_of_ours_where_pythons_listens_for_any_local_user(monkeypatch):
     """CPython before the CVE-2022-42919 fix put a fork server's socket in the
     abstract namespace: there the shim starts none, says why, and workers spawn."""
-    from autosafe_torch import mp_private
-    from autosafe_torch.remedies import warmstart
+    from autosafe_torch import facts, mp_private
 
     assert [v for v in ((3, 9, 15), (3, 9, 16), (3, 10, 8), (3, 10, 9), (3, 11, 0),
                         (3, 11, 1), (3, 12, 0)) if mp_private.forkserver_listens_abstract(v)] \
         == [(3, 9, 15), (3, 10, 8), (3, 11, 0)]
-    assert warmstart.no_fork_server("linux") is None  # this Python: fixed
-    monkeypatch.setattr(warmstart, "forkserver_listens_abstract", lambda: True)
-    assert "CVE-2022-42919" in warmstart.no_fork_server("linux")
-    assert not warmstart.fork_server_available("linux")
+    assert facts.no_fork_server("linux") is None  # this Python: fixed
+    monkeypatch.setattr(mp_private, "forkserver_listens_abstract", lambda: True)
+    assert "CVE-2022-42919" in facts.no_fork_server("linux")
+    assert not facts.fork_server_available("linux")
 
 
 # A loader built again in each worker as on macOS (a ParquetFile from __init__: DL201's

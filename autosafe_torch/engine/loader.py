@@ -24,7 +24,6 @@ from ..config import CONFIG
 from ..inspection import holdings
 from ..inspection.parts import parts_of
 from ..loaderstate import Kept, state_of
-from ..remedies import cv2 as cv2_remedies
 from ..rules import Context, InitContext, IterContext
 from ..rung import Rung
 from . import run_checks, settle, settle_later
@@ -87,7 +86,7 @@ def _plan_key(loader: Loader) -> Hashable:
 
 def _opencl_used() -> bool:
     # CV402: the program's first OpenCL use between epochs changes the plan.
-    return cv2_remedies.opencl_runtime_loaded()
+    return facts.opencl_runtime_loaded()
 
 
 def decide_iteration(loader: Loader, frame: FrameType) -> None:

@@ -115,6 +115,48 @@ def _attrs(obj):
     return attrs if type(attrs) is dict else {}
 
 
+def _identity(st):
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def reopen_args(img):
+    """What ``images.reopened`` needs to open ``img`` again where it arrives, or None
+    (not a PIL image read from a file or from memory, or its stream cannot
+    be reached again)."""
+    try:
+        if not is_image_file(img):
+            return None
+        held = image_stream(img)
+        if held is None:
+            return None
+        stream = held[1]
+        attrs = object.__getattribute__(img, "__dict__")
+        shape = (img.format, img.mode, img.size, img.tell())
+        if is_a(stream, io.BytesIO):
+            return ("memory", stream.getvalue(), None) + shape
+        raw = holdings.raw_file(stream)
+        path = holdings.real_path(raw) if raw is not None else None
+        if path is None:
+            return None
+        ident = _identity(os.fstat(raw.fileno()))
+        filename = attrs.get("filename")
+        by_name = bool(filename) and attrs.get("_exclusive_fp") is True
+        return ("name" if by_name else "file", path, (ident, filename)) + shape
+    except Exception:  # a stream or an image that cannot say: not reopened
+        return None
+
+
+def reopens(value):
+    """Whether ``image_reducers`` (and an emulated worker's copy) reopen
+    ``value``: a PIL image that may hold more than one frame, whose file (or
+    in-memory stream) can be reached again."""
+    try:
+        return is_image_file(value) and not single_frame(value) \
+            and reopen_args(value) is not None
+    except Exception:
+        return False
+
+
 # -- open streams ------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""What a dataset holds that matters to its workers: files, locks, thread pools.
+"""What a dataset holds that matters to its workers: files, locks, thread pools, loggers.
 
 Looked at, never changed: the walks here copy nothing and call no user code
 (no ``__getitem__``, no iteration of anything but built-in containers). The
@@ -10,17 +10,21 @@ remedies that act on what is found live in ``autosafe_torch.remedies``.
   ``cv2.VideoCapture`` objects whose source the cv2 patch recorded;
 - ``fork_unsafe`` names the handles that a forked child must not use;
 - ``fork_blockers`` names what a forked child cannot inherit: a lock held
-  at the fork, a live thread.
+  at the fork, a live thread; ``UsersLocks``, the user's locks nobody holds;
+- ``configured``: a logger a spawned worker would not have as configured;
+  ``rebuildable``: a logging handler a worker can make again.
 """
 
 import collections
 import io
+import logging
 import os
 import stat
 import sys
 import threading
 import types
 
+from .. import callsite
 from ..mp_private import (executor_threads, locks_inside, pool_running, python_rlock,
                           rlock_owned)
 from . import objwalk
@@ -388,6 +392,117 @@ def held(obj):
     except Exception:
         pass
     return True
+
+
+def unheld_lock(value):
+    """A lock, or a Condition, Semaphore, Event or Barrier around one, that
+    nobody holds now: it travels."""
+    return threading_kind(value) not in (None, "thread") and not held(value)
+
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+class UsersLocks:
+    """The unheld locks that objects of the user's own hold (their class not
+    from an installed library nor the standard library), directly or through
+    threading's primitives and built-in containers, from one walk of the
+    loader's parts (``{name: part}``): ``holds(lock)`` for any of them, and
+    ``named``, ``(path, obj)`` of each outermost one (a Condition, not the
+    lock inside it), as the log names them."""
+
+    def __init__(self, parts):
+        self._owners: dict[int, object] = {}
+        primitives = []
+        for name, part in parts.items():
+            if part is None:
+                continue
+            for here, obj, edge in objwalk.walk(part, name):
+                if edge is not None:
+                    self._owners.setdefault(id(obj), edge.owner)
+                if unheld_lock(obj):
+                    primitives.append((here, obj))
+        self.named = [(here, obj) for here, obj in primitives if self._users(obj)
+                      and threading_kind(self._owners.get(id(obj))) is None]
+
+    def holds(self, lock):
+        return unheld_lock(lock) and self._users(lock)
+
+    def _users(self, obj):
+        owner = self._owners.get(id(obj))
+        while owner is not None and (threading_kind(owner) is not None
+                                     or objwalk.is_a(owner, _CONTAINERS)):
+            owner = self._owners.get(id(owner))
+        return owner is not None and users_class(type(owner))
+
+
+def users_class(cls):
+    """A class of the user's own: not from an installed library nor the
+    standard library."""
+    name = getattr(cls, "__module__", "")
+    if name in ("__main__", "__mp_main__"):
+        return True
+    path = getattr(sys.modules.get(name), "__file__", None)
+    return bool(path and not os.path.realpath(path).startswith(callsite.installed_dirs()))
+
+
+# -- loggers and their handlers --------------------------------------------------
+
+_STDIO = ("stdout", "stderr")
+
+
+def _stdio_name(stream):
+    for name in _STDIO:
+        if stream is getattr(sys, name, None) or stream is getattr(sys, "__%s__" % name, None):
+            return name
+    return None
+
+
+def rebuildable(obj):
+    """A handler a worker can make again: a file handler, or a stream
+    handler on stdout/stderr."""
+    if not isinstance(obj, logging.Handler) or type(obj).__reduce_ex__ \
+            is not object.__reduce_ex__ or "__getstate__" in vars(type(obj)):
+        return False
+    if isinstance(obj, logging.FileHandler):
+        return True
+    return isinstance(obj, logging.StreamHandler) and \
+        _stdio_name(getattr(obj, "stream", None)) is not None
+
+
+def holding(owners, value):
+    """``(path, handler)`` when ``value`` is, or is held by, a handler that a
+    worker can make again (``owners``: ``objwalk.Owners``), else None."""
+    for here, obj in owners.chain(value):
+        if isinstance(obj, logging.Handler):
+            return (here, obj) if rebuildable(obj) else None
+    return None
+
+
+def chain(logger):
+    """The loggers whose configuration ``logger``'s records meet, from it up:
+    itself, then each parent while the one below propagates."""
+    found = []
+    current = logger
+    while current is not None:
+        found.append(current)
+        if not current.propagate:
+            break
+        current = current.parent
+    return found
+
+
+def configured(logger):
+    """Whether ``logger``'s records meet a configuration that a spawned worker
+    would not have: a handler, a level, a filter, ``propagate`` off or
+    ``disabled`` on anywhere along its chain (the root's default level,
+    WARNING, is what a new process has too)."""
+    for link in chain(logger):
+        if link.handlers or link.filters or link.disabled or not link.propagate:
+            return True
+        if link.level != (logging.WARNING if link is logging.root else logging.NOTSET):
+            return True
+    return False
 
 
 def forwards_attributes(obj):

@@ -1,4 +1,6 @@
-"""Accelerator tensors a dataset holds: where, on which device, how big.
+"""Accelerator tensors a dataset holds: where, on which device, how big; and
+where a CPU tensor's bytes lie in a file this process maps (``reference``:
+what ``remedies/mapped_tensors.py`` sends to a worker instead, DL218).
 
 Looking is bounded by the shared walk's bounds (``objwalk``), copies nothing
 and calls no ``__getitem__``: it follows instance attributes, slots, lists,
@@ -163,3 +165,82 @@ def batch_device(dataset):
         return None
     (device,) = devices
     return str(device) if device.type in ACCELERATORS else None
+
+
+# -- tensors mapped from a file (DL218) ---------------------------------------------
+
+# Where torch's shared memory and shm_open's segments lie (a file of the user's
+# there is mapped again, a storage torch shares stays torch's).
+SHARED_MEMORY = "/dev/shm/"
+
+
+class TensorReference:
+    """What a worker needs to map a tensor again: the file and what it was
+    (``ident``: device, inode, mtime in ns, size), where the storage's bytes
+    lie in it (``offset``, ``nbytes``), and the view (dtype, size, stride,
+    storage offset, requires_grad)."""
+
+    __slots__ = ("path", "ident", "offset", "nbytes", "dtype", "size", "stride",
+                 "storage_offset", "requires_grad")
+
+    def __init__(self, path, ident, offset, nbytes, dtype, size, stride, storage_offset,
+                 requires_grad):
+        self.path, self.ident, self.offset, self.nbytes = path, ident, offset, nbytes
+        self.dtype, self.size, self.stride = dtype, size, stride
+        self.storage_offset, self.requires_grad = storage_offset, requires_grad
+
+    def args(self, cls):
+        return (cls, self.path, self.ident, self.offset, self.nbytes, self.dtype, self.size,
+                self.stride, self.storage_offset, self.requires_grad)
+
+    @property
+    def file(self):
+        return self.ident[:2]
+
+
+def plain_tensor(tensor):
+    """Whether torch's reducer rebuilds ``tensor`` as a view of its storage's
+    bytes and nothing more (``remedies/mapped_tensors.py``'s docstring)."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        return False
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        return False
+    if tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg():
+        return False
+    if tensor.requires_grad and not tensor.is_leaf:
+        return False  # torch refuses it: its error stays
+    from .. import torch_private as tp  # noqa: PLC0415 - imports torch: the rules load this module before it
+
+    return not tp.backward_hooks(tensor)  # torch warns of them
+
+
+def reference(tensor, maps=None):
+    """``(TensorReference, None)`` where ``tensor`` can go by reference
+    exactly; ``(None, why not)`` where its storage lies in a file mapping but
+    cannot; ``(None, None)`` where it lies in none (or cannot be known to:
+    no ``/proc/self/maps``): nothing to say of it."""
+    from .mappings import _ANONYMOUS, Maps, mapped_file  # noqa: PLC0415 - only for a tensor, not at torch's import
+
+    maps = Maps() if maps is None else maps
+    if maps.mappings is None:
+        return None, None
+    if not plain_tensor(tensor):
+        return None, None
+    storage = tensor.untyped_storage()
+    address, nbytes = storage.data_ptr(), storage.nbytes()
+    if nbytes == 0:
+        return None, None
+    where = maps.holding(address)
+    if where is None or where.path.startswith(_ANONYMOUS) \
+            or where.path.startswith(SHARED_MEMORY) and storage.is_shared():
+        return None, None  # memory of no file, or torch's shared memory: it stays shared
+    where, st, why = mapped_file(address, nbytes, [where])
+    if where is None:
+        return None, why
+    if not where.shared and maps.written_to(where) != 0:
+        return None, "a private map this process wrote to: its changes are in no file"
+    return TensorReference(
+        where.path, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size),
+        where.offset + (address - where.start), nbytes, tensor.dtype, tuple(tensor.size()),
+        tuple(tensor.stride()), tensor.storage_offset(), tensor.requires_grad), None

@@ -7,7 +7,7 @@ dataset, collate_fn and worker_init_fn, with what deepcopy cannot do done
 here, in its memo:
 
 - a memory map (``mmap.mmap``) of a named file is mapped again, with its
-  access and position (``memmaps.map_reference``); an anonymous one or one
+  access and position (``mappings.map_reference``); an anonymous one or one
   this process wrote to privately is refused;
 - a file open for reading (plain, text, buffered, a sqlite connection, an
   h5py file, a capture of a video file) is opened again for each copy, at
@@ -156,7 +156,7 @@ class CopyPlan:
         if key in self._memo_base or key in self._files:
             return
         why = _shared(obj)
-        if images.reopens(obj):
+        if dropped.reopens(obj):
             self._images[key] = obj
         elif why is not None:
             self._share(obj, why)
@@ -280,15 +280,16 @@ class CopyPlan:
 
     def _own_map(self, m):
         """The map mapped again from its file, as a forked worker holds it."""
-        from . import mappings, memmaps  # noqa: PLC0415 - only for a mapped file
+        from ..inspection.mappings import map_reference  # noqa: PLC0415 - only for a mapped file
+        from . import memmaps  # noqa: PLC0415 - only for a mapped file
 
-        ref, why = memmaps.map_reference(m)
+        ref, why = map_reference(m)
         if ref is None:
             raise NoExactRung("%s cannot be mapped again for each emulated worker (%s)"
                               % (self._named(m), why))
         try:
             return memmaps.map_again(*ref.args())
-        except mappings.MappedFileChanged as exc:
+        except memmaps.MappedFileChanged as exc:
             raise NoExactRung("%s: %s" % (self._named(m), exc)) from exc
 
     def _new_lock(self, lock):
@@ -579,10 +580,10 @@ def _failed_object(tb):
 def _dropping_files(parts):
     """``NoExactRung`` for the first object of ``parts`` whose own pickling
     (which deepcopy goes through) drops an open file it holds, and that is not
-    opened again here (``images.reopens``); else None. Files travel as the
+    opened again here (``dropped.reopens``); else None. Files travel as the
     copies' memo gives them: opened again (``file_reducers``)."""
     for failure in dropped.unfaithful(parts, file_reducers()):
-        if not images.reopens(failure.value):
+        if not dropped.reopens(failure.value):
             return NoExactRung("%s (%s) cannot be copied for each emulated worker: it %s"
                                % (failure.path, what_is(failure.value), failure.error),
                                failure.fix)

@@ -1,8 +1,8 @@
 """OpenCV in DataLoader workers: ``setNumThreads(0)`` in each worker (a
 worker_init step, and an after-fork hook for fork workers), OpenCL off in
-workers forked from a process that used OpenCL, and the two facts CV402
-reads: whether this process has loaded an OpenCL runtime, and whether an
-OpenCL device is usable here.
+workers forked from a process that used OpenCL (the two facts CV402 reads,
+whether this process has loaded an OpenCL runtime and whether an OpenCL
+device is usable here, are the platform's: ``facts.py``).
 
 Nothing here changes the program's own process: its OpenCV threads, its
 OpenCL and its environment stay as they were (rules/cv2.py).
@@ -10,9 +10,7 @@ OpenCL and its environment stay as they were (rules/cv2.py).
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import Any
 
 from ..config import CONFIG
 
@@ -89,72 +87,3 @@ def _after_fork(_owner):
         cv2.setNumThreads(WORKER_THREADS)
     except Exception:
         pass  # never break a worker's start
-
-
-# -- OpenCL: the facts ----------------------------------------------------------
-
-_loaded: list[Any] = []
-
-
-def _runtime_names(environ):
-    path = environ.get("OPENCV_OPENCL_RUNTIME") or ""
-    names = ["libOpenCL.so"]
-    if path and path != "disabled":
-        names.append(os.path.basename(path.split(":")[0]))
-    return names
-
-
-def opencl_runtime_loaded(environ=None):
-    """The OpenCL runtime library OpenCV has loaded in this process, or None.
-
-    OpenCV loads it on its first OpenCL call (``cv2.UMat`` work,
-    ``cv2.ocl.useOpenCL()``), never at ``import cv2`` nor for plain arrays
-    (measured, 5.0.0): loaded means this process has used OpenCL. A library
-    stays loaded, so a yes is kept."""
-    if _loaded:
-        return _loaded[0]
-    if "cv2" not in sys.modules:
-        return None
-    names = _runtime_names(os.environ if environ is None else environ)
-    try:
-        with open("/proc/self/maps") as maps:
-            text = maps.read()  # one read and a substring test: cheap at each epoch
-    except OSError:
-        return None  # no /proc: not Linux, where workers are not forked
-    for name in names:
-        at = text.find("/" + name)
-        if at >= 0:
-            base = text[at + 1:text.find("\n", at)]
-            _loaded.append(base)
-            return base
-    return None
-
-
-_usable: dict[Any, bool] = {}
-
-
-def opencl_device_usable(environ=None):
-    """Whether OpenCV finds an OpenCL device it would use here, asked of a
-    fresh interpreter with this environment (asking here would create the
-    context that is the hazard). Cached per OPENCV_OPENCL_* setting. A probe
-    that fails says yes: only consulted once this process has loaded a runtime."""
-    import subprocess  # noqa: PLC0415 - only for the OpenCL probe (a child interpreter)
-
-    env = dict(os.environ if environ is None else environ)
-    key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("OPENCV_OPENCL")))
-    if key in _usable:
-        return _usable[key]
-    if env.get("OPENCV_OPENCL_RUNTIME") == "disabled":
-        _usable[key] = False
-        return False
-    env["AUTOSAFE_TORCH"] = "0"
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", "import cv2; print(int(cv2.ocl.haveOpenCL() and "
-             "cv2.ocl.useOpenCL()))"], env=env, capture_output=True, text=True,
-            timeout=60, check=False).stdout.split()
-        usable = out[-1:] != ["0"]
-    except Exception:
-        usable = True
-    _usable[key] = usable
-    return usable

@@ -10,43 +10,16 @@ formatter, filters, a rotating handler's limits), a new lock, and the file
 opened again for appending (never truncated: a ``mode='w'`` handler's file
 is the parent's, already truncated once). A ``StreamHandler`` on the
 process's stdout or stderr writes to the worker's. Other streams are not
-made again: the ladder goes on.
+made again (``holdings.rebuildable``): the ladder goes on.
 """
 
 import logging
 import pickle
 import sys
 
+from ..inspection.holdings import _STDIO, _stdio_name, rebuildable
+
 PROTOCOL = pickle.DEFAULT_PROTOCOL
-_STDIO = ("stdout", "stderr")
-
-
-def _stdio_name(stream):
-    for name in _STDIO:
-        if stream is getattr(sys, name, None) or stream is getattr(sys, "__%s__" % name, None):
-            return name
-    return None
-
-
-def rebuildable(obj):
-    """A handler a worker can make again: a file handler, or a stream
-    handler on stdout/stderr."""
-    if not isinstance(obj, logging.Handler) or type(obj).__reduce_ex__ \
-            is not object.__reduce_ex__ or "__getstate__" in vars(type(obj)):
-        return False
-    if isinstance(obj, logging.FileHandler):
-        return True
-    return isinstance(obj, logging.StreamHandler) and \
-        _stdio_name(getattr(obj, "stream", None)) is not None
-
-
-def holding(owners, value):
-    """``(path, handler)`` when ``value`` is, or is held by, a handler that a
-    worker can make again (``owners``: ``objwalk.Owners``), else None."""
-    for here, obj in owners.chain(value):
-        if isinstance(obj, logging.Handler):
-            return (here, obj) if rebuildable(obj) else None
-    return None
 
 
 def reduce_handler(handler):

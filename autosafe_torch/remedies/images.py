@@ -9,7 +9,8 @@ own. So does an image sent by ``image_reducers``, or copied for an emulated
 worker by ``copy_of``: opened again (``Image.open``, the same format) from
 the file the parent has open, then moved to the parent's frame.
 
-- The file is reached by a path that names it now (``holdings.real_path``)
+- The file is reached by a path that names it now (``holdings.real_path``,
+  read by ``dropped.reopen_args``; ``dropped.reopens`` says which images go)
   and checked where it is opened (device, inode, size, modification time):
   a file replaced or changed meanwhile fails loudly (``ImageFileChanged``),
   never read in its place. So does a frame whose mode or size is not the
@@ -27,58 +28,14 @@ import io
 import os
 import sys
 
-from ..inspection import holdings
-from ..inspection.objwalk import is_a
 from ..inspection.failures import RemedyFailed
-from ..inspection.dropped import (image_file_class, image_stream, is_image_file,
+from ..inspection.dropped import (_identity, image_file_class, image_stream, reopen_args,
                                     single_frame)
 from .pickling import PROTOCOL, install
 
 
 class ImageFileChanged(RemedyFailed):
     """Where an image arrives: its file is not the one the parent had open."""
-
-
-def _identity(st):
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def reopen_args(img):
-    """What ``reopened`` needs to open ``img`` again where it arrives, or None
-    (not a PIL image read from a file or from memory, or its stream cannot
-    be reached again)."""
-    try:
-        if not is_image_file(img):
-            return None
-        held = image_stream(img)
-        if held is None:
-            return None
-        stream = held[1]
-        attrs = object.__getattribute__(img, "__dict__")
-        shape = (img.format, img.mode, img.size, img.tell())
-        if is_a(stream, io.BytesIO):
-            return ("memory", stream.getvalue(), None) + shape
-        raw = holdings.raw_file(stream)
-        path = holdings.real_path(raw) if raw is not None else None
-        if path is None:
-            return None
-        ident = _identity(os.fstat(raw.fileno()))
-        filename = attrs.get("filename")
-        by_name = bool(filename) and attrs.get("_exclusive_fp") is True
-        return ("name" if by_name else "file", path, (ident, filename)) + shape
-    except Exception:  # a stream or an image that cannot say: not reopened
-        return None
-
-
-def reopens(value):
-    """Whether ``image_reducers`` (and an emulated worker's copy) reopen
-    ``value``: a PIL image that may hold more than one frame, whose file (or
-    in-memory stream) can be reached again."""
-    try:
-        return is_image_file(value) and not single_frame(value) \
-            and reopen_args(value) is not None
-    except Exception:
-        return False
 
 
 def reopened(how, source, check, fmt, mode, size, frame):

@@ -545,8 +545,6 @@ def held_numbers(parts, fds):
     number, whether or not its offset moves (``os.pread``). A library's ints
     (an image's tag numbers) are not descriptors. Names what was carried;
     carrying does not depend on it."""
-    from .locks import users_class  # noqa: PLC0415 - only for a dataset that holds a lock
-
     wanted = {fd for fd in fds if fd > 2}
     found: dict[int, str] = {}
     for name, part in parts.items():
@@ -557,7 +555,7 @@ def held_numbers(parts, fds):
                 children = list(objwalk.edges(obj))
             except Exception:
                 continue
-            if not children or not users_class(type(obj)):
+            if not children or not holdings.users_class(type(obj)):
                 continue
             for edge in children:
                 if type(edge.child) is int and edge.child in wanted \

@@ -35,6 +35,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 from ..inspection.diagnostics import private_file
+from ..inspection.holdings import chain, configured, rebuildable
 from ..inspection.naming import a_or_an
 from . import handlers as _handlers
 
@@ -113,39 +114,13 @@ class carrying:
         _carrying.on -= 1
 
 
-def chain(logger):
-    """The loggers whose configuration ``logger``'s records meet, from it up:
-    itself, then each parent while the one below propagates."""
-    found = []
-    current = logger
-    while current is not None:
-        found.append(current)
-        if not current.propagate:
-            break
-        current = current.parent
-    return found
-
-
-def configured(logger):
-    """Whether ``logger``'s records meet a configuration that a spawned worker
-    would not have: a handler, a level, a filter, ``propagate`` off or
-    ``disabled`` on anywhere along its chain (the root's default level,
-    WARNING, is what a new process has too)."""
-    for link in chain(logger):
-        if link.handlers or link.filters or link.disabled or not link.propagate:
-            return True
-        if link.level != (logging.WARNING if link is logging.root else logging.NOTSET):
-            return True
-    return False
-
-
 def uncarried(logger):
     """Why a worker cannot be given the configuration ``logger``'s records
     meet, or None: a handler it cannot make again, or a filter, formatter or
     handler attribute that does not pickle (a lambda used as a filter)."""
     for link in chain(logger):
         for handler in link.handlers:
-            if not _handlers.rebuildable(handler):
+            if not rebuildable(handler):
                 return "its handler (%s) cannot be made again in a worker" % (
                     a_or_an(type(handler).__name__))
     try:
@@ -233,7 +208,7 @@ def _configured_alike(link, want: Link):
     if not _alike(list(link.filters), want.filters) or len(link.handlers) != len(want.recipes):
         return False
     for own, recipe in zip(link.handlers, want.recipes):
-        if not _handlers.rebuildable(own) or \
+        if not rebuildable(own) or \
                 not _alike(_handlers.reduce_handler(own)[1], recipe):
             return False
     return True

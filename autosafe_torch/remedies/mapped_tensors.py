@@ -43,7 +43,8 @@ file's bytes, else torch's reducer sends it as it always did:
   not a non-leaf that requires grad (torch refuses it, and its error stays);
 - its file is one that the tensors of a loader's parts lie in (DL218 names
   them as it installs the reducer): a tensor another program part sends to a
-  process it starts, from another file, keeps torch's sharing.
+  process it starts, from another file, keeps torch's sharing (the first two
+  are read by ``inspection/tensors.py``: ``reference``).
 
 What differs, said in the rule's docs: a tensor torch sends is shared memory
 between the training process and its workers (a write in one is seen in the
@@ -61,7 +62,6 @@ Fail open: an error of ours while looking sends the tensor torch's way.
 
 from __future__ import annotations
 
-import bisect
 import mmap
 import os
 import sys
@@ -73,113 +73,15 @@ from typing import Any
 import torch
 
 from .. import torch_private as tp
-from .mappings import MappedFileChanged, file_mappings, mapped_file, written_pages
+from ..inspection.mappings import Maps
+from ..inspection.tensors import reference
+from .memmaps import MappedFileChanged
 from .pickling import PROTOCOL, before_us, install, installed
 
 # The files (device, inode) whose mapped tensors go by reference: those the
 # tensors of a spawn loader's parts lie in (``install_reducers``).
 _files: set[Any] = set()
 _lock = threading.Lock()
-# What /proc/self/maps names anonymous shared memory by: no file to map again.
-NO_FILE = ("/dev/zero", "/memfd:", "/SYSV")
-# Where torch's shared memory and shm_open's segments lie (a file of the user's
-# there is mapped again, a storage torch shares stays torch's).
-SHARED_MEMORY = "/dev/shm/"
-
-
-class TensorReference:
-    """What a worker needs to map a tensor again: the file and what it was
-    (``ident``: device, inode, mtime in ns, size), where the storage's bytes
-    lie in it (``offset``, ``nbytes``), and the view (dtype, size, stride,
-    storage offset, requires_grad)."""
-
-    __slots__ = ("path", "ident", "offset", "nbytes", "dtype", "size", "stride",
-                 "storage_offset", "requires_grad")
-
-    def __init__(self, path, ident, offset, nbytes, dtype, size, stride, storage_offset,
-                 requires_grad):
-        self.path, self.ident, self.offset, self.nbytes = path, ident, offset, nbytes
-        self.dtype, self.size, self.stride = dtype, size, stride
-        self.storage_offset, self.requires_grad = storage_offset, requires_grad
-
-    def args(self, cls):
-        return (cls, self.path, self.ident, self.offset, self.nbytes, self.dtype, self.size,
-                self.stride, self.storage_offset, self.requires_grad)
-
-    @property
-    def file(self):
-        return self.ident[:2]
-
-
-class Maps:
-    """This process's file mappings, sorted to find an address's mapping by
-    bisection (a dataset may hold many tensors), and the pages written to its
-    private ones, looked up once each. None of it where there is no
-    ``/proc/self/maps``."""
-
-    __slots__ = ("mappings", "starts", "written")
-
-    def __init__(self, mappings=()):
-        mappings = file_mappings() if mappings == () else mappings
-        self.mappings = None if mappings is None else sorted(mappings, key=lambda m: m.start)
-        self.starts = [m.start for m in self.mappings or ()]
-        self.written = {}
-
-    def holding(self, address):
-        """The file mapping ``address`` lies in, or None."""
-        i = bisect.bisect_right(self.starts, address) - 1
-        if i >= 0 and self.mappings and address < self.mappings[i].end:
-            return self.mappings[i]
-        return None
-
-    def written_to(self, where):
-        if where.start not in self.written:
-            self.written[where.start] = written_pages(where)
-        return self.written[where.start]
-
-
-def plain_tensor(tensor):
-    """Whether torch's reducer rebuilds ``tensor`` as a view of its storage's
-    bytes and nothing more (see the module's docstring)."""
-    torch = sys.modules.get("torch")
-    if torch is None or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-        return False
-    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
-        return False
-    if tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg():
-        return False
-    if tensor.requires_grad and not tensor.is_leaf:
-        return False  # torch refuses it: its error stays
-    return not tp.backward_hooks(tensor)  # torch warns of them
-
-
-def reference(tensor, maps=None):
-    """``(TensorReference, None)`` where ``tensor`` can go by reference
-    exactly; ``(None, why not)`` where its storage lies in a file mapping but
-    cannot; ``(None, None)`` where it lies in none (or cannot be known to:
-    no ``/proc/self/maps``): nothing to say of it."""
-    maps = Maps() if maps is None else maps
-    if maps.mappings is None:
-        return None, None
-    if not plain_tensor(tensor):
-        return None, None
-    storage = tensor.untyped_storage()
-    address, nbytes = storage.data_ptr(), storage.nbytes()
-    if nbytes == 0:
-        return None, None
-    where = maps.holding(address)
-    if where is None or where.path.startswith(NO_FILE) \
-            or where.path.startswith(SHARED_MEMORY) and storage.is_shared():
-        return None, None  # memory of no file, or torch's shared memory: it stays shared
-    where, st, why = mapped_file(address, nbytes, [where])
-    if where is None:
-        return None, why
-    if not where.shared and maps.written_to(where) != 0:
-        return None, "a private map this process wrote to: its changes are in no file"
-    return TensorReference(
-        where.path, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size),
-        where.offset + (address - where.start), nbytes, tensor.dtype, tuple(tensor.size()),
-        tuple(tensor.stride()), tensor.storage_offset(), tensor.requires_grad), None
 
 
 # -- in the worker ------------------------------------------------------------------

@@ -57,7 +57,8 @@ map goes only while it holds no page the parent wrote (``Anonymous: 0 kB``
 in ``/proc/self/smaps``); an anonymous map, a deleted file, a map made
 with ``prot``/``flags`` this does not rebuild, and every map where there
 is no ``/proc/self/maps`` are not sent: the DL201 ladder goes on (fork,
-emulated workers, or a clear refusal).
+emulated workers, or a clear refusal). Whether one can go, and where its
+bytes lie, is read by ``inspection/mappings.py``; the sending is here.
 
 The platform the rules see decides (``autosafe-torch run --as macos``): a
 rehearsed Mac has no ``/proc/self/maps`` either.
@@ -65,64 +66,18 @@ rehearsed Mac has no ``/proc/self/maps`` either.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import weakref
 from multiprocessing.context import get_spawning_popen
 from typing import Any, cast
 
-from .mappings import MAPS, MappedFileChanged, file_mappings, mapped_file, written_pages
+from ..inspection.mappings import _shm_open, anonymous, map_reference, reference
 from .pickling import PROTOCOL, install
 
 
-class Reference:
-    """What a worker needs to map an array again: the file and what it was
-    (``ident``: device, inode, mtime in ns), the mapping's start in the file
-    (a multiple of ``mmap.ALLOCATIONGRANULARITY``), its length, where the data
-    begin in it, and the array's shape, dtype and order."""
-
-    __slots__ = ("path", "ident", "start", "length", "delta", "shape", "dtype", "order")
-
-    def __init__(self, path, ident, start, length, delta, shape, dtype, order):
-        self.path, self.ident, self.start, self.length = path, ident, start, length
-        self.delta, self.shape, self.dtype, self.order = delta, shape, dtype, order
-
-    def args(self):
-        return (self.path, self.ident, self.start, self.length, self.delta, self.shape,
-                self.dtype, self.order)
-
-
-def reference(arr, mappings=()):
-    """``(Reference, None)`` where ``arr`` (an ``np.memmap``) can travel by
-    reference exactly, else ``(None, why not)``. ``mappings``: ``file_mappings()``
-    if already read (None: there are none to read)."""
-    mappings = file_mappings() if mappings == () else mappings
-    if mappings is None:
-        return None, "no %s here to find the mapped file" % MAPS
-    try:
-        flags = arr.flags
-        if arr.nbytes == 0:
-            return None, "empty"
-        if not (flags.c_contiguous or flags.f_contiguous) or not flags.aligned:
-            return None, "a strided or unaligned view: pickled in another layout"
-        if arr.dtype.hasobject:
-            return None, "holds objects"
-        address = arr.__array_interface__["data"][0]
-        nbytes = arr.nbytes
-    except Exception as exc:  # not what it seems: leave it to pickle
-        return None, type(exc).__name__
-    where, st, why = mapped_file(address, nbytes, mappings)
-    if where is None:
-        return None, why
-    if not where.shared:
-        return None, "a private (mode='c') map may hold changes not in the file"
-    offset = where.offset + (address - where.start)
-    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
-    return Reference(where.path, (st.st_dev, st.st_ino, st.st_mtime_ns), start,
-                     offset - start + nbytes, offset - start, arr.shape, arr.dtype,
-                     order), None
+class MappedFileChanged(RuntimeError):
+    """In a worker: the file a memmap was sent by reference from is gone or changed."""
 
 
 def mapped_again(path, ident, start, length, delta, shape, dtype, order):
@@ -171,103 +126,6 @@ def install_reducers():
 ACCESS = {"read": mmap.ACCESS_READ, "write": mmap.ACCESS_WRITE, "copy": mmap.ACCESS_COPY}
 
 
-class MapReference:
-    """What a worker needs to map an ``mmap.mmap`` again: the file (``ident``:
-    device and inode), the map's start in it and length, how it is mapped
-    (a key of ``ACCESS``) and the map's position."""
-
-    __slots__ = ("path", "ident", "start", "length", "how", "position")
-
-    def __init__(self, path, ident, start, length, how, position):
-        self.path, self.ident, self.start, self.length = path, ident, start, length
-        self.how, self.position = how, position
-
-    def args(self):
-        return (self.path, self.ident, self.start, self.length, self.how, self.position)
-
-
-def map_reference(m, mappings=()):
-    """``(MapReference, None)`` where the ``mmap.mmap`` ``m`` maps a named file
-    that a worker can map again exactly, else ``(None, why not)``."""
-    if type(m) is not mmap.mmap:  # the type the reducer is registered for
-        return None, "not an mmap.mmap"
-    if anonymous(m):
-        return None, "an anonymous map (it has no file to map again)"
-    mappings = file_mappings() if mappings == () else mappings
-    if mappings is None:
-        return None, "no %s here to find the mapped file" % MAPS
-    try:
-        if m.closed:
-            return None, "closed"
-        address, length = buffer_address(m)
-        position = m.tell()
-    except Exception as exc:  # not what it seems: leave it as it is
-        return None, type(exc).__name__
-    where, st, why = mapped_file(address, length, mappings)
-    if where is None:
-        return None, "an anonymous map" if why.endswith("not in a file mapping") else why
-    how = _access(m, where)
-    if how is None:
-        return None, "a map made with prot/flags (%s) that is not rebuilt" % where.perms
-    if how == "copy" and written_pages(where) != 0:
-        return None, "a private (ACCESS_COPY) map this process wrote to: its changes are in no file"
-    return MapReference(where.path, (st.st_dev, st.st_ino),
-                        where.offset + (address - where.start), length, how, position), None
-
-
-def _access(m, where):
-    """The key of ``ACCESS`` that maps as ``m`` is mapped, or None."""
-    perms = where.perms
-    if perms == "rw-s":
-        return "write"  # ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing
-    if perms == "rw-p":
-        return "copy"
-    if perms == "r--s":
-        try:
-            m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
-        except TypeError:
-            return "read"
-        return None  # prot=PROT_READ with ACCESS_DEFAULT: a write would crash there
-    return None
-
-
-def buffer_address(obj):
-    """``(address, length)`` of the memory ``obj`` exports (the buffer protocol)."""
-    api, struct = _buffer_api()
-    view = struct()
-    if api.PyObject_GetBuffer(obj, ctypes.byref(view), 0) != 0:
-        raise BufferError("no buffer")
-    try:
-        return view.buf, view.len
-    finally:
-        api.PyBuffer_Release(ctypes.byref(view))
-
-
-_BUFFER_API: list[Any] = []
-
-
-def _buffer_api():
-    """The C API's buffer functions and ``Py_buffer``, typed on a library
-    handle of our own (``ctypes.pythonapi``'s functions are the user's to type)."""
-    if not _BUFFER_API:
-        class PyBuffer(ctypes.Structure):  # Py_buffer, as the stable ABI defines it
-            _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
-                        ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
-                        ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
-                        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
-                        ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
-                        ("internal", ctypes.c_void_p)]
-
-        api = ctypes.PyDLL(None)
-        api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer),
-                                           ctypes.c_int]
-        api.PyObject_GetBuffer.restype = ctypes.c_int
-        api.PyBuffer_Release.argtypes = [ctypes.POINTER(PyBuffer)]
-        api.PyBuffer_Release.restype = None
-        _BUFFER_API[:] = [api, PyBuffer]
-    return _BUFFER_API
-
-
 def map_again(path, ident, start, length, how, position):
     """In a worker (or for an emulated worker's copy): the map a forked worker
     would hold, mapped again from the file; ``MappedFileChanged`` if the file
@@ -288,28 +146,6 @@ def map_again(path, ident, start, length, how, position):
                                 % (path, exc)) from exc
     m.seek(position)
     return m
-
-
-def anonymous(m):
-    """Whether the ``mmap.mmap`` ``m`` maps no file (``mmap.mmap(-1, n)``): its
-    ``size()`` asks the file it has none of. Needs no ``/proc``."""
-    if type(m) is not mmap.mmap:
-        return False
-    try:
-        if m.closed:
-            return False
-        m.size()
-    except OSError:
-        return True
-    except Exception:
-        return False
-    return False
-
-
-def travels(value):
-    """An ``mmap.mmap`` the reducer sends to a worker: a named file's map that
-    can be mapped again exactly, or an anonymous one shared through shared memory."""
-    return map_reference(value)[0] is not None or (anonymous(value) and _shm_open() is not None)
 
 
 def reduce_map(m):
@@ -341,14 +177,6 @@ def reduce_map(m):
 # while it holds the map's bytes, and unlinked with the map (or at exit).
 
 _blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
-
-
-def _shm_open():
-    try:
-        import _posixshmem  # noqa: PLC0415 - POSIX only: absent on Windows
-    except ImportError:  # Windows: named mappings, not done here
-        return None
-    return _posixshmem.shm_open
 
 
 def _reduce_anonymous(m):

@@ -52,8 +52,8 @@ from typing import Any
 
 from ..inspection.diagnostics import private_file
 from ..inspection.failures import describe_exception
-from ..mp_private import (forkserver_launch, forkserver_listens_abstract, forkserver_pid,
-                          forkserver_popen, forkserver_process, stop_forkserver)
+from ..mp_private import (forkserver_launch, forkserver_pid, forkserver_popen,
+                          forkserver_process, stop_forkserver)
 from ..report import log, shorten_line
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
@@ -250,26 +250,6 @@ def _stop(server, wait_s=5.0):
             time.sleep(0.01)
     except ChildProcessError:
         pass
-    return None
-
-
-def fork_server_available(platform):
-    """Whether a fork server of ours may run on ``platform`` (a ``sys.platform``)."""
-    return no_fork_server(platform) is None
-
-
-def no_fork_server(platform):
-    """Why no fork server of ours runs on ``platform`` (a ``sys.platform``), or
-    None: it may. Not where multiprocessing's would listen in the abstract socket
-    namespace, where any local user can connect (said on DL209's line)."""
-    import multiprocessing  # noqa: PLC0415 - the rules load before torch (explain)
-
-    if platform.startswith("win") or getattr(sys, "frozen", False) \
-            or "forkserver" not in multiprocessing.get_all_start_methods():
-        return "no fork server on %s" % platform
-    if platform.startswith("linux") and forkserver_listens_abstract():
-        return ("Python %d.%d.%d's fork server listens where any local user can connect "
-                "(CVE-2022-42919: fixed in 3.9.16, 3.10.9, 3.11.1)" % sys.version_info[:3])
     return None
 
 

@@ -115,8 +115,10 @@ def cv2_opencl_context(args, ctx: IterContext):
         return None
     if any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None  # no worker is forked
-    runtime = cv2_remedies.opencl_runtime_loaded()
-    if runtime is None or not cv2_remedies.opencl_device_usable():
+    from ..facts import opencl_device_usable, opencl_runtime_loaded  # noqa: PLC0415 - the rules load without facts (explain)
+
+    runtime = opencl_runtime_loaded()
+    if runtime is None or not opencl_device_usable():
         return None  # the parent has not used OpenCL, or it is inert here
     why = "this process has used OpenCL (%s loaded) on a usable device, and a forked " \
         "worker would inherit its OpenCL context" % runtime
@@ -126,11 +128,11 @@ def cv2_opencl_context(args, ctx: IterContext):
 def _away_from_the_context(check, args, ctx: IterContext, why):
     """Warm server where the dataset travels (it pickles as it is, and the
     main module can be imported by a worker), else emulated workers."""
-    from ..remedies import warmstart  # noqa: PLC0415 - the warm server's side: only where it is used
+    from ..facts import fork_server_available  # noqa: PLC0415 - the rules load without facts (explain)
 
     plan = pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
-            and _fork_server_available(ctx.facts.platform)):
+            and fork_server_available(ctx.facts.platform)):
         reason = "the dataset cannot travel to a clean worker (%s)" % (
             "; ".join("%s: %s" % (f.path, f.error) for f in plan.failures)
             or ("it pickles only once repaired" if plan.needs_repair
@@ -140,6 +142,8 @@ def _away_from_the_context(check, args, ctx: IterContext, why):
         return emulated_workers(check, args, why + "; " + reason,
                                 reason="not forked from this one, which used OpenCL, and "
                                 "the dataset cannot travel to a clean worker")
+    from ..remedies import warmstart  # noqa: PLC0415 - the warm server's side: only where it is used
+
     libraries = warmstart.libraries_for(
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
     init = with_step(args["worker_init_fn"], warmstart.exit_with_parent)
@@ -172,9 +176,3 @@ def _add_step(check, args, step, what, note=""):
         % what, strategy="worker_init_fn step",
         done="%s in each of %s (a worker_init_fn step before yours%s)" % (
             what, number_of(args["num_workers"], "worker"), note))
-
-
-def _fork_server_available(platform):
-    from ..remedies import warmstart  # noqa: PLC0415 - at the first fork loader, not at torch's import
-
-    return warmstart.fork_server_available(platform)

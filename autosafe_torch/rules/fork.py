@@ -150,9 +150,7 @@ def handle_not_fork_safe(args, ctx: IterContext):
 
 
 def _used(usage, how):
-    from ..remedies import isolation  # noqa: PLC0415 - when a loader needs it, not at torch's import
-
-    return sorted((fd, name) for name, fd in usage.used.get(getattr(isolation, how), {}).items())
+    return sorted((fd, name) for name, fd in usage.used.get(how, {}).items())
 
 
 def _files(used):
@@ -164,9 +162,11 @@ def read_through_no_object(args, ctx: OutcomeContext):
     """What forked workers read through a description of their own that no
     object of the loader's named (a raw descriptor, a closure, a C library),
     or that a fork server opened (its children share it otherwise)."""
+    from ..remedies import isolation  # noqa: PLC0415 - when a loader needs it, not at torch's import
+
     named = any(i.code == shared_file_offset.rule.code for i in ctx.said)  # DL207 said them
-    forked = [] if named else _used(ctx.usage, "FORKED")
-    server = _used(ctx.usage, "SERVER")
+    forked = [] if named else _used(ctx.usage, isolation.FORKED)
+    server = _used(ctx.usage, isolation.SERVER)
     if not (forked or server):
         return None
     done = []
@@ -224,7 +224,7 @@ def descriptor_to_workers(args, ctx: OutcomeContext):
     held = {fd: (name, usage.by_number[fd])
             for name, fd in usage.private.get(isolation.CARRIED, {}).items()
             if fd in usage.by_number}
-    moved = [(fd, name) for fd, name in _used(usage, "CARRIED") if fd not in held]
+    moved = [(fd, name) for fd, name in _used(usage, isolation.CARRIED) if fd not in held]
     if not (held or moved):
         return None
     named = ["%s: %s (fd %d)" % (where, name, fd) for fd, (name, where) in sorted(held.items())]

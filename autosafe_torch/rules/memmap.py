@@ -7,7 +7,8 @@ read, pickled and unpickled per worker and per epoch, and every worker
 holds a private copy. Nothing fails, it is only slow and large, and the
 worker gets exactly what the map showed; DL218 gives it the same array
 mapped again from the file (``remedies/memmaps.py``: exact or nothing, a
-map that cannot be reproduced exactly is pickled as before).
+map that cannot be reproduced exactly is pickled as before; which can is
+read by ``inspection/mappings.py``).
 
 A tensor whose storage is a file's map (``torch.load(path, mmap=True)``,
 ``torch.UntypedStorage.from_file``, ``torch.from_numpy`` of a memmap) is
@@ -15,8 +16,9 @@ sent by torch's reducer through shared memory: the training process copies
 the storage into ``/dev/shm`` and keeps the copy for the tensor's life (a
 ``from_file`` storage does not go at all). DL218 sends it by reference too,
 and each worker maps the file again, private and copy-on-write
-(``remedies/mapped_tensors.py``, the same exactness); the reducer acts only
-on tensors of the files this loader's tensors lie in.
+(``remedies/mapped_tensors.py``, the same exactness, read by
+``inspection/tensors.py``); the reducer acts only on tensors of the files
+this loader's tensors lie in.
 
 It runs after the ladder and the warm start (``RULE_MODULES``): it sees the
 start method they chose, and acts on nothing they sent to fork or to
@@ -27,6 +29,7 @@ import os
 import sys
 
 from ..inspection.parts import held_in_parts
+from ..inspection.tensors import reference as tensor_reference
 from ..rung import Rung
 from . import IterContext, number_of, rule
 from .fork_plan import spawning_workers
@@ -128,7 +131,7 @@ def _mapped(args, numpy, torch):
     of the parts that can go by reference, ``(path, TensorReference)`` for each
     file-mapped tensor that can, ``(path, why not)`` for the others (one walk,
     one read of this process's maps)."""
-    from ..remedies import mapped_tensors, memmaps  # noqa: PLC0415 - only for a memory map
+    from ..inspection import mappings  # noqa: PLC0415 - only for a memory map
 
     # The types the reducers are registered for: a subclass pickles as it always did.
     memmap = numpy.memmap if numpy is not None else None
@@ -137,15 +140,15 @@ def _mapped(args, numpy, torch):
     for here, obj in held_in_parts(args, lambda obj: type(obj) is memmap
                                    or type(obj) in plain):
         if maps is None:
-            maps = mapped_tensors.Maps()  # mappings None: no /proc/self/maps
+            maps = mappings.Maps()  # mappings None: no /proc/self/maps
         if type(obj) is memmap:
-            ref, why = memmaps.reference(obj, maps.mappings)
+            ref, why = mappings.reference(obj, maps.mappings)
             if ref is None:
                 kept.append((here, why))
             else:
                 arrays.append((here, obj, ref))
             continue
-        ref, why = mapped_tensors.reference(obj, maps)
+        ref, why = tensor_reference(obj, maps)
         if ref is not None:
             tensors.append((here, ref))
         elif why is not None:

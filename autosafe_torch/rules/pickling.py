@@ -6,6 +6,7 @@ the repairs; where the plan leaves something that does not pickle, DL201
 hands the loader to the ladder (``ladder.py``).
 """
 
+from ..inspection import holdings
 from ..inspection.parts import PARTS
 from ..loaderstate import Kept
 from ..rung import Rung
@@ -245,7 +246,7 @@ def logging_config_to_workers(args, ctx: IterContext):
 
     found = list(plan.loggers)
     names = ", ".join(repr(lg.name) for lg in found)
-    handlers = sum(len(link.handlers) for lg in found for link in loggers.chain(lg))
+    handlers = sum(len(link.handlers) for lg in found for link in holdings.chain(lg))
     # Whether a worker needs it is its own to see: its imports may configure
     # the same (a library's logger); then it keeps its own, and no record is made.
     reports = loggers.Reports()

@@ -62,13 +62,14 @@ def _warm_ahead(args, ctx: IterContext):
     the warm server (DL209): in fix mode it starts now, in the background, so
     that its imports overlap the rest of the planning (a loader whose repair
     is refused leaves an idle server, ended at exit)."""
-    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only, when a loader needs it
+    from ..facts import fork_server_available  # noqa: PLC0415 - the rules load without facts (explain)
 
     warm = RULES.get("DL209")
     if CONFIG.mode != "fix" or warm is None or not CONFIG.rule_enabled(warm.code, warm.group) \
-            or not spawning_workers(args, ctx) \
-            or not warmstart.fork_server_available(ctx.facts.platform):
+            or not spawning_workers(args, ctx) or not fork_server_available(ctx.facts.platform):
         return
+    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only, when a loader needs it
+
     warmstart.start_ahead(warmstart.libraries_for([args[name] for name in PARTS]))
 
 

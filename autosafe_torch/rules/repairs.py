@@ -23,6 +23,7 @@ import importlib
 import types
 from typing import Any, Callable, NamedTuple
 
+from ..inspection import holdings
 from ..inspection.naming import a_or_an
 from ..inspection.objwalk import is_a
 from . import number_of, what_is
@@ -126,9 +127,7 @@ def _class_meets(m: Meeting):
 # -- DL201: each holder, made again in each worker ------------------------------------
 
 def _handler_meets(m: Meeting):
-    from ..remedies import handlers
-
-    handler = handlers.holding(m.owners(), m.value)
+    handler = holdings.holding(m.owners(), m.value)
     if handler is not None and handler[1] not in [h for _p, h in m.plan.handlers]:
         return handler
     return None
@@ -166,12 +165,6 @@ def _remedy(module, name, given=False):
     return call
 
 
-def _read_only(value):
-    from ..inspection import holdings
-
-    return holdings.file_kind(value) == holdings.READONLY
-
-
 def _files_said(found, args):
     from ..remedies import reopen
 
@@ -183,13 +176,19 @@ def _files_said(found, args):
                 ["%s reopened by path" % _named(files)], ["reopen read-only files by path"])
 
 
+def _travels(value):
+    from ..inspection.mappings import travels
+
+    return travels(value)
+
+
 def _maps_said(found, args):
-    from ..remedies import memmaps
+    from ..inspection.mappings import anonymous
 
     path, why, held = found
     maps = memory_maps(args) or [(path, held)]
-    named = [(where, m) for where, m in maps if not memmaps.anonymous(m)]
-    shared = [(where, m) for where, m in maps if memmaps.anonymous(m)]
+    named = [(where, m) for where, m in maps if not anonymous(m)]
+    shared = [(where, m) for where, m in maps if anonymous(m)]
     done, repairs = [], []
     if named:
         done.append("%s mapped again from %s" % (
@@ -202,10 +201,8 @@ def _maps_said(found, args):
 
 
 def _lock_meets(m: Meeting):
-    from ..remedies import locks
-
-    if m.plan.locks is None and locks.unheld_lock(m.value):
-        users = locks.UsersLocks(m.parts)
+    if m.plan.locks is None and holdings.unheld_lock(m.value):
+        users = holdings.UsersLocks(m.parts)
         if users.holds(m.value):
             return (m.failure.path, m.failure.error, users.named)
     return None
@@ -253,8 +250,6 @@ def made_there(plan, path):
 
 
 def _pools_look(look: Look):
-    from ..inspection import holdings
-
     dataset = look.parts["dataset"]
     return ([here for here, _pool, _edge in holdings.find_thread_pools(dataset)
              if not made_there(look.plan, here)] if dataset is not None else []), []
@@ -262,7 +257,6 @@ def _pools_look(look: Look):
 
 def _forwarders_look(look: Look):
     """``{class: path}``: the parts' attribute forwarders, each class once."""
-    from ..inspection import holdings
     from ..inspection.parts import held_in_parts
 
     found: dict[type, str] = {}
@@ -278,25 +272,25 @@ def _images_look(look: Look):
     drops one never meets it): images opened again in each worker, else failures."""
     from ..inspection import dropped
     from ..inspection.descriptors import shared_at_fork
-    from ..remedies import images
 
     if "image" not in look.plan.met and not shared_at_fork():
         return None, []
     found = [f for f in dropped.unfaithful(look.parts, look.planned)
              if not made_there(look.plan, f.path)]
-    if found and not look.plan.images and all(images.reopens(f.value) for f in found):
+    if found and not look.plan.images and all(dropped.reopens(f.value) for f in found):
         return [(f.path, f.error, f.value) for f in found], []
     return None, found
 
 
 def _loggers_look(look: Look):
     """The configured loggers the probes met (DL219 carries their configuration
-    to spawned workers); as failures, those it cannot be carried for."""
+    to spawned workers); as failures, those it cannot be carried for (the
+    remedy's own answer: it pickles what it would send)."""
     from ..inspection.probe import ProbeResult
     from ..remedies import loggers
 
     held = {id(lg): lg for r in look.results for lg in r.loggers}.values()
-    found = [lg for lg in held if loggers.configured(lg)]
+    found = [lg for lg in held if holdings.configured(lg)]
     return found, [ProbeResult(False, "the logger %r" % lg.name, "%s, and without it the lines "
                                "logged in a worker are lost" % why, lg)
                    for lg in found for why in [loggers.uncarried(lg)] if why is not None]
@@ -328,13 +322,14 @@ REPAIRS: list[Repair] = [
            reducers=_remedy("byvalue", "class_reducers", True), plan_rank=5),
     Repair("pools", "DL208", list, looks=_pools_look, looks_when_met="pool",
            reducers=_remedy("pools", "pool_reducers"), plan_rank=0),
-    Repair("files", "DL201", lambda: None, meets=_first_met("files", _read_only),
+    Repair("files", "DL201", lambda: None,
+           meets=_first_met("files", lambda f: holdings.file_kind(f) == holdings.READONLY),
            reducers=_remedy("reopen", "file_reducers"), said=_files_said,
            summary="reopen read-only files per worker",
            prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
                      "'sqlite3.Connection', h5py and lmdb handles)"), fix_rank=0, plan_rank=2),
     Repair("maps", "DL201", lambda: None,
-           meets=_first_met("maps", _remedy("memmaps", "travels", True)),
+           meets=_first_met("maps", _travels),
            reducers=_remedy("memmaps", "map_reducers"), said=_maps_said,
            summary=("map an mmap.mmap of a named file again in each worker with its access "
                     "and position, share an anonymous one through one block of shared memory"),
@@ -456,7 +451,6 @@ def _install(reducers, found, _args):
 def read_only_files(args):
     """``(path, file)`` for each read-only file the parts hold (the reducers
     reopen every one of them), as the walk finds them."""
-    from ..inspection import holdings
     from ..inspection.parts import PARTS
 
     found, seen = [], set()

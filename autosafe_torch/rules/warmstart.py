@@ -64,14 +64,16 @@ def warm_worker_start(args, ctx):
             or not any(ctx.found(code) for code in REPAIRED_FOR_SPAWN) \
             or any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None
-    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
+    from ..facts import no_fork_server  # noqa: PLC0415 - the rules load without facts (explain)
 
-    none = warmstart.no_fork_server(ctx.facts.platform)
+    none = no_fork_server(ctx.facts.platform)
     if none is not None:
         return warm_worker_start.rule.finding(
             {"multiprocessing_context": "spawn"}, why="%s: each worker imports torch and the "
             "dataset's modules afresh every epoch" % none, strategy="plain spawn",
             done="workers start by plain spawn (%s)" % none)
+    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
+
     libraries = warmstart.libraries_for(
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
     return warm_worker_start.rule.finding(

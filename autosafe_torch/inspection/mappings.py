@@ -1,0 +1,312 @@
+"""This process's file mappings, as ``/proc/self/maps`` and ``/proc/self/smaps``
+show them, and where the bytes of a numpy memmap or an ``mmap.mmap`` lie in
+them: the references ``remedies/memmaps.py`` sends to workers (a tensor's,
+for ``remedies/mapped_tensors.py``: ``tensors.reference``). Read, never
+changed; exact or nothing: where an object cannot go, each says why not.
+
+The platform the rules see decides (``autosafe-torch run --as macos``): a
+rehearsed Mac has no ``/proc/self/maps``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import os
+import stat
+from typing import Any
+
+from .. import rehearsal
+
+MAPS = "/proc/self/maps"
+SMAPS = "/proc/self/smaps"
+# What /proc/self/maps names shared anonymous memory by ("... (deleted)").
+_ANONYMOUS = ("/dev/zero", "/memfd:", "/SYSV")
+
+
+class Mapping:
+    """One line of ``/proc/self/maps``: an address range of a file (``perms``:
+    ``r--s``, ``rw-p``...; ``shared``: its fourth letter is ``s``)."""
+
+    __slots__ = ("start", "end", "perms", "offset", "device", "inode", "path")
+
+    def __init__(self, start, end, perms, offset, device, inode, path):
+        self.start, self.end, self.perms = start, end, perms
+        self.offset, self.device, self.inode, self.path = offset, device, inode, path
+
+    @property
+    def shared(self):
+        return self.perms[3:4] == "s"
+
+
+def file_mappings():
+    """The file mappings of this process, or None where there is no
+    ``/proc/self/maps`` (or the platform the rules see has none)."""
+    if not rehearsal.platform().startswith("linux"):
+        return None
+    try:
+        with open(MAPS) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) < 6 or not fields[5].startswith("/"):
+            continue  # anonymous, heap, stack, [vdso]
+        try:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            major, minor = (int(x, 16) for x in fields[3].split(":"))
+            found.append(Mapping(start, end, fields[1], int(fields[2], 16),
+                                 os.makedev(major, minor), int(fields[4]), fields[5]))
+        except ValueError:
+            continue
+    return found
+
+
+def mapped_file(address, nbytes, mappings):
+    """``(Mapping, os.stat_result, None)`` for the file mapping that holds the
+    ``nbytes`` at ``address``, a regular file still at its path, long enough;
+    else ``(None, None, why not)``."""
+    where = next((m for m in mappings if m.start <= address < m.end), None)
+    if where is None:
+        return None, None, "its data are not in a file mapping"
+    if address + nbytes > where.end:
+        return None, None, "its data span more than one mapping"
+    if where.path.endswith(" (deleted)"):
+        return None, None, ("an anonymous map" if where.path.startswith(_ANONYMOUS)
+                            else "its file was deleted")
+    try:
+        st = os.stat(where.path)
+    except OSError as exc:
+        return None, None, "its file is gone (%s)" % type(exc).__name__
+    if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (where.device, where.inode):
+        return None, None, "the file at its path is not the one mapped"
+    if where.offset + (address - where.start) + nbytes > st.st_size:
+        return None, None, "the file is shorter than the map"
+    return where, st, None
+
+
+def written_pages(where):
+    """Kilobytes of the mapping ``where`` that this process wrote (copied
+    from the file: ``Anonymous`` in ``/proc/self/smaps``); None if unknown."""
+    header = "%x-%x " % (where.start, where.end)
+    try:
+        with open(SMAPS) as f:
+            inside = False
+            for line in f:
+                if inside and line.startswith("Anonymous:"):
+                    return int(line.split()[1])
+                if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    inside = line.startswith(header)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class Maps:
+    """This process's file mappings, sorted to find an address's mapping by
+    bisection (a dataset may hold many tensors), and the pages written to its
+    private ones, looked up once each. None of it where there is no
+    ``/proc/self/maps``."""
+
+    __slots__ = ("mappings", "starts", "written")
+
+    def __init__(self, mappings=()):
+        mappings = file_mappings() if mappings == () else mappings
+        self.mappings = None if mappings is None else sorted(mappings, key=lambda m: m.start)
+        self.starts = [m.start for m in self.mappings or ()]
+        self.written = {}
+
+    def holding(self, address):
+        """The file mapping ``address`` lies in, or None."""
+        i = bisect.bisect_right(self.starts, address) - 1
+        if i >= 0 and self.mappings and address < self.mappings[i].end:
+            return self.mappings[i]
+        return None
+
+    def written_to(self, where):
+        if where.start not in self.written:
+            self.written[where.start] = written_pages(where)
+        return self.written[where.start]
+
+
+# -- numpy memmaps (DL218) ----------------------------------------------------------
+
+class Reference:
+    """What a worker needs to map an array again: the file and what it was
+    (``ident``: device, inode, mtime in ns), the mapping's start in the file
+    (a multiple of ``mmap.ALLOCATIONGRANULARITY``), its length, where the data
+    begin in it, and the array's shape, dtype and order."""
+
+    __slots__ = ("path", "ident", "start", "length", "delta", "shape", "dtype", "order")
+
+    def __init__(self, path, ident, start, length, delta, shape, dtype, order):
+        self.path, self.ident, self.start, self.length = path, ident, start, length
+        self.delta, self.shape, self.dtype, self.order = delta, shape, dtype, order
+
+    def args(self):
+        return (self.path, self.ident, self.start, self.length, self.delta, self.shape,
+                self.dtype, self.order)
+
+
+def reference(arr, mappings=()):
+    """``(Reference, None)`` where ``arr`` (an ``np.memmap``) can travel by
+    reference exactly, else ``(None, why not)``. ``mappings``: ``file_mappings()``
+    if already read (None: there are none to read)."""
+    mappings = file_mappings() if mappings == () else mappings
+    if mappings is None:
+        return None, "no %s here to find the mapped file" % MAPS
+    try:
+        flags = arr.flags
+        if arr.nbytes == 0:
+            return None, "empty"
+        if not (flags.c_contiguous or flags.f_contiguous) or not flags.aligned:
+            return None, "a strided or unaligned view: pickled in another layout"
+        if arr.dtype.hasobject:
+            return None, "holds objects"
+        address = arr.__array_interface__["data"][0]
+        nbytes = arr.nbytes
+    except Exception as exc:  # not what it seems: leave it to pickle
+        return None, type(exc).__name__
+    where, st, why = mapped_file(address, nbytes, mappings)
+    if where is None:
+        return None, why
+    if not where.shared:
+        return None, "a private (mode='c') map may hold changes not in the file"
+    offset = where.offset + (address - where.start)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
+    return Reference(where.path, (st.st_dev, st.st_ino, st.st_mtime_ns), start,
+                     offset - start + nbytes, offset - start, arr.shape, arr.dtype,
+                     order), None
+
+
+# -- mmap.mmap (DL201) -------------------------------------------------------------
+
+class MapReference:
+    """What a worker needs to map an ``mmap.mmap`` again: the file (``ident``:
+    device and inode), the map's start in it and length, how it is mapped
+    (a key of ``memmaps.ACCESS``) and the map's position."""
+
+    __slots__ = ("path", "ident", "start", "length", "how", "position")
+
+    def __init__(self, path, ident, start, length, how, position):
+        self.path, self.ident, self.start, self.length = path, ident, start, length
+        self.how, self.position = how, position
+
+    def args(self):
+        return (self.path, self.ident, self.start, self.length, self.how, self.position)
+
+
+def map_reference(m, mappings=()):
+    """``(MapReference, None)`` where the ``mmap.mmap`` ``m`` maps a named file
+    that a worker can map again exactly, else ``(None, why not)``."""
+    if type(m) is not mmap.mmap:  # the type the reducer is registered for
+        return None, "not an mmap.mmap"
+    if anonymous(m):
+        return None, "an anonymous map (it has no file to map again)"
+    mappings = file_mappings() if mappings == () else mappings
+    if mappings is None:
+        return None, "no %s here to find the mapped file" % MAPS
+    try:
+        if m.closed:
+            return None, "closed"
+        address, length = buffer_address(m)
+        position = m.tell()
+    except Exception as exc:  # not what it seems: leave it as it is
+        return None, type(exc).__name__
+    where, st, why = mapped_file(address, length, mappings)
+    if where is None:
+        return None, "an anonymous map" if why.endswith("not in a file mapping") else why
+    how = _access(m, where)
+    if how is None:
+        return None, "a map made with prot/flags (%s) that is not rebuilt" % where.perms
+    if how == "copy" and written_pages(where) != 0:
+        return None, "a private (ACCESS_COPY) map this process wrote to: its changes are in no file"
+    return MapReference(where.path, (st.st_dev, st.st_ino),
+                        where.offset + (address - where.start), length, how, position), None
+
+
+def _access(m, where):
+    """The key of ``memmaps.ACCESS`` that maps as ``m`` is mapped, or None."""
+    perms = where.perms
+    if perms == "rw-s":
+        return "write"  # ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing
+    if perms == "rw-p":
+        return "copy"
+    if perms == "r--s":
+        try:
+            m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
+        except TypeError:
+            return "read"
+        return None  # prot=PROT_READ with ACCESS_DEFAULT: a write would crash there
+    return None
+
+
+def buffer_address(obj):
+    """``(address, length)`` of the memory ``obj`` exports (the buffer protocol)."""
+    api, struct = _buffer_api()
+    view = struct()
+    if api.PyObject_GetBuffer(obj, ctypes.byref(view), 0) != 0:
+        raise BufferError("no buffer")
+    try:
+        return view.buf, view.len
+    finally:
+        api.PyBuffer_Release(ctypes.byref(view))
+
+
+_BUFFER_API: list[Any] = []
+
+
+def _buffer_api():
+    """The C API's buffer functions and ``Py_buffer``, typed on a library
+    handle of our own (``ctypes.pythonapi``'s functions are the user's to type)."""
+    if not _BUFFER_API:
+        class PyBuffer(ctypes.Structure):  # Py_buffer, as the stable ABI defines it
+            _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                        ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                        ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                        ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                        ("internal", ctypes.c_void_p)]
+
+        api = ctypes.PyDLL(None)
+        api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer),
+                                           ctypes.c_int]
+        api.PyObject_GetBuffer.restype = ctypes.c_int
+        api.PyBuffer_Release.argtypes = [ctypes.POINTER(PyBuffer)]
+        api.PyBuffer_Release.restype = None
+        _BUFFER_API[:] = [api, PyBuffer]
+    return _BUFFER_API
+
+
+def anonymous(m):
+    """Whether the ``mmap.mmap`` ``m`` maps no file (``mmap.mmap(-1, n)``): its
+    ``size()`` asks the file it has none of. Needs no ``/proc``."""
+    if type(m) is not mmap.mmap:
+        return False
+    try:
+        if m.closed:
+            return False
+        m.size()
+    except OSError:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def travels(value):
+    """An ``mmap.mmap`` the reducer sends to a worker: a named file's map that
+    can be mapped again exactly, or an anonymous one shared through shared memory."""
+    return map_reference(value)[0] is not None or (anonymous(value) and _shm_open() is not None)
+
+
+def _shm_open():
+    try:
+        import _posixshmem  # noqa: PLC0415 - POSIX only: absent on Windows
+    except ImportError:  # Windows: named mappings, not done here
+        return None
+    return _posixshmem.shm_open
