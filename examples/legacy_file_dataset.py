@@ -42,11 +42,12 @@ class RecordFile(Dataset):
 
 
 def main():
-    path = os.path.join(tempfile.mkdtemp(), "records.bin")
-    write_records(path, 512)
-    loader = DataLoader(RecordFile(path), batch_size=64, num_workers=2)
-    total = sum(batch.sum().item() for batch in loader)
-    print("read %d batches, checksum %.4f" % (len(loader), total))
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "records.bin")
+        write_records(path, 512)
+        loader = DataLoader(RecordFile(path), batch_size=64, num_workers=2)
+        total = sum(batch.sum().item() for batch in loader)
+        print("read %d batches, checksum %.4f" % (len(loader), total))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,11 @@ def shown_in_order(steps):
 
 
 def main():
-    logs = tempfile.mkdtemp()
+    with tempfile.TemporaryDirectory() as logs:
+        return _run(logs)
+
+
+def _run(logs):
     train_log = os.path.join(logs, "legacy_train.jsonl")
     file_log = os.path.join(logs, "legacy_file_dataset.jsonl")
     file_script = os.path.join(HERE, "legacy_file_dataset.py")
