@@ -128,9 +128,7 @@ def deactivate():
 
 def configure(mode=None, disable=None, log_file=None, quiet=None, debug=None):
     """The environment's settings, from code. Invalid values: one warning, default.
-
-    Sets the matching variables too, so that spawned workers agree.
-    """
+    Sets the matching variables too, so that spawned workers agree."""
     if mode is not None:
         CONFIG.mode = c.parse_mode(str(mode), "configure(mode=...)")
         os.environ[c.ENV_MODE] = CONFIG.mode

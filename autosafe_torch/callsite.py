@@ -103,8 +103,7 @@ def user_call_site(instance=None):
     """file:line of the nearest frame outside autosafe_torch, torch and wrapt.
 
     Frames of ``instance``'s own methods (a DataLoader subclass's __init__
-    calling super) are skipped too: the site is where the object was made.
-    """
+    calling super) are skipped too: the site is where the object was made."""
     skip, _ = _prefixes()
     frame = sys._getframe(1)
     while frame is not None:
@@ -183,10 +182,7 @@ def _method_of(code, cls):
 
 def _walk(instance, depth=64):
     """(the first frame outside our libraries and ``instance``'s own methods
-    that is the user's, [library frames passed on the way]).
-
-    A library frame is one under site-packages or the standard library.
-    """
+    that is the user's, [library frames passed on the way])."""
     skip, installed = _prefixes()
     frame = sys._getframe(2)
     passed = []
@@ -307,8 +303,7 @@ def cached_call_site(instance=None):
 
     autocast is built every step from the same line: walking the stack by
     file name is cheap, reading a frame's locals (which ``user_call_site``
-    does to skip a subclass's own ``__init__``) is not.
-    """
+    does to skip a subclass's own ``__init__``) is not."""
     global _hot_skip
     if _hot_skip is None:  # once: this runs on every autocast step that has a finding
         _hot_skip = _prefixes()[0] + ("<frozen",)
@@ -341,8 +336,7 @@ def as_if_called_from(function, call, *args):
     ``function``'s module globals, it names what it names without the shim
     (torch's "This DataLoader will create N worker processes" names torch's
     ``_get_iterator``), the module's once-per-place registry applies, and no
-    warning filter is touched. Where that line cannot be found, a plain call.
-    """
+    warning filter is touched. Where that line cannot be found, a plain call."""
     caller = _callers.get((function, getattr(call, "__name__", None)))
     if caller is None:
         caller = _make_caller(function, getattr(call, "__name__", None))

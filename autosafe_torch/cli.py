@@ -62,8 +62,7 @@ def split_run_args(argv, run_parser):
     Scans as ``python`` does: options of ours (those ``run_parser`` declares,
     with their values) until ``-m MODULE``, ``--`` or the first word that is
     not an option (the script); the rest is the program's, as it is. An
-    unknown option before the script is left to argparse, to say so.
-    """
+    unknown option before the script is left to argparse, to say so."""
     takes_value = {}
     for action in run_parser._actions:
         for opt in action.option_strings:

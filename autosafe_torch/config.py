@@ -87,8 +87,7 @@ def parse_log_file(value, name=ENV_LOG_FILE):
 
     Checked without creating the file (a run with no intervention writes
     nothing): a directory, a missing parent directory, or one we may not
-    write to. A failure at the first write is handled by the report.
-    """
+    write to. A failure at the first write is handled by the report."""
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)):
@@ -152,12 +151,9 @@ def parse_seconds(name, value, default):
 
 def parse_disable(value):
     """Tokens of AUTOSAFE_TORCH_DISABLE: upper-cased codes (``dl101`` is DL101),
-    lower-cased groups, ``*``.
-
-    Unknown codes and groups are reported later, by ``validate_disabled``, when
-    the rule registry is loaded (it is not loaded at interpreter start, to stay
-    cheap).
-    """
+    lower-cased groups, ``*``. Unknown codes and groups are reported later, by
+    ``validate_disabled``, once the rule registry is loaded (not at interpreter
+    start, to stay cheap)."""
     if not value:
         return frozenset()
     tokens = set()
@@ -189,9 +185,8 @@ class Config:
 
     @classmethod
     def from_env(cls, environ=None, settle_env=False):
-        """The settings ``environ`` asks for. With ``settle_env``, a variable
-        whose value was refused is set to the default taken (children agree
-        and do not warn again)."""
+        """The settings ``environ`` asks for. With ``settle_env``, a refused
+        value is set to the default taken (see the module docstring)."""
         env = os.environ if environ is None else environ
         self = cls(
             mode=parse_mode(env.get(ENV_MODE)),

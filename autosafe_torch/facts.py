@@ -26,7 +26,7 @@ class Facts:
                  accelerator=None, cuda_initialized=False,
                  shm_available=None, open_file_limit=None, sharing_strategy=None,
                  pin_memory_warns=True):
-        self.platform = platform or _rehearsed_platform()
+        self.platform = platform or rehearsal.platform()
         self.start_method = start_method or default_start_method(self.platform)
         self.cpus_usable = cpus_usable or 1
         # What torch's own worker-count warning compares with (affinity only).
@@ -44,7 +44,7 @@ class Facts:
         self.pin_memory_warns = pin_memory_warns
 
     def replace(self, **changes):
-        values = {name: getattr(self, name) for name in self.__slots__}
+        values = self.as_dict()
         values.update(changes)
         return Facts(**values)
 
@@ -53,10 +53,6 @@ class Facts:
 
     def __repr__(self):
         return "Facts(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
-
-
-def _rehearsed_platform():
-    return rehearsal.platform()
 
 
 def default_start_method(platform=None):
@@ -71,8 +67,7 @@ def effective_start_method(context=None):
     """The start method workers will use for ``multiprocessing_context``.
 
     Reads the global setting without fixing it (``allow_none``), so asking
-    does not change what the program may still choose.
-    """
+    does not change what the program may still choose."""
     if context is not None:
         if isinstance(context, str):
             return context
@@ -227,14 +222,9 @@ def cpus_affinity():
 
 
 def cpus_usable():
-    """CPUs this process may use: affinity, then the cgroup quota.
-
-    PyTorch's own worker-count check reads only the affinity.
-    """
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
+    """CPUs this process may use: affinity, then the cgroup quota (PyTorch's
+    own worker-count check reads only the affinity)."""
+    count = cpus_affinity()
     limit = cgroup_cpu_limit()
     return min(count, limit) if limit else count
 
@@ -292,8 +282,7 @@ def shm_available(path="/dev/shm"):
     """Bytes free in /dev/shm now (Linux only: elsewhere None).
 
     DataLoader workers hand batches to the main process in shared memory
-    created there, under both sharing strategies (measured on torch 2.13).
-    """
+    created there, under both sharing strategies (measured on torch 2.13)."""
     if not sys.platform.startswith("linux"):
         return None
     try:

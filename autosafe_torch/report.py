@@ -110,14 +110,12 @@ class Intervention:
         self.time = time.time()
         self.count = 1
         self.done = done or code
-        # interventions said on this one's line (DL209 on DL201's)
-        self.clauses: list[Intervention] = []
+        self.clauses: list[Intervention] = []  # said on this one's line (DL209 on DL201's)
         self.said = False   # said on another's line
         self.rung = rung    # the ladder's rung its finding chose (rung.Rung), or None
         # what it was done to (a loader: id), where one site serves several; None: the site
         self.subject: int | None = None
-        # Finding.needed: asked before a fix made in the workers is recorded
-        self.needed: Needed | None = None
+        self.needed: Needed | None = None  # asked before a fix made in the workers is recorded
 
     def failed(self, why: str) -> None:
         """This fix did not hold (a remedy a worker could not apply, a start
@@ -292,10 +290,9 @@ def record(intervention: Intervention) -> Intervention:
 
     Each subject (a loader) at a site has its own record, written to the JSON
     log; a repeat of one (the same loader, or a site without subjects) counts.
-    The stderr line is said once per (code, call site): a loader made every
-    epoch is one mistake. A clause (``intervention.said``: DL209, said on its
-    host's line) has no line of its own when its host was said with it; its
-    record is kept and written to the JSON log all the same."""
+    A clause (``intervention.said``: DL209, said on its host's line) has no
+    line of its own when its host was said with it; its record is kept and
+    written to the JSON log all the same."""
     # The user's line: a loader a framework re-makes from the user's is one mistake.
     site = (intervention.code, user_part(intervention.call_site))
     key = site + (intervention.subject,)
@@ -357,9 +354,8 @@ def _write_json(intervention: Intervention) -> None:
         with _lock, open(path, "a", encoding="utf-8") as sink:
             sink.write(line + "\n")
     except OSError as exc:
-        # The user's configuration (checked when read; the file system may
-        # have changed since): say so once, plainly, and stop writing. The
-        # fix this record describes was applied.
+        # The user's configuration (checked when read; the file system may have
+        # changed since): say so once, plainly, and stop writing. The fix was applied.
         if CONFIG.log_file == path:
             CONFIG.log_file = None
             log(logging.ERROR, "cannot write the JSON log %s (%s: %s); the JSON log is off "

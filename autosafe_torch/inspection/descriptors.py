@@ -44,8 +44,7 @@ class HeldDescriptor:
 
     ``access``: READ_ONLY, READ_WRITE or WRITE_ONLY; ``regular``: a regular
     file (a file offset that matters); ``dev``/``ino``: which file, to tell a
-    descriptor number reused for another file.
-    """
+    descriptor number reused for another file."""
 
     __slots__ = ("path", "fd", "access", "regular", "dev", "ino", "name")
 

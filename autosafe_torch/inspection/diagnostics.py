@@ -47,11 +47,6 @@ def dump_dir():
     return _dump_dir
 
 
-def current_dir():
-    """The directory, if this process has made one (no side effect)."""
-    return _dump_dir if _dump_dir is not None and os.path.isdir(_dump_dir) else None
-
-
 def private_file(kind):
     """A new, empty file of ours in this process's folder (``dump_dir``): its path."""
     fd, path = tempfile.mkstemp(prefix=kind + "-", dir=dump_dir())

@@ -9,26 +9,22 @@ file, and a spawned worker's ``img.seek(i)`` fails (``'TiffImageFile' object
 has no attribute '_min_frame'``) while the parent says nothing.
 
 Cheap, and nothing is loaded here (no user object is unpickled in the
-training process only to test it): one bounded walk per part
-(every item of every container, a large one of plain values read in C)
-finds the open files; a part
-that holds none costs that walk and nothing else. Above each file, only the
-outermost object on its path that pickles itself is pickled, with the
-probe's dispatch table (the planned repairs count), into a sink that keeps
-nothing, noting every object the pickle reaches. A file the pickle never
-reaches was dropped, by the deepest object on its path that the pickle did
-reach; that object is named.
+training process only to test it): one bounded walk per part (every item of
+every container, a large one of plain values read in C) finds the open files;
+a part that holds none costs that walk and nothing else. Above each file,
+only the outermost object on its path that pickles itself is pickled, with
+the probe's dispatch table (the planned repairs count), into a sink that
+keeps nothing, noting every object the pickle reaches. A file the pickle
+never reaches was dropped, by the deepest object on its path that the pickle
+did reach; that object is named.
 
 Not a hazard:
 
 - what a planned repair pickles (its reducer makes the file again);
 - a PIL image of one frame: its pickle keeps its pixels, all that it reads
   from the file;
-- an object whose class sets the dropped attribute again, read from its
-  code, never run: in a method of its own (a lazy open: ``if self.fh is
-  None: self.fh = open(self.path)``), in ``__setstate__``, in ``__init__``
-  where its own ``__reduce__`` builds it by calling the class; or that asks
-  ``os.getpid()`` (``holdings.reopens_per_process``).
+- an object whose class sets the dropped attribute again (``sets_again``: a
+  lazy open, ``if self.fh is None: self.fh = open(self.path)``).
 
 Fail open: an object whose inspection or pickling raises is skipped.
 """
@@ -175,35 +171,6 @@ def live_stream(obj):
     return False
 
 
-def _stream_kind(obj):
-    return is_a(obj, io.BytesIO) or holdings.is_file_object(obj)
-
-
-def _stop_at_streams(obj):
-    return _stream_kind(obj) or holdings.stop_at_threading(obj)
-
-
-def _streams(obj):
-    """``{id: (stream, [paths])}`` of the live streams reachable from ``obj``,
-    at every place that holds one (paths relative to ``obj``)."""
-    found = {}
-    for here, owner, _edge in objwalk.walk(obj, "", stop=_stop_at_streams):
-        if _stop_at_streams(owner):
-            continue
-        try:
-            edges = list(objwalk.edges(owner))
-        except Exception:
-            continue
-        for edge in edges:
-            try:
-                if _stream_kind(edge.child) and live_stream(edge.child):
-                    found.setdefault(id(edge.child), (edge.child, []))[1].append(
-                        here + edge.label())
-            except Exception:  # an object that cannot be looked at: skipped
-                continue
-    return found
-
-
 def stream_name(stream, img=None):
     """``frames.tif``, or ``an in-memory stream``: words for the log, no repr."""
     try:
@@ -260,7 +227,7 @@ def sets_again(obj, attribute):
     its class (not construction, pickling or closing) sets it to something
     other than None (the lazy open), ``__setstate__`` does, ``__init__`` does
     where the class's own ``__reduce__`` calls the class, or the class
-    reopens per process (``os.getpid()``). Read from the code, never run."""
+    reopens per process (``holdings.reopens_per_process``). Read from the code, never run."""
     try:
         return holdings.reopens_per_process(obj) or _sets_again(type(obj), attribute)
     except Exception:
@@ -451,8 +418,7 @@ def unfaithful(parts, planned=None):
     ``error``: one sentence, ``value``: the object, ``fix``).
 
     ``planned``: ``{class: reducer}`` a repair would install, used as if
-    installed (nothing is). Fail open: [] where the search itself raises.
-    """
+    installed (nothing is). Fail open: [] where the search itself raises."""
     try:
         return _Search(planned or {}).run(parts)
     except Exception:

@@ -202,8 +202,7 @@ class Failure:
     the worker's faulthandler output (a crash: its traceback; a hang: every
     worker's stacks), or, ``starting``, the traceback of a worker that died
     while it started (unpickling its dataset, importing the main module);
-    ``note``: why there is none.
-    """
+    ``note``: why there is none."""
 
     __slots__ = ("kind", "exc", "worker", "pid", "status", "batch", "dump", "note",
                  "waited", "starting")

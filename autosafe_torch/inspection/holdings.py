@@ -3,16 +3,8 @@
 Looked at, never changed: the walks here copy nothing and call no user code
 (no ``__getitem__``, no iteration of anything but built-in containers). The
 remedies that act on what is found live in ``autosafe_torch.remedies``.
-
-- files: which are read-only regular files that a worker could reopen by
-  path (``file_kind``), and where each hangs (``find_files``); native
-  handles count as files: h5py objects, lmdb environments, and the
-  ``cv2.VideoCapture`` objects whose source the cv2 patch recorded;
-- ``fork_unsafe`` names the handles that a forked child must not use;
-- ``fork_blockers`` names what a forked child cannot inherit: a lock held
-  at the fork, a live thread; ``UsersLocks``, the user's locks nobody holds;
-- ``configured``: a logger a spawned worker would not have as configured;
-  ``rebuildable``: a logging handler a worker can make again.
+Native handles count as files: h5py objects, lmdb environments, and the
+``cv2.VideoCapture`` objects whose source the cv2 patch recorded.
 """
 
 import collections
@@ -180,12 +172,9 @@ def lmdb_read_write(env):
 def file_kind(f):
     """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can reopen).
 
-    Read-only means opened for reading only (``'rb'``, ``'r'``, unbuffered or
-    not) on a regular file that its path still names; for native handles, an
-    h5py file opened ``'r'``, a sqlite connection or an lmdb environment (both
-    reopened read-only: see ``reopen.read_only_note``), a recorded capture of
-    a file.
-    """
+    Read-only: opened for reading only, on a regular file its path still names;
+    an h5py file opened ``'r'``; a sqlite connection or an lmdb environment (both
+    reopened read-only: ``reopen.read_only_note``); a recorded capture of a file."""
     h5 = h5py_types()
     if h5 and is_a(f, h5):
         return _h5py_kind(f)
@@ -275,8 +264,7 @@ def find_files(obj, path="dataset", items=None):
 
     Includes files that cannot be reopened (kind None: pipes, sockets, closed
     or deleted files). A file held in two places is reported at each.
-    ``items``: look at that many items per container (None: every one).
-    """
+    ``items``: look at that many items per container (None: every one)."""
     if is_file_object(obj):
         return [HeldFile(path, obj, file_kind(obj), None)]
     found, kinds = [], {}
@@ -561,8 +549,6 @@ def _unpickling_fails(cls):
 # -- code that already takes care of itself ------------------------------------
 
 
-# os.getpid(): it reopens in each process; os.pread/preadv: it reads at explicit
-# offsets and shares none.
 PER_PROCESS_NAMES = frozenset({"getpid", "pread", "preadv"})
 
 
@@ -578,7 +564,7 @@ def _code_names(code, depth=0):
 def reopens_per_process(obj):
     """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (the idiom
     of a dataset that reopens its files in each process by itself) or read with
-    ``os.pread`` (no shared offset): read from the code, never run."""
+    ``os.pread``/``preadv`` (no shared offset): read from the code, never run."""
     for cls in type(obj).__mro__:
         if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch."):
             continue

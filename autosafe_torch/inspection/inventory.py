@@ -57,10 +57,9 @@ PAYLOADS = frozenset({"tensor", "array", "logger"})
 class Inventory:
     """What a pass found: ``of(kind)``, the objects of that kind (each once, in
     the order met); ``unpicklable``, ``[(obj, exception)]`` (``SENT``: the
-    first of each part);
-    ``complete``, whether the pass saw everything (else ``error`` says why);
-    ``objects``, how many objects reached Python (not counting plain values
-    and containers)."""
+    first of each part); ``complete``, whether the pass saw everything (else
+    ``error`` says why); ``objects``, how many objects reached Python (not
+    counting plain values and containers)."""
 
     __slots__ = ("mode", "found", "unpicklable", "complete", "error", "objects", "stand_ins",
                  "met")
@@ -77,19 +76,6 @@ class Inventory:
 
     def of(self, kind):
         return list(self.found.get(kind, {}).values())
-
-    def has(self, kind):
-        return bool(self.found.get(kind))
-
-    def merge(self, other):
-        for kind, objs in other.found.items():
-            self.found.setdefault(kind, {}).update(objs)
-        self.unpicklable += other.unpicklable
-        self.complete = self.complete and other.complete
-        self.error = self.error or other.error
-        self.objects += other.objects
-        self.stand_ins += other.stand_ins
-        return self
 
 
 class _Sink:
@@ -157,8 +143,7 @@ class _Pass(pickle.Pickler):
             return reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
         except Exception as exc:  # what a worker's pickling would raise
             inv.unpicklable.append((obj, kept(exc)))
-            # As pickling itself: nothing after the first failure is asked to reduce
-            # (a lazy-module proxy further on would import its module).
+            # Nothing further is asked to reduce: a lazy-module proxy would import its module.
             raise _Stopped from None
 
     def _check_payload(self, obj, kind):
@@ -275,9 +260,7 @@ def only_plain(container):
     calls back for anything else, which stops it)."""
     try:
         _PlainOnly(_Sink(), PROTOCOL).dump(container)
-    except _NotPlain:
-        return False
-    except Exception:  # too deep, a cycle the memo would take: not known plain
+    except Exception:  # _NotPlain; or too deep, a cycle the memo would take: not known plain
         return False
     return True
 

@@ -20,12 +20,9 @@ import sys
 
 
 def interactive_main():
-    """True when the main module cannot be re-imported by a spawned child.
-
-    A child imports the parent's main by ``__spec__.name`` (``python -m``) or
-    by its file; ``python -c``, stdin, a REPL or a notebook kernel has neither,
-    so whatever it defines is missing in the child.
-    """
+    """True when the main module cannot be re-imported by a spawned child: it has
+    neither ``__spec__.name`` nor a file (``python -c``, stdin, a REPL, a notebook
+    kernel), so whatever it defines is missing in the child."""
     main = sys.modules.get("__main__")
     if main is None:
         return True

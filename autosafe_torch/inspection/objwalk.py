@@ -5,11 +5,11 @@ locks does this dataset hold, and how to replace them in a worker) must see
 the same objects under the same names, so both use ``edges`` and ``walk``.
 The walk follows what pickling follows for ordinary objects (instance
 ``__dict__``, ``__slots__``, list/tuple/set items, dict keys and values, a
-``functools.partial``'s function and arguments), so
-it covers TensorDataset, ConcatDataset, Subset and ChainDataset. It never
-copies, never iterates anything but built-in containers (a dataset is never
-iterated, a generator never consumed), and never enters modules, classes or
-functions (a reference to a module would otherwise reach everything).
+``functools.partial``'s function and arguments), so it covers TensorDataset,
+ConcatDataset, Subset and ChainDataset. It never copies, never iterates
+anything but built-in containers (a dataset is never iterated, a generator
+never consumed), and never enters modules, classes or functions (a reference
+to a module would otherwise reach everything).
 
 It survives any object: an attribute access, ``isinstance`` (which asks an
 object for its ``__class__`` when its type does not match), ``__class__``
@@ -98,15 +98,11 @@ def is_atomic(obj):
 def is_leaf(obj):
     if is_a(obj, ATOMIC) or is_a(obj, OPAQUE):
         return True
-    for name in ("torch", "numpy"):
-        mod = sys.modules.get(name)
-        if mod is None:
-            continue
-        if name == "torch" and (is_a(obj, mod.Tensor) or _is_storage(mod, obj)):
-            return True
-        if name == "numpy" and is_a(obj, (mod.ndarray, mod.generic)):
-            return True
-    return False
+    torch = sys.modules.get("torch")
+    if torch is not None and (is_a(obj, torch.Tensor) or _is_storage(torch, obj)):
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and is_a(obj, (numpy.ndarray, numpy.generic))
 
 
 _storage_kinds = []
@@ -153,8 +149,7 @@ def edges(obj, items=None):
     """The children of ``obj`` as ``Edge`` objects, in a stable order.
 
     ``items``: at most that many items of a list, tuple, dict or set. A large
-    built-in container of plain values only has none (``plain``).
-    """
+    built-in container of plain values only has none (``plain``)."""
     if is_leaf(obj):
         return
     if type(obj) in _CONTAINERS and (items is None or items > PLAIN_AT) \
@@ -203,10 +198,9 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
     ``edge`` is None for the root. Each object is visited once (by identity).
     ``stop(obj)`` true means report ``obj`` but do not enter it; a ``stop``
     that raises on an object skips that object (it is neither reported nor
-    entered) and the walk goes on. ``items``:
-    follow at most that many items of each container (None: every one).
-    ``on_cut()`` is called when a bound (depth, objects) leaves something unseen.
-    """
+    entered) and the walk goes on. ``items``: follow at most that many items
+    of each container (None: every one). ``on_cut()`` is called when a bound
+    (depth, objects) leaves something unseen."""
     seen = set()
     stack = [(path, root, None, 0)]
     while stack:

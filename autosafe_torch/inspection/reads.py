@@ -21,9 +21,9 @@ What is found is a ``Read``: the module, the dotted name under it, and the
 first line that reads it. Cost: a code object is read once per process
 (``dis``, cached by code object); objects are looked at only through their
 attributes, a few hundred at most, and containers only while small: a
-dataset's million samples are never walked. No user code runs:
-attributes are read from ``__dict__`` and ``__slots__``, never through
-``getattr`` on an instance.
+dataset's million samples are never walked. No user code runs: attributes
+are read from ``__dict__`` and ``__slots__``, never through ``getattr`` on
+an instance.
 """
 
 from __future__ import annotations

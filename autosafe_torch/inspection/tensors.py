@@ -146,8 +146,7 @@ def batch_device(dataset):
     on one accelerator yields samples made only of those tensors, so each
     batch is wholly on that device: after the move to CPU, the loader can
     copy each batch back, and the script sees the very batches it had.
-    Other datasets may mix devices within a sample: None.
-    """
+    Other datasets may mix devices within a sample: None."""
     from torch.utils.data import ConcatDataset, Subset, TensorDataset  # noqa: PLC0415 - the rules load without torch (explain, doctor)
 
     pending, devices = [dataset], set()
