@@ -231,6 +231,20 @@ def collate_in_process(batch: Any) -> Any:
         _worker_module._worker_info = saved
 
 
+@contextlib.contextmanager
+def multiprocessing_context_as(loader: Any, context: Any) -> Iterator[None]:
+    """While an iterator of ``loader`` is made: torch's iterator takes
+    ``context`` for its queues, events and processes (it reads the loader's
+    ``multiprocessing_context`` there and nowhere after). Set past the
+    property's check, which accepts only a stdlib context."""
+    saved = loader._DataLoader__multiprocessing_context
+    loader._DataLoader__multiprocessing_context = context
+    try:
+        yield
+    finally:
+        loader._DataLoader__multiprocessing_context = saved
+
+
 # -- what a worker is sent first --------------------------------------------------
 
 @contextlib.contextmanager

@@ -227,8 +227,7 @@ def starting(saved):
     """As while a process is being started, the reducer installed for ``saved``."""
     mapped_tensors.install_reducers([file_of(saved)])
     context.set_spawning_popen(Starting())
-    with pickling.sending():  # as our workers' start pickles
-        yield
+    yield
     context.set_spawning_popen(None)
     pickling.uninstall_reducers()
     mapped_tensors._files.clear()
@@ -238,7 +237,7 @@ def sent(obj):
     """``obj`` as a child started now gets it (each start has a Popen of its own)."""
     if context.get_spawning_popen() is not None:
         context.set_spawning_popen(Starting())
-    return pickle.loads(ForkingPickler.dumps(obj))
+    return pickle.loads(pickling.WorkerPickler.dumps(obj))  # as our workers' start pickles
 
 
 def maps_of(path):

@@ -24,7 +24,6 @@ import re
 import numpy as np
 import pytest
 from multiprocessing import context
-from multiprocessing.reduction import ForkingPickler
 
 from autosafe_torch.inspection import mappings
 from autosafe_torch.remedies import memmaps, pickling
@@ -131,8 +130,7 @@ def starting():
     """As while a process is being started (what spawn's Popen sets)."""
     memmaps.install_reducers()
     context.set_spawning_popen(object())
-    with pickling.sending():  # as our workers' start pickles
-        yield
+    yield
     context.set_spawning_popen(None)
     pickling.uninstall_reducers()
 
@@ -153,7 +151,7 @@ def views(mm):
 def test_what_a_worker_gets_is_what_pickling_gives(path, starting, mode):
     mm = np.memmap(path, np.float32, mode, offset=12, shape=(100, 200))
     for name, obj in views(mm).items():
-        sent = pickle.loads(ForkingPickler.dumps(obj))
+        sent = pickle.loads(pickling.WorkerPickler.dumps(obj))
         plain = pickle.loads(pickle.dumps(obj))
         assert type(sent) is type(plain) is np.memmap, name
         assert (sent.shape, sent.strides, sent.dtype) == (plain.shape, plain.strides, plain.dtype)
@@ -171,7 +169,7 @@ def test_only_while_a_process_starts(path):
     memmaps.install_reducers()
     try:
         mm = np.memmap(path, np.float32, "r")
-        assert len(ForkingPickler.dumps(mm)) > mm.nbytes  # a queue, a copy: as ever
+        assert len(pickling.WorkerPickler.dumps(mm)) > mm.nbytes  # a queue, a copy: as ever
     finally:
         pickling.uninstall_reducers()
 
@@ -183,11 +181,11 @@ def test_moved_file_is_followed_deleted_file_is_pickled(path, starting, tmp_path
     moved = str(tmp_path / "moved")
     os.rename(path, moved)
     (np.zeros(30000, dtype=np.float32)).tofile(path)  # another file at the old path
-    sent = pickle.loads(ForkingPickler.dumps(mm))
+    sent = pickle.loads(pickling.WorkerPickler.dumps(mm))
     assert isinstance(sent.base, mmap.mmap) and np.array_equal(sent, mm)
     assert mappings.reference(mm)[0].path == moved
     os.unlink(moved)
-    sent = pickle.loads(ForkingPickler.dumps(mm))
+    sent = pickle.loads(pickling.WorkerPickler.dumps(mm))
     assert not isinstance(sent.base, mmap.mmap) and np.array_equal(sent, mm)
     assert mappings.reference(mm)[0] is None
 
@@ -274,8 +272,7 @@ def test_mmap_under_fork_is_left_alone(tmp_path):
 def maps_starting():
     pickling.install(memmaps.map_reducers())
     context.set_spawning_popen(object())
-    with pickling.sending():  # as our workers' start pickles
-        yield
+    yield
     context.set_spawning_popen(None)
     pickling.uninstall_reducers()
 
@@ -290,7 +287,7 @@ def test_what_a_worker_maps_is_what_a_forked_one_holds(path, maps_starting, acce
         m = mmap.mmap(f.fileno(), 3 * mmap.ALLOCATIONGRANULARITY,
                       offset=mmap.ALLOCATIONGRANULARITY, **kw)
     m.seek(77)
-    sent = pickle.loads(ForkingPickler.dumps(m))
+    sent = pickle.loads(pickling.WorkerPickler.dumps(m))
     assert type(sent) is mmap.mmap and sent[:] == m[:] and sent.tell() == 77
     assert len(sent) == len(m) and sent.size() == m.size()
     if access == "read":
@@ -320,7 +317,7 @@ def test_maps_that_cannot_be_mapped_again(path, maps_starting, tmp_path):
     for m, why in cases.items():
         assert why in mappings.map_reference(m)[1]
         with pytest.raises(TypeError, match="cannot pickle 'mmap.mmap' object"):
-            ForkingPickler.dumps(m)
+            pickling.WorkerPickler.dumps(m)
     anonymous = mmap.mmap(-1, 4096)
     assert "an anonymous map" in mappings.map_reference(anonymous)[1]
     assert "an anonymous map" in mappings.map_reference(anonymous, None)[1]  # no /proc
@@ -330,7 +327,7 @@ def test_maps_that_cannot_be_mapped_again(path, maps_starting, tmp_path):
         fine = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     assert mappings.map_reference(fine)[1] is None
     with pytest.raises(TypeError, match="^cannot pickle 'mmap.mmap' object$"):
-        ForkingPickler.dumps(fine)  # a queue: as ever
+        pickling.WorkerPickler.dumps(fine)  # a queue: as ever
 
 
 def test_emulated_copies_map_again_or_refuse(path):

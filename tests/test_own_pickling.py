@@ -1,12 +1,13 @@
 """The program's own pickling is as it would be without us.
 
-Our repairs are reducers registered with multiprocessing's ForkingPickler,
-which is the whole process's: the program's own ``Queue.put``, ``Pipe.send``
-and ``Pool.map`` pickle with it too. Before, a repaired loader left them
-registered for every pickle: a program that put an open file or a lambda on
-its own queue got it through with the shim, and an error without it
-(promise 1: the shim acts only on the loader it repairs). Now they act only
-while a repaired loader's workers are sent what they get.
+Our repairs are reducers. Registered with multiprocessing's ForkingPickler,
+which is the whole process's (the program's own ``Queue.put``, ``Pipe.send``
+and ``Pool.map`` pickle with it too), a repaired loader left them there for
+every pickle: a program that put an open file or a lambda on its own queue
+got it through with the shim, and an error without it (promise 1: the shim
+acts only on the loader it repairs). Now they live in a pickler of our own,
+``WorkerPickler``, which pickles only what our workers are sent; the
+ForkingPickler is never touched.
 """
 
 import pickle
@@ -85,28 +86,27 @@ def test_a_programs_own_pickling_after_a_repaired_loader_is_as_without_the_shim(
     assert own_lines(shim.stdout) == own_lines(plain.stdout)
 
 
-@pytest.fixture
-def installed():
+def test_our_reducers_act_only_in_our_workers_pickler(tmp_path):
+    before = dict(extra_reducers())
     reopen.install_reducers()
     byvalue.send_by_value_where_needed()
-    yield
-    pickling.uninstall_reducers()
-
-
-def test_our_reducers_act_only_while_our_workers_are_sent(installed, tmp_path):
-    path = tmp_path / "data.txt"
-    path.write_text("abc\ndef\n")
-    with open(path) as held:
-        held.readline()
-        with pytest.raises(TypeError, match="cannot pickle '_io.TextIOWrapper'"):
-            ForkingPickler.dumps(held)
-        with pytest.raises((pickle.PicklingError, AttributeError)):  # as the Python says
-            ForkingPickler.dumps(lambda x: x + 1)
-        with pickling.sending():
-            again = pickle.loads(ForkingPickler.dumps(held))
-            add = pickle.loads(ForkingPickler.dumps(lambda x: x + 1))
-        assert again.name == held.name and again.readline() == "def\n"
-        assert add(1) == 2
+    try:
+        assert extra_reducers() == before  # the process's table: untouched
+        assert "reducer_override" not in vars(ForkingPickler)
+        path = tmp_path / "data.txt"
+        path.write_text("abc\ndef\n")
+        with open(path) as held:
+            held.readline()
+            with pytest.raises(TypeError, match="cannot pickle '_io.TextIOWrapper'"):
+                ForkingPickler.dumps(held)
+            with pytest.raises((pickle.PicklingError, AttributeError)):  # as the Python says
+                ForkingPickler.dumps(lambda x: x + 1)
+            again = pickle.loads(pickling.WorkerPickler.dumps(held))
+            add = pickle.loads(pickling.WorkerPickler.dumps(lambda x: x + 1))
+            assert again.name == held.name and again.readline() == "def\n"
+            assert add(1) == 2
+    finally:
+        pickling.uninstall_reducers()
 
 
 def test_a_reducer_the_program_registered_answers_outside_our_start(tmp_path):
@@ -125,11 +125,9 @@ def test_a_reducer_the_program_registered_answers_outside_our_start(tmp_path):
         with open(tmp_path / "x.txt") as held:
             assert pickle.loads(ForkingPickler.dumps(held)) == "the program's"
             assert mine == [held]
-            with pickling.sending():
-                assert pickle.loads(ForkingPickler.dumps(held)).name == held.name
+            assert pickle.loads(pickling.WorkerPickler.dumps(held)).name == held.name
             assert len(mine) == 1
-        pickling.uninstall_reducers()
-        assert extra_reducers()[io.TextIOWrapper] is program_reducer
+            assert extra_reducers()[io.TextIOWrapper] is program_reducer
     finally:
         pickling.uninstall_reducers()
         extra_reducers().pop(io.TextIOWrapper, None)

@@ -1,6 +1,7 @@
 import concurrent.futures
 import io
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -36,13 +37,12 @@ def data(tmp_path):
 @pytest.fixture
 def reducers():
     reopen.install_reducers()
-    with pickling.sending():  # as our workers' start pickles
-        yield
+    yield
     pickling.uninstall_reducers()
 
 
 def roundtrip(obj):
-    return ForkingPickler.loads(ForkingPickler.dumps(obj))
+    return pickle.loads(pickling.WorkerPickler.dumps(obj))  # as our workers' start pickles
 
 
 def test_file_kind(data, tmp_path):
@@ -103,6 +103,7 @@ def test_uninstall_restores_the_default(data):
     with open(path, "rb") as f, pytest.raises(TypeError, match=cannot_pickle("BufferedReader")):
         roundtrip(f)
     assert io.BufferedReader not in ForkingPickler._extra_reducers
+    assert io.BufferedReader not in pickling.WorkerPickler.ours
 
 
 def test_by_value_functions():
@@ -200,6 +201,7 @@ SPAWN_FILE = """
     import sys
     import torch
     from torch.utils.data import DataLoader, Dataset
+    from autosafe_torch.recovery.rungs import pickled_for_workers
     from autosafe_torch.remedies import byvalue, pickling, reopen
 
     class Records(Dataset):
@@ -217,8 +219,9 @@ SPAWN_FILE = """
         if "install" in sys.argv:
             reopen.install_reducers()
         workers = 0 if "reference" in sys.argv else 1
-        with pickling.sending():  # as the shim starts a repaired loader's workers
-            digest(DataLoader(Records("records.bin"), batch_size=4, num_workers=workers))
+        loader = DataLoader(Records("records.bin"), batch_size=4, num_workers=workers)
+        with pickled_for_workers(loader):  # as the shim starts a repaired loader's workers
+            digest(loader)
 """
 
 
@@ -277,6 +280,7 @@ def test_fork_shared_offset_gives_wrong_samples_until_isolated(tmp_path):
 INTERACTIVE_CLASS = """
 import torch
 from torch.utils.data import DataLoader, Dataset
+from autosafe_torch.recovery.rungs import pickled_for_workers
 from autosafe_torch.remedies import byvalue, pickling, reopen
 
 class DS(Dataset):
@@ -291,7 +295,7 @@ if BY_VALUE:
     byvalue.register_by_value_class(DS)
 loader = DataLoader(DS(), batch_size=2, num_workers=1, multiprocessing_context="spawn",
                     collate_fn=byvalue.by_value(lambda b: torch.stack(b).sum()))
-with pickling.sending():  # as the shim starts a repaired loader's workers
+with pickled_for_workers(loader):  # as the shim starts a repaired loader's workers
     print("SUM", float(sum(loader)))
 """
 

@@ -4,8 +4,8 @@ A DataLoader under spawn or forkserver pickles the dataset, the collate_fn,
 the worker_init_fn and the sampler's state with multiprocessing's
 ForkingPickler. We cannot just call it: torch registers reducers with it that
 move every tensor's storage into shared memory. The probe pickles with the
-same protocol and the same extra reducers (so repairs registered with
-ForkingPickler count), minus torch's, into a sink that keeps nothing; tensor,
+same protocol and the same extra reducers (the program's), minus torch's,
+plus those a repair would add, into a sink that keeps nothing; tensor,
 storage and array payloads are replaced by a persistent id, so the cost grows
 with the number of objects, never with their bytes.
 
@@ -39,7 +39,6 @@ MAX_PICKLED = 2_000_000
 BIG_BUFFER = 1 << 16  # bytes/bytearray this large are payload, not structure
 
 _TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
-_OURS = "autosafe_torch."
 _FAST_LEAVES = frozenset({type(None), bool, int, float, complex, str})
 
 
@@ -83,15 +82,16 @@ _SINK = _NullSink()
 
 
 def _probe_dispatch_table(planned=None):
-    """ForkingPickler's reducers less torch's and ours, plus ``planned``
-    (reducers a repair would install: the probe tries them without installing
-    them). A repair installed for another loader does not count: each loader
-    is planned, and recorded, as if it were the only one."""
+    """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a
+    repair would install: the probe tries them without installing them). A
+    repair installed for another loader does not count (ours are
+    ``WorkerPickler``'s): each loader is planned, and recorded, as if it were
+    the only one."""
     table = copyreg.dispatch_table.copy()
     for cls, reducer in extra_reducers().items():
         module = getattr(reducer, "__module__", None) or getattr(
             getattr(reducer, "func", None), "__module__", "")
-        if module != _TORCH_REDUCERS_MODULE and not module.startswith(_OURS):
+        if module != _TORCH_REDUCERS_MODULE:
             table[cls] = reducer
     if sys.version_info < (3, 10):
         table.update(_fork_semlock_reducers())

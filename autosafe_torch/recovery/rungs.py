@@ -116,14 +116,25 @@ def _carry(loader):
 
 @contextlib.contextmanager
 def sending_to_workers(loader):
-    """While ``loader``'s workers start: the reducers of its repairs act
-    (``remedies/pickling.py``), its loggers travel configured where DL219 chose
+    """While ``loader``'s workers start: they are pickled with the reducers of
+    our repairs (``pickled_for_workers``), its loggers travel configured where DL219 chose
     that, the process state its workers read goes ahead of its dataset (DL220),
     its dataset goes once to all spawned workers where nothing was repaired,
     and each worker is told where a failed start leaves its traceback."""
-    with pickling.sending(), telling_workers(dump_dir()), carried_loggers(loader), \
-            carried_state(loader), sent_once_where_spawned(loader):
+    with telling_workers(dump_dir()), carried_loggers(loader), carried_state(loader), \
+            sent_once_where_spawned(loader), pickled_for_workers(loader):
         yield
+
+
+def pickled_for_workers(loader):
+    """While ``loader``'s workers start: what they are sent is pickled with
+    our ``WorkerPickler`` (``remedies/pickling.py``), where a repair of ours
+    acts and they do not fork; as torch pickles it otherwise."""
+    context = loader.multiprocessing_context
+    if not pickling.WorkerPickler.acts() or facts.effective_start_method(context) == "fork":
+        return contextlib.nullcontext()
+    return tp.multiprocessing_context_as(
+        loader, pickling.WorkerContext(torch.multiprocessing if context is None else context))
 
 
 def sent_once_where_spawned(loader):

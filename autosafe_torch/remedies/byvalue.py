@@ -72,7 +72,7 @@ def _new_instance_ex(cls, args, kwargs):
 
 
 def _reduce_instance_by_value(obj):
-    """Only the class goes by value: the state still goes through ForkingPickler,
+    """Only the class goes by value: the state still goes through WorkerPickler,
     so tensors are shared, not copied, and files use the reducers above."""
     cls = type(obj)
     rv = obj.__reduce_ex__(PROTOCOL)
@@ -100,7 +100,7 @@ def register_by_value_class(cls):
 
 
 def _reducer_override(pickler, obj):
-    """ForkingPickler's ``reducer_override``: a function or class that a worker
+    """WorkerPickler's ``reducer_override``: a function or class that a worker
     cannot import (a lambda or local function in a dataset's transform, a
     dataset class defined inside ``main()``) goes by value; everything else
     as before."""

@@ -48,7 +48,6 @@ import sys
 import threading
 import types
 import weakref
-from multiprocessing.reduction import ForkingPickler
 from typing import cast
 
 from ..inspection import dropped, holdings, objwalk
@@ -58,7 +57,7 @@ from ..inspection.naming import what_is
 from ..mp_private import new_semaphore
 from ..report import shorten_line
 from . import images, isolation
-from .pickling import sending
+from .pickling import WorkerPickler
 from .reopen import file_reducers, reopen
 
 # Tensors and arrays at least this large are shared with the workers rather
@@ -325,8 +324,7 @@ class CopyPlan:
         if again is not None:
             return again
         try:
-            with sending():  # as a spawned worker would receive it: with our reducers
-                return pickle.loads(ForkingPickler.dumps(obj))
+            return pickle.loads(WorkerPickler.dumps(obj))  # as a spawned worker receives it
         except Exception:
             raise NoExactRung("%s neither pickles for spawn workers nor copies for "
                               "emulated ones, and no two workers may share it"

@@ -113,7 +113,7 @@ def image_reducers():
 
 
 def install_reducers():
-    """Register ``image_reducers`` with ForkingPickler (idempotent; again after
+    """Register ``image_reducers`` with WorkerPickler (idempotent; again after
     a PIL plugin is loaded, to cover its class)."""
     if "PIL.ImageFile" in sys.modules:
         install(image_reducers())

@@ -132,7 +132,7 @@ def uncarried(logger):
 
 
 def reduce_logger(logger):
-    """ForkingPickler's reducer for loggers: by name, as ever, but while a
+    """WorkerPickler's reducer for loggers: by name, as ever, but while a
     loader of ours starts its workers, with the configuration its records meet
     (each handler as the recipe that makes it again: made only where the
     worker needs it)."""

@@ -144,7 +144,7 @@ def _map_file(path, ident):
 # -- in the training process ---------------------------------------------------------
 
 class TensorReducer:
-    """ForkingPickler's reducer for ``torch.Tensor`` and ``torch.nn.Parameter``:
+    """WorkerPickler's reducer for ``torch.Tensor`` and ``torch.nn.Parameter``:
     by reference while a process is being started and the tensor lies in a
     file a loader's tensors lie in and can go exactly; else ``fallback``, the
     reducer that was registered before (torch's)."""

@@ -104,7 +104,7 @@ def mapped_again(path, ident, start, length, delta, shape, dtype, order):
 
 
 def reduce_memmap(arr):
-    """ForkingPickler's reducer for ``np.memmap``: by reference while a process
+    """WorkerPickler's reducer for ``np.memmap``: by reference while a process
     is being started and the array can go exactly; else as pickle does."""
     if get_spawning_popen() is not None:
         ref, _why = reference(arr)
@@ -149,7 +149,7 @@ def map_again(path, ident, start, length, how, position):
 
 
 def reduce_map(m):
-    """ForkingPickler's reducer for ``mmap.mmap``: by reference while a process
+    """WorkerPickler's reducer for ``mmap.mmap``: by reference while a process
     is being started; else (or where it cannot go exactly) the TypeError
     pickling raises, with why it was not sent."""
     if get_spawning_popen() is None:

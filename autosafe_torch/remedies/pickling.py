@@ -1,33 +1,31 @@
-"""Reducers registered with multiprocessing's ForkingPickler, and taken back.
+"""The one pickler our repairs' reducers live in: ``WorkerPickler``.
 
 The repairs that make a dataset travel to spawn/forkserver workers are
 reducers: planning only names them (the probe tries them without
 installing anything); they are installed when a finding is applied, in fix
-mode, and ``uninstall_reducers`` puts back what was there before.
-
-ForkingPickler's table is the process's: the program's own ``Queue.put``,
-``Pipe.send`` and ``Pool.map`` pickle with it too, and a forked worker sends
-its batches with what it inherited. Our reducers act only while this thread
-sends what a repaired loader's workers get (``sending()``: their start, an
-emulated worker's copy); anywhere else each gives way to what the class had
-before (torch's reducer, the program's own, or pickle's default), so that a
-program's own pickling fails or succeeds as it would without us.
+mode, into ``WorkerPickler``, a ``ForkingPickler`` of our own. Only what the
+shim sends to workers is pickled with it: the process object of a worker it
+starts (``WorkerContext``: the loader's context for that start, whose
+processes pickle their state with it), an emulated worker's copy. The
+process-wide ``ForkingPickler``, with which the program's own ``Queue.put``,
+``Pipe.send`` and ``Pool.map`` pickle, is never touched: they fail or
+succeed as they would without us.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copyreg
-import threading
-from collections.abc import Iterator
+import pickle
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, ClassVar
 
 from ..mp_private import extra_reducers
 
-PROTOCOL = __import__("pickle").DEFAULT_PROTOCOL
+PROTOCOL = pickle.DEFAULT_PROTOCOL
 
-_MISSING = object()
+Reducer = Callable[[Any], Any]
+Override = Callable[[Any, Any], Any]
 
 
 def built_from_attributes(cls, state):
@@ -47,104 +45,110 @@ def reduce_from_attributes(obj):
 def forwarder_reducers(classes):
     """Reducers for instances of ``classes`` (attribute forwarders)."""
     return {cls: reduce_from_attributes for cls in classes}
-_installed: dict[Any, Any] = {}  # type -> the reducer it had before us (or _MISSING)
-_sending = threading.local()
 
 
-@contextlib.contextmanager
-def sending() -> Iterator[None]:
-    """While this thread pickles what a repaired loader's workers get: the
-    reducers installed here act (see the module)."""
-    depth = getattr(_sending, "depth", 0)
-    _sending.depth = depth + 1
-    try:
-        yield
-    finally:
-        _sending.depth = depth
+class WorkerPickler(ForkingPickler):
+    """ForkingPickler's reducers (torch's, the program's), then ours; and
+    ``override`` (functions and classes by value) where one is installed."""
+
+    ours: ClassVar[dict[type, Reducer]] = {}
+    override: ClassVar[Override | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        override = WorkerPickler.override
+        if override is not None:
+            # an instance attribute, set before pickle looks for it: where none
+            # is installed, pickling pays nothing for a reducer_override
+            self.reducer_override = lambda obj: override(self, obj)  # type: ignore[method-assign]
+        super().__init__(*args, **kwargs)
+        self.dispatch_table.update(self.ours)
+
+    @classmethod
+    def acts(cls) -> bool:
+        """Whether pickling with it differs from ForkingPickler's."""
+        return bool(cls.ours) or cls.override is not None
 
 
-def is_sending() -> bool:
-    return getattr(_sending, "depth", 0) > 0
+def install(reducers: Mapping[type, Reducer]) -> None:
+    """Register ``{class: reducer}`` with ``WorkerPickler`` (a class we reduce
+    already gets the newer reducer)."""
+    WorkerPickler.ours.update(reducers)
 
 
-class Scoped:
-    """What ForkingPickler holds for a class we reduce: ``reducer`` while
-    ``sending()``, else ``previous`` (the class's reducer before us), else
-    pickle's own way (copyreg's table, then ``__reduce_ex__``)."""
-
-    __slots__ = ("reducer", "previous")
-
-    def __init__(self, reducer: Callable[[Any], Any], previous: Any) -> None:
-        self.reducer, self.previous = reducer, previous
-
-    def __call__(self, obj: Any) -> Any:
-        if is_sending():
-            return self.reducer(obj)
-        if self.previous is not _MISSING:
-            return self.previous(obj)
-        reduce = copyreg.dispatch_table.get(type(obj))
-        return reduce(obj) if reduce is not None else obj.__reduce_ex__(PROTOCOL)
+def install_override(reducer_override: Override) -> None:
+    """Give ``WorkerPickler`` a ``reducer_override`` (functions and classes by value)."""
+    WorkerPickler.override = reducer_override
 
 
-def install(reducers):
-    """Register ``{class: reducer}`` with ForkingPickler, scoped (``Scoped``),
-    remembering the old ones; a class we reduce already gets the newer reducer."""
-    for cls, reducer in reducers.items():
-        current = extra_reducers().get(cls, _MISSING)
-        if isinstance(current, Scoped):
-            current.reducer = reducer
-            continue
-        if cls not in _installed:
-            _installed[cls] = current
-        ForkingPickler.register(cls, Scoped(reducer, current))
+def uninstall(cls: type) -> None:
+    """Take back our reducer for ``cls``."""
+    WorkerPickler.ours.pop(cls, None)
 
 
-def installed(cls):
+def installed(cls: type) -> Reducer | None:
     """Our reducer for ``cls``, or None."""
-    current = extra_reducers().get(cls)
-    return current.reducer if isinstance(current, Scoped) else None
+    return WorkerPickler.ours.get(cls)
 
 
-def before_us(cls):
-    """The reducer ``cls`` had before ours (None: pickle's own way)."""
-    current = extra_reducers().get(cls)
-    if isinstance(current, Scoped):
-        current = current.previous
-    return None if current is _MISSING else current
+def before_us(cls: type) -> Reducer | None:
+    """The reducer ``cls`` has without us (None: pickle's own way)."""
+    return extra_reducers().get(cls)
 
 
-def install_override(reducer_override):
-    """Give ForkingPickler a ``reducer_override`` (functions and classes by
-    value) that acts while ``sending()``, remembering what it had, which
-    answers for everything else."""
-    if _OVERRIDE not in _installed:
-        _installed[_OVERRIDE] = ForkingPickler.__dict__.get("reducer_override", _MISSING)
-    previous = _installed[_OVERRIDE]
-
-    def scoped_override(pickler, obj):
-        if is_sending():
-            reduced = reducer_override(pickler, obj)
-            if reduced is not NotImplemented:
-                return reduced
-        return NotImplemented if previous is _MISSING else previous(pickler, obj)
-
-    ForkingPickler.reducer_override = scoped_override  # type: ignore[method-assign]  # patched on purpose
+def uninstall_reducers() -> None:
+    """Take back every reducer installed here (tests: each as a fresh process)."""
+    WorkerPickler.ours.clear()
+    WorkerPickler.override = None
 
 
-_OVERRIDE = "reducer_override"
+# -- the processes of our workers' starts ----------------------------------------------
+
+class _Pickled:
+    """A pickle made with ``WorkerPickler``, inside the one multiprocessing
+    makes: the child loads it with ``pickle.loads``, nothing of ours."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self) -> Any:
+        return pickle.loads, (self.data,)
 
 
-def uninstall_reducers():
-    """Put back what ForkingPickler had before any registration made here."""
-    previous = _installed.pop(_OVERRIDE, None)
-    if previous is _MISSING:
-        del ForkingPickler.reducer_override
-    elif previous is not None:
-        ForkingPickler.reducer_override = previous  # type: ignore[method-assign]  # put back
+def _reduce_process(process: Any) -> Any:
+    """A worker process object as pickle's default sends it (its class, then
+    its ``__dict__``), the ``__dict__`` pickled with ``WorkerPickler``. It runs
+    inside the Popen's own dump, so what needs the starting Popen (a file
+    descriptor passed, the authentication key) has it."""
+    return (copyreg._reconstructor, (type(process).__mro__[1], object, None),  # type: ignore[attr-defined]  # pickle's own protocol-0 path
+            _Pickled(bytes(WorkerPickler.dumps(vars(process)))))
 
-    for cls, previous in _installed.items():
-        if previous is _MISSING:
-            extra_reducers().pop(cls, None)
-        else:
-            extra_reducers()[cls] = previous
-    _installed.clear()
+_sent_classes: dict[type, type] = {}
+
+
+def _sent_class(cls: type) -> type:
+    """``cls`` (a context's Process class) whose instances pickle with
+    ``WorkerPickler``; its name is ``cls``'s, so its repr is the same."""
+    sent = _sent_classes.get(cls)
+    if sent is None:
+        sent = _sent_classes[cls] = type(cls.__name__, (cls,), {
+            "__reduce__": _reduce_process, "__module__": cls.__module__})
+    return sent
+
+
+class WorkerContext:
+    """A loader's multiprocessing context (or the ``torch.multiprocessing``
+    module torch uses without one) whose processes pickle with ``WorkerPickler``
+    (the loader's context while the shim starts its workers)."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - multiprocessing's name
+        process = self._context.Process(*args, **kwargs)
+        process.__class__ = _sent_class(type(process))
+        return process

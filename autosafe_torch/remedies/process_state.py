@@ -55,7 +55,6 @@ import pickle
 import sys
 import types
 from collections.abc import Sequence
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable
 
 from ..inspection import digest
@@ -64,6 +63,7 @@ from ..inspection.holdings import is_file_object
 from ..inspection.naming import number_of
 from ..inspection.reads import Read
 from ..report import Said, shorten_line, shown_site, without_addresses
+from .pickling import WorkerPickler
 
 # The words of a refusal (the recovery reads them to give the fix) and the permanent fix.
 REFUSED = "cannot be carried to a spawned worker"
@@ -412,7 +412,7 @@ class Carried:
                 if self._plain[i] or value is not self.values[i]:
                     continue  # the plain pickler wrote it whole: it pickles
                 try:
-                    ForkingPickler.dumps(value, pickle.HIGHEST_PROTOCOL)
+                    WorkerPickler.dumps(value, pickle.HIGHEST_PROTOCOL)
                 except Exception as exc:
                     unsent[i] = "it does not pickle (%s)" % shorten_line(
                         without_addresses(describe_exception(exc, 80)), 60)

@@ -314,7 +314,7 @@ class Expected:
 
 
 def reduce_rebuilt(obj, candidates=frozenset()):
-    """ForkingPickler's reducer for a class with an instance to build again:
+    """WorkerPickler's reducer for a class with an instance to build again:
     that instance goes as its call and what its worker must find (or, to a
     worker forked from a build server that built it, as a reference to that
     build); other instances pickle as they always did. ``candidates``: ids of

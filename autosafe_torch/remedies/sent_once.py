@@ -17,20 +17,21 @@ descriptors; a file, a lock, a logger); and no other part the workers
 receive (``collate_fn``, ``worker_init_fn``) refers to the dataset, whose
 objects would otherwise be two in the worker. Otherwise torch pickles it as
 ever. Only in fix mode, for our loaders' own worker starts (``offering``),
-and for that dataset object alone: any other pickling is untouched.
+and for that dataset object alone (``WorkerPickler``): any other pickling
+is untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import pickle
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from ..inspection import probe as probes
 from ..inspection.parts import PARTS
 from ..mp_private import extra_reducers
 from ..loaderstate import state_of
+from .pickling import install, installed, uninstall
 
 # id(dataset) -> (dataset, bytes), while its loader's workers start
 _offered: dict[int, tuple[Any, bytes]] = {}
@@ -53,17 +54,17 @@ def offering(loader):
     if pickled is None:
         pickled = _pickled(loader)
     cls = type(dataset)
-    if pickled is None or cls in extra_reducers():
+    if pickled is None or cls in extra_reducers() or installed(cls) is not None:
         yield
         return
     _offered[id(dataset)] = (dataset, pickled)
-    ForkingPickler.register(cls, _reduce)
+    install({cls: _reduce})
     try:
         yield
     finally:
         _offered.pop(id(dataset), None)
-        if extra_reducers().get(cls) is _reduce:
-            del extra_reducers()[cls]
+        if installed(cls) is _reduce:
+            uninstall(cls)
 
 
 def _pickled(loader):
@@ -82,5 +83,5 @@ def _pickled(loader):
 def _reduce(obj):
     found = _offered.get(id(obj))
     if found is None or found[0] is not obj:
-        return obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)  # as ForkingPickler would
+        return obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)  # as pickle's default would
     return pickle.loads, (found[1],)
