@@ -13,18 +13,20 @@ comment above the line with the permanent fix. Only the user's files under
 the directory it runs in (or ``--root``), never a library's, the standard
 library or autosafe_torch, nor a file the log names elsewhere (by an
 absolute path, ``..``, its ``cwd`` or a link): a log says where, not what
-may be written. libcst keeps every
-line no rewrite touches, byte for byte; each change carries a short comment
-naming its rule. The summary (on stderr, so that stdout is the patch) lists
-what was rewritten and what was left as a comment.
+may be written. libcst keeps every line no rewrite touches, byte for byte;
+each change carries a short comment naming its rule. The summary (on stderr,
+so that stdout is the patch) lists what was rewritten and what was left as a
+comment.
 
 A log is for the file as it ran: a file modified since is left alone (its
 lines may have moved), so a second ``fix --write`` from the same log
 changes nothing. Run it again under the shim, and fix from the new log.
 """
 
+import difflib
 import os
 import sys
+import traceback
 
 from ..config import CONFIG
 from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED, changed_since, read_log
@@ -52,7 +54,7 @@ def main(args, out=None, err=None):
         err.write(INSTALL_HINT + "\n")
         return 2
     try:
-        records, unusable = read_log(args.log, getattr(args, "root", os.curdir))
+        records, unusable = read_log(args.log, args.root)
     except FileNotFoundError:
         err.write("autosafe-torch fix: no log at %s (a run that changed nothing writes "
                   "none)\n" % args.log)
@@ -66,7 +68,7 @@ def main(args, out=None, err=None):
         files.setdefault(record.path, []).append(record)
     written = []
     for path, file_records in files.items():
-        old, new, file_outcomes = fix_file(path, file_records, records)
+        old, new, file_outcomes = fix_file(path, file_records)
         outcomes += [(r.where, r.code, kind, text) for r, kind, text in file_outcomes]
         if new == old:
             continue
@@ -89,10 +91,10 @@ def _write(path, text):
         f.write(text)
 
 
-def fix_file(path, records, log=()):
+def fix_file(path, records):
     """(the file's text, its new text, [(record, kind, text)]) for the records of
-    one file; ``log``: every file's. The file stays as it is when it changed
-    since the run, cannot be read or parsed, or an error of ours occurs."""
+    one file. The file stays as it is when it changed since the run, cannot be
+    read or parsed, or an error of ours occurs."""
     if changed_since(path, records):
         return None, None, [(r, SKIPPED, "the file changed since the run; run it again "
                              "and fix from the new log") for r in records]
@@ -101,12 +103,10 @@ def fix_file(path, records, log=()):
     try:
         with open(path, encoding="utf-8", newline="") as f:
             text = f.read()
-        source, outcomes = plan(path, text, records, log)
+        source, outcomes = plan(path, text, records)
         return text, source.apply(), outcomes
     except Exception as exc:
         if CONFIG.debug:
-            import traceback  # noqa: PLC0415 - only under AUTOSAFE_TORCH_DEBUG; the CLI imports this module
-
             traceback.print_exc()
         why = (str(exc).strip().splitlines() or [""])[0]
         return None, None, [(r, SKIPPED, "not rewritten (%s: %s)" % (type(exc).__name__, why))
@@ -114,13 +114,10 @@ def fix_file(path, records, log=()):
 
 
 def unified_diff(old, new, shown):
-    import difflib  # noqa: PLC0415 - only for a diff; the CLI imports this module
-
-    lines = []
-    for line in difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                     "a/" + shown, "b/" + shown):
-        lines.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(lines)
+    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                 "a/" + shown, "b/" + shown)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in lines)
 
 
 _VERBS = {REWRITTEN: "rewritten", NOT_EXACT: "left as a comment", COVERED: "nothing to change",

@@ -84,28 +84,25 @@ def rewrite(source, records):
         return [(r, NOT_EXACT, reason) for r in records]
     node, qualified = targets[0]
     out = []
-    try:
-        modern = _plan_modern(source, node, qualified, legacy) if legacy else None
-    except NotExact as exc:
-        return [(r, NOT_EXACT, str(exc)) for r in records]
     if legacy is not None:
-        out.append((legacy, REWRITTEN, modern))
+        try:
+            out.append((legacy, REWRITTEN, _plan_modern(source, node, qualified, legacy)))
+        except NotExact as exc:
+            return [(r, NOT_EXACT, str(exc)) for r in records]
     kind = LEGACY[qualified][0] if qualified in LEGACY else MODERN[qualified]
     params = MODERN_PARAMS.get(kind) if (legacy or qualified in MODERN) else LEGACY_PARAMS.get(kind)
-    for code in ("AMP504", "AMP503", "AMP505"):
+    device = by_code.get("AMP504")
+    if device is not None:
+        out.append((device, COVERED, "the device is the new GradScaler's first argument")
+                   if legacy else (device, NOT_EXACT, "the old GradScaler stays"))
+    for code, plan in (("AMP503", _plan_unavailable), ("AMP505", _plan_unsupported)):
         record = by_code.get(code)
         if record is None:
-            continue
-        if code == "AMP504":
-            out.append((record, COVERED, "the device is the new GradScaler's first argument")
-                       if legacy else (record, NOT_EXACT, "the old GradScaler stays"))
             continue
         try:
             if not isinstance(node, cst.Call) or params is None:
                 raise NotExact("not an autocast or GradScaler call")
-            done = (_plan_unavailable if code == "AMP503" else _plan_unsupported)(
-                source, node, kind, params, record)
-            out.append((record, REWRITTEN, done))
+            out.append((record, REWRITTEN, plan(source, node, params, record)))
         except NotExact as exc:
             out.append((record, NOT_EXACT, str(exc)))
     return out
@@ -236,7 +233,7 @@ def _conditional_enabled(source, node, params, condition):
     return "enabled=... %s" % source.code(condition)
 
 
-def _plan_unavailable(source, node, kind, params, record):
+def _plan_unavailable(source, node, params, record):
     changed = set(record.after) - {"enabled"}
     if changed or "enabled" not in record.after:
         raise NotExact("the run also changed %s" % ", ".join(sorted(changed)))
@@ -246,7 +243,7 @@ def _plan_unavailable(source, node, kind, params, record):
     return done
 
 
-def _plan_unsupported(source, node, kind, params, record):
+def _plan_unsupported(source, node, params, record):
     after = record.after
     if set(after) == {"device_type"}:
         found = find_arg(node, "device_type", params)

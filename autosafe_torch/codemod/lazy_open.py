@@ -31,25 +31,16 @@ import libcst as cst
 import libcst.matchers as m
 from libcst import metadata as md
 
-from .records import NOT_EXACT, NotExact, REWRITTEN
-from .source import LOADER_POSITIONAL, find_arg, has_star, is_docstring
+from .records import NotExact, REWRITTEN, per_record
+from .source import LOADER_POSITIONAL, find_arg, has_star, is_docstring, spaced_comma
 
 OPEN_POSITIONAL = ("file", "mode", "buffering", "encoding", "errors", "newline", "closefd",
                    "opener")
 PICKLING = ("__getstate__", "__setstate__", "__reduce__", "__reduce_ex__", "__slots__")
 
 
-def rewrite(source, records):
-    out = []
-    for record in records:
-        try:
-            out.append((record, REWRITTEN, _plan(source, record)))
-        except NotExact as exc:
-            out.append((record, NOT_EXACT, str(exc)))
-    return out
-
-
-def _plan(source, record):
+@per_record
+def rewrite(source, record):
     call = source.dataloader_at(record.line)
     if call is None:
         raise NotExact("no DataLoader(...) made or iterated at this line")
@@ -79,7 +70,7 @@ def _plan(source, record):
         if (id(cls), attribute) not in planned:
             planned[(id(cls), attribute)] = _plan_attribute(source, cls, attribute, statement,
                                                              record.code)
-    return "; ".join("%s.%s opened lazily in __getitem__, once per process" % (
+    return REWRITTEN, "; ".join("%s.%s opened lazily in __getitem__, once per process" % (
         cls.name.value, a) for a in sorted(opened))
 
 
@@ -159,9 +150,8 @@ def _plan_attribute(source, cls, attribute, statement, code):
     os_name, functools = source.module_name("os"), source.module_name("functools")
     this = _self_name(_methods(cls)["__init__"])
     open_call = statement.body[0].value
-    opener = cst.Call(func=cst.parse_expression("%s.partial" % functools), args=[
-        cst.Arg(cst.Name("open"), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    ] + list(open_call.args))
+    opener = cst.Call(func=cst.parse_expression("%s.partial" % functools),
+                      args=[cst.Arg(cst.Name("open"), comma=spaced_comma())] + list(open_call.args))
     new = [cst.parse_statement("%s.%s = None\n" % (this, attribute)),
            cst.parse_statement("%s._%s_pid = None\n" % (this, attribute)),
            cst.SimpleStatementLine([cst.Assign(

@@ -24,31 +24,24 @@ import libcst as cst
 import libcst.matchers as m
 from libcst import metadata as md
 
-from .records import NOT_EXACT, NotExact, REWRITTEN
+from .records import NotExact, REWRITTEN, per_record
 from .source import LOADER_POSITIONAL, find_arg, set_arg_value
 
 PARTS = ("collate_fn", "worker_init_fn")
 COMMENT = "DL202: at module level, so that spawned workers can unpickle it"
 
 
-def rewrite(source, records):
-    out = []
-    for record in records:
-        call = source.dataloader_at(record.line)
-        if call is None:
-            out.append((record, NOT_EXACT, "no DataLoader(...) made or iterated at this line"))
-            continue
-        if "function" in record.before:
-            out.append((record, NOT_EXACT, "the function is inside the dataset"))
-            continue
-        try:
-            done = [d for d in (_plan_part(source, call, p) for p in PARTS) if d]
-        except NotExact as exc:
-            out.append((record, NOT_EXACT, str(exc)))
-            continue
-        out.append((record, REWRITTEN, "; ".join(done)) if done
-                   else (record, NOT_EXACT, "no lambda or local function at the call"))
-    return out
+@per_record
+def rewrite(source, record):
+    call = source.dataloader_at(record.line)
+    if call is None:
+        raise NotExact("no DataLoader(...) made or iterated at this line")
+    if "function" in record.before:
+        raise NotExact("the function is inside the dataset")
+    done = [d for d in (_plan_part(source, call, p) for p in PARTS) if d]
+    if not done:
+        raise NotExact("no lambda or local function at the call")
+    return REWRITTEN, "; ".join(done)
 
 
 def lift_loader_functions(source, call):
@@ -147,11 +140,6 @@ def _leading_lines():
             cst.EmptyLine(indent=False, comment=cst.Comment("# autosafe-torch " + COMMENT))]
 
 
-def _insert(source, call, function):
-    top = source.top_level_of(call)
-    source.insert_before(top, [function])
-
-
 def _lift_lambda(source, call, part, value):
     if any(p.default is not None for p in value.params.params + value.params.kwonly_params):
         raise NotExact("the lambda has default values")
@@ -170,7 +158,7 @@ def _lift_lambda(source, call, part, value):
         body = "(%s)" % body
     function = cst.parse_statement("def %s(%s):\n    return %s\n" % (name, params, body))
     function = function.with_changes(leading_lines=_leading_lines())
-    _insert(source, call, function)
+    source.insert_before(call, [function])
     new = _partial(source, name, closure) if closure else cst.Name(name)
     _replace(source, call, part, new)
     return "%s: lambda lifted to module level as %s" % (part, source.code(new))
@@ -201,7 +189,7 @@ def _lift_def(source, call, part, value, assignment):
     lifted = function.with_changes(params=params, leading_lines=_leading_lines() + [
         line.with_changes(indent=False) for line in function.leading_lines if line.comment])
     source.edit(function, lambda node: cst.RemovalSentinel.REMOVE)
-    _insert(source, call, lifted)
+    source.insert_before(call, [lifted])
     if closure:
         new = _partial(source, value.value, closure)
         _replace(source, call, part, new)

@@ -59,7 +59,7 @@ def classify(statement, first=False):
                 return CODE
         return ASSIGNMENT if ASSIGNMENT in kinds else DEFINITION
     if isinstance(statement, (cst.If, cst.Try)):  # try: import cv2 / except: cv2 = None
-        inner = [s for s in _blocks(statement)]
+        inner = list(_blocks(statement))
         if inner and all(classify(s) in (DEFINITION, ASSIGNMENT) for s in inner):
             return DEFINITION
     return CODE
@@ -166,7 +166,7 @@ def rewrite(source, records):
         return [(r, NOT_EXACT, "the file has a main guard (line %d): move the code that "
                  "starts workers into it" % at) for r in records]
     kept = {i for i, kind in enumerate(kinds) if kind == DEFINITION}
-    needed = set().union(*[eager[i] | lazy[i] for i in kept]) if kept else set()
+    needed = set().union(*[eager[i] | lazy[i] for i in kept])
     grew = True
     while grew:
         grew = False

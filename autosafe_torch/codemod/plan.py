@@ -35,11 +35,9 @@ def serves(code):
 COMMENT_WIDTH = 72
 
 
-def plan(path, text, records, log=()):
-    """(the Source with its edits planned, [(record, kind, text)]); ``log``: the
-    records of every file (a cv2 import elsewhere serves this file's loaders)."""
+def plan(path, text, records):
+    """(the Source with its edits planned, [(record, kind, text)])."""
     source = Source(path, text)
-    source.notes["log"] = log
     outcomes = []
     rewritable = set()
     for codes, rewrite in rewrites("file"):

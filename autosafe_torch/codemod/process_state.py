@@ -55,9 +55,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst import metadata as md
 
-from .records import COVERED, NOT_EXACT, REWRITTEN, NotExact, split_site
+from .records import COVERED, REWRITTEN, NotExact, per_record, split_site
 from .source import (LOADER_POSITIONAL, append_arg, find_arg, has_star, is_docstring,
-                     keyword_arg, set_arg_value)
+                     keyword_arg, set_arg_value, spaced_comma)
 
 HELPER = "set_main_state"
 MARK = "# autosafe-torch DL220"
@@ -78,18 +78,8 @@ COMMENT = "DL220: worker_init_fn sets what main() set, in each worker"
 ARRIVING = ("__setstate__", "__getattr__", "__getattribute__")
 
 
-def rewrite(source, records):
-    out = []
-    for record in records:
-        try:
-            out.append((record, *_plan(source, record)))
-        except NotExact as exc:
-            out.append((record, NOT_EXACT, str(exc)))
-    return out
-
-
-def _plan(source, record):
-    """(kind, what was done) for one loader's record; NotExact where not exact."""
+@per_record
+def rewrite(source, record):
     carried, refused = record.after.get("carried"), record.after.get("refused")
     if refused:
         raise NotExact(" ".join(str(refused[0]).split()))
@@ -319,8 +309,7 @@ def _extend(source, call, earlier, names):
     def edit(node):
         elements = list(node.elements)
         if elements:
-            elements[-1] = elements[-1].with_changes(
-                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            elements[-1] = elements[-1].with_changes(comma=spaced_comma())
         return node.with_changes(elements=elements + list(added.elements))
 
     source.edit(state, edit)

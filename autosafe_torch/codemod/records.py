@@ -10,6 +10,7 @@ directory the run started in, which the log does not record; it is looked
 for from here, then from the log's directory.
 """
 
+import collections
 import json
 import os
 
@@ -23,6 +24,21 @@ REWRITTEN, NOT_EXACT, COVERED, SKIPPED = "rewritten", "not exact", "covered", "s
 
 class NotExact(Exception):
     """Raised by a rewrite's planning where it would not be exact; the reason."""
+
+
+def per_record(plan):
+    """A rewrite that plans each record alone: ``plan(source, record)`` gives
+    (kind, text), or raises NotExact."""
+    def rewrite(source, records):
+        out = []
+        for record in records:
+            try:
+                out.append((record, *plan(source, record)))
+            except NotExact as exc:
+                out.append((record, NOT_EXACT, str(exc)))
+        return out
+    return rewrite
+
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -46,13 +62,8 @@ class Record:
         return "%s:%d" % (self.shown, self.line)
 
 
-class Unusable:
-    """A record that names no file of the user's: said in the summary."""
-
-    __slots__ = ("code", "where", "reason")
-
-    def __init__(self, code, where, reason):
-        self.code, self.where, self.reason = code, where, reason
+# A record that names no file of the user's: said in the summary.
+Unusable = collections.namedtuple("Unusable", "code where reason")
 
 
 def split_site(site):
@@ -67,10 +78,6 @@ def split_site(site):
     return name, int(line)
 
 
-def _library_dirs():
-    return (_PACKAGE_DIR,) + _installed_dirs()
-
-
 def library_reason(path):
     """Why ``path`` is not the user's to change (a library, the standard
     library, autosafe_torch itself), or None."""
@@ -80,7 +87,7 @@ def library_reason(path):
         return "a library's file"
     if real.startswith(_PACKAGE_DIR):
         return "autosafe_torch's own file"
-    if real.startswith(_library_dirs()):
+    if real.startswith(_installed_dirs()):
         return "a library's file"
     return None
 

@@ -10,6 +10,7 @@ the main guard. libcst keeps every byte that no edit touches.
 """
 
 import libcst as cst
+import libcst.matchers as m
 from libcst import metadata as md
 
 MAIN_GUARD = '__name__ == "__main__"'
@@ -21,19 +22,15 @@ LOADER_POSITIONAL = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampl
 COMMENT_PREFIX = "autosafe-torch "
 
 
-def _value(meta):
-    """libcst resolves some metadata lazily (a callable that computes it once)."""
-    return meta() if callable(meta) else meta
-
-
-def no_space():
-    return cst.SimpleWhitespace("")
-
-
 def keyword_arg(name, value, comma=cst.MaybeSentinel.DEFAULT):
     return cst.Arg(keyword=cst.Name(name), value=value, comma=comma,
-                   equal=cst.AssignEqual(whitespace_before=no_space(),
-                                         whitespace_after=no_space()))
+                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                         whitespace_after=cst.SimpleWhitespace("")))
+
+
+def spaced_comma():
+    """``, ``"""
+    return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
 def string(text):
@@ -75,13 +72,10 @@ def literal(value):
     return None
 
 
-def comparison(left, op, right):
-    return cst.Comparison(left=atom(left), comparisons=[cst.ComparisonTarget(op, atom(right))])
-
-
 def workers_test(workers):
     """``<workers> > 0``."""
-    return comparison(workers, cst.GreaterThan(), cst.Integer("0"))
+    return cst.Comparison(left=atom(workers), comparisons=[
+        cst.ComparisonTarget(cst.GreaterThan(), cst.Integer("0"))])
 
 
 def if_else(body, test, orelse):
@@ -90,10 +84,6 @@ def if_else(body, test, orelse):
 
 def both(left, right):
     return cst.BooleanOperation(left=atom(left), operator=cst.And(), right=atom(right))
-
-
-def _space():
-    return cst.SimpleWhitespace(" ")
 
 
 # -- arguments of a call ----------------------------------------------------------
@@ -133,7 +123,7 @@ def append_arg(call, arg):
     if not args:
         return call.with_changes(args=[arg])
     last = args[-1]
-    separator = cst.Comma(whitespace_after=_space())
+    separator = spaced_comma()
     if len(args) >= 2 and isinstance(args[-2].comma, cst.Comma):
         separator = args[-2].comma
     if isinstance(last.comma, cst.Comma):  # a trailing comma: the new one ends as it did
@@ -144,7 +134,7 @@ def append_arg(call, arg):
 
 def prepend_arg(call, arg):
     if call.args:
-        arg = arg.with_changes(comma=cst.Comma(whitespace_after=_space()))
+        arg = arg.with_changes(comma=spaced_comma())
     return call.with_changes(args=[arg] + list(call.args))
 
 
@@ -183,7 +173,6 @@ class Source:
         self.path, self.text = path, text
         self.wrapper = md.MetadataWrapper(cst.parse_module(text))
         self.module = self.wrapper.module
-        self._meta = {}
         self._nodes = {}      # kind -> its nodes
         self._edits = {}      # id(node as parsed) -> [(order, function of the node)]
         self._comments = {}   # id(statement or decorator) -> [comment text]
@@ -197,9 +186,7 @@ class Source:
     # -- what is where ----------------------------------------------------------
 
     def meta(self, provider):
-        if provider not in self._meta:
-            self._meta[provider] = self.wrapper.resolve(provider)
-        return self._meta[provider]
+        return self.wrapper.resolve(provider)  # computed once, then kept
 
     def lines(self, node):
         position = self.meta(md.PositionProvider)[node]
@@ -213,7 +200,9 @@ class Source:
 
     def qualified(self, node):
         names = self.meta(md.QualifiedNameProvider).get(node)
-        return {q.name for q in _value(names)} if names is not None else set()
+        if callable(names):  # libcst computes some lazily, on the first call
+            names = names()
+        return {q.name for q in names} if names is not None else set()
 
     def code(self, node):
         return self.module.code_for_node(node)
@@ -242,15 +231,8 @@ class Source:
     def statement_of(self, node):
         """The statement (or decorator) holding ``node``: where a comment goes."""
         for candidate in [node] + list(self.ancestors(node)):
-            if isinstance(candidate, cst.Decorator):
-                return candidate
-            if isinstance(candidate, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-                return candidate
-        return None
-
-    def top_level_of(self, node):
-        for candidate in [node] + list(self.ancestors(node)):
-            if id(candidate) in self._top:
+            if isinstance(candidate, (cst.Decorator, cst.SimpleStatementLine,
+                                      cst.BaseCompoundStatement)):
                 return candidate
         return None
 
@@ -294,8 +276,9 @@ class Source:
         region = getattr(statement, header.get(type(statement), ""), statement)
         if region is None:
             return None
+        regions = region if isinstance(region, (list, tuple)) else [region]
         found = []
-        for name in _names_in(region):
+        for name in (n for part in regions for n in m.findall(part, m.Name())):
             for assignment in self.referents(name):
                 value = self.assigned_value(assignment)
                 if isinstance(value, cst.Call) and self.qualified(value.func) & DATALOADER \
@@ -303,32 +286,22 @@ class Source:
                     found.append(value)
         return found[0] if len(found) == 1 else None
 
-    def module_binding(self, module):
-        """The name a top-level ``import module`` (``import module.sub``, ``import
-        module as x``) binds to ``module``, or None."""
-        for statement in self.module.body:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                continue
-            for small in statement.body:
-                if not isinstance(small, cst.Import):
-                    continue
-                for alias in small.names:
-                    dotted = self.code(alias.name)
-                    if alias.asname is None and dotted.split(".")[0] == module:
-                        return module
-                    if alias.asname is not None and dotted == module:
-                        return alias.asname.name.value
-        return None
-
     def module_name(self, module):
-        """A name this file can use for ``module`` at module level: its own
-        import's, else an ``import module`` the pass will add."""
-        bound = self.module_binding(module)
-        if bound is None:
-            if module not in self._imports:
-                self._imports.append(module)
-            bound = module
-        return bound
+        """A name this file can use for ``module`` at module level: the one its
+        top-level ``import module`` (``import module.sub``, ``import module as
+        x``) binds, else ``module``, of an ``import module`` the pass will add."""
+        imports = [small for statement in self.module.body
+                   if isinstance(statement, cst.SimpleStatementLine)
+                   for small in statement.body if isinstance(small, cst.Import)]
+        for alias in [alias for small in imports for alias in small.names]:
+            dotted = self.code(alias.name)
+            if alias.asname is None and dotted.split(".")[0] == module:
+                return module
+            if alias.asname is not None and dotted == module:
+                return alias.asname.name.value
+        if module not in self._imports:
+            self._imports.append(module)
+        return module
 
     def globals_bound(self):
         scope = self.scope(self.module)
@@ -337,9 +310,8 @@ class Source:
     def free_name(self, wanted):
         """``wanted``, or ``wanted_2``...: a name no scope of the file uses (nor
         one given out before); it is then given out."""
-        used = self.notes.setdefault("names given out", set())
-        given = used
-        used = set(used)
+        given = self.notes.setdefault("names given out", set())
+        used = set(given)
         for scope in set(self.meta(md.ScopeProvider).values()):
             if scope is not None:
                 used |= {a.name for a in scope.assignments}
@@ -371,20 +343,18 @@ class Source:
             planned.extend(lines)
         return True
 
-    def insert_before(self, top_statement, statements):
-        self._before.setdefault(id(top_statement), []).extend(statements)
+    def insert_before(self, node, statements):
+        """``statements`` before the top-level statement holding ``node``."""
+        top = next(n for n in [node] + list(self.ancestors(node)) if id(n) in self._top)
+        self._before.setdefault(id(top), []).extend(statements)
 
     def move_under_main_guard(self, top_statements, comment):
         self._moved = list(top_statements)
         self._guard_comment = comment
 
-    def changed(self):
-        return bool(self._edits or self._comments or self._before or self._moved
-                    or self._imports)
-
     def apply(self):
         """The new text of the file."""
-        if not self.changed():
+        if not (self._edits or self._comments or self._before or self._moved or self._imports):
             return self.text
         module = self.module.visit(_Apply(self))
         if self._imports:
@@ -396,20 +366,13 @@ def _with_imports(module, imports):
     """``module`` with an ``import m`` for each of ``imports``, where libcst's
     AddImportsVisitor puts one: with the file's imports, after its docstring
     and any ``from __future__`` import, never twice."""
-    from libcst.codemod import CodemodContext  # noqa: PLC0415 - libcst.codemod costs ~0.2 s: only here
+    from libcst.codemod import CodemodContext  # noqa: PLC0415 - libcst.codemod costs ~0.08 s: only here
     from libcst.codemod.visitors import AddImportsVisitor  # noqa: PLC0415 - as above
 
     context = CodemodContext()
     for name in sorted(imports):
         AddImportsVisitor.add_needed_import(context, name)
     return AddImportsVisitor(context).transform_module(module)
-
-
-def _names_in(region):
-    import libcst.matchers as m  # noqa: PLC0415 - libcst.matchers costs ~0.2 s: only here
-
-    regions = region if isinstance(region, (list, tuple)) else [region]
-    return [name for part in regions for name in m.findall(part, m.Name())]
 
 
 def _with_comments(result, comments):
