@@ -113,7 +113,7 @@ def _beside(finding: Finding) -> bool:
     """Whether ``finding`` leaves what the workers are sent as it is: it only
     sends the process state beside it (DL220)."""
     kept = finding.kept
-    return not (finding.changes or finding.remedies or finding.rung or finding.shown) \
+    return not (finding.changes or finding.remedies or finding.rung or finding.applied_by) \
         and bool(kept) and kept == Kept(process_state=kept.process_state)
 
 

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Sequence
-from typing import (TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar, Union, cast,
-                    overload)
+from typing import (TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, TypeVar, Union,
+                    cast, overload)
 
 from ..inspection.naming import a_or_an, brief, number_of, what_is  # noqa: F401 (the rules' names)
 from ..loaderstate import Kept
@@ -82,6 +82,9 @@ RULE_MODULES = (
 # What a remedy gets: the call's working arguments (None where a hook has none
 # to change); what it returns: more changes to them, or None.
 Remedy = Callable[[Optional[dict[str, Any]]], Optional[dict[str, Any]]]
+# What applies a finding's fix where the engine applies none of it (no changes,
+# kept state or remedies): ``Finding.applied_by``.
+AppliedBy = Literal["worker step", "recovery", "patch"]
 # What a check returns: one finding, several, or None.
 Found = Union["Finding", list["Finding"], None]
 # The context a check takes: ``Context``, or its hook's (``CONTEXTS``).
@@ -201,10 +204,11 @@ class Rule:
                 why: str = "", strategy: str | None = None,
                 kept: Kept | None = None, shown: dict[str, Any] | None = None,
                 remedies: Iterable[Remedy] = (), fix: str | None = None, done: str | None = None,
-                rung: Rung | None = None, needed: Needed | None = None) -> Finding:
+                rung: Rung | None = None, needed: Needed | None = None,
+                applied_by: AppliedBy | None = None) -> Finding:
         """This rule's ``Finding`` (its fields, as ``Finding`` has them)."""
         return Finding(self, before, changes, why, strategy, kept, shown, remedies, fix, done,
-                       rung, needed)
+                       rung, needed, applied_by)
 
     def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
@@ -241,12 +245,18 @@ class Finding:
     ``kept``: what the loader keeps for its iterators (``loaderstate.Kept``: the
     ``batch_device``, the ``emulated_workers``...; its record shows the words).
     ``shown``: what else its record's ``after`` shows (the AMP ``api`` a call is
-    routed to; a remedy's outcome in the workers): the words, nothing reads them.
+    routed to; the rung a recovery resumed on): the words, nothing reads them.
     ``remedies``: callables ``remedy(args)`` the engine runs in fix mode, in
     order; one may return ``{argument: value}`` to change the call further
     (a dataset that was itself a tensor, moved to CPU).
+    ``applied_by``: what applies the fix where the engine applies none of it
+    (``AppliedBy``): "worker step", the workers' own step, given them by the
+    loader's plan (DL207's files read through no object, DL217's descriptors);
+    "recovery", the ladder that resumed the iteration; "patch", the patched
+    call that does what ``settle`` allows (the AMP routes). None: the engine's.
     ``before``: the old values, or what a remedy acts on, for the log.
-    A finding with none of these is advice: logged, nothing changed.
+    A finding with no changes, kept state, remedies or ``applied_by`` is
+    advice: logged, nothing changed.
     ``fix``: the permanent fix for this cause, where it is more precise than
     the rule's (a lock, not a file, made the dataset unpicklable).
     ``done``: what was done to what, in a few words, by the user's attribute
@@ -264,14 +274,14 @@ class Finding:
     """
 
     __slots__ = ("rule", "before", "changes", "why", "strategy", "kept", "shown", "remedies",
-                 "fix", "done", "rung", "needed")
+                 "fix", "done", "rung", "needed", "applied_by")
 
     def __init__(self, rule: Rule, before: dict[str, Any],
                  changes: dict[str, Any] | None = None, why: str = "",
                  strategy: str | None = None, kept: Kept | None = None,
                  shown: dict[str, Any] | None = None, remedies: Iterable[Remedy] = (),
                  fix: str | None = None, done: str | None = None, rung: Rung | None = None,
-                 needed: Needed | None = None) -> None:
+                 needed: Needed | None = None, applied_by: AppliedBy | None = None) -> None:
         self.rule = rule
         self.needed = needed
         self.before = before
@@ -282,6 +292,7 @@ class Finding:
         self.kept = kept or Kept()
         self.shown = shown or {}
         self.remedies = tuple(remedies)
+        self.applied_by = applied_by
         self.fix = fix or rule.permanent_fix()
         self.done = done or changed_text(self.before, self.changes) or rule.summary
 
@@ -293,7 +304,7 @@ class Finding:
 
     @property
     def is_advice(self) -> bool:
-        return not (self.changes or self.kept or self.shown or self.remedies)
+        return not (self.changes or self.kept or self.remedies or self.applied_by)
 
     @property
     def told_by_workers(self) -> bool:

@@ -128,7 +128,7 @@ def deprecated_autocast_api(args, ctx: AmpContext):
     call = ctx.call
     if call.route and call.api != call.route:
         return deprecated_autocast_api.rule.finding(
-            {"api": call.api}, shown={"api": call.route}, why=
+            {"api": call.api}, shown={"api": call.route}, applied_by="patch", why=
             "the old name warns on every call and will be removed; the same object is "
             "built through torch.amp",
             done="%s built through %s, without the FutureWarning" % (call.api, call.route))
@@ -152,7 +152,7 @@ def deprecated_grad_scaler(args, ctx: AmpContext):
     if call.route and not call.provided:
         return deprecated_grad_scaler.rule.finding(
             {"api": call.api}, shown={"api": "%s(%r)" % (call.route, _scaler_device(args, call))},
-            why=
+            applied_by="patch", why=
             "the old name is deprecated and will be removed; the same scaler is built "
             "through torch.amp",
             done="%s built as %s(%r), without the FutureWarning" % (
@@ -183,7 +183,7 @@ def provided_amp_api(args, ctx: AmpContext):
             why += ", for CUDA only, so the scaler for %s is disabled" % device
             done += " (CUDA only: disabled for %s)" % device
     return provided_amp_api.rule.finding(before, changes, why, shown={"api": call.route},
-                                         done=done)
+                                         applied_by="patch", done=done)
 
 
 @rule("AMP504", "scaler-device-argument", GROUP,

@@ -181,7 +181,7 @@ def read_through_no_object(args, ctx: OutcomeContext):
         {"files": [name for _fd, name in forked + server]},
         why="the workers read these files, which forked workers would share one offset "
         "of", strategy="own offset in each worker",
-        shown={"privatized": True},  # what the worker step did: the record says "fixed"
+        shown={"privatized": True}, applied_by="worker step",
         done="; ".join(done))
 
 
@@ -234,7 +234,7 @@ def descriptor_to_workers(args, ctx: OutcomeContext):
         {"files": [name for name, _where in held.values()] + [name for _fd, name in moved]},
         why="the workers read these descriptors of the training process by number; "
         "spawn workers have none of them", strategy="carried to each worker",
-        shown={"carried": True},  # what the worker step did: the record says "fixed"
+        shown={"carried": True}, applied_by="worker step",
         done="%s, read by number: carried to each of %s, at its own offset" % (
             ", ".join(named), number_of(ctx.workers, "worker")))
 

@@ -64,7 +64,8 @@ def _recovered(check, kind, ctx: FailureContext):
     room = HEADLINE_LIMIT - len("%s %s: " % (check.rule.code, check.rule.slug))
     done = failure.what(room=room - len(outcome)) + outcome
     return check.rule.finding(failure.before(str(ctx.first_rung)), why=why,
-                              strategy=str(ctx.rung), shown={"rung": str(ctx.rung)}, done=done,
+                              strategy=str(ctx.rung), shown={"rung": str(ctx.rung)},
+                              applied_by="recovery", done=done,
                               fix=UNSENT_FIX if failure.unsent
                               else STARTING_FIX if failure.starting else None)
 
