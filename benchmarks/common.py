@@ -152,6 +152,36 @@ def fmt_value(x, unit):
     return "%.4g%s" % (x, unit)
 
 
+# The loop both training-script children run (size.py, figure 19;
+# process_state.py, figure 20): a loader of 2 workers over ``data`` (batch 256,
+# every 97th sample, shuffled), the model and optimizer built after the loader,
+# the first batch timed from ``iter()``, then a real step per batch. It leaves
+# ``first`` (the first batch), ``first_batch`` and ``epoch`` (s). Indented for
+# the script's ``if __name__ == "__main__":`` block, where the script's line
+# ``FIRST_EPOCH_AT`` stands (``with_first_epoch``).
+FIRST_EPOCH = """\
+    loader = DataLoader(data, batch_size=256, num_workers=2,
+                        sampler=torch.utils.data.SubsetRandomSampler(range(0, len(data), 97)))
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    first = next(it)
+    first_batch = time.perf_counter() - t0
+    for x in [first] + list(it):
+        optimizer.zero_grad(); model(x).square().mean().backward(); optimizer.step()
+    epoch = time.perf_counter() - t0
+"""
+FIRST_EPOCH_AT = "    # common.FIRST_EPOCH\n"
+
+
+def with_first_epoch(script):
+    """``script`` with its line ``FIRST_EPOCH_AT`` replaced by ``FIRST_EPOCH``."""
+    if script.count(FIRST_EPOCH_AT) != 1:
+        raise ValueError("the script has no single line %r" % FIRST_EPOCH_AT.strip())
+    return script.replace(FIRST_EPOCH_AT, FIRST_EPOCH)
+
+
 def log(message):
     sys.stderr.write("[bench] %s\n" % message)
     sys.stderr.flush()

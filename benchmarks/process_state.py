@@ -59,7 +59,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import HERE, QUICK, RESULTS_DIR, Row, child_env, log, median
+from common import HERE, QUICK, RESULTS_DIR, Row, child_env, log, median, with_first_epoch
 
 SIZES = (10_000, 1_281_167)
 BIG = SIZES[-1]
@@ -67,7 +67,7 @@ REPS = 1 if QUICK else 3
 SCALE = 2.5  # what main() sets from the command line in 20c (the import's value: 1.0)
 PLATFORMS = {"spawn": ("spawn", {}), "macos": ("default", {"AUTOSAFE_TORCH_AS": "macos"})}
 
-CHILD = r'''
+CHILD = with_first_epoch(r'''
 import json, os, sys, time
 
 import torch
@@ -208,17 +208,7 @@ if __name__ == "__main__":
         CONFIG["scale"] = float(sys.argv[5])  # from the command line, before the loader
     torch.manual_seed(0)
     data = Index(N, dict(CONFIG) if VARIANT == "hand" else None)
-    loader = DataLoader(data, batch_size=256, num_workers=2,
-                        sampler=torch.utils.data.SubsetRandomSampler(range(0, len(data), 97)))
-    model = torch.nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    t0 = time.perf_counter()
-    it = iter(loader)
-    first = next(it)
-    first_batch = time.perf_counter() - t0
-    for x in [first] + list(it):
-        optimizer.zero_grad(); model(x).square().mean().backward(); optimizer.step()
-    epoch = time.perf_counter() - t0
+    # common.FIRST_EPOCH
     records = []
     if "autosafe_torch" in sys.modules:
         import autosafe_torch
@@ -231,7 +221,7 @@ if __name__ == "__main__":
         "first_batch": first_batch, "epoch": epoch, "records": records, "pid": os.getpid(),
         "scales": sorted(set(first[:, 0].tolist())), "clock": CLOCK, "workers": workers,
         "reads_of": [(t - t0, spent) for t, spent in globals().get("CALLS", [])]}))
-'''
+''')
 
 
 def _child(size, platform, state, variant, dl220=True):

@@ -31,14 +31,14 @@ import json
 import subprocess
 import sys
 
-from common import HERE, QUICK, RESULTS_DIR, Row, child_env, log, median
+from common import HERE, QUICK, RESULTS_DIR, Row, child_env, log, median, with_first_epoch
 
 SIZES = (10_000, 1_281_167) if QUICK else (10_000, 1_281_167, 10_000_000)
 SHAPES = ("index", "captions", "tokens")
 PLATFORMS = {"fork": ("fork", {}), "spawn": ("spawn", {}),
              "macos": (None, {"AUTOSAFE_TORCH_AS": "macos"})}
 
-CHILD = r'''
+CHILD = with_first_epoch(r'''
 import json, os, random, resource, sys, threading, time
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -83,17 +83,7 @@ if __name__ == "__main__":
         multiprocessing.set_start_method(METHOD)
     torch.manual_seed(0)
     data = Data()
-    loader = DataLoader(data, batch_size=256, num_workers=2,
-                        sampler=torch.utils.data.SubsetRandomSampler(range(0, len(data), 97)))
-    model = torch.nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    t0 = time.perf_counter()
-    it = iter(loader)
-    first = next(it)
-    first_batch = time.perf_counter() - t0
-    for x in [first] + list(it):
-        optimizer.zero_grad(); model(x).square().mean().backward(); optimizer.step()
-    epoch = time.perf_counter() - t0
+    # common.FIRST_EPOCH
     records = []
     try:
         import autosafe_torch
@@ -103,7 +93,7 @@ if __name__ == "__main__":
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"first_batch": first_batch, "epoch": epoch, "peak": peak,
                       "records": records}))
-'''
+''')
 
 TINY = r'''
 import json, sys, time
