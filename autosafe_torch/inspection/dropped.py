@@ -33,14 +33,12 @@ import dis
 import functools
 import io
 import os
-import pickle
 import sys
 import types
-from multiprocessing import context
 
-from . import holdings, objwalk
+from . import holdings, inventory, objwalk
 from .objwalk import Edge, is_a
-from .probe import PROTOCOL, ProbeResult, _NullSink, _probe_dispatch_table, _ProbeSpawning
+from .probe import ProbeResult, _probe_dispatch_table
 
 # Objects pickled per call: each costs what pickling it costs (a PIL image: one
 # frame's pixels); objects of one kind repeat, a few tell.
@@ -274,31 +272,11 @@ def _stores(code, attribute, depth=0):
 # -- what a pickle reaches -------------------------------------------------------------
 
 
-class _Reaching(pickle.Pickler):
-    """Pickles with the probe's dispatch table into a sink that keeps nothing,
-    noting every object it reaches (``reducer_override`` sees each one that is
-    not a plain container or a number or string)."""
-
-    def __init__(self, table):
-        super().__init__(_NullSink(), PROTOCOL)
-        self.dispatch_table = table
-        self.reached = set()
-
-    def reducer_override(self, obj):
-        self.reached.add(id(obj))
-        return NotImplemented
-
-
 def reached(obj, table):
-    """The ids of the objects ``obj``'s pickle reaches, as for a spawned worker."""
-    pickler = _Reaching(table)
-    spawning = context.get_spawning_popen()
-    context.set_spawning_popen(_ProbeSpawning())  # as the probe pickles: a child starting
-    try:
-        pickler.dump(obj)
-    finally:
-        context.set_spawning_popen(spawning)
-    return pickler.reached
+    """The ids of the objects ``obj``'s pickle reaches, as for a spawned worker
+    (the inventory's ``SENT`` pass), or None where it raises (the probe's to say)."""
+    found = inventory.take({"part": obj}, inventory.SENT, table, watch=inventory.EVERYTHING)
+    return None if found.unpicklable or not found.complete else found.met
 
 
 _CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
@@ -406,10 +384,8 @@ class _Search:
         if key not in self.checked:
             if len(self.checked) >= MAX_PICKLED:
                 return None
-            try:
-                self.checked[key] = reached(owner, self.table) | {key}
-            except Exception:  # its pickle raised: the probe's to say
-                self.checked[key] = None
+            ids = reached(owner, self.table)
+            self.checked[key] = None if ids is None else ids | {key}
         return self.checked[key]
 
 def unfaithful(parts, planned=None):

@@ -54,6 +54,16 @@ OPAQUE = frozenset({"tensor", "array", "file", "lock", "thread", "socket", "nati
 PAYLOADS = frozenset({"tensor", "array", "logger"})
 
 
+class _Everything:
+    """A ``watch`` that every object is in: ``met`` is all the pass reached."""
+
+    def __contains__(self, _key):
+        return True
+
+
+EVERYTHING = _Everything()
+
+
 class Inventory:
     """What a pass found: ``of(kind)``, the objects of that kind (each once, in
     the order met); ``unpicklable``, ``[(obj, exception)]`` (``SENT``: the
@@ -78,7 +88,7 @@ class Inventory:
         return list(self.found.get(kind, {}).values())
 
 
-class _Sink:
+class NullSink:
     __slots__ = ()
 
     def write(self, data):
@@ -96,7 +106,7 @@ _kinds = {}  # class -> kind or None: classify's answers
 
 class _Pass(pickle.Pickler):
     def __init__(self, inventory, table, code, sink=None, watch=frozenset()):
-        super().__init__(sink if sink is not None else _Sink(), PROTOCOL)
+        super().__init__(sink if sink is not None else NullSink(), PROTOCOL)
         self.watch = watch
         self.keeping = sink is not None  # real bytes: arrays and loggers as pickle writes them
         self.inventory = inventory
@@ -234,6 +244,27 @@ def take(parts, mode, table=None, code=None, sink=None, watch=frozenset()):
     return found
 
 
+def first_error(obj, table, code, known=()):
+    """``(exception, objects)``: what a worker's pickling of ``obj`` raises
+    first (None: it pickles), as a ``SENT`` pass finds it, and how many
+    objects the pass met. ``known``: objects counted as pickled already (an
+    ancestor of ``obj``, where a failure is located part by part)."""
+    found = Inventory(SENT)
+    pickler = _Pass(found, table, code)
+    pickler.memo = {id(a): (i, a) for i, a in enumerate(known)}
+    spawning = context.get_spawning_popen()
+    context.set_spawning_popen(ProbeSpawning())
+    try:
+        pickler.dump(obj)
+        return None, found.objects
+    except _Stopped:
+        return found.unpicklable[0][1], found.objects
+    except Exception as exc:  # too deep, or the pickler's own error
+        return kept(exc), found.objects
+    finally:
+        context.set_spawning_popen(spawning)
+
+
 def sent_as_is(found):
     """Whether a ``SENT`` pass's pickle may go, as it is, to every worker: it
     stood in nothing, and holds nothing pickled for one child at a time or
@@ -259,7 +290,7 @@ def only_plain(container):
     None and built-in containers of them (the pickler reads those in C and
     calls back for anything else, which stops it)."""
     try:
-        _PlainOnly(_Sink(), PROTOCOL).dump(container)
+        _PlainOnly(NullSink(), PROTOCOL).dump(container)
     except Exception:  # _NotPlain; or too deep, a cycle the memo would take: not known plain
         return False
     return True

@@ -5,9 +5,10 @@ the worker_init_fn and the sampler's state with multiprocessing's
 ForkingPickler. We cannot just call it: torch registers reducers with it that
 move every tensor's storage into shared memory. The probe pickles with the
 same protocol and the same extra reducers (the program's), minus torch's,
-plus those a repair would add, into a sink that keeps nothing; tensor,
-storage and array payloads are replaced by a persistent id, so the cost grows
-with the number of objects, never with their bytes.
+plus those a repair would add, into a sink that keeps nothing: the
+inventory's ``SENT`` pass, which stands in for tensors and arrays, so the
+cost grows with the number of objects, never with their bytes. Locating a
+failure part by part is that same pass again, on each part.
 
 It also reproduces the failures that only happen in the child: a class or
 function defined in an interactive ``__main__`` (``python -c``, stdin, a
@@ -19,11 +20,9 @@ module as ``__mp_main__``.
 import copyreg
 import functools
 import io
-import logging
 import pickle
 import sys
 import types
-from multiprocessing import context
 
 from ..mp_private import extra_reducers, semlock_of
 from . import inventory, objwalk
@@ -36,10 +35,8 @@ PROTOCOL = pickle.DEFAULT_PROTOCOL
 # itself is never cut short (a partial dump would prove nothing); locating
 # stops once this many objects were pickled over all the dumps of one probe.
 MAX_PICKLED = 2_000_000
-BIG_BUFFER = 1 << 16  # bytes/bytearray this large are payload, not structure
 
 _TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
-_FAST_LEAVES = frozenset({type(None), bool, int, float, complex, str})
 
 
 class ProbeResult:
@@ -71,16 +68,6 @@ class ProbeResult:
         return "ProbeResult(%s: %s)" % (self.path, self.error)
 
 
-class _NullSink:
-    __slots__ = ()
-
-    def write(self, data):
-        return len(data)
-
-
-_SINK = _NullSink()
-
-
 def _probe_dispatch_table(planned=None):
     """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a
     repair would install: the probe tries them without installing them). A
@@ -103,7 +90,7 @@ def _fork_semlock_reducers():
     """Python 3.9 pickles a lock or semaphore of a fork context for a spawned
     child, which then fails to open it (its name was unlinked at creation):
     refuse it as Python 3.10 and later do."""
-    from multiprocessing import synchronize  # noqa: PLC0415 - only for a semaphore being pickled
+    from multiprocessing import synchronize  # noqa: PLC0415 - raises ImportError where the platform lacks sem_open; probe must load there
 
     def reduce(lock):
         if sys.platform != "win32" and semlock_of(lock).name is None:
@@ -115,21 +102,6 @@ def _fork_semlock_reducers():
 
     return {cls: reduce for cls in (synchronize.Lock, synchronize.RLock, synchronize.Semaphore,
                                     synchronize.BoundedSemaphore)}
-
-
-def _payload_types():
-    """(tensor/storage types, array type) among the modules already imported."""
-    kinds = []
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "Tensor"):
-        kinds.append(torch.Tensor)
-        storage = getattr(torch, "storage", None)
-        for name in ("TypedStorage", "UntypedStorage"):
-            if hasattr(storage, name):
-                kinds.append(getattr(storage, name))
-    numpy = sys.modules.get("numpy")
-    array = getattr(numpy, "ndarray", None) if numpy is not None else None
-    return tuple(kinds), array
 
 
 def _stand_in(*parts):
@@ -179,83 +151,23 @@ def _filled(cell):
         return False
 
 
-class _ProbePickler(pickle.Pickler):
-    """Pickles like ForkingPickler, writes nothing, skips payloads.
-
-    ``by_value``: functions and classes that a worker cannot import go by
-    value, as the DL202 repair sends them (``remedies.byvalue``).
-    """
-
-    def __init__(self, dispatch_table, payload_types, by_value=False):
-        super().__init__(_SINK, PROTOCOL)
-        self.dispatch_table = dispatch_table
-        self.torch_types, self.array_type = payload_types
-        self.objects = 0
-        self.by_value = by_value
-        self._sent_by_value = set()
-        self.loggers = {}  # id -> a Logger met (they pickle by name: DL219 looks at them)
-
-    def persistent_id(self, obj):
-        self.objects += 1
-        cls = type(obj)
-        if cls in _FAST_LEAVES:
-            return None
-        if cls is bytes or cls is bytearray:
-            return "buffer" if len(obj) >= BIG_BUFFER else None
-        if self.torch_types and objwalk.is_a(obj, self.torch_types):
-            if getattr(obj, "requires_grad", False) and not obj.is_leaf:
-                raise RuntimeError(
-                    "Cowardly refusing to serialize non-leaf tensor which requires_grad, "
-                    "since autograd does not support crossing process boundaries.")
-            return "tensor"
-        if self.array_type is not None and objwalk.is_a(obj, self.array_type) \
-                and not obj.dtype.hasobject:
-            return "array"
-        return None
-
-    def reducer_override(self, obj):
-        if not objwalk.is_a(obj, (type, types.FunctionType)):
-            if isinstance(obj, logging.Logger):
-                self.loggers[id(obj)] = obj
-            return NotImplemented
-        reduced = _code_reduction(obj, self.by_value, self._sent_by_value)
-        if isinstance(reduced, Exception):
-            raise reduced
-        return NotImplemented if reduced is None else reduced
-
-
 def is_probing():
     """Whether what is being pickled now goes to the probe, not to a child."""
     return inventory.is_probing()
 
 
-_ProbeSpawning = inventory.ProbeSpawning
-
-
 class _Prober:
-    def __init__(self, planned=None, by_value=False):
-        self.table = _probe_dispatch_table(planned)
+    def __init__(self, table, by_value=False):
+        self.table = table
         self.by_value = by_value
-        self.payload = _payload_types()
         self.objects = 0
-        self.loggers = {}
 
     def error(self, obj, ancestors=()):
-        """The exception pickling ``obj`` raises (ancestors count as already pickled)."""
-        pickler = _ProbePickler(self.table, self.payload, self.by_value)
-        if ancestors:
-            pickler.memo = {id(a): (i, a) for i, a in enumerate(ancestors)}
-        spawning = context.get_spawning_popen()
-        context.set_spawning_popen(_ProbeSpawning())
-        try:
-            pickler.dump(obj)
-            return None
-        except Exception as exc:  # what the real pickler would raise, any type
-            return kept(exc)
-        finally:
-            context.set_spawning_popen(spawning)
-            self.objects += pickler.objects
-            self.loggers.update(pickler.loggers)
+        """The exception pickling ``obj`` raises (ancestors count as already
+        pickled): the inventory's pass, as ``probe`` makes it."""
+        exc, objects = inventory.first_error(obj, self.table, _CodeSent(self.by_value), ancestors)
+        self.objects += objects
+        return exc
 
     def children(self, obj):
         """``(label, child)`` in the order pickling would save them."""
@@ -353,7 +265,7 @@ def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=N
         pickled = sink.getvalue() if keep and inventory.sent_as_is(found) else None
         return ProbeResult(True, path, objects=found.objects, loggers=loggers,
                            pickled=pickled, meets=bool(found.met), kinds=kinds)
-    prober = _Prober(planned, by_value)
+    prober = _Prober(table, by_value)
     if found.unpicklable:
         value, exc = found.unpicklable[0]
         where = inventory.path_of(value, {path: obj})
