@@ -17,6 +17,7 @@ import os
 import pickle
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from autosafe_torch import facts as facts_mod
 from autosafe_torch.engine import run_checks
 from autosafe_torch.inspection import inventory, objwalk, probe
 from autosafe_torch.remedies import sent_once
+from autosafe_torch.remedies.pickling import WorkerPickler
 from autosafe_torch.rules import IterContext
 from support import json_log, run_script, shim_lines
 
@@ -171,11 +173,12 @@ def test_the_dataset_is_pickled_once_for_every_worker():
     ds = Index(10)
     loader = DataLoader(ds, num_workers=2, multiprocessing_context="spawn")
     with sent_once.offering(loader):
-        first = ForkingPickler_dumps(ds)
-        second = ForkingPickler_dumps(ds)
+        first = pickled(ds, WorkerPickler)  # as our workers' start pickles
+        second = pickled(ds, WorkerPickler)
+        assert pickled(ds, ForkingPickler) != first  # the program's own pickling: as ever
     assert first == second and pickle.loads(first).samples == ds.samples
     assert b"loads" in first  # the dataset travels as its pickle, loaded in the worker
-    assert ForkingPickler_dumps(ds) != first  # outside our start: torch's own pickling
+    assert pickled(ds, WorkerPickler) != first  # outside our start: torch's own pickling
 
 
 @pytest.mark.parametrize("held, why", [
@@ -195,11 +198,9 @@ def test_a_part_that_refers_to_the_dataset_keeps_one_pickle_for_both():
     assert sent_once._pickled(loader) is None
 
 
-def ForkingPickler_dumps(obj):
-    from multiprocessing.reduction import ForkingPickler
-
+def pickled(obj, pickler):
     buffer = io.BytesIO()
-    ForkingPickler(buffer, pickle.DEFAULT_PROTOCOL).dump(obj)
+    pickler(buffer, pickle.DEFAULT_PROTOCOL).dump(obj)
     return buffer.getvalue()
 
 
