@@ -386,7 +386,7 @@ _pin_thread_sites = weakref.WeakKeyDictionary()
 def pin_thread_serves(iterator, site):
     """``iterator``'s pin-memory thread, if it has one, serves the loader
     iterated at ``site``: the line DL305 names."""
-    from .torch_private import pin_memory_thread  # noqa: PLC0415 - torch_private imports torch; this loads before
+    from .torch_private import pin_memory_thread  # noqa: PLC0415 - imports torch: callsite loads at `import cv2` (patches.cv2 -> report -> callsite), before the program imports torch
 
     thread = pin_memory_thread(iterator)
     if thread is not None:

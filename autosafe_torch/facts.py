@@ -7,11 +7,13 @@ parts that can change while a program runs (the start method, whether CUDA
 has been initialised) are read fresh, the rest once.
 """
 
+import multiprocessing
 import os
+import subprocess
 import sys
 from typing import Any
 
-from . import rehearsal
+from . import mp_private, rehearsal
 
 _UNSET = object()
 
@@ -74,18 +76,13 @@ def effective_start_method(context=None):
         try:
             return context.get_start_method()
         except Exception:
-            from .mp_private import context_name  # noqa: PLC0415 - facts loads before torch (doctor)
-
-            return context_name(context) or default_start_method()
-    import multiprocessing  # noqa: PLC0415 - facts loads before torch (doctor)
+            return mp_private.context_name(context) or default_start_method()
 
     method = multiprocessing.get_start_method(allow_none=True)
     if method:
         return method
     try:
-        from .mp_private import default_start_method as mp_default  # noqa: PLC0415 - facts loads before torch (doctor)
-
-        return mp_default()
+        return mp_private.default_start_method()
     except Exception:
         return default_start_method()
 
@@ -101,14 +98,10 @@ def no_fork_server(platform):
     """Why no fork server of ours runs on ``platform`` (a ``sys.platform``), or
     None: it may. Not where multiprocessing's would listen in the abstract socket
     namespace, where any local user can connect (said on DL209's line)."""
-    import multiprocessing  # noqa: PLC0415 - facts loads before torch (doctor)
-
-    from .mp_private import forkserver_listens_abstract  # noqa: PLC0415 - facts loads before torch (doctor)
-
     if platform.startswith("win") or getattr(sys, "frozen", False) \
             or "forkserver" not in multiprocessing.get_all_start_methods():
         return "no fork server on %s" % platform
-    if platform.startswith("linux") and forkserver_listens_abstract():
+    if platform.startswith("linux") and mp_private.forkserver_listens_abstract():
         return ("Python %d.%d.%d's fork server listens where any local user can connect "
                 "(CVE-2022-42919: fixed in 3.9.16, 3.10.9, 3.11.1)" % sys.version_info[:3])
     return None
@@ -161,8 +154,6 @@ def opencl_device_usable(environ=None):
     fresh interpreter with this environment (asking here would create the
     context that is the hazard). Cached per OPENCV_OPENCL_* setting. A probe
     that fails says yes: only consulted once this process has loaded a runtime."""
-    import subprocess  # noqa: PLC0415 - only for the OpenCL probe (a child interpreter)
-
     env = dict(os.environ if environ is None else environ)
     key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("OPENCV_OPENCL")))
     if key in _usable:
@@ -231,7 +222,7 @@ def cpus_usable():
 
 def accelerator():
     """The accelerator type torch would pin memory for, or None."""
-    import torch  # noqa: PLC0415 - no torch before the program imports it
+    import torch  # noqa: PLC0415 - torch: 0.9 s at facts' import without torch (-X importtime), as in `autosafe-torch doctor`
 
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "is_available"):
@@ -251,9 +242,9 @@ def pin_memory_warns():
     """Whether torch's iterator warns about pin_memory without an accelerator:
     read from its code's constants, not from the version number."""
     try:
-        import torch  # noqa: F401, PLC0415 - first: its import applies the patches, which use the adapter
+        import torch  # noqa: F401, PLC0415 - torch: 0.9 s at facts' import without torch (-X importtime), as in `autosafe-torch doctor`; before torch_private: torch's import runs our patches, which import torch_private
 
-        from .torch_private import warns_pin_memory_without_accelerator  # noqa: PLC0415 - imports torch: after it
+        from .torch_private import warns_pin_memory_without_accelerator  # noqa: PLC0415 - imports torch (0.9 s, as above), and only after torch itself
 
         return warns_pin_memory_without_accelerator()
     except Exception:
@@ -262,7 +253,7 @@ def pin_memory_warns():
 
 def cuda_initialized():
     try:
-        import torch  # noqa: PLC0415 - no torch before the program imports it
+        import torch  # noqa: PLC0415 - torch: 0.9 s at facts' import without torch (-X importtime), as in `autosafe-torch doctor`
 
         return bool(torch.cuda.is_initialized())
     except Exception:

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import os
+import socket
+import sys
 import threading
 import types
 from collections.abc import Iterator
@@ -46,8 +49,6 @@ def context_name(context: Any) -> str | None:
 def default_start_method() -> str:
     """The start method multiprocessing would pick now, without fixing it
     (``get_start_method()`` would)."""
-    import multiprocessing  # noqa: PLC0415 - the package, not only its parts
-
     default = multiprocessing.context._default_context  # the DefaultContext
     return default._default_context._name  # type: ignore[attr-defined]  # private
 
@@ -70,7 +71,7 @@ def forkserver_launch(forkserver: Any, spawn: Any) -> Callable[..., Any]:
     module names ``forkserver`` and ``spawn`` from the objects given (a new
     process from another server; more preparation data), as a method for a
     ``popen_forkserver.Popen`` subclass."""
-    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only
+    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
 
     launch = popen_forkserver.Popen._launch  # type: ignore[attr-defined]  # private
     scope = dict(launch.__globals__, forkserver=forkserver, spawn=spawn)
@@ -94,7 +95,7 @@ def forkserver_popen(launch: Callable[..., Any], name: str,
     """A subclass ``name`` of forkserver's ``Popen`` that starts its process
     through ``launch`` (its ``_launch``: ``forkserver_launch``), with
     ``namespace`` besides."""
-    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only
+    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
 
     return type(name, (popen_forkserver.Popen,), dict(namespace, _launch=launch))
 
@@ -102,9 +103,7 @@ def forkserver_popen(launch: Callable[..., Any], name: str,
 def forkserver_process(popen: Callable[[Any], Any], name: str, module: str) -> type:
     """A subclass ``name`` of ``ForkServerProcess`` whose processes start through
     ``popen(process)`` (its ``_Popen``), pickled by reference as ``module.name``."""
-    from multiprocessing import context  # noqa: PLC0415 - POSIX only: ForkServerProcess
-
-    return type(name, (context.ForkServerProcess,),
+    return type(name, (multiprocessing.context.ForkServerProcess,),
                 {"_Popen": staticmethod(popen), "__module__": module, "__qualname__": name})
 
 
@@ -127,8 +126,6 @@ def process_target(process: Any) -> Any:
 def _forkserver_main_locals() -> dict[str, Any]:
     """The locals of ``forkserver.main`` below this call, in a fork server
     while it preloads, else {}."""
-    import sys  # noqa: PLC0415 - only in a fork server
-
     forkserver = sys.modules.get("multiprocessing.forkserver")
     frame: types.FrameType | None = sys._getframe(2)
     while forkserver is not None and frame is not None:
@@ -141,8 +138,6 @@ def _forkserver_main_locals() -> dict[str, Any]:
 def forkserver_listener_path() -> str | None:
     """In a fork server, while it preloads: the path of the socket it listens on
     (``forkserver.main``'s ``listener_fd``), else None."""
-    import socket  # noqa: PLC0415 - only in a fork server
-
     fd = _forkserver_main_locals().get("listener_fd")
     if not isinstance(fd, int):
         return None
@@ -164,7 +159,7 @@ def wrap_spawn_main(wrapper: Callable[..., Any]) -> None:
     """What a fork server's child runs to read what it was sent (``spawn._main(fd,
     parent_sentinel)``, private), as ``wrapper(original, fd, parent_sentinel)``:
     a check before anything is unpickled."""
-    from multiprocessing import spawn  # noqa: PLC0415 - only in a fork server
+    from multiprocessing import spawn  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load this module (-X importtime: runpy, multiprocessing.spawn)
 
     original = spawn._main  # private: see above
     spawn._main = functools.partial(wrapper, original)
@@ -178,8 +173,6 @@ _ABSTRACT_FORKSERVER = (((3, 9), (3, 9, 16)), ((3, 10), (3, 10, 9)), ((3, 11), (
 
 def forkserver_listens_abstract(version: tuple[int, ...] | None = None) -> bool:
     """Whether this Python's fork server listens in the abstract namespace (Linux)."""
-    import sys  # noqa: PLC0415 - sys.version_info, here only
-
     version = tuple(version or sys.version_info[:3])
     return any(first <= version < fixed for first, fixed in _ABSTRACT_FORKSERVER)
 

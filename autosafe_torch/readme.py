@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from .config import OPTIONS
+from .remedies.process_state import SETTINGS
 from .rules import RULES, load_all
 
 
@@ -51,8 +52,6 @@ def rewrites_markdown():
 
 def settings_markdown():
     """The table of the library-wide settings DL220 carries (docs/how-it-decides.md)."""
-    from .remedies.process_state import SETTINGS  # noqa: PLC0415 - the docs only
-
     rows = ["| setting | read where the training process imported | what it changes in a "
             "worker |", "|---|---|---|"]
     rows += ["| %s | `%s` | %s |" % (s.label, s.module, s.changes) for s in SETTINGS]

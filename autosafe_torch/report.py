@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .callsite import user_part
 from .config import CONFIG
+from .inspection.failures import exception_text
+from .inspection.mainmodule import in_notebook
 
 if TYPE_CHECKING:
     from .rung import Rung
@@ -276,8 +278,6 @@ def _named_once() -> str:
     global _tool_named
     if _tool_named:
         return ""
-    from .inspection.mainmodule import in_notebook  # noqa: PLC0415 - report loads before torch: inspection when used
-
     if not in_notebook():
         return ""  # a script: the summary at exit names it
     _tool_named = True
@@ -382,8 +382,6 @@ def clear() -> None:
 
 def internal_error(where: str, exc: BaseException) -> None:
     """An error of ours: log it once per place, traceback under DEBUG."""
-    from .inspection.failures import exception_text  # noqa: PLC0415 - report loads before torch: inspection when used
-
     key = (where, type(exc).__name__)
     if key in _errors_logged:
         return

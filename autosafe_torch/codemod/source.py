@@ -367,7 +367,7 @@ def _with_imports(module, imports):
     AddImportsVisitor puts one: with the file's imports, after its docstring
     and any ``from __future__`` import, never twice."""
     from libcst.codemod import CodemodContext  # noqa: PLC0415 - libcst.codemod costs ~0.08 s: only here
-    from libcst.codemod.visitors import AddImportsVisitor  # noqa: PLC0415 - as above
+    from libcst.codemod.visitors import AddImportsVisitor  # noqa: PLC0415 - libcst.codemod: 0.08 s, only where an import is added
 
     context = CodemodContext()
     for name in sorted(imports):

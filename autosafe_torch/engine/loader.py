@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .. import callsite, facts
 from ..config import CONFIG
 from ..inspection import holdings
+from ..inspection.mainmodule import importable_by_reference, main_is_guarded
 from ..inspection.parts import parts_of
 from ..loaderstate import Kept, state_of
 from ..rules import Context, InitContext, IterContext
@@ -132,7 +133,7 @@ def _keep_the_pickle(loader: Loader, ctx: Context) -> None:
     may go as it is to each (``remedies/sent_once.py``)."""
     for plan in ctx.plans.get("pickling_plans", {}).values():
         if plan.pickled is not None:
-            from ..remedies import sent_once  # noqa: PLC0415 - when a loader needs it, not at torch's import
+            from ..remedies import sent_once  # noqa: PLC0415 - 0.6 ms at `import torch`, where this module loads (-X importtime: remedies.sent_once, inspection.probe, inventory)
 
             sent_once.keep(loader, loader.dataset, plan.pickled)
 
@@ -142,8 +143,6 @@ def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None 
     """The worker checks' findings for ``loader`` and the arguments they leave:
     planned, nothing applied. ``fork_failed``: the failure of its forked
     workers that rules fork out (``IterContext.fork_failed``)."""
-    from ..inspection.mainmodule import main_is_guarded  # noqa: PLC0415 - when a loader needs it, not at torch's import
-
     guarded: list[bool] = []
 
     def main_guarded() -> bool:
@@ -214,7 +213,7 @@ def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
         return  # the common case: nothing read here that grows with the dataset
     _values, found, work, _ctx = _plan_workers(loader, frame)
     if any(f.rung is Rung.WARM_SPAWN for f in found):
-        from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only
+        from ..remedies import warmstart  # noqa: PLC0415 - 0.6 ms at `import torch`, where this module loads (-X importtime: remedies.warmstart, diagnostics, faulthandler)
 
         warmstart.start_ahead(warmstart.libraries_for(list(parts_of(work).values())),
                               work["multiprocessing_context"])
@@ -226,9 +225,8 @@ def _repair_likely(parts: dict[str, Any]) -> bool:
     device open for reading (a handle a dataset keeps), another thread alive (a
     pool, a refresher), a function or class a worker cannot import, a class
     that forwards its attributes."""
-    from ..inspection import threads  # noqa: PLC0415 - only a loader with workers needs it
-    from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - when a loader needs it, not at torch's import
-    from ..inspection.mainmodule import importable_by_reference  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch`, where this module loads (-X importtime: inspection.threads)
+    from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - 0.2 ms at `import torch`, where this module loads (-X importtime: inspection.descriptors)
 
     if shared_at_fork() or threads.others_alive():
         return True

@@ -4,6 +4,8 @@ internals). Used by the rules' records and by the remedies' refusals."""
 import types
 import weakref
 
+from . import holdings
+
 
 def brief(value):
     """A value as a log line may show it: short literals as written, functions
@@ -45,8 +47,6 @@ def a_or_an(noun):
 def what_is(value):
     """A few words for what a dataset holds or a loader is given: "an open
     file", "a lambda", "a thread pool"... (``brief`` for anything else)."""
-    from . import holdings  # noqa: PLC0415 - the rules' registry loads without it (explain, doctor)
-
     try:
         if isinstance(value, (types.FunctionType, type)):
             thing = "class" if isinstance(value, type) else "function"

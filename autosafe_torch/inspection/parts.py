@@ -1,6 +1,8 @@
 """The loader's parts: what a worker gets of the loader, and so what every
 check and remedy about workers looks at. One definition for all of them."""
 
+from . import holdings, objwalk
+
 PARTS = ("dataset", "collate_fn", "worker_init_fn")
 
 
@@ -16,8 +18,6 @@ def held_in_parts(parts, wanted):
     """``(path, obj)`` for each object the loader's parts (``dataset``,
     ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
     once each, as the walk finds them."""
-    from . import holdings, objwalk  # noqa: PLC0415 - parts.py loads at start-up; the walker when a loader needs it
-
     seen = set()
     for name in PARTS:
         if parts[name] is None:

@@ -20,6 +20,7 @@ C libraries (a BLAS pool, a telemetry client) as well as Python's.
   caller must take unknown for unsafe.
 """
 
+import ctypes
 import os
 import sys
 import threading
@@ -74,8 +75,6 @@ def single_threaded():
 
 def _libsystem():
     if "lib" not in _mach:
-        import ctypes  # noqa: PLC0415 - macOS only (libSystem)
-
         lib = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
         port = ctypes.c_uint  # mach_port_t, thread_act_t, mach_msg_type_number_t
         lib.task_threads.argtypes = [port, ctypes.POINTER(ctypes.POINTER(port)),

@@ -19,13 +19,12 @@ import threading
 
 from .. import callsite, engine
 from ..rules import Context
+from ..torch_private import pin_memory_module
 from . import replace
 
 
 
 def patch(torch):
-    from ..torch_private import pin_memory_module  # noqa: PLC0415 - imports torch, whose import runs this patch
-
     module = pin_memory_module()
 
     torch_s = module.pin_memory

@@ -33,6 +33,7 @@ from multiprocessing import spawn
 
 from ..inspection.diagnostics import in_fork_server
 from ..mp_private import forkserver_preload, inheriting
+from . import process_state, rebuild
 
 # How the training process names the recipes' file to the server: an entry of its
 # preload list that no module has this name (forkserver passes over what does not
@@ -51,8 +52,6 @@ def from_server(key, expected):
     """In a worker forked from the build server: the dataset it built, if it
     still holds what the training process's holds now; else a stand-in that
     fails the worker's start (``rebuild.Unbuilt``)."""
-    from . import rebuild  # noqa: PLC0415 - in a worker of the build server only
-
     built = BUILT.get(key)
     if built is None:
         return rebuild.Unbuilt("the dataset (%s) was not built in the server that started "
@@ -87,8 +86,6 @@ def _build():
 def _carried(state):
     """What main() set that the workers' code reads, in place before the build
     (DL220): a constructor that reads a config finds the training process's."""
-    from . import process_state  # noqa: PLC0415 - in a build server only
-
     try:
         process_state.arrive_in_server(*pickle.loads(state))
     except Exception:  # each worker compares again, and refuses what differs

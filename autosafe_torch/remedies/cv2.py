@@ -10,9 +10,12 @@ OpenCL and its environment stay as they were (rules/cv2.py).
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
+from multiprocessing import util
 
 from ..config import CONFIG
+from ..mp_private import process_target
 
 # The only count a worker is ever given. OpenCV reads OPENCV_FOR_THREADS_NUM
 # for a negative count only; 0 means no pool. Any non-zero count in a forked
@@ -24,7 +27,7 @@ def _cv2():
     """cv2 in a worker: imported only because the parent had it."""
     module = sys.modules.get("cv2")
     if module is None:
-        import cv2 as module  # noqa: PLC0415 - optional dependency
+        import cv2 as module  # noqa: PLC0415 - optional dependency (cv2): imported only in a worker whose parent had it
     return module
 
 
@@ -56,29 +59,23 @@ def install_fork_hook():
     before the process's target; it acts only in torch's DataLoader workers."""
     if _installed:
         return
-    from multiprocessing import util  # noqa: PLC0415 - cv2 may be imported before torch
-
     util.register_after_fork(_hook, _after_fork)
     _installed.append(True)
 
 
 def _is_dataloader_worker(process):
-    from ..mp_private import process_target  # noqa: PLC0415 - cv2 may be imported before torch
-
     target = process_target(process)
     if not (getattr(target, "__module__", None) or "").startswith("torch."):
         return False  # not torch's: said without importing torch
-    import torch  # noqa: F401, PLC0415 - the target's; before torch_private, as our patches need
+    import torch  # noqa: F401, PLC0415 - torch: this module loads at `import cv2`, before the program imports torch; before torch_private: torch's import runs our patches, which import torch_private
 
-    from ..torch_private import is_worker_loop  # noqa: PLC0415 - imports torch
+    from ..torch_private import is_worker_loop  # noqa: PLC0415 - imports torch (see above)
 
     return is_worker_loop(target)
 
 
 def _after_fork(_owner):
     try:
-        import multiprocessing  # noqa: PLC0415 - cv2 may be imported before torch
-
         cv2 = sys.modules.get("cv2")
         if cv2 is None or not _is_dataloader_worker(multiprocessing.current_process()):
             return

@@ -298,7 +298,7 @@ def _still_open(files):
 
 def _through_a_server(popen):
     try:
-        from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
+        from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
     except ImportError:  # Windows
         return False
     return isinstance(popen, popen_forkserver.Popen)

@@ -16,7 +16,7 @@ def raise_soft_limit(target):
 
 def file_system_sharing(args):
     """A remedy: torch shares tensors through named files, no descriptor each."""
-    import torch.multiprocessing  # noqa: PLC0415 - the rules load without torch (explain, doctor)
+    import torch.multiprocessing  # noqa: PLC0415 - torch: limits loads with the rules at `import cv2`, before the program imports torch
 
     torch.multiprocessing.set_sharing_strategy("file_system")
 

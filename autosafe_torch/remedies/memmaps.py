@@ -180,13 +180,13 @@ _blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
 
 
 def _reduce_anonymous(m):
-    from multiprocessing import shared_memory  # noqa: PLC0415 - only for an anonymous map
+    from multiprocessing import shared_memory  # noqa: PLC0415 - 0.5 ms in each worker that unpickles a map, which imports this module (-X importtime after torch: multiprocessing.shared_memory, hmac, secrets)
 
     length = len(m)
     if length == 0 or _shm_open() is None:
         raise TypeError("cannot pickle 'mmap.mmap' object (an empty anonymous map, or no "
                         "POSIX shared memory here)")
-    from ..inspection.probe import is_probing  # noqa: PLC0415 - parent only: workers import this module too
+    from ..inspection.probe import is_probing  # noqa: PLC0415 - 0.6 ms in each worker that unpickles a map, which imports this module (-X importtime after torch: inspection.probe, inventory)
 
     if is_probing():  # planning: nothing is made for a child that never starts
         return map_shared_block, ("/probe", length, m.tell(), _writable(m))

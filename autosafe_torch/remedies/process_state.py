@@ -533,7 +533,7 @@ class _Remapped:
 
 
 def _remapped(filename: str, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
-    import numpy  # noqa: PLC0415 - only where the training process mapped an array
+    import numpy  # noqa: PLC0415 - optional dependency (numpy): only where the training process mapped an array
 
     return numpy.memmap(filename, dtype=dtype, mode="r", offset=offset, shape=shape)
 

@@ -67,6 +67,7 @@ from ..inspection import digest, opened, reads
 from ..inspection.failures import RemedyFailed
 from ..inspection.objwalk import is_a
 from . import generators, process_state
+from .pickling import install as install_reducers
 
 PROTOCOL = 4
 
@@ -319,7 +320,7 @@ def reduce_rebuilt(obj, candidates=frozenset()):
     worker forked from a build server that built it, as a reference to that
     build); other instances pickle as they always did. ``candidates``: ids of
     datasets the plan's probe tries as if they were to be built again."""
-    from ..inspection.probe import is_probing  # noqa: PLC0415 - parent only: workers import this module too
+    from ..inspection.probe import is_probing  # noqa: PLC0415 - 0.6 ms in each worker that unpickles a rebuilt dataset (-X importtime after torch: inspection.probe, inventory)
 
     made = construction_of(obj)
     probing = is_probing()
@@ -358,8 +359,6 @@ _planned: set[int] = set()  # ids of the datasets a finding chose to build again
 
 def install(datasets):
     """Build ``datasets`` again in workers: a finding's remedy, in fix mode."""
-    from .pickling import install as install_reducers  # noqa: PLC0415 - parent only: workers import this module too
-
     for obj in datasets:
         key = id(obj)
         if key not in _planned:

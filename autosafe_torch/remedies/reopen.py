@@ -108,7 +108,7 @@ def _lines_end_at_lf(f):
 def _reopen_file(kind, *args):
     """Runs where the file arrives (a worker): the same file, at the same place."""
     if kind == "sqlite":
-        import sqlite3  # noqa: PLC0415 - sys.modules tells whether the program uses sqlite3
+        import sqlite3  # noqa: PLC0415 - holdings.sqlite_path and _native_types read sqlite3 in sys.modules as "the program uses it"
 
         path, row_factory, text_factory = args
         conn = sqlite3.connect("file:%s?mode=ro" % urllib.parse.quote(path), uri=True)

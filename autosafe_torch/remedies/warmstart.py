@@ -46,15 +46,16 @@ import sysconfig
 import threading
 import time
 import weakref
-from multiprocessing import connection, reduction, spawn
+from multiprocessing import connection, reduction, resource_sharer, spawn
 from multiprocessing import context as _mp_context
 from typing import Any
 
-from ..inspection.diagnostics import private_file
+from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, private_file
 from ..inspection.failures import describe_exception
 from ..mp_private import (forkserver_launch, forkserver_pid, forkserver_popen,
                           forkserver_process, stop_forkserver)
 from ..report import log, shorten_line
+from . import process_state
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
 
@@ -142,7 +143,7 @@ def _inherited():
 
 def _server():
     """The running server, started now if need be; None: use plain spawn."""
-    from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
+    from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
     with _lock:
         if _state["cold"]:
@@ -207,9 +208,9 @@ def _greet(server, libraries):
     """Wait for a server just started to import ``libraries`` and say whether it
     forks: None when it does (its first child, a ``warmserver.Hello`` sent before
     any dataset is pickled, exits with 0), else why not (the server is stopped)."""
-    from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
+    from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
-    from .warmserver import REFUSED, UNCHECKED, Hello  # noqa: PLC0415 - the server's side: once a server starts
+    from .warmserver import REFUSED, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     status = None
     try:
@@ -306,7 +307,7 @@ class _ThroughServer:
         self._server = server
 
     def __getattr__(self, name):
-        from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
+        from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
         return getattr(forkserver, name)
 
@@ -342,7 +343,7 @@ def _secret_given(server):
     kept on it), in a file of this process's private folder, named to it in
     its preload list (the entry this yields); the server removes the file as
     it reads it, and what it did not read goes when the start is over."""
-    from .warmserver import secret_entry  # noqa: PLC0415 - the server's side: once a server starts
+    from .warmserver import secret_entry  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     if getattr(server, "autosafe_secret", None) is None:
         server.autosafe_secret = os.urandom(32)
@@ -367,8 +368,6 @@ class _PreparingWithDumps:
 
     @staticmethod
     def get_preparation_data(name):
-        from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY  # noqa: PLC0415 - loads with the recovery, after this module
-
         data = spawn.get_preparation_data(name)  # where to leave a traceback, in it
         # The parent's at this start (spawn's data already has sys.path and
         # the working directory): a server started before the program's
@@ -395,7 +394,7 @@ def _launch_through(server):
 def _popen(process_obj):
     """Start ``process_obj`` from its build server, else the warm server, else by
     plain spawn."""
-    from multiprocessing import popen_spawn_posix  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
+    from multiprocessing import popen_spawn_posix  # noqa: PLC0415 - 0.2 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: popen_fork, popen_spawn_posix)
 
     build = _builds.get(process_obj)
     try:
@@ -403,7 +402,7 @@ def _popen(process_obj):
         if server is None:
             server = _server()
         if server is not None:
-            from .buildserver import from_server  # noqa: PLC0415 - build servers only (isolation checks if loaded)
+            from .buildserver import from_server  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
 
             # What rebuild.reduce_rebuilt asks of the Popen starting a worker: the
             # datasets its server built ({id: key}), and how a worker takes one.
@@ -489,7 +488,7 @@ class Build:
         worker is then given this process's value."""
         if self.carry is None:
             return None
-        from . import process_state, rebuild  # noqa: PLC0415 - build servers only
+        from . import rebuild  # noqa: PLC0415 - 0.6 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: rebuild, descriptors, opened, generators)
 
         changed: set[str] = set()
         for dataset in datasets:
@@ -503,9 +502,9 @@ class Build:
             return None
 
     def _start(self, datasets):
-        from multiprocessing import forkserver  # noqa: PLC0415 - POSIX; sys.modules says if forkserver is used
+        from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
-        from . import buildserver, rebuild  # noqa: PLC0415 - build servers only (isolation checks if loaded)
+        from . import buildserver, rebuild  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
 
         prepared = spawn.get_preparation_data("autosafe_torch build server")
         if "authkey" in prepared:  # pickles only for a child being started: as bytes here
@@ -561,8 +560,6 @@ def exit_with_parent(worker_id):
 def _exit_when_ready(sentinel):
     connection.wait([sentinel])
     try:  # the socket its batches' descriptors were passed through, in the parent's
-        from multiprocessing import resource_sharer  # noqa: PLC0415 - a worker whose parent died
-
         resource_sharer.stop(timeout=1.0)  # folder: gone with it, as a worker's normal exit does
     except Exception:
         pass

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from typing import (TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, TypeVar, Union,
                     cast, overload)
 
+from ..inspection.mainmodule import in_notebook
 from ..inspection.naming import a_or_an, brief, number_of, what_is  # noqa: F401 (the rules' names)
 from ..loaderstate import Kept
 
@@ -212,11 +213,8 @@ class Rule:
 
     def permanent_fix(self) -> str:
         """The fix to show here: the notebook's where the program is a notebook."""
-        if self.notebook_fix is not None:
-            from ..inspection.mainmodule import in_notebook  # noqa: PLC0415 - when a loader needs it, not at torch's import
-
-            if in_notebook():
-                return self.notebook_fix
+        if self.notebook_fix is not None and in_notebook():
+            return self.notebook_fix
         return self.fix
 
     def check_at(self, *hooks: str,

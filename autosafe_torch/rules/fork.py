@@ -6,7 +6,7 @@ one the fork rung's remedies cannot handle, the loader leaves fork
 (``ladder.away_from_fork``).
 """
 
-from ..inspection import holdings
+from ..inspection import holdings, threads
 from ..loaderstate import Kept
 from ..remedies.workerinit import with_step
 from . import IterContext, OutcomeContext, number_of, rule, what_is
@@ -162,7 +162,7 @@ def read_through_no_object(args, ctx: OutcomeContext):
     """What forked workers read through a description of their own that no
     object of the loader's named (a raw descriptor, a closure, a C library),
     or that a fork server opened (its children share it otherwise)."""
-    from ..remedies import isolation  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, faulthandler)
 
     named = any(i.code == shared_file_offset.rule.code for i in ctx.said)  # DL207 said them
     forked = [] if named else _used(ctx.usage, isolation.FORKED)
@@ -218,7 +218,7 @@ def descriptor_to_workers(args, ctx: OutcomeContext):
     """The carried descriptors the workers read (the offset moved), and those
     whose number the loader's parts hold, read or not (``os.pread`` moves no
     offset); the others were carried too, but nothing shows a worker used them."""
-    from ..remedies import isolation  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, faulthandler)
 
     usage = ctx.usage
     held = {fd: (name, usage.by_number[fd])
@@ -242,8 +242,7 @@ def descriptor_to_workers(args, ctx: OutcomeContext):
 # it reads the start method DL207 and DL212 may have moved the loader to
 @thread_pool_to_spawned_workers.rule.check_at("dataloader.iter", after=("handle_not_fork_safe",))
 def thread_pool_under_fork(args, ctx):
-    from ..inspection import threads  # noqa: PLC0415 - only a loader with workers needs it
-    from ..remedies import pools  # noqa: PLC0415 - only for a dataset that holds a pool
+    from ..remedies import pools  # noqa: PLC0415 - imports torch: the rules load at `import cv2`, before the program imports torch
 
     if not args["num_workers"] or start_method(args) != "fork":
         return None

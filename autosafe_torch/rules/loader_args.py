@@ -11,6 +11,7 @@ a negative, wrong-typed or otherwise invalid value reaches torch's own error
 untouched (``timeout=-1`` is the user's mistake, and torch says so).
 """
 
+import multiprocessing
 import numbers
 
 
@@ -169,8 +170,6 @@ def _flag(value):
 def _valid_context(context):
     """A start method this platform has, or a multiprocessing context object;
     anything else is torch's to reject."""
-    import multiprocessing  # noqa: PLC0415 - the rules load before torch (explain)
-
     if isinstance(context, str):
         return context in multiprocessing.get_all_start_methods()
     return context is not None and callable(getattr(context, "get_start_method", None))

@@ -97,7 +97,7 @@ def memmap_by_reference(args, ctx: IterContext):
     arrays, tensors, kept = _mapped(args, numpy, torch)
     if not arrays and not tensors:
         return None
-    from ..remedies import mapped_tensors, memmaps  # noqa: PLC0415 - only for a memory map
+    from ..remedies import mapped_tensors, memmaps  # noqa: PLC0415 - mapped_tensors imports torch: the rules load at `import cv2`, before the program imports torch; memmaps: 0.3 ms at `import torch` (-X importtime: remedies.memmaps, inspection.mappings)
 
     workers = number_of(args["num_workers"], "worker")
     named = ["%s (a numpy memmap of %s, %s)" % (
@@ -131,7 +131,7 @@ def _mapped(args, numpy, torch):
     of the parts that can go by reference, ``(path, TensorReference)`` for each
     file-mapped tensor that can, ``(path, why not)`` for the others (one walk,
     one read of this process's maps)."""
-    from ..inspection import mappings  # noqa: PLC0415 - only for a memory map
+    from ..inspection import mappings  # noqa: PLC0415 - 0.2 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.mappings)
 
     # The types the reducers are registered for: a subclass pickles as it always did.
     memmap = numpy.memmap if numpy is not None else None

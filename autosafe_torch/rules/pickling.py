@@ -8,7 +8,10 @@ hands the loader to the ladder (``ladder.py``).
 
 from ..inspection import holdings
 from ..inspection.parts import PARTS
+from ..inspection.reads import reads_of
 from ..loaderstate import Kept
+from ..remedies import pickling
+from ..remedies.process_state import Carry
 from ..rung import Rung
 from . import IterContext, Rewrite, number_of, rule, what_is
 from .fork_plan import spawning_workers
@@ -73,7 +76,7 @@ def local_function_to_workers(args, ctx: IterContext):
         done="%s (%s) sent by value to %s" % (part, what_is(args[part]), workers))
         for part, (new, why) in plan.by_value.items()]
     if plan.nested:
-        from ..remedies import byvalue  # noqa: PLC0415 - only for a function sent by value
+        from ..remedies import byvalue  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.byvalue)
 
         path, why = plan.nested
         found.append(local_function_to_workers.rule.finding(
@@ -111,7 +114,7 @@ def interactive_main_class(args, ctx: IterContext):
     plan = pickling_plan(args, ctx)
     if plan.failures or ((plan.by_value or plan.nested) and not ctx.found("DL202")):
         return None
-    from ..remedies import byvalue  # noqa: PLC0415 - only for a function sent by value
+    from ..remedies import byvalue  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.byvalue)
 
     return [interactive_main_class.rule.finding(
         {"class": "%s at %s" % (cls.__qualname__, path)}, why=why, strategy="by-value",
@@ -151,7 +154,7 @@ def thread_pool_to_spawned_workers(args, ctx: IterContext):
     plan = pickling_plan(args, ctx)
     if not plan.pools or plan.failures:
         return None
-    from ..remedies import pools  # noqa: PLC0415 - only for a dataset that holds a pool
+    from ..remedies import pools  # noqa: PLC0415 - imports torch (torch.utils.data): the rules load at `import cv2`, before the program imports torch
 
     return thread_pool_to_spawned_workers.rule.finding(
         {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
@@ -242,7 +245,7 @@ def logging_config_to_workers(args, ctx: IterContext):
     plan = pickling_plan(args, ctx)
     if plan.failures or not plan.loggers:
         return None
-    from ..remedies import loggers, pickling  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..remedies import loggers  # noqa: PLC0415 - 0.8 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.loggers, handlers, diagnostics, faulthandler)
 
     found = list(plan.loggers)
     names = ", ".join(repr(lg.name) for lg in found)
@@ -317,9 +320,6 @@ PROCESS_STATE_REWRITE = Rewrite(
 def process_state_to_workers(args, ctx: IterContext):
     if not spawning_workers(args, ctx) or any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None
-    from ..inspection.reads import reads_of  # noqa: PLC0415 - when a loader spawns workers
-    from ..remedies.process_state import Carry  # noqa: PLC0415 - when a loader spawns workers
-
     rebuilt = {type(d) for f in ctx.findings for d in f.kept.rebuilt or ()}
     reads = reads_of([args[part] for part in PARTS], rebuilt)
     carry = Carry(reads, args["num_workers"])

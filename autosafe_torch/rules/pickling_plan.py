@@ -62,13 +62,13 @@ def _warm_ahead(args, ctx: IterContext):
     the warm server (DL209): in fix mode it starts now, in the background, so
     that its imports overlap the rest of the planning (a loader whose repair
     is refused leaves an idle server, ended at exit)."""
-    from ..facts import fork_server_available  # noqa: PLC0415 - the rules load without facts (explain)
+    from ..facts import fork_server_available  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load (-X importtime: facts)
 
     warm = RULES.get("DL209")
     if CONFIG.mode != "fix" or warm is None or not CONFIG.rule_enabled(warm.code, warm.group) \
             or not spawning_workers(args, ctx) or not fork_server_available(ctx.facts.platform):
         return
-    from ..remedies import warmstart  # noqa: PLC0415 - DL209's warm start only, when a loader needs it
+    from ..remedies import warmstart  # noqa: PLC0415 - 0.6/1.5 ms at `import torch` / `import cv2`, where the rules load (-X importtime: remedies.warmstart, diagnostics, faulthandler; at cv2's also multiprocessing.connection, resource_sharer, spawn)
 
     warmstart.start_ahead(warmstart.libraries_for([args[name] for name in PARTS]))
 
@@ -79,7 +79,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, repairing=lambda: None, kept
     rung is safe. Planning starts again after each, their entries ``kept``,
     so that nothing inside them is planned for. ``repairing()``: called once
     a probe failed, before the repairs are looked for."""
-    from ..inspection import probe  # noqa: PLC0415 - when a loader needs it, not at torch's import
+    from ..inspection import probe  # noqa: PLC0415 - 0.6 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.probe, inventory)
 
     given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy
     plan, owners = PicklingPlan(), None

@@ -31,7 +31,7 @@ class TorchAmpCaps:
     def autocast_supports(self, device, dtype):
         key = (device, dtype)
         if key not in self._supports:
-            from ...torch_private import autocast_enabled  # noqa: PLC0415 - imports torch, whose import runs this patch
+            from ...torch_private import autocast_enabled  # noqa: PLC0415 - cycle: torch_private -> torch -> (its import hook) patches.amp -> caps -> torch_private, partly initialised where torch_private is imported before torch
 
             probe = self._probe(device, dtype, True)
             self._supports[key] = probe is not None and autocast_enabled(probe)
