@@ -124,6 +124,7 @@ def _reduce_process(process: Any) -> Any:
     return (copyreg._reconstructor, (type(process).__mro__[1], object, None),  # type: ignore[attr-defined]  # pickle's own protocol-0 path
             _Pickled(bytes(WorkerPickler.dumps(vars(process)))))
 
+
 _sent_classes: dict[type, type] = {}
 
 
