@@ -31,6 +31,11 @@ TEST_APT_PACKAGES = pocl-opencl-icd ocl-icd-libopencl1
 # the records, the rungs and the loader's state; every body checked, the seams' defs
 # all annotated), whose annotations it holds to what crosses them.
 LINT_PATHS = autosafe_torch tests
+# The package's bytecode, written once before a suite: where the environment says
+# not to write it (PYTHONDONTWRITEBYTECODE, as on this project's machines), each of
+# the suite's processes and their workers would compile the package again (about
+# 1.4 s of CPU where the shim loads its rules and recovery).
+COMPILE = $(PYTHON) -m compileall -q autosafe_torch
 TYPECHECK = $(PYTHON) -m mypy
 
 .PHONY: install-test test heavy demo bench readme integration realworld
@@ -50,6 +55,7 @@ install-test:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	$(INSTALL) ".[test]"
+	$(COMPILE)
 
 # The type check runs beside the suite, whose processes mostly wait on their
 # children (about 10 s of one core, cold); either failing fails the target.
@@ -70,6 +76,7 @@ heavy: install-test
 # also keeps torchvision out (its CUDA build breaks `import lightning` here).
 integration:
 	$(PYTHON) -m pip install -c constraints-integration.txt -e ".[test]" lightning accelerate monai
+	$(COMPILE)
 	$(PYTHON) -m pytest -m integration tests/integration $(PYTEST_ARGS)
 
 # Real programs we did not write (tests/realworld/): skorch's NeuralNetClassifier,
@@ -82,6 +89,7 @@ REALWORLD_PACKAGES = skorch transformers tokenizers accelerate pytorch-metric-le
 
 realworld:
 	$(PYTHON) -m pip install -c constraints-realworld.txt -e ".[test]" $(REALWORLD_PACKAGES)
+	$(COMPILE)
 	$(PYTHON) -m pytest -m realworld tests/realworld $(PYTEST_ARGS)
 
 bench:
