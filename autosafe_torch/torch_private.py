@@ -66,6 +66,7 @@ import inspect
 import itertools
 import pickle
 import re
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -681,3 +682,10 @@ def _set_by(cls: type, attributes: Iterable[str]) -> list[str]:
 # recovery never builds one: watched_missing() names _process_data).
 Watched: type[_Watched] = (_WatchedAtIndex if delivery_shape(MultiProcessIter) == "index"
                            else _WatchedByWorker)
+
+
+# Loaded: the patches that read this module may apply now, those whose trigger
+# (torch) was imported by this module's own ``import torch`` included.
+LOADED = True
+if "autosafe_torch.patches" in sys.modules:  # no patch waits where the shim never loaded
+    sys.modules["autosafe_torch.patches"].apply_deferred()

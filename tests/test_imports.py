@@ -117,3 +117,30 @@ def test_a_name_that_moved_is_found(tmp_path):
     bad = unresolved(imports, cwd=tmp_path)  # the package of tmp_path, first on sys.path
     assert bad == ["autosafe_torch/rules/cv2.py:3: autosafe_torch.rules.workers has no _emulated",
                    "autosafe_torch/rules/cv2.py:5: autosafe_torch.rules has no nowhere"], bad
+
+
+# A program that imports one of our modules that loads torch_private (the
+# recovery, say) before torch: torch_private's own `import torch` runs our patch
+# hook, whose patches read torch_private, then only partly loaded. Without the
+# wait (patches.apply_for), each patch failed open ("internal error in patching
+# autosafe_torch.patches.dataloader (ImportError: cannot import name ...)") and
+# the shim did nothing for any loader.
+BEFORE_TORCH = textwrap.dedent('''
+    import autosafe_torch.recovery
+    import torch
+    from torch.utils.data import DataLoader
+    from autosafe_torch import patches
+    print(sorted(patches._applied))
+    DataLoader(list(range(4)), batch_size=2, num_workers=0, prefetch_factor=2)  # DL101
+    print("built")
+''')
+
+
+def test_our_modules_imported_before_torch_still_patch_it(tmp_path):
+    result = subprocess.run([sys.executable, "-c", BEFORE_TORCH], cwd=str(tmp_path),
+                            env=clean_env({"AUTOSAFE_TORCH": "1"}), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "internal error" not in result.stderr, result.stderr
+    assert "'autosafe_torch.patches.dataloader'" in result.stdout, result.stdout
+    assert "built" in result.stdout and "DL101" in result.stderr, result.stderr

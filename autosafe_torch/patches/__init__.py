@@ -9,6 +9,7 @@ puts every original back.
 
 import importlib
 import inspect
+import sys
 
 from ..config import CONFIG
 
@@ -105,8 +106,18 @@ def original(owner, name):
     return _originals.get((owner, name), getattr(owner, name, None))
 
 
+_deferred = []  # (trigger, module) met while torch_private was loading
+
+
 def apply_for(trigger, module):
-    """Apply every patch module registered for ``trigger``; each fails alone."""
+    """Apply every patch module registered for ``trigger``; each fails alone.
+    While ``torch_private`` loads (a program imported one of our modules that
+    loads it before torch: its ``import torch`` is what runs this), the patches,
+    which read it, wait for its end (``apply_deferred``)."""
+    loading = sys.modules.get("autosafe_torch.torch_private")
+    if loading is not None and not getattr(loading, "LOADED", False):
+        _deferred.append((trigger, module))
+        return
     from ..report import internal_error
     from ..rules import load_all
 
@@ -122,6 +133,12 @@ def apply_for(trigger, module):
             _applied.add(name)
         except Exception as exc:
             internal_error("patching %s" % name, exc)
+
+
+def apply_deferred():
+    """What waited for ``torch_private`` to load (``apply_for``)."""
+    while _deferred:
+        apply_for(*_deferred.pop(0))
 
 
 def revert():
