@@ -9,8 +9,10 @@ PYTEST_ARGS ?=
 # cores for `make test`: many of its tests wait on their children (a hang's timeout,
 # a killed parent's orphans, a fork server), and the third keeps the cores busy
 # meanwhile. With work stealing (an idle process takes tests from a busy one's
-# queue), measured on this 2-core machine: 5:18, against 5:53 with two processes
-# and 6:03 with two and no stealing. `make heavy` keeps two.
+# queue), the suite alone on this 2-core machine, in the working tree: 5:18,
+# against 5:53 with two processes and 6:03 with two and no stealing; `make test`
+# in a fresh clone, compile step included: 5:43 and 5:43, once 6:05.
+# `make heavy` keeps two.
 TEST_JOBS ?= 3
 HEAVY_JOBS ?= 2
 DIST = --dist worksteal
@@ -67,7 +69,7 @@ test: install-test
 
 # Every scenario under every start method and rehearsed platform: `make test`
 # runs each scenario once, the start method rotating (about 6 minutes on 2
-# cores; `make test` about 5:20); CI runs this too.
+# cores; `make test` about 5:45); CI runs this too.
 heavy: install-test
 	$(PYTHON) -m pytest -n $(HEAVY_JOBS) $(DIST) -m "heavy and not gpu" $(PYTEST_ARGS)
 

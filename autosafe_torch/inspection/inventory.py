@@ -29,6 +29,7 @@ to the part that holds it (``gc.get_referrers``), only for what a check acts
 on: the healthy path names nothing.
 """
 
+import contextlib
 import gc
 import io
 import logging
@@ -223,11 +224,7 @@ def take(parts, mode, table=None, code=None, sink=None, watch=frozenset()):
     them (only tensors stand in: ``stand_ins``). ``watch``: ids of objects
     whose meeting the pass notes (``met``)."""
     found = Inventory(mode)
-    spawning = context.get_spawning_popen()
-    if mode == SENT:
-        # Queues, Locks, Connections pickle only for a child being started.
-        context.set_spawning_popen(ProbeSpawning())
-    try:
+    with _spawning() if mode == SENT else contextlib.nullcontext():
         for name, part in parts.items():
             if part is None:
                 continue
@@ -238,10 +235,18 @@ def take(parts, mode, table=None, code=None, sink=None, watch=frozenset()):
             except Exception as exc:  # too deep, or the pickler's own error: not complete
                 found.complete = False
                 found.error = "%s: %s (%s)" % (name, type(exc).__name__, exc)
-    finally:
-        if mode == SENT:
-            context.set_spawning_popen(spawning)
     return found
+
+
+@contextlib.contextmanager
+def _spawning():
+    """As while a child is started: Queues, Locks, Connections pickle only then."""
+    spawning = context.get_spawning_popen()
+    context.set_spawning_popen(ProbeSpawning())
+    try:
+        yield
+    finally:
+        context.set_spawning_popen(spawning)
 
 
 def first_error(obj, table, code, known=()):
@@ -252,17 +257,14 @@ def first_error(obj, table, code, known=()):
     found = Inventory(SENT)
     pickler = _Pass(found, table, code)
     pickler.memo = {id(a): (i, a) for i, a in enumerate(known)}
-    spawning = context.get_spawning_popen()
-    context.set_spawning_popen(ProbeSpawning())
-    try:
-        pickler.dump(obj)
-        return None, found.objects
-    except _Stopped:
-        return found.unpicklable[0][1], found.objects
-    except Exception as exc:  # too deep, or the pickler's own error
-        return kept(exc), found.objects
-    finally:
-        context.set_spawning_popen(spawning)
+    with _spawning():
+        try:
+            pickler.dump(obj)
+            return None, found.objects
+        except _Stopped:
+            return found.unpicklable[0][1], found.objects
+        except Exception as exc:  # too deep, or the pickler's own error
+            return kept(exc), found.objects
 
 
 def sent_as_is(found):

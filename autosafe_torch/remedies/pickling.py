@@ -17,8 +17,8 @@ from __future__ import annotations
 import copyreg
 import io
 import pickle
-from multiprocessing.reduction import ForkingPickler
 from collections.abc import Mapping
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, ClassVar
 
 from ..mp_private import extra_reducers
