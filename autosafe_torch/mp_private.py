@@ -3,8 +3,8 @@ and concurrent.futures').
 
 CPython keeps some of what the shim needs private: ForkingPickler's table of
 reducers, the name of the default context, a fork server's pid and the pipe
-that keeps it alive, forkserver ``Popen._launch`` (whose module globals the
-warm start swaps) and a process class's ``_Popen``, what a fork server's child
+that keeps it alive, a Popen's ``_launch`` (whose module globals our workers'
+starts swap) and a process class's ``_Popen``, what a fork server's child
 calls (``_bootstrap``), the flag a spawned process sets while it unpickles
 what it inherits, a process's target; and of the objects a dataset may hold:
 the semaphore under a lock, a pool's worker count and state, an executor's
@@ -66,17 +66,30 @@ def stop_forkserver(server: Any) -> int:
     return server._forkserver_pid
 
 
-def forkserver_launch(forkserver: Any, spawn: Any) -> Callable[..., Any]:
-    """The stdlib's forkserver ``Popen._launch``, its own code, reading the
-    module names ``forkserver`` and ``spawn`` from the objects given (a new
-    process from another server; more preparation data), as a method for a
-    ``popen_forkserver.Popen`` subclass."""
-    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
+def stdlib_popen(start_method: str) -> type:
+    """The stdlib's ``Popen`` class for ``start_method`` ("spawn" or "forkserver", POSIX)."""
+    if start_method == "forkserver":
+        from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
 
-    launch = popen_forkserver.Popen._launch  # type: ignore[attr-defined]  # private
-    scope = dict(launch.__globals__, forkserver=forkserver, spawn=spawn)
-    return types.FunctionType(launch.__code__, scope, launch.__name__,
-                              launch.__defaults__, launch.__closure__)
+        return popen_forkserver.Popen
+    from multiprocessing import popen_spawn_posix  # noqa: PLC0415 - POSIX only
+
+    return popen_spawn_posix.Popen
+
+
+def popen_reading(start_method: str, name: str, modules: dict[str, Any],
+                  namespace: dict[str, Any] | None = None) -> type:
+    """A subclass ``name`` of the stdlib's ``Popen`` for ``start_method`` whose
+    ``_launch`` is the stdlib's own code (not a copy of it) reading the module
+    names in ``modules`` from the objects there: ``reduction`` (the pickler the
+    process object is sent with), ``forkserver`` (a new process from another
+    server), ``spawn`` (more preparation data); ``namespace`` besides."""
+    base = stdlib_popen(start_method)
+    launch = base._launch  # type: ignore[attr-defined]  # private
+    scope = dict(launch.__globals__, **modules)
+    reading = types.FunctionType(launch.__code__, scope, launch.__name__,
+                                 launch.__defaults__, launch.__closure__)
+    return type(name, (base,), dict(namespace or {}, _launch=reading))
 
 
 @contextlib.contextmanager
@@ -90,14 +103,21 @@ def inheriting() -> Iterator[None]:
         del process.current_process()._inheriting  # type: ignore[attr-defined]  # private
 
 
-def forkserver_popen(launch: Callable[..., Any], name: str,
-                     namespace: dict[str, Any]) -> type:
-    """A subclass ``name`` of forkserver's ``Popen`` that starts its process
-    through ``launch`` (its ``_launch``: ``forkserver_launch``), with
-    ``namespace`` besides."""
-    from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
+def start_through(process: Any, popen: type) -> bool:
+    """Have ``process`` (not started) start through ``popen`` (a Popen class)
+    where its class starts it the stdlib's way (False where not: another
+    ``_Popen``, as the warm start's). Its class stays the same (its repr; the
+    child unpickles it by reference): an attribute of this process, gone
+    before the Popen pickles it."""
+    if type(process)._Popen.__module__ != "multiprocessing.context":
+        return False
+    process._Popen = functools.partial(_started_by, popen)
+    return True
 
-    return type(name, (popen_forkserver.Popen,), dict(namespace, _launch=launch))
+
+def _started_by(popen: type, process: Any) -> Any:
+    del process._Popen
+    return popen(process)
 
 
 def forkserver_process(popen: Callable[[Any], Any], name: str, module: str) -> type:

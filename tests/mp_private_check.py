@@ -12,7 +12,8 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing import forkserver, popen_forkserver, process, spawn
+from multiprocessing import (forkserver, popen_forkserver, popen_spawn_posix, process, reduction,
+                             spawn)
 from multiprocessing.pool import ThreadPool
 from multiprocessing.reduction import ForkingPickler
 
@@ -104,7 +105,20 @@ class _Spawn:
         return spawn.get_preparation_data(name)
 
 
-def check_forkserver_launch(tmp):
+class _Reduction:
+    """``reduction`` as the launch reads it, counting what it dumps."""
+
+    dumped = 0
+
+    def __getattr__(self, name):
+        return getattr(reduction, name)
+
+    def dump(self, obj, file, protocol=None):
+        _Reduction.dumped += 1
+        reduction.dump(obj, file, protocol)
+
+
+def check_popen_reading(tmp):
     server = forkserver.ForkServer()
     server.ensure_running()
 
@@ -118,12 +132,33 @@ def check_forkserver_launch(tmp):
             Through.used += 1
             return server.connect_to_new_process(fds)
 
-    launch = mp_private.forkserver_launch(Through(), _Spawn())
-    assert launch.__code__ is popen_forkserver.Popen._launch.__code__  # its code, not a copy
-    popen = mp_private.forkserver_popen(launch, "ThroughPopen", {"asked": 0})
+    popen = mp_private.popen_reading("forkserver", "ThroughPopen", {
+        "forkserver": Through(), "spawn": _Spawn(), "reduction": _Reduction()}, {"asked": 0})
+    assert popen._launch.__code__ is popen_forkserver.Popen._launch.__code__  # its code, not a copy
     assert issubclass(popen, popen_forkserver.Popen) and popen.asked == 0
     assert issubclass(ThroughProcess, multiprocessing.context.ForkServerProcess)
-    path = os.path.join(tmp, "child.txt")
+    check_started(popen, os.path.join(tmp, "child.txt"))
+    assert Through.used == 1 and _Spawn.asked == 1 and _Reduction.dumped == 2
+    mp_private.stop_forkserver(server)
+    _Spawn.asked = _Reduction.dumped = 0
+    popen = mp_private.popen_reading("spawn", "SpawnPopen",
+                                     {"spawn": _Spawn(), "reduction": _Reduction()})
+    assert popen._launch.__code__ is popen_spawn_posix.Popen._launch.__code__
+    assert issubclass(popen, popen_spawn_posix.Popen)
+    assert not mp_private.start_through(ThroughProcess(target=child_writes), popen)  # its own
+    path = os.path.join(tmp, "spawned.txt")
+    child = multiprocessing.get_context("spawn").Process(target=child_writes, args=(path,))
+    assert mp_private.start_through(child, popen)
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0 and "_Popen" not in vars(child), child.exitcode
+    assert type(child) is multiprocessing.context.SpawnProcess
+    with open(path) as f:
+        assert f.read().startswith("ran ")
+    assert _Spawn.asked == 1 and _Reduction.dumped == 2  # the preparation data, the process
+
+
+def check_started(popen, path):
     Made.popen = popen
     child = ThroughProcess(target=child_writes, args=(path,))  # pickled by reference
     assert mp_private.process_target(child) is child_writes
@@ -132,8 +167,6 @@ def check_forkserver_launch(tmp):
     assert child.exitcode == 0, child.exitcode
     with open(path) as f:
         assert f.read().startswith("ran ")
-    assert Through.used == 1 and _Spawn.asked == 1
-    mp_private.stop_forkserver(server)
 
 
 PRELOAD_PROBE = """
@@ -231,8 +264,8 @@ def main(tmp):
     print("ok default_start_method")
     check_forkserver_pid_and_stop()
     print("ok forkserver_pid stop_forkserver")
-    check_forkserver_launch(tmp)
-    print("ok forkserver_launch forkserver_popen forkserver_process")
+    check_popen_reading(tmp)
+    print("ok popen_reading start_through forkserver_process")
     check_forkserver_preload(tmp)
     print("ok forkserver_preload")
     check_inheriting()

@@ -17,7 +17,7 @@ SUPPORTED = ("3.9", "3.10", "3.11", "3.12", "3.13")
 PYENV = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv")) / "versions"
 EXPECTED = ["ok extra_reducers", "ok context_name", "ok default_start_method",
             "ok forkserver_pid stop_forkserver",
-            "ok forkserver_launch forkserver_popen forkserver_process", "ok forkserver_preload",
+            "ok popen_reading start_through forkserver_process", "ok forkserver_preload",
             "ok inheriting", "ok ProcessObject process_target",
             "ok semlock_of pool_processes pool_running executor_arguments executor_threads "
             "python_rlock rlock_owned locks_inside new_semaphore"]

@@ -131,10 +131,11 @@ def pickled_for_workers(loader):
     our ``WorkerPickler`` (``remedies/pickling.py``), where a repair of ours
     acts and they do not fork; as torch pickles it otherwise."""
     context = loader.multiprocessing_context
-    if not pickling.WorkerPickler.acts() or facts.effective_start_method(context) == "fork":
+    method = facts.effective_start_method(context)
+    if not pickling.WorkerPickler.acts() or method == "fork":
         return contextlib.nullcontext()
-    return tp.multiprocessing_context_as(
-        loader, pickling.WorkerContext(torch.multiprocessing if context is None else context))
+    sent = pickling.WorkerContext(torch.multiprocessing if context is None else context, method)
+    return tp.multiprocessing_context_as(loader, sent)
 
 
 def sent_once_where_spawned(loader):

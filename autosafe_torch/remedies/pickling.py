@@ -6,7 +6,7 @@ installing anything); they are installed when a finding is applied, in fix
 mode, into ``WorkerPickler``, a ``ForkingPickler`` of our own. Only what the
 shim sends to workers is pickled with it: the process object of a worker it
 starts (``WorkerContext``: the loader's context for that start, whose
-processes pickle their state with it), an emulated worker's copy. The
+processes' Popen dumps with it), an emulated worker's copy. The
 process-wide ``ForkingPickler``, with which the program's own ``Queue.put``,
 ``Pipe.send`` and ``Pool.map`` pickle, is never touched: they fail or
 succeed as they would without us.
@@ -14,14 +14,13 @@ succeed as they would without us.
 
 from __future__ import annotations
 
-import copyreg
-import io
 import pickle
 from collections.abc import Mapping
+from multiprocessing import reduction
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, ClassVar
 
-from ..mp_private import extra_reducers
+from ..mp_private import extra_reducers, popen_reading, start_through
 
 PROTOCOL = pickle.DEFAULT_PROTOCOL
 
@@ -104,58 +103,49 @@ def uninstall_reducers() -> None:
 
 # -- the processes of our workers' starts ----------------------------------------------
 
-class _Pickled:
-    """A pickle made with ``WorkerPickler``, inside the one multiprocessing
-    makes: the child loads it with ``pickle.loads``, nothing of ours."""
+class _ToWorkers:
+    """``multiprocessing.reduction`` as the Popen of our workers' starts reads
+    it: what it dumps (the preparation data, the process object) goes with
+    ``WorkerPickler``, in the stdlib's own ``_launch``, so what needs the starting
+    Popen (a file descriptor passed, the authentication key) has it. The child
+    loads it as ever, with nothing of ours."""
 
-    __slots__ = ("data",)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(reduction, name)
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __reduce__(self) -> Any:
-        return pickle.loads, (self.data,)
-
-
-def _reduce_process(process: Any) -> Any:
-    """A worker process object as pickle's default sends it (its class, then
-    its ``__dict__``), the ``__dict__`` pickled with ``WorkerPickler``. It runs
-    inside the Popen's own dump, so what needs the starting Popen (a file
-    descriptor passed, the authentication key) has it."""
-    buffer = io.BytesIO()
-    WorkerPickler(buffer, PROTOCOL).dump(vars(process))
-    # getvalue() hands over the buffer's own bytes where they fill it (no copy):
-    # at 1.28M samples the state is some 30 MB, and a second copy of it showed
-    # in the training process's peak memory (figure 19c)
-    return (copyreg._reconstructor, (type(process).__mro__[1], object, None),  # type: ignore[attr-defined]  # pickle's own protocol-0 path
-            _Pickled(buffer.getvalue()))
+    @staticmethod
+    def dump(obj: Any, file: Any, protocol: int | None = None) -> None:
+        WorkerPickler(file, protocol).dump(obj)
 
 
-_sent_classes: dict[type, type] = {}
+TO_WORKERS = _ToWorkers()
+_popens: dict[str, type] = {}
 
 
-def _sent_class(cls: type) -> type:
-    """``cls`` (a context's Process class) whose instances pickle with
-    ``WorkerPickler``; its name is ``cls``'s, so its repr is the same."""
-    sent = _sent_classes.get(cls)
-    if sent is None:
-        sent = _sent_classes[cls] = type(cls.__name__, (cls,), {
-            "__reduce__": _reduce_process, "__module__": cls.__module__})
-    return sent
+def sent_popen(start_method: str) -> type:
+    """The stdlib's Popen for ``start_method`` ("spawn", "forkserver"), sending
+    the process with ``WorkerPickler``."""
+    popen = _popens.get(start_method)
+    if popen is None:
+        popen = popen_reading(start_method, "Popen", {"reduction": TO_WORKERS})
+        _popens[start_method] = popen
+    return popen
 
 
 class WorkerContext:
     """A loader's multiprocessing context (or the ``torch.multiprocessing``
-    module torch uses without one) whose processes pickle with ``WorkerPickler``
-    (the loader's context while the shim starts its workers)."""
+    module torch uses without one) whose processes are sent with
+    ``WorkerPickler`` (the loader's context while the shim starts its workers
+    by spawn or a fork server)."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: Any, start_method: str) -> None:
         self._context = context
+        self._popen = sent_popen(start_method)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
     def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - multiprocessing's name
         process = self._context.Process(*args, **kwargs)
-        process.__class__ = _sent_class(type(process))
+        start_through(process, self._popen)  # the warm start's sends with WorkerPickler itself
         return process

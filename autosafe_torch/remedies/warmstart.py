@@ -52,10 +52,10 @@ from typing import Any
 
 from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, private_file
 from ..inspection.failures import describe_exception
-from ..mp_private import (forkserver_launch, forkserver_pid, forkserver_popen,
-                          forkserver_process, stop_forkserver)
+from ..mp_private import forkserver_pid, forkserver_process, popen_reading, stop_forkserver
 from ..report import log, shorten_line
 from . import process_state
+from .pickling import TO_WORKERS, sent_popen
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
 
@@ -384,18 +384,9 @@ def _umask():
     return mask
 
 
-def _launch_through(server):
-    """The stdlib's forkserver ``Popen._launch``, reading ``forkserver`` from
-    ``_ThroughServer(server)`` and ``spawn`` from ``_PreparingWithDumps``: its
-    code, not a copy of it."""
-    return forkserver_launch(_ThroughServer(server), _PreparingWithDumps())
-
-
 def _popen(process_obj):
     """Start ``process_obj`` from its build server, else the warm server, else by
     plain spawn."""
-    from multiprocessing import popen_spawn_posix  # noqa: PLC0415 - 0.2 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: popen_fork, popen_spawn_posix)
-
     build = _builds.get(process_obj)
     try:
         server, built = build.server() if build is not None else (None, {})
@@ -404,10 +395,15 @@ def _popen(process_obj):
         if server is not None:
             from .buildserver import from_server  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
 
-            # What rebuild.reduce_rebuilt asks of the Popen starting a worker: the
-            # datasets its server built ({id: key}), and how a worker takes one.
-            popen = forkserver_popen(_launch_through(server), "WarmPopen", {
-                "built_here": built, "from_server": staticmethod(from_server)})
+            # The stdlib's forkserver Popen, its code reading ``forkserver`` from
+            # _ThroughServer(server), ``spawn`` from _PreparingWithDumps, and sending
+            # with WorkerPickler; on it, what rebuild.reduce_rebuilt asks of the
+            # Popen starting a worker: the datasets its server built ({id: key}),
+            # and how a worker takes one.
+            popen = popen_reading("forkserver", "WarmPopen", {
+                "forkserver": _ThroughServer(server), "spawn": _PreparingWithDumps(),
+                "reduction": TO_WORKERS,
+            }, {"built_here": built, "from_server": staticmethod(from_server)})
             started = popen(process_obj)
             _starts.warm += 1
             _starts.built += bool(built)
@@ -417,7 +413,7 @@ def _popen(process_obj):
         _went_cold("workers start by plain spawn from now on: the warm server failed (%s)"
                    % _failure(exc))
     _starts.plain += 1
-    return popen_spawn_posix.Popen(process_obj)
+    return sent_popen("spawn")(process_obj)
 
 
 # -- build servers: a rebuilt loader's datasets built once ----------------------------
