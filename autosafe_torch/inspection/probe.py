@@ -26,11 +26,10 @@ import types
 
 from ..mp_private import extra_reducers, semlock_of
 from . import inventory, objwalk
+from .inventory import PROTOCOL
 from .failures import exception_text, kept
 from .mainmodule import importable_by_reference, missing_in_child
 
-# ForkingPickler.dumps(obj) passes protocol=None: pickle.DEFAULT_PROTOCOL.
-PROTOCOL = pickle.DEFAULT_PROTOCOL
 # Locating a failure descends at most objwalk.MAX_DEPTH levels. Pickling
 # itself is never cut short (a partial dump would prove nothing); locating
 # stops once this many objects were pickled over all the dumps of one probe.

@@ -14,12 +14,10 @@ made again (``holdings.rebuildable``): the ladder goes on.
 """
 
 import logging
-import pickle
 import sys
 
 from ..inspection.holdings import _STDIO, _stdio_name, rebuildable
-
-PROTOCOL = pickle.DEFAULT_PROTOCOL
+from .pickling import PROTOCOL
 
 
 def reduce_handler(handler):
