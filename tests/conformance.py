@@ -241,6 +241,7 @@ def rerun(args, workdir, copy, name, rounds=6):
     # First alone without the shim: a test that fails alone too (load, timing) is
     # not the shim's doing.
     junit = workdir / ("rerun-%s-without.xml" % slug)
+    junit.unlink(missing_ok=True)
     cmd = pytest_command(args.python, copy, junit, [node_id(copy, name)], args.rerun_timeout)
     run_pytest(cmd, environment(False), workdir, workdir / ("rerun-%s-without.log" % slug),
                wall_limit=1800)
@@ -345,6 +346,8 @@ def main(argv=None):
         junit = workdir / ("junit-%s.xml" % label)
         log_file = workdir / "interventions-with.jsonl"
         if not (args.reuse and junit.exists()):
+            # an earlier run's results must not stand in for a run that fails to start
+            junit.unlink(missing_ok=True)
             if shim and log_file.exists():
                 log_file.unlink()
             env = environment(shim, args.activation, log_file if shim else None)

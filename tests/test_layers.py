@@ -402,7 +402,16 @@ def _our_names(trees):
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)) \
                     and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
                 ours.add(node.attr)
+            elif _sets_on_self(node):  # object.__setattr__(self, "_name", value)
+                ours.add(node.args[1].value)
     return ours
+
+
+def _sets_on_self(node):
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+        and node.func.attr == "__setattr__" and getattr(node.func.value, "id", None) == "object" \
+        and len(node.args) == 3 and getattr(node.args[0], "id", None) == "self" \
+        and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
 
 
 BY_NAME = ("getattr", "hasattr", "setattr", "delattr")
