@@ -209,22 +209,12 @@ def set_worker_info(info: Any) -> None:
     _worker_module._worker_info = info
 
 
-@contextlib.contextmanager
-def worker_info_as(info: Any) -> Iterator[None]:
-    saved = _worker_module._worker_info
-    _worker_module._worker_info = info
-    try:
-        yield
-    finally:
-        _worker_module._worker_info = saved
-
-
 def collate_in_process(batch: Any) -> Any:
     """torch's ``default_collate`` without its shared-memory output: in a
     worker it writes the batch straight into /dev/shm for the main process,
     but an emulated worker is in the main process (and /dev/shm may be what
     failed). The same values; ``get_worker_info()`` is None for its length only."""
-    saved = _worker_module._worker_info  # inline, not worker_info_as: once per batch
+    saved = _worker_module._worker_info
     _worker_module._worker_info = None
     try:
         return default_collate(batch)

@@ -10,7 +10,7 @@ import tracemalloc
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
-from autosafe_torch.inspection.probe import probe, probe_loader_parts
+from autosafe_torch.inspection.probe import probe
 from support import CHILD_MAIN, LOCAL_OBJECT, cannot_pickle, clean_env, run_script
 
 
@@ -116,12 +116,6 @@ def test_tensor_bytes_are_never_serialized_nor_shared():
         assert result.ok and peak < 1_000_000, peak
     assert not big.tensors[0].is_shared()
     assert probe(Holder(b=b"x" * (8 << 20))).ok
-
-
-def test_probe_loader_parts_lists_failing_parts_only():
-    found = probe_loader_parts(Holder(), lambda b: b, None)
-    assert [r.path for r in found] == ["collate_fn"]
-    assert probe_loader_parts(Holder(), None, None) == []
 
 
 def test_interactive_main_only_where_the_child_cannot_import_it(tmp_path):

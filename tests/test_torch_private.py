@@ -351,13 +351,10 @@ def test_torch_s_own_words():
 def test_worker_info_is_what_get_worker_info_returns():
     info = tp.WorkerInfo(id=1, num_workers=2, seed=5, dataset=None)
     assert get_worker_info() is None
-    with tp.worker_info_as(info):
-        assert get_worker_info() is info
-        assert tp.current_worker_info() is info
-    assert get_worker_info() is None
     tp.set_worker_info(info)
     try:
         assert get_worker_info() is info
+        assert tp.current_worker_info() is info
         batch = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
         assert torch.equal(tp.collate_in_process(batch), default_collate(batch))
         assert get_worker_info() is info  # put back after the in-process collate

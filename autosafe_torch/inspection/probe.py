@@ -300,22 +300,3 @@ class _CodeSent:
             except Exception as exc:
                 return kept(exc)
         return NotImplemented
-
-
-def probe_loader_parts(dataset, collate_fn, worker_init_fn, sampler=None):
-    """The failing ones among what a spawn/forkserver worker receives.
-
-    The dataset, collate_fn and worker_init_fn travel to every worker. The
-    sampler stays in the parent under torch's DataLoader; it is probed only
-    when given (a custom loader or batch sampler may send it).
-    """
-    parts = (("dataset", dataset), ("collate_fn", collate_fn),
-             ("worker_init_fn", worker_init_fn), ("sampler", sampler))
-    results = []
-    for name, part in parts:
-        if part is None:
-            continue
-        result = probe(part, name)
-        if not result.ok:
-            results.append(result)
-    return results

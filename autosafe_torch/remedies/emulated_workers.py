@@ -72,7 +72,6 @@ import functools
 import itertools
 import os
 import random
-import sys
 import threading
 
 import torch
@@ -94,10 +93,6 @@ __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOC
 SWAP_LOCK = threading.RLock()
 
 _SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
-
-
-def _numpy():
-    return sys.modules.get("numpy") if tp.has_numpy() else None
 
 
 def _numpy_for_seeding():

@@ -468,11 +468,6 @@ def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[
     return [c for c in checks if enabled(c.rule)]
 
 
-def rules_in_group(group: str) -> list[Rule]:
-    load_all()
-    return [r for code, r in sorted(RULES.items()) if r.group == group]
-
-
 def find_rule(name: object) -> Rule | None:
     """The rule named by its code (``DL201``, any case) or slug, else None."""
     load_all()
