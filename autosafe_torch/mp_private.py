@@ -67,7 +67,11 @@ def stop_forkserver(server: Any) -> int:
 
 
 def stdlib_popen(start_method: str) -> type:
-    """The stdlib's ``Popen`` class for ``start_method`` ("spawn" or "forkserver", POSIX)."""
+    """The stdlib's ``Popen`` class for ``start_method`` ("spawn" or "forkserver")."""
+    if sys.platform == "win32":
+        from multiprocessing import popen_spawn_win32  # noqa: PLC0415 - Windows only
+
+        return popen_spawn_win32.Popen
     if start_method == "forkserver":
         from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
 
@@ -80,16 +84,18 @@ def stdlib_popen(start_method: str) -> type:
 def popen_reading(start_method: str, name: str, modules: dict[str, Any],
                   namespace: dict[str, Any] | None = None) -> type:
     """A subclass ``name`` of the stdlib's ``Popen`` for ``start_method`` whose
-    ``_launch`` is the stdlib's own code (not a copy of it) reading the module
+    method that pickles for the child (``_launch``; Windows': ``__init__``, not
+    run here) is the stdlib's own code, not a copy of it, reading the module
     names in ``modules`` from the objects there: ``reduction`` (the pickler the
     process object is sent with), ``forkserver`` (a new process from another
     server), ``spawn`` (more preparation data); ``namespace`` besides."""
     base = stdlib_popen(start_method)
-    launch = base._launch  # type: ignore[attr-defined]  # private
-    scope = dict(launch.__globals__, **modules)
-    reading = types.FunctionType(launch.__code__, scope, launch.__name__,
-                                 launch.__defaults__, launch.__closure__)
-    return type(name, (base,), dict(namespace or {}, _launch=reading))
+    method = "__init__" if sys.platform == "win32" else "_launch"
+    dumps = getattr(base, method)
+    scope = dict(dumps.__globals__, **modules)
+    reading = types.FunctionType(dumps.__code__, scope, dumps.__name__,
+                                 dumps.__defaults__, dumps.__closure__)
+    return type(name, (base,), dict(namespace or {}, **{method: reading}))
 
 
 @contextlib.contextmanager
