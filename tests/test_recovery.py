@@ -290,20 +290,6 @@ def test_dump_where_and_trim_dump():
     assert "ds.py" in trimmed
 
 
-def test_a_failure_fits_the_room_it_is_given_however_long_its_exception():
-    """A remedy's own long words (a rebuilt dataset that differs) are cut to the
-    room a headline or a refusal gives them; who failed stays (compat saw a
-    214-character "the rung before it failed" line)."""
-    why = ("the dataset (Days) built again in the worker differs: it opened its files in "
-           "another order (day0.parquet first, the training process day1.parquet)")
-    failure = failures.Failure(failures.REMEDY, failures.RemedyFailed(why), 0, 21870)
-    assert failure.what().startswith("worker 0 (pid 21870) failed: ")
-    assert failure.what().endswith(why) and len(failure.what()) > 180  # no room given
-    short = failure.what(room=100)
-    assert len(short) == 100 and short.startswith("worker 0 (pid 21870) failed: ")
-    assert short.endswith("...")
-
-
 def test_hang_timeout_is_validated_with_one_warning(capsys):
     name = config.ENV_HANG_TIMEOUT
     assert config.parse_seconds(name, None, 60.0) == 60.0

@@ -260,8 +260,6 @@ class Failure:
         raised = exception_line(self.dump, limit) if self.dump else None
         if raised:
             text += ": %s" % raised
-        if room is not None and len(text) + len(found) > room:  # a long exception of its own
-            text = text[:max(30, room - len(found)) - 3] + "..."
         return text + found
 
     def before(self, rung):
