@@ -59,10 +59,11 @@ def forkserver_pid(server: Any) -> int | None:
     return server._forkserver_pid
 
 
-def stop_forkserver(server: Any) -> int:
-    """Close the pipe that keeps ``server`` alive (it exits on EOF); its pid
-    (set with that pipe: a server that never ran fails at the close)."""
-    os.close(server._forkserver_alive_fd)
+def stop_forkserver(server: Any, close: Callable[[int], None] = os.close) -> int:
+    """Close the pipe that keeps ``server`` alive (it exits on EOF; ``close``
+    closes it); its pid (set with that pipe: a server that never ran fails at
+    the close)."""
+    close(server._forkserver_alive_fd)
     return server._forkserver_pid
 
 

@@ -9,6 +9,7 @@ import os
 import pickle
 import random
 import socket
+import threading
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from autosafe_torch import patches
-from autosafe_torch.inspection import digest
+from autosafe_torch.inspection import digest, opened
 from autosafe_torch.patches import datasets as dataset_patch
 from autosafe_torch.remedies import rebuild
 from support import run_script
@@ -101,6 +102,44 @@ def data(tmp_path):
         path.write_bytes(bytes(range(k, 64 + k)))
         paths.append(str(path))
     return paths
+
+
+class Paired(Dataset):
+    """Opens ``a``, then, while a thread of the shim's closes ``held`` (a
+    descriptor below ``a``'s) and another begins a stretch of its own, ``b``."""
+
+    def __init__(self, a, b, held, threads):
+        self.a = open(a, "rb")
+        for thread in threads:
+            thread.start()
+        threads[0].join(5)  # the close: deferred, it returns at once
+        threads[1].join(0.3)  # the stretch: it waits for this constructor's end
+        self.waited = threads[1].is_alive()
+        self.b = open(b, "rb")
+
+
+def test_a_thread_of_ours_waits_for_a_constructor_being_recorded(recorded, data):
+    """What a thread of the shim's closes while the program's constructor is
+    recorded is closed at its end, and a stretch in which it opens and closes
+    descriptors begins there (opened.TURNS): a number freed meanwhile would go
+    to the constructor's next file, below its first, and the record would hold
+    its files in an order it never opened them in (with a plain os.close here,
+    ``b`` comes first)."""
+    held = os.open(os.devnull, os.O_RDONLY)
+    began = []
+
+    def stretch():
+        with opened.TURNS.ours():
+            began.append(os.path.exists("/proc/self/fd/%d" % held))
+
+    threads = [threading.Thread(target=opened.TURNS.close, args=(held,)),
+               threading.Thread(target=stretch)]
+    ds = Paired(data[0], data[1], held, threads)
+    threads[1].join(5)
+    assert [o.path for o in rebuild.construction_of(ds).opened] == [data[0], data[1]]
+    assert ds.waited and began == [False]  # closed by the constructor's end, before it
+    with pytest.raises(OSError):
+        os.fstat(held)
 
 
 def sent(ds):

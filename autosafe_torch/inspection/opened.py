@@ -6,8 +6,9 @@ training process's dataset reads. Python shows little of that: a pyarrow
 keep no path in their attributes, so two handles of same-shaped files look
 alike. The kernel knows: ``snapshot()`` before, ``opened_since(before)``
 after, gives each descriptor the code added and still holds, in the order it
-was opened (numbers are handed out lowest first), with the file it is open
-on (device, inode, size, modification time). A file only mapped (safetensors
+was opened (numbers are handed out lowest first; no thread of ours closes one
+meanwhile: ``TURNS``), with the file it is open on (device, inode, size,
+modification time). A file only mapped (safetensors
 maps its file and closes it) is in ``mapped_files()``.
 
 Cheap: a directory listing before and after (tens of microseconds), and an
@@ -17,8 +18,10 @@ Linux reads ``/proc/self``; macOS ``/dev/fd`` and ``F_GETPATH``. Nothing
 here calls user code.
 """
 
+import contextlib
 import os
 import stat
+import threading
 
 from .descriptors import _fd_numbers, path_of
 
@@ -126,3 +129,92 @@ def mapped_files():
     except (OSError, ValueError):
         return {}
     return found
+
+
+# -- a thread of ours and the program's constructors take turns with descriptors ------
+
+class _Turns:
+    """``opened_since`` gives the order of opening only where no other thread
+    closed a descriptor meanwhile: a number freed then goes to the program's
+    next file, below the one it opened before. A thread of ours opens and
+    closes descriptors while the program goes on (a fork server started ahead,
+    ``warmstart.start_ahead``), and the program's next dataset is what the shim
+    records then (``rebuild.measured``): its files came out in an order its
+    constructor never opened them in, and each worker's build "differed". So
+    they take turns. A recording waits for a stretch of ours to end (``ours``:
+    it never waits on another process, milliseconds); ours waits for the other
+    threads' recordings to end, and is entered before any lock of ours is
+    taken (a constructor may start workers of its own); what ours closes after
+    its stretch (``close``) waits for them too, closed by the last one's end."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        """As new: in a forked child, whose only thread takes no turn yet."""
+        self._cond = threading.Condition()
+        self._recording = {}  # thread ident -> depth
+        self._ours = {}
+        self._deferred = []
+
+    def _others(self, table):
+        me = threading.get_ident()
+        return any(ident != me for ident in table)
+
+    def _enter(self, table, waits_for):
+        me = threading.get_ident()
+        with self._cond:
+            self._cond.wait_for(lambda: not self._others(waits_for))
+            table[me] = table.get(me, 0) + 1
+
+    def _leave(self, table):
+        me = threading.get_ident()
+        with self._cond:
+            table[me] -= 1
+            if not table[me]:
+                del table[me]
+            if not self._recording:
+                for fd in self._deferred:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                self._deferred = []
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def recording(self):
+        """While the program's code runs, and what it opens is recorded."""
+        self._enter(self._recording, self._ours)
+        try:
+            yield
+        finally:
+            self._leave(self._recording)
+
+    @contextlib.contextmanager
+    def ours(self):
+        """A stretch in which this thread of ours opens and closes descriptors;
+        it yields ``end``, which ends it early (before a wait on another process)."""
+        self._enter(self._ours, self._recording)
+        ended = []
+
+        def end():
+            if not ended:
+                ended.append(True)
+                self._leave(self._ours)
+
+        try:
+            yield end
+        finally:
+            end()
+
+    def close(self, fd):
+        """Close ``fd`` (ours) now, or once no other thread records."""
+        with self._cond:
+            if self._others(self._recording):
+                self._deferred.append(fd)
+            else:
+                os.close(fd)
+
+
+TURNS = _Turns()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=TURNS.reset)

@@ -170,25 +170,26 @@ def measured(made, obj, init, args, kwargs):
     """``init(obj, *args, **kwargs)``: the program's own call to ``__init__``,
     bounded: what it opened and drew is recorded in ``made``."""
     before_rng = generators.capture()
-    before_fds = opened.snapshot()
-    read = _globals_read(type(obj))
-    before = [process_state.mark(r) for r in read]
-    result = init(obj, *args, **kwargs)
-    try:
-        made.changed = frozenset(r.label for r, mark in zip(read, before)
-                                 if process_state.mark(r) != mark)
-        # Files only: another thread may open a pipe or a socket meanwhile (a warm
-        # server starting); a worker's build, alone in its process, refuses those.
-        made.opened = [o for o in opened.opened_since(before_fds) if o.kind == opened.FILE]
-        if not generators.same(before_rng, generators.capture()):
-            made.rng = before_rng
-        attrs = digest.attributes(obj)
-        made.attrs = {name: _state(value) for name, value in attrs}
-        values = [value for _name, value in attrs]
-        made.args = tuple(_held(a, values) for a in made.args)
-        made.kwargs = {k: _held(v, values) for k, v in made.kwargs.items()}
-    except Exception:  # a record is an option: never the program's problem
-        made.opened = None
+    with opened.TURNS.recording():  # no thread of ours closes a descriptor meanwhile
+        before_fds = opened.snapshot()
+        read = _globals_read(type(obj))
+        before = [process_state.mark(r) for r in read]
+        result = init(obj, *args, **kwargs)
+        try:
+            made.changed = frozenset(r.label for r, mark in zip(read, before)
+                                     if process_state.mark(r) != mark)
+            # Files only: another thread may open a pipe or a socket meanwhile (the
+            # program's own); a worker's build, alone in its process, refuses those.
+            made.opened = [o for o in opened.opened_since(before_fds) if o.kind == opened.FILE]
+            if not generators.same(before_rng, generators.capture()):
+                made.rng = before_rng
+            attrs = digest.attributes(obj)
+            made.attrs = {name: _state(value) for name, value in attrs}
+            values = [value for _name, value in attrs]
+            made.args = tuple(_held(a, values) for a in made.args)
+            made.kwargs = {k: _held(v, values) for k, v in made.kwargs.items()}
+        except Exception:  # a record is an option: never the program's problem
+            made.opened = None
     return result
 
 

@@ -52,6 +52,7 @@ from typing import Any
 
 from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, private_file
 from ..inspection.failures import describe_exception
+from ..inspection.opened import TURNS
 from ..mp_private import forkserver_pid, forkserver_process, popen_reading, stop_forkserver
 from ..report import log, shorten_line
 from . import process_state
@@ -145,7 +146,7 @@ def _server():
     """The running server, started now if need be; None: use plain spawn."""
     from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
-    with _lock:
+    with TURNS.ours() as churned, _lock:
         if _state["cold"]:
             return None
         server = _state["server"]
@@ -158,7 +159,7 @@ def _server():
             server.set_forkserver_preload(libraries + [secret, GUARD])
             server.ensure_running()  # restarts a server that died
             started = forkserver_pid(server) != before
-            refused = _greet(server, named(libraries, most=2)) if started else None
+            refused = _greet(server, named(libraries, most=2), churned) if started else None
         if started:
             _state["started_with"] = now
             if refused is None:
@@ -204,10 +205,11 @@ def _in_stdlib(name):
             and "site-packages" not in path)
 
 
-def _greet(server, libraries):
+def _greet(server, libraries, churned):
     """Wait for a server just started to import ``libraries`` and say whether it
     forks: None when it does (its first child, a ``warmserver.Hello`` sent before
-    any dataset is pickled, exits with 0), else why not (the server is stopped)."""
+    any dataset is pickled, exits with 0), else why not (the server is stopped).
+    ``churned`` ends our stretch of descriptors (``opened.TURNS``) before the wait."""
     from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
     from .warmserver import REFUSED, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
@@ -220,10 +222,11 @@ def _greet(server, libraries):
                 # Our path only (to unpickle Hello): the main module is not imported.
                 reduction.dump({"sys_path": sys.path}, f)
                 reduction.dump(Hello(), f)
+            churned()
             forkserver.read_signed(status_r)  # the child's pid, then its exit status
             status = forkserver.read_signed(status_r)
         finally:
-            os.close(status_r)
+            TURNS.close(status_r)
     except (OSError, EOFError):
         pass  # the server ended: its own exit status says why
     if status == 0:
@@ -242,7 +245,7 @@ def _greet(server, libraries):
 def _stop(server, wait_s=5.0):
     """Stop ``server`` (it reads EOF on its pipe from us) and return its exit
     status (None: not seen in ``wait_s``)."""
-    pid, deadline = stop_forkserver(server), time.monotonic() + wait_s
+    pid, deadline = stop_forkserver(server, TURNS.close), time.monotonic() + wait_s
     try:
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -454,7 +457,7 @@ class Build:
         self.carry = None  # the loader's process_state.Carry (DL220), set by warm_context
 
     def server(self):
-        with _lock:
+        with TURNS.ours() as churned, _lock:
             if self.refused:
                 return None, {}
             if self.forkserver is not None:
@@ -463,7 +466,7 @@ class Build:
             if any(d is None for d in datasets):
                 return None, {}
             try:
-                self.forkserver = self._start(datasets)
+                self.forkserver = self._start(datasets, churned)
             except Exception as exc:
                 _note("a build server could not start (%s): each worker builds the dataset"
                       % _failure(exc))
@@ -497,7 +500,7 @@ class Build:
         except Exception:
             return None
 
-    def _start(self, datasets):
+    def _start(self, datasets, churned):
         from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
         from . import buildserver, rebuild  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
@@ -523,7 +526,7 @@ class Build:
                 server.set_forkserver_preload(libraries + [
                     buildserver.__name__, buildserver.recipes_entry(path), secret, GUARD])
                 server.ensure_running()
-                refused = _greet(server, named(libraries, most=2) + " and the dataset")
+                refused = _greet(server, named(libraries, most=2) + " and the dataset", churned)
         finally:
             with contextlib.suppress(OSError):  # the server removes it once read
                 os.remove(path)

@@ -44,6 +44,7 @@ import logging
 import os
 import random
 import sys
+import time
 
 import numpy as np
 import torch
@@ -111,6 +112,22 @@ class Days(Dataset):
     def __getitem__(self, i):
         value = self.day(i // ROWS).read().column(0)[i % ROWS].as_py()
         return sample(value, i % 3, i)
+
+
+class Paced(Days):
+    """Days, each file a moment after the last, as a slow constructor opens
+    them: the second is built while the shim's thread starts a fork server for
+    the first loader, opening and closing descriptors meanwhile."""
+
+    def __init__(self, root, lazy=False):
+        import pyarrow.parquet as pq
+
+        paths = sorted(os.path.join(root, "day%d.parquet" % d) for d in range(DAYS))
+        random.shuffle(paths)
+        self.paths, self.lazy, self.files = paths, lazy, []
+        for path in paths:
+            self.files.append(pq.ParquetFile(path))
+            time.sleep(0.02)
 
 
 class Features(Dataset):
@@ -257,7 +274,8 @@ def make(kind, lazy):
         Runtime.factor, CONFIG["scale"] = 3.0, 2.0  # from the command line, say
     if kind == "weighted":
         CONFIG["scale"] = 5.0
-    return {"config": Features, "days": Days, "audit": Audited, "counted": Counted,
+    return {"config": Features, "days": Days, "paced": Paced, "audit": Audited,
+            "counted": Counted,
             "peeked": Peeked, "runtime": Runtime, "weighted": Weighted}[kind](TMP, lazy=lazy)
 
 
