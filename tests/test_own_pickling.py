@@ -11,15 +11,13 @@ ForkingPickler is never touched.
 """
 
 import pickle
-import subprocess
-import sys
 from multiprocessing.reduction import ForkingPickler
 
 import pytest
 
 from autosafe_torch.mp_private import extra_reducers
 from autosafe_torch.remedies import byvalue, pickling, reopen
-from support import clean_env, logged, run_script
+from support import logged, run_script
 
 # The dataset reads its held file with os.pread: forked workers share one file
 # offset, and a seek then a read would race between them (a shorter line now
@@ -179,11 +177,8 @@ def test_a_worker_goes_in_one_pickle_of_ours(tmp_path, method):
     1.084x its peak memory at 1.28M samples, figure 19c), and the process is
     the stdlib's, as without us."""
     (tmp_path / "data.txt").write_text("abc\ndef\n")
-    (tmp_path / "one_pickle.py").write_text(ONE_PICKLE)
-    proc = subprocess.run([sys.executable, "one_pickle.py", method], cwd=tmp_path,
-                          env=clean_env(), capture_output=True, text=True, timeout=120,
-                          check=False)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_script(tmp_path, ONE_PICKLE, args=(method,), name="one_pickle.py")
+    assert proc.rc == 0, proc.stderr
     kind = {"spawn": "SpawnProcess", "forkserver": "ForkServerProcess"}[method]
     assert proc.stdout.split("\n")[:2] == [
         "%s %s-1" % (kind, kind),

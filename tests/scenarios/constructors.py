@@ -122,10 +122,9 @@ class Paced(Days):
     def __init__(self, root, lazy=False):
         import pyarrow.parquet as pq
 
-        paths = sorted(os.path.join(root, "day%d.parquet" % d) for d in range(DAYS))
-        random.shuffle(paths)
-        self.paths, self.lazy, self.files = paths, lazy, []
-        for path in paths:
+        super().__init__(root, lazy=True)  # the days' order drawn, no file open yet
+        self.lazy, self.files = lazy, []
+        for path in self.paths:
             self.files.append(pq.ParquetFile(path))
             time.sleep(0.02)
 
