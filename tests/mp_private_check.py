@@ -174,8 +174,10 @@ import importlib.util, os
 spec = importlib.util.spec_from_file_location("mp_private_alone", %r)
 mp_private = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mp_private)
-with open(os.path.join(%r, "preload.txt"), "w") as f:
+# written whole, then renamed: the check polls for the name, and must never read it half written
+with open(os.path.join(%r, "preload.txt.part"), "w") as f:
     f.write(repr((mp_private.forkserver_preload(), mp_private.forkserver_listener_path())))
+os.replace(f.name, f.name[:-len(".part")])
 """
 
 
