@@ -2,28 +2,21 @@
 
 A forked worker inherits every descriptor of its parent with the same open
 file description, and so the same file offset: a dataset that seeks and
-reads a file opened in ``__init__`` reads its siblings' bytes. Who holds
-the descriptor does not matter, and often no object shows it: a raw
-``os.open()`` int, a closure cell, a ``functools.partial``, a weak proxy, a
-C iterator (``csv.reader``), a C library (libsndfile). So the hazard is
-read where it lives, in the kernel (``open_files``: every regular file this
-process holds, from ``/proc/self/fd``, or ``/dev/fd`` on macOS), and the
-remedy acts there (``remedies/isolation.py``).
+reads a file opened in ``__init__`` reads its siblings' bytes. Often no
+object shows the descriptor (a raw ``os.open()`` int, a closure cell, a
+``functools.partial``, a weak proxy, a C iterator such as ``csv.reader``, a
+C library such as libsndfile), so the hazard is read in the kernel
+(``open_files``: every regular file this process holds, from
+``/proc/self/fd``, or ``/dev/fd`` on macOS) and the remedy acts there
+(``remedies/isolation.py``).
 
-The object walk (``find_descriptors``) stays for naming: which of those
-descriptors the dataset reaches, and by which attribute path, so that the
-log says ``dataset.fh`` rather than ``fd 5``.
-
-- The kernel-level holders are asked for their descriptor, in C only:
-  ``io.FileIO`` and ``socket.socket`` (``fileno()``), and the C wrappers
-  above a FileIO (``TextIOWrapper.buffer``, ``Buffered*.raw``).
-- Every other object is entered by the one walker (``objwalk``): the file
-  objects a GzipFile, ZipFile or user class keeps in ``fp``, ``fileobj``,
-  ``_fp``, ``_f``... are found where they hang. A ``fileno()`` written in
-  Python (GzipFile's, a user's) is never called: it is user code.
-
-Nothing is changed and no user code runs; an object that cannot be looked
-at is skipped (``objwalk.walk``).
+The object walk (``find_descriptors``) only names them (``dataset.fh``, not
+``fd 5``): ``io.FileIO``, ``socket.socket`` and the C wrappers above a
+FileIO are asked for their descriptor, in C only; every other object is
+entered (``objwalk``), so the files a GzipFile, ZipFile or user class keeps
+in ``fp``, ``_f``... are found where they hang. A ``fileno()`` written in
+Python (GzipFile's, a user's) is never called: it is user code.
+Nothing is changed and no user code runs.
 """
 
 import functools
@@ -49,13 +42,8 @@ class HeldDescriptor:
     __slots__ = ("path", "fd", "access", "regular", "dev", "ino", "name")
 
     def __init__(self, path, fd, access, regular, dev, ino, name):
-        self.path = path
-        self.fd = fd
-        self.access = access
-        self.regular = regular
-        self.dev = dev
-        self.ino = ino
-        self.name = name
+        self.path, self.fd, self.access, self.regular = path, fd, access, regular
+        self.dev, self.ino, self.name = dev, ino, name
 
     @property
     def shared_offset(self):
@@ -141,9 +129,7 @@ def find_descriptors(parts, items=None):
     container (None: every one)."""
     found, seen, held = [], set(), {}
 
-    def stop(obj):
-        """A kernel-level holder (its descriptor kept for the loop below) or a
-        lock, thread or logger: reported, never entered."""
+    def stop(obj):  # reported, never entered: a kernel-level holder (its fd kept), a lock...
         fd = descriptor_of(obj)
         if fd is not None:
             held[id(obj)] = fd
@@ -178,12 +164,8 @@ class OpenFile:
     __slots__ = ("fd", "dev", "ino", "flags", "offset", "name")
 
     def __init__(self, fd, dev, ino, flags, offset, name):
-        self.fd = fd
-        self.dev = dev
-        self.ino = ino
-        self.flags = flags
-        self.offset = offset
-        self.name = name
+        self.fd, self.dev, self.ino = fd, dev, ino
+        self.flags, self.offset, self.name = flags, offset, name
 
     @property
     def private(self):
@@ -215,12 +197,10 @@ def _shared_memory_devices():
     """The devices of torch's shared memory (``/dev/shm``): its segments are
     handed between processes on purpose, never given copies. Read once: a
     loader's every epoch asks."""
-    devices = set()
     try:
-        devices.add(os.stat("/dev/shm").st_dev)
+        return frozenset({os.stat("/dev/shm").st_dev})
     except OSError:
-        pass
-    return frozenset(devices)
+        return frozenset()
 
 
 def _link(fd):

@@ -6,9 +6,8 @@ worker's Python traceback, and on ``DUMP_SIGNAL`` every thread's stack, to
 worker that dies before its steps run, while it starts (unpickling its
 dataset, importing the main module), leaves its traceback at
 ``bootstrap_path``: every worker of ours is told the directory, by its path,
-in its preparation data (``telling_workers``, ``told``). One
-that left no dump file at all never ran its first step: it died starting.
-The folder goes at exit: the records hold what the dumps said.
+in its preparation data (``telling_workers``, ``told``). One that left no
+dump file at all never ran its first step: it died starting.
 """
 
 import atexit
@@ -97,8 +96,7 @@ def bootstrap_path(directory, pid):
 
 def faulthandler_in_worker(directory, worker_id):
     """Worker step: a crash writes the worker's traceback, and DUMP_SIGNAL
-    every thread's stack, to its file (what "details are lost due to
-    multiprocessing" loses)."""
+    every thread's stack, to its ``dump_path``."""
     global _worker_dump
     try:
         # Open for the worker's life: faulthandler writes to it when the worker crashes.

@@ -2,14 +2,14 @@
 
 Two builds of a dataset, one in the training process and one in a spawned
 worker, hold the same values when their fingerprints agree
-(``remedies/rebuild.py`` compares them attribute by attribute, so that a
-difference is named). The fingerprint is the object's pickle, hashed as the
-C pickler writes it: the cost is that of pickling, whatever the size
-(an ImageNet index of 1.28M tuples: under a second), and nothing is capped.
+(``remedies/rebuild.py`` compares them attribute by attribute, to name a
+difference). The fingerprint is the object's pickle, hashed as the C pickler
+writes it: the cost is that of pickling (an ImageNet index of 1.28M tuples:
+under a second), and nothing is capped.
 
 What the pickle would not say the same way in both processes, or cannot say
-at all, is written as a stand-in (``persistent_id``, asked for every object
-before the pickler's own fast paths):
+at all, is a stand-in (``persistent_id``, asked for every object before the
+pickler's own fast paths):
 
 - classes and functions by module and name (a spawned worker's main module
   is ``__mp_main__``, the training process's ``__main__``: the same one),
@@ -159,13 +159,10 @@ def _tensor(t):
 
 
 def _payload_types():
-    """(tensor/storage types, array type) among the modules already imported."""
-    kinds = []
+    """(tensor types, array type) among the modules already imported."""
     torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "Tensor"):
-        kinds.append(torch.Tensor)
-    numpy = sys.modules.get("numpy")
-    return tuple(kinds), getattr(numpy, "ndarray", None) if numpy is not None else None
+    return ((torch.Tensor,) if hasattr(torch, "Tensor") else (),
+            getattr(sys.modules.get("numpy"), "ndarray", None))
 
 
 def _file_state(f):

@@ -1,30 +1,22 @@
 """Does an object that pickles reach a spawn/forkserver worker whole, or does
 its pickle drop an open file its methods read?
 
-The probe answers "does it pickle"; this answers the next question, for the
-objects that hold open files. An object that defines its own pickling
-(``__getstate__``, ``__reduce__``) may pickle without the file its methods
-read: PIL's ``ImageFile`` keeps the current frame's pixels and drops the
-file, and a spawned worker's ``img.seek(i)`` fails (``'TiffImageFile' object
-has no attribute '_min_frame'``) while the parent says nothing.
+An object that defines its own pickling (``__getstate__``, ``__reduce__``)
+may pickle without the file its methods read: PIL's ``ImageFile`` keeps the
+current frame's pixels and drops the file, and a spawned worker's
+``img.seek(i)`` fails (``'TiffImageFile' object has no attribute
+'_min_frame'``) while the parent says nothing.
 
-Cheap, and nothing is loaded here (no user object is unpickled in the
-training process only to test it): one bounded walk per part (every item of
-every container, a large one of plain values read in C) finds the open files;
-a part that holds none costs that walk and nothing else. Above each file,
-only the outermost object on its path that pickles itself is pickled, with
-the probe's dispatch table (the planned repairs count), into a sink that
-keeps nothing, noting every object the pickle reaches. A file the pickle
-never reaches was dropped, by the deepest object on its path that the pickle
-did reach; that object is named.
-
-Not a hazard:
-
-- what a planned repair pickles (its reducer makes the file again);
-- a PIL image of one frame: its pickle keeps its pixels, all that it reads
-  from the file;
-- an object whose class sets the dropped attribute again (``sets_again``: a
-  lazy open, ``if self.fh is None: self.fh = open(self.path)``).
+Nothing is loaded (no user object is unpickled only to test it): one walk
+per part finds the open files (a part that holds none costs only that walk).
+Above each, the outermost object on its path that pickles itself is pickled
+with the probe's dispatch table (planned repairs count) into a sink that
+keeps nothing, noting every object it reaches. A file it never reaches was
+dropped, by the deepest object on its path that it did reach: that one is
+named. Not a hazard: what a planned repair pickles (its reducer makes the
+file again); a PIL image of one frame (its pickle keeps its pixels, all it
+reads); an object whose class sets the dropped attribute again
+(``sets_again``: a lazy open, ``if self.fh is None: self.fh = open(...)``).
 
 Fail open: an object whose inspection or pickling raises is skipped.
 """
@@ -142,8 +134,7 @@ def reopen_args(img):
 
 def reopens(value):
     """Whether ``image_reducers`` (and an emulated worker's copy) reopen
-    ``value``: a PIL image that may hold more than one frame, whose file (or
-    in-memory stream) can be reached again."""
+    ``value``: a PIL image that may hold more than one frame (``reopen_args``)."""
     try:
         return is_image_file(value) and not single_frame(value) \
             and reopen_args(value) is not None
@@ -222,10 +213,9 @@ _SETUP = frozenset({"__init__", "__new__", "__init_subclass__", "__getstate__",
 
 def sets_again(obj, attribute):
     """Whether ``obj`` takes care of an attribute its pickle drops: a method of
-    its class (not construction, pickling or closing) sets it to something
-    other than None (the lazy open), ``__setstate__`` does, ``__init__`` does
-    where the class's own ``__reduce__`` calls the class, or the class
-    reopens per process (``holdings.reopens_per_process``). Read from the code, never run."""
+    its class but those of ``_SETUP`` sets it to something other than None
+    (the lazy open), or the class reopens per process
+    (``holdings.reopens_per_process``). Read from the code, never run."""
     try:
         return holdings.reopens_per_process(obj) or _sets_again(type(obj), attribute)
     except Exception:
@@ -302,7 +292,7 @@ class _Search:
         return list(self.reported.values())
 
     def _part(self, name, part):
-        """One walk: the live streams (and PIL images) and where each hangs."""
+        """One walk: the live streams (and PIL images), and where each hangs."""
         found, places = [], {}
 
         def stop(obj):
@@ -330,8 +320,7 @@ class _Search:
             held = image_stream(obj)
             if held is None:
                 return
-            here = places[id(obj)][0]
-            chain.append((here, obj, Edge(obj, held[0], Edge.ATTR, held[1])))
+            chain.append((places[id(obj)][0], obj, Edge(obj, held[0], Edge.ATTR, held[1])))
             stream, image = held[1], obj
         else:
             stream, image = obj, None
@@ -367,17 +356,14 @@ class _Search:
         if is_image_file(original):
             if single_frame(original):
                 return
-            name = stream_name(stream, original)
-            self.reported[id(original)] = Unfaithful(
-                path, "pickles without its %s (PIL's pickle keeps one frame)" % name, original,
-                IMAGE_FIX)
-            return
-        if edge.how == Edge.ATTR and sets_again(original, edge.key):
+            name, fix = stream_name(stream, original), IMAGE_FIX
+            why = "PIL's pickle keeps one frame"
+        elif edge.how == Edge.ATTR and sets_again(original, edge.key):
             return  # a lazy open: its methods set it again where it arrives
+        else:
+            name, why, fix = stream_name(stream), "its pickle drops %s" % edge.label(), FILE_FIX
         self.reported[id(original)] = Unfaithful(
-            path, "pickles without its %s (its pickle drops %s)" % (stream_name(stream),
-                                                                     edge.label()),
-            original, FILE_FIX)
+            path, "pickles without its %s (%s)" % (name, why), original, fix)
 
     def _reached(self, owner):
         key = id(owner)

@@ -20,6 +20,7 @@ cannot: torch's "Cannot re-initialize CUDA in forked subprocess", or
 """
 
 import errno
+import functools
 import os
 import signal
 import sysconfig
@@ -76,22 +77,19 @@ def kept(exc):
 
 
 def exception_kind(exc):
-    """``remedy``, ``memory``, ``fds`` or ``shm`` where ``exc`` (or what it was
+    """``remedy``, ``memory``, ``fds``, ``shm`` or ``cuda`` where ``exc`` (or what it was
     raised from) says so, else None."""
     for e in _chain(exc):
         if isinstance(e, RemedyFailed):
             return REMEDY
         if isinstance(e, MemoryError) or isinstance(e, OSError) and e.errno == errno.ENOMEM:
             return MEMORY
-        text = exception_text(e)
         if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
             return FDS
-        if any(words in text for words in FD_WORDS):
-            return FDS
-        if any(words in text for words in SHM_WORDS):
-            return SHM
-        if any(words in text for words in CUDA_WORDS):
-            return CUDA
+        text = exception_text(e)
+        for kind, said in ((FDS, FD_WORDS), (SHM, SHM_WORDS), (CUDA, CUDA_WORDS)):
+            if any(words in text for words in said):
+                return kind
     return None
 
 
@@ -126,17 +124,12 @@ def why_no_traceback(exitcode):
     return "the worker left no traceback"
 
 
-_LIBRARY_DIRS = None
-
-
+@functools.lru_cache(maxsize=1)
 def _library_dirs():
-    global _LIBRARY_DIRS
-    if _LIBRARY_DIRS is None:
-        paths = sysconfig.get_paths()
-        dirs = {paths.get("stdlib"), paths.get("platstdlib")}
-        torch_dir = os.path.join(paths.get("purelib") or "", "torch")
-        _LIBRARY_DIRS = tuple(d + os.sep for d in dirs | {torch_dir} if d)
-    return _LIBRARY_DIRS
+    paths = sysconfig.get_paths()
+    dirs = {paths.get("stdlib"), paths.get("platstdlib"),
+            os.path.join(paths.get("purelib") or "", "torch")}
+    return tuple(d + os.sep for d in dirs if d)
 
 
 def where(dump, short=False):

@@ -1,13 +1,13 @@
 """What a dataset holds that matters to its workers: files, locks, thread pools, loggers.
 
-Looked at, never changed: the walks here copy nothing and call no user code
-(no ``__getitem__``, no iteration of anything but built-in containers). The
-remedies that act on what is found live in ``autosafe_torch.remedies``.
+Looked at, never changed: no copy, no user code (no ``__getitem__``, no
+iteration but of built-in containers); ``autosafe_torch.remedies`` acts on it.
 Native handles count as files: h5py objects, lmdb environments, and the
 ``cv2.VideoCapture`` objects whose source the cv2 patch recorded.
 """
 
 import collections
+import functools
 import io
 import logging
 import os
@@ -90,9 +90,8 @@ def _h5py_kind(obj):
 
 # What opened each cv2.VideoCapture, recorded by the cv2 patch: id ->
 # ``(source, apiPreference, params)``, source an absolute path or an index.
-# A capture takes no attributes or weak references, so the key is its id:
-# every capture constructed after the patch records itself, overwriting what
-# a dead one left at that id; the oldest records go past MAX_VIDEO_SOURCES.
+# A capture takes no attributes or weak references, so the key is its id: a
+# new capture overwrites what a dead one left there; the oldest go first.
 _video_sources = collections.OrderedDict()
 MAX_VIDEO_SOURCES = 4096
 
@@ -117,17 +116,14 @@ def _lmdb_kind(obj):
         "builtins", "lmdb.cffi") else None
 
 
-def is_video_capture(obj):
-    cls = getattr(sys.modules.get("cv2"), "VideoCapture", None)
-    return isinstance(cls, type) and is_a(obj, cls)
-
-
 def fork_unsafe(obj):
     """What ``obj`` is, when it is a native handle a forked child must not use:
     LMDB forbids an environment (and its database handles) after fork; a
     capture that decoded in the parent hangs its forked workers (FFmpeg's
     threads stay behind). None for anything else."""
-    return _lmdb_kind(obj) or (VIDEO if is_video_capture(obj) else None)
+    capture = getattr(sys.modules.get("cv2"), "VideoCapture", None)
+    return _lmdb_kind(obj) or (VIDEO if isinstance(capture, type) and is_a(obj, capture)
+                               else None)
 
 
 def one_per_process(obj):
@@ -149,18 +145,6 @@ def video_source(cap):
         return None
 
 
-def _lmdb_env_kind(env):
-    try:
-        path = env.path()
-    except Exception:  # closed
-        return None
-    if not os.path.exists(path):
-        return None
-    # Opened read-write or not, it is reopened read-only (``reopen``): a
-    # dataset that only reads reads the same, one that writes fails loudly.
-    return READONLY
-
-
 def lmdb_read_write(env):
     """Whether an lmdb environment was opened for writing (py-lmdb's default)."""
     try:
@@ -173,16 +157,21 @@ def file_kind(f):
     """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can reopen).
 
     Read-only: opened for reading only, on a regular file its path still names;
-    an h5py file opened ``'r'``; a sqlite connection or an lmdb environment (both
-    reopened read-only: ``reopen.read_only_note``); a recorded capture of a file."""
+    an h5py file opened ``'r'``; a sqlite connection or an lmdb environment
+    (opened read-write or not, both reopened read-only: ``reopen.read_only_note``:
+    a dataset that only reads reads the same, one that writes fails loudly);
+    a recorded capture of a file."""
     h5 = h5py_types()
     if h5 and is_a(f, h5):
         return _h5py_kind(f)
     if sqlite_path(f) is not None:
-        return READONLY  # reopened read-only: a dataset that writes fails loudly there
+        return READONLY
     handle = fork_unsafe(f)
     if handle == LMDB_ENV:
-        return _lmdb_env_kind(f)
+        try:
+            return READONLY if os.path.exists(f.path()) else None
+        except Exception:  # closed
+            return None
     if handle == VIDEO:
         return READONLY if video_source(f) is not None else None
     if handle is not None:  # an lmdb database handle: tied to its environment
@@ -278,30 +267,23 @@ def find_files(obj, path="dataset", items=None):
         for edge in edges:
             child = edge.child
             try:
-                if not is_file_object(child):
-                    continue
-                if id(child) not in kinds:
-                    kinds[id(child)] = file_kind(child)
-                found.append(HeldFile(here + edge.label(), child, kinds[id(child)], edge))
+                if is_file_object(child):
+                    kind = kinds[id(child)] if id(child) in kinds else file_kind(child)
+                    kinds[id(child)] = kind
+                    found.append(HeldFile(here + edge.label(), child, kind, edge))
             except Exception:  # an object that cannot be looked at: skipped
                 continue
     return found
 
 
-_THREADING_KINDS = None
-
-
+@functools.lru_cache(maxsize=1)
 def _threading_kinds():
-    global _THREADING_KINDS
-    if _THREADING_KINDS is None:
-        kinds = [(type(threading.Lock()), "lock"), (type(threading.RLock()), "rlock")]
-        if python_rlock() is not None:
-            kinds.append((python_rlock(), "rlock"))
-        kinds += [(threading.Condition, "condition"), (threading.Semaphore, "semaphore"),
-                  (threading.Event, "event"), (threading.Barrier, "barrier"),
-                  (threading.Thread, "thread")]
-        _THREADING_KINDS = tuple(kinds)
-    return _THREADING_KINDS
+    kinds = [(type(threading.Lock()), "lock"), (type(threading.RLock()), "rlock")]
+    if python_rlock() is not None:
+        kinds.append((python_rlock(), "rlock"))
+    return tuple(kinds) + ((threading.Condition, "condition"), (threading.Semaphore, "semaphore"),
+                           (threading.Event, "event"), (threading.Barrier, "barrier"),
+                           (threading.Thread, "thread"))
 
 
 def thread_pool_in_use(obj):
@@ -392,12 +374,11 @@ _CONTAINERS = (list, tuple, dict, set, frozenset)
 
 
 class UsersLocks:
-    """The unheld locks that objects of the user's own hold (their class not
-    from an installed library nor the standard library), directly or through
-    threading's primitives and built-in containers, from one walk of the
-    loader's parts (``{name: part}``): ``holds(lock)`` for any of them, and
-    ``named``, ``(path, obj)`` of each outermost one (a Condition, not the
-    lock inside it), as the log names them."""
+    """The unheld locks that objects of the user's own (``users_class``) hold,
+    directly or through threading's primitives and built-in containers, from
+    one walk of the loader's parts (``{name: part}``): ``holds(lock)`` for any
+    of them, and ``named``, ``(path, obj)`` of each outermost one (a Condition,
+    not the lock inside it), as the log names them."""
 
     def __init__(self, parts):
         self._owners: dict[int, object] = {}
@@ -424,14 +405,17 @@ class UsersLocks:
         return owner is not None and users_class(type(owner))
 
 
-def users_class(cls):
-    """A class of the user's own: not from an installed library nor the
-    standard library."""
-    name = getattr(cls, "__module__", "")
+def users_module(name):
+    """Whether module ``name`` is the user's own: the script, or a file outside
+    the installed libraries and the standard library."""
     if name in ("__main__", "__mp_main__"):
         return True
     path = getattr(sys.modules.get(name), "__file__", None)
     return bool(path and not os.path.realpath(path).startswith(callsite.installed_dirs()))
+
+
+def users_class(cls):
+    return users_module(getattr(cls, "__module__", ""))
 
 
 # -- loggers and their handlers --------------------------------------------------
@@ -471,12 +455,9 @@ def chain(logger):
     """The loggers whose configuration ``logger``'s records meet, from it up:
     itself, then each parent while the one below propagates."""
     found = []
-    current = logger
-    while current is not None:
-        found.append(current)
-        if not current.propagate:
-            break
-        current = current.parent
+    while logger is not None:
+        found.append(logger)
+        logger = logger.parent if logger.propagate else None
     return found
 
 
@@ -499,8 +480,7 @@ def forwards_attributes(obj):
     pickle's (and copy's) look-up of ``__setstate__`` on the new, empty
     instance recurses, or raises, in the forwarding (a RecursionError in a
     spawned worker). Rebuilt from its ``__dict__`` instead: what pickle's
-    default does, without asking the empty instance anything. A forwarder
-    that answers that look-up (an AttributeError) unpickles as it is."""
+    default does, without asking the empty instance anything."""
     cls = type(obj)
     try:
         forwards = getattr(cls, "__getattr__", None) is not None \
@@ -526,23 +506,21 @@ _unpickling_checked = {}  # class -> whether an empty instance fails pickle's lo
 
 def _unpickling_fails(cls):
     """Whether the one question unpickling asks a new, empty instance of ``cls``
-    (its ``__setstate__``, which reaches ``__getattr__``) fails. Asked here,
-    once per class, only of a dataset about to be pickled for workers (or
-    copied for emulated ones): each worker's unpickling would ask the same.
+    (its ``__setstate__``, which reaches ``__getattr__``) fails. Asked once per
+    class, only of a dataset about to be pickled for workers (or copied for
+    emulated ones): each worker's unpickling would ask the same.
     transformers' tokenizers answer it (AttributeError) and need nothing."""
     if cls not in _unpickling_checked:
         try:
             empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
-        except Exception:
-            _unpickling_checked[cls] = False  # pickle's own error, as without the shim
-        else:
-            try:
-                getattr(empty, "__setstate__", None)
-                _unpickling_checked[cls] = False
-            except BaseException as exc:  # RecursionError, or the forwarder's own error
-                if not isinstance(exc, Exception):
-                    raise
-                _unpickling_checked[cls] = True
+        except Exception:  # pickle's own error, as without the shim
+            _unpickling_checked[cls] = False
+            return False
+        try:
+            getattr(empty, "__setstate__", None)
+            _unpickling_checked[cls] = False
+        except Exception:  # RecursionError, or the forwarder's own error
+            _unpickling_checked[cls] = True
     return _unpickling_checked[cls]
 
 
@@ -566,7 +544,7 @@ def reopens_per_process(obj):
     of a dataset that reopens its files in each process by itself) or read with
     ``os.pread``/``preadv`` (no shared offset): read from the code, never run."""
     for cls in type(obj).__mro__:
-        if cls.__module__ in ("builtins",) or cls.__module__.startswith("torch."):
+        if cls.__module__ == "builtins" or cls.__module__.startswith("torch."):
             continue
         for value in vars(cls).values():
             # Only functions' own code is read: a class attribute may be any

@@ -1,35 +1,31 @@
 """One pass over what a loader's parts hold, at C speed: the inventory.
 
-The pickler is the walker. Containers (lists, tuples, dicts, sets) and plain
-values (str, int, float, bytes) are traversed in C, with no Python call per
-item: an ImageNet index of 1.28M ``(path, class)`` tuples costs what pickling
-it costs (well under a second), where a Python walk took some 25 us an object.
-Every other object reaches ``reducer_override``, which notes what the checks
-want to know of it, by kind (``classify``, once per class), and tells the
-pickler what to enter:
+The pickler is the walker: containers and plain values (str, int, float,
+bytes) are traversed in C, with no Python call per item (an ImageNet index
+of 1.28M ``(path, class)`` tuples costs what pickling it costs, well under a
+second, where a Python walk took some 25 us an object). Every other object
+reaches ``reducer_override``, which notes it by kind (``classify``, once per
+class) and tells the pickler what to enter:
 
 - ``HELD`` (what a forked worker inherits): every attribute of every object
   (``__dict__``, ``__slots__``, a container subclass's items), whatever its
   own pickling says; code, payloads and handles are not entered.
 - ``SENT`` (what a spawned worker receives): what pickling sends, with the
   dispatch table given (ForkingPickler's reducers, the planned repairs'). The
-  first object that does not pickle is noted (``unpicklable``, with the
-  error), the innermost one on its path, and the pass of that part ends
-  there, as pickling does: nothing further is asked to reduce.
+  first object that does not pickle, the innermost on its path, is noted
+  (``unpicklable``) and the pass of that part ends there, as pickling does.
 
-Nothing is capped and nothing is sampled: the pass sees everything, or says
-it did not (``complete`` False: a RecursionError, an error of the pickler's
-own), and a check decides as for a hazard it cannot rule out. Nothing is
-written anywhere (the sink keeps nothing) and nothing is loaded. No user code
-runs but ``__reduce__``/``__getstate__`` in ``SENT`` mode, as torch's own
-pickling of the dataset for a worker runs them.
-
-Naming what was found, for the log (``path_of``), looks from the object back
-to the part that holds it (``gc.get_referrers``), only for what a check acts
-on: the healthy path names nothing.
+Nothing is capped or sampled: the pass sees everything, or says it did not
+(``complete`` False: a RecursionError, the pickler's own error), and a check
+decides as for a hazard it cannot rule out. Nothing is written or loaded. No
+user code runs but ``__reduce__``/``__getstate__`` in ``SENT`` mode, as
+torch's own pickling for a worker runs them. ``path_of`` names what was
+found, from the object back (``gc.get_referrers``), only for what a check
+acts on: the healthy path names nothing.
 """
 
 import contextlib
+import functools
 import gc
 import io
 import logging
@@ -130,12 +126,18 @@ class _Pass(pickle.Pickler):
             kind = _kinds[cls] = classify(cls)
         if kind is not None:
             self.seen.setdefault(kind, {})[id(obj)] = obj
-            if inv.mode == HELD and kind in OPAQUE and not (kind == "array"
-                                                             and _object_array(obj)):
+            entered = kind == "array" and _object_array(obj)  # its objects are what it holds
+            if inv.mode == HELD and kind in OPAQUE and not entered:
                 return _nothing, ()
-            if inv.mode == SENT and kind in PAYLOADS and not (kind == "array"
-                                                              and _object_array(obj)):
-                self._check_payload(obj, kind)
+            if inv.mode == SENT and kind in PAYLOADS and not entered:
+                # What a stand-in would hide of a payload: the tensor torch refuses
+                # to send (a logger goes by its name, an array by its bytes).
+                if kind == "tensor" and getattr(obj, "requires_grad", False) \
+                        and not obj.is_leaf:
+                    inv.unpicklable.append((obj, RuntimeError(
+                        "Cowardly refusing to serialize non-leaf tensor which requires_grad, "
+                        "since autograd does not support crossing process boundaries.")))
+                    raise _Stopped
                 if not (self.keeping and kind != "tensor"):
                     inv.stand_ins += 1
                     return _nothing, ()
@@ -156,15 +158,6 @@ class _Pass(pickle.Pickler):
             inv.unpicklable.append((obj, kept(exc)))
             # Nothing further is asked to reduce: a lazy-module proxy would import its module.
             raise _Stopped from None
-
-    def _check_payload(self, obj, kind):
-        """What a stand-in would hide of a payload: the tensor torch refuses to
-        send (a logger goes by its name, an array by its bytes)."""
-        if kind == "tensor" and getattr(obj, "requires_grad", False) and not obj.is_leaf:
-            self.inventory.unpicklable.append((obj, RuntimeError(
-                "Cowardly refusing to serialize non-leaf tensor which requires_grad, "
-                "since autograd does not support crossing process boundaries.")))
-            raise _Stopped
 
 
 class _Stopped(Exception):
@@ -196,33 +189,25 @@ def _held_reduction(obj):
         except Exception:
             continue
     items = None
-    cls = type(obj)
     try:
-        if issubclass(cls, dict):
-            items = list(dict.items(obj))
-        elif issubclass(cls, (list, tuple, set, frozenset)):
-            items = list(_builtin_iter(obj))
+        for base in (dict, list, tuple, set, frozenset):
+            if issubclass(type(obj), base):
+                # The built-in's: a subclass's own is user code.
+                items = list(dict.items(obj) if base is dict else base.__iter__(obj))
+                break
     except Exception:
         items = None
     return _nothing, (tuple(slots), items), state if type(state) is dict else None
 
 
-def _builtin_iter(obj):
-    for base in (list, tuple, set, frozenset):
-        if issubclass(type(obj), base):
-            return base.__iter__(obj)  # the built-in's: a subclass's own is user code
-    return iter(())
-
-
 def take(parts, mode, table=None, code=None, sink=None, watch=frozenset()):
     """The ``Inventory`` of ``parts`` (``{name: part}``, None parts skipped) in
-    ``mode``; ``table``: the dispatch table (``SENT``: what pickling sends);
-    ``code(obj)``, for a class or function (``SENT``): ``NotImplemented`` (by
-    reference, as pickle sends it), a reduction (by value), or the exception
-    a worker's pickling or loading of it would raise. ``sink`` (``SENT``, one
-    part): where the pickle is written, arrays and loggers as pickle writes
-    them (only tensors stand in: ``stand_ins``). ``watch``: ids of objects
-    whose meeting the pass notes (``met``)."""
+    ``mode``; ``table``: the dispatch table; ``code(obj)``, for a class or
+    function (``SENT``): ``NotImplemented`` (by reference), a reduction (by
+    value), or the exception a worker's pickling or loading of it would raise.
+    ``sink`` (``SENT``, one part): where the pickle is written (only tensors
+    stand in: ``stand_ins``). ``watch``: ids of objects whose meeting the pass
+    notes (``met``)."""
     found = Inventory(mode)
     with _spawning() if mode == SENT else contextlib.nullcontext():
         for name, part in parts.items():
@@ -376,16 +361,10 @@ def _classify(cls):
     return None
 
 
-_LOCK_TYPES = []
-
-
+@functools.lru_cache(maxsize=1)
 def _lock_types():
-    if not _LOCK_TYPES:
-        kinds = [type(threading.Lock()), type(threading.RLock())]
-        if python_rlock() is not None:
-            kinds.append(python_rlock())
-        _LOCK_TYPES.append(tuple(kinds))
-    return _LOCK_TYPES[0]
+    kinds = (type(threading.Lock()), type(threading.RLock()))
+    return kinds + ((python_rlock(),) if python_rlock() is not None else ())
 
 
 # -- naming what was found --------------------------------------------------------

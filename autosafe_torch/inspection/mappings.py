@@ -11,11 +11,12 @@ rehearsed Mac has no ``/proc/self/maps``.
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
+import functools
 import mmap
 import os
 import stat
-from typing import Any
 
 from .. import rehearsal
 
@@ -25,15 +26,11 @@ SMAPS = "/proc/self/smaps"
 _ANONYMOUS = ("/dev/zero", "/memfd:", "/SYSV")
 
 
-class Mapping:
+class Mapping(collections.namedtuple("Mapping", "start end perms offset device inode path")):
     """One line of ``/proc/self/maps``: an address range of a file (``perms``:
     ``r--s``, ``rw-p``...; ``shared``: its fourth letter is ``s``)."""
 
-    __slots__ = ("start", "end", "perms", "offset", "device", "inode", "path")
-
-    def __init__(self, start, end, perms, offset, device, inode, path):
-        self.start, self.end, self.perms = start, end, perms
-        self.offset, self.device, self.inode, self.path = offset, device, inode, path
+    __slots__ = ()
 
     @property
     def shared(self):
@@ -134,21 +131,17 @@ class Maps:
 
 # -- numpy memmaps (DL218) ----------------------------------------------------------
 
-class Reference:
+class Reference(collections.namedtuple(
+        "Reference", "path ident start length delta shape dtype order")):
     """What a worker needs to map an array again: the file and what it was
     (``ident``: device, inode, mtime in ns), the mapping's start in the file
     (a multiple of ``mmap.ALLOCATIONGRANULARITY``), its length, where the data
-    begin in it, and the array's shape, dtype and order."""
+    begin in it, and the array's shape, dtype and order (``args()``)."""
 
-    __slots__ = ("path", "ident", "start", "length", "delta", "shape", "dtype", "order")
-
-    def __init__(self, path, ident, start, length, delta, shape, dtype, order):
-        self.path, self.ident, self.start, self.length = path, ident, start, length
-        self.delta, self.shape, self.dtype, self.order = delta, shape, dtype, order
+    __slots__ = ()
 
     def args(self):
-        return (self.path, self.ident, self.start, self.length, self.delta, self.shape,
-                self.dtype, self.order)
+        return tuple(self)
 
 
 def reference(arr, mappings=()):
@@ -185,19 +178,16 @@ def reference(arr, mappings=()):
 
 # -- mmap.mmap (DL201) -------------------------------------------------------------
 
-class MapReference:
+class MapReference(collections.namedtuple(
+        "MapReference", "path ident start length how position")):
     """What a worker needs to map an ``mmap.mmap`` again: the file (``ident``:
     device and inode), the map's start in it and length, how it is mapped
-    (a key of ``memmaps.ACCESS``) and the map's position."""
+    (a key of ``memmaps.ACCESS``) and the map's position (``args()``)."""
 
-    __slots__ = ("path", "ident", "start", "length", "how", "position")
-
-    def __init__(self, path, ident, start, length, how, position):
-        self.path, self.ident, self.start, self.length = path, ident, start, length
-        self.how, self.position = how, position
+    __slots__ = ()
 
     def args(self):
-        return (self.path, self.ident, self.start, self.length, self.how, self.position)
+        return tuple(self)
 
 
 def map_reference(m, mappings=()):
@@ -241,8 +231,7 @@ def _access(m, where):
             m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
         except TypeError:
             return "read"
-        return None  # prot=PROT_READ with ACCESS_DEFAULT: a write would crash there
-    return None
+    return None  # prot=PROT_READ with ACCESS_DEFAULT (a write would crash there), or other
 
 
 def buffer_address(obj):
@@ -257,29 +246,24 @@ def buffer_address(obj):
         api.PyBuffer_Release(ctypes.byref(view))
 
 
-_BUFFER_API: list[Any] = []
-
-
+@functools.lru_cache(maxsize=1)
 def _buffer_api():
     """The C API's buffer functions and ``Py_buffer``, typed on a library
     handle of our own (``ctypes.pythonapi``'s functions are the user's to type)."""
-    if not _BUFFER_API:
-        class PyBuffer(ctypes.Structure):  # Py_buffer, as the stable ABI defines it
-            _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
-                        ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
-                        ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
-                        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
-                        ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
-                        ("internal", ctypes.c_void_p)]
+    class PyBuffer(ctypes.Structure):  # Py_buffer, as the stable ABI defines it
+        _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                    ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                    ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                    ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                    ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                    ("internal", ctypes.c_void_p)]
 
-        api = ctypes.PyDLL(None)
-        api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer),
-                                           ctypes.c_int]
-        api.PyObject_GetBuffer.restype = ctypes.c_int
-        api.PyBuffer_Release.argtypes = [ctypes.POINTER(PyBuffer)]
-        api.PyBuffer_Release.restype = None
-        _BUFFER_API[:] = [api, PyBuffer]
-    return _BUFFER_API
+    api = ctypes.PyDLL(None)
+    api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(PyBuffer), ctypes.c_int]
+    api.PyObject_GetBuffer.restype = ctypes.c_int
+    api.PyBuffer_Release.argtypes = [ctypes.POINTER(PyBuffer)]
+    api.PyBuffer_Release.restype = None
+    return api, PyBuffer
 
 
 def anonymous(m):
@@ -288,13 +272,12 @@ def anonymous(m):
     if type(m) is not mmap.mmap:
         return False
     try:
-        if m.closed:
-            return False
-        m.size()
+        if not m.closed:
+            m.size()
     except OSError:
         return True
     except Exception:
-        return False
+        pass
     return False
 
 

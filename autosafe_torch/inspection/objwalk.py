@@ -1,22 +1,21 @@
 """One bounded walk over the objects a dataset holds, shared by every check.
 
-The probe (why does this not pickle?) and the repairs (which files, which
-locks does this dataset hold, and how to replace them in a worker) must see
-the same objects under the same names, so both use ``edges`` and ``walk``.
-The walk follows what pickling follows for ordinary objects (instance
-``__dict__``, ``__slots__``, list/tuple/set items, dict keys and values, a
-``functools.partial``'s function and arguments), so it covers TensorDataset,
-ConcatDataset, Subset and ChainDataset. It never copies, never iterates
-anything but built-in containers (a dataset is never iterated, a generator
-never consumed), and never enters modules, classes or functions (a reference
-to a module would otherwise reach everything).
+The probe and the repairs (which files, which locks a dataset holds, and
+how to replace them in a worker) must see the same objects under the same
+names, so both use ``edges`` and ``walk``. The walk follows what pickling
+follows for ordinary objects (``__dict__``, ``__slots__``, list/tuple/set
+items, dict keys and values, a ``functools.partial``'s function and
+arguments), which covers TensorDataset, ConcatDataset, Subset and
+ChainDataset. It never copies, never iterates anything but built-in
+containers (a generator is never consumed), and never enters modules,
+classes or functions (a module would reach everything).
 
 It survives any object: an attribute access, ``isinstance`` (which asks an
 object for its ``__class__`` when its type does not match), ``__class__``
 itself or ``__reduce__`` may raise in a user's object (numpy's NpzFile.f, a
 ``__getattr__`` delegator, a lazy-module proxy). Types are read with
-``type()``, which asks the object nothing (``is_a``), and an object whose
-inspection raises is skipped, not the whole walk.
+``type()`` (``is_a``), and an object whose inspection raises is skipped,
+not the whole walk.
 """
 
 import functools
@@ -51,14 +50,12 @@ class Edge:
         self.child = child
 
     def label(self):
-        if self.how == Edge.ATTR:
+        if self.how in (Edge.ATTR, Edge.PART):
             return "." + self.key
         if self.how == Edge.ITEM:
             return "[%r]" % (self.key,)
         if self.how == Edge.KEY:
             return "<key %r>" % (self.key,)
-        if self.how == Edge.PART:
-            return "." + self.key
         return "<member %d>" % self.key
 
     @property
@@ -96,7 +93,7 @@ def is_atomic(obj):
 
 
 def is_leaf(obj):
-    if is_a(obj, ATOMIC) or is_a(obj, OPAQUE):
+    if is_a(obj, ATOMIC + OPAQUE):
         return True
     torch = sys.modules.get("torch")
     if torch is not None and (is_a(obj, torch.Tensor) or _is_storage(torch, obj)):
@@ -160,15 +157,12 @@ def edges(obj, items=None):
             if not is_atomic(key):
                 yield Edge(obj, key, Edge.KEY, key)
             yield Edge(obj, key, Edge.ITEM, value)
-    elif is_a(obj, (list, tuple)):
+    elif is_a(obj, (list, tuple, set, frozenset)):
         # The built-in iterators: a subclass's own __iter__ is user code.
-        items_of = list.__iter__ if is_a(obj, list) else tuple.__iter__
-        for index, value in enumerate(list(islice(items_of(obj), items))):
-            yield Edge(obj, index, Edge.ITEM, value)
-    elif is_a(obj, (set, frozenset)):
-        members = set.__iter__ if is_a(obj, set) else frozenset.__iter__
-        for index, value in enumerate(list(islice(members(obj), items))):
-            yield Edge(obj, index, Edge.MEMBER, value)
+        base = next(b for b in (list, tuple, set, frozenset) if is_a(obj, b))
+        how = Edge.ITEM if base in (list, tuple) else Edge.MEMBER
+        for index, value in enumerate(list(islice(base.__iter__(obj), items))):
+            yield Edge(obj, index, how, value)
     elif is_a(obj, functools.partial):  # what it pickles: func, args, keywords
         yield Edge(obj, "func", Edge.PART, functools.partial.func.__get__(obj))
         for index, value in enumerate(functools.partial.args.__get__(obj)):

@@ -1,21 +1,19 @@
 """What a stretch of code opened, as the kernel says: the descriptors it added.
 
 A dataset built again in a worker (``remedies/rebuild.py``) must read what the
-training process's dataset reads. Python shows little of that: a pyarrow
-``ParquetFile``, an Arrow IPC reader over a memory map, a safetensors handle
-keep no path in their attributes, so two handles of same-shaped files look
-alike. The kernel knows: ``snapshot()`` before, ``opened_since(before)``
-after, gives each descriptor the code added and still holds, in the order it
-was opened (numbers are handed out lowest first; no thread of ours closes one
-meanwhile: ``TURNS``), with the file it is open on (device, inode, size,
-modification time). A file only mapped (safetensors
-maps its file and closes it) is in ``mapped_files()``.
+training process's dataset reads. A pyarrow ``ParquetFile``, an Arrow IPC
+reader over a memory map, a safetensors handle keep no path in their
+attributes, so two handles of same-shaped files look alike. The kernel
+knows: ``snapshot()`` before, ``opened_since(before)`` after, gives each
+descriptor the code added and still holds, in the order it was opened
+(numbers are handed out lowest first; no thread of ours closes one
+meanwhile: ``TURNS``), with the file it is open on. A file only mapped
+(safetensors maps its file and closes it) is in ``mapped_files()``.
 
-Cheap: a directory listing before and after (tens of microseconds), and an
+Cheap: a directory listing before and after (tens of microseconds) and an
 ``fstat`` of each new descriptor; ``mapped_files`` reads ``/proc/self/maps``
-(about half a millisecond) and is asked only where a rebuild is planned.
-Linux reads ``/proc/self``; macOS ``/dev/fd`` and ``F_GETPATH``. Nothing
-here calls user code.
+(about half a millisecond), only where a rebuild is planned. Linux reads
+``/proc/self``; macOS ``/dev/fd`` and ``F_GETPATH``. No user code runs.
 """
 
 import contextlib
@@ -99,14 +97,12 @@ def _describe(fd, st):
         if path.startswith(SYSTEM_PLACES) or path.startswith("/memfd:") or OURS in path:
             return None
         return Opened(fd, FILE, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if stat.S_ISCHR(st.st_mode) or path.startswith(SYSTEM_PLACES):
-        return None  # /dev/null, /dev/urandom: no data of the dataset's
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISDIR(st.st_mode) or path.startswith(SYSTEM_PLACES):
+        return None  # /dev/null, /dev/urandom, a directory handle (os.scandir): no data
     if stat.S_ISSOCK(st.st_mode):
         what = "a socket"
     elif stat.S_ISFIFO(st.st_mode):
         what = "a pipe"
-    elif stat.S_ISDIR(st.st_mode):
-        return None  # a directory handle (os.scandir, a lock directory): no data
     else:
         what = "a descriptor that is no file (%s)" % (path or "fd %d" % fd)
     return Opened(fd, OTHER, path, what=what)

@@ -4,11 +4,10 @@ A DataLoader under spawn or forkserver pickles the dataset, the collate_fn,
 the worker_init_fn and the sampler's state with multiprocessing's
 ForkingPickler. We cannot just call it: torch registers reducers with it that
 move every tensor's storage into shared memory. The probe pickles with the
-same protocol and the same extra reducers (the program's), minus torch's,
-plus those a repair would add, into a sink that keeps nothing: the
-inventory's ``SENT`` pass, which stands in for tensors and arrays, so the
-cost grows with the number of objects, never with their bytes. Locating a
-failure part by part is that same pass again, on each part.
+same protocol and extra reducers (the program's), minus torch's, plus those
+a repair would add: the inventory's ``SENT`` pass, which stands in for
+tensors and arrays, so the cost grows with the number of objects, never
+with their bytes. Locating a failure part by part is that pass on each part.
 
 It also reproduces the failures that only happen in the child: a class or
 function defined in an interactive ``__main__`` (``python -c``, stdin, a
@@ -23,6 +22,7 @@ import io
 import pickle
 import sys
 import types
+from itertools import islice
 
 from ..mp_private import extra_reducers, semlock_of
 from . import inventory, objwalk
@@ -107,23 +107,6 @@ def _stand_in(*parts):
     """What a by-value function or class stands for in the probe (never loaded)."""
 
 
-def _code_reduction(obj, by_value, sent):
-    """For a class or function: ``(_stand_in, parts)`` where it goes by value
-    (``sent``: the ids already sent, for a class its own methods name), the
-    AttributeError a worker's unpickling would raise where its ``__main__``
-    lacks it, else None."""
-    if by_value and not importable_by_reference(obj):
-        if id(obj) in sent:
-            return _stand_in, ()
-        sent.add(id(obj))
-        return _stand_in, _by_value_parts(obj)
-    if getattr(obj, "__module__", None) == "__main__":
-        error = missing_in_child(obj)
-        if error is not None:
-            return AttributeError(error)
-    return None
-
-
 def _by_value_parts(obj):
     """What sending ``obj`` by value (cloudpickle) would pickle besides code: a
     function's closure, the globals it names (modules go by reference) and its
@@ -150,9 +133,7 @@ def _filled(cell):
         return False
 
 
-def is_probing():
-    """Whether what is being pickled now goes to the probe, not to a child."""
-    return inventory.is_probing()
+is_probing = inventory.is_probing  # whether what is pickled now goes to the probe
 
 
 class _Prober:
@@ -203,17 +184,10 @@ class _Prober:
                          for k, v in state.items())
         elif state is not None:
             found.append(("<state>", state))
-        for extra, fmt in ((3, "[%d]"), (4, None)):
-            items = rv[extra] if len(rv) > extra else None
-            if items is None:
-                continue
-            for i, item in enumerate(items):
-                if i >= 10_000:
-                    break
-                if fmt:
-                    found.append((fmt % i, item))
-                else:
-                    found.append(("[%r]" % (item[0],), item[1]))
+        listitems = rv[3] if len(rv) > 3 and rv[3] is not None else ()
+        dictitems = rv[4] if len(rv) > 4 and rv[4] is not None else ()
+        found.extend(("[%d]" % i, item) for i, item in enumerate(islice(listitems, 10_000)))
+        found.extend(("[%r]" % (item[0],), item[1]) for item in islice(dictitems, 10_000))
         return found
 
     def locate(self, obj, path, exc):
@@ -242,18 +216,16 @@ class _Prober:
 def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=None):
     """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why.
 
-    ``planned``: ``{class: reducer}`` that a repair would register, tried here
-    as if registered (nothing is installed); ``by_value``: as if functions and
-    classes a worker cannot import were sent by value; ``keep``: the pass
-    writes the pickle, and ``pickled`` holds it where the same bytes may go to
-    every worker (``sent_once``: nothing in it is pickled for one child alone);
-    ``watch``: an object whose meeting ``meets`` says (the dataset, in another
-    part: then its bytes cannot go apart from that part's).
+    ``planned``: ``{class: reducer}`` that a repair would register, tried as
+    if registered (nothing is installed); ``by_value``: as if functions and
+    classes a worker cannot import were sent by value; ``keep``: ``pickled``
+    holds the pickle where the same bytes may go to every worker
+    (``inventory.sent_as_is``); ``watch``: an object whose meeting ``meets``
+    says (the dataset, in another part: then its bytes cannot go apart).
 
-    One pass at pickle speed (``inventory``, ``SENT``): every object that does
-    not pickle is noted without stopping it. The first, in pickling order, is
-    the failure; its path is looked for from it back (``inventory.path_of``),
-    or, where that does not find it, by descending from ``obj`` (``locate``).
+    One ``SENT`` pass at pickle speed: its first failure's path is looked for
+    from the failure back (``inventory.path_of``), else by descending from
+    ``obj`` (``locate``).
     """
     table = _probe_dispatch_table(planned)
     sink = io.BytesIO() if keep else None
@@ -291,9 +263,15 @@ class _CodeSent:
     def __call__(self, obj):
         if not objwalk.is_a(obj, (type, types.FunctionType)):
             return NotImplemented
-        reduced = _code_reduction(obj, self.by_value, self.sent)
-        if reduced is not None:
-            return reduced
+        if self.by_value and not importable_by_reference(obj):
+            if id(obj) in self.sent:  # a class its own methods name
+                return _stand_in, ()
+            self.sent.add(id(obj))
+            return _stand_in, _by_value_parts(obj)
+        if getattr(obj, "__module__", None) == "__main__":
+            error = missing_in_child(obj)
+            if error is not None:  # the child's __main__ lacks it
+                return AttributeError(error)
         if not importable_by_reference(obj):
             try:
                 pickle.dumps(obj, PROTOCOL)  # by reference: pickle's own words

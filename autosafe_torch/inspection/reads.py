@@ -3,27 +3,22 @@ attributes, found in the code, never by running it.
 
 A spawned (or forkserver) worker imports the program's modules again, so
 what ``main()`` changed at run time is at its import-time value there,
-while the dataset itself arrives by pickle (``remedies/process_state.py``
-carries the rest). What a worker may run starts at what torch sends it: the
-dataset (and the datasets, transforms and other callables among its
-attributes), ``collate_fn`` and ``worker_init_fn``. The sampler stays in the
-training process (torch sends the workers indices), so what it reads is
-never a worker's. From those objects, the methods a worker calls (the
-protocols torch and the dataset's own code use: ``__getitem__``,
-``__iter__``, ``__call__``, ``__setstate__``...), then, transitively, the
-program's own functions and classes their code names: a global name read
-by the code (``LOAD_GLOBAL``), an attribute named on a class of the program
-in scope (``self.mean``, ``Spectra.mean``, ``type(self).mean``) or on a
-module of the program (``config.LR``), and, on a library's module, a
-function of the program put there (``np.load = my_load``).
+while the dataset arrives by pickle (``remedies/process_state.py`` carries
+the rest). A worker runs what torch sends it: the dataset (and the
+datasets, transforms and callables among its attributes), ``collate_fn``
+and ``worker_init_fn``; the sampler stays in the training process. From
+those, the methods a worker calls (``__getitem__``, ``__iter__``,
+``__call__``, ``__setstate__``...), then, transitively, the program's own
+functions and classes their code names: a global (``LOAD_GLOBAL``), an
+attribute named on a class of the program in scope (``self.mean``,
+``Spectra.mean``, ``type(self).mean``) or on a module of the program
+(``config.LR``), and a function of the program put on a library's module
+(``np.load = my_load``).
 
-What is found is a ``Read``: the module, the dotted name under it, and the
-first line that reads it. Cost: a code object is read once per process
-(``dis``, cached by code object); objects are looked at only through their
-attributes, a few hundred at most, and containers only while small: a
-dataset's million samples are never walked. No user code runs: attributes
-are read from ``__dict__`` and ``__slots__``, never through ``getattr`` on
-an instance.
+Cost: a code object is read once per process (``dis``, cached); objects
+are looked at only through their attributes, a few hundred at most, and
+containers only while small: a dataset's samples are never walked. No user
+code runs: attributes are read from ``__dict__`` and ``__slots__``.
 """
 
 from __future__ import annotations
@@ -31,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 import dis
 import functools
-import os
 import sys
 import types
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .. import callsite
+from .holdings import users_module
 from .mainmodule import importable_by_reference
 from .objwalk import is_a
 from .slots import slot_names
@@ -55,9 +50,6 @@ MAX_ITEMS = 64     # a container larger than this is data, not code to follow
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
 _ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "LOAD_SUPER_ATTR",
                        "DELETE_ATTR", "IMPORT_FROM"})
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-              types.BuiltinMethodType, staticmethod, classmethod, property,
-              functools.partial)
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
 _MAIN = ("__main__", "__mp_main__")
 
@@ -125,14 +117,7 @@ def _line_of(instruction: dis.Instruction, last: int) -> int:
     return starts if isinstance(starts, int) and not isinstance(starts, bool) else last
 
 
-@functools.lru_cache(maxsize=1024)
-def _module_is_programs(name: str) -> bool:
-    """Whether module ``name`` is the program's own: the script, or a file
-    outside the installed libraries and the standard library."""
-    if name in _MAIN:
-        return True
-    path = getattr(sys.modules.get(name), "__file__", None)
-    return bool(path) and not os.path.realpath(path).startswith(callsite.installed_dirs())
+_module_is_programs = functools.lru_cache(maxsize=1024)(users_module)
 
 
 def is_programs(obj: Any) -> bool:
@@ -143,14 +128,6 @@ def is_programs(obj: Any) -> bool:
 
 def _main_name(module: str) -> str:
     return "__main__" if module == "__mp_main__" else module
-
-
-def _qualified(owner: type) -> str | None:
-    """``owner``'s dotted name under its module, where that name leads back to it."""
-    qualname = getattr(owner, "__qualname__", None)
-    if not isinstance(qualname, str) or "<" in qualname:
-        return None
-    return qualname
 
 
 class _Walk:
@@ -198,12 +175,7 @@ class _Walk:
         if is_programs(cls):
             self.sent.add(id(cls))
             classes = _mro(cls) if importable_by_reference(cls) else ()
-            held = _attribute_names(obj)
-            for klass in classes:
-                for name in ENTRIES:
-                    if name in vars(klass):
-                        for function in _functions_of(vars(klass)[name]):
-                            self.function(function, classes, held)
+            self.methods(classes, ENTRIES, frozenset(name for name, _value in _attributes(obj)))
         elif not (callable(obj) or _holds_datasets(obj)):
             return  # a library's data object (a DataFrame, a file): no code of the program
         for _name, value in _attributes(obj):
@@ -220,12 +192,15 @@ class _Walk:
                 or not importable_by_reference(cls):
             return
         self.classes.add(id(cls))
-        classes = _mro(cls)
+        self.methods(_mro(cls), CONSTRUCTION)
+
+    def methods(self, classes: tuple[type, ...], names: tuple[str, ...],
+                held: frozenset[str] = frozenset()) -> None:
         for klass in classes:
-            for name in CONSTRUCTION:
+            for name in names:
                 if name in vars(klass):
                     for function in _functions_of(vars(klass)[name]):
-                        self.function(function, classes)
+                        self.function(function, classes, held)
 
     # -- code --
 
@@ -292,9 +267,10 @@ class _Walk:
                 value = vars(klass)[name]
                 functions = _functions_of(value)
                 for function in functions:
-                    self.function(function, _mro_from(classes, klass))
-                qualname = _qualified(klass)
-                if qualname is not None and not (name.startswith("__") and name.endswith("__")) \
+                    self.function(function, classes if klass in classes else _mro(klass))
+                qualname = getattr(klass, "__qualname__", None)  # leads back to it, without "<"
+                if isinstance(qualname, str) and "<" not in qualname \
+                        and not (name.startswith("__") and name.endswith("__")) \
                         and not _defined_in(functions, qualname):
                     # data, or a function put there (Scaled.scale = lambda ...): a binding
                     self.add(_main_name(klass.__module__), "%s.%s" % (qualname, name),
@@ -339,10 +315,6 @@ def _mro(cls: type) -> tuple[type, ...]:
         return ()
 
 
-def _mro_from(classes: tuple[type, ...], klass: type) -> tuple[type, ...]:
-    return classes if klass in classes else _mro(klass)
-
-
 def _functions_of(value: Any) -> list[Any]:
     """The plain functions behind a class attribute (a method, a static or
     class method, a property's accessors; ``__wrapped__`` where a decorator of
@@ -378,10 +350,6 @@ def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
             yield name, object.__getattribute__(obj, name)
         except AttributeError:
             continue
-
-
-def _attribute_names(obj: Any) -> frozenset[str]:
-    return frozenset(name for name, _value in _attributes(obj))
 
 
 def _holds_datasets(obj: Any) -> bool:

@@ -7,23 +7,17 @@ _slots_of = {}
 
 def slot_names(cls):
     """Attribute names of every ``__slots__`` along the MRO (mangled), cached."""
-    names = _slots_of.get(cls)
-    if names is None:
-        names = _slots_of[cls] = tuple(_slot_names(cls))
-    return names
-
-
-def _slot_names(cls):
+    if cls in _slots_of:
+        return _slots_of[cls]
     names = []
     for klass in cls.__mro__:
         slots = klass.__dict__.get("__slots__", ())
-        if isinstance(slots, str):
-            slots = (slots,)
-        for name in slots:
+        for name in (slots,) if isinstance(slots, str) else slots:
             if name in ("__dict__", "__weakref__"):
                 continue
             if name.startswith("__") and not name.endswith("__"):
                 name = "_%s%s" % (klass.__name__.lstrip("_"), name)
             if name not in names:
                 names.append(name)
-    return names
+    _slots_of[cls] = tuple(names)
+    return _slots_of[cls]

@@ -2,13 +2,11 @@
 where a CPU tensor's bytes lie in a file this process maps (``reference``:
 what ``remedies/mapped_tensors.py`` sends to a worker instead, DL218).
 
-Looking is bounded by the shared walk's bounds (``objwalk``), copies nothing
-and calls no ``__getitem__``: it follows instance attributes, slots, lists,
-tuples and dict values, which covers TensorDataset, ConcatDataset, Subset and
-ChainDataset. A model (``nn.Module``), numpy and pandas objects are never
-entered: a model is the program's, not the dataset's.
+Looked for with the shared walk (``objwalk``); a model (``nn.Module``), numpy
+and pandas objects are never entered: a model is the program's, not the dataset's.
 """
 
+import collections
 import sys
 
 from . import objwalk
@@ -21,14 +19,13 @@ NAMED = 6
 
 
 class HeldTensor:
-    """One tensor found in a dataset: where, on which device, how big."""
+    """One tensor found in a dataset: where, on which device, how big;
+    ``part``: the index of its ConcatDataset/ChainDataset part, or None."""
 
     __slots__ = ("path", "tensor", "part")
 
     def __init__(self, path, tensor, part):
-        self.path = path
-        self.tensor = tensor
-        self.part = part  # index of the ConcatDataset/ChainDataset part, or None
+        self.path, self.tensor, self.part = path, tensor, part
 
     @property
     def device(self):
@@ -107,10 +104,9 @@ def dataset_parts(root, torch):
     data = torch.utils.data
     node = root
     for _ in range(8):
-        if objwalk.is_a(node, data.Subset):
-            node = node.dataset
-            continue
-        break
+        if not objwalk.is_a(node, data.Subset):
+            break
+        node = node.dataset
     if objwalk.is_a(node, (data.ConcatDataset, data.ChainDataset)):
         parts = node.datasets
         return parts if isinstance(parts, (list, tuple)) else None
@@ -119,12 +115,10 @@ def dataset_parts(root, torch):
 
 def describe(found):
     """'dataset.tensors[0] (cuda:0, 4.0 MiB), ...' for a log line."""
-    seen = set()
-    unique = []
+    first = {}
     for f in found:
-        if id(f.tensor) not in seen:
-            seen.add(id(f.tensor))
-            unique.append(f)
+        first.setdefault(id(f.tensor), f)
+    unique = list(first.values())
     named = ", ".join("%s (%s, %s)" % (f.path, f.device, _size(f.nbytes))
                       for f in unique[:NAMED])
     more = len(unique) - NAMED
@@ -173,24 +167,18 @@ def batch_device(dataset):
 SHARED_MEMORY = "/dev/shm/"
 
 
-class TensorReference:
+class TensorReference(collections.namedtuple(
+        "TensorReference",
+        "path ident offset nbytes dtype size stride storage_offset requires_grad")):
     """What a worker needs to map a tensor again: the file and what it was
     (``ident``: device, inode, mtime in ns, size), where the storage's bytes
     lie in it (``offset``, ``nbytes``), and the view (dtype, size, stride,
     storage offset, requires_grad)."""
 
-    __slots__ = ("path", "ident", "offset", "nbytes", "dtype", "size", "stride",
-                 "storage_offset", "requires_grad")
-
-    def __init__(self, path, ident, offset, nbytes, dtype, size, stride, storage_offset,
-                 requires_grad):
-        self.path, self.ident, self.offset, self.nbytes = path, ident, offset, nbytes
-        self.dtype, self.size, self.stride = dtype, size, stride
-        self.storage_offset, self.requires_grad = storage_offset, requires_grad
+    __slots__ = ()
 
     def args(self, cls):
-        return (cls, self.path, self.ident, self.offset, self.nbytes, self.dtype, self.size,
-                self.stride, self.storage_offset, self.requires_grad)
+        return (cls, *self)
 
     @property
     def file(self):

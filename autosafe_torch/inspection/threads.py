@@ -11,23 +11,23 @@ C libraries (a BLAS pool, a telemetry client) as well as Python's.
 
 - Linux: the entries of ``/proc/self/task``, but threads that a fork leaves
   harmless by their own design (``FORK_SAFE_THREADS``: jemalloc's).
-- macOS: the Mach task's threads (``task_threads``; the thread ports and
-  the array it returns are given back). The Objective-C runtime does not
-  count: it asks ``pthread_is_threaded_np()``, which stays true once a
-  second thread has ever run, so a process is single-threaded there only
-  when both say so.
+- macOS: the Mach task's threads (``task_threads``). The Objective-C
+  runtime does not count: it asks ``pthread_is_threaded_np()``, which stays
+  true once a second thread has ever run, so a process is single-threaded
+  there only when both say so.
 - Elsewhere, or when the count cannot be read: unknown (None), and a
   caller must take unknown for unsafe.
 """
 
 import ctypes
+import functools
 import os
 import sys
 import threading
 
 __all__ = ["count", "single_threaded", "others_alive"]
 
-_mach = {}
+_PORT = ctypes.c_uint  # mach_port_t, thread_act_t, mach_msg_type_number_t
 
 
 def count():
@@ -73,26 +73,24 @@ def single_threaded():
     return True
 
 
+@functools.lru_cache(maxsize=1)
 def _libsystem():
-    if "lib" not in _mach:
-        lib = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
-        port = ctypes.c_uint  # mach_port_t, thread_act_t, mach_msg_type_number_t
-        lib.task_threads.argtypes = [port, ctypes.POINTER(ctypes.POINTER(port)),
-                                     ctypes.POINTER(port)]
-        lib.task_threads.restype = ctypes.c_int  # kern_return_t
-        lib.mach_port_deallocate.argtypes = [port, port]
-        lib.mach_port_deallocate.restype = ctypes.c_int
-        lib.vm_deallocate.argtypes = [port, ctypes.c_size_t, ctypes.c_size_t]
-        lib.vm_deallocate.restype = ctypes.c_int
-        lib.pthread_is_threaded_np.argtypes = []
-        lib.pthread_is_threaded_np.restype = ctypes.c_int
-        _mach.update(lib=lib, ctypes=ctypes, port=port)
-    return _mach["lib"]
+    lib = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
+    port = _PORT
+    lib.task_threads.argtypes = [port, ctypes.POINTER(ctypes.POINTER(port)),
+                                 ctypes.POINTER(port)]
+    lib.task_threads.restype = ctypes.c_int  # kern_return_t
+    lib.mach_port_deallocate.argtypes = [port, port]
+    lib.mach_port_deallocate.restype = ctypes.c_int
+    lib.vm_deallocate.argtypes = [port, ctypes.c_size_t, ctypes.c_size_t]
+    lib.vm_deallocate.restype = ctypes.c_int
+    lib.pthread_is_threaded_np.argtypes = []
+    lib.pthread_is_threaded_np.restype = ctypes.c_int
+    return lib
 
 
 def _mach_thread_count():
-    lib = _libsystem()
-    ctypes, port = _mach["ctypes"], _mach["port"]
+    lib, port = _libsystem(), _PORT
     task = port.in_dll(lib, "mach_task_self_").value  # what mach_task_self() reads
     threads, n = ctypes.POINTER(port)(), port()
     if lib.task_threads(task, ctypes.byref(threads), ctypes.byref(n)) != 0:
