@@ -2,30 +2,30 @@
 which every worker of every epoch is forked (DL201's rebuild, made cheap).
 
 A dataset built again in each worker (``rebuild.py``) would run its
-constructor once per worker per epoch: a 2 s CSV parse, and its transient
-memory, twice an epoch for two workers. A build server is a fork server of
-ours (``warmstart.build_context``) that imports what the warm server imports,
-then this module, which prepares as a spawned worker does (the program's
-main module imported as ``__mp_main__``), builds each dataset once and
-checks it exactly as a worker does (``rebuild.rebuilt_in_worker``: muted,
-writes refused, the construction's random states, the same files, maps and
-values). Each worker is then forked from the server: it holds the built
-dataset, copy-on-write, and its own description of every file the server
-reads (``isolation.after_fork_in_server_child``); the training process sends
-the dataset as a reference to it (``from_server``) with what it holds at that
-worker's start, and the worker checks the values again, so a dataset the
-program changed between epochs is never served stale.
+constructor (a 2 s CSV parse, and its transient memory) once per worker per
+epoch. A build server is a fork server of ours (``warmstart.Build``) that
+imports what the warm server imports, then this module, which prepares as a
+spawned worker does (the main module imported as ``__mp_main__``), then
+builds and checks each dataset once, exactly as a worker does
+(``rebuild.rebuilt_in_worker``: muted, writes refused, the construction's
+random states, the same files, maps and values). Each worker forked from it
+holds the built dataset, copy-on-write, and its own description of every
+file the server reads (``isolation.after_fork_in_server_child``); the
+training process sends the dataset as a reference to it (``from_server``)
+with what it holds at that worker's start, and the worker checks the values
+again: a dataset the program changed between epochs is never served stale.
 
-The recipes come in a file of the training process's private folder, named to
-the server in its preload list (``RECIPES``) and removed as soon as it is
-opened, pickled with the plain pickler (no handle of the
-training process's: a server is no child that takes them), after what the
-workers' code reads from the training process (DL220, set before the build). Imported
-anywhere but in a build server, this module does nothing.
+The recipes come in a file of the training process's private folder, named
+in the server's preload list (``RECIPES``) and removed once opened, pickled
+with the plain pickler (a server takes no handle of the training process's),
+after what the workers' code reads from the training process (DL220, set
+before the build). Imported anywhere but in a build server, this module
+does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from typing import Any
@@ -35,9 +35,8 @@ from ..inspection.diagnostics import in_fork_server
 from ..mp_private import forkserver_preload, inheriting
 from . import process_state, rebuild
 
-# How the training process names the recipes' file to the server: an entry of its
-# preload list that no module has this name (forkserver passes over what does not
-# import), the file's path after it.
+# The recipes' file as named in the server's preload list: no module has this
+# name (forkserver passes over what does not import), the file's path after it.
 RECIPES = "autosafe_torch_build_recipes="
 
 
@@ -61,9 +60,8 @@ def from_server(key, expected):
 
 def _build():
     """As a spawned worker starts (``spawn._main``): the training process's
-    preparation data (the main module imported as ``__mp_main__``, its
-    ``sys.path``, working directory, argv), then the datasets, each built and
-    checked."""
+    preparation data (its main module, ``sys.path``, working directory, argv),
+    then the datasets, each built and checked."""
     path = next((entry[len(RECIPES):] for entry in forkserver_preload()
                  if entry.startswith(RECIPES)), None)
     if not path:
@@ -74,22 +72,12 @@ def _build():
             spawn.prepare(pickle.load(f))
             state = pickle.load(f)
             recipes = pickle.load(f)
-        if state is not None:
-            _carried(state)
+        if state is not None:  # what main() set, in place before the build (DL220)
+            with contextlib.suppress(Exception):  # each worker compares again
+                process_state.arrive_in_server(*pickle.loads(state))
         for key, (build, args) in recipes.items():
-            try:
+            with contextlib.suppress(Exception):  # workers fail their start without it, and say so
                 BUILT[key] = build(*args)
-            except Exception:  # workers fail their start without it, and say so
-                continue
-
-
-def _carried(state):
-    """What main() set that the workers' code reads, in place before the build
-    (DL220): a constructor that reads a config finds the training process's."""
-    try:
-        process_state.arrive_in_server(*pickle.loads(state))
-    except Exception:  # each worker compares again, and refuses what differs
-        pass
 
 
 if in_fork_server():

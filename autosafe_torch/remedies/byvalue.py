@@ -12,12 +12,9 @@ from ..inspection.mainmodule import importable_by_reference
 from .pickling import PROTOCOL, install, install_override
 
 class ByValue:
-    """A callable that pickles its function by value (cloudpickle).
-
-    For a lambda or local function as collate_fn/worker_init_fn, or one
-    defined in an interactive ``__main__``: plain pickle saves functions by
-    name, which a worker cannot look up.
-    """
+    """A callable that pickles its function by value (cloudpickle): a lambda
+    or local function as collate_fn/worker_init_fn, or one defined in an
+    interactive ``__main__``."""
 
     __slots__ = ("function", "__weakref__")
 
@@ -101,10 +98,9 @@ def register_by_value_class(cls):
 
 
 def _reducer_override(pickler, obj):
-    """WorkerPickler's ``reducer_override``: a function or class that a worker
-    cannot import (a lambda or local function in a dataset's transform, a
-    dataset class defined inside ``main()``) goes by value; everything else
-    as before."""
+    """WorkerPickler's ``reducer_override``: a function or class a worker
+    cannot import (a lambda in a dataset's transform, a dataset class defined
+    inside ``main()``) goes by value; everything else as before."""
     if isinstance(obj, (types.FunctionType, type)) and not importable_by_reference(obj):
         import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
 

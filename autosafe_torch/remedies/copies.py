@@ -1,42 +1,41 @@
 """One emulated worker's own copy of a loader's parts, as a forked worker has
-it, or a clear refusal: never two workers sharing one stateful object.
+it (a copy of everything the parent held at the fork), or a clear refusal:
+never two workers sharing one stateful object. It is a ``copy.deepcopy`` of
+the dataset, collate_fn and worker_init_fn, with what deepcopy cannot do
+done here, in its memo:
 
-A forked worker holds a copy of everything the parent held when it forked.
-An emulated worker (in this process) gets one by ``copy.deepcopy`` of the
-dataset, collate_fn and worker_init_fn, with what deepcopy cannot do done
-here, in its memo:
-
-- a memory map (``mmap.mmap``) of a named file is mapped again, with its
-  access and position (``mappings.map_reference``); an anonymous one or one
-  this process wrote to privately is refused;
+- a memory map of a named file is mapped again, with its access and
+  position (``mappings.map_reference``); an anonymous one or one this
+  process wrote to privately is refused;
 - a file open for reading (plain, text, buffered, a sqlite connection, an
-  h5py file, a capture of a video file) is opened again for each copy, at
-  the parent's position, with its mode: a description of its own, as
-  DL207 gives a forked worker; read-write files too (``'r+b'``, a
-  ``NamedTemporaryFile``), through the kernel (``/proc/self/fd/N``). A
-  temporary file's copy never deletes the file when dropped.
+  h5py file, a video capture) is opened again for each copy at the parent's
+  position, with its mode: a description of its own, as DL207 gives a forked
+  worker; read-write files too (``'r+b'``, a ``NamedTemporaryFile``),
+  through the kernel (``/proc/self/fd/N``). A temporary file's copy never
+  deletes the file when dropped;
 - a file only written (a log), a socket, a pipe, a logger, an lmdb handle
-  (one per process, and it holds no position) and large tensors and arrays
-  (data, read-only by contract, shared copy-on-write by forked workers) are
-  shared, as forked workers share them in effect.
+  (one per process, no position) and large tensors and arrays (read-only by
+  contract, copy-on-write under fork) are shared, as forked workers share
+  them in effect;
 - a function with a closure or defaults is rebuilt around copies of them
-  (its code and globals are shared: a forked worker's globals are its
-  own, emulated workers share this process's: the module's notes say so);
+  (its code and globals are shared: emulated workers share this process's
+  globals, as ``emulated_workers``' notes say);
 - locks, events, semaphores and conditions are new ones in the same state
   (a held lock is refused); a thread pool is a new, empty one of the same
-  size (DL208).
-- a PIL image of several frames, whose copy (its pickle) would keep one
-  frame and drop the file, is opened again at its frame (``images``); any
-  other object whose own pickling drops an open file it holds
-  (``dropped.unfaithful``: deepcopy goes through that pickling) is
-  refused, unless its class sets that attribute again itself (a lazy open).
+  size (DL208);
+- a PIL image of several frames (whose pickle keeps one frame and drops the
+  file) is opened again at its frame (``images``); any other object whose
+  own pickling, which deepcopy goes through, drops an open file it holds
+  (``dropped.unfaithful``) is refused, unless its class opens it again
+  itself (a lazy open);
 - anything deepcopy refuses is copied by a pickle round trip, as a spawned
   worker would receive it; where that fails too (a ``csv.reader``, a C
-  library's handle, a weak proxy, a generator that has started, a text
-  file whose newline mode cannot be read back), the copy is refused:
-  ``NoExactRung`` names the object and the permanent fix.
+  library's handle, a weak proxy, a started generator, a text file whose
+  newline mode cannot be read back), ``NoExactRung`` names the object and
+  the permanent fix.
 """
 
+import contextlib
 import copy
 import io
 import mmap
@@ -48,7 +47,6 @@ import sys
 import threading
 import types
 import weakref
-from typing import cast
 
 from ..inspection import dropped, holdings, objwalk
 from ..errors import NoExactRung
@@ -119,11 +117,9 @@ def _written_or_not_regular(f):
 
 class CopyPlan:
     """What a worker's copy does with each object the parts hold, found once per
-    iterator; ``copy()`` makes one worker's copy.
-
-    ``shared``: ``(path, type name, why)`` of what the copies share, for the
-    log; ``names``: a name per object of the tuple ``objects``, for the paths.
-    """
+    iterator; ``copy()`` makes one worker's copy. ``shared``: ``(path, type
+    name, why)`` of what the copies share, for the log; ``names``: a name per
+    object of the tuple ``objects``, for the paths."""
 
     def __init__(self, objects, names=None):
         self.objects = objects
@@ -158,7 +154,8 @@ class CopyPlan:
         if dropped.reopens(obj):
             self._images[key] = obj
         elif why is not None:
-            self._share(obj, why)
+            self._memo_base[key] = obj
+            self.shared.append((path, type(obj).__name__, why))
         elif _buffered_over_python(obj):
             self._buffered[key] = obj
         elif _decompressing(obj):
@@ -180,10 +177,6 @@ class CopyPlan:
         elif holdings.forwards_attributes(obj) or _file_in_python(obj):
             self._direct[key] = obj
 
-    def _share(self, obj, why):
-        self._memo_base[id(obj)] = obj
-        self.shared.append((self._paths.get(id(obj), "worker"), type(obj).__name__, why))
-
     def path_of(self, obj):
         return self._paths.get(id(obj)) or "an object of type %s" % type(obj).__name__
 
@@ -194,12 +187,10 @@ class CopyPlan:
         made = dict(self._memo_base)  # shared, opened anew, made anew: kept over retries
         opened = []
         try:
-            for key, f in self._files.items():
-                made[key] = self._own_file(f)
-                opened.append(made[key])
-            for key, img in self._images.items():
-                made[key] = self._own_image(img)
-                opened.append(made[key])
+            for table, own in ((self._files, self._own_file), (self._images, self._own_image)):
+                for key, obj in table.items():
+                    made[key] = own(obj)
+                    opened.append(made[key])
             for key, lock in self._locks.items():
                 made[key] = self._new_lock(lock)
             for key, pool in self._pools.items():
@@ -221,7 +212,8 @@ class CopyPlan:
             raise NoExactRung("too many objects that cannot be copied for emulated workers")
         except BaseException:
             for f in opened:
-                _close(f)
+                with contextlib.suppress(Exception):
+                    f.close()
             raise
 
     def _deepcopy(self, memo):
@@ -248,9 +240,7 @@ class CopyPlan:
         return copy.deepcopy(self.objects, memo)
 
     def _named(self, obj):
-        if obj is None:
-            return "an object"
-        return "%s (%s)" % (self.path_of(obj), what_is(obj))
+        return "an object" if obj is None else "%s (%s)" % (self.path_of(obj), what_is(obj))
 
     def _own_file(self, f):
         if type(f) is mmap.mmap:
@@ -270,7 +260,6 @@ class CopyPlan:
                               % (self._named(f), _short(exc))) from exc
 
     def _own_image(self, img):
-        """The image opened again at its frame, as a forked worker's reads it."""
         try:
             return images.copy_of(img)
         except (OSError, ValueError, RuntimeError) as exc:
@@ -278,7 +267,6 @@ class CopyPlan:
                               % (self._named(img), _short(exc)), dropped.IMAGE_FIX) from exc
 
     def _own_map(self, m):
-        """The map mapped again from its file, as a forked worker holds it."""
         from ..inspection.mappings import map_reference  # noqa: PLC0415 - 0.2 ms at `import torch`, where the recovery loads this module (-X importtime: inspection.mappings)
         from . import memmaps  # noqa: PLC0415 - 1.4 ms at `import torch`, where the recovery loads this module (-X importtime: remedies.memmaps)
 
@@ -332,10 +320,9 @@ class CopyPlan:
 
 
 def _torch_generator_copy(obj):
-    """A ``torch.Generator`` as a forked worker holds it: its seed and state, or
-    None for anything else. torch >= 2.1 pickles (and deep-copies) one, so this
-    is reached only on a torch that does not (2.0: ``cannot pickle
-    'torch._C.Generator' object``)."""
+    """A ``torch.Generator`` as a forked worker holds it (its seed and state),
+    or None for anything else. Reached only on a torch that does not pickle
+    one (2.0: ``cannot pickle 'torch._C.Generator' object``)."""
     torch = sys.modules.get("torch")
     if torch is None or type(obj) is not torch.Generator:
         return None
@@ -346,8 +333,7 @@ def _torch_generator_copy(obj):
 
 
 def generator_state(gen):
-    frame = gen.gi_frame
-    return None if frame is None else frame.f_lasti
+    return None if gen.gi_frame is None else gen.gi_frame.f_lasti
 
 
 class Watched:
@@ -357,7 +343,7 @@ class Watched:
 
     def __init__(self, watched):
         self.watched = list(watched.values())
-        self.before = None
+        self.before = []  # set by enter(): EmulatedWorker.active() calls leave only after it
 
     def __bool__(self):
         return bool(self.watched)
@@ -366,8 +352,7 @@ class Watched:
         self.before = [generator_state(gen) for gen, _path in self.watched]
 
     def leave(self, worker_id):
-        # enter() set before: EmulatedWorker.active() calls leave only after it
-        for (gen, path), before in zip(self.watched, cast(list, self.before)):
+        for (gen, path), before in zip(self.watched, self.before):
             if generator_state(gen) != before:
                 raise NoExactRung("emulated worker %d advanced %s (a generator), which the "
                                   "emulated workers share: each forked worker would have "
@@ -416,9 +401,7 @@ def _rebuilt(func, memo):
     ``memo``: a file it closes over is the copy's own)."""
     if id(func) in memo:
         return memo[id(func)]
-    cells = None
-    if func.__closure__:
-        cells = tuple(_cell_copy(cell, memo) for cell in func.__closure__)
+    cells = tuple(_cell_copy(c, memo) for c in func.__closure__) if func.__closure__ else None
     new = types.FunctionType(func.__code__, func.__globals__, func.__name__,
                              copy.deepcopy(func.__defaults__, memo), cells)
     new.__kwdefaults__ = copy.deepcopy(func.__kwdefaults__, memo)
@@ -549,20 +532,11 @@ def _reopen_binary(f):
     twin.name = raw.name
     if f is raw:
         return twin
-    kind = type(f) if type(f) in (io.BufferedReader, io.BufferedWriter, io.BufferedRandom) \
-        else io.BufferedRandom
-    return kind(twin)
+    return (type(f) if type(f) in _BUFFERED else io.BufferedRandom)(twin)
 
 
 def _short(exc):
     return shorten_line(describe_exception(exc, 1), 60)
-
-
-def _close(f):
-    try:
-        f.close()
-    except Exception:
-        pass
 
 
 def _failed_object(tb):
@@ -587,7 +561,3 @@ def _dropping_files(parts):
                                failure.fix)
     return None
 
-
-def copy_for_worker(objects):
-    """One worker's copy of ``objects`` (see ``CopyPlan``)."""
-    return CopyPlan(objects).copy()

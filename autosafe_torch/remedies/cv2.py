@@ -77,10 +77,8 @@ def _is_dataloader_worker(process):
 def _after_fork(_owner):
     try:
         cv2 = sys.modules.get("cv2")
-        if cv2 is None or not _is_dataloader_worker(multiprocessing.current_process()):
-            return
-        if CONFIG.mode != "fix" or not CONFIG.rule_enabled("CV401", "cv2"):
-            return
-        cv2.setNumThreads(WORKER_THREADS)
+        if cv2 is not None and _is_dataloader_worker(multiprocessing.current_process()) \
+                and CONFIG.mode == "fix" and CONFIG.rule_enabled("CV401", "cv2"):
+            cv2.setNumThreads(WORKER_THREADS)
     except Exception:
         pass  # never break a worker's start

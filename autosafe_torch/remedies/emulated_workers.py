@@ -4,66 +4,48 @@ The copy of torch's loop, and so an adapter as ``torch_private.py`` is: the
 one module besides it that uses torch's private names (``tests/test_layers.py``).
 It mirrors torch 2.13.0's ``torch/utils/data/dataloader.py``
 (``_MultiProcessingDataLoaderIter``: ``_reset``, ``_next_data``,
-``_try_put_index``, ``_process_data``; its queues are ``_InlineRunner``) and
+``_try_put_index``, ``_process_data``; its queues are ``_pending``) and
 ``torch/utils/data/_utils/worker.py`` (``_worker_loop``: ``EmulatedWorker``),
-on the ``_BaseDataLoaderIter`` of every torch supported (each field of it read
-here, the running torch is checked for: ``torch_private.emulated_missing``). A
-torch whose loop changes is compared with this copy, and the version above moves.
-Its behaviour tests: ``tests/test_emulated_workers.py`` (the batches of real
-workers).
+on the ``_BaseDataLoaderIter`` of every torch supported (each field read here
+is checked for: ``torch_private.emulated_missing``). A torch whose loop
+changes is compared with this copy, and the version above moves. Behaviour
+tests: ``tests/test_emulated_workers.py`` (the batches of real workers).
 
-When a loader's W worker processes cannot be started, torch's fallbacks
-change the batches: ``num_workers=0`` seeds no worker, plain threads share
-every random state. ``EmulatedWorkersIter`` yields, in this process, exactly
-the batches that ``loader`` with its W workers yields on a safe platform
-(Linux, fork, the same seed):
+Where W worker processes cannot be started, torch's fallbacks change the
+batches (``num_workers=0`` seeds no worker, threads share every random
+state). ``EmulatedWorkersIter`` yields, in this process, exactly the batches
+of W workers on a safe platform (Linux, fork, the same seed): the main
+process's side ported step for step (base seed, round-robin tasks with
+``prefetch_factor * W`` outstanding, IterableDataset exhaustion,
+``in_order``, persistent workers, ``_reset``; the sampler called at the same
+moments, so one drawing from the global RNG draws the same); each
+``EmulatedWorker`` as ``_worker_loop`` builds it in a child (its seeds, its
+``WorkerInfo``, ``worker_init_fn`` once, its own fetcher, its own copy of the
+parts: ``copies.py``, and its own description of every file the process
+reads: ``Descriptions``). The global random states, ``get_worker_info()``
+and the file descriptions are swapped in around each step of a worker, one
+worker at a time, and out after: no worker sees another's state, and the
+parent's end as a real run leaves them (untouched).
 
-- The main-process side of torch's ``_MultiProcessingDataLoaderIter`` is
-  ported step for step: the base seed drawn from ``loader.generator``, tasks
-  sent round robin to the active workers with ``prefetch_factor * W``
-  outstanding, IterableDataset exhaustion, ``in_order``, persistent workers
-  and ``_reset``. The sampler is called at the same moments, so a sampler
-  that draws from the global RNG draws what it would have drawn.
-- Each ``EmulatedWorker`` is what ``_worker_loop`` builds in a child: seeds
-  ``base_seed + id`` for torch and ``random``, numpy through
-  ``_generate_state``, its ``WorkerInfo``, the user's ``worker_init_fn``
-  once, its own fetcher, and its own copy of the dataset, ``collate_fn`` and
-  ``worker_init_fn`` (``copies.py``: files opened again, closures rebuilt;
-  what cannot be copied is refused, never shared: ``NoExactRung``), and its
-  own description of every file the process reads, under the same
-  descriptor number (``Descriptions``: a raw ``os.open()`` descriptor or a
-  C library's reads at the worker's own offset).
-- The global random states (torch's CPU generator, ``random``, numpy's),
-  ``get_worker_info()`` and the worker's file descriptions are swapped in
-  around each step of a worker and swapped out after, one worker at a time:
-  no worker sees another's state, and the parent's states end as a real run
-  leaves them (untouched).
+Each worker fetches its tasks in the order it receives them, and results are
+taken in task order. Real workers finish in any order, but with
+``in_order=True`` torch reorders them, and an exhausted IterableDataset
+worker only stops receiving tasks, so every timing gives this sequence. With
+``in_order=False`` a real run's order depends on timing; emulation gives
+that of equally fast workers (for a map-style dataset, the in-order one).
 
-Each worker fetches its tasks in the order it receives them, as a process
-does, and the results are taken in task order. Real workers deliver in
-whatever order they finish, but with ``in_order=True`` torch reorders them,
-and an exhausted IterableDataset worker only stops receiving tasks (the
-others keep their round-robin order), so every timing gives this sequence.
-With ``in_order=False`` a real run's order depends on timing; emulation
-gives the order of equally fast workers, which for a map-style dataset is
-the in-order sequence.
-
-Not emulated (and why):
-
-- Process-global state outside the dataset, ``collate_fn`` and
-  ``worker_init_fn``: module globals, class attributes, cv2's RNG. A forked
-  worker has its own copy of them; emulated workers share the parent's. A
-  ``worker_init_fn`` that reaches the dataset through a global rather than
-  ``get_worker_info().dataset`` changes the parent's dataset, not the copy.
-- A real worker's ``torch.set_num_threads(1)`` holds only during the
-  worker's own steps: the caller's training step keeps its threads.
-- ``timeout`` and ``multiprocessing_context``: nothing to wait for, nothing
-  to start.
+Not emulated: process-global state outside the parts (module globals, class
+attributes, cv2's RNG), which each forked worker has a copy of and emulated
+workers share (a ``worker_init_fn`` that reaches the dataset through a
+global, not ``get_worker_info().dataset``, changes the parent's);
+``torch.set_num_threads(1)`` beyond the worker's own steps (the caller's
+training step keeps its threads); ``timeout`` and
+``multiprocessing_context`` (nothing to wait for or start).
 
 Every step runs in the caller's thread, between its statements, when the
-iterator needs the step's result: the caller's code never runs while a
-worker's states or descriptions are swapped in, which is what makes the
-emulation exact (no fetching ahead on a thread).
+iterator needs its result: the caller's code never runs while a worker's
+states or descriptions are swapped in, which makes the emulation exact (no
+fetching ahead on a thread).
 """
 
 import collections
@@ -81,10 +63,9 @@ from ..errors import NoExactRung
 from ..inspection.descriptors import open_files
 from ..inspection.parts import PARTS
 from . import generators, isolation
-from .copies import SHARE_AT_BYTES, CopyPlan, Watched, copy_for_worker
+from .copies import SHARE_AT_BYTES, CopyPlan, Watched
 
-__all__ = ["EmulatedWorkersIter", "EmulatedWorker", "copy_for_worker", "SWAP_LOCK",
-           "NoExactRung", "SHARE_AT_BYTES"]
+__all__ = ["EmulatedWorkersIter", "EmulatedWorker", "SWAP_LOCK", "NoExactRung", "SHARE_AT_BYTES"]
 
 # Held by every step that swaps the global random states or the worker info,
 # in any emulated iterator of the process, and by our steps that must see the
@@ -95,27 +76,16 @@ SWAP_LOCK = threading.RLock()
 _SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
 
 
-def _numpy_for_seeding():
-    """numpy, imported if torch can (a real worker seeds it even unused)."""
-    if not tp.has_numpy():
-        return None
-    import numpy  # noqa: PLC0415 - optional dependency
-
-    return numpy
-
-
 def _seed_as_worker_loop(base_seed, worker_id):
     """The seeding of ``_worker_loop``, on the CPU generator only: the
     parent's CUDA generators are not the worker's to seed."""
     seed = base_seed + worker_id
     random.seed(seed)
     torch.default_generator.manual_seed(seed)
-    numpy = _numpy_for_seeding()
-    if numpy is not None:
+    if tp.has_numpy():  # imported if torch can: a real worker seeds it even unused
+        import numpy  # noqa: PLC0415 - optional dependency
+
         numpy.random.seed(tp.numpy_seed(base_seed, worker_id))
-
-
-# -- one copy per worker: remedies/copies.py ---------------------------------------
 
 
 # -- the kernel's part of a worker's copy ------------------------------------------
@@ -123,15 +93,12 @@ def _seed_as_worker_loop(base_seed, worker_id):
 
 class Descriptions:
     """Each emulated worker's own description of every file this process
-    reads (``descriptors.open_files``), at the offset it had when the
-    iterator started, swapped in under the same numbers around each of the
-    worker's steps: what DL207 gives a forked worker, for whoever holds the
-    descriptor (a raw ``os.open()`` int, a C library). The copies' own file
-    objects (``copies``) have descriptors of their own besides.
-
-    A step runs between the caller's statements, so no code of the caller's
-    reads a file while a worker's description is under its number. ``shared``: what could
-    not be given (the file can no longer be reopened), left to the workers as it is."""
+    reads (``descriptors.open_files``), at its offset when the iterator
+    started, swapped in under the same numbers around each of the worker's
+    steps: what DL207 gives a forked worker, for whoever holds the descriptor
+    (a raw ``os.open()`` int, a C library). The copies' own file objects
+    (``copies``) have descriptors of their own besides. ``shared``: files that
+    can no longer be reopened, left to the workers as they are."""
 
     def __init__(self, workers):
         self.files = [f for f in open_files() if f.private]
@@ -164,10 +131,8 @@ class Descriptions:
     def close(self):
         for fd in [p for p, _ in self.parked.values()] + [
                 fd for own in self.own for fd in own.values()]:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self.parked, self.own = {}, []
 
 
@@ -175,14 +140,12 @@ class Descriptions:
 
 
 class EmulatedWorker:
-    """One worker of ``_worker_loop``, run step by step in this process.
-
-    Its random states live here between steps; ``active`` swaps them (and its
-    ``WorkerInfo``) in around each step, under ``SWAP_LOCK``.
-    """
+    """One worker of ``_worker_loop``, run step by step in this process: its
+    random states live here between steps; ``active`` swaps them (and its
+    ``WorkerInfo``) in around each step, under ``SWAP_LOCK``."""
 
     def __init__(self, worker_id, num_workers, base_seed, kind, objects, auto_collation,
-                 drop_last, shared_seed, descriptions=None, watched=None):
+                 drop_last, shared_seed, descriptions, watched):
         self.id = worker_id
         self._descriptions = descriptions
         self._watched = watched
@@ -194,10 +157,7 @@ class EmulatedWorker:
         self._drop_last = drop_last
         self._states = None  # seeded on the first step
         self._shared_rng = torch.Generator()
-        if isinstance(self.dataset, tp.ITER_DATAPIPE):
-            self._shared_rng.manual_seed(shared_seed)
-            self.dataset = torch.utils.data.graph_settings.apply_random_seed(
-                self.dataset, self._shared_rng)
+        self._seed_datapipe(shared_seed)
         self.info = tp.WorkerInfo(id=worker_id, num_workers=num_workers, seed=self.seed,
                                  dataset=self.dataset)
         self.fetcher = None
@@ -215,21 +175,19 @@ class EmulatedWorker:
             parent_threads = torch.get_num_threads()
             if parent_threads != 1:
                 torch.set_num_threads(1)
-            descriptions, watched = self._descriptions, self._watched
+            watched = self._watched
             try:
                 if self._states is None:
                     _seed_as_worker_loop(self._base_seed, self.id)
                 else:
                     generators.restore(self._states)
                 tp.set_worker_info(self.info)
-                if descriptions is not None:
-                    descriptions.enter(self.id)
+                self._descriptions.enter(self.id)
                 if watched:
                     watched.enter()
                 yield
             finally:
-                if descriptions is not None:
-                    descriptions.leave()
+                self._descriptions.leave()
                 self._states = generators.capture()
                 tp.set_worker_info(parent_info)
                 generators.restore(parent_states)
@@ -237,6 +195,12 @@ class EmulatedWorker:
                     torch.set_num_threads(parent_threads)
             if watched:
                 watched.leave(self.id)
+
+    def _seed_datapipe(self, shared_seed):
+        if isinstance(self.dataset, tp.ITER_DATAPIPE):
+            self._shared_rng.manual_seed(shared_seed)
+            self.dataset = torch.utils.data.graph_settings.apply_random_seed(
+                self.dataset, self._shared_rng)
 
     def _new_fetcher(self):
         return tp.create_fetcher(
@@ -256,10 +220,7 @@ class EmulatedWorker:
         """A persistent worker's ``_ResumeIteration``: a new fetcher, same states."""
         with self.active():
             self.iteration_end = False
-            if isinstance(self.dataset, tp.ITER_DATAPIPE):
-                self._shared_rng.manual_seed(shared_seed)
-                self.dataset = torch.utils.data.graph_settings.apply_random_seed(
-                    self.dataset, self._shared_rng)
+            self._seed_datapipe(shared_seed)
             self.fetcher = self._new_fetcher()
 
     def run(self, index):
@@ -287,46 +248,14 @@ class EmulatedWorker:
             where="in DataLoader worker %d (emulated in this process by autosafe_torch)" % self.id)
 
 
-# -- who runs the workers' tasks ------------------------------------------------
-
-
-class _InlineRunner:
-    """Runs each task when the iterator needs its result, in the caller's thread."""
-
-    def __init__(self):
-        self._pending: collections.deque[tuple[int, EmulatedWorker, object]] = collections.deque()
-
-    def submit(self, task):
-        self._pending.append(task)
-
-    def next_result(self):
-        while self._pending:
-            task_idx, worker, index = self._pending.popleft()
-            data = worker.run(index)
-            if data is not _SKIPPED:
-                return task_idx, data
-        raise AssertionError("emulated workers: a result was awaited with no task outstanding")
-
-    def drain(self):
-        while self._pending:
-            _task_idx, worker, index = self._pending.popleft()
-            worker.run(index)
-
-    def close(self):
-        self._pending.clear()
-
-
 # -- the iterator -----------------------------------------------------------------
 
 
 class EmulatedWorkersIter(tp.BaseIter):
-    """What ``DataLoader._get_iterator`` returns for a faithful emulation of
-    ``loader.num_workers`` workers, run in the caller's thread.
-
-    Keep ``loader.num_workers`` at W: DataLoader then reuses a persistent
-    iterator and calls ``_reset`` each epoch, as for real workers.
-    ``shared`` names what the workers' copies share with the parent.
-    """
+    """What ``DataLoader._get_iterator`` returns to emulate ``loader.num_workers``
+    workers. Keep that at W: DataLoader then reuses a persistent iterator and
+    calls ``_reset`` each epoch, as for real workers. ``shared`` names what
+    the workers' copies share with the parent."""
 
     def __init__(self, loader):
         with SWAP_LOCK:  # the base seed comes from the parent's generator
@@ -339,8 +268,7 @@ class EmulatedWorkersIter(tp.BaseIter):
         if isinstance(self._dataset, tp.DATAPIPES):
             worker_init_fn = functools.partial(tp.sharding_worker_init_fn,
                                                worker_init_fn, self._world_size, self._rank)
-        plan = CopyPlan((self._dataset, self._collate_fn, worker_init_fn),
-                        PARTS)
+        plan = CopyPlan((self._dataset, self._collate_fn, worker_init_fn), PARTS)
         # Every copy first, as each fork snapshots the parent before any
         # worker_init_fn has run.
         copies = [plan.copy() for _ in range(self._num_workers)]
@@ -354,7 +282,8 @@ class EmulatedWorkersIter(tp.BaseIter):
             for i in range(self._num_workers)]
         for worker in self._workers:
             worker.start()
-        self._runner = _InlineRunner()
+        # The tasks sent: each run when the iterator needs its result.
+        self._pending: collections.deque[tuple[int, EmulatedWorker, object]] = collections.deque()
         self._shutdown = False
         self._reset(loader, first_iter=True)
 
@@ -371,7 +300,9 @@ class EmulatedWorkersIter(tp.BaseIter):
         if not first_iter:
             # Persistent workers run what they were sent before the resume
             # (an epoch left early), then start their fetchers again.
-            self._runner.drain()
+            while self._pending:
+                _task_idx, worker, index = self._pending.popleft()
+                worker.run(index)
             for worker in self._workers:
                 worker.resume(self._shared_seed)
         for _ in range(self._prefetch_factor * self._num_workers):
@@ -411,7 +342,7 @@ class EmulatedWorkersIter(tp.BaseIter):
             if self._shutdown or self._tasks_outstanding <= 0:
                 raise AssertionError("Invalid iterator state: shutdown or no outstanding tasks "
                                      "when fetching next data")
-            idx, data = self._runner.next_result()
+            idx, data = self._next_result()
             self._tasks_outstanding -= 1
             if tp.is_iterable_kind(self._dataset_kind):  # noqa: SIM102 - as torch's _next_data reads
                 if isinstance(data, tp.IterableStop):
@@ -428,6 +359,14 @@ class EmulatedWorkersIter(tp.BaseIter):
                 worker_id = self._task_info.pop(idx)[0]
                 self._rcvd_idx += 1
                 return self._process_data(data, worker_id)
+
+    def _next_result(self):
+        while self._pending:
+            task_idx, worker, index = self._pending.popleft()
+            data = worker.run(index)
+            if data is not _SKIPPED:
+                return task_idx, data
+        raise AssertionError("emulated workers: a result was awaited with no task outstanding")
 
     def _try_put_index(self):
         max_tasks = self._prefetch_factor * self._num_workers
@@ -447,7 +386,7 @@ class EmulatedWorkersIter(tp.BaseIter):
                     break
         else:
             return
-        self._runner.submit((self._send_idx, self._workers[worker_queue_idx], index))
+        self._pending.append((self._send_idx, self._workers[worker_queue_idx], index))
         self._task_info[self._send_idx] = (worker_queue_idx,)
         self._workers_num_tasks[worker_queue_idx] += 1
         self._tasks_outstanding += 1
@@ -465,7 +404,7 @@ class EmulatedWorkersIter(tp.BaseIter):
     def _shutdown_workers(self):
         if not getattr(self, "_shutdown", True):
             self._shutdown = True
-            self._runner.close()
+            self._pending.clear()
             self._workers = []  # their dataset copies go with them
             self._descriptions.close()
 

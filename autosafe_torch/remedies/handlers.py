@@ -1,16 +1,15 @@
 """Logging handlers a dataset holds, made again in each spawned worker (DL201).
 
-A forked worker inherits a ``FileHandler`` with its open file (the same
-open file description, appending where the parent appends) and a new lock
-(``logging`` reinitialises handler locks in a forked child). A spawned
-worker cannot receive one: its lock and its stream do not pickle. Made
-again from what it exposes, it gives the worker what fork gives: the same
-class with the same attributes (file name, mode, encoding, level,
-formatter, filters, a rotating handler's limits), a new lock, and the file
-opened again for appending (never truncated: a ``mode='w'`` handler's file
-is the parent's, already truncated once). A ``StreamHandler`` on the
-process's stdout or stderr writes to the worker's. Other streams are not
-made again (``holdings.rebuildable``): the ladder goes on.
+A forked worker inherits a ``FileHandler`` with its open file (the same open
+file description, appending where the parent appends) and a new lock
+(``logging`` reinitialises handler locks in a forked child). A spawned worker
+cannot receive one (its lock and stream do not pickle); made again from what
+it exposes, it gets what fork gives: the same class and attributes (file
+name, mode, encoding, level, formatter, filters, a rotating handler's
+limits), a new lock, and the file opened again for appending (never
+truncated: a ``mode='w'`` handler's file is the parent's, truncated once). A
+``StreamHandler`` on the process's stdout or stderr writes to the worker's;
+other streams are not made again (``holdings.rebuildable``): the ladder goes on.
 """
 
 import logging

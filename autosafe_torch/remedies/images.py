@@ -1,20 +1,19 @@
 """PIL images held open, reopened where they arrive, at the same frame (DL201).
 
 PIL pickles an image read from a file (``ImageFile.__getstate__``) as the
-current frame's pixels and the file's name, and drops the open file: a
-spawned worker's copy of a multi-page TIFF (an animated GIF, PNG, WebP...)
-cannot move to another frame (``'TiffImageFile' object has no attribute
+current frame's pixels and the file's name, dropping the open file: a spawned
+worker's copy of a multi-page TIFF (an animated GIF, PNG, WebP...) cannot
+move to another frame (``'TiffImageFile' object has no attribute
 '_min_frame'``). A forked worker has the parent's image over a file of its
-own. So does an image sent by ``image_reducers``, or copied for an emulated
+own; so does an image sent by ``image_reducers`` or copied for an emulated
 worker by ``copy_of``: opened again (``Image.open``, the same format) from
 the file the parent has open, then moved to the parent's frame.
 
-- The file is reached by a path that names it now (``holdings.real_path``,
-  read by ``dropped.reopen_args``; ``dropped.reopens`` says which images go)
-  and checked where it is opened (device, inode, size, modification time):
-  a file replaced or changed meanwhile fails loudly (``ImageFileChanged``),
-  never read in its place. So does a frame whose mode or size is not the
-  parent's.
+- The file is reached by a path that names it now (``dropped.reopen_args``;
+  ``dropped.reopens`` says which images go) and checked where it is opened
+  (device, inode, size, modification time): a file replaced or changed
+  meanwhile, or a frame whose mode or size is not the parent's, fails
+  loudly (``ImageFileChanged``), never read in its place.
 - An image opened by name is opened by name (PIL then owns and closes the
   file); one opened from a file object, from a file object; one read from
   memory (``BytesIO``), from a copy of those bytes, as a forked worker's copy.
@@ -77,11 +76,11 @@ def reopened(how, source, check, fmt, mode, size, frame):
 
 
 def _reduce_image(img):
-    args = reopen_args(img) if not single_frame(img) else None
-    if args is not None:
-        return reopened, args
     if single_frame(img) or image_stream(img) is None:
         return img.__reduce_ex__(PROTOCOL)  # its pixels are all it has, as without us
+    args = reopen_args(img)
+    if args is not None:
+        return reopened, args
     raise TypeError("a %s of several frames cannot be sent: its file cannot be opened "
                     "again by path, and PIL's pickle keeps one frame" % type(img).__name__)
 

@@ -5,43 +5,42 @@ under the same descriptor number: whoever holds the descriptor.
 Forked workers share every inherited descriptor's open file description,
 and so its offset: a dataset that seeks then reads a file opened in
 ``__init__`` returns a sibling's bytes, and a GzipFile or ZipFile above it
-breaks. The object that holds the descriptor may be any: a file object, a
-raw ``os.open()`` int, a closure cell, a ``functools.partial``, a weak
-proxy, ``csv.reader``, a C library (libsndfile). So the remedy acts on the
-kernel's table, not on objects (``descriptors.open_files``): as each
+breaks. Any object may hold the descriptor (a file object, a raw
+``os.open()`` int, a closure cell, a ``functools.partial``, a weak proxy,
+``csv.reader``, a C library such as libsndfile), so the remedy acts on the
+kernel's table, not on objects (``descriptors.open_files``). As each
 iterator starts its workers, the parent records every regular file it
-holds open for reading (``DescriptorTable``), and the first step of each
-worker, before any code of the user's, privatizes each: open the same file
-again (``/proc/self/fd/N`` on Linux, which reaches a renamed or deleted
-file too; ``fcntl(F_GETPATH)`` on macOS) with the same access mode and
-status flags (``O_APPEND`` kept), seek to the recorded offset, ``dup2``
-over the same number. Every Python object above it keeps its state
-(newline mode, buffers, a ZipFile's directory, a GzipFile's decompressor).
+holds open for reading (``DescriptorTable``); each worker's first step,
+before any user code, opens each again (``/proc/self/fd/N`` on Linux,
+which reaches a renamed or deleted file too; ``fcntl(F_GETPATH)`` on macOS)
+with the same access mode and status flags (``O_APPEND`` kept), seeks to
+the recorded offset and ``dup2``s it over the same number. Every Python
+object above keeps its state (newline mode, buffers, a ZipFile's
+directory, a GzipFile's decompressor).
 
-- fork: the worker inherited the descriptors; they are privatized in place.
-- spawn: multiprocessing passes them to the worker under the same numbers
-  (the table pickles as ``reduction.DupFd``), where they are privatized: a
-  dataset that keeps a descriptor by its number reads what it reads under
-  fork, instead of ``EBADF`` or another file.
+- fork: the inherited descriptors are privatized in place.
+- spawn: multiprocessing passes them under the same numbers (the table
+  pickles as ``reduction.DupFd``), privatized there: a dataset that keeps a
+  descriptor by its number reads what it reads under fork, not ``EBADF``
+  or another file.
 - forkserver and the warm server (DL209): they arrive under other numbers
-  and are put under their own where the worker has that number free; the
-  files the server itself holds (a module-level ``open()`` of the main
-  module it preloaded) are privatized in every child of the server as it
-  forks (``after_fork_in_server_child``), before anything else runs there.
+  and go under their own where the worker has it free; the files the server
+  itself holds (a module-level ``open()`` of the main module it preloaded)
+  are privatized in each of its children as it forks
+  (``after_fork_in_server_child``), before anything else runs there.
 
-Files only written (a log: every worker's lines arrive), pipes, sockets,
-terminals, devices and torch's shared memory (``/dev/shm``, memfd) are left
-alone; so are stdin, stdout and stderr. A new description holds no
-``flock()`` of the parent's: HDF5 and lmdb lock their files, and their
-handles are reopened by path in each forked worker (``reopen``), as native
-handles that hold no descriptor of theirs to give (h5py, lmdb, a
-``cv2.VideoCapture``) must be.
+Left alone: files only written (a log: every worker's lines arrive), pipes,
+sockets, terminals, devices, torch's shared memory (``/dev/shm``, memfd),
+stdin, stdout and stderr. A new description holds no ``flock()`` of the
+parent's: HDF5 and lmdb lock their files, so their handles are reopened by
+path in each forked worker (``reopen``), as must be native handles that
+hold no descriptor of theirs to give (h5py, lmdb, a ``cv2.VideoCapture``).
 
 What cannot be privatized in a forked worker (the file can no longer be
 reopened) is never left shared: the worker raises ``RemedyFailed``, and
 recovery steps down (DL216). A descriptor carried to a spawned worker that
 cannot be privatized there is replaced by one that fails every read, so
-that nothing reads another file under its number.
+nothing reads another file under its number.
 
 Workers report what they privatized, and which of those they used (the
 offset moved), when they exit (``report_path``): the parent's record says
@@ -50,9 +49,11 @@ what held, never what was planned.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+import types
 from multiprocessing import context, reduction, util
 from typing import Any
 
@@ -63,7 +64,7 @@ from ..inspection.diagnostics import in_fork_server
 from ..inspection.failures import RemedyFailed, describe_exception
 from ..inspection.parts import parts_of
 from . import reopen
-from .workerinit import steps_of, user_function
+from .workerinit import user_function
 
 HIGH_FD = 256  # where private and parked descriptors go: above what programs open
 # A fork server takes at most 256 descriptors per start (multiprocessing's
@@ -74,9 +75,8 @@ MAX_CARRIED = 200
 # -- one descriptor -------------------------------------------------------------
 
 def reopen_description(fd, dev, ino, flags):
-    """A new open file description of the file open on ``fd``: the same access
-    mode and status flags (``O_APPEND``, ``O_NONBLOCK``...), checked to be the
-    same file. Close-on-exec. Raises OSError."""
+    """A new open file description of the file on ``fd``, with the same access
+    mode and status flags, checked to be the same file. Close-on-exec."""
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     if sys.platform.startswith("linux"):
@@ -99,20 +99,19 @@ def reopen_description(fd, dev, ino, flags):
 
 def privatize(fd, dev, ino, flags, offset, source=None):
     """Put a description of its own, at ``offset``, under ``fd`` (reopened from
-    ``source``, the descriptor the file arrived on, by default ``fd`` itself).
-    It is inheritable as ``fd`` was; one that arrived is not, as Python opens files."""
+    ``source``, the descriptor the file arrived on, else ``fd``); inheritable
+    as ``fd`` was, or, where it arrived, not (as Python opens files)."""
     new = reopen_description(fd if source is None else source, dev, ino, flags)
     try:
         os.lseek(new, offset, os.SEEK_SET)
-        inheritable = os.get_inheritable(fd) if source is None else False
-        os.dup2(new, fd, inheritable=inheritable)
+        os.dup2(new, fd, inheritable=source is None and os.get_inheritable(fd))
     finally:
         os.close(new)
 
 
 def can_privatize(fd, dev, ino, flags):
-    """None when the file on ``fd`` can be given a description of its own;
-    else why not. Tried for real, and undone."""
+    """None when the file on ``fd`` can be given a description of its own,
+    else why not (tried for real, and undone)."""
     try:
         os.close(reopen_description(fd, dev, ino, flags))
     except (OSError, ImportError) as exc:
@@ -128,8 +127,8 @@ def park(fd):
 
 
 def private_copy(found):
-    """A new description of ``found`` (an ``OpenFile``) at its recorded offset,
-    parked above what programs open: an emulated worker's own."""
+    """An emulated worker's own description of ``found`` (an ``OpenFile``) at
+    its recorded offset, parked."""
     new = reopen_description(found.fd, found.dev, found.ino, found.flags)
     try:
         os.lseek(new, found.offset, os.SEEK_SET)
@@ -138,22 +137,14 @@ def private_copy(found):
         os.close(new)
 
 
-def _is_open(fd):
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
-
-
 def reason(exc):
     return exc.strerror if isinstance(exc, OSError) and exc.strerror else \
         describe_exception(exc)
 
 
 def _fail_reads(fd):
-    """Put a descriptor on which every read fails (a directory) under ``fd``: a
-    number that no file of the parent's reached stays unusable, never another file."""
+    """Put a descriptor on which every read fails (a directory) under ``fd``:
+    a number no file of the parent's reached is unusable, never another file."""
     placeholder = os.open(os.sep, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.dup2(placeholder, fd, inheritable=False)
@@ -164,16 +155,14 @@ def _fail_reads(fd):
 # -- the plan the rules read: what fork means for a loader's parts ---------------
 
 class ForkPlan:
-    """What forked workers of a loader would share, as the loader's parts show
-    it (the names the log uses), and what is done about it.
-
-    ``isolate``: descriptors the parts reach (``HeldDescriptor``) that each
-    worker gets its own description of; ``shared``: those only written, left
-    shared; ``handles``: ``(HeldFile, reopen args, note)`` native handles
-    reopened by path; ``unhandled``: ``(path, why, fork_unsafe)`` that nothing
-    here can handle (the fork rung must not be chosen for them;
-    ``fork_unsafe`` names a handle a forked child must not use, else None).
-    The files no object shows are privatized all the same, in every worker.
+    """What forked workers of a loader would share, as its parts show it (the
+    names the log uses), and what is done about it. ``isolate``: descriptors
+    the parts reach (``HeldDescriptor``) that each worker gets its own
+    description of; ``shared``: those only written, left shared; ``handles``:
+    ``(HeldFile, reopen args, note)`` native handles reopened by path;
+    ``unhandled``: ``(path, why, fork_unsafe)`` that nothing here can handle
+    (never the fork rung; ``fork_unsafe`` names a handle a forked child must
+    not use, else None). The files no object shows are privatized all the same.
     """
 
     __slots__ = ("isolate", "shared", "handles", "unhandled")
@@ -186,17 +175,16 @@ class ForkPlan:
 
 
 def users_parts(source):
-    """The loader's parts a forked worker uses (``parts.parts_of(source)``: a
-    loader or its arguments), with the user's own worker_init_fn (ours adds
-    no files)."""
+    """The parts a forked worker of ``source`` (a loader or its arguments)
+    uses, with the user's own worker_init_fn (ours adds no files)."""
     found = parts_of(source)
     found["worker_init_fn"] = user_function(found["worker_init_fn"])
     return found
 
 
 def plan(parts, items=None):
-    """The ``ForkPlan`` for ``parts`` (``{name: object}``). ``items``: look at
-    that many items per container (None: every one)."""
+    """The ``ForkPlan`` for ``parts`` (``{name: object}``), looking at
+    ``items`` items per container (None: every one)."""
     result = ForkPlan()
     for found in find_descriptors(parts, items):
         if not found.shared_offset:
@@ -238,12 +226,11 @@ def native_handles(parts, items=None):
 # -- the table taken as workers start, and the worker step ------------------------
 
 class DescriptorTable:
-    """The files the workers of one iterator get their own of: every regular
-    file the parent holds open for reading (``files``, ``OpenFile`` with the
-    offset at the start), and the native handles to reopen in forked workers
-    (``handles``: ``(HeldFile, reopen args)``). Taken in the parent just
-    before the workers start; inherited by forked workers; pickled for a
-    spawned one, the descriptors travel with it (``carried``)."""
+    """What the workers of one iterator get their own of, taken in the parent
+    just before they start: every regular file it holds open for reading
+    (``files``: ``OpenFile``, offset included), and the native handles to
+    reopen in forked workers (``handles``: ``(HeldFile, reopen args)``).
+    Pickled for a spawned worker, the descriptors travel with it (``carried``)."""
 
     def __init__(self, files=(), handles=(), report_dir=None, forked=True, carry=True):
         self.pid = os.getpid()
@@ -305,7 +292,7 @@ def _through_a_server(popen):
 
 
 def _carried(pid, sent, report_dir):
-    """In a spawned worker: the table, with the descriptors as they arrived."""
+    """In a spawned worker: the table, with the descriptors that arrived."""
     table = DescriptorTable((), (), report_dir)
     table.pid = pid
     table.carried = []
@@ -320,24 +307,15 @@ def _carried(pid, sent, report_dir):
 FORKED, CARRIED, SERVER = "forked", "carried", "server"
 
 
-class _Report:
-    """What this worker privatized: ``(fd, name, offset at the start, how it
-    came: FORKED, CARRIED or SERVER)``, and what could not reach it
-    (``missing``: ``(name, why)``). A file opened for appending is not
-    counted as read when its offset moves: its writes moved it."""
-
-    def __init__(self):
-        self.private = []
-        self.missing = []
-
-
 def isolate_in_worker(table, worker_id):
     """Worker step (first of all): own descriptions of the parent's files, own
     native handles; ``RemedyFailed`` for anything that a forked worker would
     otherwise share."""
     if table.pid == os.getpid():
         return  # an emulated worker: this process (emulated_workers swaps them itself)
-    report = _Report()
+    # What this worker privatized, ``(fd, name, offset at the start, how it came:
+    # FORKED, CARRIED or SERVER)``, and what could not reach it, ``(name, why)``.
+    report = types.SimpleNamespace(private=[], missing=[])
     if table.carried is None:
         if table.forked:
             _in_forked_worker(table, worker_id, report)
@@ -368,15 +346,14 @@ def _in_forked_worker(table, worker_id, report):
 
 
 def _in_spawned_worker(table, report):
-    """Each carried descriptor under its own number, privatized; where that
-    number is taken (a fork server's child has descriptors of its own), it
-    is not carried."""
+    """Each carried descriptor privatized under its own number, unless a fork
+    server's child holds that number for another file."""
     for arrived, found in table.carried:
         fd = found.fd
         try:
             if arrived is None:
                 raise OSError("it did not arrive")
-            if arrived != fd and _is_open(fd) and not _replaceable(fd):
+            if arrived != fd and _taken(fd):
                 raise OSError("this worker uses that number for another file")
             privatize(fd, found.dev, found.ino, found.flags, found.offset, source=arrived)
             report.private.append((fd, found.name, found.offset, CARRIED))
@@ -386,35 +363,32 @@ def _in_spawned_worker(table, report):
                 _fail_reads(fd)  # not the parent's shared description, nor another file
         finally:
             if arrived is not None and arrived != fd:
-                _close_quietly(arrived)
+                with contextlib.suppress(OSError):
+                    os.close(arrived)
 
 
-def _replaceable(fd):
-    """A descriptor a fork server's child holds that nothing uses: the
-    server's own stdin on /dev/null (multiprocessing gives the worker a new one)."""
+def _taken(fd):
+    """Whether ``fd`` is open here for something in use: not the server's own
+    stdin on /dev/null, which a fork server's child holds and nothing uses
+    (multiprocessing gives the worker a new one)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
     try:
         stdin = sys.stdin.fileno() if sys.stdin is not None else None
     except (OSError, ValueError, AttributeError):
         stdin = None
-    if fd == stdin:
-        return False
     try:
-        return os.path.samestat(os.fstat(fd), os.stat(os.devnull))
+        return fd == stdin or not os.path.samestat(st, os.stat(os.devnull))
     except OSError:
-        return False
+        return True
 
 
 def _appends(fd):
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
-
-
-def _close_quietly(fd):
-    try:
-        os.close(fd)
-    except OSError:
-        pass
 
 
 # -- the files a fork server holds: privatized in each child as it forks -----------
@@ -429,11 +403,11 @@ GOVERNED_BY = ("DL207", "dataloader")
 
 def after_fork_in_server_child():
     """``os.register_at_fork(after_in_child=...)``: in a child of a fork server
-    (multiprocessing's forkserver, or the warm server), before anything else
-    runs there, every file the server holds open for reading gets a
-    description of its own, at the offset the server left it: what its
-    children share otherwise (a file the preloaded main module opened).
-    (See NOTE [the data flow of a repaired loader] in torch_private.py, step 2.)"""
+    (multiprocessing's, or ours), before anything else runs, each file the
+    server holds open for reading gets a description of its own at the
+    server's offset (else its children share it: a file the preloaded main
+    module opened). (See NOTE [the data flow of a repaired loader] in
+    torch_private.py, step 2.)"""
     del _server_files[:]
     if not in_fork_server():
         return
@@ -453,8 +427,6 @@ def after_fork_in_server_child():
             _server_files.append((found.fd, found.name, found.offset, SERVER))
 
 
-
-
 # -- what workers report, and what the parent reads ---------------------------------
 
 def report_path(directory, pid):
@@ -467,8 +439,9 @@ def _report_at_exit(directory, worker_id, report):
 
 
 def _write_report(path, worker_id, report):
-    """At the worker's exit: which descriptions it had of its own, and which
-    of them it used (the offset moved); what did not reach it."""
+    """At the worker's exit: which descriptions it had of its own, which of
+    them it used (the offset moved; not by its writes, for an appended
+    file), and what did not reach it."""
     lines = []
     for fd, name, offset, how in report.private:
         try:
@@ -477,21 +450,17 @@ def _write_report(path, worker_id, report):
             used = False  # closed by the worker: whether it read first is not known
         lines.append("private\t%s\t%d\t%d\t%s" % (how, fd, used, name))
     lines += ["missing\t%s\t%s" % item for item in report.missing]
-    try:
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 class Usage:
     """What the workers of an iterator reported: ``used``, ``{how: {name: fd}}``
-    for the files they read through a description of their own (how it came:
-    FORKED, CARRIED, SERVER); ``private``, the same for every description they
-    had of their own, read or not; ``missing``: ``{description: why}`` for
-    descriptors that did not reach a spawned worker; ``workers``: how many
-    reported; ``by_number``: ``{fd: path}`` for the descriptors whose number
-    the loader's parts hold (``held_numbers``), set by ``Outcome``."""
+    for the files they read through a description of their own (how: FORKED,
+    CARRIED, SERVER); ``private``, the same read or not; ``missing``:
+    ``{description: why}`` for what did not reach a spawned worker;
+    ``workers``: how many reported; ``by_number``: ``{fd: path}`` for the
+    descriptors whose number the loader's parts hold (``held_numbers``)."""
 
     def __init__(self):
         self.used, self.private, self.missing, self.workers = {}, {}, {}, 0
@@ -540,11 +509,11 @@ class Outcome:
 
 def held_numbers(parts, fds):
     """``{fd: path}`` for each descriptor of ``fds`` whose number an object of
-    the user's own class among the loader's parts (``{name: part}``) holds as
-    an int attribute (``self.fd = os.open(...)``): a worker reads it by
-    number, whether or not its offset moves (``os.pread``). A library's ints
-    (an image's tag numbers) are not descriptors. Names what was carried;
-    carrying does not depend on it."""
+    the user's own class among ``parts`` holds as an int attribute
+    (``self.fd = os.open(...)``): a worker reads it by number, whether or not
+    its offset moves (``os.pread``); a library's ints (an image's tag
+    numbers) are not descriptors. For the words only: carrying does not
+    depend on it."""
     wanted = {fd for fd in fds if fd > 2}
     found: dict[int, str] = {}
     for name, part in parts.items():
@@ -568,13 +537,5 @@ def worker_step(table):
     return functools.partial(isolate_in_worker, table)
 
 
-def table_of(worker_init_fn):
-    """The ``DescriptorTable`` of the isolation step inside ``worker_init_fn``, or None."""
-    for step in steps_of(worker_init_fn):
-        if isinstance(step, functools.partial) and step.func is isolate_in_worker:
-            return step.args[0]
-    return None
-
-
 __all__ = ["DescriptorTable", "ForkPlan", "plan", "privatize", "isolate_in_worker",
-           "worker_step", "table_of", "read_reports", "STDIO"]
+           "worker_step", "read_reports", "STDIO"]

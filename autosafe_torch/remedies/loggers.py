@@ -1,22 +1,20 @@
 """A dataset's loggers keep their meaning in spawn/forkserver workers (DL219).
 
 A ``logging.Logger`` pickles by its name: a spawned worker gets its own
-logger of that name, configured only by what the worker's own imports did
-(usually nothing), so the lines a dataset logs from a worker are lost where a
-forked worker writes them (it inherits the configuration). Under the shim,
-while a repaired or checked loader starts its workers (``carrying``), a
-logger the dataset holds travels with its configuration: for it and each
-ancestor its records reach (up to the root, or the first that does not
-propagate), the level, ``propagate``, ``disabled``, the filters and the
-handlers, each handler made again in the worker (``handlers.py``: a file
-opened again for appending, a stream on the worker's stdout or stderr) with
-its level, formatter and filters. In the worker that configuration replaces
-(never adds to) what the worker's own import of the script configured, once
-per worker: a line is written once, where the training process writes it.
+logger of that name, configured only by the worker's own imports (usually
+not at all), so the lines a dataset logs from a worker are lost where a
+forked worker (which inherits the configuration) writes them. While a loader
+of ours starts its workers (``carrying``), a logger the dataset holds
+travels with its configuration: for it and each ancestor its records reach
+(up to the root, or the first that does not propagate), the level,
+``propagate``, ``disabled``, the filters and the handlers, each made again
+in the worker (``handlers.py``). In the worker it replaces (never adds to)
+what the worker's own import of the script configured, once per worker: a
+line is written once, where the training process writes it.
 
 Where the worker's own imports configured a logger as the training process
 has it (a library that sets up its logger at import, as transformers does),
-plain spawn needs nothing: the worker keeps its own, untouched, and says so
+plain spawn needs nothing: the worker keeps its own and says so
 (``Reports``). DL219's record is made from what the workers said: none when
 every worker had it of its own (promise 1: nothing was done).
 
@@ -27,6 +25,7 @@ its loggers need nothing carried (fork, or emulated workers).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -75,10 +74,8 @@ CARRIED, KEPT = "carried", "kept"
 
 
 def _unlink(path):
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _say(path, what):
@@ -96,21 +93,17 @@ def _say(path, what):
         os.close(fd)
 
 
-class carrying:
+@contextlib.contextmanager
+def carrying(reports=None):
     """While a loader of ours starts its workers: its loggers travel
     configured (the reducer acts for these pickles only, not for the
     program's own processes), and the workers say into ``reports``
     whether they needed it."""
-
-    def __init__(self, reports=None):
-        self.reports = reports
-
-    def __enter__(self):
-        _carrying.on = getattr(_carrying, "on", 0) + 1
-        _carrying.path = self.reports.open() if self.reports is not None else None
-        return self
-
-    def __exit__(self, *exc):
+    _carrying.on = getattr(_carrying, "on", 0) + 1
+    _carrying.path = reports.open() if reports is not None else None
+    try:
+        yield
+    finally:
         _carrying.on -= 1
 
 
@@ -186,10 +179,8 @@ def configured_in_worker(name, links, report=None):
         replaced = True
         for own in list(link.handlers):  # the worker's import configured these
             link.removeHandler(own)
-            try:
+            with contextlib.suppress(Exception):
                 own.close()
-            except Exception:
-                pass
         for recipe in want.recipes:
             link.addHandler(_handlers.made_again(*recipe))
         link.setLevel(want.level)
@@ -207,11 +198,8 @@ def _configured_alike(link, want: Link):
         return False
     if not _alike(list(link.filters), want.filters) or len(link.handlers) != len(want.recipes):
         return False
-    for own, recipe in zip(link.handlers, want.recipes):
-        if not rebuildable(own) or \
-                not _alike(_handlers.reduce_handler(own)[1], recipe):
-            return False
-    return True
+    return all(rebuildable(own) and _alike(_handlers.reduce_handler(own)[1], recipe)
+               for own, recipe in zip(link.handlers, want.recipes))
 
 
 _PLAIN = (str, bytes, int, float, bool, type(None))
@@ -238,7 +226,5 @@ def _alike(a, b, depth=0):
 def reducers(loggers):
     """The reducers a worker start needs for ``loggers`` (their handlers
     travel as recipes: ``reduce_logger``)."""
-    table = {type(logger): reduce_logger for logger in loggers}
-    table[logging.Logger] = reduce_logger
-    table[logging.RootLogger] = reduce_logger
-    return table
+    classes = [type(logger) for logger in loggers] + [logging.Logger, logging.RootLogger]
+    return dict.fromkeys(classes, reduce_logger)

@@ -3,68 +3,55 @@ workers by reference (DL218): ``torch.load(path, mmap=True)``,
 ``torch.UntypedStorage.from_file``, ``torch.from_numpy`` of an ``np.memmap``.
 
 Torch's own reducer (``torch.multiprocessing.reductions.reduce_tensor``)
-moves every CPU storage it sends into shared memory: in the training process
-it allocates the storage's size in ``/dev/shm``, copies the mapped file's
-bytes there and points the tensor at the copy for the rest of its life (a
-200 MB token file: +191 MiB of ``/dev/shm``, the whole file read; under
-Docker's default 64 MiB: ``RuntimeError: unable to allocate shared
-memory(shm) for file </torch_...>: No space left on device (28)``). A
-``from_file`` storage does not go at all (``OSError: [Errno 9] Bad file
-descriptor``: it is a map, not shared memory torch can hand on).
+moves every CPU storage it sends into shared memory: the training process
+copies the mapped file's bytes into ``/dev/shm`` and points the tensor at the
+copy for the rest of its life (the costs, and the error where ``/dev/shm``
+is small: DL218's rule). A ``from_file`` storage does not go at all
+(``OSError: [Errno 9] Bad file descriptor``: a map, not shared memory).
 
-The reducer installed here sends instead what a worker needs to map the file
-itself: its path and what it was (device, inode, modification time and size,
-``ident``), where the storage lies in it, and the tensor's dtype, shape,
-stride, storage offset and ``requires_grad``. The worker maps the whole file
-once, private and copy-on-write (``MAP_PRIVATE``, as ``torch.load(mmap=True)``
-maps it), takes the storage's bytes as a storage of their own, and rebuilds
-the same view, a ``Parameter`` as a ``Parameter`` (as torch's
-``rebuild_tensor`` does). Views of one storage get one storage (on torch
-2.0, whose storages take no safe weak reference, a storage each over the
-same bytes), and every storage of one file one map, in each worker: memory
-stays one map per worker, and the page cache holds the file's pages once for
-all of them.
+The reducer here sends instead what a worker needs to map the file itself:
+its path and identity (``ident``: device, inode, modification time, size),
+where the storage lies in it, and the tensor's dtype, shape, stride, storage
+offset and ``requires_grad``. The worker maps the whole file once, private
+and copy-on-write (as ``torch.load(mmap=True)`` maps it), takes the storage's
+bytes as a storage of their own, and rebuilds the same view, a ``Parameter``
+as a ``Parameter`` (as torch's ``rebuild_tensor`` does). In each worker,
+views of one storage get one storage (on torch 2.0, whose storages take no
+safe weak reference, one each over the same bytes) and every storage of one
+file one map: the page cache holds the file's pages once for all of them.
 
-Exact or nothing: a tensor goes by reference only where its bytes are the
-file's bytes, else torch's reducer sends it as it always did:
-
-- its storage lies in a file mapping of this process (``/proc/self/maps``,
-  read once per process start: a map made while the child's pickle is
-  written is not in it, and its tensor goes torch's way), of a regular file that is where the kernel
-  says it is now (same device and inode at that path). A private map this
-  process wrote to (``Anonymous`` pages in ``/proc/self/smaps``: any page of
-  it, the whole map counts) holds changes that are in no file; a deleted or
-  replaced file, an anonymous map, shared memory, and every tensor where there
-  is no ``/proc/self/maps`` (macOS, a rehearsed Mac) are not sent;
-- it is a plain CPU tensor that torch's reducer rebuilds as it is: the
-  exact types ``torch.Tensor`` and ``torch.nn.Parameter`` (the types the
-  reducer is registered for), strided, not empty, no conjugate or negative
-  bit, not quantized or nested, no backward hooks (torch warns of them), and
-  not a non-leaf that requires grad (torch refuses it, and its error stays);
-- its file is one that the tensors of a loader's parts lie in (DL218 names
-  them as it installs the reducer): a tensor another program part sends to a
-  process it starts, from another file, keeps torch's sharing (the first two
-  are read by ``inspection/tensors.py``: ``reference``).
+Exact or nothing (``inspection/tensors.py``: ``reference``): a tensor goes
+by reference only where its bytes are the file's, else torch's reducer sends
+it as it always did. Its storage must lie in a file mapping of this process
+(``/proc/self/maps``, read once per process start: a map made while the
+child's pickle is written is not in it) of a regular file that is where the
+kernel says it is now; not a private map this process wrote to (any
+``Anonymous`` page in ``/proc/self/smaps``: changes in no file), a deleted or
+replaced file, an anonymous map or shared memory; and not where there is no
+``/proc/self/maps`` (macOS, a rehearsed Mac). It must be a plain CPU tensor
+torch's reducer rebuilds as it is: exactly ``torch.Tensor`` or
+``torch.nn.Parameter`` (the types the reducer is registered for), strided,
+not empty, no conjugate or negative bit, not quantized or nested, no
+backward hooks (torch warns of them), not a non-leaf that requires grad
+(torch refuses it, and its error stays). And its file must be one the
+tensors of a loader's parts lie in (DL218 names them as it installs the
+reducer): a tensor of another file, sent by another part of the program to a
+process it starts, keeps torch's sharing.
 
 What differs, said in the rule's docs: a tensor torch sends is shared memory
 between the training process and its workers (a write in one is seen in the
 others); one sent by reference is a private map, as a forked worker's is
-(its writes stay its own; the file is never written). Assumption: the file
-does not change while the workers start. The worker checks that the file is
-the same (device, inode, modification time, size) and fails loudly
-otherwise (``MappedFileChanged``): its start fails, the record says the fix
-did not hold, and the recovery ladder takes over. It never maps other data.
-
-Only while a process is being started (``get_spawning_popen()``): a tensor put
-on a queue later goes through torch's reducer, into shared memory, as ever.
-Fail open: an error of ours while looking sends the tensor torch's way.
+(its writes stay its own; the file is never written). As for a memmap
+(``memmaps.py``), the file is assumed not to change while the workers start,
+a worker that finds it changed fails loudly (``MappedFileChanged``), and
+only a process being started gets a reference: a tensor put on a queue later
+goes through torch's reducer, as ever. Fail open: an error of ours while
+looking sends the tensor torch's way.
 """
 
 from __future__ import annotations
 
 import mmap
-import os
-import sys
 import threading
 import weakref
 from multiprocessing.context import get_spawning_popen
@@ -75,7 +62,7 @@ import torch
 from .. import torch_private as tp
 from ..inspection.mappings import Maps
 from ..inspection.tensors import reference
-from .memmaps import MappedFileChanged
+from .memmaps import map_file
 from .pickling import PROTOCOL, before_us, install, installed
 
 # The files (device, inode) whose mapped tensors go by reference: those the
@@ -124,21 +111,10 @@ def _storage(path, ident, offset, nbytes):
 
 
 def _map_file(path, ident):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != ident:
-                raise MappedFileChanged(
+    """The whole file, private and writable, as the checked descriptor shows it."""
+    return map_file(path, ident, 0, 0, mmap.ACCESS_COPY,
                     "%s changed after the training process sent a tensor mapped from it by "
-                    "reference (DL218): this worker cannot map the data it was sent" % path)
-            # The file as the descriptor just checked shows it: private, writable.
-            return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise MappedFileChanged("%s cannot be mapped again in this worker (DL218): %s"
-                                % (path, exc)) from exc
+                    "reference (DL218): this worker cannot map the data it was sent", "DL218")
 
 
 # -- in the training process ---------------------------------------------------------
@@ -190,13 +166,7 @@ def install_reducers(files=()):
     """Register the reducer for the tensor types torch registers its own for,
     keeping torch's as the fallback; ``files``: ``(device, inode)`` of the
     files whose mapped tensors may go by reference."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
     with _lock:
         _files.update(files)
-    reducers = {}
-    for cls in (torch.Tensor, torch.nn.Parameter):
-        if not isinstance(installed(cls), TensorReducer):
-            reducers[cls] = TensorReducer(before_us(cls))
-    install(reducers)
+    install({cls: TensorReducer(before_us(cls)) for cls in (torch.Tensor, torch.nn.Parameter)
+             if not isinstance(installed(cls), TensorReducer)})

@@ -1,67 +1,52 @@
 """Memory maps sent to spawn/forkserver workers by reference: numpy memmaps
 (DL218) and ``mmap.mmap`` objects of named files (DL201).
 
-Pickling a ``numpy.memmap`` copies its data: every worker start of a
-spawn loader reads the whole mapped file into the pickle, and every worker
-holds a private copy of it (300 MiB: 1.4 GiB and 15 s where mapping the
-file in each worker takes 0.5 GiB and 13.6 s). What a worker gets is an
-``np.memmap`` whose ``_mmap``, ``filename``, ``offset`` and ``mode`` are
-None, writable, C- or Fortran-contiguous, with the bytes the parent's map
-showed at that moment.
+Pickling a ``numpy.memmap`` copies its data into every worker start (the
+costs: DL218's rule): the worker gets an ``np.memmap`` whose ``_mmap``,
+``filename``, ``offset`` and ``mode`` are None, writable, C- or
+Fortran-contiguous, with the bytes the parent's map showed then. The reducer
+here sends the file, byte offset, shape, dtype and order instead, and the
+worker maps the file again copy-on-write (``mmap.ACCESS_COPY``: writable and
+private, as the pickled copy is) as an ``np.memmap`` with a pickled one's
+attributes (its slices are plain ndarrays, as there). Its ``base`` is the
+map, not None: what a worker reads, writes and computes is the same.
 
-The reducer installed here gives the worker the same thing without the
-copy: the file, the byte offset, shape, dtype and order travel, and the
-worker maps the file again copy-on-write (``mmap.ACCESS_COPY``: writable,
-private, as the pickled copy is), as an ``np.memmap`` with the same
-attributes as a pickled one (so its slices are plain ndarrays, as they
-are there). Its ``base`` is the map, not None: what a worker reads,
-writes and computes is the same.
+Exact or nothing: an array goes by reference only where the worker can map
+exactly what pickling would send, else it is pickled as it always was. Its
+data must lie in a shared file mapping of this process (``/proc/self/maps``)
+of a regular file that is where the kernel says it is now (same device and
+inode at that path: a moved file is mapped from where it went), with the
+layout pickling gives (contiguous, aligned, not empty: a strided view
+``mm[:, ::2]`` is pickled). A ``mode='c'`` memmap is a private mapping that
+may hold changes that are in no file; it, a deleted or replaced file, and
+every array where there is no ``/proc/self/maps`` (macOS, whose map keeps its
+descriptor to itself; a Mac rehearsed with ``--as macos``) are pickled.
 
-Exact or nothing: an array is sent by reference only where the worker can
-map exactly what pickling would send, else it is pickled as it always was:
-
-- its data lie in a shared file mapping of this process (``/proc/self/maps``:
-  the file, the device and inode, the offset in the file), of a regular
-  file that is where the kernel says it is now (same device and inode at
-  that path: a moved file is mapped from where it went). A
-  ``mode='c'`` memmap is a private mapping: it may hold changes of this
-  process that are not in the file, so it is pickled. So is one whose file
-  was deleted or replaced, and every array on a system without
-  ``/proc/self/maps`` (macOS: the map keeps its descriptor to itself);
-- its layout is the one pickling gives (C- or Fortran-contiguous, aligned,
-  not empty): a strided view (``mm[:, ::2]``) is pickled.
-
-Assumption, said in the rule's docs: the mapped file does not change while
-the workers start and run. With ``mode='r+'``/``'w+'`` the parent's writes
-through its map are in the page cache the worker maps (no ``flush`` is
-needed for that; flushing to disk stays the user's business), so the worker
-sees the file as it is when it maps it, not as it was when the worker was
-asked for; and a private map shows later changes of the file in the pages
-the worker has not written. The worker checks that the file is the same one
+Assumption, said in the rule's docs: the file does not change while the
+workers start and run. The parent's writes through a ``mode='r+'``/``'w+'``
+map are in the page cache the worker maps (no ``flush`` needed), so the
+worker sees the file as it is when it maps it, not as it was when the worker
+was asked for; a private map shows later changes of the file in the pages the
+worker has not written. The worker checks that the file is the same one
 (device, inode, modification time, size) and fails loudly otherwise: its
 start fails, the record says the fix did not hold, and the recovery ladder
-takes over. It never maps other data silently.
+takes over. It never maps other data silently. And only while a process is
+being started (``get_spawning_popen()``, set by spawn, forkserver and the
+warm server while they pickle what the child gets): a memmap put on a queue
+later is pickled as before.
 
-Only while a process is being started (``get_spawning_popen()``: spawn,
-forkserver and the warm server set it while they pickle what the child
-gets): a memmap put on a queue later is pickled as before.
-
-An ``mmap.mmap`` does not pickle at all (TypeError): the baseline is what a
-forked worker holds, the parent's map at the fork. The worker maps the same
-range of the same file again, with the same access (``ACCESS_READ``, a
-shared writable map as ``ACCESS_WRITE``, ``ACCESS_COPY``) and at the same
-position. A shared map shows the file's page cache, so the worker sees what
-the parent's map shows, as a forked one does: the file need only be the
-same file (device and inode), not unchanged. A private (``ACCESS_COPY``)
-map goes only while it holds no page the parent wrote (``Anonymous: 0 kB``
-in ``/proc/self/smaps``); an anonymous map, a deleted file, a map made
-with ``prot``/``flags`` this does not rebuild, and every map where there
-is no ``/proc/self/maps`` are not sent: the DL201 ladder goes on (fork,
-emulated workers, or a clear refusal). Whether one can go, and where its
-bytes lie, is read by ``inspection/mappings.py``; the sending is here.
-
-The platform the rules see decides (``autosafe-torch run --as macos``): a
-rehearsed Mac has no ``/proc/self/maps`` either.
+An ``mmap.mmap`` does not pickle at all (TypeError): the baseline is the
+parent's map as a forked worker holds it. The worker maps the same range of
+the same file again, with the same access (``ACCESS_READ``, a shared
+writable map as ``ACCESS_WRITE``, ``ACCESS_COPY``) and position. A shared map
+shows the file's page cache, as a forked worker's does, so the file need
+only be the same (device and inode), not unchanged. A private map goes only
+while it holds no page the parent wrote (``Anonymous: 0 kB`` in
+``/proc/self/smaps``); a deleted file, a map made with ``prot``/``flags``
+this does not rebuild, and every map where there is no ``/proc/self/maps``
+are not sent: the DL201 ladder goes on (fork, emulated workers, or a clear
+refusal). An anonymous map goes through shared memory (below). What can go,
+and where its bytes lie, is read by ``inspection/mappings.py``.
 """
 
 from __future__ import annotations
@@ -80,23 +65,36 @@ class MappedFileChanged(RuntimeError):
     """In a worker: the file a memmap was sent by reference from is gone or changed."""
 
 
+def map_file(path, ident, start, length, access, changed, rule):
+    """In a worker: ``length`` bytes (0: to the end) of the file at ``path``
+    from ``start``, mapped with ``access``, where it is still the file
+    ``ident`` names (device, inode; mtime and size where given) and long
+    enough; else ``MappedFileChanged``: ``changed``, or why it cannot be
+    opened. The file checked is the file mapped (one descriptor)."""
+    write = access == mmap.ACCESS_WRITE
+    try:
+        fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)[:len(ident)] != tuple(ident) \
+                    or st.st_size < start + length:
+                raise MappedFileChanged(changed % path)
+            return mmap.mmap(fd, length, access=access, offset=start)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise MappedFileChanged("%s cannot be mapped again in this worker (%s): %s"
+                                % (path, rule, exc)) from exc
+
+
 def mapped_again(path, ident, start, length, delta, shape, dtype, order):
     """In a worker: the array pickling would have given, mapped from the file
     copy-on-write; ``MappedFileChanged`` if the file is not the one it was."""
     import numpy as np  # noqa: PLC0415 - optional dependency
 
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if (st.st_dev, st.st_ino, st.st_mtime_ns) != tuple(ident) \
-                    or st.st_size < start + length:
-                raise MappedFileChanged(
-                    "%s changed after the training process sent its memmap by reference "
-                    "(DL218): this worker cannot map the data it was sent" % path)
-            mm = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_COPY, offset=start)
-    except OSError as exc:
-        raise MappedFileChanged("%s cannot be mapped again in this worker (DL218): %s"
-                                % (path, exc)) from exc
+    mm = map_file(path, ident, start, length, mmap.ACCESS_COPY,
+                  "%s changed after the training process sent its memmap by reference "
+                  "(DL218): this worker cannot map the data it was sent", "DL218")
     # Built as pickling builds it: memmap's __array_finalize__ sees no memmap
     # and sets _mmap, filename, offset and mode to None.
     return np.ndarray.__new__(np.memmap, shape, dtype=dtype, buffer=mm, offset=delta,
@@ -130,20 +128,9 @@ def map_again(path, ident, start, length, how, position):
     """In a worker (or for an emulated worker's copy): the map a forked worker
     would hold, mapped again from the file; ``MappedFileChanged`` if the file
     at ``path`` is not the one mapped."""
-    try:
-        fd = os.open(path, (os.O_RDWR if how == "write" else os.O_RDONLY) | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != tuple(ident) or st.st_size < start + length:
-                raise MappedFileChanged(
-                    "%s is not the file the training process mapped (DL201): this worker "
-                    "cannot map the data it was sent" % path)
-            m = mmap.mmap(fd, length, access=ACCESS[how], offset=start)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise MappedFileChanged("%s cannot be mapped again in this worker (DL201): %s"
-                                % (path, exc)) from exc
+    m = map_file(path, ident, start, length, ACCESS[how],
+                 "%s is not the file the training process mapped (DL201): this worker "
+                 "cannot map the data it was sent", "DL201")
     m.seek(position)
     return m
 
@@ -167,14 +154,12 @@ def reduce_map(m):
 #
 # A forked worker shares an anonymous ``mmap.mmap(-1, n)`` with the parent
 # (MAP_SHARED): the same bytes, its own position. A spawned worker can map
-# only what has a name, so the parent copies the map's bytes into one block
-# of POSIX shared memory (``multiprocessing.shared_memory``) and each worker
-# of the iterator maps that block, with the parent's position and access:
-# they share what they write among themselves, as forked workers do. What
-# the parent writes into its own map once the workers have started is not
-# seen by them (nor theirs by it): the assumption, as for a mapped file, is
-# that the map is not written while the workers run. The block is reused
-# while it holds the map's bytes, and unlinked with the map (or at exit).
+# only what has a name, so the parent copies the map's bytes into one block of
+# POSIX shared memory and each worker maps it, with the parent's position and
+# access: the workers share what they write, as forked ones do. The parent's
+# writes once they have started are not seen by them (nor theirs by it): as
+# for a file, the map is assumed not written while the workers run. The block
+# is reused while it holds the map's bytes, unlinked with the map (or at exit).
 
 _blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
 
@@ -194,10 +179,9 @@ def _reduce_anonymous(m):
     if block is None or block.buf[:length] != memoryview(m):
         block = shared_memory.SharedMemory(create=True, size=length)
         cast(memoryview, block.buf)[:length] = memoryview(m)  # None only once closed
-        previous = _blocks.get(id(m))
-        _blocks[id(m)] = block
-        if previous is None:
+        if id(m) not in _blocks:
             weakref.finalize(m, _unlink, id(m))
+        _blocks[id(m)] = block
     return map_shared_block, ("/" + block.name, length, m.tell(), _writable(m))
 
 

@@ -1,13 +1,12 @@
 """The one pickler our repairs' reducers live in: ``WorkerPickler``.
 
 The repairs that make a dataset travel to spawn/forkserver workers are
-reducers: planning only names them (the probe tries them without
-installing anything); they are installed when a finding is applied, in fix
-mode, into ``WorkerPickler``, a ``ForkingPickler`` of our own. Only what the
-shim sends to workers is pickled with it: the process object of a worker it
-starts (``WorkerContext``: the loader's context for that start, whose
-processes' Popen dumps with it), an emulated worker's copy. The
-process-wide ``ForkingPickler``, with which the program's own ``Queue.put``,
+reducers: planning only names them (the probe tries them without installing
+anything); applying a finding in fix mode installs them into
+``WorkerPickler``, a ``ForkingPickler`` of our own. Only what the shim sends
+to workers is pickled with it: the process object of a worker it starts
+(``WorkerContext``), an emulated worker's copy. The process-wide
+``ForkingPickler``, with which the program's own ``Queue.put``,
 ``Pipe.send`` and ``Pool.map`` pickle, is never touched: they fail or
 succeed as they would without us.
 """
@@ -105,10 +104,10 @@ def uninstall_reducers() -> None:
 
 class _ToWorkers:
     """``multiprocessing.reduction`` as the Popen of our workers' starts reads
-    it: what it dumps (the preparation data, the process object) goes with
-    ``WorkerPickler``, in the stdlib's own ``_launch``, so what needs the starting
-    Popen (a file descriptor passed, the authentication key) has it. The child
-    loads it as ever, with nothing of ours."""
+    it: what it dumps (preparation data, process object) goes with
+    ``WorkerPickler``, in the stdlib's own ``_launch``, so what needs the
+    starting Popen (a descriptor passed, the authentication key) has it. The
+    child loads it as ever, with nothing of ours."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(reduction, name)
@@ -125,18 +124,15 @@ _popens: dict[str, type] = {}
 def sent_popen(start_method: str) -> type:
     """The stdlib's Popen for ``start_method`` ("spawn", "forkserver"), sending
     the process with ``WorkerPickler``."""
-    popen = _popens.get(start_method)
-    if popen is None:
-        popen = popen_reading(start_method, "Popen", {"reduction": TO_WORKERS})
-        _popens[start_method] = popen
-    return popen
+    if start_method not in _popens:
+        _popens[start_method] = popen_reading(start_method, "Popen", {"reduction": TO_WORKERS})
+    return _popens[start_method]
 
 
 class WorkerContext:
-    """A loader's multiprocessing context (or the ``torch.multiprocessing``
-    module torch uses without one) whose processes are sent with
-    ``WorkerPickler`` (the loader's context while the shim starts its workers
-    by spawn or a fork server)."""
+    """A loader's multiprocessing context (or ``torch.multiprocessing``, which
+    torch uses without one) whose processes are sent with ``WorkerPickler``,
+    while the shim starts its workers by spawn or a fork server."""
 
     def __init__(self, context: Any, start_method: str) -> None:
         self._context = context

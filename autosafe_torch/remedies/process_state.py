@@ -3,49 +3,46 @@ carried to spawn and forkserver workers (DL220).
 
 A worker that does not fork imports the program's modules again (the script
 as ``__mp_main__``, its ``if __name__ == "__main__":`` block not run), then
-unpickles what torch sends it. What ``main()`` changed at run time, a config
+unpickles what torch sends it. What ``main()`` changed at run time (a config
 dict filled from argparse, a class attribute set from statistics, a library
-function replaced, torch's default dtype, is back at its import-time value
+function replaced, torch's default dtype) is back at its import-time value
 there, and plain torch trains on other data without a word. A forked
 worker has the program's values; so does a worker here.
 
 NOTE [carrying the process state]
 
-1. Which values: ``inspection/reads.py`` reads, from the code, what the
-   workers may run (the dataset's methods, its transforms, ``collate_fn``,
-   ``worker_init_fn``, the program's functions and classes they name) and
-   the module globals and class attributes it reads (``Read``); and the
-   library-wide settings a new interpreter resets (``SETTINGS``). The rule
-   (``rules/pickling.py``, DL220) keeps them on the loader (``Carry``).
+1. Which values: the module globals and class attributes read by what the
+   workers may run (``inspection/reads.py``: ``Read``), and the library-wide
+   settings a new interpreter resets (``SETTINGS``); DL220
+   (``rules/pickling.py``) keeps them on the loader (``Carry``).
 2. At each start of the workers (fork's semantics: the values at the
    iterator's start; persistent workers: at their first), the training
-   process fingerprints each value (``inspection/digest.py``) and sends the
-   fingerprints and the values, in the pickle torch makes of what each
-   worker gets (a tensor through shared memory, a repaired handle by its
-   repair), ahead of the dataset: in the first thing torch sends, its
-   dataset kind (``StateFirst``, ``torch_private.dataset_kind_as``). An
-   object a global and the dataset both hold is then one object there, as
-   in a forked worker; and a ``__setstate__``, a dataset rebuilt from its
-   constructor (DL201), a logger made again (DL219), a memory map or a lock
-   made again all find the program's values. A large array goes as a tensor
-   through shared memory: one copy, not one per worker.
-3. In the worker (``arrive``), after its imports and before the dataset is
-   unpickled: each fingerprint compared with the worker's own value's; where
-   one differs, the training process's value is set. A value that does not
-   pickle can be compared but not carried (its fingerprint stands in its
-   type, an open file's its name and mode): where it differs, the worker
-   refuses before its first batch (``refuse_in_worker``, ``RemedyFailed``
-   naming it and the line that reads it), and the recovery takes the next
-   rung. Never the import's value in silence.
-4. Each worker says what it set (a line per value, in a file of the
-   training process's report directory); DL220's record is made from that,
-   once every worker delivered (``Carry.outcome``: none where no value
-   differed, promise 1). A build server (``buildserver.py``) sets them
-   before it builds, and its children say so.
+   process fingerprints each value (``inspection/digest.py``) and sends
+   fingerprints and values in the pickle torch makes of what each worker
+   gets, ahead of the dataset: in its dataset kind, the first thing torch
+   sends (``StateFirst``, ``torch_private.dataset_kind_as``). An object a
+   global and the dataset both hold is then one object there, as in a
+   forked worker; a ``__setstate__``, a dataset rebuilt from its constructor
+   (DL201), a logger made again (DL219), a memory map or a lock made again
+   all find the program's values. A large array goes once, as a tensor
+   through shared memory, not once per worker.
+3. In the worker (``arrive``), before the dataset is unpickled: where a
+   fingerprint differs from the worker's own value's, the training
+   process's value is set. A value that does not pickle can be compared but
+   not carried (its fingerprint stands in its type, an open file's its name
+   and mode): where it differs, the worker refuses before its first batch
+   (``refuse_in_worker``: ``RemedyFailed`` naming it and the line that reads
+   it), and the recovery takes the next rung. Never the import's value in
+   silence.
+4. Each worker says what it set, in a file of the training process's report
+   directory; DL220's record is made from that (``Carry.outcome``: none
+   where no value differed, promise 1). A build server (``buildserver.py``)
+   sets them before it builds, and its children say so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import itertools
@@ -80,8 +77,7 @@ _UNKNOWN = object()
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A process-wide setting a new interpreter resets and a worker's data
-    depends on (``changes``: how): read in the training process where
-    ``module`` is imported there, set in a worker whose own differs.
+    depends on (``changes``: how), read where ``module`` is imported.
     ``default``: a new interpreter's value, where a worker need not import
     ``module`` to have it."""
 
@@ -181,31 +177,27 @@ class Entry:
 
 
 def fingerprint(value: Any) -> str | None:
-    """What two processes' values are compared by (``_measured``)."""
+    """What two processes' values are compared by."""
     return _measured(value)[0]
 
 
 def _measured(value: Any, keep: bool = False) -> tuple[str | None, bool, int, bytes | None]:
-    """``(fingerprint, plain, size, pickled)``: the digest and what it saw
-    (``inspection/digest.py``: ``measured``); for an open file, its name and
-    mode (the worker's import opened one of its own, at its own offset, which
-    is right); for a read-only map of a whole file (``np.load(mmap_mode="r")``),
-    the file and the view, not a hash of the gigabytes it cannot change. None
-    where it cannot be taken."""
+    """``(fingerprint, plain, size, pickled)`` (``digest.measured``); for an
+    open file, its name and mode (the worker's import opened its own, at its
+    own offset, which is right); for a read-only map of a whole file
+    (``np.load(mmap_mode="r")``), the file and the view, not a hash of the
+    gigabytes it cannot change. None where it cannot be taken."""
     if is_file_object(value):
         return "file:%r:%r" % (getattr(value, "name", None),
                                getattr(value, "mode", None)), False, 0, None
     numpy = sys.modules.get("numpy")
-    if numpy is not None and type(value) is numpy.memmap and value.mode == "r" \
-            and isinstance(value.filename, str) and isinstance(value.base, mmap.mmap):
-        try:
-            st = os.stat(value.filename)
-        except OSError:
-            return None, False, 0, None
-        return "memmap:%r:%d:%r:%s:%d:%d" % (
-            value.filename, value.offset, value.shape, value.dtype.str, st.st_size,
-            st.st_mtime_ns), False, 0, None
     try:
+        if numpy is not None and type(value) is numpy.memmap and value.mode == "r" \
+                and isinstance(value.filename, str) and isinstance(value.base, mmap.mmap):
+            st = os.stat(value.filename)
+            return "memmap:%r:%d:%r:%s:%d:%d" % (
+                value.filename, value.offset, value.shape, value.dtype.str, st.st_size,
+                st.st_mtime_ns), False, 0, None
         return digest.measured(value, keep)
     except Exception:
         return None, False, 0, None
@@ -271,10 +263,10 @@ _MISSING = object()
 
 
 def _current(entry: Entry) -> Any:
-    """The worker's own value of ``entry`` (importing its module where the
-    worker has not: the program's, or a library's whose function the program
-    replaced), or ``_MISSING``: not there (a name the import does not bind, a
-    setting whose module the worker need not import to have it as sent)."""
+    """The worker's own value of ``entry`` (its module imported where it is
+    not: the program's, or a library whose function the program replaced),
+    or ``_MISSING``: a name the import does not bind, a setting whose module
+    the worker need not import to have it as sent."""
     if entry.setting:
         setting = _SETTINGS[entry.label]
         module = sys.modules.get(setting.module)
@@ -301,8 +293,8 @@ def _set(entry: Entry, value: Any) -> None:
 
 
 def mark(read: Read) -> tuple[Any, ...]:
-    """What says a value changed, cheaply (no copy, no walk): the object a name
-    holds, and a container's length."""
+    """What says a value changed, cheaply: the object a name holds, and a
+    container's length."""
     try:
         value = _value(read.module, read.name, False)
     except Exception:
@@ -312,8 +304,8 @@ def mark(read: Read) -> tuple[Any, ...]:
 
 class Carry:
     """A loader's carried state (``loaderstate.Kept.process_state``): what its
-    workers' code reads (``reads``), snapshot at each start of its workers
-    (``start``); ``outcome()`` is DL220's ``Finding.needed``."""
+    workers' code reads, snapshot at each start of its workers (``start``);
+    ``outcome()`` is DL220's ``Finding.needed``."""
 
     def __init__(self, reads: Sequence[Read], workers: int) -> None:
         self.reads = tuple(reads)
@@ -326,16 +318,16 @@ class Carry:
         self.shared: dict[int, tuple[str | None, Any, Any]] = {}
 
     def start(self, report_dir: str | None) -> Carried:
-        """The values now (fork's semantics: at the iterator's start); what the
-        workers of the start before said, if nobody asked, is dropped."""
+        """The values now; what the workers of the start before said, if
+        nobody asked, is dropped."""
         if self.current is not None:
             self.current.said()
         self.current = Carried(self.reads, report_dir, self.shared)
         return self.current
 
     def outcome(self) -> Said | bool:
-        """DL220's record, once the workers said what they set; False where
-        they set and refused nothing (every value was the import's): no record."""
+        """DL220's record, once the workers said what they set; False (no
+        record) where they set and refused nothing."""
         current = self.current
         carried, refused = current.said() if current is not None else ([], [])
         if not (carried or refused):
@@ -372,38 +364,30 @@ class Carried:
             except Exception:  # a class the program deleted since: nothing to read
                 continue
             if value is not _MISSING:
-                self._add(Entry(read.label, read.module, read.name, read.site, False, None),
-                          value)
+                self._add(value, read.label, read.module, read.name, read.site, False)
         for setting in SETTINGS:
-            module = sys.modules.get(setting.module)
-            if module is None:
-                continue
             try:
-                value = setting.read(module)
-            except Exception:  # a torch without it: nothing to carry
+                value = setting.read(sys.modules[setting.module])
+            except Exception:  # not imported here, or a torch without it: nothing to carry
                 continue
-            self._add(Entry(setting.label, setting.module, setting.label, None, True, None),
-                      value)
+            self._add(value, setting.label, setting.module, setting.label, None, True)
 
-    def _add(self, entry: Entry, value: Any) -> None:
-        mark, plain, size, pickled = _measured(value, keep=True)
-        self.entries.append(dataclasses.replace(entry, fingerprint=mark))
+    def _add(self, value: Any, label: str, module: str, name: str, site: str | None,
+             setting: bool) -> None:
+        mark, plain, size, pickled = _measured(value, True)
+        self.entries.append(Entry(label, module, name, site, setting, mark))
         self.values.append(value)
         self._plain.append(plain)
         self._sizes.append(size)
         self._pickled.append(pickled if size >= _LARGE else None)
 
     def first(self, kind: int) -> StateFirst:
-        """torch's dataset kind, sent with these values ahead of the dataset."""
         return StateFirst(kind, self)
 
     def sent(self) -> tuple[list[Any], dict[int, str]]:
-        """The values for the workers of this start, and ``{index: why}`` for
-        those that do not pickle (None in their place), made at the first
-        worker's start. They go in the pickle of what torch sends each worker,
-        ahead of the dataset: an object both hold is one object in the worker,
-        as in a forked one (a handle a global and the dataset share, reopened
-        once). A large one goes once, through shared memory (``_as_sent``)."""
+        """The values for the workers of this start (``_as_sent``), and
+        ``{index: why}`` for those that do not pickle (None in their place),
+        made at the first worker's start."""
         if self._sent is None:
             values = [self._as_sent(i) for i in range(len(self.values))]
             self._pickled = [None] * len(values)  # in shared memory now, where wanted
@@ -422,11 +406,9 @@ class Carried:
 
     def _as_sent(self, i: int) -> Any:
         """The value as each worker gets it: a read-only map of a whole file by
-        its path (mapped again there); a large numpy array as a tensor in shared
-        memory, as torch sends a tensor; another large value that pickles
-        plainly as its pickle in shared memory, loaded only where the worker's
-        own differs; each made once for every worker, and again only where the
-        value changed since the last start. Anything else as it is."""
+        its path; a large numpy array, or the pickle of another large value that
+        pickles plainly, in shared memory (``_Shared``), made once for every
+        worker and again only where the value changed since. Else as it is."""
         value, mark = self.values[i], self.entries[i].fingerprint
         if mark is not None and mark.startswith("memmap:"):
             return _Remapped(value.filename, value.offset, value.shape, value.dtype.str)
@@ -444,9 +426,9 @@ class Carried:
             pickled = self._pickled[i]
             if not array and pickled is None:
                 pickled = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-            shared: Any = _SharedArray(_in_shared_memory(torch, value)) if array else \
-                _SharedPickle(_in_shared_memory(torch, numpy.frombuffer(pickled,
-                                                                        dtype=numpy.uint8)))
+            shared = _Shared(_as_array, _in_shared_memory(torch, value)) if array else \
+                _Shared(_Lazy, _in_shared_memory(torch, numpy.frombuffer(pickled,
+                                                                         dtype=numpy.uint8)))
         except Exception:  # a dtype torch has not, no shared memory: in the pickle
             return value
         self._shared[id(value)] = (mark, value, shared)
@@ -457,16 +439,13 @@ class Carried:
         pickle so, by index; the others are left for the workers to compare."""
         values = {}
         for i, value in enumerate(self.values):
-            try:
+            with contextlib.suppress(Exception):
                 pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-            except Exception:
-                continue
-            values[i] = value
+                values[i] = value
         return list(self.entries), values
 
     def said(self) -> tuple[list[Entry], list[str]]:
-        """The entries the workers set, and what they refused (from their
-        reports, read once)."""
+        """The entries the workers set, and what they refused (read once)."""
         carried: set[str] = set()
         refused: list[str] = []
         for line in _read_reports(self.report_dir, self.token):
@@ -487,30 +466,20 @@ def _in_shared_memory(torch: Any, array: Any) -> Any:
     return tensor
 
 
-class _SharedArray:
-    """A numpy array sent as a tensor in shared memory; a numpy array again in the
-    worker (its memory the shared one)."""
+class _Shared:
+    """A large value sent as a tensor in shared memory, ``make(tensor)`` in the
+    worker: a numpy array again (``_as_array``, its memory the shared one), or
+    a value's pickle that a ``_Lazy`` loads only where the worker's own differs."""
 
-    def __init__(self, tensor: Any) -> None:
-        self.tensor = tensor
+    def __init__(self, make: Callable[[Any], Any], tensor: Any) -> None:
+        self.make, self.tensor = make, tensor
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _as_array, (self.tensor,)
+        return self.make, (self.tensor,)
 
 
 def _as_array(tensor: Any) -> Any:
     return tensor.numpy()
-
-
-class _SharedPickle:
-    """A large value's pickle in shared memory: in the worker, a ``_Lazy`` that
-    loads it only where its own value differs."""
-
-    def __init__(self, tensor: Any) -> None:
-        self.tensor = tensor
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _Lazy, (self.tensor,)
 
 
 class _Lazy:
@@ -539,9 +508,8 @@ def _remapped(filename: str, offset: int, shape: tuple[int, ...], dtype: str) ->
 
 
 class StateFirst(int):
-    """torch's dataset kind (``_DatasetKind.Map``, an int), as the training
-    process sends it to a worker: the carried state first, then the kind
-    itself, a plain int there."""
+    """torch's dataset kind (``_DatasetKind.Map``, an int) as sent to a worker:
+    the carried state first, then the kind itself, a plain int there."""
 
     carried: Carried
 
@@ -553,8 +521,9 @@ class StateFirst(int):
     def __reduce__(self) -> tuple[Any, ...]:
         carried = self.carried
         values, unsent = carried.sent()
-        return arrive, (carried.entries, values, unsent,
-                        _report_path(carried.report_dir, carried.token), int(self))
+        report = None if carried.report_dir is None else \
+            os.path.join(carried.report_dir, _prefix(carried.token))
+        return arrive, (carried.entries, values, unsent, report, int(self))
 
 
 # -- in the worker -------------------------------------------------------------------
@@ -566,11 +535,11 @@ _set_here: dict[str, str] = {}  # label -> fingerprint: set in this process (or 
 def arrive(entries: list[Entry], values: list[Any], unsent: dict[int, str],
            report: str | None, kind: int) -> int:
     """In a worker, as it unpickles what it was sent, before the dataset: the
-    training process's value of each entry where the worker's own differs.
-    Returns torch's dataset kind."""
+    training process's value of each entry where its own differs. Returns
+    torch's dataset kind."""
     refused = len(_refused)
     try:
-        carried = _arrive(entries, lambda: values, unsent)
+        carried = _arrive(entries, values, unsent)
     except Exception as exc:  # ours: the worker refuses before its first batch
         _refused.append("the process state could not be carried (%s)" % describe_exception(
             exc, 120))
@@ -579,8 +548,7 @@ def arrive(entries: list[Entry], values: list[Any], unsent: dict[int, str],
     return kind
 
 
-def _arrive(entries: list[Entry], values_of: Callable[[], Any],
-            unsent: dict[int, str]) -> list[str]:
+def _arrive(entries: list[Entry], values: Any, unsent: dict[int, str]) -> list[str]:
     differing = []
     for i, entry in enumerate(entries):
         try:
@@ -592,9 +560,6 @@ def _arrive(entries: list[Entry], values_of: Callable[[], Any],
         if entry.fingerprint is None or own is _MISSING or \
                 fingerprint(own) != entry.fingerprint:
             differing.append((i, entry))
-    if not differing:
-        return []
-    values = values_of()
     carried = []
     for i, entry in differing:
         if i in unsent:
@@ -613,10 +578,8 @@ def arrive_in_server(entries: list[Entry], values: dict[int, Any]) -> None:
     """In a build server, before it builds: the training process's values
     where its own differ (``Carried.in_server``); its children inherit them."""
     unsent = {i: "" for i in range(len(entries)) if i not in values}  # the workers say why
-    try:
-        _arrive(entries, lambda: values, unsent)
-    except Exception:
-        pass  # each worker compares again
+    with contextlib.suppress(Exception):  # each worker compares again
+        _arrive(entries, values, unsent)
     del _refused[:]  # each worker refuses for itself
 
 
@@ -629,17 +592,13 @@ def refuse_in_worker(worker_id: int) -> None:
 
 # -- what the workers say --------------------------------------------------------------
 
-def _report_path(directory: str | None, token: str) -> str | None:
-    return None if directory is None else os.path.join(directory, _prefix(token))
-
-
 def _prefix(token: str) -> str:
     return "report-state-%s-" % token
 
 
 def _say(prefix: str | None, carried: list[str], refused: list[str]) -> None:
     """A worker's lines: each value it has as the training process's (set here
-    or in the server it was forked from), and each it refused."""
+    or in its server), and each it refused."""
     labels = list(dict.fromkeys(carried + list(_set_here)))
     if prefix is None or not (labels or refused):
         return
@@ -665,10 +624,8 @@ def _read_reports(directory: str | None, token: str) -> list[str]:
         return []
     for name in names:
         path = os.path.join(directory, name)
-        try:
+        with contextlib.suppress(OSError):
             with open(path) as f:
                 lines += f.read().splitlines()
             os.unlink(path)
-        except OSError:
-            continue
     return lines

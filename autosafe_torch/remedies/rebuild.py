@@ -5,39 +5,35 @@ Some datasets hold what neither pickles nor copies: a pyarrow ``ParquetFile``,
 an Arrow IPC reader over a memory map, a safetensors ``safe_open`` handle, a
 pandas ``read_csv(chunksize=...)`` reader. A forked worker inherits them; a
 spawned one (macOS, Windows, Linux's forkserver) cannot receive them. Their
-constructor made them from paths, so a worker can make them again:
-``DS(*args, **kwargs)`` there gives the dataset a forked worker would hold,
-exactly where nothing the constructor reads differs between the two
-processes. Whether it does is seen, not assumed: every worker checks what
-it built before it serves a batch.
+constructor made them from paths, so ``DS(*args, **kwargs)`` in a worker
+gives the dataset a forked worker would hold, exactly where nothing the
+constructor reads differs between the two processes. That is seen, not
+assumed: every worker checks what it built before it serves a batch.
 
 NOTE [the rebuild's three places]
 
-1. The training process, at the program's own construction (recording,
-   ``Construction``): while the shim is active, ``patches/datasets.py``
-   bounds each dataset's ``__init__`` and records, for that call only: the
-   class and the arguments (references, never copies: the program's own
-   objects; one the program let go is not kept alive, and the rung is then
-   refused), the random generators as they stood before the call where the
-   call drew from them, the files it opened and still holds (the kernel's
-   descriptors, ``inspection/opened.py``: path, device, inode, size,
+1. The training process, at the program's own construction (``Construction``):
+   while the shim is active, ``patches/datasets.py`` bounds each dataset's
+   ``__init__`` and records, for that call only: the class and the arguments
+   (references, never copies; one the program let go is not kept alive, and
+   the rung is then refused), the random generators as they stood before the
+   call where it drew from them, the files it opened and still holds (the
+   kernel's descriptors, ``inspection/opened.py``: path, device, inode, size,
    modification time, in order) and which objects its attributes held when
    it returned. No user code runs here that the program did not call.
 2. The training process, at a worker's start (``reduce_rebuilt``): the
    dataset goes as its call and what the worker must find: the recorded
-   files and generators, the files this process maps now, and a
-   fingerprint of each attribute the dataset holds now
-   (``inspection/digest.py``, at pickle speed).
+   files and generators, the files this process maps now, and a fingerprint
+   of each attribute the dataset holds now (``inspection/digest.py``).
 3. The worker (``rebuilt_in_worker``): the call, muted (its prints, native
-   writes to stdout and stderr, warnings and logging go nowhere; all of it is
-   the worker's own), with every file write refused (an audit hook that
-   lives in workers only), from the generators the construction drew from.
-   Then: the same files opened, in the same order, in the same state; no
-   file mapped that the training process does not map; every attribute's
-   fingerprint the same. Any difference fails the worker's start loudly
-   (``RemedyFailed``, naming the attribute or the file), before its first
-   batch; the recovery takes the next rung (emulated workers, or
-   ``NoExactRung``). No worker serves a batch of another dataset.
+   writes to stdout and stderr, warnings and logging go nowhere), with every
+   file write refused (an audit hook, in workers only), from the generators
+   the construction drew from. Then: the same files opened, in the same
+   order and state; no file mapped that the training process does not map;
+   every attribute's fingerprint the same. Any difference fails the worker's
+   start loudly (``RemedyFailed``, naming the attribute or the file) before
+   its first batch, and the recovery takes the next rung (emulated workers,
+   or ``NoExactRung``). No worker serves a batch of another dataset.
 
 What remains assumed (docs/rules.md, DL201): what the constructor reads
 otherwise than through a file it keeps open or maps (a file it read and
@@ -45,13 +41,14 @@ closed, a network service, the clock, the environment) shows in the values
 it leaves on the dataset, which the fingerprints compare; a native
 library's own writes are not refused (the audit hook sees Python's).
 
-The ladder prefers fork where it is safe (it runs no constructor twice);
-this rung is for platforms without fork, before emulated workers.
+The ladder prefers fork where it is safe (no constructor runs twice); this
+rung is for platforms without fork, before emulated workers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -75,23 +72,19 @@ PROTOCOL = 4
 # -- 1. recording the program's construction --------------------------------------
 
 class Construction:
-    """How a dataset was made. ``call()``: ``(class, args, kwargs)``, or None
-    where an argument the program let go is gone; ``rng``: the generators
-    before the call where it drew from them (``generators.capture``), else
-    None; ``opened``: ``opened.Opened`` of the descriptors it added and held
-    at its end, None where its end was not seen (an ``__init__`` that is not
-    Python code); ``attrs``: ``{name: _state(value)}`` at its end;
-    ``changed``: the labels of the module globals and class attributes its
-    code reads that the call changed (a counter, a registry): a build in a
-    worker starts from the import's, not from this process's, which already
-    holds the call's change (``process_state``, DL220)."""
+    """How a dataset was made (see the NOTE above). ``call()``: ``(class, args,
+    kwargs)``, or None where an argument the program let go is gone;
+    ``opened`` is None where its end was not seen (an ``__init__`` that is not
+    Python code); ``changed``: the labels of the globals its code reads that
+    the call changed (a counter, a registry): a build in a worker starts from
+    the import's, not from this process's (``process_state``, DL220)."""
 
     __slots__ = ("cls", "args", "kwargs", "rng", "opened", "attrs", "changed")
 
     def __init__(self, cls, args, kwargs):
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.rng = self.opened = self.attrs = None
-        self.changed: frozenset[str] = frozenset()  # globals it read and changed (a counter)
+        self.changed: frozenset[str] = frozenset()
 
     def call(self):
         try:
@@ -150,7 +143,7 @@ _local = threading.local()  # .again: this thread builds a dataset for a worker
 
 
 def recording():
-    """Whether constructions are recorded now (not while a worker builds one again)."""
+    """Whether constructions are recorded now (not while a worker builds one)."""
     return not getattr(_local, "again", False)
 
 
@@ -167,8 +160,7 @@ def begin(obj, cls, args, kwargs):
 
 
 def measured(made, obj, init, args, kwargs):
-    """``init(obj, *args, **kwargs)``: the program's own call to ``__init__``,
-    bounded: what it opened and drew is recorded in ``made``."""
+    """The program's own ``init(obj, *args, **kwargs)``, recorded in ``made``."""
     before_rng = generators.capture()
     with opened.TURNS.recording():  # no thread of ours closes a descriptor meanwhile
         before_fds = opened.snapshot()
@@ -233,10 +225,7 @@ def refusal(obj):
     for name, value in digest.attributes(obj):
         if isinstance(value, threading.Thread):  # each build starts its own: never the same
             return "its attribute %s is a thread, which a build in a worker starts anew" % name
-    changed = _changed_since(obj, made)
-    if changed:
-        return changed
-    return None
+    return _changed_since(obj, made)
 
 
 def _state(value):
@@ -274,8 +263,8 @@ def _changed_since(obj, made):
 
 def rebuildable_owner(owners, value):
     """``(path, dataset, None)`` for the innermost dataset holding ``value``
-    (``owners``: ``objwalk.Owners`` of the loader's parts) that may be built
-    again, else ``(None, None, why)``: why the innermost one may not."""
+    (``owners``: ``objwalk.Owners``) that may be built again, else ``(None,
+    None, why)``: why the innermost one may not."""
     why_not = None
     for here, owner in owners.chain(value):
         if not _is_dataset(owner):
@@ -299,28 +288,23 @@ def _is_dataset(obj):
 
 # -- 2. at a worker's start, in the training process --------------------------------
 
+@dataclasses.dataclass
 class Expected:
-    """What a worker's build must find (see the NOTE above): ``rng``,
-    ``opened`` (identities and names of the files, in order), ``maps`` (the
-    files the training process maps), ``digests`` (attribute -> fingerprint),
-    ``name`` (the dataset's class, for the words)."""
+    """What a worker's build must find (see the NOTE above)."""
 
-    __slots__ = ("rng", "opened", "maps", "digests", "name")
-
-    def __init__(self, rng, opened_files, maps, digests, name):
-        self.rng, self.opened, self.maps, self.digests, self.name = (
-            rng, opened_files, maps, digests, name)
-
-    def __reduce__(self):
-        return Expected, (self.rng, self.opened, self.maps, self.digests, self.name)
+    rng: Any
+    opened: list[Any]  # identities and names of the files, in order
+    maps: dict[Any, str]  # the files the training process maps
+    digests: dict[str, Any]  # attribute -> fingerprint
+    name: str  # the dataset's class, for the words
 
 
 def reduce_rebuilt(obj, candidates=frozenset()):
     """WorkerPickler's reducer for a class with an instance to build again:
-    that instance goes as its call and what its worker must find (or, to a
-    worker forked from a build server that built it, as a reference to that
-    build); other instances pickle as they always did. ``candidates``: ids of
-    datasets the plan's probe tries as if they were to be built again."""
+    that instance goes as its call and what its worker must find (to a worker
+    forked from a build server that built it, as a reference to that build);
+    others pickle as ever. ``candidates``: ids of datasets the plan's probe
+    tries as if they were to be built again."""
     from ..inspection.probe import is_probing  # noqa: PLC0415 - 0.6 ms in each worker that unpickles a rebuilt dataset (-X importtime after torch: inspection.probe, inventory)
 
     made = construction_of(obj)
@@ -413,8 +397,7 @@ _held_files: dict[int, list[int]] = {}
 
 def still_the_same(obj, expected):
     """In a worker forked from a build server: ``obj`` (built and checked there)
-    if its files and values are still what the training process's dataset
-    holds now (``expected``), else an ``Unbuilt`` saying what changed."""
+    if its files and values are still those of ``expected``, else ``Unbuilt``."""
     if isinstance(obj, Unbuilt):
         return obj
     why = None
@@ -435,9 +418,8 @@ def still_the_same(obj, expected):
 
 class Unbuilt:
     """In a worker, where the dataset built again differs: the worker's start
-    fails at its first use of the dataset (its ``worker_init_fn``, or its
-    first fetch), as torch reports a worker's error to the training process,
-    which recovers on the next rung. No batch is made of it."""
+    fails at its first use of it (its ``worker_init_fn`` or first fetch), as
+    torch reports a worker's error, and the recovery takes the next rung."""
 
     def __init__(self, message):
         object.__setattr__(self, "_message", message)
@@ -506,8 +488,7 @@ def _short(exc):
 
 @contextlib.contextmanager
 def _drawing_from(states):
-    """The generators as the construction found them in the training process,
-    for the block; the worker's own after it."""
+    """The generators as the construction found them, for the block."""
     if states is None:
         yield
         return
@@ -521,22 +502,18 @@ def _drawing_from(states):
 
 @contextlib.contextmanager
 def _muted():
-    """What the build prints, warns and logs goes nowhere (all of it the
-    worker's own: no other code runs in a worker that is starting)."""
+    """What the build prints, warns and logs goes nowhere (all the worker's
+    own: no other code runs in a worker that is starting)."""
     saved_fds = []
-    try:
+    with contextlib.suppress(Exception):
         sys.stdout.flush() if sys.stdout else None
         sys.stderr.flush() if sys.stderr else None
-    except Exception:
-        pass
     null = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
-            try:
+            with contextlib.suppress(OSError):
                 saved_fds.append((fd, os.dup(fd)))
                 os.dup2(null, fd)
-            except OSError:
-                continue
     finally:
         os.close(null)
     out, err = sys.stdout, sys.stderr
@@ -582,7 +559,7 @@ _guard: dict[str, Any] = {"wrote": None, "hooked": False}
 @contextlib.contextmanager
 def _refused_writes():
     """File writes refused in this (worker) process for the block; yields the
-    list that gets the first refused write (a constructor may catch the error)."""
+    list of the first refused write (a constructor may catch the error)."""
     if not _guard["hooked"]:
         sys.addaudithook(_refuse_writes)  # for good: this process is a worker of ours
         _guard["hooked"] = True

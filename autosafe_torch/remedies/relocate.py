@@ -23,16 +23,12 @@ def storage_to_cpu(storage):
 
 
 def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
-    """Move every tensor on ``devices`` under ``root`` to CPU, in place.
-
-    Returns (new root, moved Found list). The root changes only when it is
-    itself a tensor or a tuple; everything below is replaced where it is
-    held (lists, dicts, attributes; tuples are rebuilt and put back in
-    their owner). Identity is kept: one tensor object becomes one CPU tensor
-    wherever it is referenced, and tensors that view one storage become
-    views of one CPU copy of it. The depth bound is the scan's; the object
-    bound is lifted, so that what is moved is everything the depth reaches.
-    """
+    """Move every tensor on ``devices`` under ``root`` to CPU, in place,
+    keeping identity (the module's notes); returns (new root, moved Found
+    list). The root changes only when it is itself a tensor or a tuple;
+    below it, each is replaced where it is held (lists, dicts, attributes;
+    tuples are rebuilt and put back in their owner). The depth bound is the
+    scan's; the object bound is lifted, so that everything it reaches moves."""
     torch = _torch()
     found = scan(root, max_objects=10 ** 9, items=None).on(
         ACCELERATORS if devices is None else devices)
@@ -46,8 +42,7 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
     for group in by_storage.values():
         distinct = {id(t): t for t in group}
         if len(distinct) == 1:
-            t = group[0]
-            new[id(t)] = tensor_to_cpu(t)
+            new[id(group[0])] = tensor_to_cpu(group[0])
             continue
         cpu_storage = storage_to_cpu(group[0].untyped_storage())
         for t in distinct.values():
@@ -76,10 +71,13 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
                 done[key] = rebuilt
                 return rebuilt
             return obj
-        for child, setter in _children(obj):
-            replacement = fix(child, depth + 1)
-            if replacement is not child and setter is not None:
-                setter(replacement)
+        for edge in objwalk.edges(obj):
+            # Dict keys and set members hold no tensor that could be moved in place.
+            if edge.how in (edge.KEY, edge.MEMBER):
+                continue
+            replacement = fix(edge.child, depth + 1)
+            if replacement is not edge.child and edge.settable:  # not a tuple item
+                edge.set(replacement)
         return obj
 
     return fix(root, 0), found
@@ -91,12 +89,3 @@ def _storage_key(t):
     except Exception:
         return ("tensor", id(t))
 
-
-def _children(obj):
-    """(child, setter) for what ``obj`` holds; setter None where the child cannot
-    be replaced in place (a tuple item). Dict keys and set members hold no
-    tensor that could be moved in place: not followed."""
-    for edge in objwalk.edges(obj):
-        if edge.how in (edge.KEY, edge.MEMBER):
-            continue
-        yield edge.child, edge.set if edge.settable else None

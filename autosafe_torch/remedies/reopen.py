@@ -31,8 +31,6 @@ from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, fork_un
                                    real_path, sqlite_path, video_source)
 from .pickling import PROTOCOL, install
 
-# -- reopening by path ----------------------------------------------------------
-
 
 def _reopen_args(f):
     """What ``_reopen_file`` needs to open ``f`` again where it is, or None."""
@@ -49,7 +47,7 @@ def _reopen_args(f):
         return ("lmdb", f.path(), _lmdb_options(f))
     if handle == VIDEO:
         source, api, params = video_source(f)
-        return ("video", source, _position(f), api, params)
+        return ("video", source, _frame(f), api, params)
     path = real_path(raw_file(f))
     try:
         offset = f.tell()  # a text file iterated with next() refuses: not now
@@ -75,12 +73,10 @@ def _lmdb_options(env):
     return options
 
 
-def _position(f):
-    """Where ``f`` stands (a byte offset, a capture's next frame), or None."""
+def _frame(capture):
+    """A capture's next frame, or None."""
     try:
-        if fork_unsafe(f) == VIDEO:
-            return f.get(sys.modules["cv2"].CAP_PROP_POS_FRAMES)
-        return f.tell()
+        return capture.get(sys.modules["cv2"].CAP_PROP_POS_FRAMES)
     except Exception:
         return None
 
@@ -144,16 +140,11 @@ def _reopen_file(kind, *args):
     return f
 
 
-_NO_POSITION = ("h5py", "sqlite", "lmdb")
-
-
-def reopen(f, offset=None):
-    """A new file object on the same file, at ``offset`` (default: where ``f`` is)."""
+def reopen(f):
+    """A new file object on the same file, where ``f`` is."""
     args = _reopen_args(f)
     if args is None:
         raise ValueError("not a read-only regular file: %r" % (f,))
-    if offset is not None and args[0] not in _NO_POSITION:
-        args = args[:2] + (offset,) + args[3:]
     return _reopen_file(*args)
 
 
@@ -165,15 +156,13 @@ def _reduce_file(f):
 
 
 def file_reducers():
-    """The reducers that let read-only files (h5py objects, sqlite connections)
-    travel by path."""
+    """The reducers that let read-only files and native handles travel by path."""
     return {cls: _reduce_file for cls in (io.FileIO, io.BufferedReader, io.TextIOWrapper)
             + h5py_types() + _native_types()}
 
 
 def _native_types():
-    """sqlite3.Connection, lmdb.Environment and cv2.VideoCapture, for the
-    modules imported."""
+    """sqlite3.Connection, lmdb.Environment and cv2.VideoCapture, where imported."""
     return tuple(cls for module, name in (("sqlite3", "Connection"), ("lmdb", "Environment"),
                                           ("cv2", "VideoCapture"))
                  for cls in [getattr(sys.modules.get(module), name, None)]
@@ -181,11 +170,8 @@ def _native_types():
 
 
 def install_reducers():
-    """Let read-only files (and h5py, sqlite, lmdb and cv2 handles, for the
-    modules imported) travel by path.
-
-    Idempotent; call again after such a module is imported to cover it too.
-    """
+    """Install ``file_reducers``: idempotent; call again after h5py, sqlite3,
+    lmdb or cv2 is imported to cover it too."""
     install(file_reducers())
 
 
@@ -204,23 +190,20 @@ def read_only_note(f):
 
 def fork_reopen_args(found):
     """For a native handle a forked worker must have its own of (``found``, a
-    ``HeldFile``): ``(args, None, note)`` to reopen it there, or ``(None, why,
+    ``HeldFile``): ``(args, None, note)`` to reopen it there, ``(None, why,
     None)`` when it cannot be (the fork rung is then not for this loader), or
-    ``(None, None, None)`` when it is left as it is without the shim (an h5py
-    file open for writing, a closed handle). The one check for deciding and
-    acting: the worker reopens with these very arguments."""
-    obj = found.obj
-    kind = found.kind
+    ``(None, None, None)`` when it is left as it is (an h5py file, a closed
+    handle). The one check for deciding and acting: the worker reopens with
+    these very arguments."""
+    obj, kind = found.obj, found.kind
     h5 = h5py_types()
     if h5 and is_a(obj, h5):
         # Left as it is: its descriptor gets its own open file description in each
         # worker at the kernel (isolation.py), HDF5 reads at explicit offsets, and
         # its caches are the worker's own copy after fork. Plain fork works.
         return None, None, None
-    if kind is None:
-        if fork_unsafe(obj) == VIDEO:
-            return None, "a capture that cannot be reopened (a camera or a stream)", None
-        return None, None, None
+    if kind is None and fork_unsafe(obj) == VIDEO:
+        return None, "a capture that cannot be reopened (a camera or a stream)", None
     if kind != READONLY:
         return None, None, None
     if not found.settable:

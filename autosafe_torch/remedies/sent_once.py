@@ -4,21 +4,19 @@ torch pickles the dataset once per worker, at each worker's start (spawn,
 forkserver): for an ImageNet index of 1.28M ``(path, class)`` tuples, some
 0.6 s a worker, every epoch of a loader whose workers are not persistent.
 Where the pickle can go as it is to every worker, it is made once per
-iterator and each worker is sent those bytes: the dataset arrives as
-``pickle.loads`` of them, which is what that worker's own unpickling of the
-same bytes would have made. The plan's probe, which pickles the dataset at
-the first iterator to know that it pickles, hands its pickle over
-(``keep``), so that even the first epoch pickles it once.
+iterator and each worker gets ``pickle.loads`` of those bytes: what its own
+unpickling of them would have made. The plan's probe, which pickles the
+dataset at the first iterator, hands its pickle over (``keep``), so that
+even the first epoch pickles it once.
 
 "As it is" (``inventory.sent_as_is``): the pass stood in nothing and met
-nothing that is pickled for one child at a time or made again by a repair (a
-tensor, which torch moves into shared memory for each child; a queue's
-descriptors; a file, a lock, a logger); and no other part the workers
-receive (``collate_fn``, ``worker_init_fn``) refers to the dataset, whose
-objects would otherwise be two in the worker. Otherwise torch pickles it as
-ever. Only in fix mode, for our loaders' own worker starts (``offering``),
-and for that dataset object alone (``WorkerPickler``): any other pickling
-is untouched.
+nothing pickled for one child at a time or made again by a repair (a
+tensor, moved into shared memory for each child; a queue's descriptors; a
+file, a lock, a logger); and no other part the workers receive
+(``collate_fn``, ``worker_init_fn``) refers to the dataset, whose objects
+would otherwise be two in the worker. Otherwise torch pickles it as ever.
+Only in fix mode, for our loaders' worker starts (``offering``), and for
+that dataset object alone: any other pickling is untouched.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ _offered: dict[int, tuple[Any, bytes]] = {}
 
 def keep(loader, dataset, pickled):
     """The plan's pickle of ``dataset``, kept on ``loader`` for the workers of
-    the iterator it is planning (taken by ``offering``, once)."""
+    the iterator it plans (taken by ``offering``)."""
     state_of(loader).pickled = (dataset, pickled)
 
 

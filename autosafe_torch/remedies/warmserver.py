@@ -1,18 +1,17 @@
 """Inside the warm server of DL209: it forks only while it has one OS thread,
 and a worker that dies while starting leaves its traceback for recovery.
 
-``remedies/warmstart.py`` names this module last in the server's preload
-list, so the server imports it once the libraries are imported, before it
-serves. ``multiprocessing.forkserver.main`` imports its preload list, then
-runs only its own loop (wait, accept, receive the fds, fork, reap): no
-import, no library code but what runs in the libraries' own threads. Only
-a thread starts a thread, so a server with one thread now has one at every
-fork, and one with more is refused now, before any worker: the server
-exits with ``REFUSED`` and the training process starts its workers by plain
-spawn. A check inside the loop, before each fork, would need our code in
-the stdlib's loop, inherited by every worker, and a refusal there could
-only end the server mid-epoch, taking the exit codes of the workers it
-started with it.
+``warmstart.py`` names this module last in the server's preload list, so
+the server imports it after the libraries, before it serves.
+``multiprocessing.forkserver.main`` imports its preload list, then runs
+only its own loop (wait, accept, receive the fds, fork, reap): no import,
+no library code but in the libraries' own threads. Only a thread starts a
+thread, so a server with one thread now has one at every fork, and one
+with more is refused now, before any worker: it exits with ``REFUSED`` and
+the training process starts its workers by plain spawn. A check before
+each fork would put our code in the stdlib's loop, inherited by every
+worker, and a refusal there could only end the server mid-epoch, taking
+the exit codes of the workers it started with it.
 
 On Linux a library may stop its threads at fork (OpenBLAS's pool, numpy's
 and torch's BLAS, through pthread_atfork) and start them again only when
@@ -25,10 +24,9 @@ A worker forked from the server goes through spawn's start: the
 preparation data, then the pickled process object. A failure there (a
 dataset whose unpickling raises, a main module that does not import) kills
 the worker before any of its steps run, and multiprocessing prints the
-traceback to a stderr the training process cannot read. The server's
-children are ours to start, so each is told (in its preparation data,
-under ``diagnostics.DUMPS_KEY``) where to leave that traceback
-(``diagnostics.bootstrap_path``).
+traceback to a stderr the training process cannot read; so each child is
+told (in its preparation data, under ``diagnostics.DUMPS_KEY``) where to
+leave it (``diagnostics.bootstrap_path``).
 
 Imported anywhere else, this module does nothing.
 """
@@ -49,8 +47,8 @@ from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, in_fork_server, tol
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module
 STRANGER = 88   # a child's: whoever asked for it did not have the run's secret
-# How the training process names the file that holds the server's secret: an entry
-# of its preload list (no module has this name), the file's path after it.
+# The secret's file as named in the server's preload list (no module has this
+# name), the file's path after it.
 SECRET = "autosafe_torch_server_secret="
 _secret = []  # in the server: the run's secret, read once
 _checked = []   # in the server: its threads were counted, and it forks
@@ -123,24 +121,22 @@ def secret_entry(path):
 
 def _take_secret():
     """In the server, as it preloads: the secret its training process gave it
-    (the file is removed as it is read)."""
-    for entry in forkserver_preload():
-        if entry.startswith(SECRET):
-            path = entry[len(SECRET):]
-            try:
-                with open(path, "rb") as f:
-                    os.unlink(path)
-                    return f.read()
-            except OSError:
-                return None
-    return None
+    (the file removed as it is read)."""
+    path = next((e[len(SECRET):] for e in forkserver_preload() if e.startswith(SECRET)), None)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            os.unlink(path)
+            return f.read()
+    except OSError:
+        return None
 
 
 def _only_ours(main, fd, *args):
-    """A child of the server, before it reads what it was sent (spawn's
-    ``_main``): the run's secret first, else it ends there, nothing unpickled
-    (a local process that found the server's socket is not the training
-    process)."""
+    """A child of the server, before spawn's ``_main`` reads what it was sent:
+    the run's secret first, else it ends, nothing unpickled (a local process
+    that found the server's socket is not the training process)."""
     secret = _secret[0]
     got = b""
     while len(got) < len(secret):
@@ -154,10 +150,10 @@ def _only_ours(main, fd, *args):
 
 
 def _remove_listener(path, parent):
-    """At the server's exit: the socket it listened on (its own: nothing else
-    connects to it once it is gone), and, where the training process that
-    started it ended without its clean-up (SIGKILL, ``os._exit``), that
-    process's multiprocessing folder (``pymp-*``) where nothing else is left."""
+    """At the server's exit: the socket it listened on (nothing connects to it
+    once it is gone), and, where the training process ended without its
+    clean-up (SIGKILL, ``os._exit``), that process's multiprocessing folder
+    (``pymp-*``) where nothing else is left."""
     try:
         os.unlink(path)
         folder = os.path.dirname(path)
@@ -169,8 +165,8 @@ def _remove_listener(path, parent):
 
 
 def _children_ended(seconds):
-    """Wait, ``seconds`` at most, for this server's children (workers whose
-    training process is gone end at once) to end."""
+    """Wait, ``seconds`` at most, for this server's children to end (workers
+    whose training process is gone end at once)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:

@@ -4,34 +4,28 @@ A spawn worker of a non-persistent loader starts from nothing every epoch:
 it imports torch, numpy and cv2 again, over a second of CPU, before its
 first sample. ``warm_context`` gives a multiprocessing context whose
 workers are forked from a server of our own that has imported those
-installed libraries once, and nothing else: never the user's code. A loader
-whose datasets are built again in each worker (DL201) gets a build server of
-its own instead (``Build``, ``buildserver.py``): it also prepares as a
-spawned worker does (the main module imported) and builds those datasets
-once, which every worker of every epoch is then forked holding. Each
-worker then goes through spawn's own steps: the preparation data
-(``sys.path``, ``argv``, the working directory, the main module imported as
-``__mp_main__``), the pickled process object (the dataset travels by
-pickle), and torch's worker loop with its per-worker seeds; it bears the
-name spawn would give it. The server holds no lock of the parent's, and
-forks only while it has one OS thread (``remedies/warmserver.py``): a
-preloaded library that starts a thread at import makes it refuse, before
-any worker, and the workers start by plain spawn (logged once, naming the
-libraries it had imported).
+installed libraries once, and never the user's code. A loader whose
+datasets are built again in each worker (DL201) gets a build server of its
+own instead, which builds them once (``Build``, ``buildserver.py``), for
+every worker of every epoch to be forked holding them. Each worker then goes
+through spawn's own steps (the preparation data: ``sys.path``, ``argv``,
+the working directory, the main module as ``__mp_main__``; the pickled
+process object, the dataset in it; torch's worker loop and its seeds),
+under the name spawn would give it. The server holds no lock of the
+parent's and forks only while it has one OS thread (``warmserver.py``):
+else it refuses before any worker, and the workers start by plain spawn
+(logged once, naming the libraries it had imported).
 
-What a worker takes from the server instead of from the parent at its
-start: the environment, the standard output and error, the CPU affinity and
-the open-file limit. Every start compares them with what the server started
-with; where one differs, that worker starts by plain spawn (logged once).
-Signal dispositions, the umask and the nice value also come from the
-server, as under forkserver. A server that cannot start or fork (fails
-open): plain spawn, logged once.
+A worker takes from the server, not from the parent: its standard output
+and error, CPU affinity and open-file limit (each start compares them with
+what the server started with: where one differs, plain spawn, logged once);
+its signal dispositions and nice value, as under forkserver. A server that
+cannot start or fork fails open: plain spawn, logged once.
 
 A worker's parent process is the server, so torch's watchdog (it compares
 ``os.getppid()`` with the pid it saw at start) would not see the training
-process die (killed by the OOM killer, say): ``exit_with_parent``, a
-worker_init step, ends the worker when that process is gone, as a spawn
-worker's watchdog does.
+process die (the OOM killer, say): ``exit_with_parent``, a worker_init
+step, ends the worker then, as a spawn worker's watchdog does.
 """
 
 from __future__ import annotations
@@ -74,7 +68,7 @@ _noted: set[Any] = set()
 
 def _install_dirs():
     """This interpreter's library directories, and every site directory on
-    sys.path (one a ``.pth`` file or a parent environment adds)."""
+    sys.path (a ``.pth`` file's, a parent environment's)."""
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
     dirs += [p for p in sys.path
@@ -108,9 +102,8 @@ def libraries_for(parts):
 
 
 def preload(names):
-    """Add ``names`` to what the server imports when it starts (a remedy: the
-    engine runs it in fix mode; once the server runs, later names are
-    imported by each worker, as under spawn)."""
+    """Add ``names`` to what the server imports when it starts (a remedy, in
+    fix mode; once it runs, each worker imports later names, as under spawn)."""
     with _names_lock:
         _preload.extend(n for n in names if n not in _preload)
 
@@ -118,9 +111,9 @@ def preload(names):
 # -- the server -----------------------------------------------------------------------
 
 def _inherited():
-    """What a forked worker gets from the server rather than from us, and no
-    start request can set (the environment, working directory, ``sys.path``
-    and umask travel with each: ``_PreparingWithDumps``)."""
+    """What a forked worker gets from the server, not from us, and no start
+    request can set (the environment, working directory, ``sys.path`` and
+    umask travel with each: ``_PreparingWithDumps``)."""
     def stdio(fd):
         try:
             st = os.fstat(fd)
@@ -206,10 +199,10 @@ def _in_stdlib(name):
 
 
 def _greet(server, libraries, churned):
-    """Wait for a server just started to import ``libraries`` and say whether it
-    forks: None when it does (its first child, a ``warmserver.Hello`` sent before
-    any dataset is pickled, exits with 0), else why not (the server is stopped).
-    ``churned`` ends our stretch of descriptors (``opened.TURNS``) before the wait."""
+    """Wait for a server just started to import ``libraries``: None when it
+    forks (its first child, a ``warmserver.Hello``, exits with 0), else why
+    not (the server is stopped). ``churned`` ends our stretch of descriptors
+    (``opened.TURNS``) before the wait."""
     from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
 
     from .warmserver import REFUSED, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
@@ -246,25 +239,22 @@ def _stop(server, wait_s=5.0):
     """Stop ``server`` (it reads EOF on its pipe from us) and return its exit
     status (None: not seen in ``wait_s``)."""
     pid, deadline = stop_forkserver(server, TURNS.close), time.monotonic() + wait_s
-    try:
+    with contextlib.suppress(ChildProcessError):
         while time.monotonic() < deadline:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 return os.waitstatus_to_exitcode(status)
             time.sleep(0.01)
-    except ChildProcessError:
-        pass
     return None
 
 
 def start_ahead(libraries, context=None):
-    """Start the server now, in the background, importing ``libraries``: for a
-    loader the ladder will repair for spawn, built before it is iterated. The
-    server's imports (and a build server's build) then overlap the program's
-    own setup (the model, the optimizer) instead of delaying the first epoch.
-    ``context``: the warm context the loader will get; a build server where
-    it has one (the shared server is then not needed). The calling thread
-    only starts a thread; a server starts at most once."""
+    """Start the server now, in a thread, importing ``libraries``, for a loader
+    the ladder will repair for spawn, built before it is iterated: its imports
+    (and a build server's build) overlap the program's own setup (the model,
+    the optimizer) instead of delaying the first epoch. ``context``: the warm
+    context the loader will get; its build server where it has one (then the
+    shared server is not needed). A server starts at most once."""
     preload(libraries)
     build = getattr(context, "_build", None)
     if build is not None:
@@ -282,11 +272,11 @@ def start_ahead(libraries, context=None):
 
 
 def _retire_ahead():
-    """A build server serves the loader that the shared server was started
-    ahead for (the plan's first failed probe starts it before it knows which
-    repair it takes): the shared one goes while no worker has come from any
-    server, its imports would only hold memory (figure 18b). It is not started
-    ahead again; a later loader that needs it starts it at its workers' start."""
+    """A build server serves the loader the shared server was started ahead
+    for (the plan's first failed probe starts it before it knows the repair):
+    the shared one goes while no worker has come from any server, its imports
+    would only hold memory (figure 18b). A later loader that needs it starts
+    it at its workers' start."""
     with _lock:
         server = _state["server"]
         if server is None or _starts.warm:
@@ -322,11 +312,12 @@ class _ThroughServer:
 
 def _connect(server, fds):
     """A new process from ``server``: its run's secret first, which the child
-    checks before it reads anything else (``warmserver``: nothing unpickled for
-    one who does not have it)."""
+    checks before it unpickles anything (``warmserver``)."""
     status_r, data_w = server.connect_to_new_process(fds)
     try:
-        _write_all(data_w, server.autosafe_secret)
+        view = memoryview(server.autosafe_secret)
+        while view:
+            view = view[os.write(data_w, view):]
     except BaseException:
         os.close(status_r)
         os.close(data_w)
@@ -334,18 +325,12 @@ def _connect(server, fds):
     return status_r, data_w
 
 
-def _write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 @contextlib.contextmanager
 def _secret_given(server):
     """While ``server`` starts (or is found running): its secret (made once,
-    kept on it), in a file of this process's private folder, named to it in
-    its preload list (the entry this yields); the server removes the file as
-    it reads it, and what it did not read goes when the start is over."""
+    kept on it) in a file of our private folder, named in its preload list
+    (the entry this yields); the server removes the file as it reads it, and
+    we do when the start is over."""
     from .warmserver import secret_entry  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     if getattr(server, "autosafe_secret", None) is None:
@@ -362,9 +347,9 @@ def _secret_given(server):
 
 class _PreparingWithDumps:
     """``multiprocessing.spawn`` as our Popen sees it: the preparation data also
-    holds the parent's environment and umask at this start (besides where a
-    worker that dies while starting leaves its traceback, which every start of
-    our workers adds: ``diagnostics.telling_workers``)."""
+    holds the parent's environment and umask at this start (and, as at every
+    start of our workers, where a worker that dies while starting leaves its
+    traceback: ``diagnostics.telling_workers``)."""
 
     def __getattr__(self, name):
         return getattr(spawn, name)
@@ -372,24 +357,16 @@ class _PreparingWithDumps:
     @staticmethod
     def get_preparation_data(name):
         data = spawn.get_preparation_data(name)  # where to leave a traceback, in it
-        # The parent's at this start (spawn's data already has sys.path and
-        # the working directory): a server started before the program's
-        # setup (an optimizer sets TORCHINDUCTOR_CACHE_DIR) forks workers
-        # that see what a spawned one would.
+        # A server started before the program's setup (an optimizer sets
+        # TORCHINDUCTOR_CACHE_DIR) forks workers that see what a spawned one would.
         data[ENVIRON_KEY] = dict(os.environ)
-        data[UMASK_KEY] = _umask()
+        data[UMASK_KEY] = os.umask(0o022)  # read, then set back
+        os.umask(data[UMASK_KEY])
         return data
 
 
-def _umask():
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _popen(process_obj):
-    """Start ``process_obj`` from its build server, else the warm server, else by
-    plain spawn."""
+    """Start ``process_obj`` from its build server, else the warm server, else by spawn."""
     build = _builds.get(process_obj)
     try:
         server, built = build.server() if build is not None else (None, {})
@@ -398,11 +375,9 @@ def _popen(process_obj):
         if server is not None:
             from .buildserver import from_server  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
 
-            # The stdlib's forkserver Popen, its code reading ``forkserver`` from
-            # _ThroughServer(server), ``spawn`` from _PreparingWithDumps, and sending
-            # with WorkerPickler; on it, what rebuild.reduce_rebuilt asks of the
-            # Popen starting a worker: the datasets its server built ({id: key}),
-            # and how a worker takes one.
+            # The stdlib's forkserver Popen over our server, preparation and
+            # pickler; on it, what rebuild.reduce_rebuilt asks of the Popen starting
+            # a worker: the datasets its server built ({id: key}), and how to take one.
             popen = popen_reading("forkserver", "WarmPopen", {
                 "forkserver": _ThroughServer(server), "spawn": _PreparingWithDumps(),
                 "reduction": TO_WORKERS,
@@ -427,10 +402,10 @@ _kept_for: dict[int, Build] = {}  # id(a dataset) -> its Build, while the datase
 
 
 class Build:
-    """A build server for some datasets (``buildserver.py``): started at the
-    first worker's start, stopped when the datasets go. ``server()``:
-    ``(the server, {id(dataset): key})``, or ``(None, {})`` where none runs
-    (it refused: the warm server serves, the datasets built in each worker)."""
+    """A build server for some datasets (``buildserver.py``), started at the
+    first worker's start, stopped when the datasets go. ``server()``: ``(the
+    server, {id(dataset): key})``, or ``(None, {})`` where none runs (the warm
+    server serves; each worker builds the datasets)."""
 
     # the datasets' ids, sorted -> their Build
     _known: weakref.WeakValueDictionary[tuple[int, ...], Build] = weakref.WeakValueDictionary()
@@ -470,7 +445,6 @@ class Build:
             except Exception as exc:
                 _note("a build server could not start (%s): each worker builds the dataset"
                       % _failure(exc))
-                self.forkserver = None
             if self.forkserver is None:
                 self.refused = True
                 return None, {}
@@ -478,21 +452,14 @@ class Build:
                 weakref.finalize(dataset, _stop_quietly, self.forkserver)
             return self.forkserver, self.keys
 
-    def _state(self, datasets):
-        """What the workers' code reads from this process as it is now, as the
-        server takes it before it builds (DL220; a pickle of its own: where it
-        does not load there, the server builds, and each worker compares).
-        Not what the constructions themselves changed (a counter): the build
-        starts from the import's, as the program's own construction did; each
-        worker is then given this process's value."""
+    def _state(self, changed):
+        """What the workers' code reads from this process now, pickled for the
+        server to set before it builds (DL220; where it does not load there,
+        each worker compares). Not what the constructions ``changed`` (a
+        counter): the build starts from the import's, as the program's own
+        did; each worker is then given this process's value."""
         if self.carry is None:
             return None
-        from . import rebuild  # noqa: PLC0415 - 0.6 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: rebuild, descriptors, opened, generators)
-
-        changed: set[str] = set()
-        for dataset in datasets:
-            made = rebuild.construction_of(dataset)
-            changed |= made.changed if made is not None else set()
         try:
             reads = [r for r in self.carry.reads if r.label not in changed]
             return pickle.dumps(process_state.Carried(reads, None).in_server(),
@@ -511,10 +478,12 @@ class Build:
         if not ({"init_main_from_path", "init_main_from_name"} & set(prepared)):
             return None  # an interactive main: the server could not import its classes
         recipes = {self.keys[id(d)]: rebuild.recipe(d) for d in datasets}
+        changed = {label for d in datasets
+                   for label in getattr(rebuild.construction_of(d), "changed", ())}
         path = private_file("build")
         with open(path, "wb") as f:
             pickle.dump(prepared, f, pickle.HIGHEST_PROTOCOL)  # loaded first: the main
-            pickle.dump(self._state(datasets), f, pickle.HIGHEST_PROTOCOL)  # module, what main()
+            pickle.dump(self._state(changed), f, pickle.HIGHEST_PROTOCOL)  # module, what main()
             pickle.dump(recipes, f, pickle.HIGHEST_PROTOCOL)   # set, then its classes
         server = forkserver.ForkServer()
         with _names_lock:
@@ -537,18 +506,14 @@ class Build:
 
 
 def _stop_quietly(server):
-    try:
+    with contextlib.suppress(Exception):
         _stop(server, wait_s=1.0)
-    except Exception:
-        pass
 
 
 def exit_with_parent(worker_id):
-    """Worker step: exit when the process that started this worker is gone.
-
-    Started by spawn, the parent is that process and torch's watchdog sees
-    it die; started by the server, a thread waits on the parent's sentinel
-    (the end of the pipe the parent keeps open) and exits the worker."""
+    """Worker step: exit when the process that started this worker is gone
+    (started by spawn, torch's watchdog sees it die; started by the server, a
+    thread waits on the parent's sentinel, the pipe the parent keeps open)."""
     parent = multiprocessing.parent_process()
     if parent is None or parent.pid == os.getppid():
         return
@@ -558,10 +523,10 @@ def exit_with_parent(worker_id):
 
 def _exit_when_ready(sentinel):
     connection.wait([sentinel])
-    try:  # the socket its batches' descriptors were passed through, in the parent's
-        resource_sharer.stop(timeout=1.0)  # folder: gone with it, as a worker's normal exit does
-    except Exception:
-        pass
+    # The socket its batches' descriptors were passed through, in the parent's
+    # folder: gone with it, as a worker's normal exit does.
+    with contextlib.suppress(Exception):
+        resource_sharer.stop(timeout=1.0)
     os._exit(1)
 
 
@@ -571,10 +536,9 @@ def _failure(exc):
 
 
 class _Starts:
-    """How this process's warm workers came: from the server (``warm``; from a
-    build server, holding the dataset built there: ``built``), or by plain
-    spawn (``plain``) and why (``reason``, the latest). The DL209 record is
-    made from these, once the workers of an iterator started."""
+    """How this process's warm workers came: from a server (``warm``; of those,
+    from a build server: ``built``), or by plain spawn (``plain``) and why
+    (``reason``, the latest): DL209's record, once an iterator's workers started."""
 
     def __init__(self):
         self.warm = self.plain = self.built = 0
@@ -584,8 +548,6 @@ class _Starts:
         return self.warm, self.plain, self.built
 
     def since(self, mark):
-        """``(warm, plain, built)`` workers started since ``mark`` (``built``: of
-        the warm ones, those forked from a build server)."""
         return self.warm - mark[0], self.plain - mark[1], self.built - mark[2]
 
 
@@ -610,12 +572,12 @@ def _note(message):
 
 
 def warm_context(context, builds=(), carry=None):
-    """The warm context replacing ``context`` (None or spawn's): its workers bear
-    the names spawn would give them (``Process-1``, ``SpawnProcess-1``);
-    ``builds``: datasets built again in each worker, built once in a build
-    server instead where one runs, with what the workers' code reads from this
-    process (``carry``, DL220) in place first. (See NOTE [the data flow of a
-    repaired loader] in torch_private.py, step 2.)"""
+    """The warm context replacing ``context`` (None or spawn's), its workers
+    named as spawn's (``Process-1``, ``SpawnProcess-1``). ``builds``: datasets
+    built again in each worker, built once in a build server instead, with
+    what the workers' code reads from this process (``carry``, DL220) set
+    first. (See NOTE [the data flow of a repaired loader] in torch_private.py,
+    step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
     if builds:
         build = Build.of(builds)
