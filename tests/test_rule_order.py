@@ -14,7 +14,7 @@ HOOKS = [hook for hook, checks in rules._checks.items() if checks]
 CODE = re.compile(r'"((?:DL|CV|AMP)\d{3})"')
 # Checks whose finding can emulate the workers (their state says so), which a
 # check that reads ``ctx.findings`` for it must wait for.
-EMULATING = re.compile(r"\b(emulated_workers|fallback|away_from_fork|_away_from_the_context)\(")
+EMULATING = re.compile(r"\b(emulated_workers|fallback|away_from_fork)\(")
 
 
 def name(check):

@@ -52,12 +52,9 @@ def enabled(rule: Rule) -> bool:
 
 def run_checks(hook: str, args: dict[str, Any],
                ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
-    """Run the enabled checks at ``hook`` in order; each sees the arguments as
-    the earlier ones changed them, and their findings in ``ctx.findings``.
-
-    Returns the findings and the arguments with all their changes. Nothing
-    is applied: see ``settle``.
-    """
+    """Run the enabled checks at ``hook`` in order, each seeing the arguments
+    as the earlier ones changed them, and their findings in ``ctx.findings``.
+    The findings and the changed arguments; nothing applied (``settle``)."""
     work = dict(args)
     findings = ctx.findings = []
     try:
@@ -74,11 +71,8 @@ def run_checks(hook: str, args: dict[str, Any],
 
 def settle(findings: Sequence[Finding], call_site: str,
            args: dict[str, Any] | None = None) -> bool:
-    """Record ``findings`` as the mode says; True when they were applied.
-
-    In fix mode the remedies run here, in order, with ``args`` (the working
-    arguments); a remedy's returned changes are merged into ``args``.
-    """
+    """Record ``findings`` as the mode says; True when they were applied. In
+    fix mode the remedies run here, in order, their changes merged into ``args``."""
     applied, made = settle_later(findings, call_site, args)
     for intervention in made:
         record_outcome(intervention)
@@ -102,16 +96,14 @@ def settle_later(findings: Sequence[Finding], call_site: str,
                             "advised" if f.is_advice else "fixed" if fixing else "would-fix")
             for f in findings]
     _join_clauses(findings, made)
-    for f in findings:
-        if fixing and not f.is_advice:
-            for remedy in f.remedies:
-                changed = remedy(args)
-                if changed and args is not None:
-                    args.update(changed)
     if not fixing:
         for intervention in made:
             report.record(intervention)
         return False, []
+    for remedy in [r for f in actions for r in f.remedies]:
+        changed = remedy(args)
+        if changed and args is not None:
+            args.update(changed)
     return bool(actions), made
 
 
@@ -150,10 +142,9 @@ _count_again: Callable[[list[Intervention]], None] | None = None
 
 
 def settle_repeated(findings: tuple[Finding, ...], call_site: str) -> bool:
-    """``settle`` for a call made on every step (autocast): after the first time
-    at a site, fix mode only adds to the count of the records the first time
-    made, as ``report.record`` does for a known (code, call site). For
-    findings without remedies (the AMP rules)."""
+    """``settle`` for a call made on every step (autocast), for findings without
+    remedies (the AMP rules): after the first time at a site, fix mode only
+    counts the first time's records again, as ``report.record`` does."""
     global _count_again
     if CONFIG.mode != "fix":
         return settle(findings, call_site)
@@ -178,10 +169,9 @@ def forget_repeats() -> None:
 
 def fail_open(default: _T, where: str, call: Callable[..., _T], *args: Any) -> _T:
     """``call(*args)``, failing open: an error of ours is logged once and
-    ``default`` is returned, so that the caller runs the original call
-    unchanged. Strict mode's UnsafeCallError is meant for the user: it passes.
-    Nothing of ours runs once the interpreter is finalising (a ``__del__`` of
-    torch's at exit): imports fail then, and the log is going."""
+    ``default`` returned, so that the caller runs the original call unchanged.
+    Strict mode's UnsafeCallError passes. Nothing of ours runs once the
+    interpreter is finalising (a torch ``__del__`` at exit): imports fail."""
     if sys.is_finalizing():
         return default
     try:

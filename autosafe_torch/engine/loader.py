@@ -2,19 +2,17 @@
 
 The patch (``patches/dataloader.py``) calls ``decide_construction`` in
 ``DataLoader.__init__`` and ``decide_iteration`` in ``_get_iterator``; the
-recovery (``recovery``) calls ``plan_without_fork`` once forked workers
-failed. Nothing here names a rule: what a finding decided is asked of it
-(its ``rung``, what it ``kept``).
-
-A finding's ``changes`` become the call's arguments (or, at iteration, the
-loader's attributes); what it keeps (``loaderstate.Kept``) is kept on the loader
-for its iterators, in the loader's one typed record (``LoaderState``). The records
-of the worker checks are made once their remedies held in the workers
-(``recovery``), not when planned: they wait there (``take_pending``).
+recovery calls ``plan_without_fork`` once forked workers failed. Nothing
+here names a rule: what a finding decided is asked of it (its ``rung``,
+what it ``kept``). A finding's ``changes`` become the call's arguments (at
+iteration, the loader's attributes); what it keeps goes in the loader's
+``LoaderState``. The worker checks' records wait there (``take_pending``)
+until the recovery saw their remedies hold in the workers.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -82,12 +80,8 @@ def decide_construction(values: dict[str, Any], defaults: dict[str, Any],
 
 def _plan_key(loader: Loader) -> Hashable:
     return (tuple(id(getattr(loader, name)) for name in ITER_ARGS),
-            facts.effective_start_method(loader.multiprocessing_context), _opencl_used())
-
-
-def _opencl_used() -> bool:
-    # CV402: the program's first OpenCL use between epochs changes the plan.
-    return facts.opencl_runtime_loaded()
+            facts.effective_start_method(loader.multiprocessing_context),
+            facts.opencl_runtime_loaded())  # CV402: a first OpenCL use between epochs
 
 
 def decide_iteration(loader: Loader, frame: FrameType) -> None:
@@ -143,15 +137,9 @@ def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None 
     """The worker checks' findings for ``loader`` and the arguments they leave:
     planned, nothing applied. ``fork_failed``: the failure of its forked
     workers that rules fork out (``IterContext.fork_failed``)."""
-    guarded: list[bool] = []
-
-    def main_guarded() -> bool:
-        if not guarded:
-            guarded.append(main_is_guarded(frame))
-        return guarded[0]
-
     values = {name: getattr(loader, name) for name in ITER_ARGS}
-    ctx = IterContext(facts.current(loader.multiprocessing_context), main_guarded=main_guarded,
+    ctx = IterContext(facts.current(loader.multiprocessing_context),
+                      main_guarded=functools.cache(lambda: main_is_guarded(frame)),
                       fork_failed=fork_failed)
     found, work = run_checks("dataloader.iter", values, ctx)
     return values, found, work, ctx
@@ -159,10 +147,9 @@ def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None 
 
 def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: dict[str, Any],
            unsaid: Iterable[Finding] = ()) -> list[Intervention]:
-    """Settle the worker checks' findings for ``loader`` and, in fix mode, set
-    the arguments they changed and keep their state; the records, to be made
-    once the remedies held in the workers (but those of ``unsaid``, which
-    another record says)."""
+    """Settle the worker checks' findings for ``loader`` (in fix mode: set the
+    arguments they changed, keep their state); the records to make once the
+    remedies held in the workers, but those of ``unsaid`` (another says them)."""
     applied, made = settle_later(found, callsite.iteration_site(loader), work)
     if applied:
         for name in ITER_ARGS:
@@ -181,11 +168,10 @@ def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: d
 def plan_without_fork(loader: Loader, failure: Failure,
                       frame: FrameType) -> list[Intervention] | None:
     """After ``failure`` of ``loader``'s forked workers (one touched CUDA): the
-    worker checks again, with fork ruled out, applied where they start the
-    workers by spawn (with the repairs and the warm start that spawn needs).
-    Returns the records to make once the new workers delivered, or None where
-    spawn cannot reach them (emulated workers), nothing applied. The loader
-    keeps the plan for its later epochs."""
+    worker checks again, fork ruled out, applied where they start the workers
+    by spawn (with the repairs and warm start spawn needs), kept for later
+    epochs. The records to make once the new workers delivered, or None
+    (emulated workers: nothing applied)."""
     if CONFIG.mode != "fix":
         return None
     values, found, work, _ctx = _plan_workers(loader, frame, fork_failed=failure)
@@ -200,11 +186,10 @@ def plan_without_fork(loader: Loader, failure: Failure,
 
 def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
     """At construction: where the worker checks will start this loader's
-    workers warm (a loader repaired for spawn), the warm server starts now,
-    in the background, so that its imports overlap the program's setup. Only
-    planned here (recorded and applied at the first iterator, as ever); a
-    loader that forks, or one that shows no sign of needing a repair, starts
-    nothing and costs nothing here (its first iterator decides)."""
+    workers warm (a loader repaired for spawn), the warm server starts now, in
+    the background, so that its imports overlap the program's setup; recorded
+    and applied at the first iterator, as ever. A loader that forks, or shows
+    no sign of needing a repair, costs nothing here."""
     if not loader.num_workers or CONFIG.mode != "fix" or not _may_spawn(loader):
         return
     parts = parts_of(loader)

@@ -2,11 +2,11 @@
 
 Each patch module (one per patched library area, as in dd-trace-py) has
 ``patch(module)`` and ``unpatch()`` and is applied when its trigger module
-is imported. ``wrap`` is the only place that replaces an attribute: it
-remembers the original, refuses to wrap twice (idempotent), and ``revert``
-puts every original back.
+is imported. ``wrap`` and ``replace`` remember the original, once;
+``revert`` puts every original back.
 """
 
+import contextlib
 import importlib
 import inspect
 import sys
@@ -82,10 +82,8 @@ def unwrap(owner, name):
 
 def _put_back(owner, name, value):
     if value is _MISSING:
-        try:
+        with contextlib.suppress(AttributeError):
             delattr(owner, name)
-        except AttributeError:
-            pass
     else:
         setattr(owner, name, value)
 
@@ -111,8 +109,7 @@ _deferred = []  # (trigger, module) met while torch_private was loading
 
 def apply_for(trigger, module):
     """Apply every patch module registered for ``trigger``; each fails alone.
-    While ``torch_private`` loads (a program imported one of our modules that
-    loads it before torch: its ``import torch`` is what runs this), the patches,
+    While ``torch_private`` loads (its ``import torch`` runs this), the patches,
     which read it, wait for its end (``apply_deferred``)."""
     loading = sys.modules.get("autosafe_torch.torch_private")
     if loading is not None and not getattr(loading, "LOADED", False):
@@ -147,10 +144,8 @@ def revert():
         _put_back(owner, name, value)
     _originals.clear()
     for name in list(_applied):
-        try:
+        with contextlib.suppress(Exception):
             unpatch = getattr(importlib.import_module(name), "unpatch", None)
             if unpatch is not None:
                 unpatch()
-        except Exception:
-            pass
     _applied.clear()

@@ -1,23 +1,17 @@
-"""``import cv2``: the program's own process is left as it is (its OpenCV
-threads, OpenCL and environment: rules/cv2.py); an after-fork hook is
-registered, silently, that gives each forked DataLoader worker
-``setNumThreads(0)`` before any code of the program runs there.
-
-Applied by the import hook once the outermost ``import cv2`` has finished
-(opencv's ``cv2/__init__.py`` re-imports its native module under the name
-cv2 while it runs; the hook fires once, with the package that
-``sys.modules`` holds afterwards). No rule checks at the import: CV401/CV402
-act at the DataLoader (rules/cv2.py).
+"""``import cv2``: the program's own process is left as it is (rules/cv2.py
+acts at the DataLoader); an after-fork hook is registered, silently, that
+gives each forked DataLoader worker ``setNumThreads(0)`` before any code of
+the program runs there. Applied once the outermost ``import cv2`` has
+finished (opencv's ``cv2/__init__.py`` re-imports its native module under
+the name cv2 while it runs), with the package ``sys.modules`` then holds.
 
 ``cv2.VideoCapture``'s own ``__init__`` and ``open`` are wrapped to record
-what each capture opened (path or index, apiPreference, params), so that a
-DataLoader worker can open the same video again (remedies/reopen.py): a
-capture neither pickles nor survives fork. The class stays the class
-(``isinstance``, ``type(cap) is cv2.VideoCapture``, subclasses): a subclass
-of it crashes opencv-python 5.0 at interpreter exit, and its instances take
-neither attributes nor weak references, so the records are kept by id
+what each capture opened, so that a worker can open the same video again
+(remedies/reopen.py): a capture neither pickles nor survives fork. The
+class stays the class: a subclass of it crashes opencv-python 5.0 at
+interpreter exit, and its instances take neither attributes nor weak
+references, so the records are kept by id
 (``holdings.remember_video_source``), never holding a capture alive.
-
 Whatever goes wrong here is logged and never reaches ``import cv2``.
 """
 

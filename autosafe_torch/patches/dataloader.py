@@ -1,16 +1,12 @@
 """``DataLoader.__init__`` and ``DataLoader._get_iterator``.
 
-Arguments that DataLoader refuses to change after ``__init__`` (and those it
-rejects inside ``__init__``) are corrected at construction, before the
-original runs: the checks at ``dataloader.init``. Subclasses are covered:
-their ``super().__init__`` lands in this wrapper. The worker checks
+Arguments that DataLoader refuses to change after ``__init__`` (or rejects
+inside it) are corrected before the original runs (``dataloader.init``);
+a subclass's ``super().__init__`` lands here too. The worker checks
 (``dataloader.iter``) run when an iterator is created, since the start
-method may change in between; their outcome is cached per loader and
-re-made only when what it depends on changes (``engine/loader.py``).
-
-The one path of a repaired loader: this patch → ``engine.loader`` (the
-checks, their changes kept on the loader) → ``recovery`` (the iterator,
-watched; the records once the remedies held in the workers).
+method may change in between (``engine/loader.py``). The one path of a
+repaired loader: this patch → ``engine.loader`` → ``recovery`` (the
+iterator, watched; the records once the remedies held in the workers).
 """
 
 import sys

@@ -2,20 +2,16 @@
 construction of a dataset, recorded for the rebuild rung (``remedies/rebuild.py``,
 its NOTE [the rebuild's three places], 1).
 
-``__new__`` sees every construction of every subclass, whatever its
-``__init__``, with the call's arguments; it then does what ``__new__`` did
-before: the next ``__new__`` along the class's MRO (``object.__new__`` for
-nearly every dataset), so a mixin's own ``__new__`` still runs. The end of
-the construction is the end of the class's ``__init__``: at a class's first
-construction, the ``__init__`` it runs (a Python function of the class that
-defines it) is bounded by ``MeasuredInit``, which records what that call
-opened and drew, for the dataset ``__new__`` made and no other (a subclass's
-``super().__init__()``, an explicit ``Base.__init__(self)``: the outer call
+``__new__`` sees every construction of every subclass with the call's
+arguments, then does what ``__new__`` did before: the next ``__new__`` along
+the class's MRO, so a mixin's own ``__new__`` still runs. The construction
+ends with the class's ``__init__``: at a class's first construction, the
+``__init__`` it runs (a Python function) is bounded by ``MeasuredInit``,
+which records what that call opened and drew, for the dataset ``__new__``
+made and no other (a subclass's ``super().__init__()``: the outer call
 measures). Reading ``Class.__init__`` gives the function itself, and a class
-sent by value (cloudpickle) carries it, not the wrapper.
-
-torch's own datasets (``TensorDataset``, ``Subset``...) hold nothing a worker
-cannot receive: never recorded.
+sent by value (cloudpickle) carries it, not the wrapper. torch's own
+datasets hold nothing a worker cannot receive: never recorded.
 """
 
 import threading
@@ -88,18 +84,14 @@ def _own_init(cls):
     ``__init__`` that ``cls(...)`` runs; ``(None, object.__init__)`` for none."""
     for klass in cls.__mro__:
         init = vars(klass).get("__init__")
-        if init is None:
-            continue
-        if klass is object:
-            return None, object.__init__
-        return klass, init
+        if init is not None:
+            return (None, object.__init__) if klass is object else (klass, init)
     return None, object.__init__
 
 
 class MeasuredInit:
-    """A dataset class's ``__init__``, bounded where it builds the dataset
-    that ``__new__`` just made (the program's construction); otherwise the
-    function itself, unchanged."""
+    """A dataset class's ``__init__``, bounded where it builds the dataset that
+    ``__new__`` just made; otherwise the function itself, unchanged."""
 
     def __init__(self, function):
         self.__wrapped__ = function

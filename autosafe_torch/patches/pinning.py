@@ -1,18 +1,11 @@
 """torch's ``pin_memory(data, device)``: batches that hold accelerator tensors.
 
-With ``pin_memory=True`` torch pins every tensor of every batch, in the main
-process without workers (``_SingleProcessDataLoaderIter``) and in the
-pin-memory thread with them. A tensor already on an accelerator cannot be
-pinned: ``RuntimeError: cannot pin 'torch.cuda.FloatTensor' only dense CPU
-tensors can be pinned``, at the first batch of a dataset built on the GPU,
-or of CUDA tensors that spawn workers send by CUDA IPC. Pinning is only a
-faster copy from the CPU; such a tensor needs none (DL305).
-
-torch's function recurses through a batch by its module-level name, so
-replacing that name puts this function at every level: where torch refuses
-a tensor, that tensor is handed on as it is, and the rest of the batch is
-pinned as asked. Every batch passes through it; it looks at nothing until
-torch raised.
+With ``pin_memory=True`` torch pins every tensor of every batch (in the main
+process, or in the pin-memory thread), and refuses one already on an
+accelerator (DL305). torch's function recurses through a batch by its
+module-level name, so replacing that name puts this function at every
+level: a tensor torch refuses is handed on as it is, the rest pinned as
+asked. It looks at nothing until torch raised.
 """
 
 import threading
@@ -23,10 +16,8 @@ from ..torch_private import pin_memory_module
 from . import replace
 
 
-
 def patch(torch):
     module = pin_memory_module()
-
     torch_s = module.pin_memory
 
     def pin_memory(data, *args, **kwargs):

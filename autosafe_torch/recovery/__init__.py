@@ -3,46 +3,38 @@
 ``watched(loader, wrapped, args, kwargs)`` builds the multi-process iterator
 torch would build, watched, inside a ``RecoveringIter``:
 
-- Deaths are ours to handle. torch's SIGCHLD handler raises wherever the
+- Deaths are ours to handle: torch's SIGCHLD handler raises wherever the
   main thread is (inside ``loss.backward()``), so our workers' pids are
-  taken out of its table; a death is found when a batch is awaited
-  (``_get_data`` polls every ``POLL_S``), and so is a shared-memory or
-  open-file failure (torch's words, or a bus error).
+  taken out of its table; a death, a shared-memory or open-file failure is
+  found when a batch is awaited (``_get_data`` polls every ``POLL_S``).
 - A watchdog: no batch for ``limit()`` seconds while every worker lives is
-  a hang. The limit is ``AUTOSAFE_TORCH_HANG_TIMEOUT`` (default 60 s), or
-  ``HANG_FACTOR`` times the slowest wait seen, or the loader's own
-  ``timeout``, whichever is longest; ``STARTUP_FACTOR`` times more while
-  workers start.
-- Each worker runs faulthandler into a file of ours (a step of its
-  ``worker_init_fn``, for that iterator only): a crash leaves its Python
-  traceback there, and ``SIGUSR1`` makes it write every thread's stack,
-  which is how a hang is explained.
-- Then the iterator is rebuilt on the next rung (``rules/ladder.py``:
-  new workers, fewer batches in flight, file_system sharing, emulated
-  workers) and resumes at the first batch not yet delivered.
+  a hang (``watch.py``: AUTOSAFE_TORCH_HANG_TIMEOUT, the slowest wait seen,
+  the loader's ``timeout``; more while workers start).
+- Each worker runs faulthandler into a file of ours (a ``worker_init_fn``
+  step): a crash leaves its Python traceback there, and ``SIGUSR1`` makes
+  it write every thread's stack, which is how a hang is explained.
+- Then the iterator is rebuilt on the next rung (``rules/ladder.py``) and
+  resumes at the first batch not yet delivered.
 
 Exact by replay. A worker's random state after n fetches is known only by
 making them, so the new iterator is the old one again: the same base seed
 (each worker is seeded ``base_seed + id``), the sampler's indices recorded
-as they were sent and then the old sampler iterator itself (never drawn
-twice), the same round-robin dispatch; the batches already delivered are
-fetched again and dropped. Every batch then reaches the user once, in the
-order and with the content of a run without the failure, including
-per-worker RNG state, ``worker_init_fn`` effects and IterableDataset
-shards. Skipping instead of replaying would be exact only for datasets
-that draw nothing. Not exact, and said so in the record: a persistent
-loader after its first epoch (its workers' states carried over from
-earlier epochs are not replayed). Side effects outside the worker (a file
-the dataset appends to) happen again for the replayed fetches. Not
-watched: ``in_order=False`` (which batches were delivered depends on
-timing) and DataPipes.
+as sent and then the old sampler iterator itself (never drawn twice), the
+same round-robin dispatch; the batches already delivered are fetched again
+and dropped. Every batch then reaches the user once, in the order and with
+the content of a run without the failure (per-worker RNG state,
+``worker_init_fn`` effects, IterableDataset shards); skipping would be
+exact only for datasets that draw nothing. Not exact, and said so: a
+persistent loader after its first epoch (its workers' earlier states are
+not replayed). Side effects outside the worker (a file the dataset appends
+to) happen again for the replayed fetches. Not watched: ``in_order=False``
+(which batches were delivered depends on timing) and DataPipes.
 
-The package, top to bottom: this module starts an iterator (``watched``,
-``emulated``); ``iterator.py`` is the loop that recovers; ``rungs.py``
-builds an iterator on a rung; ``watch.py`` is what a waiting iterator sees.
-Everything that touches torch's private iterator is ``torch_private.py``;
-its NOTE [the data flow of a repaired loader] follows a batch from the
-sampler to the user, through the workers and back.
+This module starts an iterator (``watched``, ``emulated``); ``iterator.py``
+is the loop that recovers; ``rungs.py`` builds an iterator on a rung;
+``watch.py`` is what a waiting iterator sees. What touches torch's private
+iterator is ``torch_private.py``; its NOTE [the data flow of a repaired
+loader] follows a batch from the sampler to the user and back.
 """
 
 import functools
@@ -71,8 +63,7 @@ __all__ = ["watched", "emulated", "RecoveringIter"]
 def watched(loader, wrapped, args, kwargs, pending=()):
     """``wrapped(*args, **kwargs)`` (``DataLoader._get_iterator``), watched and
     recovered where that is exact; unchanged otherwise, or on an error of ours.
-    ``pending``: the records of this iteration's worker checks, made once the
-    workers showed that their remedies held."""
+    ``pending``: this iteration's records, made once their remedies held."""
     start = engine.fail_open(None, "DataLoader recovery", _plan, loader, wrapped)
     if start is None:
         return _unwatched(loader, wrapped, args, kwargs, pending)
@@ -80,12 +71,9 @@ def watched(loader, wrapped, args, kwargs, pending=()):
 
 
 def _unwatched(loader, wrapped, args, kwargs, pending):
-    """torch's own iterator, each worker's own files first where there are
-    workers. Where this torch cannot be watched, the records wait for the
-    batches (``UnwatchedIter``: fixed once each worker delivered; a repair a
-    worker could not apply stops the run with ``NoExactRung``, as it cannot
-    step down); otherwise (not ours to watch) they are made once the workers
-    started."""
+    """torch's own iterator, each worker's own files first. The records wait
+    for the batches (``UnwatchedIter``) where this torch cannot be watched or
+    the workers say what they did (DL220); else they are made now."""
     table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader,
                              dump_dir()) if loader.num_workers else None
     mark = _warm_mark(pending)
@@ -123,9 +111,8 @@ def _unwatched_because(loader):
 
 def emulated(loader, pending=(), torch_s=None):
     """The emulated-workers rung a rule chose for ``loader``; its records once
-    every worker has its copy (or, where none can be made, as what happened).
-    ``torch_s()`` makes torch's own iterator, for a torch whose private names
-    the emulated workers need have moved: the records then say it did not hold."""
+    every worker has its copy (else as what happened). ``torch_s()`` makes
+    torch's own iterator, for a torch that lacks what emulated workers need."""
     if torch_s is not None and torch_lacks("emulated", tp.emulated_missing(),
                                            "workers are not emulated"):
         record_failed(pending, "this torch lacks what emulated workers need")
@@ -145,17 +132,14 @@ def emulated(loader, pending=(), torch_s=None):
 
 def _plan(loader, wrapped):
     """A callable that starts the watched iterator, or None: leave it to torch."""
-    if CONFIG.mode != "fix" or not loader.num_workers or not getattr(loader, "in_order", True):
+    if CONFIG.mode != "fix" or not loader.num_workers or not getattr(loader, "in_order", True) \
+            or isinstance(loader.dataset, tp.DATAPIPES):
         return None
     if getattr(wrapped, "__func__", None) is not tp.original_get_iterator() \
             or not tp.iterator_class_is_torchs():
         return None  # someone else's iterator: not ours to rebuild
-    if isinstance(loader.dataset, tp.DATAPIPES):
-        return None
     kinds = kinds_watched(engine.enabled)
-    if not kinds:
-        return None
-    if torch_lacks("watched", tp.watched_missing(), "workers not watched"):
+    if not kinds or torch_lacks("watched", tp.watched_missing(), "workers not watched"):
         return None
     return functools.partial(_start, loader, kinds)
 
@@ -190,9 +174,9 @@ def _warm_mark(pending):
 
 
 def _warm_outcome(pending, mark):
-    """DL209's record says how the workers came once they started: from the
-    warm server, or, where some came by plain spawn, that it did not hold
-    and why (its own line, with the user's file:line)."""
+    """DL209's record, once the workers started: from the warm server, or,
+    where some came by plain spawn, a fix that did not hold, and why (its own
+    line)."""
     if mark is None:
         return
     from ..remedies import warmstart  # noqa: PLC0415 - 0.4 ms at each program's first DataLoader iterator, where this module loads (-X importtime after torch and recovery: remedies.warmstart)
@@ -213,8 +197,7 @@ def _warm_outcome(pending, mark):
 
 def _say_used(site, pending, workers, usage):
     """The records of what the workers read through descriptions of their own
-    (the rules at ``dataloader.outcome``; ``pending``: the records of the
-    iteration, which may have named some already)."""
+    (``dataloader.outcome``; ``pending`` may have named some already)."""
     if usage.missing:
         log(logging.DEBUG, "%s: not reached in the workers (the number holds another file "
             "there): %s", site, "; ".join("%s: %s" % item for item in usage.missing.items()))

@@ -1,17 +1,16 @@
 """The recovering iterator: a failure of the workers, the next rung, a replay.
 
-``RecoveringIter`` is what ``DataLoader._get_iterator`` returns while the
-workers are watched. Its loop, top to bottom: take the next batch of the
-inner iterator; on a ``Failed`` (``watch.py``) or a worker's error of a
-watched kind, read what the workers left (``diagnose``), stop them, take
-the ladder's next rung for the failure's kind (``rules.ladder.next_rung``),
-build the iterator there (``rungs.py``) and replay the batches already
-delivered; once the rung delivered every batch that was in flight at the
-failure, the recovery's record is made (``dataloader.failure``).
+``RecoveringIter``'s loop: take the inner iterator's next batch; on a
+``Failed`` (``watch.py``) or a worker's error of a watched kind, read what
+the workers left (``_diagnose``), stop them, take the ladder's next rung
+(``rules.ladder.next_rung``), build the iterator there (``rungs.py``) and
+replay the batches delivered; once the rung delivered every batch in
+flight at the failure, the recovery's record is made (``dataloader.failure``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import time
@@ -39,8 +38,7 @@ DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
 
 
 class Recovered(NamedTuple):
-    """A recovery that waits to be verified (its rung delivered every batch in
-    flight at the failure) before its record is made."""
+    """A recovery that waits to be verified before its record is made."""
 
     first: F.Failure  # the failure that started it
     first_rung: Rung  # the rung that failed first
@@ -70,7 +68,7 @@ class RecoveringIter(wrapt.ObjectProxy):
     @classmethod
     def after_failed_start(cls, failed, loader, ladder, watch):
         """The recovering iterator of a loader whose workers could not start
-        (``failed``: ``Watch.start_failed``'s), on the next rung already."""
+        (``Watch.start_failed``), on the next rung already."""
         recovering = cls(failed.iterator, loader, ladder, watch)
         recovering._recover_or_raise(failed.failure)
         return recovering
@@ -170,12 +168,9 @@ class RecoveringIter(wrapt.ObjectProxy):
             except NoExactRung as refused:  # said, and not run otherwise: with why the
                 raise NoExactRung("%s\n  and the rung before it failed: %s" % (  # rung above
                     refused.reason, current.what(room=160)), refused.fix) from None
-            except Failed as failed:
-                current = failed.failure
-                current.batch = self._self_delivered
-                continue
-            except Exception as exc:  # it could not start: that rung failed
-                current = F.Failure(F.exception_kind(exc) or current.kind, exc)
+            except Exception as exc:  # a Failed, or it could not start: that rung failed
+                current = exc.failure if isinstance(exc, Failed) else F.Failure(
+                    F.exception_kind(exc) or current.kind, exc)
                 current.batch = self._self_delivered
                 continue
             self._self_rung = rung
@@ -203,7 +198,7 @@ class RecoveringIter(wrapt.ObjectProxy):
 
     def _diagnose(self, failure):
         """The worker's traceback (a crash) or every worker's stacks (a hang)."""
-        try:
+        with contextlib.suppress(Exception):
             inner, directory = self.__wrapped__, self._self_watch.dumps
             processes = [p for p in tp.worker_processes(inner)
                          if isinstance(p, multiprocessing.process.BaseProcess)]
@@ -228,16 +223,13 @@ class RecoveringIter(wrapt.ObjectProxy):
                     # Its first step makes its dump file: none, and it never ran it.
                     failure.starting = bool(failure.dump) or not os.path.exists(own)
                 if not failure.dump and failure.status and not failure.starting:
-                    exitcode = processes[failure.worker].exitcode
-                    failure.note = F.why_no_traceback(exitcode)
+                    failure.note = F.why_no_traceback(processes[failure.worker].exitcode)
             failure.dump = F.trim_dump(failure.dump) if failure.dump else ""
-        except Exception:
-            pass
 
     def _settle(self):
-        """Record a recovery once its rung has delivered every batch that was in
-        flight at the failure (verified, not predicted), or the epoch ended; and
-        the records waiting on the workers, for the batches they delivered."""
+        """Record a recovery once its rung delivered every batch in flight at the
+        failure (verified, not predicted), or the epoch ended; and the records
+        waiting on the workers, for the batches they delivered."""
         self._self_watch.held()
         pending, self._self_pending = self._self_pending, None
         if pending is not None:
@@ -252,24 +244,20 @@ def _record(pending: Recovered) -> None:
         engine.settle(found, callsite.user_call_site())
 
 
-
 class UnwatchedIter(wrapt.ObjectProxy):
-    """What ``_get_iterator`` returns where its workers are not watched (this
-    torch cannot be, ``torch_private.watched_missing``, or the loader is not
-    ours to watch: ``in_order=False``, another library's iterator) but were
-    given repairs: torch's own iterator, and the records of those repairs
-    (``pending``) made only as the batches show them. torch sends a new
+    """torch's own iterator where its workers are not watched (this torch
+    cannot be, or the loader is not ours to watch: ``in_order=False``,
+    another library's iterator) but were given repairs, whose records
+    (``pending``) are made only as the batches show them. torch sends a new
     iterator's first indices round robin and hands the batches over in order,
     so the first ``workers`` delivered come one from each worker: then the
-    repairs held. A repair that a worker could not apply (``RemedyFailed``,
-    re-raised here by torch) cannot step down: no rung below can resume where
-    this one stopped without the watch (the indices drawn, each worker's
-    deliveries). Its records say it failed,
-    and the run stops with ``NoExactRung``, never with a record that said
-    "fixed" before the workers showed it. Where the iterator ends, raises
-    a worker's own error or is dropped after a delivery, the workers that
-    delivered showed the repairs held (as ``Watch.shut_down`` says); where
-    they failed otherwise before any delivered (a death), nothing is said."""
+    repairs held. A repair a worker could not apply (``RemedyFailed``) cannot
+    step down: no rung below can resume without the watch (the indices drawn,
+    each worker's deliveries). Its records say it failed, and the run stops
+    with ``NoExactRung``, never after a record that said "fixed". Where the
+    iterator ends, raises a worker's own error or is dropped after a delivery,
+    the repairs held (as ``Watch.shut_down`` says); where the workers failed
+    otherwise before any delivered (a death), nothing is said."""
 
     def __init__(self, inner, pending, workers, unwatched):
         super().__init__(inner)
@@ -312,8 +300,7 @@ class UnwatchedIter(wrapt.ObjectProxy):
             pid = None if worker is None else tp.worker_processes(self.__wrapped__)[worker].pid
         except Exception:  # a torch that moved its names: the worker alone
             pid = "?"
-        what = F.Failure(F.REMEDY, exc, worker, pid).what(room=160) if worker is not None \
-            else F.Failure(F.REMEDY, exc).what(room=160)
+        what = F.Failure(F.REMEDY, exc, worker, pid).what(room=160)
         pending, self._self_pending = self._self_pending, []
         record_failed(pending, what)
         fix = process_state.FIX if process_state.REFUSED in what else None

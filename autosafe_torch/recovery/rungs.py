@@ -40,7 +40,7 @@ from .watch import POLL_S, Failed, raised_in_worker
 class LoaderLadder:
     """Per loader: how often each rung failed, the settings real workers now
     start with, and the rung its workers went to after they failed (None: as
-    planned; ``Rung.EMULATED`` for good once every real rung failed)."""
+    planned)."""
 
     __slots__ = ("failures", "settings", "rung")
 
@@ -61,9 +61,9 @@ def ladder_of(loader):
 
 def real_workers(loader, ladder, watch, resume=None):
     """A watched torch iterator with the ladder's settings, each worker's own
-    file descriptions (first of all) and the diagnostics step in its workers;
-    the loader's own attributes are left as they were. (See NOTE [the data
-    flow of a repaired loader] in torch_private.py, step 1.)"""
+    file descriptions (first of all) and the diagnostics step; the loader's
+    attributes left as they were (NOTE [the data flow of a repaired loader]
+    in torch_private.py, step 1)."""
     watch.dumps = dump_dir()
     init = with_step(loader.worker_init_fn,
                      functools.partial(faulthandler_in_worker, watch.dumps))
@@ -97,8 +97,8 @@ def with_state_refused(loader, init):
 
 
 def carried_state(loader):
-    """While ``loader``'s workers start: the process state its workers' code
-    reads goes to each, ahead of its dataset (DL220), where they do not fork."""
+    """The process state the workers' code reads goes to each, ahead of the
+    dataset (DL220), where they do not fork."""
     carry = _carry(loader)
     if carry is None or torch_lacks("process state", tp.dataset_kind_missing(),
                                     "what main() set does not reach spawned workers"):
@@ -116,20 +116,16 @@ def _carry(loader):
 
 @contextlib.contextmanager
 def sending_to_workers(loader):
-    """While ``loader``'s workers start: they are pickled with the reducers of
-    our repairs (``pickled_for_workers``), its loggers travel configured where DL219 chose
-    that, the process state its workers read goes ahead of its dataset (DL220),
-    its dataset goes once to all spawned workers where nothing was repaired,
-    and each worker is told where a failed start leaves its traceback."""
+    """While ``loader``'s workers start: each of the context managers below,
+    and each worker told where a failed start leaves its traceback."""
     with telling_workers(dump_dir()), carried_loggers(loader), carried_state(loader), \
             sent_once_where_spawned(loader), pickled_for_workers(loader):
         yield
 
 
 def pickled_for_workers(loader):
-    """While ``loader``'s workers start: what they are sent is pickled with
-    our ``WorkerPickler`` (``remedies/pickling.py``), where a repair of ours
-    acts and they do not fork; as torch pickles it otherwise."""
+    """What the workers are sent pickled with our ``WorkerPickler``
+    (``remedies/pickling.py``), where a repair of ours acts and they do not fork."""
     context = loader.multiprocessing_context
     method = facts.effective_start_method(context)
     if not pickling.WorkerPickler.acts() or method == "fork":
@@ -139,9 +135,8 @@ def pickled_for_workers(loader):
 
 
 def sent_once_where_spawned(loader):
-    """While ``loader``'s spawned workers start: its dataset pickled once for
-    all of them (``remedies/sent_once.py``), in fix mode, where the worker
-    checks found nothing to do."""
+    """The dataset pickled once for all spawned workers (``remedies/sent_once.py``),
+    in fix mode, where the worker checks found nothing to do."""
     if CONFIG.mode != "fix" or not state_of(loader).untouched or \
             facts.effective_start_method(loader.multiprocessing_context) == "fork":
         return contextlib.nullcontext()  # a repair of ours sends it its own way
@@ -149,8 +144,7 @@ def sent_once_where_spawned(loader):
 
 
 def carried_loggers(loader):
-    """While ``loader``'s workers start: its loggers travel configured, where
-    DL219 chose that (``remedies/loggers.py``)."""
+    """The loggers travel configured, where DL219 chose that (``remedies/loggers.py``)."""
     reports = state_of(loader).kept.loggers
     return loggers.carrying(reports) if reports is not None else contextlib.nullcontext()
 
@@ -178,8 +172,8 @@ def own_files(loader, report_dir):
 def replanned_without_fork(loader, failure, watch):
     """Whether ``loader``, whose forked workers failed with ``failure`` (one
     touched CUDA), now starts its workers by spawn, planned again with fork
-    ruled out and its repairs applied; their records wait for the new workers,
-    as those of an iteration do. False: only emulated workers reach it."""
+    ruled out; their records wait for the new workers. False: only emulated
+    workers reach it."""
     made = plans.plan_without_fork(loader, failure, sys._getframe())
     if made is None:
         return False
@@ -194,10 +188,8 @@ def stop(inner):
     for process in tp.worker_processes(inner):
         if isinstance(process, multiprocessing.process.BaseProcess) and process.is_alive():
             process.kill()
-    try:
+    with contextlib.suppress(Exception):
         tp.shut_down(inner)
-    except Exception:
-        pass
 
 
 # -- emulated workers ------------------------------------------------------------------

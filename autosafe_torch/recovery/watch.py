@@ -30,11 +30,11 @@ class Failed(Exception):
 
 class Watch:
     """What a ``RecoveringIter`` keeps across its inner iterators (it refers to
-    neither, so that dropping the iterator still shuts its workers down):
-    the sampler's indices drawn this epoch, the slowest wait seen, the limits;
-    the records waiting for the workers to show that their remedies held
-    (``pending``: every worker delivered a batch, ``delivered``), and where
-    the workers report what they had of their own (``outcome``)."""
+    neither, so that dropping the iterator still shuts its workers down): the
+    sampler's indices drawn this epoch (``recorder``), the slowest wait, the
+    limits; the records waiting for every worker to deliver (``pending``,
+    ``delivered``), and where the workers report what they had of their own
+    (``outcome``)."""
 
     __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "dumps",
                  "pending", "delivered", "workers", "outcome", "start_recovered")
@@ -80,11 +80,10 @@ class Watch:
         return None if failure is None else Failed(failure)
 
     def start_failed(self, iterator, loader, exc):
-        """A worker could not start: what it is sent did not pickle (what a
-        repair of ours sent, or what the plan did not see). New workers would
-        be sent the same: a failure at the start, which the recovery steps
-        down from (never through). None where its rule, or a rule that repairs
-        what workers are sent, is off: torch's error stands."""
+        """A worker could not start: what it is sent did not pickle. New workers
+        would be sent the same: a failure at the start, which the recovery
+        steps down from. None where its rule, or a rule that repairs what
+        workers are sent, is off: torch's error stands."""
         if F.REMEDY not in self.kinds or not self.start_recovered:
             return None
         iterator.begin_after_failed_start(loader)
@@ -122,8 +121,7 @@ class Watch:
         record_held(pending)
 
     def did_not_hold(self, failure):
-        """The workers failed before they showed it: a remedy they could not
-        apply, or a start that failed (unpickling what the repairs sent), makes
+        """A remedy the workers could not apply, or a start that failed, makes
         the pending records fixes that did not hold."""
         if self.pending and (failure.kind == F.REMEDY or failure.starting):
             pending, self.pending = self.pending, []
@@ -131,12 +129,11 @@ class Watch:
 
 
 def record_held(pending):
-    if pending:
-        engine.fail_open(None, "DataLoader records", _record_all, pending, None)
+    record_failed(pending, None)
 
 
 def record_failed(pending, why):
-    """The pending records as fixes that did not hold, and ``why``."""
+    """The pending records as fixes that did not hold, and ``why`` (None: held)."""
     if pending:
         engine.fail_open(None, "DataLoader records", _record_all, pending, why)
 

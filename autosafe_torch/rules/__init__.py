@@ -1,10 +1,10 @@
 """The rule registry: where each rule runs, and what a finding says.
 
-A rule is one declaration: a stable code and slug, then keyword fields for
-everything said about it, and the hook where its check runs. This module
-only holds the declarations; others render them: ``autosafe-torch rules``
-and ``explain`` (cli.py), the docs/rules.md and docs/fix.md tables
-(readme.py), the codemod's plan (codemod/plan.py). A declaration::
+A rule is one declaration: a stable code and slug, keyword fields for what
+is said about it, and the hook where its check runs. Others render the
+declarations: ``autosafe-torch rules`` and ``explain`` (cli.py), the
+docs/rules.md and docs/fix.md tables (readme.py), the codemod's plan
+(codemod/plan.py)::
 
     @rule("DL101", "prefetch-without-workers", GROUP,
           summary="what it fixes", prevents="the error it prevents",
@@ -14,26 +14,20 @@ and ``explain`` (cli.py), the docs/rules.md and docs/fix.md tables
           at="dataloader.init")
     def prefetch_without_workers(args, ctx: InitContext): ...
 
-A check is pure: it looks at the call's arguments (``args``, as the earlier
-checks of the same hook left them) and at ``ctx`` (a ``Context``: the
-platform facts, the findings so far, and what its hook knows, on that hook's
-subclass: ``InitContext``'s defaults, ``AmpContext``'s capabilities...), and
-returns a ``Finding``, a list of them, or None. It changes nothing: no
-reducer installed, no environment touched, no tensor moved. The engine
-applies what a finding asks, in fix mode only.
+A check is pure: it reads the call's arguments (``args``, as the earlier
+checks of the hook left them) and ``ctx`` (a ``Context``), and returns a
+``Finding``, a list of them, or None. It changes nothing (no reducer
+installed, no environment touched, no tensor moved): the engine applies
+what a finding asks, in fix mode only. One rule may check at several hooks:
+``@RULES[code].check_at(hook)``. A finding's ``done`` is the first line of
+its log record, the rule's ``fix`` the second.
 
-One rule may check at several hooks: ``@RULES[code].check_at(hook)``.
-
-What a user reads comes from here too: a finding's ``done`` (what was done
-to what, by the user's attribute path: the first line of its log record)
-and the rule's ``fix`` (the second).
-
-The seams are typed (mypy checks them in ``make test``): a check as written
-is a ``CheckFunction``, once registered a ``Check`` (it has its ``rule``); a
-remedy is a ``Remedy``. A check that reads what one hook knows takes that
-hook's context (``def check(args, ctx: IterContext)``), so mypy checks what
-it reads, and tests/test_registry.py that it is registered only where that
-context is given (``CONTEXTS``).
+The seams are typed (mypy, in ``make test``): a check as written is a
+``CheckFunction``, once registered a ``Check``; a remedy is a ``Remedy``. A
+check that reads what one hook knows takes that hook's context (``def
+check(args, ctx: IterContext)``), so mypy checks what it reads, and
+tests/test_registry.py that it is registered only where that context is
+given (``CONTEXTS``).
 """
 
 from __future__ import annotations
@@ -61,8 +55,7 @@ HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader
 
 RULES: dict[str, Rule] = {}
 
-# Modules that declare rules. The order of the checks at a hook is derived from
-# what each declares it runs after (``Check.after``), not from this list.
+# Modules that declare rules (the order of checks comes from ``Check.after``).
 RULE_MODULES = (
     "autosafe_torch.rules.start_method",
     "autosafe_torch.rules.pickling",
@@ -77,35 +70,28 @@ RULE_MODULES = (
     "autosafe_torch.rules.recovery",
 )
 
-# The types of the seams. They are evaluated at import, on Python 3.9 too:
-# Optional and Union, not ``X | None``.
-
-# What a remedy gets: the call's working arguments (None where a hook has none
-# to change); what it returns: more changes to them, or None.
+# The types of the seams, evaluated at import on Python 3.9 too: Optional and
+# Union, not ``X | None``. A remedy gets the call's working arguments (None
+# where a hook has none to change) and returns more changes to them, or None.
 Remedy = Callable[[Optional[dict[str, Any]]], Optional[dict[str, Any]]]
-# What applies a finding's fix where the engine applies none of it (no changes,
-# kept state or remedies): ``Finding.applied_by``.
+# What applies a finding's fix where the engine applies none of it (``Finding.applied_by``).
 AppliedBy = Literal["worker step", "recovery", "patch"]
-# What a check returns: one finding, several, or None.
 Found = Union["Finding", list["Finding"], None]
 # The context a check takes: ``Context``, or its hook's (``CONTEXTS``).
 _C = TypeVar("_C", bound="Context")
 _C_contra = TypeVar("_C_contra", bound="Context", contravariant=True)
-# A check as written: ``check(args, ctx)``; ``CheckFunction[IterContext]``.
 CheckFunction = Callable[[dict[str, Any], _C], Found]
 
 
 class Check(Protocol[_C_contra]):
-    """A check once registered (``Rule.check_at``): ``check(args, ctx)``, and its
-    ``rule``, which makes its findings (``check.rule.finding(...)``). The
-    registry holds ``Check[Any]``: the engine gives each hook's checks the
-    context of that hook."""
+    """A check once registered (``Rule.check_at``), with its ``rule``, which
+    makes its findings. The registry holds ``Check[Any]``: the engine gives
+    each hook's checks the context of that hook."""
 
     rule: Rule
-    # The checks (by name) at the same hook that must run before this one:
-    # those whose findings it reads (``ctx.found``, ``ctx.findings``) or whose
-    # changes to the arguments it sees. The order at a hook is derived from
-    # these (``checks_at``), never from the order the modules were imported.
+    # The checks (by name) at the same hook whose findings or argument changes
+    # this one reads: the order at a hook is derived from these (``checks_at``),
+    # never from the order the modules were imported.
     after: tuple[str, ...]
 
     def __call__(self, args: dict[str, Any], ctx: _C_contra, /) -> Found: ...
@@ -144,17 +130,11 @@ def run_order(checks: Sequence[Check[Any]]) -> list[Check[Any]]:
 
 class Rewrite:
     """How ``autosafe-torch fix`` rewrites a rule's records: the codemod module
-    that does it (``codemod/<module>.py``, its ``rewrite``), for the records of
-    one line (``scope`` "site") or of the whole file ("file"); what it writes
-    (``does``) and where it leaves the permanent fix as a comment instead
-    (``not_where``). Rules that share a rewrite share one object."""
+    (``codemod/<module>.py``), for one line's records (``scope`` "site") or
+    the whole file's ("file"); what it writes (``does``) and where it leaves
+    the permanent fix as a comment instead (``not_where``)."""
 
     __slots__ = ("module", "scope", "does", "not_where")
-
-    module: str
-    scope: str
-    does: str
-    not_where: str
 
     def __init__(self, module: str, scope: str, does: str, not_where: str) -> None:
         if scope not in ("site", "file"):
@@ -163,13 +143,11 @@ class Rewrite:
 
 
 class Rule:
-    """A rule as declared: what it fixes (``summary``), the error it prevents,
-    the permanent fix; ``example`` (the code that fails, the fixed code) and
-    ``versions`` (the torch versions it concerns) for ``explain``; ``rewrite``
-    (a ``Rewrite``) where ``autosafe-torch fix`` rewrites its records;
-    ``notebook_fix`` where a notebook needs another fix (a worker cannot
-    import a notebook); ``clause_of``: codes whose log line this rule's
-    finding joins as a clause, since it only makes their repair fast (DL209)."""
+    """A rule as declared. ``example`` (failing code, fixed code) and
+    ``versions`` are for ``explain``; ``notebook_fix`` where a notebook needs
+    another fix (a worker cannot import a notebook); ``clause_of``: codes whose
+    log line this rule's finding joins as a clause, since it only makes their
+    repair fast (DL209)."""
 
     __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks", "example",
                  "versions", "rewrite", "notebook_fix", "clause_of")
@@ -239,36 +217,27 @@ class Rule:
 class Finding:
     """What one rule would change, and why.
 
-    ``changes``: new values of the call's arguments (``{"prefetch_factor": None}``).
-    ``kept``: what the loader keeps for its iterators (``loaderstate.Kept``: the
-    ``batch_device``, the ``emulated_workers``...; its record shows the words).
-    ``shown``: what else its record's ``after`` shows (the AMP ``api`` a call is
-    routed to; the rung a recovery resumed on): the words, nothing reads them.
+    ``before``: the old values, or what a remedy acts on, for the log;
+    ``changes``: new values of the call's arguments; ``kept``: what the loader
+    keeps for its iterators (``loaderstate.Kept``); ``shown``: words only, for
+    the record's ``after`` (the AMP ``api`` a call is routed to).
     ``remedies``: callables ``remedy(args)`` the engine runs in fix mode, in
-    order; one may return ``{argument: value}`` to change the call further
-    (a dataset that was itself a tensor, moved to CPU).
-    ``applied_by``: what applies the fix where the engine applies none of it
-    (``AppliedBy``): "worker step", the workers' own step, given them by the
-    loader's plan (DL207's files read through no object, DL217's descriptors);
-    "recovery", the ladder that resumed the iteration; "patch", the patched
-    call that does what ``settle`` allows (the AMP routes). None: the engine's.
-    ``before``: the old values, or what a remedy acts on, for the log.
-    A finding with no changes, kept state, remedies or ``applied_by`` is
-    advice: logged, nothing changed.
-    ``fix``: the permanent fix for this cause, where it is more precise than
-    the rule's (a lock, not a file, made the dataset unpicklable).
-    ``done``: what was done to what, in a few words, by the user's attribute
-    path ("dataset.fh (an open file) reopened by path in each of 2 workers"):
-    the log line. Without it, the changed arguments (``changed_text``).
-    ``before``/``after``, ``why`` and ``strategy`` are the details (the JSON
-    log, ``AUTOSAFE_TORCH_DEBUG=1``).
-    ``rung``: the ladder's rung this finding puts the loader's workers on
-    (``rung.Rung``), or None: what the patches and the recovery ask,
-    never the rule's code. Its words are the strategy, unless one is given.
-    ``needed``: for a remedy that the workers apply only where they lack
-    what it gives, asked once they started: False when none needed it (no
-    record is made: nothing was done), a ``report.Said`` for what they did
-    (the record's words); None: always needed.
+    order; one may return ``{argument: value}`` to change the call further.
+    ``applied_by``: what applies the fix where the engine applies none of it:
+    "worker step" (the workers' own step, from the loader's plan: DL207,
+    DL217), "recovery" (the ladder that resumed), "patch" (the patched call
+    does what ``settle`` allows: the AMP routes). A finding with none of
+    changes, kept, remedies, applied_by is advice: logged, nothing changed.
+    ``fix``: the permanent fix where it is more precise than the rule's.
+    ``done``: the log line, what was done to what by the user's attribute
+    path; without it, the changed arguments (``changed_text``). ``why`` and
+    ``strategy`` are details (the JSON log, ``AUTOSAFE_TORCH_DEBUG=1``).
+    ``rung``: the ladder's rung this finding puts the workers on: what the
+    patches and the recovery ask, never the rule's code; its words are the
+    strategy unless one is given. ``needed``: for a remedy the workers apply
+    only where they lack what it gives, asked once they started: False when
+    none needed it (no record), a ``report.Said`` for what they did; None:
+    always needed.
     """
 
     __slots__ = ("rule", "before", "changes", "why", "strategy", "kept", "shown", "remedies",
@@ -322,15 +291,12 @@ def changed_text(before: dict[str, Any], changes: dict[str, Any]) -> str:
 
 
 class Context:
-    """What a check sees besides the arguments, by name. Every hook gives
-    ``facts`` (the platform, as the rules see it; None at the hooks that
-    run after the workers: outcome, failure, pin); ``findings`` are those
-    made so far at this hook, in order (``found(code)``); ``plans`` caches
-    what the checks of one hook share (the pickling and fork plans). What
-    one hook knows besides is on its subclass (``CONTEXTS``), and a check
-    that reads it takes that subclass: mypy checks what it reads.
-    ``dataloader.pin`` gives no more: the arguments are ``batch``, the part
-    of a batch that torch could not pin, and ``error``, what it raised.
+    """What a check sees besides the arguments: ``facts`` (the platform; None
+    at the hooks after the workers: outcome, failure, pin), ``findings`` made
+    so far at this hook, in order, and ``plans``, what the checks of one hook
+    share (the pickling and fork plans). What one hook knows besides is on
+    its subclass (``CONTEXTS``). ``dataloader.pin`` gives no more: its
+    arguments are ``batch``, what torch could not pin, and ``error``.
     """
 
     __slots__ = ("facts", "findings", "plans")
@@ -358,10 +324,9 @@ class InitContext(Context):
 
 class IterContext(Context):
     """At ``dataloader.iter``: ``main_guarded()``, whether the main module runs
-    its training under ``if __name__ == "__main__":``; ``fork_failed``, None,
+    its training under ``if __name__ == "__main__":``; ``fork_failed``: None,
     or the failure of this loader's forked workers that rules fork out (one
-    touched CUDA, which a child forked after the parent initialised it
-    cannot: seen, never predicted)."""
+    touched CUDA: seen, never predicted)."""
 
     __slots__ = ("main_guarded", "fork_failed")
     facts: Facts  # always given before the workers run
@@ -462,18 +427,13 @@ def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[
     derived = _ordered.get(hook)
     if derived is None or derived[0] != key:
         derived = _ordered[hook] = (key, run_order(registered))
-    checks = derived[1]
-    if enabled is None:
-        return list(checks)
-    return [c for c in checks if enabled(c.rule)]
+    return [c for c in derived[1] if enabled is None or enabled(c.rule)]
 
 
 def find_rule(name: object) -> Rule | None:
     """The rule named by its code (``DL201``, any case) or slug, else None."""
     load_all()
     wanted = str(name).strip()
-    rule_ = RULES.get(wanted.upper())
-    if rule_ is None:
-        rule_ = next((r for r in RULES.values() if r.slug == wanted.lower()), None)
-    return rule_
+    return RULES.get(wanted.upper()) or next(
+        (r for r in RULES.values() if r.slug == wanted.lower()), None)
 

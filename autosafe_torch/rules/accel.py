@@ -1,30 +1,24 @@
 """Accelerator tensors held by a dataset (DL301, DL302).
 
-A dataset built with ``TensorDataset(x.cuda(), y.cuda())`` works with
-``num_workers=0``. With workers it does not: a forked worker that touches a
-CUDA tensor dies with "Cannot re-initialize CUDA in forked subprocess" or
-"CUDA error: initialization error"; MPS and XPU tensors do not reach a
-worker at all. Under spawn/forkserver, CUDA tensors travel by CUDA IPC: it
-works, at the price of one CUDA context per worker.
+``TensorDataset(x.cuda(), y.cuda())`` works with ``num_workers=0``, not
+with workers: a forked worker that touches a CUDA tensor dies ("Cannot
+re-initialize CUDA in forked subprocess"); MPS and XPU tensors reach no
+worker at all. Under spawn/forkserver, CUDA tensors travel by CUDA IPC, at
+the price of one CUDA context per worker. A ConcatDataset whose parts live
+on different devices fails in collate, even with no workers.
 
-A ConcatDataset whose parts live on different devices fails in collate,
-even with no workers: "Expected all tensors to be on the same device".
+The batches' device is part of what a loader yields, and every decision
+keeps it:
 
-The batches' device is part of what a loader yields: one decision per
-loader, and every one of them keeps it.
-
-- Where every batch is certainly on one device (a TensorDataset on one
-  accelerator), the tensors move to CPU, in place on the dataset (every
-  tensor object found is replaced by one CPU tensor, so a tensor referenced
-  twice stays one tensor, and views of one storage stay views of one CPU
-  storage), and each batch is copied back to that device. With CUDA,
-  ``pin_memory`` is turned on so that the copy back is fast.
-- Other CUDA tensors are left where they are: spawn workers receive them by
-  CUDA IPC (advice only), and forked workers that touch them are restarted
-  by spawn, or emulated where the dataset does not pickle (DL205, observed
-  by the recovery, not predicted here).
-- MPS and XPU tensors, which reach no worker process: emulated workers, in
-  this process, with the batches of real ones on their own device.
+- Every batch certainly on one device (a TensorDataset on one
+  accelerator): the tensors move to CPU, in place on the dataset (a tensor
+  referenced twice stays one tensor, views of one storage stay views of one
+  CPU storage), and each batch is copied back; with CUDA, ``pin_memory`` is
+  turned on so that the copy back is fast.
+- Other CUDA tensors stay: spawn workers receive them by CUDA IPC (advice
+  only); forked workers that touch them are recovered (DL205, observed,
+  not predicted here).
+- MPS and XPU tensors: emulated workers, in this process.
 
 Looking (``inspection.tensors``) is bounded, copies nothing and calls no
 ``__getitem__``; moving (``remedies.relocate``) happens in fix mode only.
@@ -53,13 +47,10 @@ def _start_method(values, facts):
     return effective_start_method(context)
 
 
-
 def _move_to_cpu(found):
-    """The remedy: relocate the dataset's tensors on the devices in ``found``.
-
-    A dataset that is itself a tensor (or a tuple) is replaced, not changed in
-    place: the remedy returns it as the new ``dataset`` argument.
-    """
+    """The remedy: relocate the dataset's tensors on the devices in ``found``;
+    a dataset that is itself a tensor (or a tuple) is returned as the new
+    ``dataset`` argument, not changed in place."""
     devices = {f.device_type for f in found}
 
     def move_to_cpu(args):
@@ -85,13 +76,10 @@ MOVE, EMULATE = "move", "emulate"
 
 def _plan_workers(values, facts):
     """(found accelerator tensors, what DL301 does with them, the batches' one
-    device or None) for this loader: ``MOVE`` to CPU where every batch is
-    certainly copied back to its one device; ``EMULATE`` where they cannot reach a
-    worker (MPS, XPU: the batches of emulated workers keep their device); None:
-    left as they are. CUDA
-    tensors reach spawn workers by CUDA IPC, and forked workers that touch
-    them are recovered by spawn (DL205): either way the batches keep their
-    device, which moving them would change."""
+    device or None): ``MOVE`` to CPU where every batch is certainly copied
+    back to its one device; ``EMULATE`` where they cannot reach a worker (MPS,
+    XPU); None: left as they are (CUDA: IPC under spawn, DL205 under fork;
+    moving them would change the batches' device)."""
     if values["num_workers"] <= 0 or not device_tensors_possible(facts):
         return [], None, None
     found = scan(values["dataset"]).on(ACCELERATORS)

@@ -1,49 +1,38 @@
 """AMP across torch versions and devices: autocast and GradScaler.
 
-The AMP API moved twice: ``torch.cuda.amp`` / ``torch.cpu.amp`` became
-``torch.amp`` with a leading device argument (GradScaler in 2.3, autocast and
-custom_fwd in 2.4, with a FutureWarning on the old names), and each device
-learned its autocast dtypes at its own pace. Scripts written for one torch
-and one machine warn, crash, or silently run in fp32 on another.
+The AMP API moved: ``torch.cuda.amp`` / ``torch.cpu.amp`` became
+``torch.amp`` with a leading device argument (GradScaler in 2.3, autocast
+and custom_fwd in 2.4, with a FutureWarning on the old names), and each
+device learned its autocast dtypes at its own pace. Scripts written for one
+torch and machine warn, crash, or silently run in fp32 on another.
 
-Every check takes the call's arguments by name, the platform facts, ``caps``
-(what this torch's AMP can do, probed once by the patch; tests pass a fake)
-and an ``AmpCall`` that says which API was called. Arguments:
-
-- autocast: ``device_type``, ``dtype``, ``enabled``, ``cache_enabled``;
-- GradScaler: ``device`` (None when the call gave none), ``init_scale``,
-  ``growth_factor``, ``backoff_factor``, ``growth_interval``, ``enabled``.
-
-A routing finding changes the pseudo-argument ``api``: the patch builds the
-object through the modern class instead of the deprecated one.
+Every check takes the call's arguments by name (autocast: ``device_type``,
+``dtype``, ``enabled``, ``cache_enabled``; GradScaler: ``device``, None
+when not given, ``init_scale``... ``enabled``) and an ``AmpContext``:
+``caps``, what this torch's AMP can do (probed once; tests pass a fake),
+and the ``AmpCall``. A routing finding shows the pseudo-argument ``api``:
+the patch builds the object through the modern class instead.
 """
+
+from typing import Any, NamedTuple, Optional
 
 from . import AmpContext, Rewrite, rule
 
 GROUP = "amp"
 
 
-class AmpCall:
-    """Which AMP API a call went through.
+class AmpCall(NamedTuple):
+    """Which AMP API a call went through: ``api``, the name called;
+    ``device``, the device that API is fixed to (None: an argument);
+    ``takes_device``: whether its signature has one; ``route``: the modern API
+    it can be built through here, or None; ``provided``: supplied by
+    autosafe_torch because this torch lacks it."""
 
-    ``api``: the name the user called (``torch.cuda.amp.GradScaler``);
-    ``device``: the device that API is fixed to (``"cuda"``), None when the
-    device is an argument; ``takes_device``: whether its signature has one;
-    ``route``: the modern API it can be built through on this torch, or None;
-    ``provided``: autosafe_torch supplied the API because this torch lacks it.
-    """
-
-    __slots__ = ("api", "device", "takes_device", "route", "provided")
-
-    def __init__(self, api, device=None, takes_device=True, route=None, provided=False):
-        self.api = api
-        self.device = device
-        self.takes_device = takes_device
-        self.route = route
-        self.provided = provided
-
-    def __repr__(self):
-        return "AmpCall(%s)" % ", ".join("%s=%r" % (n, getattr(self, n)) for n in self.__slots__)
+    api: str
+    device: Optional[str] = None
+    takes_device: bool = True
+    route: Optional[str] = None
+    provided: bool = False
 
 
 def device_type(value):
@@ -60,12 +49,9 @@ def device_available(device, facts):
 
 
 def inert_device(facts):
-    """An autocast device type every torch accepts and nothing here runs on.
-
-    A disabled region for it changes no tensor: "cuda" where there is no
-    CUDA; otherwise "cpu" (it would only matter nested inside an enabled CPU
-    autocast region).
-    """
+    """An autocast device type every torch accepts and nothing here runs on, so
+    a disabled region for it changes no tensor: "cuda" where there is no CUDA,
+    else "cpu" (it would only matter nested in an enabled CPU region)."""
     return "cpu" if facts.accelerator == "cuda" else "cuda"
 
 
@@ -81,7 +67,6 @@ def _disable_quietly(before, after, args, caps):
 
 def _scaler_device(args, call):
     return device_type(args["device"]) or call.device or "cuda"
-
 
 
 # How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
@@ -106,6 +91,7 @@ DTYPE_REWRITE = Rewrite(
     "a `torch.device` as device type: `device.type`; bfloat16 on a GPU that cannot: "
     "`enabled=... torch.cuda.is_bf16_supported()`",
     "any other dtype the device cannot autocast to")
+
 
 @rule("AMP501", "deprecated-autocast-api", GROUP,
       summary=("torch.cuda.amp.autocast, torch.cpu.amp.autocast, "
@@ -173,7 +159,8 @@ def provided_amp_api(args, ctx: AmpContext):
     call = ctx.call
     if not call.provided:
         return None
-    before, changes = {"api": call.api + " (missing)"}, {}
+    before: dict[str, Any] = {"api": call.api + " (missing)"}
+    changes: dict[str, Any] = {}
     why = "this torch has no %s; %s does the same" % (call.api, call.route)
     done = "%s, missing here, provided by %s" % (call.api, call.route)
     if "device" in args:  # a GradScaler
@@ -319,7 +306,3 @@ def amp_device_unavailable(args, ctx: AmpContext):
         "optimizer step through unchanged" % device,
         done="GradScaler(%r) disabled: no %s device here (it passes the loss through)"
         % (device, device))
-
-# Checks run in their order here, per hook: autocast: AMP505 then AMP503 (a
-# device type is normalised before it is looked up); scaler: AMP502, AMP506,
-# AMP504, AMP503.

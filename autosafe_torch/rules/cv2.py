@@ -3,32 +3,24 @@
 Measured on opencv-python-headless 4.5.1 .. 5.0.0 (pthreads backend, two
 cores, fork workers; README, "Devices, shared memory, open files and
 OpenCV"): DataLoader workers with no fix did not hang; raw forks at a high
-rate while the parent's threads ran cv2 did, rarely (5.0.0), and never
-with ``cv2.setNumThreads(0)`` in the child; ``setNumThreads`` with any
-non-zero count in a forked child hung or crashed on every release. With a
-usable OpenCL device, a parent that used OpenCL (``cv2.UMat``) hands its
-context to forked workers, and workers that use UMat then hang, whatever
-they set in ``worker_init_fn``. Stopping the parent's pool at ``import
-cv2`` cost main-process cv2 code 0.57x.
+rate while the parent's threads ran cv2 did, rarely (5.0.0), never with
+``cv2.setNumThreads(0)`` in the child; any non-zero count in a forked child
+hung or crashed on every release. A parent that used OpenCL (``cv2.UMat``)
+on a usable device hands its context to forked workers, which then hang in
+UMat whatever ``worker_init_fn`` sets. Stopping the parent's pool at
+``import cv2`` cost main-process cv2 code 0.57x. So:
 
-So:
+- CV401: the program keeps its threads; each worker gets
+  ``setNumThreads(0)`` (never another count) before the program's code
+  runs there: fork workers as they fork (an after-fork hook for torch's
+  ``_worker_loop`` processes, installed at ``import cv2`` by
+  patches/cv2.py), every start method through a ``worker_init_fn`` step.
+- CV402: only where the hazard is a fact (fork workers, a usable OpenCL
+  device, the OpenCL runtime loaded in the parent): the workers start from
+  the warm server (a clean process) where the dataset travels, else are
+  emulated; OpenCL is off in the workers.
 
-- CV401: the program keeps its threads. Each worker gets
-  ``setNumThreads(0)`` (never another count) before any code of the
-  program runs in it: fork workers as they fork (an after-fork hook of
-  multiprocessing, for torch's ``_worker_loop`` processes only, installed
-  silently at ``import cv2`` by patches/cv2.py), every start method through a
-  ``worker_init_fn`` step (spawn and forkserver workers import cv2 afresh).
-- CV402: OpenCL only where the hazard is a fact: fork workers, a usable
-  OpenCL device, and the OpenCL runtime already loaded in the parent
-  (it used OpenCL) when the workers are about to fork. Then the workers
-  start from the warm server (spawn's semantics, a clean process) where
-  the dataset travels there, or are emulated in this process where it
-  does not; and OpenCL is off in the workers. Elsewhere (no device: the
-  usual Linux machine; or no OpenCL use in the parent) nothing is done.
-
-Nothing here imports cv2: the steps are added only when the program has
-imported it, and a worker imports it only then.
+Nothing here imports cv2: the steps are added only once the program has.
 """
 
 import sys
@@ -41,8 +33,6 @@ from .ladder import emulated_workers, start_method
 from .pickling_plan import pickling_plan
 
 GROUP = "cv2"
-
-
 
 # How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
 CV2_WORKERS_REWRITE = Rewrite(
@@ -74,8 +64,19 @@ CV2_WORKERS_REWRITE = Rewrite(
       rewrite=CV2_WORKERS_REWRITE,
       at="dataloader.init")
 def cv2_threads_in_workers(args, ctx):
-    return _add_step(cv2_threads_in_workers, args, cv2_remedies.worker_threads_off,
-                     "cv2.setNumThreads(0)", "; fork workers also as they fork")
+    if args["num_workers"] <= 0 or "cv2" not in sys.modules:
+        return None
+    old = args["worker_init_fn"]
+    new = with_step(old, cv2_remedies.worker_threads_off)
+    if new is old:
+        return None
+    return cv2_threads_in_workers.rule.finding(
+        {"worker_init_fn": old}, {"worker_init_fn": new},
+        "cv2 is imported; cv2.setNumThreads(0) in each worker under every start method, "
+        "before the worker_init_fn of the program; never a non-zero count in a forked worker",
+        strategy="worker_init_fn step",
+        done="cv2.setNumThreads(0) in each of %s (a worker_init_fn step before yours; fork "
+        "workers also as they fork)" % number_of(args["num_workers"], "worker"))
 
 
 @rule("CV402", "cv2-opencl", GROUP,
@@ -115,21 +116,15 @@ def cv2_opencl_context(args, ctx: IterContext):
         return None
     if any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None  # no worker is forked
-    from ..facts import opencl_device_usable, opencl_runtime_loaded  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load (-X importtime: facts)
+    from ..facts import fork_server_available, opencl_device_usable, opencl_runtime_loaded  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load (-X importtime: facts)
 
     runtime = opencl_runtime_loaded()
     if runtime is None or not opencl_device_usable():
         return None  # the parent has not used OpenCL, or it is inert here
     why = "this process has used OpenCL (%s loaded) on a usable device, and a forked " \
         "worker would inherit its OpenCL context" % runtime
-    return _away_from_the_context(cv2_opencl_context, args, ctx, why)
-
-
-def _away_from_the_context(check, args, ctx: IterContext, why):
-    """Warm server where the dataset travels (it pickles as it is, and the
-    main module can be imported by a worker), else emulated workers."""
-    from ..facts import fork_server_available  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load (-X importtime: facts)
-
+    # The warm server where the dataset travels (it pickles as it is, and a
+    # worker can import the main module), else emulated workers.
     plan = pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
             and fork_server_available(ctx.facts.platform)):
@@ -139,7 +134,7 @@ def _away_from_the_context(check, args, ctx: IterContext, why):
                 else "no fork server here" if ctx.main_guarded()
                 else "the main module is not guarded"))
         # the line says why in short; the details (what does not pickle) are in why
-        return emulated_workers(check, args, why + "; " + reason,
+        return emulated_workers(cv2_opencl_context, args, why + "; " + reason,
                                 reason="not forked from this one, which used OpenCL, and "
                                 "the dataset cannot travel to a clean worker")
     from ..remedies import warmstart  # noqa: PLC0415 - 0.6/1.5 ms at `import torch` / `import cv2`, where the rules load (-X importtime: remedies.warmstart, diagnostics, faulthandler; at cv2's also multiprocessing.connection, resource_sharer, spawn)
@@ -148,7 +143,7 @@ def _away_from_the_context(check, args, ctx: IterContext, why):
         [args["dataset"], args["collate_fn"], args["worker_init_fn"]])
     init = with_step(args["worker_init_fn"], warmstart.exit_with_parent)
     init = with_step(init, cv2_remedies.worker_opencl_off)
-    return check.rule.finding(
+    return cv2_opencl_context.rule.finding(
         {"multiprocessing_context": "fork"},
         {"multiprocessing_context": warmstart.warm_context(args["multiprocessing_context"]),
          "worker_init_fn": init},
@@ -161,18 +156,3 @@ def _away_from_the_context(check, args, ctx: IterContext, why):
         "not forked from this one, which used OpenCL; OpenCL off in each of %s"
         % number_of(args["num_workers"], "worker"))
 
-
-def _add_step(check, args, step, what, note=""):
-    if args["num_workers"] <= 0 or "cv2" not in sys.modules:
-        return None
-    old = args["worker_init_fn"]
-    new = with_step(old, step)
-    if new is old:
-        return None
-    return check.rule.finding(
-        {"worker_init_fn": old}, {"worker_init_fn": new},
-        "cv2 is imported; %s in each worker under every start method, before the "
-        "worker_init_fn of the program; never a non-zero count in a forked worker"
-        % what, strategy="worker_init_fn step",
-        done="%s in each of %s (a worker_init_fn step before yours%s)" % (
-            what, number_of(args["num_workers"], "worker"), note))

@@ -14,6 +14,7 @@ from .fork_plan import fork_plan
 from .ladder import GROUP, away_from_fork, start_method
 from .pickling import LAZY_OPEN_REWRITE, thread_pool_to_spawned_workers
 
+
 def _forking(args):
     return bool(args["num_workers"]) and start_method(args) == "fork"
 
@@ -142,11 +143,7 @@ def handle_not_fork_safe(args, ctx: IterContext):
         done=_fork_done((), handles, (), args["num_workers"]))
 
 
-# -- what the workers report as they exit (``dataloader.outcome``) -----------------
-#
-# ``ctx.usage`` (``remedies.isolation.Usage``): the files the workers read
-# through a description of their own; ``ctx.workers``: how many; ``ctx.said``:
-# the iteration's records (DL207's named the loader's files). A record of what held.
+# -- what the workers report as they exit (``dataloader.outcome``): what held ------
 
 
 def _used(usage, how):
@@ -217,7 +214,7 @@ def read_through_no_object(args, ctx: OutcomeContext):
 def descriptor_to_workers(args, ctx: OutcomeContext):
     """The carried descriptors the workers read (the offset moved), and those
     whose number the loader's parts hold, read or not (``os.pread`` moves no
-    offset); the others were carried too, but nothing shows a worker used them."""
+    offset); nothing shows a worker used the others."""
     from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, faulthandler)
 
     usage = ctx.usage
@@ -244,9 +241,7 @@ def descriptor_to_workers(args, ctx: OutcomeContext):
 def thread_pool_under_fork(args, ctx):
     from ..remedies import pools  # noqa: PLC0415 - imports torch: the rules load at `import cv2`, before the program imports torch
 
-    if not args["num_workers"] or start_method(args) != "fork":
-        return None
-    if not threads.others_alive():
+    if not _forking(args) or not threads.others_alive():
         return None  # a pool in use has threads: with none alive, none is (no walk)
     used = [here for here, pool, _edge in holdings.find_thread_pools(args["dataset"])
             if holdings.thread_pool_in_use(pool)]
@@ -262,8 +257,6 @@ def thread_pool_under_fork(args, ctx):
         strategy="new pool per worker",
         done="%s (a thread pool) made anew, empty, in each of %s" % (
             ", ".join(used), number_of(args["num_workers"], "forked worker")))
-
-
 
 
 def own_descriptions_wanted(enabled):

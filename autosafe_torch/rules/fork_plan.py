@@ -11,6 +11,8 @@ from . import IterContext
 
 SAFE_FORK_PLATFORMS = ("linux",)
 SPAWNING = ("spawn", "forkserver")
+SPAWN_VERSIONS = ("every supported torch; spawn (macOS, Windows) and forkserver (Linux from "
+                  "Python 3.14)")  # the rules' ``versions``
 
 
 def start_method(args):
@@ -20,15 +22,15 @@ def start_method(args):
 
 
 def spawning_workers(args, ctx: IterContext):
-    """Workers started by spawn/forkserver from a guarded main: they get pickles.
-    At ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
+    """Workers started by spawn/forkserver from a guarded main: they get pickles."""
     return args["num_workers"] > 0 and start_method(args) in SPAWNING and ctx.main_guarded()
+
 
 def fork_plan(args, ctx):
     """What forked workers of this loader would share, and what the fork rung
-    does about it (``remedies.isolation.ForkPlan``), cached on ``ctx``. Empty
-    for a dataset that reopens its files per process by itself. The one check
-    for deciding and acting: the worker step applies the same plan."""
+    does about it (``remedies.isolation.ForkPlan``, which the worker step
+    applies), cached on ``ctx``. Empty for a dataset that reopens its files
+    per process by itself."""
     from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - 0.2 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.descriptors)
     from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, reopen, descriptors, diagnostics, faulthandler)
 
@@ -42,7 +44,6 @@ def fork_plan(args, ctx):
     return per_parts(ctx, "fork_plans", args, make)
 
 
-
 def per_parts(ctx, name, args, make):
     """``make()``, once per check context ``ctx`` and loader parts (by identity),
     kept in ``ctx`` under ``name``: the checks of one iteration share a plan."""
@@ -53,16 +54,13 @@ def per_parts(ctx, name, args, make):
     return cache[key]
 
 
-
 def fork_is_safe(args, ctx: IterContext):
     """Rung 2: fork, where this platform allows it and the fork rung's remedies
-    handle everything forked workers would share: read-only files get their
-    own offsets and native handles are reopened (DL207, DL212: the plan their
-    worker step applies), thread pools are rebuilt (DL208). Not for a lock
-    held now or a live thread, which a forked child cannot inherit, nor for
-    a loader whose forked workers were seen to fail (``ctx.fork_failed``).
-    CUDA initialised in this process is no reason: forked workers that do not
-    touch it run, and those that do are recovered (DL205)."""
+    handle everything forked workers would share (DL207, DL212: files and
+    native handles; DL208: thread pools). Not for a lock held now or a live
+    thread, which a forked child cannot inherit, nor for a loader whose
+    forked workers failed (``ctx.fork_failed``). CUDA initialised here is no
+    reason: forked workers that touch it are recovered (DL205)."""
     from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.threads)
 
     if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None:
@@ -73,5 +71,3 @@ def fork_is_safe(args, ctx: IterContext):
         return False
     # A lock held now, a live thread: only where another thread is alive.
     return not (threads.others_alive() and holdings.fork_blockers(args["dataset"]))
-
-

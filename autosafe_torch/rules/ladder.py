@@ -1,34 +1,26 @@
 """The ladder: the rungs a loader's workers may run on, in order, with their
-conditions; used both to decide at ``iter()`` (the rules at
-``dataloader.iter``) and to recover after a failure (``recovery``).
+conditions, to decide at ``iter()`` (the rules at ``dataloader.iter``) and
+to recover after a failure (``recovery``).
 
-At ``iter()``, for a loader whose workers cannot start as asked (keep the
-first rung that works; every rung yields the batches the requested workers
-yield on a safe platform):
+At ``iter()``, for workers that cannot start as asked, the first rung that
+works (each yields the batches the requested workers yield on a safe
+platform):
 
-1. repair: read-only files (and h5py, sqlite, lmdb, cv2.VideoCapture
-   handles) travel by path, lambdas/local functions and
-   interactive-``__main__`` classes by value (``remedies``, planned by
-   ``pickling_plan.py``);
+1. repair: read-only files and native handles travel by path, local
+   functions and interactive-``__main__`` classes by value (``remedies``,
+   planned by ``pickling_plan.py``);
 2. another start method (``fallback``, ``away_from_fork``): fork on Linux
-   where safe (no lock held now, no live thread, and every file and handle
-   one that the fork remedies, DL207 and DL212, handle: ``fork_plan.py``;
-   not once forked workers of the loader touched CUDA, DL205), spawn where
-   all pickles;
+   where safe (``fork_plan.fork_is_safe``), spawn where all pickles;
 3. where no fork is safe (macOS): the dataset built again in each worker
-   from its constructor's arguments (``remedies/rebuild.py``), where a
-   second build here holds the same state; below fork because it runs the
-   user's constructor again, which fork never does;
-4. emulated workers: the requested workers emulated in this process, each
-   with its own copy of the dataset, its seeds and its worker info, so that
-   the batches are exactly those of the workers asked for.
+   from its constructor's call (``remedies/rebuild.py``), where a second
+   build here holds the same state; below fork because it runs the user's
+   constructor again, which fork never does;
+4. emulated workers, in this process, each with its own copy of the
+   dataset, seeds and worker info: exactly the batches asked for.
 
-After a failure of running workers (``recovery``, rules/recovery.py): per
-kind of failure, the rungs of ``LADDERS``, in order (``next_rung``): new
-workers, fewer batches in flight, file_system sharing, spawn workers (once
-forked workers touched CUDA: ``away_from_fork`` with ``ctx.fork_failed``),
-emulated workers. Both end on the same last rung, and a rung is named by a
-``Rung`` wherever it is chosen: findings carry it (``Finding.rung``) and the
+After a failure of running workers: per kind, the rungs of ``LADDERS``
+(``next_rung``). Both end on the same last rung. A rung is a ``Rung``
+wherever it is chosen: findings carry it (``Finding.rung``), and the
 patches and the recovery ask it, never a rule's code.
 """
 
@@ -82,9 +74,8 @@ def fallback(check: Check, args: dict[str, Any], ctx: IterContext, why: str | No
 def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: str,
                    repairs: bool = True) -> Finding:
     """Spawn where everything pickles, else emulated workers. ``repairs``:
-    whether the repairs that make it pickle can still be made (the checks
-    that make them, DL201-DL203 and DL208, run before DL207 and DL212). At
-    ``dataloader.iter`` (the hook that gives ``ctx.main_guarded``)."""
+    whether the repairs that make it pickle can still be made (DL201-DL203
+    and DL208 run before DL207 and DL212)."""
     plan = pickling_plan(args, ctx)
     if ctx.main_guarded() and not plan.failures and (
             repairs or not plan.needs_repair):
@@ -97,9 +88,8 @@ def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: st
 
 def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | None = None,
                      reason: str | None = None, not_rebuilt: str | None = None) -> Finding:
-    """The last rung: the requested workers emulated in this process, one fetch
-    at a time, each with its own dataset copy, seeds and worker info, so the
-    batches are those the workers would give (remedies/emulated_workers.py)."""
+    """The last rung: the requested workers emulated in this process
+    (remedies/emulated_workers.py)."""
     return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
                               rung=Rung.EMULATED,
                               kept=Kept(emulated_workers=args["num_workers"],
@@ -152,8 +142,7 @@ MAX_FAILURES = 2  # a rung that failed twice is not tried again
 
 def next_rung(kind: str, failures: Mapping[Rung, int]) -> Rung | None:
     """The first rung for ``kind`` that has not failed ``MAX_FAILURES`` times
-    (``failures``: rung -> count; a failure of the workers as asked counts as
-    one of RESTART, which starts them as they were), or None."""
+    (a failure of the workers as asked counts as one of RESTART), or None."""
     limit = 1 if kind in ONCE else MAX_FAILURES
     for rung in LADDERS[kind]:
         if failures.get(rung, 0) < limit:

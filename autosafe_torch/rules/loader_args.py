@@ -1,25 +1,19 @@
 """DataLoader arguments that only make sense with worker processes.
 
-PyTorch rejects them when ``num_workers=0`` (read from torch's
-``dataloader.py``: the ``__init__`` checks, the ``multiprocessing_context``
-setter and ``_SingleProcessDataLoaderIter``), or warns about them on every
-epoch. With no workers they have no effect, so dropping them cannot change a
-single batch.
-
-Each rule fires only for a value that is valid but for the missing workers:
-a negative, wrong-typed or otherwise invalid value reaches torch's own error
-untouched (``timeout=-1`` is the user's mistake, and torch says so).
+PyTorch rejects them when ``num_workers=0`` (torch's ``dataloader.py``:
+the ``__init__`` checks, the ``multiprocessing_context`` setter and
+``_SingleProcessDataLoaderIter``), or warns about them on every epoch. With
+no workers they have no effect, so dropping them cannot change a batch.
+Each rule fires only for a value valid but for the missing workers: an
+invalid one (``timeout=-1``) reaches torch's own error untouched.
 """
 
 import multiprocessing
 import numbers
 
-
 from . import InitContext, Rewrite, brief, rule
 
 GROUP = "dataloader"
-
-
 
 # How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
 WORKER_ARGUMENT_REWRITE = Rewrite(
@@ -33,6 +27,7 @@ PIN_MEMORY_REWRITE = Rewrite(
     'loader_args', 'site',
     "`pin_memory=torch.cuda.is_available()` (`pin_memory=x and ...` for an expression)",
     "the argument is not written at the call")
+
 
 @rule("DL101", "prefetch-without-workers", GROUP,
       summary="prefetch_factor given with num_workers=0: reset to the default",
@@ -51,10 +46,8 @@ def prefetch_without_workers(args, ctx: InitContext):
     default = ctx.defaults.get("prefetch_factor")
     value = args["prefetch_factor"]
     if args["num_workers"] == 0 and value != default and _count(value) and value >= 1:
-        return prefetch_without_workers.rule.finding(
-            {"prefetch_factor": args["prefetch_factor"]}, {"prefetch_factor": default},
-            "prefetching happens in worker processes and there are none",
-            done="prefetch_factor %s -> %s: num_workers=0" % (brief(value), brief(default)))
+        return _without_workers(prefetch_without_workers, args, "prefetch_factor", default,
+                                "prefetching happens in worker processes and there are none")
 
 
 @rule("DL102", "persistent-without-workers", GROUP,
@@ -68,11 +61,8 @@ def prefetch_without_workers(args, ctx: InitContext):
       at="dataloader.init")
 def persistent_without_workers(args, ctx):
     if args["num_workers"] == 0 and _flag(args["persistent_workers"]):
-        return persistent_without_workers.rule.finding(
-            {"persistent_workers": args["persistent_workers"]}, {"persistent_workers": False},
-            "there are no workers to keep alive",
-            done="persistent_workers %s -> False: num_workers=0"
-            % brief(args["persistent_workers"]))
+        return _without_workers(persistent_without_workers, args, "persistent_workers", False,
+                                "there are no workers to keep alive")
 
 
 @rule("DL103", "context-without-workers", GROUP,
@@ -88,12 +78,8 @@ def persistent_without_workers(args, ctx):
       at="dataloader.init")
 def context_without_workers(args, ctx):
     if args["num_workers"] == 0 and _valid_context(args["multiprocessing_context"]):
-        return context_without_workers.rule.finding(
-            {"multiprocessing_context": args["multiprocessing_context"]},
-            {"multiprocessing_context": None},
-            "no worker processes are started, so no start method is used",
-            done="multiprocessing_context %s -> None: num_workers=0"
-            % brief(args["multiprocessing_context"]))
+        return _without_workers(context_without_workers, args, "multiprocessing_context", None,
+                                "no worker processes are started, so no start method is used")
 
 
 @rule("DL107", "timeout-without-workers", GROUP,
@@ -110,10 +96,15 @@ def timeout_without_workers(args, ctx):
     timeout = args["timeout"]
     if args["num_workers"] == 0 and isinstance(timeout, numbers.Real) \
             and not isinstance(timeout, bool) and timeout > 0:  # type: ignore[operator]  # typeshed's Real lacks >
-        return timeout_without_workers.rule.finding(
-            {"timeout": args["timeout"]}, {"timeout": 0},
-            "timeout bounds the wait for a worker's batch and there are no workers",
-            done="timeout %s -> 0: num_workers=0" % brief(timeout))
+        return _without_workers(timeout_without_workers, args, "timeout", 0,
+                                "timeout bounds the wait for a worker's batch and there are "
+                                "no workers")
+
+
+def _without_workers(check, args, name, new, why):
+    """``name`` set to ``new``: with num_workers=0 it has no effect."""
+    done = "%s %s -> %s: num_workers=0" % (name, brief(args[name]), brief(new))
+    return check.rule.finding({name: args[name]}, {name: new}, why, done=done)
 
 
 @rule("DL106", "zero-prefetch-with-workers", GROUP,
@@ -168,8 +159,7 @@ def _flag(value):
 
 
 def _valid_context(context):
-    """A start method this platform has, or a multiprocessing context object;
-    anything else is torch's to reject."""
+    """A start method this platform has, or a multiprocessing context object."""
     if isinstance(context, str):
         return context in multiprocessing.get_all_start_methods()
     return context is not None and callable(getattr(context, "get_start_method", None))

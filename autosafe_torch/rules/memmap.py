@@ -1,28 +1,20 @@
 """Memory maps travel to spawn/forkserver workers by reference (DL218).
 
-A loader whose workers receive the dataset by pickling (spawn, forkserver,
-the warm server of DL209; not fork, whose workers inherit the map) copies
-every ``numpy.memmap`` it holds into each worker start: the whole file is
-read, pickled and unpickled per worker and per epoch, and every worker
-holds a private copy. Nothing fails, it is only slow and large, and the
-worker gets exactly what the map showed; DL218 gives it the same array
-mapped again from the file (``remedies/memmaps.py``: exact or nothing, a
-map that cannot be reproduced exactly is pickled as before; which can is
-read by ``inspection/mappings.py``).
+Workers that receive the dataset by pickling (spawn, forkserver, the warm
+server of DL209; not fork, whose workers inherit the map) get every
+``numpy.memmap`` copied into each worker start: the whole file read,
+pickled and unpickled per worker and per epoch. Nothing fails, it is only
+slow and large; DL218 maps the same array again from the file in each
+worker (``remedies/memmaps.py``: exact or nothing, a map that cannot be
+reproduced exactly is pickled as before; ``inspection/mappings.py``).
 
 A tensor whose storage is a file's map (``torch.load(path, mmap=True)``,
-``torch.UntypedStorage.from_file``, ``torch.from_numpy`` of a memmap) is
-sent by torch's reducer through shared memory: the training process copies
-the storage into ``/dev/shm`` and keeps the copy for the tensor's life (a
-``from_file`` storage does not go at all). DL218 sends it by reference too,
-and each worker maps the file again, private and copy-on-write
-(``remedies/mapped_tensors.py``, the same exactness, read by
-``inspection/tensors.py``); the reducer acts only on tensors of the files
-this loader's tensors lie in.
-
-It runs after the ladder and the warm start (``RULE_MODULES``): it sees the
-start method they chose, and acts on nothing they sent to fork or to
-emulated workers.
+``UntypedStorage.from_file``, ``torch.from_numpy`` of a memmap) is sent by
+torch's reducer through ``/dev/shm``, the copy kept for the tensor's life
+(a ``from_file`` storage does not go at all). DL218 sends it by reference
+too, each worker mapping the file again, private and copy-on-write
+(``remedies/mapped_tensors.py``), for the files this loader's tensors lie
+in only. It acts on nothing the ladder sent to fork or emulated workers.
 """
 
 import os
@@ -101,9 +93,10 @@ def memmap_by_reference(args, ctx: IterContext):
 
     workers = number_of(args["num_workers"], "worker")
     named = ["%s (a numpy memmap of %s, %s)" % (
-        path, _file_name(ref.path), memmaps.size_text(arr.nbytes)) for path, arr, ref in arrays]
+        path, os.path.basename(ref.path), memmaps.size_text(arr.nbytes))
+        for path, arr, ref in arrays]
     named += ["%s (a tensor mapped from %s, %s)" % (
-        path, _file_name(ref.path), memmaps.size_text(ref.nbytes)) for path, ref in tensors]
+        path, os.path.basename(ref.path), memmaps.size_text(ref.nbytes)) for path, ref in tensors]
     shown = ", ".join(named[:3]) + (" and %d more" % (len(named) - 3) if len(named) > 3 else "")
     reasons, remedies, before = [], [], {}
     if arrays:
@@ -128,9 +121,9 @@ def memmap_by_reference(args, ctx: IterContext):
 
 def _mapped(args, numpy, torch):
     """``(arrays, tensors, kept)``: ``(path, array, Reference)`` for each memmap
-    of the parts that can go by reference, ``(path, TensorReference)`` for each
-    file-mapped tensor that can, ``(path, why not)`` for the others (one walk,
-    one read of this process's maps)."""
+    that can go by reference, ``(path, TensorReference)`` for each file-mapped
+    tensor that can, ``(path, why not)`` for the others (one walk, one read of
+    this process's maps)."""
     from ..inspection import mappings  # noqa: PLC0415 - 0.2 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.mappings)
 
     # The types the reducers are registered for: a subclass pickles as it always did.
@@ -154,7 +147,3 @@ def _mapped(args, numpy, torch):
         elif why is not None:
             kept.append((here, why))
     return arrays, tensors, kept
-
-
-def _file_name(path):
-    return os.path.basename(path)

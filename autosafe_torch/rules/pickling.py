@@ -14,7 +14,7 @@ from ..remedies import pickling
 from ..remedies.process_state import Carry
 from ..rung import Rung
 from . import IterContext, Rewrite, number_of, rule, what_is
-from .fork_plan import spawning_workers
+from .fork_plan import SPAWN_VERSIONS, spawning_workers
 from .ladder import GROUP, fallback
 from .pickling_plan import pickling_plan
 from .repairs import REPAIRS, what_dl201_says
@@ -40,6 +40,11 @@ LAZY_OPEN_REWRITE = Rewrite(
     "`__reduce__`, `__slots__`); the dataset's class is not in the file")
 
 
+def _spawn_plan(args, ctx: IterContext):
+    """The pickling plan, where the workers get pickles; else None."""
+    return pickling_plan(args, ctx) if spawning_workers(args, ctx) else None
+
+
 @rule("DL202", "local-function-to-workers", GROUP,
       summary=("lambda, local function or local class as collate_fn/worker_init_fn or "
                "anywhere in the dataset, under spawn/forkserver: pickled by value "
@@ -57,18 +62,15 @@ LAZY_OPEN_REWRITE = Rewrite(
                 "\n"
                 "def main():\n"
                 "    loader = DataLoader(ds, num_workers=2, collate_fn=stack)")),
-      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
-                "from Python 3.14)"),
+      versions=SPAWN_VERSIONS,
       rewrite=LOCAL_FUNCTION_REWRITE,
       at="dataloader.iter",
       # it reads the start method these may have moved the loader to
       after=("fork_on_macos", "fork_after_cuda"),
       notebook_fix=NOTEBOOK_FIX)
 def local_function_to_workers(args, ctx: IterContext):
-    if not spawning_workers(args, ctx):
-        return None
-    plan = pickling_plan(args, ctx)
-    if plan.failures:
+    plan = _spawn_plan(args, ctx)
+    if plan is None or plan.failures:
         return None  # the ladder (DL201) takes the loader elsewhere
     workers = number_of(args["num_workers"], "worker")
     found = [local_function_to_workers.rule.finding(
@@ -102,17 +104,14 @@ def local_function_to_workers(args, ctx: IterContext):
                 "# the notebook\n"
                 "from squares import Squares\n"
                 "DataLoader(Squares(), num_workers=2)")),
-      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
-                "from Python 3.14)"),
+      versions=SPAWN_VERSIONS,
       at="dataloader.iter",
       # it reads whether DL202 repairs the dataset's functions (ctx.found)
       after=("local_function_to_workers",),
       notebook_fix=NOTEBOOK_FIX)
 def interactive_main_class(args, ctx: IterContext):
-    if not spawning_workers(args, ctx):
-        return None
-    plan = pickling_plan(args, ctx)
-    if plan.failures or ((plan.by_value or plan.nested) and not ctx.found("DL202")):
+    plan = _spawn_plan(args, ctx)
+    if plan is None or plan.failures or ((plan.by_value or plan.nested) and not ctx.found("DL202")):
         return None
     from ..remedies import byvalue  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.byvalue)
 
@@ -149,10 +148,8 @@ def interactive_main_class(args, ctx: IterContext):
       # it reads the start method these may have moved the loader to
       after=("fork_on_macos", "fork_after_cuda"))
 def thread_pool_to_spawned_workers(args, ctx: IterContext):
-    if not spawning_workers(args, ctx):
-        return None
-    plan = pickling_plan(args, ctx)
-    if not plan.pools or plan.failures:
+    plan = _spawn_plan(args, ctx)
+    if plan is None or not plan.pools or plan.failures:
         return None
     from ..remedies import pools  # noqa: PLC0415 - imports torch (torch.utils.data): the rules load at `import cv2`, before the program imports torch
 
@@ -198,9 +195,9 @@ DL201_SAYS = [r for r in REPAIRS if r.code == "DL201"]  # its words, from the re
       after=("local_function_to_workers", "interactive_main_class",
              "thread_pool_to_spawned_workers"))
 def unpicklable_dataset(args, ctx: IterContext):
-    if not spawning_workers(args, ctx):
+    plan = _spawn_plan(args, ctx)
+    if plan is None:
         return None
-    plan = pickling_plan(args, ctx)
     if plan.failures:
         return fallback(unpicklable_dataset, args, ctx, None)
     if any(not ctx.found(r.code) for r in REPAIRS
@@ -234,16 +231,13 @@ def unpicklable_dataset(args, ctx: IterContext):
                 "    logging.getLogger('audit').addHandler(logging.FileHandler(PATH))\n"
                 "\n"
                 "DataLoader(ds, num_workers=2, worker_init_fn=configure_audit)")),
-      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
-                "from Python 3.14)"),
+      versions=SPAWN_VERSIONS,
       at="dataloader.iter",
       # it reads the rung DL201 chose (fork, or emulated workers)
       after=("unpicklable_dataset",))
 def logging_config_to_workers(args, ctx: IterContext):
-    if not spawning_workers(args, ctx):
-        return None
-    plan = pickling_plan(args, ctx)
-    if plan.failures or not plan.loggers:
+    plan = _spawn_plan(args, ctx)
+    if plan is None or plan.failures or not plan.loggers:
         return None
     from ..remedies import loggers  # noqa: PLC0415 - 0.8 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.loggers, handlers, diagnostics, faulthandler)
 
@@ -310,8 +304,7 @@ PROCESS_STATE_REWRITE = Rewrite(
                 "\n"
                 "if __name__ == '__main__':\n"
                 "    DataLoader(Spectra(data, parse_args().scale), num_workers=2)")),
-      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux from "
-                "Python 3.14)"),
+      versions=SPAWN_VERSIONS,
       rewrite=PROCESS_STATE_REWRITE,
       at="dataloader.iter",
       # it reads the start method and the rung the ladder chose (fork, emulated

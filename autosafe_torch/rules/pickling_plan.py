@@ -1,9 +1,7 @@
 """The one pickling planner: what it takes for the loader's parts to reach
-spawn/forkserver workers (``PicklingPlan``).
-
-The rules of ``pickling.py`` (DL201-DL203, DL208, DL219) and ``memmap.py`` (DL218)
-read the same plan, cached per check context; the ladder reads its
-failures. Planning installs nothing: the probe tries the planned reducers
+spawn/forkserver workers (``PicklingPlan``), read by the rules of
+``pickling.py`` and ``memmap.py`` and by the ladder, cached per check
+context. Planning installs nothing: the probe tries the planned reducers
 without registering them.
 """
 
@@ -21,12 +19,10 @@ from .repairs import MAX_REPAIRS, REPAIRS, Look, Meeting, hold, look, offer
 
 
 class PicklingPlan:
-    """The repairs that make a loader's parts reach spawn/forkserver workers:
-    one field per repair of the registry (``repairs.REPAIRS``: what each
-    holds, and which rule says it), and ``refused``: why a dataset could not
-    be built again; ``failures``: what still does not pickle with all of
-    them (ProbeResults); ``pickled``: the dataset's pickle, where nothing
-    needs a repair; ``met``: the kinds of object the last probes met
+    """One field per repair of ``repairs.REPAIRS``; ``refused``: why a dataset
+    could not be built again; ``failures``: what still does not pickle with
+    all of them (ProbeResults); ``pickled``: the dataset's pickle, where
+    nothing needs a repair; ``met``: the kinds of object the last probes met
     (inventory.classify)."""
 
     # What the rules read of the fields (REPAIRS makes each, a program's kinds too):
@@ -49,8 +45,7 @@ class PicklingPlan:
 
 
 def pickling_plan(args, ctx: IterContext):
-    """The ``PicklingPlan`` for ``args``, cached on ``ctx`` (planning installs
-    nothing: the probe tries the planned reducers without registering them)."""
+    """The ``PicklingPlan`` for ``args``, cached on ``ctx``."""
     return per_parts(ctx, "pickling_plans", args,
                       lambda: plan_pickling({name: args[name] for name in PARTS},
                                              lambda: not fork_is_safe(args, ctx),
@@ -58,10 +53,9 @@ def pickling_plan(args, ctx: IterContext):
 
 
 def _warm_ahead(args, ctx: IterContext):
-    """The parts need a repair to reach spawn workers, which then come from
-    the warm server (DL209): in fix mode it starts now, in the background, so
-    that its imports overlap the rest of the planning (a loader whose repair
-    is refused leaves an idle server, ended at exit)."""
+    """The parts need a repair, so spawn workers will come from the warm server
+    (DL209): in fix mode it starts now, in the background, so that its imports
+    overlap the planning (a refused repair leaves an idle server, ended at exit)."""
     from ..facts import fork_server_available  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load (-X importtime: facts)
 
     warm = RULES.get("DL209")

@@ -1,36 +1,30 @@
 """Worker failures seen, not predicted (DL210-DL216): the recovery ladder.
 
-The rules at ``dataloader.iter`` act on hazards they can predict before the
-workers start. A prediction can be wrong (a native handle judged
-fork-safe, a thread pool nobody saw, a /dev/shm estimate for a dataset
-that cannot be sized without running it). So the workers are watched
-(``recovery``): a worker's death, a shared-memory or
-open-file failure, or no batch for the watchdog's limit while every worker
-lives, rebuilds the iterator on the next rung and resumes at the first
-batch not yet delivered.
-
-The checks here run at ``dataloader.failure``, once a recovery has
-delivered its first batch (verified, not predicted): ``ctx.failure`` is the
-first failure (``inspection.failures.Failure``), ``ctx.tried`` the rungs
-that failed on the way, ``ctx.rung`` the one that works, ``ctx.exact``
-None or why the batches may differ. Each check returns the finding the
-engine records; the ladder (``ladder.py``: ``LADDERS``, ``next_rung``)
-chooses the rungs.
+The rules at ``dataloader.iter`` predict hazards before the workers start,
+and a prediction can be wrong (a native handle judged fork-safe, a thread
+pool nobody saw, a dataset that cannot be sized without running it). So
+the workers are watched (``recovery``): a death, a shared-memory or
+open-file failure, or a hang rebuilds the iterator on the next rung
+(``ladder.py``) and resumes at the first batch not yet delivered. The
+checks here run at ``dataloader.failure`` (``FailureContext``), once a
+recovery delivered (verified, not predicted), and make its record.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
 from ..config import CONFIG
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
 from ..report import HEADLINE_LIMIT
 from ..remedies import process_state
 from . import RULES, FailureContext, checks_at, rule
 from .repairs import REPAIRS
-from .resources import DOCKER_FIX
+from .resources import DOCKER_FIX, FDS_FIX
 from .start_method import fork_after_cuda
 
 GROUP = "dataloader"
+
 
 def _recovered(check, kind, ctx: FailureContext):
     failure = ctx.failure
@@ -157,8 +151,7 @@ def shared_memory_failed(args, ctx: FailureContext):
                "sharing, then emulated workers, resumed at the first batch not delivered"),
       prevents=("RuntimeError: Too many open files. Communication with the workers is no "
                 "longer possible; RuntimeError: received 0 items of ancdata"),
-      fix=("raise the limit before starting (ulimit -n <hard limit>), or call "
-           "torch.multiprocessing.set_sharing_strategy('file_system') at start"),
+      fix=FDS_FIX,
       example=(("# ulimit -n 1024, and a collate_fn that returns many tensors per batch\n"
                 "DataLoader(ds, num_workers=8, collate_fn=list_of_tensors)"),
                ("torch.multiprocessing.set_sharing_strategy('file_system')\n"

@@ -1,19 +1,17 @@
 """The registry of repairs: what makes a loader's parts reach spawn/forkserver
-workers, one entry per kind of holder. Each ``Repair`` declares the
-``PicklingPlan`` field it fills; the rule whose record says it (``code``:
-DL202, DL203, DL208 and DL219 have their own; DL201's one record says the
-others, and its ``summary`` and ``prevents`` are theirs); how its holders are
-found: where the probe failed (``meets``: the object that did not pickle, in
-its place) or by a look of its own (``looks``: where the probes met its kind,
-``looks_when_met``, else once everything pickled), with what no worker can
-be given; the reducers the probe tries (fix mode installs them, or its
-record's own remedy); its words (``said``) and fix (the first present by
-``fix_rank``); whether it runs the user's code in a worker (``runs_user_code``:
-the rebuild calls a dataset's constructor there, never here), a last resort
-where no fork rung is safe, after which planning starts again; and whether
-the parts reach workers without it (``carried``). The planner
-(``pickling_plan.plan_pickling``) tries them by ``plan_rank``. A program adds
-a kind by ``REPAIRS.append`` before its loader iterates.
+workers, one ``Repair`` per kind of holder: the ``PicklingPlan`` field it
+fills; the rule whose record says it (``code``: DL202, DL203, DL208 and
+DL219 have their own; DL201's one record says the others, and its
+``summary`` and ``prevents`` are theirs); how its holders are found: where
+the probe failed (``meets``) or by a look of its own (``looks``: where the
+probes met its kind, ``looks_when_met``, else once everything pickled); the
+reducers the probe tries (fix mode installs them); its words (``said``) and
+fix (the first present by ``fix_rank``); ``runs_user_code``: the rebuild
+calls a dataset's constructor in each worker (never here), a last resort
+where no fork rung is safe, after which planning starts again; ``carried``:
+the parts reach workers without it. The planner (``pickling_plan``) tries
+them by ``plan_rank``. A program adds a kind by ``REPAIRS.append`` before
+its loader iterates.
 """
 
 from __future__ import annotations
@@ -30,16 +28,14 @@ from . import number_of, what_is
 
 
 class Meeting(NamedTuple):
-    """What a repair is shown where the probe failed: the failure, the object
-    that did not pickle and its class, the part it lies in (``top``), the
-    parts as planned so far, the plan, and the objects' owners (lazily)."""
+    """What a repair is shown where the probe failed (``owners``: lazily)."""
 
     failure: Any
-    value: Any
+    value: Any  # what did not pickle, and its class
     cls: type
-    top: str
+    top: str  # the part it lies in
     why: str
-    parts: dict[str, Any]
+    parts: dict[str, Any]  # as planned so far
     plan: Any
     owners: Callable[[], Any]
 
@@ -268,8 +264,8 @@ def _forwarders_look(look: Look):
 
 def _images_look(look: Look):
     """What pickles but drops an open file its methods use (``inspection/dropped.py``),
-    where the probes met an image or a file is open for reading (a pickle that
-    drops one never meets it): images opened again in each worker, else failures."""
+    looked for where the probes met an image or a file is open for reading (a
+    pickle that drops one never meets it): images opened again, else failures."""
     from ..inspection import dropped
     from ..inspection.descriptors import shared_at_fork
 
@@ -283,9 +279,8 @@ def _images_look(look: Look):
 
 
 def _loggers_look(look: Look):
-    """The configured loggers the probes met (DL219 carries their configuration
-    to spawned workers); as failures, those it cannot be carried for (the
-    remedy's own answer: it pickles what it would send)."""
+    """The configured loggers the probes met (DL219); as failures, those whose
+    configuration cannot be carried (the remedy pickles what it would send)."""
     from ..inspection.probe import ProbeResult
     from ..remedies import loggers
 
@@ -386,8 +381,7 @@ def hold(plan, planned: dict, repair: Repair, found) -> None:
 def offer(plan, meeting: Meeting, planned: dict, may_run_user_code=lambda: False
           ) -> Repair | None:
     """Offer a failure to the repairs in turn (those that run the user's code
-    where ``may_run_user_code()``): the first that meets it holds its entry
-    (``hold``), and is returned."""
+    where ``may_run_user_code()``); the first that meets it holds its entry."""
     for repair in by_rank("meets"):
         if repair.meets is None or repair.runs_user_code and not may_run_user_code():
             continue
@@ -403,9 +397,9 @@ def offer(plan, meeting: Meeting, planned: dict, may_run_user_code=lambda: False
 
 
 def look(view: Look, failures: list, looked: set) -> tuple[list, bool]:
-    """Show a probe's outcome to the repairs that look, in turn: where the probes
-    met their kind, once each (``looked``); else while nothing fails. The
-    failures, and whether one planned reducers (the parts are probed again)."""
+    """Show a probe's outcome to the repairs that look: where the probes met
+    their kind, once each (``looked``); else while nothing fails. The failures,
+    and whether one planned reducers (the parts are probed again)."""
     for repair in by_rank("looks"):
         when = repair.looks_when_met
         if repair.looks is None or (when in looked or when not in view.plan.met if when
@@ -450,7 +444,7 @@ def _install(reducers, found, _args):
 
 def read_only_files(args):
     """``(path, file)`` for each read-only file the parts hold (the reducers
-    reopen every one of them), as the walk finds them."""
+    reopen every one)."""
     from ..inspection.parts import PARTS
 
     found, seen = [], set()
@@ -464,8 +458,7 @@ def read_only_files(args):
 
 
 def memory_maps(args):
-    """``(path, map)`` for each ``mmap.mmap`` the parts hold (the reducer maps
-    every one of them again)."""
+    """``(path, map)`` for each ``mmap.mmap`` the parts hold."""
     import mmap
 
     from ..inspection.parts import held_in_parts

@@ -1,34 +1,26 @@
 """Shared memory and open files for DataLoader workers (DL303, DL304).
 
-Workers hand every batch to the main process in shared memory created in
-/dev/shm, under both of torch's sharing strategies (``file_system`` keeps
-the files named, ``file_descriptor`` unlinks them and passes descriptors;
-both allocate in /dev/shm: measured on torch 2.13, so switching strategy
-does not help a small /dev/shm). Docker gives a container 64 MiB. When the
-batches in flight do not fit, a worker fails with "unable to allocate
-shared memory(shm) for file ...: No space left on device" or dies with a
-Bus error.
+Workers hand every batch over in shared memory in /dev/shm under both of
+torch's sharing strategies (measured on torch 2.13: switching strategy
+does not help a small /dev/shm, and Docker gives a container 64 MiB).
+Batches in flight, measured with a tmpfs of a chosen size:
+``(prefetch_factor * num_workers + 2) * batch bytes`` (the requested ones,
+the one the loop holds and the one being received). The batch size in
+bytes is known without user code only for a TensorDataset. Any other
+dataset is never sampled: ``dataset[0]`` in the parent would run the
+user's ``__getitem__`` (a dataset that synchronizes across workers hangs,
+a random generator's stream advances); there, a real shared-memory
+failure is the signal (DL214), not a guess.
 
-Batches in flight, measured with a tmpfs of a chosen size in a private
-mount namespace: ``prefetch_factor * num_workers`` requested from the
-workers, plus the one the loop holds and the one being received, so
-``(prefetch_factor * num_workers + 2) * batch bytes``. The batch size in
-bytes is known without calling user code only for a TensorDataset (from
-its tensors' shapes). Any other dataset is never sampled: fetching
-``dataset[0]`` in the parent would run the user's ``__getitem__`` (a
-dataset that synchronizes across workers hangs, one that owns a random
-generator has its stream advanced); there, a real shared-memory failure is
-the signal, not a guess.
-
-With ``file_descriptor`` sharing, the main process keeps one open file per
-shared storage it holds. A collate function that returns a list of
-per-sample tensors, with many workers, passes the usual soft limit of 1024:
-"Too many open files", "received 0 items of ancdata". Raising the soft
-limit toward the hard one is what ``ulimit -n`` does; where the hard limit
-is too low as well, the ``file_system`` strategy needs no descriptors.
+With ``file_descriptor`` sharing the main process keeps one open file per
+shared storage it holds: a collate function that returns per-sample
+tensors, with many workers, passes the usual soft limit of 1024. Raising
+the soft limit toward the hard one is what ``ulimit -n`` does; where the
+hard limit is too low as well, ``file_system`` sharing needs no descriptors.
 """
 
 import sys
+from typing import NamedTuple
 
 from ..remedies import limits
 from ..remedies.workerinit import with_step
@@ -54,17 +46,15 @@ FD_CEILING = 1 << 20
 DOCKER_FIX = ("give the container a larger /dev/shm: docker run --shm-size=2g "
               "(or --ipc=host); on Kubernetes mount an emptyDir with medium: "
               "Memory at /dev/shm")
+FDS_FIX = ("raise the limit before starting (ulimit -n <hard limit>), or call "
+           "torch.multiprocessing.set_sharing_strategy('file_system') at start")
 
 
 # -- one sample, known without fetching it -----------------------------------
 
-
-class Profile:
-    __slots__ = ("nbytes", "tensors")
-
-    def __init__(self, nbytes, tensors):
-        self.nbytes = nbytes
-        self.tensors = tensors
+class Profile(NamedTuple):
+    nbytes: int
+    tensors: int
 
 
 def sample_profile(values):
@@ -156,8 +146,7 @@ def shm_too_small(values, ctx):
                "toward the hard limit, or share through the file system"),
       prevents=("RuntimeError: Too many open files. Communication with the workers is no "
                 "longer possible...; RuntimeError: received 0 items of ancdata"),
-      fix=("raise the limit before starting (ulimit -n <hard limit>), or call "
-           "torch.multiprocessing.set_sharing_strategy('file_system') at start"),
+      fix=FDS_FIX,
       example=(("# ulimit -n 256\n"
                 "DataLoader(TensorDataset(x, y), batch_size=64, num_workers=8)"),
                ("# ulimit -n 65536 before starting, or:\n"

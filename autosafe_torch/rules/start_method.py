@@ -7,10 +7,8 @@ start as asked, ``ladder.py`` chooses the rung.
 """
 
 from . import IterContext, Rewrite, number_of, rule
-from .fork_plan import SPAWNING, start_method
+from .fork_plan import SPAWN_VERSIONS, SPAWNING, start_method
 from .ladder import GROUP, away_from_fork, fallback
-
-
 
 # How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
 MAIN_GUARD_REWRITE = Rewrite(
@@ -55,8 +53,6 @@ def too_many_workers(values, ctx):
         "CPU quota)" % (wanted, number_of(usable, "CPU")))
 
 
-
-
 @rule("DL204", "unguarded-main", GROUP,
       summary=("workers started from unguarded top-level code of __main__ (or a script "
                "read from stdin) under spawn/forkserver: fork where safe, else emulated "
@@ -72,8 +68,7 @@ def too_many_workers(values, ctx):
                 "    loader = DataLoader(ds, num_workers=2)\n"
                 "    for batch in loader:\n"
                 "        train(batch)")),
-      versions=("every supported torch; spawn (macOS, Windows) and forkserver (Linux "
-                "from Python 3.14)"),
+      versions=SPAWN_VERSIONS,
       rewrite=MAIN_GUARD_REWRITE,
       at="dataloader.iter")
 def unguarded_main(args, ctx: IterContext):
@@ -97,22 +92,17 @@ def unguarded_main(args, ctx: IterContext):
       # it reads the start method these may have moved the loader to
       after=("unguarded_main",))
 def fork_on_macos(args, ctx: IterContext):
+    # A fork asked for on macOS is left alone only while this process has one
+    # thread: the Objective-C runtime aborts the children of a process that has,
+    # or had, more. The ladder never chooses fork on macOS: a library may start a
+    # thread at any time, and a Mac user's script was written for spawn.
+    from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.threads)
+
     if args["num_workers"] > 0 and start_method(args) == "fork" \
-            and ctx.facts.platform == "darwin" and not _macos_forks_safely():
+            and ctx.facts.platform == "darwin" and not threads.single_threaded():
         return away_from_fork(fork_on_macos, args, ctx,
                                "this process has more than one thread, and macOS aborts "
                                "the children it forks (Objective-C runtime)")
-
-
-def _macos_forks_safely():
-    """A fork the user asked for on macOS is left alone only while this process
-    has one thread (``inspection/threads.py``): the Objective-C runtime aborts
-    the children of a process that has, or had, more. The ladder itself never
-    chooses fork on macOS: a library may start a thread at any time, and
-    spawn's semantics are what a Mac user's script was written for."""
-    from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.threads)
-
-    return threads.single_threaded()
 
 
 @rule("DL205", "fork-after-cuda", GROUP,
@@ -142,14 +132,10 @@ def _macos_forks_safely():
       # it reads the start method these may have moved the loader to
       after=("unguarded_main", "fork_on_macos"))
 def fork_after_cuda(args, ctx: IterContext):
-    """At iteration only once forked workers of this loader touched CUDA
-    (``ctx.fork_failed``, from the recovery): never on the prediction that
-    "CUDA is initialised", which holds for every GPU script and says nothing
-    about what its workers do."""
+    """Only once forked workers of this loader touched CUDA (``ctx.fork_failed``):
+    never on "CUDA is initialised", true of every GPU script."""
     if args["num_workers"] > 0 and start_method(args) == "fork" \
             and ctx.fork_failed is not None:
         return away_from_fork(fork_after_cuda, args, ctx,
                                "a forked worker touched CUDA, which this process had "
                                "initialised: %s" % ctx.fork_failed.what())
-
-

@@ -1,26 +1,21 @@
 """Warm worker start for loaders the ladder repaired for spawn (DL209).
 
-Spawn workers of a non-persistent loader start from nothing every epoch:
-each imports torch, numpy and cv2 again, over a second of CPU, so a loader
-the ladder repaired can run slower than the hand fix ``num_workers=0``.
-DL209 starts those workers from a warm fork server instead
-(``remedies/warmstart.py``), keeping spawn's semantics: the dataset is
-pickled, the main module is imported in each worker, nothing is inherited
-from the parent but what spawn sends; a worker_init step ends a worker
-whose training process died, as torch's watchdog does for spawn workers.
+Spawn workers of a non-persistent loader import torch, numpy and cv2 again
+every epoch, over a second of CPU each, so a loader the ladder repaired
+can run slower than the hand fix ``num_workers=0``. DL209 starts them from
+a warm fork server instead (``remedies/warmstart.py``), keeping spawn's
+semantics (the dataset pickled, the main module imported in each worker,
+nothing else inherited); a worker_init step ends a worker whose training
+process died, as torch's watchdog does for spawn workers.
 
-It acts only on a loader that this hook already repaired so that it could
-start under spawn (DL201, DL202, DL203, DL208), or moved to spawn itself
-(DL205, DL206): a loader that would fail without the shim, where the
-promise is the batches of a safe platform. A healthy spawn loader is left
-alone. Under forkserver there is nothing to add: Python's server imports
-the main module, and with it torch, before it forks any worker. Where no
-fork server can run (Windows, a frozen executable), the workers start by
-plain spawn, and the log says so once.
-
-Reusing workers across epochs is not done: a persistent worker keeps the
-first epoch's seeds, dataset copy and module state, where a new one is
-seeded ``base_seed + worker_id`` from a base seed drawn each epoch.
+Only for a loader this hook repaired or moved to spawn (a loader that
+would fail without the shim): a healthy spawn loader is left alone. Under
+forkserver there is nothing to add: Python's server imports the main
+module, and torch with it, before it forks. Where no fork server can run
+(Windows, a frozen executable), plain spawn, said once. Workers are not
+reused across epochs: a persistent worker keeps the first epoch's seeds,
+dataset copy and module state, where a new one is seeded from a base seed
+drawn each epoch.
 """
 
 from ..remedies.workerinit import with_step
