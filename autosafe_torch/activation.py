@@ -6,6 +6,7 @@ and cheap: it installs a small import finder and imports nothing heavy; the
 patches are applied when the user imports torch or cv2.
 """
 
+import contextlib
 import os
 import sys
 
@@ -48,8 +49,7 @@ def activate(source="import"):
     from .patches import TARGETS
 
     late = [name for name in TARGETS if name in sys.modules]
-    finder = PostImportFinder(on_error=_hook_error)
-    _state["finder"] = finder
+    finder = _state["finder"] = PostImportFinder(on_error=_hook_error)
     finder.install()
     for name in TARGETS:
         finder.register(name, _on_import(name))
@@ -78,12 +78,10 @@ def _report_a_failed_start():
     its preparation data says (``diagnostics.told``)."""
     if getattr(sys, "argv", [])[-1:] != ["--multiprocessing-fork"]:
         return  # not a process multiprocessing spawned
-    try:
+    with contextlib.suppress(Exception):
         from .inspection import diagnostics
 
         diagnostics.listen_as_spawned()
-    except Exception:
-        pass
 
 
 def _register_fork_hook():
@@ -101,13 +99,11 @@ def _after_fork_in_child():
     if "multiprocessing.forkserver" not in sys.modules or _state["finder"] is None \
             or CONFIG.mode != "fix":
         return
-    try:
+    with contextlib.suppress(Exception):  # never break a fork
         from .remedies import isolation
 
         if CONFIG.rule_enabled(*isolation.GOVERNED_BY):
             isolation.after_fork_in_server_child()
-    except Exception:
-        pass  # never break a fork
 
 
 def deactivate():

@@ -31,6 +31,7 @@ tracebacks, ``Cell In[4], line 6``.
 the shim, when a wrapper of ours calls what torch's replaced code called.
 """
 
+import contextlib
 import dis
 import os
 import site
@@ -46,8 +47,7 @@ VIA = " (via "
 def _library_dirs():
     dirs = [_PACKAGE_DIR]
     for name in ("torch", "wrapt"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
+        path = getattr(sys.modules.get(name), "__file__", None)
         if path:
             dirs.append(os.path.dirname(os.path.abspath(path)))
     return tuple(d + os.sep for d in dirs)
@@ -62,22 +62,15 @@ def _installed_dirs():
     for key in ("purelib", "platlib", "stdlib", "platstdlib"):
         if paths.get(key):
             dirs.add(paths[key])
-    try:
+    with contextlib.suppress(Exception):
         dirs.update(site.getsitepackages())
-    except Exception:
-        pass
-    try:
+    with contextlib.suppress(Exception):
         dirs.add(site.getusersitepackages())
-    except Exception:
-        pass
     for path in sys.path:  # a venv's site-packages seen through sys.path
         if path and os.path.basename(path) in ("site-packages", "dist-packages"):
             dirs.add(path)
-    out = set()
-    for d in dirs:
-        if d:
-            out.add(os.path.abspath(d) + os.sep)
-            out.add(os.path.realpath(d) + os.sep)
+    out = {resolve(d) + os.sep for d in dirs if d
+           for resolve in (os.path.abspath, os.path.realpath)}
     return tuple(sorted(out, key=len, reverse=True))
 
 
@@ -139,9 +132,7 @@ def remember(obj, site, loader=True, replace=True):
 
 def _entry(obj):
     entry = _origins.get(id(obj))
-    if entry is not None and entry[0]() is obj:
-        return entry
-    return None
+    return entry if entry is not None and entry[0]() is obj else None
 
 
 def origin_of(obj):
@@ -240,15 +231,12 @@ def _origin_in(frames, exclude):
         except Exception:
             continue
         for value in values:
-            if value is exclude:
-                continue
-            entry = _entry(value)
+            entry = None if value is exclude else _entry(value)
             if entry is None:
                 continue
             if entry[2]:
                 return entry[1]
-            if dataset_origin is None:
-                dataset_origin = entry[1]
+            dataset_origin = dataset_origin or entry[1]
     return dataset_origin
 
 
@@ -264,9 +252,7 @@ def _site(instance, own=None, dataset=None):
         origin = origin_of(dataset)
     if origin is None and user is not None:
         origin = _here(user)
-    if origin is None:
-        return via, None
-    return "%s%s%s)" % (origin, VIA, via), origin
+    return (via, None) if origin is None else ("%s%s%s)" % (origin, VIA, via), origin)
 
 
 def loader_site(loader, dataset=None):
@@ -337,13 +323,11 @@ def as_if_called_from(function, call, *args):
     (torch's "This DataLoader will create N worker processes" names torch's
     ``_get_iterator``), the module's once-per-place registry applies, and no
     warning filter is touched. Where that line cannot be found, a plain call."""
-    caller = _callers.get((function, getattr(call, "__name__", None)))
+    key = (function, getattr(call, "__name__", None))
+    caller = _callers.get(key)
     if caller is None:
-        caller = _make_caller(function, getattr(call, "__name__", None))
-        _callers[(function, getattr(call, "__name__", None))] = caller
-    if caller is False:
-        return call(*args)
-    return caller(call, args)
+        caller = _callers[key] = _make_caller(*key)
+    return call(*args) if caller is False else caller(call, args)
 
 
 _callers = {}

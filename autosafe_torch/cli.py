@@ -63,10 +63,8 @@ def split_run_args(argv, run_parser):
     with their values) until ``-m MODULE``, ``--`` or the first word that is
     not an option (the script); the rest is the program's, as it is. An
     unknown option before the script is left to argparse, to say so."""
-    takes_value = {}
-    for action in run_parser._actions:
-        for opt in action.option_strings:
-            takes_value[opt] = action.nargs != 0
+    takes_value = {opt: action.nargs != 0 for action in run_parser._actions
+                   for opt in action.option_strings}
     ours, i = [], 0
     while i < len(argv):
         word = argv[i]
@@ -105,10 +103,7 @@ def main(argv=None):
     if args.command == "doctor":
         from .doctor import report_text, report
 
-        if args.json:
-            print(json.dumps(report(), indent=2, default=repr))
-        else:
-            print(report_text())
+        print(json.dumps(report(), indent=2, default=repr) if args.json else report_text())
         return 0
     if args.command == "explain":
         return _explain(args.code)
@@ -138,15 +133,12 @@ def explanation(rule_, width=79):
         return textwrap.fill(" ".join(str(text).split()), width, initial_indent=indent,
                              subsequent_indent=indent, break_on_hyphens=False)
 
-    def code_block(text):
-        return textwrap.indent(text, "        ")
-
-    before, after = rule_.example or ("", "")
+    before, after = (textwrap.indent(code, " " * 8) for code in rule_.example or ("", ""))
     out = ["%s %s" % (rule_.code, rule_.slug), "",
            "What it fixes", para(rule_.summary), "",
            "Why: what happens without it", para(rule_.prevents), "",
-           "Example", "    This fails:", code_block(before), "",
-           "    The permanent fix:", code_block(after), "",
+           "Example", "    This fails:", before, "",
+           "    The permanent fix:", after, "",
            "Permanent fix", para(rule_.fix)]
     if rule_.notebook_fix:
         out += ["    In a notebook:", para(rule_.notebook_fix, "        ")]

@@ -7,6 +7,7 @@ then set to the default taken, so that workers and child processes agree
 with this one and do not repeat the line.
 """
 
+import contextlib
 import os
 import sys
 
@@ -59,19 +60,15 @@ OPTIONS = (
 
 def warn_line(message):
     """One plain line on stderr; used before logging is set up (start-up)."""
-    try:
+    with contextlib.suppress(Exception):
         sys.stderr.write("autosafe_torch: %s\n" % message)
-    except Exception:
-        pass
 
 
 def parse_bool(name, value, default):
     """``value`` of variable ``name`` as a bool; malformed -> warning, default."""
-    if value is None:
+    if value is None or not value.strip():
         return default
     word = value.strip().lower()
-    if word == "":
-        return default
     if word in TRUE_WORDS:
         return True
     if word in FALSE_WORDS:
@@ -159,12 +156,8 @@ def parse_disable(value):
     tokens = set()
     for raw in value.replace(";", ",").replace(" ", ",").split(","):
         raw = raw.strip()
-        if not raw:
-            continue
-        if raw == "*" or not is_rule_code(raw):
-            tokens.add(raw.lower())
-        else:
-            tokens.add(raw.upper())
+        if raw:
+            tokens.add(raw.lower() if raw == "*" or not is_rule_code(raw) else raw.upper())
     return frozenset(tokens)
 
 
@@ -198,10 +191,8 @@ class Config:
                                        HANG_TIMEOUT_DEFAULT),
         )
         if settle_env:
-            try:
+            with contextlib.suppress(Exception):
                 self._settle(env)
-            except Exception:
-                pass
         return self
 
     def _settle(self, env):
@@ -210,17 +201,17 @@ class Config:
                  ENV_DEBUG: "1" if self.debug else "0",
                  ENV_HANG_TIMEOUT: "%g" % self.hang_timeout}
         for name, value in taken.items():
-            raw = env.get(name)
-            if raw is None or raw.strip() == "":
+            word = (env.get(name) or "").strip().lower()
+            if not word:
                 continue
             if name == ENV_LOG_FILE:
                 refused = value == ""
             elif name == ENV_MODE:
-                refused = raw.strip().lower() != value
+                refused = word != value
             elif name == ENV_HANG_TIMEOUT:
-                refused = _seconds(raw.strip().lower()) is None
+                refused = _seconds(word) is None
             else:
-                refused = raw.strip().lower() not in TRUE_WORDS + FALSE_WORDS
+                refused = word not in TRUE_WORDS + FALSE_WORDS
             if refused:
                 env[name] = value
 

@@ -15,12 +15,8 @@ from .rules import InitContext, checks_at, loader_args
 
 
 def cv2_state():
-    if "cv2" not in sys.modules:
-        try:
-            if importlib.util.find_spec("cv2") is None:
-                return None
-        except (ImportError, ValueError):
-            return None
+    if "cv2" not in sys.modules and not _installed("cv2"):
+        return None
     try:
         import cv2  # noqa: PLC0415 - optional dependency (cv2), imported only where find_spec finds it
 
@@ -162,23 +158,20 @@ def report():
 
 def report_text():
     r = report()
-    shm = r["dev_shm_bytes"]
     lines = ["autosafe-torch doctor"]
     for key, value in r.items():
         if key in ("default_loader_rules", "problems"):
             continue
-        if key == "dev_shm_bytes" and shm is not None:
-            value = "%.1f MiB" % (shm / 2 ** 20)
+        if key == "dev_shm_bytes" and value is not None:
+            value = "%.1f MiB" % (value / 2 ** 20)
         lines.append("  %-18s %s" % (key + ":", "none" if value is None else value))
-    fired = r["default_loader_rules"]
     lines.append("  rules for DataLoader(ds, num_workers=2, pin_memory=True):")
-    lines.extend("    " + line for line in fired or ["none would fire"])
+    lines.extend("    " + line for line in r["default_loader_rules"] or ["none would fire"])
     problems = r["problems"]
     lines.append("  broken combinations:")
     if not problems:
         lines.append("    none found (checked: %s, where installed)" % ", ".join(NATIVE_COMPANIONS))
     for p in problems:
-        lines.append("    PROBLEM: %s" % p["what"])
-        lines.append("      error: %s" % p["error"])
-        lines.append("      fix:   %s" % p["fix"])
+        lines += ["    PROBLEM: %s" % p["what"], "      error: %s" % p["error"],
+                  "      fix:   %s" % p["fix"]]
     return "\n".join(lines)

@@ -20,14 +20,12 @@ _UNSET = object()
 
 class Facts:
     __slots__ = ("platform", "start_method", "cpus_usable", "cpus_affinity", "accelerator",
-                 "cuda_initialized",
-                 "shm_available", "open_file_limit", "sharing_strategy",
+                 "cuda_initialized", "shm_available", "open_file_limit", "sharing_strategy",
                  "pin_memory_warns")
 
     def __init__(self, platform=None, start_method=None, cpus_usable=None, cpus_affinity=None,
-                 accelerator=None, cuda_initialized=False,
-                 shm_available=None, open_file_limit=None, sharing_strategy=None,
-                 pin_memory_warns=True):
+                 accelerator=None, cuda_initialized=False, shm_available=None,
+                 open_file_limit=None, sharing_strategy=None, pin_memory_warns=True):
         self.platform = platform or rehearsal.platform()
         self.start_method = start_method or default_start_method(self.platform)
         self.cpus_usable = cpus_usable or 1
@@ -46,9 +44,7 @@ class Facts:
         self.pin_memory_warns = pin_memory_warns
 
     def replace(self, **changes):
-        values = self.as_dict()
-        values.update(changes)
-        return Facts(**values)
+        return Facts(**dict(self.as_dict(), **changes))
 
     def as_dict(self):
         return {name: getattr(self, name) for name in self.__slots__}
@@ -112,14 +108,6 @@ def no_fork_server(platform):
 _loaded: list[Any] = []
 
 
-def _runtime_names(environ):
-    path = environ.get("OPENCV_OPENCL_RUNTIME") or ""
-    names = ["libOpenCL.so"]
-    if path and path != "disabled":
-        names.append(os.path.basename(path.split(":")[0]))
-    return names
-
-
 def opencl_runtime_loaded(environ=None):
     """The OpenCL runtime library OpenCV has loaded in this process, or None.
 
@@ -131,7 +119,10 @@ def opencl_runtime_loaded(environ=None):
         return _loaded[0]
     if "cv2" not in sys.modules:
         return None
-    names = _runtime_names(os.environ if environ is None else environ)
+    path = (os.environ if environ is None else environ).get("OPENCV_OPENCL_RUNTIME") or ""
+    names = ["libOpenCL.so"]
+    if path and path != "disabled":
+        names.append(os.path.basename(path.split(":")[0]))
     try:
         with open("/proc/self/maps") as maps:
             text = maps.read()  # one read and a substring test: cheap at each epoch
@@ -187,22 +178,17 @@ def cgroup_cpu_limit(root="/sys/fs/cgroup"):
     text = _read(os.path.join(root, "cpu.max"))
     if text:
         quota, _, period = text.partition(" ")
-        if quota != "max" and period:
-            try:
-                return max(1, int(-(-int(quota) // int(period))))
-            except ValueError:
-                return None
-        return None
-    quota = _read(os.path.join(root, "cpu", "cpu.cfs_quota_us")) or _read(
-        os.path.join(root, "cpu.cfs_quota_us"))
-    period = _read(os.path.join(root, "cpu", "cpu.cfs_period_us")) or _read(
-        os.path.join(root, "cpu.cfs_period_us"))
+        if quota == "max" or not period:
+            return None
+    else:  # v1: in the cpu controller's folder, or at the root
+        quota, period = (_read(os.path.join(root, "cpu", name)) or _read(os.path.join(root, name))
+                         for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+        if not (quota and period):
+            return None
     try:
-        if quota and period and int(quota) > 0:
-            return max(1, int(-(-int(quota) // int(period))))
+        return max(1, -(-int(quota) // int(period))) if text or int(quota) > 0 else None
     except ValueError:
-        pass
-    return None
+        return None
 
 
 def cpus_affinity():
@@ -239,8 +225,7 @@ def accelerator():
 
 
 def pin_memory_warns():
-    """Whether torch's iterator warns about pin_memory without an accelerator:
-    read from its code's constants, not from the version number."""
+    """``torch_private.warns_pin_memory_without_accelerator()``; True where it fails."""
     try:
         import torch  # noqa: F401, PLC0415 - torch: 0.9 s at facts' import without torch (-X importtime), as in `autosafe-torch doctor`; before torch_private: torch's import runs our patches, which import torch_private
 
@@ -260,11 +245,11 @@ def cuda_initialized():
         return False
 
 
-def shm_bytes(path="/dev/shm"):
+def shm_bytes(path="/dev/shm", field="f_blocks"):
     """The size of the shared-memory filesystem (Docker's default: 64 MiB)."""
     try:
         st = os.statvfs(path)
-        return st.f_frsize * st.f_blocks
+        return st.f_frsize * getattr(st, field)
     except (OSError, AttributeError):
         return None
 
@@ -274,13 +259,7 @@ def shm_available(path="/dev/shm"):
 
     DataLoader workers hand batches to the main process in shared memory
     created there, under both sharing strategies (measured on torch 2.13)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        st = os.statvfs(path)
-        return st.f_frsize * st.f_bavail
-    except (OSError, AttributeError):
-        return None
+    return shm_bytes(path, "f_bavail") if sys.platform.startswith("linux") else None
 
 
 def open_file_limit():

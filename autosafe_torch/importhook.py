@@ -15,6 +15,7 @@ A callback that raises never breaks the user's import: the error is handed
 to ``on_error`` and the import goes on.
 """
 
+import contextlib
 import sys
 
 
@@ -22,24 +23,17 @@ class _HookedLoader:
     """Delegates to the real loader; runs the hooks after ``exec_module``."""
 
     def __init__(self, loader, finder, name):
-        self._loader = loader
-        self._finder = finder
-        self._name = name
+        self._loader, self._finder, self._name = loader, finder, name
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr):  # create_module and the rest
         return getattr(self._loader, attr)
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
 
     def exec_module(self, module):
         # Keep the real loader visible to code that inspects the module.
-        try:
+        with contextlib.suppress(Exception):
             module.__loader__ = self._loader
             if module.__spec__ is not None:
                 module.__spec__.loader = self._loader
-        except Exception:
-            pass
         finder = self._finder
         finder.depth[self._name] = finder.depth.get(self._name, 0) + 1
         try:
@@ -92,10 +86,8 @@ class PostImportFinder:
         try:
             callback(module)
         except Exception as exc:  # never into the user's import
-            try:
+            with contextlib.suppress(Exception):
                 self._on_error("import hook for %s" % name, exc)
-            except Exception:
-                pass
 
     def install(self):
         if self not in sys.meta_path:

@@ -1,20 +1,17 @@
 """The one place that touches multiprocessing's private parts (and threading's
 and concurrent.futures').
 
-CPython keeps some of what the shim needs private: ForkingPickler's table of
-reducers, the name of the default context, a fork server's pid and the pipe
-that keeps it alive, a Popen's ``_launch`` (whose module globals our workers'
-starts swap) and a process class's ``_Popen``, what a fork server's child
-calls (``_bootstrap``), the flag a spawned process sets while it unpickles
-what it inherits, a process's target; and of the objects a dataset may hold:
-the semaphore under a lock, a pool's worker count and state, an executor's
-arguments and threads, a semaphore's value, the lock under a Condition. A
-Python release may rename any of them. Everything of ours that depends on
-them goes through this module, as torch's privates go through
-``torch_private.py``; ``tests/test_mp_private.py`` pins what each piece does
-on every Python the project supports (3.9 to 3.13), and
-``tests/test_layers.py`` fails where a private name of multiprocessing,
-threading or concurrent.futures is used outside this module.
+CPython keeps some of what the shim needs private (ForkingPickler's reducers,
+the default context, a fork server's pid, pipe and ``main``, a Popen's
+``_launch``, a process's ``_Popen``, ``_bootstrap`` and target, the flag a
+spawned process sets while it unpickles; and the insides of the locks, pools,
+executors and semaphores a dataset may hold), and a Python release may rename
+any of them. Everything of ours that depends on them goes through this module,
+as torch's privates go through ``torch_private.py``;
+``tests/test_mp_private.py`` pins what each piece does on every Python the
+project supports (3.9 to 3.13), and ``tests/test_layers.py`` fails where a
+private name of multiprocessing, threading or concurrent.futures is used
+outside this module.
 
 Nothing here imports the rest of the package, nor torch.
 """

@@ -35,5 +35,3 @@ def unload(ip=None):
     activation.deactivate()
     line = report.summary_line()
     report.log(logging.INFO, "off in this kernel%s", ("; " + line) if line else "")
-
-

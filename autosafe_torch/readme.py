@@ -23,10 +23,8 @@ def rules_markdown():
     load_all()
     rows = ["| code | slug | what it fixes | error it prevents | permanent fix |",
             "|---|---|---|---|---|"]
-    for code in sorted(RULES):
-        r = RULES[code]
-        rows.append("| %s | %s | %s | %s | %s |" % (
-            r.code, r.slug, r.summary, r.prevents, r.fix))
+    rows += ["| %s | %s | %s | %s | %s |" % (r.code, r.slug, r.summary, r.prevents, r.fix)
+             for r in (RULES[code] for code in sorted(RULES))]
     return "\n".join(rows)
 
 
@@ -83,13 +81,10 @@ def sections_in(text):
     return [name for name in SECTIONS if all(m in text for m in _markers(name))]
 
 
-def render(text, names=None):
-    """The text with each named table (default: every table it has markers
-    for) regenerated between its markers."""
-    for name in sections_in(text) if names is None else names:
+def render(text):
+    """The text with every table it has markers for regenerated between them."""
+    for name in sections_in(text):
         start, end = _markers(name)
-        if start not in text or end not in text:
-            raise SystemExit("the text lacks the %s markers" % name)
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)
         text = "%s%s\n%s\n%s%s" % (head, start, SECTIONS[name](), end, tail)

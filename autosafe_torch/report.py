@@ -23,6 +23,7 @@ and, with ``AUTOSAFE_TORCH_DEBUG=1``, to the lines below the record.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import logging
@@ -69,12 +70,9 @@ Needed = Callable[[], "bool | Said"]
 def _env_int(name: str) -> int | None:
     """An integer the launcher put in the environment (RANK...), or None when
     unset or not an integer (torch itself refuses such a value)."""
-    value = os.environ.get(name)
-    if value is None:
-        return None
     try:
-        return int(value.strip())
-    except ValueError:
+        return int(os.environ[name].strip())
+    except (KeyError, ValueError):
         return None
 
 _lock = threading.Lock()
@@ -130,7 +128,9 @@ class Intervention:
         out = {name: getattr(self, name) for name in JSON_FIELDS if name != "cwd"}
         # The call site as the stderr line shows it; ``cwd`` resolves a relative path.
         out["call_site"] = shown_site(self.call_site)
-        out["cwd"] = _cwd()
+        out["cwd"] = None
+        with contextlib.suppress(OSError):
+            out["cwd"] = os.getcwd()
         for name in JSON_OPTIONAL_FIELDS:
             value = getattr(self, name)
             if value is not None:
@@ -195,21 +195,12 @@ _SITE = re.compile(r"^(.+?):(\d+)((?: \(via .*)?)$")
 
 def shown_path(path: str) -> str:
     """``path`` as the user gave it: relative when under the working directory."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         if os.path.isabs(path):
             cwd = os.getcwd()
             if path.startswith(cwd.rstrip(os.sep) + os.sep):
                 return os.path.relpath(path, cwd)
-    except (OSError, ValueError):
-        pass
     return path
-
-
-def _cwd() -> str | None:
-    try:
-        return os.getcwd()
-    except OSError:
-        return None
 
 
 def _relative_paths(text: str) -> str:
@@ -276,9 +267,7 @@ def _named_once() -> str:
     """A line under the first record of a process where nothing has named the
     tool and no summary will (a notebook's kernel does not exit): what speaks."""
     global _tool_named
-    if _tool_named:
-        return ""
-    if not in_notebook():
+    if _tool_named or not in_notebook():
         return ""  # a script: the summary at exit names it
     _tool_named = True
     return "\n  (autosafe_torch: `autosafe-torch explain CODE` says more; " \
@@ -309,7 +298,9 @@ def record(intervention: Intervention) -> Intervention:
     # imported afresh there): said once, by the parent; a worker only under DEBUG.
     level = logging.DEBUG if _in_worker_process() else logging.WARNING
     if not intervention.said and first_at_site:
-        intervention.clauses = [c for c in intervention.clauses if _is_new(c)]
+        with _lock:
+            intervention.clauses = [c for c in intervention.clauses
+                                    if (c.code, user_part(c.call_site)) not in _said_at]
         for clause in intervention.clauses:
             clause.said = True
         log(level, "%s%s", intervention.message(), _named_once(), named=False)
@@ -317,11 +308,6 @@ def record(intervention: Intervention) -> Intervention:
         log(logging.DEBUG, "%s", intervention.details(), named=False)
     _write_json(intervention)
     return intervention
-
-
-def _is_new(intervention: Intervention) -> bool:
-    with _lock:
-        return (intervention.code, user_part(intervention.call_site)) not in _said_at
 
 
 def count_again(recorded: Iterable[Intervention]) -> None:
@@ -386,22 +372,19 @@ def internal_error(where: str, exc: BaseException) -> None:
     if key in _errors_logged:
         return
     _errors_logged.add(key)
-    try:
+    with contextlib.suppress(Exception):
         log(logging.ERROR, "internal error in %s (%s: %s); the original call ran "
             "unchanged\n  please report it; AUTOSAFE_TORCH_DEBUG=1 shows the traceback",
             where, type(exc).__name__, shorten_line(without_addresses(exception_text(exc)), 100))
         if CONFIG.debug:
             logger.error("traceback", exc_info=(type(exc), exc, exc.__traceback__))
-    except Exception:
-        pass
 
 
 def _arm_summary() -> None:
     global _summary_pid
-    if _summary_pid == os.getpid():
-        return
-    _summary_pid = os.getpid()
-    atexit.register(_summary)
+    if _summary_pid != os.getpid():
+        _summary_pid = os.getpid()
+        atexit.register(_summary)
 
 
 VERBS = (("fixed", "fixed"), ("failed", "did not hold"), ("would-fix", "would fix"),
@@ -434,9 +417,7 @@ def summary_line() -> str:
 def _summary() -> None:
     if _summary_pid != os.getpid() or _in_worker_process():
         return  # a forked child inherited the registration; workers say nothing
-    try:
+    with contextlib.suppress(Exception):
         line = summary_line()
         if line:
             log(logging.INFO, "%s", line)
-    except Exception:
-        pass

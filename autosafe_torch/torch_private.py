@@ -49,14 +49,13 @@ NOTE [the data flow of a repaired loader]
    worker delivered (``Watch.delivered_by``; on torch 2.0, whose
    ``_process_data(data)`` names none, the worker its index was sent to:
    ``_WatchedAtIndex``): once each did, the records waiting on the workers
-   are made ("fixed": the remedy held). A death, a
-   silence past the limit or a shared-memory/open-file error becomes a
-   ``Failure`` (``Watch.failed``, ``hung``); the recovery
-   (``recovery/iterator.py``) builds the next rung's iterator with the same
-   base seed and the recorded indices (``Resume``) and replays. As the
-   workers exit, what they read through descriptions of their own comes
-   back (``Watch.shut_down`` -> ``isolation.Outcome``) for the records at
-   ``dataloader.outcome``.
+   are made ("fixed": the remedy held). A death, a silence past the limit or
+   a shared-memory/open-file error becomes a ``Failure`` (``Watch.failed``,
+   ``hung``); the recovery (``recovery/iterator.py``) builds the next rung's
+   iterator with the same base seed and the recorded indices (``Resume``)
+   and replays. As the workers exit, what they read through descriptions of
+   their own comes back (``Watch.shut_down`` -> ``isolation.Outcome``) for
+   the records at ``dataloader.outcome``.
 """
 
 from __future__ import annotations
@@ -70,7 +69,8 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Callable
+from contextlib import AbstractContextManager
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch._utils import ExceptionWrapper  # noqa: F401 (a worker's error, as torch wraps it)
@@ -209,49 +209,43 @@ def set_worker_info(info: Any) -> None:
     _worker_module._worker_info = info
 
 
+@contextlib.contextmanager
+def _set_while(owner: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
 def collate_in_process(batch: Any) -> Any:
     """torch's ``default_collate`` without its shared-memory output: in a
     worker it writes the batch straight into /dev/shm for the main process,
     but an emulated worker is in the main process (and /dev/shm may be what
     failed). The same values; ``get_worker_info()`` is None for its length only."""
-    saved = _worker_module._worker_info
-    _worker_module._worker_info = None
-    try:
+    with _set_while(_worker_module, "_worker_info", None):
         return default_collate(batch)
-    finally:
-        _worker_module._worker_info = saved
 
 
-@contextlib.contextmanager
-def multiprocessing_context_as(loader: Any, context: Any) -> Iterator[None]:
+def multiprocessing_context_as(loader: Any, context: Any) -> AbstractContextManager[None]:
     """While an iterator of ``loader`` is made: torch's iterator takes
     ``context`` for its queues, events and processes (it reads the loader's
     ``multiprocessing_context`` there and nowhere after). Set past the
     property's check, which accepts only a stdlib context."""
-    saved = loader._DataLoader__multiprocessing_context
-    loader._DataLoader__multiprocessing_context = context
-    try:
-        yield
-    finally:
-        loader._DataLoader__multiprocessing_context = saved
+    return _set_while(loader, "_DataLoader__multiprocessing_context", context)
 
 
 # -- what a worker is sent first --------------------------------------------------
 
-@contextlib.contextmanager
-def dataset_kind_as(loader: Any, make: Callable[[int], int]) -> Iterator[None]:
+def dataset_kind_as(loader: Any, make: Callable[[int], int]) -> AbstractContextManager[None]:
     """While an iterator of ``loader`` is made: its dataset kind (an int,
     ``_DatasetKind``) is ``make(kind)``. torch sends it to each worker first,
     before the dataset (``_worker_loop``'s first argument): an int subclass of
     ours that pickles as the carried process state, then the kind itself
     (``remedies/process_state.py``: ``StateFirst``). torch compares the kind
     by value (``==``), in the training process and in the worker."""
-    saved = loader._dataset_kind
-    loader._dataset_kind = make(saved)
-    try:
-        yield
-    finally:
-        loader._dataset_kind = saved
+    return _set_while(loader, "_dataset_kind", make(loader._dataset_kind))
 
 
 # -- an iterator's fields ---------------------------------------------------------
@@ -331,14 +325,11 @@ class Recorder:
         return itertools.chain(list(self.drawn), self)
 
 
-class Resume:
+class Resume(NamedTuple):
     """Where a new iterator resumes: the old one's base seed and its recorder."""
 
-    __slots__ = ("base_seed", "recorder")
-
-    def __init__(self, base_seed: int, recorder: Recorder) -> None:
-        self.base_seed = base_seed
-        self.recorder = recorder
+    base_seed: int
+    recorder: Recorder
 
 
 class _LoaderView:
@@ -529,24 +520,17 @@ class _WatchedAtIndex(_Watched):
 
 # Methods of _MultiProcessingDataLoaderIter that Watched calls or overrides,
 # with the parameters it passes (_process_data's: delivery_shape).
-WATCHED_METHODS = {
-    "_try_get_data": ("timeout",),
-    "_get_data": (),
-    "_shutdown_workers": (),
-    "_reset": ("loader", "first_iter"),
-    "_next_data": (),
-    "_try_put_index": (),
-}
+WATCHED_METHODS = {"_try_get_data": ("timeout",), "_get_data": (), "_shutdown_workers": (),
+                   "_reset": ("loader", "first_iter"), "_next_data": (), "_try_put_index": ()}
 # Attributes read here, set by torch's iterators' __init__ or _reset.
 WATCHED_ATTRIBUTES = ("_task_info", "_rcvd_idx", "_send_idx", "_workers", "_worker_pids_set",
                       "_pin_memory", "_workers_status", "_timeout", "_num_yielded",
                       "_sampler_iter", "_index_sampler", "_base_seed")
-# What the emulated workers (remedies/emulated_workers.py, the copy of torch's
-# multi-process loop onto _BaseDataLoaderIter, which says the torch it mirrors)
-# take from torch, looked for on the running torch (emulated_missing): the fields
-# the base's __init__/_reset set and the methods they call or override
-# (tests/test_torch_private.py: every one the loop reads), and the worker
-# module's names for a worker's identity and seeds.
+# What the emulated workers (remedies/emulated_workers.py: torch's multi-process
+# loop copied onto _BaseDataLoaderIter) take from torch, checked on the running
+# torch (emulated_missing): the fields the base's __init__/_reset set, the methods
+# they call or override (tests/test_torch_private.py: every one the loop reads),
+# and the worker module's names for a worker's identity and seeds.
 EMULATED_ATTRIBUTES = ("_dataset_kind", "_auto_collation", "_drop_last", "_collate_fn",
                        "_dataset", "_index_sampler", "_sampler_iter", "_num_yielded",
                        "_base_seed", "_pin_memory", "_num_workers", "_persistent_workers",
@@ -649,11 +633,8 @@ def _names(module: Any, names: Iterable[str], shown: str) -> list[str]:
 
 
 def _takes(function: Callable[..., Any], params: Iterable[str]) -> bool:
-    try:
-        accepted = inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-    return all(p in accepted for p in params)
+    accepted = _params(function)
+    return accepted is not None and all(p in accepted for p in params)
 
 
 def _set_by(cls: type, attributes: Iterable[str]) -> list[str]:

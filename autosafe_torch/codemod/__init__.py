@@ -126,8 +126,7 @@ _VERBS = {REWRITTEN: "rewritten", NOT_EXACT: "left as a comment", COVERED: "noth
 
 def _summary(err, outcomes, written, write):
     def key(outcome):
-        where = outcome[0]
-        name, _, line = where.rpartition(":")
+        name, _, line = outcome[0].rpartition(":")
         return (name, int(line) if line.isdigit() else 0, outcome[1] or "")
 
     counts = {kind: 0 for kind in _VERBS}

@@ -77,8 +77,7 @@ def rewrite(source, record):
 def _dataset_class(source, value):
     """The ClassDef (module level, this file) ``value`` is an instance of."""
     if isinstance(value, cst.Name):
-        assignments = source.referents(value)
-        values = [source.assigned_value(a) for a in assignments]
+        values = [source.assigned_value(a) for a in source.referents(value)]
         if len(values) != 1 or values[0] is None:
             return None
         value = values[0]

@@ -86,10 +86,6 @@ def _plan_part(source, call, part):
     return planned[key]
 
 
-def _inside(source, node, container):
-    return node is container or any(a is container for a in source.ancestors(node))
-
-
 def _closure(source, call, function):
     """The local variables ``function`` (a Lambda or FunctionDef) reads, checked
     to be assigned once before the loader is made; NotExact otherwise."""
@@ -97,9 +93,9 @@ def _closure(source, call, function):
     names = {}
     for name in m.findall(function, m.Name()):
         for assignment in source.referents(name):
-            if isinstance(assignment.scope, (md.GlobalScope, md.BuiltinScope)) \
-                    or _inside(source, assignment.node, function):
-                continue
+            if isinstance(assignment.scope, (md.GlobalScope, md.BuiltinScope)) or any(
+                    a is function for a in source.ancestors(assignment.node, own=True)):
+                continue  # a global, or the function's own
             if assignment.scope is not scope:
                 raise NotExact("it reads %s from a function further out" % name.value)
             names[name.value] = assignment
@@ -122,7 +118,7 @@ def _closure(source, call, function):
 def _statement_in(source, node, scope):
     """The statement directly in the body of ``scope``'s function holding ``node``."""
     body = getattr(getattr(scope, "node", None), "body", None)
-    for candidate in [node] + list(source.ancestors(node)):
+    for candidate in source.ancestors(node, own=True):
         if source.parent(candidate) is body:
             return candidate
     return None

@@ -5,11 +5,9 @@ The log names the ``DataLoader(...)`` call (or the line that iterates the
 loader it made) and each value the run carried to its spawned workers: a
 module global or a class attribute of the script (``CONFIG``,
 ``Spectra.mean``) and the first line that reads it. The rewrite adds one
-function to the file, after its imports (``HELPER_TEXT``):
-``set_main_state(state, worker_init_fn, worker_id)`` sets each name of
-``state`` in ``globals()`` (``Spectra.mean`` on the class ``Spectra``), then
-calls ``worker_init_fn(worker_id)`` where it is not None. The call hands it
-the values, then its own ``worker_init_fn`` (None where it gave none)::
+function to the file, after its imports (``HELPER_TEXT``: it sets the values
+in ``globals()``, then calls the loader's own ``worker_init_fn``), and the
+call hands it the values and that function (None where it gave none)::
 
     DataLoader(ds, num_workers=2, worker_init_fn=seed_worker)
     ->  DataLoader(ds, num_workers=2, worker_init_fn=functools.partial(
@@ -235,7 +233,7 @@ def _not_set_after(source, call, label, parts):
         if where is maker and line > end.line:
             raise NotExact("%s is set again at line %d, after the loader is made" % (
                 label, line))
-        named = [f.name.value for f in [where] + list(source.ancestors(where or node))
+        named = [f.name.value for f in source.ancestors(where or node, own=True)
                  if isinstance(f, cst.FunctionDef) and f.name.value in later]
         if where is not maker and named:
             raise NotExact("%s is set in %s (line %d), which runs after the loader is "
@@ -247,14 +245,10 @@ def _not_set_after(source, call, label, parts):
 
 def _helpers(source):
     """The module-level functions an earlier rewrite added (their first line's comment)."""
-    found = []
-    for statement in source.module.body:
-        header = getattr(getattr(statement, "body", None), "header", None)
-        comment = getattr(header, "comment", None)
-        if isinstance(statement, cst.FunctionDef) and comment is not None \
-                and comment.value.startswith(MARK):
-            found.append(statement.name.value)
-    return found
+    def comment(function):
+        return getattr(getattr(function.body, "header", None), "comment", None)
+    return [s.name.value for s in source.module.body if isinstance(s, cst.FunctionDef)
+            and comment(s) is not None and comment(s).value.startswith(MARK)]
 
 
 def _helper(source):

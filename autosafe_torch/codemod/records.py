@@ -5,16 +5,15 @@ The log has one object per intervention and process (workers and ranks
 repeat their parent's), with the documented fields (docs/reading-the-log.md).
 A call site is ``file:line``, the user's line first when a library
 made the call (``train.py:42 (via lightning/...)``). The file is as Python
-named it: relative when the script was run by a relative path, from the
-directory the run started in, which the log does not record; it is looked
-for from here, then from the log's directory.
+named it: relative when the script was run by a relative path (``_locate``
+looks for it from the record's ``cwd``, here, then the log's directory).
 """
 
 import collections
 import json
 import os
 
-from ..callsite import _installed_dirs, user_part
+from ..callsite import _PACKAGE_DIR, _installed_dirs, user_part
 
 # What became of a record: its site rewritten; left as a comment with the
 # permanent fix (the rewrite would not be exact there, or there is none); nothing
@@ -38,9 +37,6 @@ def per_record(plan):
                 out.append((record, NOT_EXACT, str(exc)))
         return out
     return rewrite
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class Record:
@@ -85,7 +81,7 @@ def library_reason(path):
     parts = real.split(os.sep)
     if "site-packages" in parts or "dist-packages" in parts:
         return "a library's file"
-    if real.startswith(_PACKAGE_DIR):
+    if real.startswith(_PACKAGE_DIR + os.sep):
         return "autosafe_torch's own file"
     if real.startswith(_installed_dirs()):
         return "a library's file"

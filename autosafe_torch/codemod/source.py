@@ -67,9 +67,7 @@ def simple(node):
 def literal(value):
     """Source of a JSON value that is a Python literal (None, a bool, a number,
     a string), or None."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return repr(value)
-    return None
+    return repr(value) if value is None or isinstance(value, (bool, int, float, str)) else None
 
 
 def workers_test(workers):
@@ -195,6 +193,15 @@ class Source:
     def parent(self, node):
         return self.meta(md.ParentNodeProvider).get(node)
 
+    def ancestors(self, node, own=False):
+        """The nodes holding ``node``, innermost first (``own``: ``node`` first)."""
+        if own:
+            yield node
+        node = self.parent(node)
+        while node is not None:
+            yield node
+            node = self.parent(node)
+
     def scope(self, node):
         return self.meta(md.ScopeProvider).get(node)
 
@@ -222,19 +229,10 @@ class Source:
                 found.append((end - start, start, call))
         return [call for _, _, call in sorted(found, key=lambda t: t[:2])]
 
-    def ancestors(self, node):
-        node = self.parent(node)
-        while node is not None:
-            yield node
-            node = self.parent(node)
-
     def statement_of(self, node):
         """The statement (or decorator) holding ``node``: where a comment goes."""
-        for candidate in [node] + list(self.ancestors(node)):
-            if isinstance(candidate, (cst.Decorator, cst.SimpleStatementLine,
-                                      cst.BaseCompoundStatement)):
-                return candidate
-        return None
+        kinds = (cst.Decorator, cst.SimpleStatementLine, cst.BaseCompoundStatement)
+        return next((n for n in self.ancestors(node, own=True) if isinstance(n, kinds)), None)
 
     def innermost_statement_at(self, line):
         """The innermost statement whose lines hold ``line``."""
@@ -334,18 +332,17 @@ class Source:
         the statement of ``node``, unless they are there already."""
         anchor = self.statement_of(node)
         if anchor is None:
-            return False
+            return
         first, *rest = text.split("\n")
         lines = ["# " + COMMENT_PREFIX + first] + ["#     " + line for line in rest]
         existing = [getattr(empty.comment, "value", None) for empty in anchor.leading_lines]
         planned = self._comments.setdefault(id(anchor), [])
         if lines[0] not in existing and lines[0] not in planned:
             planned.extend(lines)
-        return True
 
     def insert_before(self, node, statements):
         """``statements`` before the top-level statement holding ``node``."""
-        top = next(n for n in [node] + list(self.ancestors(node)) if id(n) in self._top)
+        top = next(n for n in self.ancestors(node, own=True) if id(n) in self._top)
         self._before.setdefault(id(top), []).extend(statements)
 
     def move_under_main_guard(self, top_statements, comment):
