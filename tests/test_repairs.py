@@ -235,7 +235,7 @@ def test_spawn_dataset_with_open_file(tmp_path):
 
 
 FORK_SHARED_OFFSET = """
-    import struct, sys, time
+    import os, struct, sys, time
     import torch
     from torch.utils.data import DataLoader, Dataset
     from autosafe_torch.remedies import isolation, workerinit
@@ -259,8 +259,14 @@ FORK_SHARED_OFFSET = """
         dataset = Records("records.bin")
         init = None
         if "isolate" in sys.argv:  # the table: taken as the workers start
-            init = workerinit.with_step(None, isolation.worker_step(
-                isolation.DescriptorTable.take()))
+            # another thread's file, open while the table is taken
+            churned = open("records.bin", "rb") if "churned" in sys.argv else None
+            table = isolation.DescriptorTable.take()
+            if churned is not None:  # closed before the fork, its number now a pipe
+                number = churned.fileno()
+                churned.close()
+                assert os.pipe()[0] == number
+            init = workerinit.with_step(None, isolation.worker_step(table))
         loader = DataLoader(dataset, num_workers=2, worker_init_fn=init)
         got = [int(batch) for batch in loader]
         print("WRONG", sum(g != i for i, g in enumerate(got)))
@@ -274,6 +280,16 @@ def test_fork_shared_offset_gives_wrong_samples_until_isolated(tmp_path):
     assert "WRONG 0" not in broken.stdout, broken
     fixed = run_script(tmp_path, FORK_SHARED_OFFSET, env=OFF, start_method="fork",
                        args=["isolate"])
+    assert "WRONG 0" in fixed.stdout, fixed
+
+
+def test_a_file_closed_after_the_table_was_taken_is_not_a_forked_workers_to_privatize(tmp_path):
+    """A thread that closes a file between the table and the fork (the warm server
+    started ahead, for a loader the plan then forks): the worker did not inherit
+    it, so there is no offset to give; the number, now another file, is left as
+    it is, and the files still open are privatized as ever."""
+    fixed = run_script(tmp_path, FORK_SHARED_OFFSET, env=OFF, start_method="fork",
+                       args=["isolate", "churned"])
     assert "WRONG 0" in fixed.stdout, fixed
 
 

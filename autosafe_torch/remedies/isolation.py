@@ -330,7 +330,9 @@ def isolate_in_worker(table, worker_id):
 
 
 def _in_forked_worker(table, worker_id, report):
-    for found in table.files:
+    # Only what the worker inherited: a file another thread closed between the
+    # table and the fork (its number maybe another file now) shares nothing here.
+    for found in _still_open(table.files):
         try:
             privatize(found.fd, found.dev, found.ino, found.flags, found.offset)
         except OSError as exc:
