@@ -19,6 +19,7 @@ Python (GzipFile's, a user's) is never called: it is user code.
 Nothing is changed and no user code runs.
 """
 
+import contextlib
 import functools
 import io
 import os
@@ -72,22 +73,18 @@ def descriptor_of(obj):
     return None
 
 
-def _describe_fd(fd):
-    """``(access, regular, dev, ino, name)`` of an open descriptor, or None."""
+def _status(fd):
+    """``(stat, status flags)`` of an open descriptor, or None (not open; a path
+    handle: no reads, no offset; Windows: no fork, nothing shares an offset)."""
     try:
         import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
-    except ImportError:  # Windows: no fork, nothing shares an offset
+    except ImportError:
         return None
     try:
-        st = os.fstat(fd)
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        st, flags = os.fstat(fd), fcntl.fcntl(fd, fcntl.F_GETFL)
     except OSError:
         return None
-    if flags & getattr(os, "O_PATH", 0):
-        return None  # a path handle: no reads, no offset
-    mode = flags & os.O_ACCMODE
-    access = {os.O_RDONLY: READ_ONLY, os.O_WRONLY: WRITE_ONLY}.get(mode, READ_WRITE)
-    return access, stat.S_ISREG(st.st_mode), st.st_dev, st.st_ino, file_name(fd)
+    return None if flags & getattr(os, "O_PATH", 0) else (st, flags)
 
 
 def file_name(fd):
@@ -144,9 +141,13 @@ def find_descriptors(parts, items=None):
             if fd is None or fd in seen:
                 continue
             seen.add(fd)
-            described = _describe_fd(fd)
-            if described is not None:
-                found.append(HeldDescriptor(here, fd, *described))
+            status = _status(fd)
+            if status is not None:
+                st, flags = status
+                access = {os.O_RDONLY: READ_ONLY, os.O_WRONLY: WRITE_ONLY}.get(
+                    flags & os.O_ACCMODE, READ_WRITE)
+                found.append(HeldDescriptor(here, fd, access, stat.S_ISREG(st.st_mode),
+                                            st.st_dev, st.st_ino, file_name(fd)))
     return found
 
 
@@ -154,12 +155,10 @@ def find_descriptors(parts, items=None):
 
 
 class OpenFile:
-    """A regular file this process holds open, as the kernel sees it: the
-    descriptor ``fd``, which file (``dev``, ``ino``), the status ``flags``
-    (access mode, ``O_APPEND``...), the ``offset`` now, and a ``name`` to
-    show. ``private``: whether each worker gets a description of its own
-    (open for reading); one only written stays shared, as a forked worker's
-    writes land where the others' do (a log: every line arrives)."""
+    """A regular file this process holds open, as the kernel sees it (``flags``:
+    its status flags). ``private``: whether each worker gets a description of
+    its own (open for reading); one only written stays shared, as a forked
+    worker's writes land where the others' do (a log: every line arrives)."""
 
     __slots__ = ("fd", "dev", "ino", "flags", "offset", "name")
 
@@ -182,14 +181,19 @@ FD_DIRS = ("/proc/self/fd", "/dev/fd")  # Linux, then macOS and the BSDs
 STDIO = 3  # 0, 1 and 2 are the terminal's or the launcher's: never touched
 
 
-def _fd_numbers():
+def _fd_stats():
+    """``(fd, stat)`` of each descriptor open now, lowest first."""
     for directory in FD_DIRS:
         try:
             names = os.listdir(directory)
         except OSError:
             continue
-        return sorted(int(n) for n in names if n.isdigit())
-    return []
+        for fd in sorted(int(n) for n in names if n.isdigit()):
+            try:
+                yield fd, os.fstat(fd)
+            except OSError:  # closed meanwhile (the listing's own descriptor)
+                continue
+        return
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,51 +207,28 @@ def _shared_memory_devices():
         return frozenset()
 
 
-def _link(fd):
-    try:
-        return os.readlink("/proc/self/fd/%d" % fd)
-    except OSError:
-        return None
-
-
-def describe_open(fd, shm_devices=None):
+def describe_open(fd):
     """The ``OpenFile`` on ``fd``, or None: not open, not a regular file, a
     path handle, torch's shared memory (``/dev/shm``, memfd)."""
-    try:
-        import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
-    except ImportError:  # Windows: no fork, nothing shares an offset
+    status = _status(fd)
+    if status is None or not stat.S_ISREG(status[0].st_mode) \
+            or status[0].st_dev in _shared_memory_devices():
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         offset = os.lseek(fd, 0, os.SEEK_CUR)
     except OSError:
         return None
-    if flags & getattr(os, "O_PATH", 0):
-        return None
-    devices = _shared_memory_devices() if shm_devices is None else shm_devices
-    if st.st_dev in devices:
-        return None
-    link = _link(fd) or ""
-    if link.startswith("/memfd:"):
-        return None
-    return OpenFile(fd, st.st_dev, st.st_ino, flags, offset, file_name(fd))
+    with contextlib.suppress(OSError):
+        if os.readlink("/proc/self/fd/%d" % fd).startswith("/memfd:"):
+            return None
+    return OpenFile(fd, status[0].st_dev, status[0].st_ino, status[1], offset, file_name(fd))
 
 
 def open_files():
     """Every regular file this process holds (``OpenFile``), but stdin,
     stdout and stderr and torch's shared memory: whoever holds each."""
-    shm = _shared_memory_devices()
-    found = []
-    for fd in _fd_numbers():
-        if fd < STDIO:
-            continue
-        described = describe_open(fd, shm)
-        if described is not None:
-            found.append(described)
-    return found
+    found = (describe_open(fd) for fd, _st in _fd_stats() if fd >= STDIO)
+    return [described for described in found if described is not None]
 
 
 # Devices every process may hold that no dataset reads: a terminal, the null device.
@@ -263,15 +244,6 @@ def shared_at_fork():
     handle; no object needs looking at for it."""
     if any(found.private for found in open_files()):
         return True
-    for fd in _fd_numbers():
-        if fd < STDIO:
-            continue
-        try:
-            if not stat.S_ISCHR(os.fstat(fd).st_mode):
-                continue
-        except OSError:
-            continue
-        path = path_of(fd) or ""
-        if not path.startswith(_ORDINARY_DEVICES):
-            return True
-    return False
+    return any(fd >= STDIO and stat.S_ISCHR(st.st_mode)
+               and not (path_of(fd) or "").startswith(_ORDINARY_DEVICES)
+               for fd, st in _fd_stats())

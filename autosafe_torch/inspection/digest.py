@@ -9,16 +9,11 @@ under a second), and nothing is capped.
 
 What the pickle would not say the same way in both processes, or cannot say
 at all, is a stand-in (``persistent_id``, asked for every object before the
-pickler's own fast paths):
-
-- classes and functions by module and name (a spawned worker's main module
-  is ``__mp_main__``, the training process's ``__main__``: the same one),
-  functions with a hash of their code (``_code_hash``);
-- sets by their items in sorted order (their own order follows string
-  hashes, which differ from process to process);
-- tensors and arrays by dtype, shape, device and a hash of their bytes;
-- open files and memory maps by name, mode, position, size and modification
-  time; locks by whether they are held; generators by how far they ran.
+pickler's own fast paths): classes and functions by module and name (a
+spawned worker's main module is ``__mp_main__``, the training process's
+``__main__``: the same one), sets by their sorted items (their own order
+follows string hashes, which differ from process to process); tensors,
+arrays, files, locks and generators by what they are (``_stand_in``).
 
 What does not pickle at all (a pyarrow reader, a safetensors handle) stands
 in as its type (``reducer_override``): which file such a handle reads is the

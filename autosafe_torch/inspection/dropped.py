@@ -42,18 +42,6 @@ FILE_FIX = ("open the file lazily in __getitem__ (or in worker_init_fn), keeping
             "on the dataset")
 
 
-class Unfaithful(ProbeResult):
-    """A ``ProbeResult`` (``ok`` False) for an object that pickles without an
-    open file it holds: ``path`` and ``value`` name the object that lacks it
-    after the round trip; ``fix`` is the permanent fix."""
-
-    __slots__ = ("fix",)
-
-    def __init__(self, path, error, value, fix):
-        super().__init__(False, path, error, value)
-        self.fix = fix
-
-
 # -- PIL ------------------------------------------------------------------------
 
 
@@ -166,8 +154,7 @@ def stream_name(stream, img=None):
         name = _attrs(img).get("filename") if img is not None else None
         if not name:
             raw = holdings.raw_file(stream)
-            name = getattr(raw, "name", None) if raw is not None else getattr(stream, "name",
-                                                                               None)
+            name = getattr(raw if raw is not None else stream, "name", None)
         if isinstance(name, (str, bytes)) and name:
             return "open file %s" % os.path.basename(os.fsdecode(name))
         if is_a(stream, io.BytesIO):
@@ -269,15 +256,12 @@ def reached(obj, table):
     return None if found.unpicklable or not found.complete else found.met
 
 
-_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
-
-
 class _Search:
     def __init__(self, planned):
         self.planned = planned
         self._table = None  # made for the first file found: none, no cost
         self.checked = {}  # id(owner) -> ids its pickle reaches, or None where it raised
-        self.reported = {}  # id(object named) -> Unfaithful
+        self.reported = {}  # id(object named) -> ProbeResult
 
     @property
     def table(self):
@@ -344,7 +328,7 @@ class _Search:
         if reached_ids is None or id(stream) in reached_ids:
             return
         for path, original, edge in chain[top:]:  # the deepest it reached drops the next
-            if type(edge.child) in _CONTAINERS:
+            if type(edge.child) in objwalk._CONTAINERS:
                 continue  # pickled in C without a look: reached where its owner is
             if id(edge.child) not in reached_ids:
                 self._report(path, original, edge, stream)
@@ -362,8 +346,8 @@ class _Search:
             return  # a lazy open: its methods set it again where it arrives
         else:
             name, why, fix = stream_name(stream), "its pickle drops %s" % edge.label(), FILE_FIX
-        self.reported[id(original)] = Unfaithful(
-            path, "pickles without its %s (%s)" % (name, why), original, fix)
+        self.reported[id(original)] = ProbeResult(
+            False, path, "pickles without its %s (%s)" % (name, why), original, fix=fix)
 
     def _reached(self, owner):
         key = id(owner)
@@ -374,10 +358,11 @@ class _Search:
             self.checked[key] = None if ids is None else ids | {key}
         return self.checked[key]
 
+
 def unfaithful(parts, planned=None):
     """The objects of ``parts`` (``{name: part}``; None parts skipped) that
-    pickle without an open file they hold, as ``Unfaithful`` results (``path``,
-    ``error``: one sentence, ``value``: the object, ``fix``).
+    pickle without an open file they hold, as failed ``ProbeResult`` objects (``path``,
+    ``error``: one sentence, ``value``: the object, ``fix``: the permanent fix).
 
     ``planned``: ``{class: reducer}`` a repair would install, used as if
     installed (nothing is). Fail open: [] where the search itself raises."""

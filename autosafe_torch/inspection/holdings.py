@@ -74,18 +74,6 @@ def h5py_types():
     return tuple(getattr(h5py, n) for n in ("File", "Group", "Dataset") if hasattr(h5py, n))
 
 
-def _h5py_kind(obj):
-    try:
-        if not obj.id.valid:
-            return None
-        f = obj.file
-        if not os.path.isfile(f.filename):
-            return None
-        return READONLY if f.mode == "r" else WRITABLE
-    except Exception:
-        return None
-
-
 # -- native handles -------------------------------------------------------------
 
 # What opened each cv2.VideoCapture, recorded by the cv2 patch: id ->
@@ -163,7 +151,13 @@ def file_kind(f):
     a recorded capture of a file."""
     h5 = h5py_types()
     if h5 and is_a(f, h5):
-        return _h5py_kind(f)
+        try:
+            h5file = f.file if f.id.valid else None
+            if h5file is None or not os.path.isfile(h5file.filename):
+                return None
+            return READONLY if h5file.mode == "r" else WRITABLE
+        except Exception:
+            return None
     if sqlite_path(f) is not None:
         return READONLY
     handle = fork_unsafe(f)
@@ -221,17 +215,13 @@ def is_file_object(obj):
 # -- finding what a dataset holds ----------------------------------------------
 
 
-class HeldFile(tuple):
+class HeldFile(collections.namedtuple("HeldFile", "path obj kind")):
     """``(path, obj, kind)``; ``.edge`` knows where it hangs, ``.set(new)`` replaces it."""
 
     def __new__(cls, path, obj, kind, edge):
-        self = tuple.__new__(cls, (path, obj, kind))
+        self = super().__new__(cls, path, obj, kind)
         self.edge = edge
         return self
-
-    path = property(lambda self: self[0])
-    obj = property(lambda self: self[1])
-    kind = property(lambda self: self[2])
 
     @property
     def settable(self):
@@ -239,7 +229,6 @@ class HeldFile(tuple):
 
     @property
     def fork_unsafe(self):
-        """What the handle is, when a forked child must not use it (``fork_unsafe``)."""
         return fork_unsafe(self.obj)
 
     def set(self, new):
@@ -370,9 +359,6 @@ def unheld_lock(value):
     return threading_kind(value) not in (None, "thread") and not held(value)
 
 
-_CONTAINERS = (list, tuple, dict, set, frozenset)
-
-
 class UsersLocks:
     """The unheld locks that objects of the user's own (``users_class``) hold,
     directly or through threading's primitives and built-in containers, from
@@ -400,7 +386,7 @@ class UsersLocks:
     def _users(self, obj):
         owner = self._owners.get(id(obj))
         while owner is not None and (threading_kind(owner) is not None
-                                     or objwalk.is_a(owner, _CONTAINERS)):
+                                     or objwalk.is_a(owner, objwalk._CONTAINERS)):
             owner = self._owners.get(id(owner))
         return owner is not None and users_class(type(owner))
 
@@ -501,27 +487,22 @@ def forwards_attributes(obj):
         return False
 
 
-_unpickling_checked = {}  # class -> whether an empty instance fails pickle's look-up
-
-
+@functools.cache
 def _unpickling_fails(cls):
     """Whether the one question unpickling asks a new, empty instance of ``cls``
     (its ``__setstate__``, which reaches ``__getattr__``) fails. Asked once per
     class, only of a dataset about to be pickled for workers (or copied for
     emulated ones): each worker's unpickling would ask the same.
     transformers' tokenizers answer it (AttributeError) and need nothing."""
-    if cls not in _unpickling_checked:
-        try:
-            empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
-        except Exception:  # pickle's own error, as without the shim
-            _unpickling_checked[cls] = False
-            return False
-        try:
-            getattr(empty, "__setstate__", None)
-            _unpickling_checked[cls] = False
-        except Exception:  # RecursionError, or the forwarder's own error
-            _unpickling_checked[cls] = True
-    return _unpickling_checked[cls]
+    try:
+        empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
+    except Exception:  # pickle's own error, as without the shim
+        return False
+    try:
+        getattr(empty, "__setstate__", None)
+    except Exception:  # RecursionError, or the forwarder's own error
+        return True
+    return False
 
 
 # -- code that already takes care of itself ------------------------------------

@@ -28,7 +28,6 @@ import contextlib
 import functools
 import gc
 import io
-import logging
 import pickle
 import sys
 import threading
@@ -111,7 +110,6 @@ class _Pass(pickle.Pickler):
             self.dispatch_table = table
         self.table = table or {}
         self.code = code  # SENT: (a class or function) -> NotImplemented, a reduction, an error
-        self.seen = inventory.found
 
     def reducer_override(self, obj):
         if obj is _nothing:
@@ -125,7 +123,7 @@ class _Pass(pickle.Pickler):
         if kind is _UNSET:
             kind = _kinds[cls] = classify(cls)
         if kind is not None:
-            self.seen.setdefault(kind, {})[id(obj)] = obj
+            inv.found.setdefault(kind, {})[id(obj)] = obj
             entered = kind == "array" and _object_array(obj)  # its objects are what it holds
             if inv.mode == HELD and kind in OPAQUE and not entered:
                 return _nothing, ()
@@ -177,11 +175,6 @@ def _object_array(obj):
 def _held_reduction(obj):
     """A reduction that makes the pickler enter every attribute ``obj`` holds
     (and a container subclass's items), whatever its own pickling says."""
-    state = None
-    try:
-        state = object.__getattribute__(obj, "__dict__")
-    except Exception:
-        pass
     slots = []
     for name in slot_names(type(obj)):
         try:
@@ -197,7 +190,7 @@ def _held_reduction(obj):
                 break
     except Exception:
         items = None
-    return _nothing, (tuple(slots), items), state if type(state) is dict else None
+    return _nothing, (tuple(slots), items), _instance_dict(obj)
 
 
 def take(parts, mode, table=None, code=None, sink=None, watch=frozenset()):
@@ -320,33 +313,24 @@ def _sub(cls, module, name):
     return isinstance(other, type) and issubclass(cls, other)
 
 
+# The kinds known by class, in the order asked: (kind, module, class name).
+_KINDS = (("tensor", "torch", "Tensor"), ("array", "numpy", "ndarray"), ("file", "io", "IOBase"),
+          ("thread", "threading", "Thread"),
+          ("pool", "concurrent.futures.thread", "ThreadPoolExecutor"),
+          ("pool", "multiprocessing.pool", "ThreadPool"), ("logger", "logging", "Logger"),
+          ("handler", "logging", "Handler"), ("socket", "socket", "socket"),
+          ("mmap", "mmap", "mmap"), ("generator", "types", "GeneratorType"),
+          ("image", "PIL.ImageFile", "ImageFile"))
+
+
 def _classify(cls):
-    torch = sys.modules.get("torch")
-    if torch is not None and issubclass(cls, torch.Tensor):
-        return "tensor"
-    if _sub(cls, "numpy", "ndarray"):
-        return "array"
-    if issubclass(cls, io.IOBase):
-        return None if issubclass(cls, (io.BytesIO, io.StringIO)) else "file"
-    if issubclass(cls, threading.Thread):
-        return "thread"
+    if issubclass(cls, (io.BytesIO, io.StringIO)):
+        return None
     if issubclass(cls, _lock_types()):
         return "lock"
-    if _sub(cls, "concurrent.futures.thread", "ThreadPoolExecutor") \
-            or _sub(cls, "multiprocessing.pool", "ThreadPool"):
-        return "pool"
-    if issubclass(cls, logging.Logger):
-        return "logger"
-    if issubclass(cls, logging.Handler):
-        return "handler"
-    if _sub(cls, "socket", "socket"):
-        return "socket"
-    if _sub(cls, "mmap", "mmap"):
-        return "mmap"
-    if issubclass(cls, types.GeneratorType):
-        return "generator"
-    if _sub(cls, "PIL.ImageFile", "ImageFile"):
-        return "image"
+    kind = next((kind for kind, module, name in _KINDS if _sub(cls, module, name)), None)
+    if kind is not None:
+        return kind
     if issubclass(cls, _CODE):
         return None  # classes, functions, modules: code, not what a dataset holds
     if getattr(cls, "__getattr__", None) is not None \

@@ -96,22 +96,17 @@ def is_leaf(obj):
     if is_a(obj, ATOMIC + OPAQUE):
         return True
     torch = sys.modules.get("torch")
-    if torch is not None and (is_a(obj, torch.Tensor) or _is_storage(torch, obj)):
+    if torch is not None and is_a(obj, _tensor_kinds(torch)):
         return True
     numpy = sys.modules.get("numpy")
     return numpy is not None and is_a(obj, (numpy.ndarray, numpy.generic))
 
 
-_storage_kinds = []
-
-
-def _is_storage(torch, obj):
-    if not _storage_kinds:
-        storage = getattr(torch, "storage", None)
-        _storage_kinds.append(tuple(getattr(storage, n) for n in ("TypedStorage", "UntypedStorage")
-                                    if storage is not None and hasattr(storage, n)))
-    kinds = _storage_kinds[0]
-    return bool(kinds) and is_a(obj, kinds)
+@functools.lru_cache(maxsize=1)
+def _tensor_kinds(torch):
+    storage = getattr(torch, "storage", None)
+    return (torch.Tensor,) + tuple(getattr(storage, n) for n in ("TypedStorage", "UntypedStorage")
+                                   if storage is not None and hasattr(storage, n))
 
 
 # A built-in container this large is first read whole in C (``plain``): one of

@@ -21,7 +21,7 @@ import os
 import stat
 import threading
 
-from .descriptors import _fd_numbers, path_of
+from .descriptors import _fd_stats, path_of
 
 # Where libraries read the machine, not the data (CPU counts, cgroup limits,
 # random bytes): what they open there is no part of a dataset.
@@ -60,16 +60,8 @@ class Opened:
 
 
 def snapshot():
-    """``{fd: (device, inode)}`` of the descriptors open now (the listing's
-    own descriptor, closed by the time it is asked, is not among them)."""
-    found = {}
-    for fd in _fd_numbers():
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        found[fd] = (st.st_dev, st.st_ino)
-    return found
+    """``{fd: (device, inode)}`` of the descriptors open now."""
+    return {fd: (st.st_dev, st.st_ino) for fd, st in _fd_stats()}
 
 
 def opened_since(before):
@@ -77,18 +69,9 @@ def opened_since(before):
     ``before`` (a ``snapshot()``), lowest number first (the order they were
     opened in, where nothing was closed in between); what lies under
     ``SYSTEM_PLACES`` and torch's shared memory are left out."""
-    found = []
-    for fd in _fd_numbers():
-        try:
-            st = os.fstat(fd)
-        except OSError:  # closed meanwhile (the listing's own descriptor)
-            continue
-        if before.get(fd) == (st.st_dev, st.st_ino):
-            continue
-        described = _describe(fd, st)
-        if described is not None:
-            found.append(described)
-    return found
+    found = (_describe(fd, st) for fd, st in _fd_stats()
+             if before.get(fd) != (st.st_dev, st.st_ino))
+    return [described for described in found if described is not None]
 
 
 def _describe(fd, st):

@@ -39,13 +39,14 @@ _TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
 
 
 class ProbeResult:
-    """``ok``, or where it fails: ``path``, ``error``, the offending ``value``."""
+    """``ok``, or where it fails: ``path``, ``error``, the offending ``value``
+    (``fix``: the permanent fix, where the failure has its own)."""
 
     __slots__ = ("ok", "path", "error", "value", "objects", "loggers", "pickled", "meets",
-                 "kinds")
+                 "kinds", "fix")
 
     def __init__(self, ok, path, error=None, value=None, objects=0, loggers=(), pickled=None,
-                 meets=False, kinds=frozenset()):
+                 meets=False, kinds=frozenset(), fix=None):
         self.ok = ok
         self.path = path
         self.error = error
@@ -57,6 +58,7 @@ class ProbeResult:
         self.meets = meets  # whether the pickle reached ``watch``
         # the kinds of object the pass met (``inventory.classify``), up to its failure
         self.kinds = kinds
+        self.fix = fix
 
     def __bool__(self):
         return self.ok
@@ -154,13 +156,9 @@ class _Prober:
         if objwalk.is_a(obj, (type, types.FunctionType, types.BuiltinFunctionType)) \
                 or objwalk.is_leaf(obj):
             return []
-        if type(obj) in (list, tuple, dict, set, frozenset):
+        if type(obj) in (list, tuple, dict, set, frozenset) \
+                or objwalk.is_a(obj, functools.partial):  # func, args, keywords, __dict__
             return [(e.label(), e.child) for e in objwalk.edges(obj)]
-        if objwalk.is_a(obj, functools.partial):
-            return ([(".func", obj.func)]
-                    + [(".args[%d]" % i, a) for i, a in enumerate(obj.args)]
-                    + [(".keywords[%r]" % k, v) for k, v in obj.keywords.items()]
-                    + [("." + k, v) for k, v in (obj.__dict__ or {}).items()])
         try:
             reducer = self.table.get(type(obj))
             rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)

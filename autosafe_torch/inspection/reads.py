@@ -176,10 +176,12 @@ class _Walk:
             self.sent.add(id(cls))
             classes = _mro(cls) if importable_by_reference(cls) else ()
             self.methods(classes, ENTRIES, frozenset(name for name, _value in _attributes(obj)))
-        elif not (callable(obj) or _holds_datasets(obj)):
-            return  # a library's data object (a DataFrame, a file): no code of the program
+        elif not (callable(obj) or _one_of(obj, *_DATASETS)):
+            # A library's data object (a DataFrame, a file): no code of the program. A
+            # library's dataset or sampler (Subset, ConcatDataset) may hold the program's.
+            return
         for _name, value in _attributes(obj):
-            if is_a(value, _PLAIN) or _is_payload(value):
+            if is_a(value, _PLAIN) or _one_of(value, *_PAYLOADS):
                 continue
             self.object(value)
 
@@ -352,22 +354,15 @@ def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def _holds_datasets(obj: Any) -> bool:
-    """A library's dataset or sampler (torch's ``Subset``, ``ConcatDataset``):
-    what it holds is followed, for the program's datasets inside."""
-    data = sys.modules.get("torch.utils.data")
-    bases = tuple(c for c in (getattr(data, "Dataset", None), getattr(data, "Sampler", None))
-                  if c is not None)
-    return bool(bases) and is_a(obj, bases)
+def _one_of(value: Any, *names: tuple[str, str]) -> bool:
+    """Whether ``value`` is of a class ``(module, name)`` of the modules already imported."""
+    classes = tuple(c for c in (getattr(sys.modules.get(m), n, None) for m, n in names)
+                    if isinstance(c, type))
+    return bool(classes) and is_a(value, classes)
 
 
-def _is_payload(value: Any) -> bool:
-    """Tensors and arrays: data, never code."""
-    for name, kind in (("torch", "Tensor"), ("numpy", "ndarray")):
-        module = sys.modules.get(name)
-        if module is not None and is_a(value, getattr(module, kind, ())):
-            return True
-    return False
+_DATASETS = (("torch.utils.data", "Dataset"), ("torch.utils.data", "Sampler"))
+_PAYLOADS = (("torch", "Tensor"), ("numpy", "ndarray"))  # data, never code
 
 
 def reads_of(parts: Iterable[Any], rebuilt: Iterable[type] = ()) -> tuple[Read, ...]:
