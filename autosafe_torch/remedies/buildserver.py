@@ -40,9 +40,6 @@ from . import process_state, rebuild
 RECIPES = "autosafe_torch_build_recipes="
 
 
-def recipes_entry(path):
-    return RECIPES + path
-
 # in a build server and its children: key -> the dataset built (or Unbuilt)
 BUILT: dict[Any, Any] = {}
 
@@ -59,9 +56,7 @@ def from_server(key, expected):
 
 
 def _build():
-    """As a spawned worker starts (``spawn._main``): the training process's
-    preparation data (its main module, ``sys.path``, working directory, argv),
-    then the datasets, each built and checked."""
+    """As a spawned worker starts (``spawn._main``), then the datasets."""
     path = next((entry[len(RECIPES):] for entry in forkserver_preload()
                  if entry.startswith(RECIPES)), None)
     if not path:

@@ -25,18 +25,20 @@ class ByValue:
         return self.function(*args, **kwargs)
 
     def __reduce__(self):
-        import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
-
-        return _load_by_value, (cloudpickle.dumps(self.function),)
+        return _load_by_value, (_cloudpickle().dumps(self.function),)
 
     def __repr__(self):
         return "by_value(%r)" % (self.function,)
 
 
-def _load_by_value(data):
+def _cloudpickle():
     import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
 
-    return ByValue(cloudpickle.loads(data))
+    return cloudpickle
+
+
+def _load_by_value(data):
+    return ByValue(_cloudpickle().loads(data))
 
 
 def by_value(fn):
@@ -56,9 +58,7 @@ class _ClassByValue:
         return self.cls(*args, **kwargs)
 
     def __reduce__(self):
-        import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
-
-        return cloudpickle.loads, (cloudpickle.dumps(self.cls),)
+        return _cloudpickle().loads, (_cloudpickle().dumps(self.cls),)
 
 
 def _new_instance(cls, *args):
@@ -71,7 +71,7 @@ def _new_instance_ex(cls, args, kwargs):
 
 def _reduce_instance_by_value(obj):
     """Only the class goes by value: the state still goes through WorkerPickler,
-    so tensors are shared, not copied, and files use the reducers above."""
+    so tensors are shared, not copied, and files use their reducers (``reopen``)."""
     cls = type(obj)
     rv = obj.__reduce_ex__(PROTOCOL)
     if isinstance(rv, str):
@@ -102,9 +102,7 @@ def _reducer_override(pickler, obj):
     cannot import (a lambda in a dataset's transform, a dataset class defined
     inside ``main()``) goes by value; everything else as before."""
     if isinstance(obj, (types.FunctionType, type)) and not importable_by_reference(obj):
-        import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
-
-        return cloudpickle.loads, (cloudpickle.dumps(obj, protocol=PROTOCOL),)
+        return _cloudpickle().loads, (_cloudpickle().dumps(obj, protocol=PROTOCOL),)
     return NotImplemented
 
 

@@ -300,8 +300,7 @@ class CopyPlan:
 
     def _round_trip(self, obj, exc):
         """``obj`` as a spawned worker would receive it, or ``NoExactRung``; a
-        generator is shared, watched: refused as soon as a worker advances it; a
-        torch.Generator that does not pickle (torch 2.0) is made again from its state."""
+        generator is shared, watched: refused as soon as a worker advances it."""
         if objwalk.is_a(obj, types.GeneratorType):
             if obj.gi_frame is not None:
                 self.watched[id(obj)] = (obj, self.path_of(obj))
@@ -514,10 +513,8 @@ def _cell_copy(cell, memo):
 
 
 def _reopen_binary(f):
-    """A binary file (or its raw FileIO) open again on a description of its own,
-    at the position ``f`` reads from, with its mode: through the kernel, so
-    that a file open for reading and writing (``'r+b'``, a temporary file)
-    or one since deleted is reached as it is."""
+    """``f`` (a binary file or its raw FileIO) opened again through the kernel,
+    at its position, with its mode: a read-write file or one since deleted too."""
     raw = holdings.raw_file(f)
     if raw is None or isinstance(f, io.TextIOWrapper):
         raise ValueError("not a binary file")

@@ -49,18 +49,17 @@ class _Hook:
     """What multiprocessing's after-fork registry holds (weakly): kept alive here."""
 
 
-_hook = _Hook()
-_installed: list[bool] = []
+_hook: list[_Hook] = []
 
 
 def install_fork_hook():
     """Register, once per process, ``_after_fork`` with multiprocessing: it
     runs in each child multiprocessing starts, in ``Process._bootstrap``,
     before the process's target; it acts only in torch's DataLoader workers."""
-    if _installed:
-        return
-    util.register_after_fork(_hook, _after_fork)
-    _installed.append(True)
+    if not _hook:
+        hook = _Hook()
+        util.register_after_fork(hook, _after_fork)
+        _hook.append(hook)
 
 
 def _is_dataloader_worker(process):

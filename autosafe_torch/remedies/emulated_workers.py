@@ -92,13 +92,11 @@ def _seed_as_worker_loop(base_seed, worker_id):
 
 
 class Descriptions:
-    """Each emulated worker's own description of every file this process
-    reads (``descriptors.open_files``), at its offset when the iterator
-    started, swapped in under the same numbers around each of the worker's
-    steps: what DL207 gives a forked worker, for whoever holds the descriptor
-    (a raw ``os.open()`` int, a C library). The copies' own file objects
-    (``copies``) have descriptors of their own besides. ``shared``: files that
-    can no longer be reopened, left to the workers as they are."""
+    """What DL207 gives a forked worker, for whoever holds the descriptor (a
+    raw ``os.open()`` int, a C library): at its offset when the iterator
+    started, swapped in under the same numbers around each of its steps. The
+    copies' own file objects have descriptors of their own besides.
+    ``shared``: files that can no longer be reopened, left as they are."""
 
     def __init__(self, workers):
         self.files = [f for f in open_files() if f.private]

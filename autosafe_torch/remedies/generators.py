@@ -20,7 +20,6 @@ def capture():
 
 
 def restore(states):
-    """Put back what ``capture`` saved."""
     torch_state, random_state, numpy_state = states
     sys.modules["torch"].default_generator.set_state(torch_state)
     random.setstate(random_state)
@@ -29,7 +28,6 @@ def restore(states):
 
 
 def same(a, b):
-    """Whether two ``capture()`` results are the same states."""
     if a[1] != b[1] or not sys.modules["torch"].equal(a[0], b[0]):
         return False
     if a[2] is None or b[2] is None:

@@ -25,12 +25,11 @@ the file the parent has open, then moved to the parent's frame.
 
 import io
 import os
-import sys
 
 from ..inspection.failures import RemedyFailed
 from ..inspection.dropped import (_identity, image_file_class, image_stream, reopen_args,
                                     single_frame)
-from .pickling import PROTOCOL, install
+from .pickling import PROTOCOL
 
 
 class ImageFileChanged(RemedyFailed):
@@ -106,13 +105,5 @@ def _classes():
 
 
 def image_reducers():
-    """``{class: reducer}``: PIL images of several frames reopened by path
-    where they arrive (``reopened``); others pickled as PIL pickles them."""
+    """``{class: reducer}`` for PIL's image file classes."""
     return {cls: _reduce_image for cls in _classes()}
-
-
-def install_reducers():
-    """Register ``image_reducers`` with WorkerPickler (idempotent; again after
-    a PIL plugin is loaded, to cover its class)."""
-    if "PIL.ImageFile" in sys.modules:
-        install(image_reducers())

@@ -109,16 +109,6 @@ def privatize(fd, dev, ino, flags, offset, source=None):
         os.close(new)
 
 
-def can_privatize(fd, dev, ino, flags):
-    """None when the file on ``fd`` can be given a description of its own,
-    else why not (tried for real, and undone)."""
-    try:
-        os.close(reopen_description(fd, dev, ino, flags))
-    except (OSError, ImportError) as exc:
-        return reason(exc)
-    return None
-
-
 def park(fd):
     """A second descriptor on ``fd``'s description, above what programs open."""
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
@@ -193,11 +183,13 @@ def plan(parts, items=None):
         if described is None or not described.private:
             result.shared.append(found)
             continue
-        why = can_privatize(found.fd, found.dev, found.ino, described.flags)
-        if why is None:
-            result.isolate.append(found)
+        try:  # tried for real, and undone
+            os.close(reopen_description(found.fd, found.dev, found.ino, described.flags))
+        except (OSError, ImportError) as exc:
+            result.unhandled.append((found.describe(), "cannot be reopened (%s)" % reason(exc),
+                                     None))
         else:
-            result.unhandled.append((found.describe(), "cannot be reopened (%s)" % why, None))
+            result.isolate.append(found)
     result.handles, unhandled = native_handles(parts, items)
     result.unhandled += unhandled
     return result
@@ -326,7 +318,8 @@ def isolate_in_worker(table, worker_id):
     arrived = {fd for fd, _found in table.carried or ()}
     report.private += [entry for entry in _server_files if entry[0] not in arrived]
     if table.report_dir is not None and (report.private or report.missing):
-        _report_at_exit(table.report_dir, worker_id, report)
+        util.Finalize(None, _write_report, args=(
+            report_path(table.report_dir, os.getpid()), worker_id, report), exitpriority=0)
 
 
 def _in_forked_worker(table, worker_id, report):
@@ -433,11 +426,6 @@ def after_fork_in_server_child():
 
 def report_path(directory, pid):
     return os.path.join(directory, "isolated-pid%d.txt" % pid)
-
-
-def _report_at_exit(directory, worker_id, report):
-    util.Finalize(None, _write_report, args=(report_path(directory, os.getpid()), worker_id,
-                                            report), exitpriority=0)
 
 
 def _write_report(path, worker_id, report):

@@ -32,5 +32,4 @@ def _reduce_lock(lock):
 
 
 def lock_reducers():
-    """Reducers that send an unheld lock to a spawned worker as a new one."""
     return {cls: _reduce_lock for cls in LOCK_TYPES}

@@ -96,9 +96,8 @@ def _say(path, what):
 @contextlib.contextmanager
 def carrying(reports=None):
     """While a loader of ours starts its workers: its loggers travel
-    configured (the reducer acts for these pickles only, not for the
-    program's own processes), and the workers say into ``reports``
-    whether they needed it."""
+    configured (not in the program's own processes' pickles), and the workers
+    say into ``reports`` whether they needed it."""
     _carrying.on = getattr(_carrying, "on", 0) + 1
     _carrying.path = reports.open() if reports is not None else None
     try:
@@ -125,10 +124,9 @@ def uncarried(logger):
 
 
 def reduce_logger(logger):
-    """WorkerPickler's reducer for loggers: by name, as ever, but while a
-    loader of ours starts its workers, with the configuration its records meet
-    (each handler as the recipe that makes it again: made only where the
-    worker needs it)."""
+    """WorkerPickler's reducer for loggers: by name, as ever, but configured
+    while ``carrying`` (each handler as its recipe: made only where the worker
+    needs it)."""
     if not getattr(_carrying, "on", 0) or not configured(logger) or uncarried(logger):
         return logger.__reduce__()
     return configured_in_worker, (_name(logger), _links(logger),
@@ -146,7 +144,6 @@ class Link(NamedTuple):
 
 
 def _links(logger):
-    """What a worker is given of each link of ``logger``'s chain."""
     return [Link(_name(link), link.level, link.propagate, link.disabled, list(link.filters),
                  [_handlers.reduce_handler(h)[1] for h in link.handlers])
             for link in chain(logger)]
@@ -154,10 +151,6 @@ def _links(logger):
 
 def _name(logger):
     return None if logger is logging.root else logger.name
-
-
-def _logger(name):
-    return logging.getLogger(name) if name is not None else logging.root
 
 
 _decided: set[str | None] = set()  # in a worker: the loggers configured as the training process's
@@ -173,7 +166,7 @@ def configured_in_worker(name, links, report=None):
         if want.name in _decided:
             continue
         _decided.add(want.name)
-        link = _logger(want.name)
+        link = logging.getLogger(want.name)  # None: the root
         if _configured_alike(link, want):
             continue  # as plain spawn: the worker's own
         replaced = True
@@ -187,13 +180,12 @@ def configured_in_worker(name, links, report=None):
         link.propagate, link.disabled = want.propagate, want.disabled
         link.filters = list(want.filters)
     _say(report, CARRIED if replaced else KEPT)
-    return _logger(name)
+    return logging.getLogger(name)
 
 
 def _configured_alike(link, want: Link):
-    """Whether the worker's ``link`` is configured as the training process's
-    (its level, propagate, disabled, filters, and handlers that the same
-    recipe would make: same class, target and state)."""
+    """Whether the worker's ``link`` is configured as the training process's,
+    its handlers those the same recipe would make (class, target and state)."""
     if (link.level, link.propagate, link.disabled) != (want.level, want.propagate, want.disabled):
         return False
     if not _alike(list(link.filters), want.filters) or len(link.handlers) != len(want.recipes):

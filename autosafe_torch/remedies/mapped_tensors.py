@@ -51,6 +51,7 @@ looking sends the tensor torch's way.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import threading
 import weakref
@@ -81,8 +82,7 @@ _storages: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
 def mapped_tensor_again(cls, path, ident, offset, nbytes, dtype, size, stride,
                         storage_offset, requires_grad):
     """In a worker: the tensor torch's reducer would have given, its storage
-    mapped from the file copy-on-write; ``MappedFileChanged`` if the file is
-    not the one it was."""
+    mapped from the file."""
     storage = _storage(path, tuple(ident), offset, nbytes)
     t = torch.empty((0,), dtype=dtype).set_(storage, storage_offset, size, stride)
     if cls is torch.nn.Parameter:  # as torch's rebuild_tensor: integer tensors need it
@@ -97,7 +97,10 @@ def _storage(path, ident, offset, nbytes):
     if storage is None:
         whole = _maps.get((path, ident))
         if whole is None:
-            whole = _maps[(path, ident)] = _map_file(path, ident)
+            whole = _maps[(path, ident)] = map_file(
+                path, ident, 0, 0, mmap.ACCESS_COPY,
+                "%s changed after the training process sent a tensor mapped from it by "
+                "reference (DL218): this worker cannot map the data it was sent", "DL218")
         # The storage keeps its map alive (frombuffer holds the buffer's owner).
         storage = torch.frombuffer(whole, dtype=torch.uint8, count=nbytes,
                                    offset=offset).untyped_storage()
@@ -110,38 +113,20 @@ def _storage(path, ident, offset, nbytes):
     return storage
 
 
-def _map_file(path, ident):
-    """The whole file, private and writable, as the checked descriptor shows it."""
-    return map_file(path, ident, 0, 0, mmap.ACCESS_COPY,
-                    "%s changed after the training process sent a tensor mapped from it by "
-                    "reference (DL218): this worker cannot map the data it was sent", "DL218")
-
-
 # -- in the training process ---------------------------------------------------------
 
-class TensorReducer:
-    """WorkerPickler's reducer for ``torch.Tensor`` and ``torch.nn.Parameter``:
-    by reference while a process is being started and the tensor lies in a
-    file a loader's tensors lie in and can go exactly; else ``fallback``, the
-    reducer that was registered before (torch's)."""
-
-    __slots__ = ("fallback",)
-
-    def __init__(self, fallback):
-        self.fallback = fallback
-
-    def __call__(self, tensor):
-        popen = get_spawning_popen()
-        if popen is not None and _files:
-            try:
-                ref, _why = reference(tensor, _maps_while_starting(popen))
-            except Exception:  # fail open: torch sends it as ever
-                ref = None
-            if ref is not None and ref.file in _files:
-                return mapped_tensor_again, ref.args(type(tensor))
-        if self.fallback is None:
-            return tensor.__reduce_ex__(PROTOCOL)
-        return self.fallback(tensor)
+def reduce_tensor(tensor, fallback):
+    """WorkerPickler's reducer for tensors (above), else ``fallback``: the
+    reducer registered before ours (torch's)."""
+    popen = get_spawning_popen()
+    if popen is not None and _files:
+        try:
+            ref, _why = reference(tensor, _maps_while_starting(popen))
+        except Exception:  # fail open: torch sends it as ever
+            ref = None
+        if ref is not None and ref.file in _files:
+            return mapped_tensor_again, ref.args(type(tensor))
+    return fallback(tensor) if fallback is not None else tensor.__reduce_ex__(PROTOCOL)
 
 
 _starting: list[Any] = [None, None]  # a weak reference to the Popen being started, its Maps
@@ -168,5 +153,6 @@ def install_reducers(files=()):
     files whose mapped tensors may go by reference."""
     with _lock:
         _files.update(files)
-    install({cls: TensorReducer(before_us(cls)) for cls in (torch.Tensor, torch.nn.Parameter)
-             if not isinstance(installed(cls), TensorReducer)})
+    install({cls: functools.partial(reduce_tensor, fallback=before_us(cls))
+             for cls in (torch.Tensor, torch.nn.Parameter)
+             if getattr(installed(cls), "func", None) is not reduce_tensor})

@@ -88,8 +88,7 @@ def map_file(path, ident, start, length, access, changed, rule):
 
 
 def mapped_again(path, ident, start, length, delta, shape, dtype, order):
-    """In a worker: the array pickling would have given, mapped from the file
-    copy-on-write; ``MappedFileChanged`` if the file is not the one it was."""
+    """In a worker: the array pickling would have given, mapped from the file."""
     import numpy as np  # noqa: PLC0415 - optional dependency
 
     mm = map_file(path, ident, start, length, mmap.ACCESS_COPY,
@@ -102,8 +101,7 @@ def mapped_again(path, ident, start, length, delta, shape, dtype, order):
 
 
 def reduce_memmap(arr):
-    """WorkerPickler's reducer for ``np.memmap``: by reference while a process
-    is being started and the array can go exactly; else as pickle does."""
+    """WorkerPickler's reducer for ``np.memmap`` (the module's docstring)."""
     if get_spawning_popen() is not None:
         ref, _why = reference(arr)
         if ref is not None:
@@ -126,8 +124,7 @@ ACCESS = {"read": mmap.ACCESS_READ, "write": mmap.ACCESS_WRITE, "copy": mmap.ACC
 
 def map_again(path, ident, start, length, how, position):
     """In a worker (or for an emulated worker's copy): the map a forked worker
-    would hold, mapped again from the file; ``MappedFileChanged`` if the file
-    at ``path`` is not the one mapped."""
+    would hold, mapped again from the file."""
     m = map_file(path, ident, start, length, ACCESS[how],
                  "%s is not the file the training process mapped (DL201): this worker "
                  "cannot map the data it was sent", "DL201")
@@ -136,9 +133,7 @@ def map_again(path, ident, start, length, how, position):
 
 
 def reduce_map(m):
-    """WorkerPickler's reducer for ``mmap.mmap``: by reference while a process
-    is being started; else (or where it cannot go exactly) the TypeError
-    pickling raises, with why it was not sent."""
+    """WorkerPickler's reducer for ``mmap.mmap`` (the module's docstring)."""
     if get_spawning_popen() is None:
         return m.__reduce_ex__(PROTOCOL)  # raises, as ever
     if anonymous(m):

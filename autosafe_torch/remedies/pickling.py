@@ -42,7 +42,6 @@ def reduce_from_attributes(obj):
 
 
 def forwarder_reducers(classes):
-    """Reducers for instances of ``classes`` (attribute forwarders)."""
     return {cls: reduce_from_attributes for cls in classes}
 
 
@@ -75,17 +74,14 @@ def install(reducers: Mapping[type, Reducer]) -> None:
 
 
 def install_override(reducer_override: Override) -> None:
-    """Give ``WorkerPickler`` a ``reducer_override`` (functions and classes by value)."""
     WorkerPickler.override = reducer_override
 
 
 def uninstall(cls: type) -> None:
-    """Take back our reducer for ``cls``."""
     WorkerPickler.ours.pop(cls, None)
 
 
 def installed(cls: type) -> Reducer | None:
-    """Our reducer for ``cls``, or None."""
     return WorkerPickler.ours.get(cls)
 
 
@@ -102,22 +98,27 @@ def uninstall_reducers() -> None:
 
 # -- the processes of our workers' starts ----------------------------------------------
 
-class _ToWorkers:
-    """``multiprocessing.reduction`` as the Popen of our workers' starts reads
-    it: what it dumps (preparation data, process object) goes with
-    ``WorkerPickler``, in the stdlib's own ``_launch``, so what needs the
-    starting Popen (a descriptor passed, the authentication key) has it. The
-    child loads it as ever, with nothing of ours."""
+class Overriding:
+    """``module`` as the stdlib's Popen code reads it (``popen_reading``):
+    ``overrides`` first, else the module's own names."""
+
+    def __init__(self, module: Any, **overrides: Any) -> None:
+        self._module = module
+        self.__dict__.update(overrides)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(reduction, name)
-
-    @staticmethod
-    def dump(obj: Any, file: Any, protocol: int | None = None) -> None:
-        WorkerPickler(file, protocol).dump(obj)
+        return getattr(self._module, name)
 
 
-TO_WORKERS = _ToWorkers()
+def _dump(obj: Any, file: Any, protocol: int | None = None) -> None:
+    WorkerPickler(file, protocol).dump(obj)
+
+
+# ``multiprocessing.reduction`` as the Popen of our workers' starts reads it: what
+# it dumps (preparation data, process object) goes with ``WorkerPickler``, in the
+# stdlib's own ``_launch``, so what needs the starting Popen (a descriptor passed,
+# the authentication key) has it. The child loads it as ever, with nothing of ours.
+TO_WORKERS = Overriding(reduction, dump=_dump)
 _popens: dict[str, type] = {}
 
 

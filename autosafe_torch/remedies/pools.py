@@ -36,7 +36,6 @@ def _reduce_pool(pool):
 
 
 def pool_reducers():
-    """Reducers that send a thread pool to a spawned worker as a new one."""
     from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - 0.5 ms in each worker that rebuilds an executor, which imports this module (-X importtime after torch: multiprocessing.pool)
 
     return {ThreadPoolExecutor: _reduce_pool, ThreadPool: _reduce_pool}
@@ -46,11 +45,11 @@ def install_reducers():
     install(pool_reducers())
 
 
-def rebuild_pools(obj, path="dataset"):
+def rebuild_pools(obj):
     """Replace every thread pool ``obj`` holds, in place, by a new one of the
     same size; returns the paths replaced (a pool in a tuple is left)."""
     replaced, fresh = [], {}
-    for here, pool, edge in holdings.find_thread_pools(obj, path):
+    for here, pool, edge in holdings.find_thread_pools(obj, "dataset"):
         if edge is None or not edge.settable:
             continue
         if id(pool) not in fresh:
@@ -61,7 +60,6 @@ def rebuild_pools(obj, path="dataset"):
 
 
 def rebuild_pools_in_worker(worker_id):
-    """A worker_init step: this worker's own thread pools."""
     info = get_worker_info()
     if info is not None:
         rebuild_pools(info.dataset)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import itertools
 import mmap
@@ -89,10 +90,6 @@ class Setting:
     default: Any = _UNKNOWN
 
 
-def _set_deterministic(torch: Any, value: tuple[bool, bool]) -> None:
-    torch.use_deterministic_algorithms(value[0], warn_only=value[1])
-
-
 def _decimal_context(decimal: Any) -> tuple[Any, ...]:
     c = decimal.getcontext()
     return (c.prec, c.rounding, c.Emin, c.Emax, c.capitals, c.clamp,
@@ -129,7 +126,7 @@ SETTINGS = (
             "nondeterministic one raises",
             lambda t: (t.are_deterministic_algorithms_enabled(),
                        t.is_deterministic_algorithms_warn_only_enabled()),
-            _set_deterministic),
+            lambda t, v: t.use_deterministic_algorithms(v[0], warn_only=v[1])),
     Setting("torch's float32 matmul precision", "torch",
             "the precision of float32 matrix products a worker computes "
             "(torch.set_float32_matmul_precision)",
@@ -231,17 +228,8 @@ def _value(module: str, name: str, importing: bool) -> Any:
     return getattr(owner, last, _MISSING)
 
 
-_namespaces: dict[int, dict[str, Any]] = {}  # id(module) -> where its code reads globals
-
-
+@functools.cache
 def _namespace(owner: Any) -> dict[str, Any]:
-    found = _namespaces.get(id(owner))
-    if found is None:
-        found = _namespaces[id(owner)] = _code_namespace(owner)
-    return found
-
-
-def _code_namespace(owner: Any) -> dict[str, Any]:
     """Where the code of module ``owner`` reads its globals. A spawned process
     (a worker; a DDP rank that ``mp.spawn`` started) runs the script through
     ``runpy``, whose functions keep the namespace they ran in while the module

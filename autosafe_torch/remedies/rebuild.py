@@ -57,7 +57,7 @@ import threading
 import types
 import warnings
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 from multiprocessing import context
 
 from ..inspection import digest, opened, reads
@@ -103,13 +103,11 @@ class Construction:
         return None
 
 
-class _Weak:
+class _Weak(NamedTuple):
     """An argument held weakly: the program's to keep or let go."""
 
-    __slots__ = ("ref", "kind")
-
-    def __init__(self, value):
-        self.ref, self.kind = weakref.ref(value), "a %s" % type(value).__name__
+    ref: Any
+    kind: str
 
 
 def _kept(value):
@@ -132,7 +130,7 @@ def _held(value, attrs):
     if isinstance(value, _STRONG) or callable(value) or any(v is value for v in attrs):
         return value
     try:
-        return _Weak(value)
+        return _Weak(weakref.ref(value), "a %s" % type(value).__name__)
     except TypeError:
         return value
 
@@ -189,7 +187,6 @@ _read_by: weakref.WeakKeyDictionary[type, tuple[Any, ...]] = weakref.WeakKeyDict
 
 
 def _globals_read(cls):
-    """What building ``cls`` reads of the process (``inspection/reads.py``), per class."""
     found = _read_by.get(cls)
     if found is None:
         try:
@@ -201,7 +198,6 @@ def _globals_read(cls):
 
 
 def construction_of(obj):
-    """The ``Construction`` recorded for ``obj``, or None."""
     found = _constructions.get(id(obj))
     if found is None or found[0]() is not obj or type(obj) is not found[1].cls:
         return None
@@ -363,7 +359,6 @@ def planned_reducers(datasets):
 def rebuilt_in_worker(cls, args, kwargs, expected):
     """In a worker: the dataset built again and checked; where it differs, a
     stand-in that fails the worker's start (``Unbuilt``)."""
-    why = None
     _local.again = True  # not the program's construction: not recorded
     try:
         with _muted(), _refused_writes() as wrote, \
@@ -371,19 +366,18 @@ def rebuilt_in_worker(cls, args, kwargs, expected):
             fds, maps = opened.snapshot(), opened.mapped_files()
             obj = cls(*args, **kwargs)
             added, mapped = opened.opened_since(fds), opened.mapped_files()
-    except _WritesFiles as exc:
-        why = "its constructor writes files (%s)" % exc
     except Exception as exc:
         if not wrote:
             return Unbuilt("the dataset (%s) could not be built again in the worker: %s: %s"
                            % (expected.name, type(exc).__name__, _short(exc)))
-        why = "its constructor writes files (%s)" % wrote[0]
+        written = exc if isinstance(exc, _WritesFiles) else wrote[0]
+    else:
+        written = wrote[0] if wrote else None  # it caught the error
     finally:
         _local.again = False
-    if why is None:
-        why = ("its constructor writes files (%s)" % wrote[0] if wrote  # it caught the error
-               else _other_files(added, expected) or _other_maps(mapped, maps, expected)
-               or _other_values(obj, expected))
+    why = ("its constructor writes files (%s)" % written if written is not None
+           else _other_files(added, expected) or _other_maps(mapped, maps, expected)
+           or _other_values(obj, expected))
     if why is None:
         _held_files[id(obj)] = [o.fd for o in added]
         return obj
@@ -480,15 +474,13 @@ def _base(path):
 
 def _short(exc):
     try:
-        text = str(exc).splitlines()[0] if str(exc) else ""
-    except Exception:
-        text = ""
-    return text[:120]
+        return (str(exc).splitlines() or [""])[0][:120]
+    except Exception:  # a __str__ that raises
+        return ""
 
 
 @contextlib.contextmanager
 def _drawing_from(states):
-    """The generators as the construction found them, for the block."""
     if states is None:
         yield
         return

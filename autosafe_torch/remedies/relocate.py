@@ -67,9 +67,8 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
         if isinstance(obj, tuple):
             items = [fix(x, depth + 1) for x in obj]
             if any(a is not b for a, b in zip(items, obj)):
-                rebuilt = type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-                done[key] = rebuilt
-                return rebuilt
+                done[key] = type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+                return done[key]
             return obj
         for edge in objwalk.edges(obj):
             # Dict keys and set members hold no tensor that could be moved in place.

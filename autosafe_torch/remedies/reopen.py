@@ -64,7 +64,6 @@ def _reopen_args(f):
 
 
 def _lmdb_options(env):
-    """The ``lmdb.open`` arguments that matter to reading ``env`` again."""
     options = {k: v for k, v in env.flags().items() if k != "readonly"}
     info = env.info()
     # max_dbs cannot be read back: room for every named database there is.
@@ -178,9 +177,8 @@ def install_reducers():
 # -- native handles in forked workers ----------------------------------------------
 
 def read_only_note(f):
-    """What the log says of a handle that is reopened read-only although it may
-    have been opened for writing (a sqlite connection, an lmdb environment),
-    or None."""
+    """What the log says of a handle reopened read-only that may have been
+    opened for writing (a sqlite connection, an lmdb environment), or None."""
     if sqlite_path(f) is not None:
         return "reopened read-only (mode=ro): a write in a worker fails"
     if fork_unsafe(f) == LMDB_ENV and lmdb_read_write(f):

@@ -115,10 +115,6 @@ def _gone(parent):
         return False
 
 
-def secret_entry(path):
-    return SECRET + path
-
-
 def _take_secret():
     """In the server, as it preloads: the secret its training process gave it
     (the file removed as it is read)."""

@@ -31,6 +31,7 @@ step, ends the worker then, as a spawn worker's watchdog does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -50,7 +51,7 @@ from ..inspection.opened import TURNS
 from ..mp_private import forkserver_pid, forkserver_process, popen_reading, stop_forkserver
 from ..report import log, shorten_line
 from . import process_state
-from .pickling import TO_WORKERS, sent_popen
+from .pickling import TO_WORKERS, Overriding, sent_popen
 
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
 
@@ -110,10 +111,16 @@ def preload(names):
 
 # -- the server -----------------------------------------------------------------------
 
+def _forkserver():
+    from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
+
+    return forkserver
+
+
 def _inherited():
     """What a forked worker gets from the server, not from us, and no start
     request can set (the environment, working directory, ``sys.path`` and
-    umask travel with each: ``_PreparingWithDumps``)."""
+    umask travel with each: ``_preparation_data``)."""
     def stdio(fd):
         try:
             st = os.fstat(fd)
@@ -137,14 +144,12 @@ def _inherited():
 
 def _server():
     """The running server, started now if need be; None: use plain spawn."""
-    from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
-
     with TURNS.ours() as churned, _lock:
         if _state["cold"]:
             return None
         server = _state["server"]
         if server is None:
-            server = _state["server"] = forkserver.ForkServer()
+            server = _state["server"] = _forkserver().ForkServer()
         with _names_lock:
             libraries = list(_preload)
         before, now = forkserver_pid(server), _inherited()
@@ -157,8 +162,8 @@ def _server():
             _state["started_with"] = now
             if refused is None:
                 return server
-            _state.update(cold=True, server=None)
-            _went_cold("workers start by plain spawn from now on: " + refused)
+            _state["server"] = None
+            _went_cold(refused)
             return None
     changed = [k for k, v in _state["started_with"].items() if now[k] != v]
     if changed:
@@ -203,8 +208,6 @@ def _greet(server, libraries, churned):
     forks (its first child, a ``warmserver.Hello``, exits with 0), else why
     not (the server is stopped). ``churned`` ends our stretch of descriptors
     (``opened.TURNS``) before the wait."""
-    from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
-
     from .warmserver import REFUSED, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     status = None
@@ -216,8 +219,8 @@ def _greet(server, libraries, churned):
                 reduction.dump({"sys_path": sys.path}, f)
                 reduction.dump(Hello(), f)
             churned()
-            forkserver.read_signed(status_r)  # the child's pid, then its exit status
-            status = forkserver.read_signed(status_r)
+            _forkserver().read_signed(status_r)  # the child's pid, then its exit status
+            status = _forkserver().read_signed(status_r)
         finally:
             TURNS.close(status_r)
     except (OSError, EOFError):
@@ -292,22 +295,6 @@ def _start_quietly(start):
         _note("the warm server could not start ahead (%s)" % _failure(exc))
 
 
-class _ThroughServer:
-    """``multiprocessing.forkserver`` as our Popen sees it: new processes come
-    from ``server``, everything else is the module's own."""
-
-    def __init__(self, server):
-        self._server = server
-
-    def __getattr__(self, name):
-        from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
-
-        return getattr(forkserver, name)
-
-    def connect_to_new_process(self, fds):
-        return _connect(self._server, fds)
-
-
 # -- who may ask a server of ours for a process -------------------------------------
 
 def _connect(server, fds):
@@ -331,7 +318,7 @@ def _secret_given(server):
     kept on it) in a file of our private folder, named in its preload list
     (the entry this yields); the server removes the file as it reads it, and
     we do when the start is over."""
-    from .warmserver import secret_entry  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
+    from .warmserver import SECRET  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     if getattr(server, "autosafe_secret", None) is None:
         server.autosafe_secret = os.urandom(32)
@@ -339,30 +326,23 @@ def _secret_given(server):
     with open(path, "wb") as f:
         f.write(server.autosafe_secret)
     try:
-        yield secret_entry(path)
+        yield SECRET + path
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)
 
 
-class _PreparingWithDumps:
-    """``multiprocessing.spawn`` as our Popen sees it: the preparation data also
-    holds the parent's environment and umask at this start (and, as at every
-    start of our workers, where a worker that dies while starting leaves its
-    traceback: ``diagnostics.telling_workers``)."""
-
-    def __getattr__(self, name):
-        return getattr(spawn, name)
-
-    @staticmethod
-    def get_preparation_data(name):
-        data = spawn.get_preparation_data(name)  # where to leave a traceback, in it
-        # A server started before the program's setup (an optimizer sets
-        # TORCHINDUCTOR_CACHE_DIR) forks workers that see what a spawned one would.
-        data[ENVIRON_KEY] = dict(os.environ)
-        data[UMASK_KEY] = os.umask(0o022)  # read, then set back
-        os.umask(data[UMASK_KEY])
-        return data
+def _preparation_data(name):
+    """spawn's, with the parent's environment and umask at this start (and, as
+    at every start of our workers, where a worker that dies while starting
+    leaves its traceback: ``diagnostics.telling_workers``)."""
+    data = spawn.get_preparation_data(name)  # where to leave a traceback, in it
+    # A server started before the program's setup (an optimizer sets
+    # TORCHINDUCTOR_CACHE_DIR) forks workers that see what a spawned one would.
+    data[ENVIRON_KEY] = dict(os.environ)
+    data[UMASK_KEY] = os.umask(0o022)  # read, then set back
+    os.umask(data[UMASK_KEY])
+    return data
 
 
 def _popen(process_obj):
@@ -379,7 +359,9 @@ def _popen(process_obj):
             # pickler; on it, what rebuild.reduce_rebuilt asks of the Popen starting
             # a worker: the datasets its server built ({id: key}), and how to take one.
             popen = popen_reading("forkserver", "WarmPopen", {
-                "forkserver": _ThroughServer(server), "spawn": _PreparingWithDumps(),
+                "forkserver": Overriding(_forkserver(), connect_to_new_process=functools.partial(
+                    _connect, server)),
+                "spawn": Overriding(spawn, get_preparation_data=_preparation_data),
                 "reduction": TO_WORKERS,
             }, {"built_here": built, "from_server": staticmethod(from_server)})
             started = popen(process_obj)
@@ -387,9 +369,7 @@ def _popen(process_obj):
             _starts.built += bool(built)
             return started
     except Exception as exc:
-        _state["cold"] = True
-        _went_cold("workers start by plain spawn from now on: the warm server failed (%s)"
-                   % _failure(exc))
+        _went_cold("the warm server failed (%s)" % _failure(exc))
     _starts.plain += 1
     return sent_popen("spawn")(process_obj)
 
@@ -468,8 +448,6 @@ class Build:
             return None
 
     def _start(self, datasets, churned):
-        from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
-
         from . import buildserver, rebuild  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
 
         prepared = spawn.get_preparation_data("autosafe_torch build server")
@@ -485,7 +463,7 @@ class Build:
             pickle.dump(prepared, f, pickle.HIGHEST_PROTOCOL)  # loaded first: the main
             pickle.dump(self._state(changed), f, pickle.HIGHEST_PROTOCOL)  # module, what main()
             pickle.dump(recipes, f, pickle.HIGHEST_PROTOCOL)   # set, then its classes
-        server = forkserver.ForkServer()
+        server = _forkserver().ForkServer()
         with _names_lock:
             libraries = list(_preload)
         # The recipes' path goes to the server alone, in what it is told to preload
@@ -493,7 +471,7 @@ class Build:
         try:
             with _secret_given(server) as secret:
                 server.set_forkserver_preload(libraries + [
-                    buildserver.__name__, buildserver.recipes_entry(path), secret, GUARD])
+                    buildserver.__name__, buildserver.RECIPES + path, secret, GUARD])
                 server.ensure_running()
                 refused = _greet(server, named(libraries, most=2) + " and the dataset", churned)
         finally:
@@ -558,9 +536,10 @@ def starts():
     return _starts
 
 
-def _went_cold(reason):
-    _starts.reason = reason
-    _note(reason)
+def _went_cold(why):
+    _state["cold"] = True
+    _starts.reason = "workers start by plain spawn from now on: " + why
+    _note(_starts.reason)
 
 
 def _note(message):

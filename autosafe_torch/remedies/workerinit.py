@@ -17,26 +17,25 @@ def _run(steps, user_fn, worker_id):
         user_fn(worker_id)
 
 
-def with_step(worker_init_fn, step, first=False):
-    """A worker_init_fn that runs ``step(worker_id)`` after the steps it has
-    (``first``: before them), then the original.
-
-    ``step`` must be a module-level function (or a partial of one). Adding a
-    step that is already there changes nothing.
-    """
+def _parts(worker_init_fn):
+    """``(steps, user's function)`` of one of ours; ``((), it)`` for any other."""
     if isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _run:
-        steps, user_fn = worker_init_fn.args
-        if step in steps:
-            return worker_init_fn
-        return functools.partial(_run, (step,) + steps if first else steps + (step,), user_fn)
-    return functools.partial(_run, (step,), worker_init_fn)
+        return worker_init_fn.args
+    return (), worker_init_fn
+
+
+def with_step(worker_init_fn, step, first=False):
+    """A worker_init_fn that runs ``step(worker_id)`` (a module-level function
+    or a partial of one) after the steps it has (``first``: before them), then
+    the original; a step already there is not added again."""
+    steps, user_fn = _parts(worker_init_fn)
+    if step in steps:
+        return worker_init_fn
+    return functools.partial(_run, (step,) + steps if first else steps + (step,), user_fn)
 
 
 def user_function(worker_init_fn):
-    """The user's own worker_init_fn inside one of ours (or it as it is)."""
-    if isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _run:
-        return worker_init_fn.args[1]
-    return worker_init_fn
+    return _parts(worker_init_fn)[1]
 
 
 def with_user_function(worker_init_fn, user_fn):
@@ -45,6 +44,4 @@ def with_user_function(worker_init_fn, user_fn):
 
 
 def steps_of(worker_init_fn):
-    if isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _run:
-        return worker_init_fn.args[0]
-    return ()
+    return _parts(worker_init_fn)[0]
