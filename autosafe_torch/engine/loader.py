@@ -43,7 +43,6 @@ ITER_ARGS = ("num_workers", "multiprocessing_context", "dataset", "collate_fn",
 
 
 def keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
-    """Keep what each finding keeps on ``loader``, for its iterators."""
     state = state_of(loader)
     for finding in findings:
         state.keep(finding.kept)
@@ -190,11 +189,15 @@ def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
     the background, so that its imports overlap the program's setup; recorded
     and applied at the first iterator, as ever. A loader that forks, or shows
     no sign of needing a repair, costs nothing here."""
-    if not loader.num_workers or CONFIG.mode != "fix" or not _may_spawn(loader):
+    if not loader.num_workers or CONFIG.mode != "fix":
+        return
+    # Spawn, or fork where the ladder moves it away (macOS); cheap: no probe. Not
+    # for CUDA initialised here: fork stays unless its workers touch it (DL205).
+    method = facts.effective_start_method(loader.multiprocessing_context)
+    if not (method == "spawn" or method == "fork" and facts.Facts().platform == "darwin"):
         return
     parts = parts_of(loader)
-    if facts.effective_start_method(loader.multiprocessing_context) == "spawn" \
-            and not _repair_likely(parts):
+    if method == "spawn" and not _repair_likely(parts):
         return  # the common case: nothing read here that grows with the dataset
     _values, found, work, _ctx = _plan_workers(loader, frame)
     if any(f.rung is Rung.WARM_SPAWN for f in found):
@@ -222,11 +225,3 @@ def _repair_likely(parts: dict[str, Any]) -> bool:
         if not importable_by_reference(code) or holdings.forwards_attributes(part):
             return True
     return False
-
-
-def _may_spawn(loader: Loader) -> bool:
-    """Whether the workers may start by spawn: the start method, or fork where the
-    ladder moves it away (macOS). Cheap: no probe. Not for CUDA initialised in
-    this process: fork stays unless its workers touch CUDA (DL205, recovered)."""
-    method = facts.effective_start_method(loader.multiprocessing_context)
-    return method == "spawn" or method == "fork" and facts.Facts().platform == "darwin"

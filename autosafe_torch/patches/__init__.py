@@ -67,17 +67,14 @@ def wrap(owner, name, wrapper):
 
 
 def wrapped(owner, name):
-    """Whether ``owner.name`` is wrapped by ``wrap`` now."""
     return (owner, name) in _originals
 
 
 def unwrap(owner, name):
     """Put back what ``wrap`` or ``replace`` replaced at ``owner.name`` (one patch
     undone alone; ``revert`` undoes them all)."""
-    key = (owner, name)
-    if key not in _originals:
-        return
-    _put_back(owner, name, _originals.pop(key))
+    if (owner, name) in _originals:
+        _put_back(owner, name, _originals.pop((owner, name)))
 
 
 def _put_back(owner, name, value):

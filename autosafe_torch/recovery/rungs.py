@@ -96,16 +96,6 @@ def with_state_refused(loader, init):
     return with_step(init, process_state.refuse_in_worker)
 
 
-def carried_state(loader):
-    """The process state the workers' code reads goes to each, ahead of the
-    dataset (DL220), where they do not fork."""
-    carry = _carry(loader)
-    if carry is None or torch_lacks("process state", tp.dataset_kind_missing(),
-                                    "what main() set does not reach spawned workers"):
-        return contextlib.nullcontext()
-    return tp.dataset_kind_as(loader, carry.start(dump_dir()).first)
-
-
 def _carry(loader):
     carry = state_of(loader).kept.process_state
     if carry is None or CONFIG.mode != "fix" or \
@@ -116,10 +106,27 @@ def _carry(loader):
 
 @contextlib.contextmanager
 def sending_to_workers(loader):
-    """While ``loader``'s workers start: each of the context managers below,
-    and each worker told where a failed start leaves its traceback."""
-    with telling_workers(dump_dir()), carried_loggers(loader), carried_state(loader), \
-            sent_once_where_spawned(loader), pickled_for_workers(loader):
+    """While ``loader``'s workers start: each told where a failed start leaves its
+    traceback; the loggers carried configured, where DL219 chose that
+    (``remedies/loggers.py``); where they do not fork, the process state their
+    code reads, ahead of the dataset (DL220), and in fix mode, where the worker
+    checks found nothing to do, the dataset pickled once for all of them
+    (``remedies/sent_once.py``; a repair of ours sends it its own way); then
+    ``pickled_for_workers``."""
+    state = state_of(loader)
+    with contextlib.ExitStack() as sending:
+        sending.enter_context(telling_workers(dump_dir()))
+        if state.kept.loggers is not None:
+            sending.enter_context(loggers.carrying(state.kept.loggers))
+        carry = _carry(loader)
+        if carry is not None and not torch_lacks(
+                "process state", tp.dataset_kind_missing(),
+                "what main() set does not reach spawned workers"):
+            sending.enter_context(tp.dataset_kind_as(loader, carry.start(dump_dir()).first))
+        if CONFIG.mode == "fix" and state.untouched and \
+                facts.effective_start_method(loader.multiprocessing_context) != "fork":
+            sending.enter_context(sent_once.offering(loader))
+        sending.enter_context(pickled_for_workers(loader))
         yield
 
 
@@ -132,21 +139,6 @@ def pickled_for_workers(loader):
         return contextlib.nullcontext()
     sent = pickling.WorkerContext(torch.multiprocessing if context is None else context, method)
     return tp.multiprocessing_context_as(loader, sent)
-
-
-def sent_once_where_spawned(loader):
-    """The dataset pickled once for all spawned workers (``remedies/sent_once.py``),
-    in fix mode, where the worker checks found nothing to do."""
-    if CONFIG.mode != "fix" or not state_of(loader).untouched or \
-            facts.effective_start_method(loader.multiprocessing_context) == "fork":
-        return contextlib.nullcontext()  # a repair of ours sends it its own way
-    return sent_once.offering(loader)
-
-
-def carried_loggers(loader):
-    """The loggers travel configured, where DL219 chose that (``remedies/loggers.py``)."""
-    reports = state_of(loader).kept.loggers
-    return loggers.carrying(reports) if reports is not None else contextlib.nullcontext()
 
 
 def own_files(loader, report_dir):

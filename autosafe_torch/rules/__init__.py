@@ -185,7 +185,6 @@ class Rule:
                 remedies: Iterable[Remedy] = (), fix: str | None = None, done: str | None = None,
                 rung: Rung | None = None, needed: Needed | None = None,
                 applied_by: AppliedBy | None = None) -> Finding:
-        """This rule's ``Finding`` (its fields, as ``Finding`` has them)."""
         return Finding(self, before, changes, why, strategy, kept, shown, remedies, fix, done,
                        rung, needed, applied_by)
 

@@ -60,7 +60,8 @@ def prefetch_without_workers(args, ctx: InitContext):
       rewrite=WORKER_ARGUMENT_REWRITE,
       at="dataloader.init")
 def persistent_without_workers(args, ctx):
-    if args["num_workers"] == 0 and _flag(args["persistent_workers"]):
+    flag = args["persistent_workers"]
+    if args["num_workers"] == 0 and (flag is True or _count(flag) and flag == 1):
         return _without_workers(persistent_without_workers, args, "persistent_workers", False,
                                 "there are no workers to keep alive")
 
@@ -152,10 +153,6 @@ def pin_memory_without_accelerator(args, ctx):
 def _count(value):
     """An int (not a bool): what torch takes as a count."""
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _flag(value):
-    return value is True or (_count(value) and value == 1)
 
 
 def _valid_context(context):

@@ -207,10 +207,8 @@ def unpicklable_dataset(args, ctx: IterContext):
     if said is None:
         return None
     return unpicklable_dataset.rule.finding(
-        said["before"], why=said["why"], strategy=said["strategy"],
-        rung=Rung.REBUILT if plan.rebuilt else None,
-        kept=Kept(rebuilt=tuple(d for _where, d, _why in plan.rebuilt)) if plan.rebuilt else None,
-        remedies=said["remedies"], fix=said["fix"], done=said["done"])
+        **said, rung=Rung.REBUILT if plan.rebuilt else None,
+        kept=Kept(rebuilt=tuple(d for _where, d, _why in plan.rebuilt)) if plan.rebuilt else None)
 
 
 @rule("DL219", "logging-config-to-workers", GROUP,

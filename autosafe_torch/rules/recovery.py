@@ -2,17 +2,15 @@
 
 The rules at ``dataloader.iter`` predict hazards before the workers start,
 and a prediction can be wrong (a native handle judged fork-safe, a thread
-pool nobody saw, a dataset that cannot be sized without running it). So
-the workers are watched (``recovery``): a death, a shared-memory or
-open-file failure, or a hang rebuilds the iterator on the next rung
-(``ladder.py``) and resumes at the first batch not yet delivered. The
-checks here run at ``dataloader.failure`` (``FailureContext``), once a
-recovery delivered (verified, not predicted), and make its record.
+pool nobody saw, a dataset that cannot be sized without running it), so the
+workers are watched (``recovery``). The checks here run at
+``dataloader.failure`` (``FailureContext``), once a recovery delivered
+(verified, not predicted), and make its record.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
 from ..config import CONFIG
 from ..inspection.failures import CUDA, DIED, FDS, HUNG, MEMORY, REMEDY, SHM
@@ -225,14 +223,12 @@ KINDS = {"DL205": CUDA, "DL210": DIED, "DL211": HUNG, "DL214": SHM, "DL213": FDS
 def kinds_watched(enabled):
     """The failure kinds recovered, given ``enabled(rule)`` (AUTOSAFE_TORCH_DISABLE);
     asked at every iterator's start, worked out once per configuration."""
-    key = (enabled, CONFIG.disabled)
-    if _watched.get("key") != key:
-        _watched.update(key=key, kinds=frozenset(
-            KINDS[c.rule.code] for c in checks_at("dataloader.failure", enabled)))
-    return _watched["kinds"]
+    return _kinds_watched(enabled, CONFIG.disabled)
 
 
-_watched: dict[str, Any] = {}  # kinds_watched's last answer, and what it depended on
+@functools.lru_cache(maxsize=1)
+def _kinds_watched(enabled, _disabled):
+    return frozenset(KINDS[c.rule.code] for c in checks_at("dataloader.failure", enabled))
 
 
 def start_failures_recovered(enabled):

@@ -129,12 +129,6 @@ def _handler_meets(m: Meeting):
     return None
 
 
-def _handler_reducers(found):
-    from ..remedies import handlers
-
-    return handlers.handler_reducers({type(h) for _where, h in found})
-
-
 def _handlers_said(found, _args):
     return Said({"handlers": [where for where, _h in found]},
                 ["a logging handler's lock and stream do not pickle"],
@@ -152,12 +146,12 @@ def _first_met(field, holds):
     return meets
 
 
-def _remedy(module, name, given=False):
-    """``remedies.<module>.<name>()`` (``given``: of the value it is called
-    with), the module imported when a loader needs it."""
+def _remedy(module, name, of=None):
+    """``remedies.<module>.<name>(of(found))`` (``of`` None: no argument), the
+    module imported when a loader needs it."""
     def call(found=None):
         made = getattr(importlib.import_module("autosafe_torch.remedies." + module), name)
-        return made(found) if given else made()
+        return made() if of is None else made(of(found))
     return call
 
 
@@ -172,17 +166,14 @@ def _files_said(found, args):
                 ["%s reopened by path" % _named(files)], ["reopen read-only files by path"])
 
 
-def _travels(value):
-    from ..inspection.mappings import travels
-
-    return travels(value)
-
-
 def _maps_said(found, args):
+    import mmap
+
     from ..inspection.mappings import anonymous
+    from ..inspection.parts import held_in_parts
 
     path, why, held = found
-    maps = memory_maps(args) or [(path, held)]
+    maps = list(held_in_parts(args, lambda obj: type(obj) is mmap.mmap)) or [(path, held)]
     named = [(where, m) for where, m in maps if not anonymous(m)]
     shared = [(where, m) for where, m in maps if anonymous(m)]
     done, repairs = [], []
@@ -302,19 +293,13 @@ def _rebuilt_meets(m: Meeting):
     return None if dataset is None else (here, dataset, m.why)
 
 
-def _rebuilt_reducers(found):
-    from ..remedies import rebuild
-
-    return rebuild.planned_reducers([d for _where, d, _why in found])
-
-
 # The repairs, in the order DL201 says them; ``plan_rank``: the order in which
 # the planner shows them a probe's outcome or offers them a failure.
 REPAIRS: list[Repair] = [
     Repair("by_value", "DL202", dict, meets=_by_value_meets, plan_rank=0),
     Repair("nested", "DL202", lambda: None, meets=_nested_meets, plan_rank=6),
     Repair("classes", "DL203", dict, meets=_class_meets,
-           reducers=_remedy("byvalue", "class_reducers", True), plan_rank=5),
+           reducers=_remedy("byvalue", "class_reducers", list), plan_rank=5),
     Repair("pools", "DL208", list, looks=_pools_look, looks_when_met="pool",
            reducers=_remedy("pools", "pool_reducers"), plan_rank=0),
     Repair("files", "DL201", lambda: None,
@@ -324,12 +309,14 @@ REPAIRS: list[Repair] = [
            prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
                      "'sqlite3.Connection', h5py and lmdb handles)"), fix_rank=0, plan_rank=2),
     Repair("maps", "DL201", lambda: None,
-           meets=_first_met("maps", _travels),
+           meets=_first_met("maps", lambda value: importlib.import_module(
+               "autosafe_torch.inspection.mappings").travels(value)),
            reducers=_remedy("memmaps", "map_reducers"), said=_maps_said,
            summary=("map an mmap.mmap of a named file again in each worker with its access "
                     "and position, share an anonymous one through one block of shared memory"),
            prevents="TypeError: cannot pickle 'mmap.mmap' object", fix_rank=0, plan_rank=3),
-    Repair("handlers", "DL201", list, meets=_handler_meets, reducers=_handler_reducers,
+    Repair("handlers", "DL201", list, meets=_handler_meets, reducers=_remedy(
+               "handlers", "handler_reducers", lambda found: {type(h) for _w, h in found}),
            said=_handlers_said, summary="make logging handlers again from their file or stream",
            prevents="TypeError: cannot pickle '_thread.RLock' object (a logging handler's lock)",
            fix=REBUILD_FIX, fix_rank=1, plan_rank=1),
@@ -340,7 +327,8 @@ REPAIRS: list[Repair] = [
                      "a worker (an image's pickle dropped its file)"),
            fix=lambda: importlib.import_module("autosafe_torch.inspection.dropped").IMAGE_FIX,
            fix_rank=2, plan_rank=2),  # read where it is said: imported with an image met
-    Repair("rebuilt", "DL201", list, meets=_rebuilt_meets, reducers=_rebuilt_reducers,
+    Repair("rebuilt", "DL201", list, meets=_rebuilt_meets, reducers=_remedy(
+               "rebuild", "planned_reducers", lambda found: [d for _w, d, _why in found]),
            said=_rebuilt_said, summary=(
                "build the dataset again in each worker by the call that built it (recorded, "
                "never run here), each worker checking that it opened the same files in the "
@@ -349,7 +337,7 @@ REPAIRS: list[Repair] = [
                      "ParquetReader, pandas' TextReader)"),
            fix=REBUILD_FIX, fix_rank=1, runs_user_code=True),
     Repair("forwarders", "DL201", dict, looks=_forwarders_look, looks_when_met="forwarder",
-           reducers=_remedy("pickling", "forwarder_reducers", True), said=_forwarders_said,
+           reducers=_remedy("pickling", "forwarder_reducers", list), said=_forwarders_said,
            summary="rebuild forwarders from their attributes",
            prevents=("RecursionError in a worker unpickling a __getattr__ forwarder "
                      "(DataLoader worker exited unexpectedly)"),
@@ -455,15 +443,6 @@ def read_only_files(args):
                 seen.add(id(held.obj))
                 found.append((held.path, held.obj))
     return found
-
-
-def memory_maps(args):
-    """``(path, map)`` for each ``mmap.mmap`` the parts hold."""
-    import mmap
-
-    from ..inspection.parts import held_in_parts
-
-    return list(held_in_parts(args, lambda obj: type(obj) is mmap.mmap))
 
 
 def not_importable(value):

@@ -2,14 +2,8 @@
 
 What is patched, and why there:
 
-The modules: ``caps`` (what this torch's autocast can do), ``autocast``,
-``scaler``, ``provided`` (AMP506), ``common`` (running the checks).
-
 - ``torch.amp.autocast.__init__`` (the class every autocast derives from):
-  AMP503 and AMP505. autocast is built on every training step, so this is a
-  plain function with one dict lookup on the common path: the decision is
-  cached per argument tuple, and the call site is looked up only when there
-  is something to record.
+  AMP503 and AMP505, on every training step (``autocast.py``).
 - the deprecated ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``
   (torch >= 2.4): their ``__new__`` and ``__init_subclass__``, which only
   warn, are replaced (AMP501). The classes stay the classes: isinstance,
@@ -50,8 +44,8 @@ def patch(torch):
     replace(autocast_cls, "__init__", autocast.make_init(init))
 
     # AMP501: the deprecated autocast classes and decorators.
-    for area in ("cuda", "cpu"):
-        module = getattr(getattr(torch, area, None), "amp", None)
+    old_amp = {area: getattr(getattr(torch, area, None), "amp", None) for area in ("cuda", "cpu")}
+    for area, module in old_amp.items():
         legacy = getattr(module, "autocast", None)
         if not is_subclass(legacy, autocast_cls):
             continue
@@ -61,7 +55,7 @@ def patch(torch):
             autocast.patch_deprecated(legacy, call, autocast_cls)
         elif is_deprecated(legacy.__dict__.get("__init__")):  # torch 2.4-2.8 mark __init__
             autocast.patch_deprecated_init(legacy, call)
-    cuda_amp = getattr(getattr(torch, "cuda", None), "amp", None)
+    cuda_amp = old_amp["cuda"]
     if cuda_amp is not None and hasattr(amp, "custom_fwd") and hasattr(amp, "custom_bwd") \
             and is_deprecated(getattr(cuda_amp, "custom_fwd", None)):
         def call_of(name):
@@ -75,26 +69,23 @@ def patch(torch):
 
     # AMP502-AMP504: GradScaler.
     modern = getattr(amp, "GradScaler", None)
-    if not (isinstance(modern, type) and "device" in
-            signature_without_self(modern.__init__).parameters):
-        modern = None
-    if modern is not None:
-        wrap(modern, "__init__", scaler.modern_wrapper(
+    if isinstance(modern, type) and "device" in signature_without_self(modern.__init__).parameters:
+        wrap(modern, "__init__", scaler.wrapper(
             AmpCall("torch.amp.GradScaler"), signature_without_self(modern.__init__)))
+    else:
+        modern = None
     cuda_scaler = None
-    for area in ("cuda", "cpu"):
-        module = getattr(getattr(torch, area, None), "amp", None)
+    for area, module in old_amp.items():
         legacy = getattr(module, "GradScaler", None)
         if not isinstance(legacy, type) or legacy is modern:
             continue
         signature = signature_without_self(legacy.__dict__.get("__init__", legacy.__init__))
         if "device" in signature.parameters:
             continue
-        route = modern if is_subclass(legacy, modern) else None
+        route_init = original(modern, "__init__") if is_subclass(legacy, modern) else None
         call = AmpCall("torch.%s.amp.GradScaler" % area, device=area, takes_device=False,
-                       route="torch.amp.GradScaler" if route else None)
-        route_init = original(modern, "__init__") if route else None
-        wrap(legacy, "__init__", scaler.legacy_wrapper(call, signature, route_init))
+                       route="torch.amp.GradScaler" if route_init else None)
+        wrap(legacy, "__init__", scaler.wrapper(call, signature, route_init))
         if area == "cuda":
             cuda_scaler = legacy
 

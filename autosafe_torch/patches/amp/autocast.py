@@ -1,11 +1,8 @@
-"""autocast: ``torch.amp.autocast.__init__`` (AMP503, AMP505) and the deprecated
-``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast`` and ``custom_fwd`` /
-``custom_bwd`` names (AMP501).
-
-autocast is built on every training step, so its ``__init__`` wrapper is a
-plain function with one dict lookup on the common path: the decision is
-cached per argument tuple, and the call site is looked up only when there is
-something to record.
+"""``torch.amp.autocast.__init__`` (AMP503, AMP505) and the deprecated autocast
+names (AMP501). autocast is built on every training step, so its ``__init__``
+wrapper is a plain function with one dict lookup on the common path: the
+decision is cached per argument tuple, the call site looked up only when
+there is something to record.
 """
 
 import functools

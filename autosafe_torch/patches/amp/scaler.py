@@ -1,7 +1,4 @@
-"""GradScaler: ``torch.cuda.amp.GradScaler.__init__`` (and the CPU one) routed
-through ``torch.amp.GradScaler`` by keyword (AMP502), accepting a device
-(AMP504); ``torch.amp.GradScaler.__init__``: AMP503.
-"""
+"""GradScaler's ``__init__``, legacy and modern (AMP502-AMP504: ``__init__.py``)."""
 
 from ... import engine
 from ...callsite import cached_call_site
@@ -33,33 +30,22 @@ def _scaler_plan(instance, call, signature, defaults, args, kwargs):
     return device_type(fixed["device"]) or call.device or "cuda", params
 
 
-def _scaler_wrapper(call, signature, build):
-    """A GradScaler.__init__ wrapper: plan (failing open), then
-    ``build(wrapped, instance, device, params)`` where a plan was made."""
+def wrapper(call, signature, route_init=None):
+    """A GradScaler.__init__ wrapper: plan (failing open), then build as planned:
+    ``torch.amp.GradScaler`` by its own ``__init__`` (``signature`` takes a
+    device), a legacy one by ``route_init`` (torch.amp's), else without a device."""
     defaults = defaults_of(signature)
 
-    def wrapper(wrapped, instance, args, kwargs):
+    def init(wrapped, instance, args, kwargs):
         plan = engine.fail_open(None, "%s.__init__" % call.api, _scaler_plan, instance, call,
                                 signature, defaults, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
-        return build(wrapped, instance, *plan)
-
-    return wrapper
-
-
-def legacy_wrapper(call, signature, route_init):
-    """For torch.cuda.amp.GradScaler.__init__ (and the CPU one)."""
-
-    def build(wrapped, instance, device, params):
+        device, params = plan
+        if "device" in signature.parameters:
+            return wrapped(device, **params)
         if route_init is not None:
             return route_init(instance, device, **params)
         return wrapped(**params)
 
-    return _scaler_wrapper(call, signature, build)
-
-
-def modern_wrapper(call, signature):
-    """For torch.amp.GradScaler.__init__: AMP503 only."""
-    return _scaler_wrapper(call, signature,
-                           lambda wrapped, instance, device, params: wrapped(device, **params))
+    return init
