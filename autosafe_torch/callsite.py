@@ -33,6 +33,7 @@ the shim, when a wrapper of ours calls what torch's replaced code called.
 
 import contextlib
 import dis
+import functools
 import os
 import site
 import sys
@@ -44,13 +45,16 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 VIA = " (via "
 
 
-def _library_dirs():
+@functools.cache
+def _prefixes():
+    """(prefixes of frames to skip: ours, torch's, wrapt's, ``<frozen``; those of
+    installed libraries)."""
     dirs = [_PACKAGE_DIR]
     for name in ("torch", "wrapt"):
         path = getattr(sys.modules.get(name), "__file__", None)
         if path:
             dirs.append(os.path.dirname(os.path.abspath(path)))
-    return tuple(d + os.sep for d in dirs)
+    return tuple(d + os.sep for d in dirs) + ("<frozen",), _installed_dirs()
 
 
 def _installed_dirs():
@@ -74,21 +78,7 @@ def _installed_dirs():
     return tuple(sorted(out, key=len, reverse=True))
 
 
-_skip = None
-_installed = None
-
-
-def _prefixes():
-    global _skip, _installed
-    if _skip is None:
-        _skip = _library_dirs()
-    if _installed is None:
-        _installed = _installed_dirs()
-    return _skip, _installed
-
-
 def installed_dirs():
-    """The directories of installed libraries and of the standard library."""
     return _prefixes()[1]
 
 
@@ -101,8 +91,7 @@ def user_call_site(instance=None):
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not (filename.startswith(skip) or filename.startswith("<frozen")
-                or (instance is not None and _owned_by(frame, instance))):
+        if not (filename.startswith(skip) or (instance is not None and _owned_by(frame, instance))):
             return place(filename, frame.f_lineno)
         frame = frame.f_back
     return "<unknown>"
@@ -180,8 +169,7 @@ def _walk(instance, depth=64):
     while frame is not None and depth:
         depth -= 1
         filename = frame.f_code.co_filename
-        if filename.startswith(skip) or filename.startswith("<frozen") or (
-                instance is not None and _owned_by(frame, instance)):
+        if filename.startswith(skip) or (instance is not None and _owned_by(frame, instance)):
             frame = frame.f_back
             continue
         if filename.startswith(installed):
@@ -280,7 +268,6 @@ def iteration_site(loader):
 
 
 _sites = {}  # (caller code, line, its caller's code, line) -> "file:line"
-_hot_skip = None
 _SITES_LIMIT = 4096
 
 
@@ -290,10 +277,7 @@ def cached_call_site(instance=None):
     autocast is built every step from the same line: walking the stack by
     file name is cheap, reading a frame's locals (which ``user_call_site``
     does to skip a subclass's own ``__init__``) is not."""
-    global _hot_skip
-    if _hot_skip is None:  # once: this runs on every autocast step that has a finding
-        _hot_skip = _prefixes()[0] + ("<frozen",)
-    skip = _hot_skip
+    skip = _prefixes()[0]
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back

@@ -64,19 +64,25 @@ def warn_line(message):
         sys.stderr.write("autosafe_torch: %s\n" % message)
 
 
-def parse_bool(name, value, default):
-    """``value`` of variable ``name`` as a bool; malformed -> warning, default."""
+def _parse(name, value, default, read, expected, taken):
+    """``value`` of variable ``name`` as ``read`` takes its lower-cased word (None:
+    malformed -> warning, ``default``); unset or blank -> ``default``."""
     if value is None or not value.strip():
         return default
-    word = value.strip().lower()
-    if word in TRUE_WORDS:
-        return True
-    if word in FALSE_WORDS:
-        return False
-    warn_line("%s=%r is not one of %s (on) or %s (off); using %s" % (
-        name, value, "/".join(TRUE_WORDS), "/".join(FALSE_WORDS),
-        "on" if default else "off"))
-    return default
+    parsed = read(value.strip().lower())
+    if parsed is None:
+        warn_line("%s=%r is not %s; using %s" % (name, value, expected, taken))
+        return default
+    return parsed
+
+
+def _bool(word):
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
+
+
+def parse_bool(name, value, default):
+    return _parse(name, value, default, _bool, "one of %s (on) or %s (off)" % (
+        "/".join(TRUE_WORDS), "/".join(FALSE_WORDS)), "on" if default else "off")
 
 
 def parse_log_file(value, name=ENV_LOG_FILE):
@@ -112,14 +118,12 @@ def parse_log_file(value, name=ENV_LOG_FILE):
     return None
 
 
+def _mode(word):
+    return word if word in MODES else None
+
+
 def parse_mode(value, name=ENV_MODE):
-    if value is None or value.strip() == "":
-        return "fix"
-    word = value.strip().lower()
-    if word in MODES:
-        return word
-    warn_line("%s=%r is not one of %s; using fix" % (name, value, "/".join(MODES)))
-    return "fix"
+    return _parse(name, value, "fix", _mode, "one of %s" % "/".join(MODES), "fix")
 
 
 def _seconds(word):
@@ -134,16 +138,8 @@ def _seconds(word):
 
 
 def parse_seconds(name, value, default):
-    """``value`` of variable ``name`` as seconds >= 0 (0 and off: 0, "none");
-    malformed -> warning, default."""
-    if value is None or value.strip() == "":
-        return default
-    seconds = _seconds(value.strip().lower())
-    if seconds is not None:
-        return seconds
-    warn_line("%s=%r is not a number of seconds >= 0 (0 or off: none); using %g" % (
-        name, value, default))
-    return default
+    return _parse(name, value, default, _seconds,
+                  "a number of seconds >= 0 (0 or off: none)", "%g" % default)
 
 
 def parse_disable(value):
@@ -200,19 +196,12 @@ class Config:
                  ENV_QUIET: "1" if self.quiet else "0",
                  ENV_DEBUG: "1" if self.debug else "0",
                  ENV_HANG_TIMEOUT: "%g" % self.hang_timeout}
+        readers = {ENV_MODE: _mode, ENV_QUIET: _bool, ENV_DEBUG: _bool,
+                   ENV_HANG_TIMEOUT: _seconds}
         for name, value in taken.items():
             word = (env.get(name) or "").strip().lower()
-            if not word:
-                continue
-            if name == ENV_LOG_FILE:
-                refused = value == ""
-            elif name == ENV_MODE:
-                refused = word != value
-            elif name == ENV_HANG_TIMEOUT:
-                refused = _seconds(word) is None
-            else:
-                refused = word not in TRUE_WORDS + FALSE_WORDS
-            if refused:
+            refused = value == "" if name == ENV_LOG_FILE else readers[name](word) is None
+            if word and refused:
                 env[name] = value
 
     def load(self, other):

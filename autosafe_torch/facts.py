@@ -147,22 +147,20 @@ def opencl_device_usable(environ=None):
     that fails says yes: only consulted once this process has loaded a runtime."""
     env = dict(os.environ if environ is None else environ)
     key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("OPENCV_OPENCL")))
-    if key in _usable:
-        return _usable[key]
-    if env.get("OPENCV_OPENCL_RUNTIME") == "disabled":
-        _usable[key] = False
-        return False
-    env["AUTOSAFE_TORCH"] = "0"
-    try:
-        out = subprocess.run(
-            [sys.executable, "-c", "import cv2; print(int(cv2.ocl.haveOpenCL() and "
-             "cv2.ocl.useOpenCL()))"], env=env, capture_output=True, text=True,
-            timeout=60, check=False).stdout.split()
-        usable = out[-1:] != ["0"]
-    except Exception:
-        usable = True
-    _usable[key] = usable
-    return usable
+    if key not in _usable:
+        usable = False
+        if env.get("OPENCV_OPENCL_RUNTIME") != "disabled":
+            env["AUTOSAFE_TORCH"] = "0"
+            try:
+                out = subprocess.run(
+                    [sys.executable, "-c", "import cv2; print(int(cv2.ocl.haveOpenCL() and "
+                     "cv2.ocl.useOpenCL()))"], env=env, capture_output=True, text=True,
+                    timeout=60, check=False).stdout.split()
+                usable = out[-1:] != ["0"]
+            except Exception:
+                usable = True
+        _usable[key] = usable
+    return _usable[key]
 
 
 def _read(path):

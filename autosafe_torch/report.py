@@ -244,11 +244,6 @@ logger.propagate = False  # never into the application's handlers (the root's)
 logger.setLevel(logging.DEBUG if CONFIG.debug else logging.INFO)
 
 
-def _prefix() -> str:
-    rank = os.environ.get("RANK")
-    return "autosafe_torch: " if rank is None else "autosafe_torch[rank %s]: " % rank
-
-
 def log(level: int, message: str, *args: object, named: bool = True) -> None:
     """Our one way to speak; honours QUIET (errors still go out). ``named``:
     the line begins with ``autosafe_torch:`` (a record begins with the user's
@@ -257,7 +252,9 @@ def log(level: int, message: str, *args: object, named: bool = True) -> None:
     if CONFIG.quiet and level < logging.ERROR:
         return
     _tool_named = _tool_named or (named and level >= logging.INFO)
-    logger.log(level, (_prefix() if named else "") + message, *args)
+    rank = os.environ.get("RANK")
+    prefix = "autosafe_torch: " if rank is None else "autosafe_torch[rank %s]: " % rank
+    logger.log(level, (prefix if named else "") + message, *args)
 
 
 _tool_named = False  # whether a line of this process has named autosafe_torch

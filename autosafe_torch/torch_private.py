@@ -61,6 +61,7 @@ NOTE [the data flow of a repaired loader]
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import itertools
 import pickle
@@ -142,9 +143,7 @@ def warns_pin_memory_without_accelerator() -> bool:
     return any(isinstance(c, str) and PIN_MEMORY_WARNING in c for c in consts)
 
 
-_storage_objects_kept: list[bool] = []
-
-
+@functools.cache
 def storages_keep_their_python_object() -> bool:
     """Whether a storage's Python object is kept as long as the storage lives
     (``t.untyped_storage() is t.untyped_storage()``: torch >= 2.1), so that a
@@ -152,10 +151,8 @@ def storages_keep_their_python_object() -> bool:
     frees it without clearing its weak references: a ``WeakValueDictionary`` of
     storages segfaults when an entry of a freed one is replaced. Read from what
     torch does, once per process."""
-    if not _storage_objects_kept:
-        probe = torch.empty(1)
-        _storage_objects_kept.append(probe.untyped_storage() is probe.untyped_storage())
-    return _storage_objects_kept[0]
+    probe = torch.empty(1)
+    return probe.untyped_storage() is probe.untyped_storage()
 
 
 # The DataLoader method that makes each iterator (patches/dataloader.py wraps it).
@@ -205,7 +202,6 @@ def current_worker_info() -> Any:
 
 
 def set_worker_info(info: Any) -> None:
-    """What ``get_worker_info()`` returns in this process from now on."""
     _worker_module._worker_info = info
 
 
@@ -263,12 +259,10 @@ def dead_workers(iterator: Any) -> list[tuple[int, Any]]:
 
 
 def awaited_worker(iterator: Any) -> int | None:
-    """The worker whose batch is awaited now, or None."""
     return (iterator._task_info.get(iterator._rcvd_idx) or (None,))[0]
 
 
 def batches_sent(iterator: Any) -> int:
-    """How many indices the iterator has sent to its workers."""
     return getattr(iterator, "_send_idx", 0)
 
 
@@ -588,9 +582,8 @@ def _watched() -> list[str]:
 
 def delivery_shape(cls: Any) -> str | None:
     """``"worker"`` where ``cls._process_data(data, worker_idx)`` is passed the
-    worker (torch >= 2.1); ``"index"`` where it is ``_process_data(data)``, advances
-    ``_rcvd_idx`` itself and ``_try_put_index`` records each index's worker in
-    ``_task_info`` (torch 2.0: ``_WatchedAtIndex``); None for any other shape."""
+    worker (torch >= 2.1); ``"index"`` for torch 2.0's shape (``_WatchedAtIndex``
+    says what it relies on); None for any other shape."""
     process = getattr(cls, "_process_data", None)
     if not callable(process):
         return None
@@ -639,13 +632,11 @@ def _takes(function: Callable[..., Any], params: Iterable[str]) -> bool:
 
 def _set_by(cls: type, attributes: Iterable[str]) -> list[str]:
     """``cls.attr`` for each attribute no ``__init__``/``_reset`` of ``cls`` or
-    its bases names (a code object's names: what it reads and sets)."""
-    named = set()
+    its bases names."""
+    named: set[str] = set()
     for klass in cls.__mro__:
         for method in ("__init__", "_reset"):
-            code = getattr(klass.__dict__.get(method), "__code__", None)
-            if code is not None:
-                named.update(code.co_names)
+            named |= _code_names(klass.__dict__.get(method))
     return ["%s.%s" % (cls.__name__, a) for a in attributes if a not in named]
 
 

@@ -102,19 +102,13 @@ def _self_name(function):
 def _opened_in_init(source, cls):
     """attribute -> the statement ``self.attribute = open(...)`` of ``__init__``."""
     init = _methods(cls).get("__init__")
-    this = _self_name(init) if init else None
+    shape = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(
+        target=m.Attribute(value=m.Name(_self_name(init) if init else None)))], value=m.Call())])
     found = {}
     for statement in (init.body.body if init else ()):
-        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-            continue
-        assign = statement.body[0]
-        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1):
-            continue
-        target, value = assign.targets[0].target, assign.value
-        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) \
-                and target.value.value == this and isinstance(value, cst.Call) \
-                and "builtins.open" in source.qualified(value.func):
-            found[target.attr.value] = statement
+        assign = statement.body[0] if m.matches(statement, shape) else None
+        if assign is not None and "builtins.open" in source.qualified(assign.value.func):
+            found[assign.targets[0].target.attr.value] = statement
     return found
 
 

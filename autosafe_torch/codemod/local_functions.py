@@ -166,9 +166,8 @@ def _lift_def(source, call, part, value, assignment):
         raise NotExact("%s is decorated" % value.value)
     if m.findall(function, m.Nonlocal() | m.Global()):
         raise NotExact("%s declares nonlocal or global names" % value.value)
-    for param in m.findall(function.params, m.Param()):
-        if param.default is not None:
-            raise NotExact("%s has default values" % value.value)
+    if any(p.default is not None for p in m.findall(function.params, m.Param())):
+        raise NotExact("%s has default values" % value.value)
     closure = _closure(source, call, function)
     others = [a.node for a in assignment.references if a.node is not value]
     if closure and others:

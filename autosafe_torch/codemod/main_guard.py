@@ -66,8 +66,7 @@ def classify(statement, first=False):
 
 
 def _blocks(statement):
-    parts = [statement.body]
-    parts += [h.body for h in getattr(statement, "handlers", ())]
+    parts = [statement.body] + [h.body for h in getattr(statement, "handlers", ())]
     for name in ("orelse", "finalbody"):
         part = getattr(statement, name, None)
         if part is not None:

@@ -174,13 +174,6 @@ def _same_file(name, path):
     return path.endswith(os.sep + os.path.normpath(name))
 
 
-def _functions_around(source, line):
-    """The functions whose lines hold ``line``, innermost last."""
-    found = [f for f in source.nodes(cst.FunctionDef)
-             if source.lines(f)[0] <= line <= source.lines(f)[1]]
-    return sorted(found, key=lambda f: source.lines(f)[0])
-
-
 def _reads(function, parts):
     """Whether ``function`` names the value: the global, or the attribute on anything
     (``self.mean`` reads ``Spectra.mean``)."""
@@ -190,9 +183,10 @@ def _reads(function, parts):
 
 
 def _not_read_as_it_arrives(source, label, parts, line):
-    around = [f for f in _functions_around(source, line) if f.name.value in ARRIVING]
-    readers = around + [f for f in source.nodes(cst.FunctionDef)
-                        if f.name.value in ARRIVING and f not in around and _reads(f, parts)]
+    arriving = [f for f in source.nodes(cst.FunctionDef) if f.name.value in ARRIVING]
+    around = sorted((f for f in arriving if source.lines(f)[0] <= line <= source.lines(f)[1]),
+                    key=lambda f: source.lines(f)[0])  # the outermost first
+    readers = around + [f for f in arriving if f not in around and _reads(f, parts)]
     if readers:
         raise NotExact("%s is read in %s (line %d), as the dataset arrives in a worker, "
                        "before worker_init_fn" % (label, readers[0].name.value,

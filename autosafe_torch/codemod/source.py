@@ -235,7 +235,6 @@ class Source:
         return next((n for n in self.ancestors(node, own=True) if isinstance(n, kinds)), None)
 
     def innermost_statement_at(self, line):
-        """The innermost statement whose lines hold ``line``."""
         best, best_key = None, None
         for statement in self.nodes((cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             start, end = self.lines(statement)
@@ -350,7 +349,6 @@ class Source:
         self._guard_comment = comment
 
     def apply(self):
-        """The new text of the file."""
         if not (self._edits or self._comments or self._before or self._moved or self._imports):
             return self.text
         module = self.module.visit(_Apply(self))
