@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -81,6 +82,10 @@ _records: dict[tuple[str, str, int | None], Intervention] = {}
 _said_at: set[tuple[str, str]] = set()
 _errors_logged: set[tuple[str, str]] = set()
 _summary_pid: int | None = None
+# JSON lines not yet written for want of a descriptor (EMFILE, ENFILE: DL213's
+# hazard, at the moment its record is written), with the pid that made them:
+# written before the next line, or at exit.
+_unwritten: list[tuple[int, str]] = []
 
 
 class Intervention:
@@ -325,18 +330,30 @@ def _in_worker_process() -> bool:
 
 
 def _write_json(intervention: Intervention) -> None:
-    path = CONFIG.log_file
-    if not path:
+    if not CONFIG.log_file:
         return
     try:
         line = json.dumps(intervention.as_dict(), default=repr, sort_keys=True)
     except Exception as exc:
         internal_error("JSON log record", exc)
         return
+    with _lock:
+        _unwritten.append((os.getpid(), line))
+    _write_unwritten()
+
+
+def _write_unwritten() -> None:
+    path = CONFIG.log_file
     try:
-        with _lock, open(path, "a", encoding="utf-8") as sink:
-            sink.write(line + "\n")
+        with _lock:
+            lines = [line for pid, line in _unwritten if pid == os.getpid()]
+            if path and lines:
+                with open(path, "a", encoding="utf-8") as sink:
+                    sink.write("".join(line + "\n" for line in lines))
+            _unwritten.clear()  # a forked child's copy of its parent's is the parent's
     except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return  # kept: the descriptors run out for a while, not the configuration
         # The user's configuration (checked when read; the file system may have
         # changed since): say so once, plainly, and stop writing. The fix was applied.
         if CONFIG.log_file == path:
@@ -357,6 +374,7 @@ def clear() -> None:
         _records.clear()
         _said_at.clear()
         _errors_logged.clear()
+        _unwritten.clear()
     # and the repeats engine.settle_repeated counts into the records just dropped
     engine = sys.modules.get(__package__ + ".engine")
     if engine is not None:
@@ -412,6 +430,7 @@ def summary_line() -> str:
 
 
 def _summary() -> None:
+    _write_unwritten()
     if _summary_pid != os.getpid() or _in_worker_process():
         return  # a forked child inherited the registration; workers say nothing
     with contextlib.suppress(Exception):

@@ -155,6 +155,38 @@ digest(DataLoader(ds, batch_size=2, persistent_workers=True, prefetch_factor=2))
                        "JSON log: out.jsonl"], result
 
 
+OUT_OF_DESCRIPTORS = """
+import os, resource
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+ds = TensorDataset(torch.arange(8.))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+loader = DataLoader(ds, batch_size=2, prefetch_factor=2)  # recorded with no descriptor left
+for fd in held:
+    os.close(fd)
+digest(loader)
+"""
+
+
+@pytest.mark.rule("DL101")
+def test_a_record_made_without_a_free_descriptor_reaches_the_json_log(tmp_path):
+    """Out of descriptors (what DL213 recovers from) at the moment of a record:
+    its JSON line is written once they are free, and the JSON log stays on."""
+    log = tmp_path / "out.jsonl"
+    result = run_script(tmp_path, OUT_OF_DESCRIPTORS, activation="env",
+                        env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert result.rc == 0 and "the JSON log is off" not in result.stderr, result
+    assert [r["code"] for r in json_log(log)] == ["DL101"], result
+    assert "JSON log: out.jsonl" in result.stderr, result
+
+
 # -- torch's own warnings, where torch raises them --------------------------------
 
 MANY_WORKERS = """
