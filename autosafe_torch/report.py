@@ -342,7 +342,8 @@ def _write_json(intervention: Intervention) -> None:
     _write_unwritten()
 
 
-def _write_unwritten() -> None:
+def _write_unwritten(last: bool = False) -> None:
+    """``last``: at exit, where a line not written now never will be."""
     path = CONFIG.log_file
     try:
         with _lock:
@@ -352,7 +353,7 @@ def _write_unwritten() -> None:
                     sink.write("".join(line + "\n" for line in lines))
             _unwritten.clear()  # a forked child's copy of its parent's is the parent's
     except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
+        if exc.errno in (errno.EMFILE, errno.ENFILE) and not last:
             return  # kept: the descriptors run out for a while, not the configuration
         # The user's configuration (checked when read; the file system may have
         # changed since): say so once, plainly, and stop writing. The fix was applied.
@@ -430,7 +431,7 @@ def summary_line() -> str:
 
 
 def _summary() -> None:
-    _write_unwritten()
+    _write_unwritten(last=True)  # before the summary line, which names the log
     if _summary_pid != os.getpid() or _in_worker_process():
         return  # a forked child inherited the registration; workers say nothing
     with contextlib.suppress(Exception):

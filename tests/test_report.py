@@ -185,6 +185,12 @@ def test_a_record_made_without_a_free_descriptor_reaches_the_json_log(tmp_path):
     assert result.rc == 0 and "the JSON log is off" not in result.stderr, result
     assert [r["code"] for r in json_log(log)] == ["DL101"], result
     assert "JSON log: out.jsonl" in result.stderr, result
+    # Still out of descriptors at exit: said, and the summary names no log.
+    result = run_script(tmp_path, OUT_OF_DESCRIPTORS.replace("os.close(fd)", "pass")
+                        .replace("digest(loader)", ""),
+                        activation="env", env={"AUTOSAFE_TORCH_LOG_FILE": str(log)})
+    assert result.rc == 0 and "cannot write the JSON log" in result.stderr, result
+    assert "JSON log:" not in result.stderr and len(json_log(log)) == 1, result
 
 
 # -- torch's own warnings, where torch raises them --------------------------------
