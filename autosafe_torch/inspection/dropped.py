@@ -328,7 +328,7 @@ class _Search:
         if reached_ids is None or id(stream) in reached_ids:
             return
         for path, original, edge in chain[top:]:  # the deepest it reached drops the next
-            if type(edge.child) in objwalk._CONTAINERS:
+            if type(edge.child) in objwalk.CONTAINERS:
                 continue  # pickled in C without a look: reached where its owner is
             if id(edge.child) not in reached_ids:
                 self._report(path, original, edge, stream)

@@ -386,7 +386,7 @@ class UsersLocks:
     def _users(self, obj):
         owner = self._owners.get(id(obj))
         while owner is not None and (threading_kind(owner) is not None
-                                     or objwalk.is_a(owner, objwalk._CONTAINERS)):
+                                     or objwalk.is_a(owner, objwalk.CONTAINERS)):
             owner = self._owners.get(id(owner))
         return owner is not None and users_class(type(owner))
 

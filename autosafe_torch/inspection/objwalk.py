@@ -113,7 +113,7 @@ def _tensor_kinds(torch):
 # plain values only (an index of a million (path, class) tuples) holds nothing
 # a check looks for, and is not entered item by item.
 PLAIN_AT = 1024
-_CONTAINERS = (list, tuple, dict, set, frozenset)
+CONTAINERS = (list, tuple, dict, set, frozenset)
 _plain_known = {}  # id -> (the container, plain?): kept alive while known (forget())
 
 
@@ -144,7 +144,7 @@ def edges(obj, items=None):
     built-in container of plain values only has none (``plain``)."""
     if is_leaf(obj):
         return
-    if type(obj) in _CONTAINERS and (items is None or items > PLAIN_AT) \
+    if type(obj) in CONTAINERS and (items is None or items > PLAIN_AT) \
             and len(obj) > PLAIN_AT and plain(obj):
         return
     if is_a(obj, dict):

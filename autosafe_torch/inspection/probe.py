@@ -156,7 +156,7 @@ class _Prober:
         if objwalk.is_a(obj, (type, types.FunctionType, types.BuiltinFunctionType)) \
                 or objwalk.is_leaf(obj):
             return []
-        if type(obj) in (list, tuple, dict, set, frozenset) \
+        if type(obj) in objwalk.CONTAINERS \
                 or objwalk.is_a(obj, functools.partial):  # func, args, keywords, __dict__
             return [(e.label(), e.child) for e in objwalk.edges(obj)]
         try:
