@@ -135,7 +135,9 @@ class RecoveringIter(wrapt.ObjectProxy):
         if self._self_pending is None:
             first, first_rung, tried, verify_at = failure, rung, [], 0
         else:  # the last recovery's rung failed before it was verified: one story
-            first, first_rung, tried, _rung, _exact, verify_at = self._self_pending
+            last = self._self_pending  # by name: a field added to Recovered moves none
+            first, first_rung, tried, verify_at = (last.first, last.first_rung, last.tried,
+                                                   last.verify_at)
             self._self_pending = None
         current = failure
         while True:
