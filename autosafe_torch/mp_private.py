@@ -1,12 +1,8 @@
 """The one place that touches multiprocessing's private parts (and threading's
 and concurrent.futures').
 
-CPython keeps some of what the shim needs private (ForkingPickler's reducers,
-the default context, a fork server's pid, pipe and ``main``, a Popen's
-``_launch``, a process's ``_Popen``, ``_bootstrap`` and target, the flag a
-spawned process sets while it unpickles; and the insides of the locks, pools,
-executors and semaphores a dataset may hold), and a Python release may rename
-any of them. Everything of ours that depends on them goes through this module,
+CPython keeps some of what the shim needs private, and a Python release may
+rename any of it. Everything of ours that depends on them goes through this module,
 as torch's privates go through ``torch_private.py``;
 ``tests/test_mp_private.py`` pins what each piece does on every Python the
 project supports (3.9 to 3.13), and ``tests/test_layers.py`` fails where a
@@ -64,30 +60,22 @@ def stop_forkserver(server: Any, close: Callable[[int], None] = os.close) -> int
     return server._forkserver_pid
 
 
-def stdlib_popen(start_method: str) -> type:
-    """The stdlib's ``Popen`` class for ``start_method`` ("spawn" or "forkserver")."""
-    if sys.platform == "win32":
-        from multiprocessing import popen_spawn_win32  # noqa: PLC0415 - Windows only
-
-        return popen_spawn_win32.Popen
-    if start_method == "forkserver":
-        from multiprocessing import popen_forkserver  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
-
-        return popen_forkserver.Popen
-    from multiprocessing import popen_spawn_posix  # noqa: PLC0415 - POSIX only
-
-    return popen_spawn_posix.Popen
-
-
 def popen_reading(start_method: str, name: str, modules: dict[str, Any],
                   namespace: dict[str, Any] | None = None) -> type:
-    """A subclass ``name`` of the stdlib's ``Popen`` for ``start_method`` whose
-    method that pickles for the child (``_launch``; Windows': ``__init__``, not
-    run here) is the stdlib's own code, not a copy of it, reading the module
-    names in ``modules`` from the objects there: ``reduction`` (the pickler the
-    process object is sent with), ``forkserver`` (a new process from another
-    server), ``spawn`` (more preparation data); ``namespace`` besides."""
-    base = stdlib_popen(start_method)
+    """A subclass ``name`` of the stdlib's ``Popen`` for ``start_method`` ("spawn"
+    or "forkserver") whose method that pickles for the child (``_launch``;
+    Windows': ``__init__``, not run here) is the stdlib's own code, not a copy
+    of it, reading the module names in ``modules`` from the objects there:
+    ``reduction`` (the pickler the process object is sent with),
+    ``forkserver`` (a new process from another server), ``spawn`` (more
+    preparation data); ``namespace`` besides."""
+    base: type
+    if sys.platform == "win32":
+        from multiprocessing.popen_spawn_win32 import Popen as base  # noqa: PLC0415 - Windows only
+    elif start_method == "forkserver":
+        from multiprocessing.popen_forkserver import Popen as base  # noqa: PLC0415 - POSIX only; loads multiprocessing.forkserver, which activation._after_fork_in_child reads in sys.modules as "a fork server"
+    else:
+        from multiprocessing.popen_spawn_posix import Popen as base  # noqa: PLC0415 - POSIX only
     method = "__init__" if sys.platform == "win32" else "_launch"
     dumps = getattr(base, method)
     scope = dict(dumps.__globals__, **modules)

@@ -3,24 +3,22 @@ which every worker of every epoch is forked (DL201's rebuild, made cheap).
 
 A dataset built again in each worker (``rebuild.py``) would run its
 constructor (a 2 s CSV parse, and its transient memory) once per worker per
-epoch. A build server is a fork server of ours (``warmstart.Build``) that
-imports what the warm server imports, then this module, which prepares as a
-spawned worker does (the main module imported as ``__mp_main__``), then
-builds and checks each dataset once, exactly as a worker does
-(``rebuild.rebuilt_in_worker``: muted, writes refused, the construction's
-random states, the same files, maps and values). Each worker forked from it
-holds the built dataset, copy-on-write, and its own description of every
-file the server reads (``isolation.after_fork_in_server_child``); the
-training process sends the dataset as a reference to it (``from_server``)
-with what it holds at that worker's start, and the worker checks the values
-again: a dataset the program changed between epochs is never served stale.
+epoch. A build server (``warmstart.Build``) imports what the warm server
+imports, then this module, which prepares as a spawned worker does (the
+main module imported as ``__mp_main__``), sets what the workers' code reads
+from the training process (DL220), then builds and checks each dataset
+once, exactly as a worker does (``rebuild.rebuilt_in_worker``: muted,
+writes refused, the construction's random states, the same files, maps and
+values). Each worker forked from it holds the built dataset, copy-on-write,
+and its own description of every file the server reads
+(``isolation.after_fork_in_server_child``); the training process sends the
+dataset as a reference to it (``from_server``) with what it holds at that
+worker's start, and the worker checks the values again: a dataset the
+program changed between epochs is never served stale.
 
-The recipes come in a file of the training process's private folder, named
-in the server's preload list (``RECIPES``) and removed once opened, pickled
-with the plain pickler (a server takes no handle of the training process's),
-after what the workers' code reads from the training process (DL220, set
-before the build). Imported anywhere but in a build server, this module
-does nothing.
+The recipes are pickled with the plain pickler (a server takes no handle of
+the training process's). Imported anywhere but in a build server, this
+module does nothing.
 """
 
 from __future__ import annotations
@@ -38,8 +36,6 @@ from . import process_state, rebuild
 # The recipes' file as named in the server's preload list: no module has this
 # name (forkserver passes over what does not import), the file's path after it.
 RECIPES = "autosafe_torch_build_recipes="
-
-
 # in a build server and its children: key -> the dataset built (or Unbuilt)
 BUILT: dict[Any, Any] = {}
 

@@ -13,6 +13,7 @@ succeed as they would without us.
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Mapping
 from multiprocessing import reduction
@@ -119,15 +120,13 @@ def _dump(obj: Any, file: Any, protocol: int | None = None) -> None:
 # stdlib's own ``_launch``, so what needs the starting Popen (a descriptor passed,
 # the authentication key) has it. The child loads it as ever, with nothing of ours.
 TO_WORKERS = Overriding(reduction, dump=_dump)
-_popens: dict[str, type] = {}
 
 
+@functools.cache
 def sent_popen(start_method: str) -> type:
     """The stdlib's Popen for ``start_method`` ("spawn", "forkserver"), sending
     the process with ``WorkerPickler``."""
-    if start_method not in _popens:
-        _popens[start_method] = popen_reading(start_method, "Popen", {"reduction": TO_WORKERS})
-    return _popens[start_method]
+    return popen_reading(start_method, "Popen", {"reduction": TO_WORKERS})
 
 
 class WorkerContext:

@@ -1,37 +1,35 @@
-"""Inside the warm server of DL209: it forks only while it has one OS thread,
-and a worker that dies while starting leaves its traceback for recovery.
+"""Inside a server of ours (DL209): it forks only while it has one OS
+thread, serves only its own run, and a worker that dies while starting
+leaves its traceback for recovery.
 
-``warmstart.py`` names this module last in the server's preload list, so
-the server imports it after the libraries, before it serves.
-``multiprocessing.forkserver.main`` imports its preload list, then runs
-only its own loop (wait, accept, receive the fds, fork, reap): no import,
-no library code but in the libraries' own threads. Only a thread starts a
-thread, so a server with one thread now has one at every fork, and one
-with more is refused now, before any worker: it exits with ``REFUSED`` and
-the training process starts its workers by plain spawn. A check before
-each fork would put our code in the stdlib's loop, inherited by every
-worker, and a refusal there could only end the server mid-epoch, taking
-the exit codes of the workers it started with it.
+``warmstart.py`` names this module last in the server's preload list:
+``multiprocessing.forkserver.main`` imports it after the libraries, then
+runs only its own loop (wait, accept, receive the fds, fork, reap): no
+import, no library code but in the libraries' own threads. Only a thread
+starts a thread, so a server with one thread now has one at every fork,
+and one with more is refused now, before any worker (``REFUSED``: the
+workers start by plain spawn). A check before each fork would put our code
+in the stdlib's loop, inherited by every worker, and a refusal there could
+only end the server mid-epoch, taking its workers' exit codes with it.
 
 On Linux a library may stop its threads at fork (OpenBLAS's pool, numpy's
 and torch's BLAS, through pthread_atfork) and start them again only when
 used, which the server never does: one fork whose child exits at once
-(``_settle``) shows what is left at the first worker's fork. On macOS the
+(``forks_safely``) shows what is left at the first worker's fork. On macOS the
 Objective-C runtime asks whether a second thread has ever run
 (``inspection/threads.py``), so nothing settles there.
 
-A worker forked from the server goes through spawn's start: the
-preparation data, then the pickled process object. A failure there (a
-dataset whose unpickling raises, a main module that does not import) kills
-the worker before any of its steps run, and multiprocessing prints the
-traceback to a stderr the training process cannot read; so each child is
-told (in its preparation data, under ``diagnostics.DUMPS_KEY``) where to
-leave it (``diagnostics.bootstrap_path``).
+A failure in spawn's start of a worker (a dataset whose unpickling raises,
+a main module that does not import) kills it before any of its steps run,
+and multiprocessing prints the traceback to a stderr the training process
+cannot read; so each child is told (in its preparation data, under
+``diagnostics.DUMPS_KEY``) where to leave it (``diagnostics.bootstrap_path``).
 
 Imported anywhere else, this module does nothing.
 """
 
 import atexit
+import contextlib
 import functools
 import hmac
 import os
@@ -50,12 +48,11 @@ STRANGER = 88   # a child's: whoever asked for it did not have the run's secret
 # The secret's file as named in the server's preload list (no module has this
 # name), the file's path after it.
 SECRET = "autosafe_torch_server_secret="
-_secret = []  # in the server: the run's secret, read once
 _checked = []   # in the server: its threads were counted, and it forks
 
 
 class Hello(ProcessObject):
-    """The server's first child, sent by the training process (``warmstart._greet``):
+    """The server's first child, sent by the training process (``warmstart._run``):
     its exit status 0 says the server counted its threads and forks."""
 
     def run(self):
@@ -63,18 +60,13 @@ class Hello(ProcessObject):
 
 
 def forks_safely():
-    """Whether this process may fork workers: one thread, after ``_settle``."""
+    """Whether this process may fork workers: one thread, on Linux after a fork
+    whose child exits at once (the libraries whose threads stop at fork stop
+    them now, as they would at the first worker's fork)."""
     if threads.single_threaded():
         return True
-    if sys.platform.startswith("linux") and threads.count():
-        _settle()
-        return threads.single_threaded()
-    return False
-
-
-def _settle():
-    """Fork a child that exits at once, so that the libraries whose threads stop
-    at fork stop them now, as they would at the first worker's fork."""
+    if not (sys.platform.startswith("linux") and threads.count()):
+        return False
     with warnings.catch_warnings():
         # Python 3.12+ warns when a multi-threaded process forks: here that is
         # the question being asked, answered by the count that follows.
@@ -83,6 +75,7 @@ def _settle():
         if pid == 0:
             os._exit(0)
     os.waitpid(pid, 0)
+    return threads.single_threaded()
 
 
 def _prepare_and_report(data, prepare):
@@ -129,11 +122,10 @@ def _take_secret():
         return None
 
 
-def _only_ours(main, fd, *args):
+def _only_ours(secret, main, fd, *args):
     """A child of the server, before spawn's ``_main`` reads what it was sent:
-    the run's secret first, else it ends, nothing unpickled (a local process
-    that found the server's socket is not the training process)."""
-    secret = _secret[0]
+    the run's ``secret`` first, else it ends, nothing unpickled (a local
+    process that found the server's socket is not the training process)."""
     got = b""
     while len(got) < len(secret):
         chunk = os.read(fd, len(secret) - len(got))
@@ -154,23 +146,16 @@ def _remove_listener(path, parent):
         os.unlink(path)
         folder = os.path.dirname(path)
         if _gone(parent) and os.path.basename(folder).startswith("pymp-"):
-            _children_ended(2.0)  # their sockets there go with them (warmstart.exit_with_parent)
+            # 2 s at most for the children to end, and their sockets there with them
+            # (workers whose training process is gone end at once: exit_with_parent)
+            deadline = time.monotonic() + 2.0
+            with contextlib.suppress(ChildProcessError):  # none left
+                while time.monotonic() < deadline:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        time.sleep(0.01)
             os.rmdir(folder)  # only where empty: anything else in it is not ours
     except OSError:
         pass
-
-
-def _children_ended(seconds):
-    """Wait, ``seconds`` at most, for this server's children to end (workers
-    whose training process is gone end at once)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            time.sleep(0.01)
 
 
 if in_fork_server():
@@ -183,8 +168,7 @@ if in_fork_server():
     _given = _take_secret()
     if not _given:
         os._exit(UNCHECKED)  # never a server that would serve whoever connects
-    _secret.append(_given)
-    wrap_spawn_main(_only_ours)
+    wrap_spawn_main(functools.partial(_only_ours, _given))
     from multiprocessing import spawn
 
     spawn.prepare = functools.partial(_prepare_and_report, prepare=spawn.prepare)

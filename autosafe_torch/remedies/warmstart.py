@@ -1,31 +1,29 @@
 """Warm worker start: spawn's semantics without spawn's start-up cost (DL209).
 
-A spawn worker of a non-persistent loader starts from nothing every epoch:
-it imports torch, numpy and cv2 again, over a second of CPU, before its
-first sample. ``warm_context`` gives a multiprocessing context whose
-workers are forked from a server of our own that has imported those
-installed libraries once, and never the user's code. A loader whose
-datasets are built again in each worker (DL201) gets a build server of its
-own instead, which builds them once (``Build``, ``buildserver.py``), for
-every worker of every epoch to be forked holding them. Each worker then goes
-through spawn's own steps (the preparation data: ``sys.path``, ``argv``,
-the working directory, the main module as ``__mp_main__``; the pickled
-process object, the dataset in it; torch's worker loop and its seeds),
-under the name spawn would give it. The server holds no lock of the
-parent's and forks only while it has one OS thread (``warmserver.py``):
-else it refuses before any worker, and the workers start by plain spawn
-(logged once, naming the libraries it had imported).
+A spawn worker of a non-persistent loader imports torch, numpy and cv2
+again every epoch, over a second of CPU, before its first sample. The
+workers of ``warm_context`` are forked instead from a server of ours that
+imported those installed libraries once, never the user's code; a loader
+whose datasets are built again in each worker (DL201) gets a build server
+(``Build``, ``buildserver.py``) that builds them once, for every worker of
+every epoch to be forked holding them. Each worker then goes through
+spawn's own steps (the preparation data: ``sys.path``, ``argv``, the
+working directory, the main module as ``__mp_main__``; the pickled process
+object; torch's worker loop and its seeds), under spawn's name for it. The
+server holds no lock of the parent's and forks only while it has one OS
+thread (``warmserver.py``).
 
-A worker takes from the server, not from the parent: its standard output
-and error, CPU affinity and open-file limit (each start compares them with
-what the server started with: where one differs, plain spawn, logged once);
-its signal dispositions and nice value, as under forkserver. A server that
-cannot start or fork fails open: plain spawn, logged once.
+A worker takes from the server, not from the parent, its signal
+dispositions and nice value (as under forkserver), its standard output and
+error, CPU affinity and open-file limit: each start compares these three
+with the server's at its start. Where one differs, or a server cannot start
+or fork, the workers start by plain spawn, logged once (naming the
+libraries the server had imported).
 
-A worker's parent process is the server, so torch's watchdog (it compares
+A worker's parent is the server, so torch's watchdog (it compares
 ``os.getppid()`` with the pid it saw at start) would not see the training
 process die (the OOM killer, say): ``exit_with_parent``, a worker_init
-step, ends the worker then, as a spawn worker's watchdog does.
+step, ends the worker then.
 """
 
 from __future__ import annotations
@@ -56,33 +54,28 @@ from .pickling import TO_WORKERS, Overriding, sent_popen
 __all__ = ["warm_context", "preload", "libraries_for", "named", "exit_with_parent"]
 
 _lock = threading.Lock()    # the server's state; held while a new server starts
-_names_lock = threading.Lock()  # the preload list and the contexts: never held for long
+_names_lock = threading.Lock()  # the preload list and the builds: never held for long
 _preload: list[str] = []          # module names the server imports when it starts
 _state: dict[str, Any] = {"server": None, "started_with": None, "cold": None, "ahead": False}
 # Imported last by the server: its thread check, and where a worker that dies
 # while starting leaves its traceback.
 GUARD = "autosafe_torch.remedies.warmserver"
-_noted: set[Any] = set()
 
 
 # -- what the server preloads -------------------------------------------------------
 
-def _install_dirs():
-    """This interpreter's library directories, and every site directory on
-    sys.path (a ``.pth`` file's, a parent environment's)."""
+def _installed(name):
+    """Whether module ``name`` (imported here) is an installed library, not the
+    user's code (a worker finds it where the server does): under this
+    interpreter's library directories or a site directory on sys.path (a
+    ``.pth`` file's, a parent environment's)."""
+    path = getattr(sys.modules.get(name), "__file__", None)
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
     dirs += [p for p in sys.path
              if isinstance(p, str) and os.path.basename(p) in ("site-packages", "dist-packages")]
-    return tuple(os.path.realpath(d) + os.sep for d in dirs)
-
-
-def _installed(name):
-    """Whether module ``name`` (imported here) is an installed library, not the
-    user's code: a worker finds it where the server does."""
-    module = sys.modules.get(name)
-    path = getattr(module, "__file__", None)
-    return bool(path and os.path.realpath(path).startswith(_install_dirs()))
+    return bool(path and os.path.realpath(path).startswith(
+        tuple(os.path.realpath(d) + os.sep for d in dirs)))
 
 
 def libraries_for(parts):
@@ -109,7 +102,37 @@ def preload(names):
         _preload.extend(n for n in names if n not in _preload)
 
 
-# -- the server -----------------------------------------------------------------------
+_OURS = __package__.partition(".")[0]
+
+
+def named(libraries, most=3):
+    """``libraries`` as one short line names them: ``threadlib, torch and 1
+    more`` for torch, numpy, threadlib, torch.utils.data._utils.collate,
+    functools. Top-level packages, the standard library left out, others'
+    before torch's and numpy's (the news for the reader), ``most`` at most."""
+    tops = []
+    for name in libraries:
+        top = name.partition(".")[0]
+        if top not in tops and top != _OURS and not _in_stdlib(top):
+            tops.append(top)
+    tops.sort(key=lambda top: top in ("torch", "numpy", "cv2"))
+    more = len(tops) - most
+    return (", ".join(tops[:most]) or "nothing") + (" and %d more" % more if more > 0 else "")
+
+
+def _in_stdlib(name):
+    names = getattr(sys, "stdlib_module_names", None)  # Python 3.10+
+    if names is not None:
+        return name in names
+    path = getattr(sys.modules.get(name), "__file__", None)
+    if path is None:
+        return name in sys.builtin_module_names
+    path = os.path.realpath(path)
+    return (path.startswith(os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep)
+            and "site-packages" not in path)
+
+
+# -- a server of ours: the shared one, and a build server -------------------------------
 
 def _forkserver():
     from multiprocessing import forkserver  # noqa: PLC0415 - activation._after_fork_in_child reads multiprocessing.forkserver in sys.modules as "a fork server"
@@ -143,21 +166,14 @@ def _inherited():
 
 
 def _server():
-    """The running server, started now if need be; None: use plain spawn."""
+    """The running shared server, started now if need be; None: use plain spawn."""
     with TURNS.ours() as churned, _lock:
         if _state["cold"]:
             return None
-        server = _state["server"]
-        if server is None:
-            server = _state["server"] = _forkserver().ForkServer()
-        with _names_lock:
-            libraries = list(_preload)
-        before, now = forkserver_pid(server), _inherited()
-        with _secret_given(server) as secret:
-            server.set_forkserver_preload(libraries + [secret, GUARD])
-            server.ensure_running()  # restarts a server that died
-            started = forkserver_pid(server) != before
-            refused = _greet(server, named(libraries, most=2), churned) if started else None
+        if _state["server"] is None:
+            _state["server"] = _forkserver().ForkServer()
+        server, now = _state["server"], _inherited()
+        started, refused = _run(server, churned)
         if started:
             _state["started_with"] = now
             if refused is None:
@@ -173,69 +189,82 @@ def _server():
     return server
 
 
-_OURS = __package__.partition(".")[0]
+def _run(server, churned, extra=(), also=""):
+    """Have ``server`` (a ``forkserver.ForkServer``) run, started if need be (again,
+    where it died) importing the libraries, then ``extra``: whether it started
+    now, and why it does not fork (None: it does; else it is stopped). It is
+    told its secret, which each child checks before it unpickles anything
+    (``warmserver``), in a file (``_handed``). ``churned`` ends our stretch of
+    descriptors (``opened.TURNS``) before we wait for its first child."""
+    from .warmserver import REFUSED, SECRET, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
-
-def named(libraries, most=3):
-    """``libraries`` as one short line names them: ``threadlib, torch and 1
-    more`` for torch, numpy, threadlib, torch.utils.data._utils.collate,
-    functools. Top-level packages, the standard library left out, others'
-    before torch's and numpy's (the news for the reader), ``most`` at most."""
-    tops = []
-    for name in libraries:
-        top = name.partition(".")[0]
-        if top not in tops and top != _OURS and not _in_stdlib(top):
-            tops.append(top)
-    tops.sort(key=lambda top: top in ("torch", "numpy", "cv2"))
-    more = len(tops) - most
-    return (", ".join(tops[:most]) or "nothing") + (" and %d more" % more if more > 0 else "")
-
-
-def _in_stdlib(name):
-    names = getattr(sys, "stdlib_module_names", None)  # Python 3.10+
-    if names is not None:
-        return name in names
-    path = getattr(sys.modules.get(name), "__file__", None)
-    if path is None:
-        return name in sys.builtin_module_names
-    path = os.path.realpath(path)
-    return (path.startswith(os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep)
-            and "site-packages" not in path)
-
-
-def _greet(server, libraries, churned):
-    """Wait for a server just started to import ``libraries``: None when it
-    forks (its first child, a ``warmserver.Hello``, exits with 0), else why
-    not (the server is stopped). ``churned`` ends our stretch of descriptors
-    (``opened.TURNS``) before the wait."""
-    from .warmserver import REFUSED, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
-
-    status = None
-    try:
-        status_r, data_w = _connect(server, [])
+    with _names_lock:
+        libraries = list(_preload)
+    before = forkserver_pid(server)
+    if getattr(server, "autosafe_secret", None) is None:
+        server.autosafe_secret = os.urandom(32)  # made once, kept on it
+    with _handed("secret", server.autosafe_secret, SECRET) as secret:
+        server.set_forkserver_preload(libraries + list(extra) + [secret, GUARD])
+        server.ensure_running()  # restarts a server that died
+        if forkserver_pid(server) == before:
+            return False, None
+        # It forks once its first child, a ``warmserver.Hello``, exits with 0.
+        status = None
         try:
-            with open(data_w, "wb", closefd=True) as f:
-                # Our path only (to unpickle Hello): the main module is not imported.
-                reduction.dump({"sys_path": sys.path}, f)
-                reduction.dump(Hello(), f)
-            churned()
-            _forkserver().read_signed(status_r)  # the child's pid, then its exit status
-            status = _forkserver().read_signed(status_r)
-        finally:
-            TURNS.close(status_r)
-    except (OSError, EOFError):
-        pass  # the server ended: its own exit status says why
+            status_r, data_w = _connect(server, [])
+            try:
+                with open(data_w, "wb", closefd=True) as f:
+                    # Our path only (to unpickle Hello): the main module is not imported.
+                    reduction.dump({"sys_path": sys.path}, f)
+                    reduction.dump(Hello(), f)
+                churned()
+                _forkserver().read_signed(status_r)  # the child's pid, then its exit status
+                status = _forkserver().read_signed(status_r)
+            finally:
+                TURNS.close(status_r)
+        except (OSError, EOFError):
+            pass  # the server ended: its own exit status says why
     if status == 0:
-        return None
-    ended = _stop(server)
+        return True, None
+    ended, imported = _stop(server), named(libraries, most=2) + also
     if ended == REFUSED:
-        return ("the warm server had more than one thread after importing %s "
-                "(unsafe to fork)" % libraries)
+        return True, ("the warm server had more than one thread after importing %s "
+                      "(unsafe to fork)" % imported)
     if status == UNCHECKED:
-        return ("the warm server could not import autosafe_torch to count its threads "
-                "after importing %s" % libraries)
-    return "the warm server did not start its first process after importing %s (%s)" % (
-        libraries, "exit status %s" % (ended if status is None else status))
+        return True, ("the warm server could not import autosafe_torch to count its threads "
+                      "after importing %s" % imported)
+    return True, "the warm server did not start its first process after importing %s (%s)" % (
+        imported, "exit status %s" % (ended if status is None else status))
+
+
+@contextlib.contextmanager
+def _handed(kind, data, entry):
+    """While a server starts: ``data`` in a new file of our private folder, named
+    in its preload list as ``entry`` + the path (never in this process's
+    environment, which its other children inherit); the server removes the
+    file as it reads it, and we do when the start is over."""
+    path = private_file(kind)
+    with open(path, "wb") as f:
+        f.write(data)
+    try:
+        yield entry + path
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def _connect(server, fds):
+    """A new process from ``server``: its run's secret first."""
+    status_r, data_w = server.connect_to_new_process(fds)
+    try:
+        view = memoryview(server.autosafe_secret)
+        while view:
+            view = view[os.write(data_w, view):]
+    except BaseException:
+        os.close(status_r)
+        os.close(data_w)
+        raise
+    return status_r, data_w
 
 
 def _stop(server, wait_s=5.0):
@@ -251,6 +280,11 @@ def _stop(server, wait_s=5.0):
     return None
 
 
+def _stop_quietly(server):
+    with contextlib.suppress(Exception):
+        _stop(server, wait_s=1.0)
+
+
 def start_ahead(libraries, context=None):
     """Start the server now, in a thread, importing ``libraries``, for a loader
     the ladder will repair for spawn, built before it is iterated: its imports
@@ -260,76 +294,37 @@ def start_ahead(libraries, context=None):
     shared server is not needed). A server starts at most once."""
     preload(libraries)
     build = getattr(context, "_build", None)
-    if build is not None:
-        def start():
-            _retire_ahead()
-            return build.server()
-    else:
+    if build is None:
         with _names_lock:
             if _state["ahead"] or _state["server"] is not None or _state["cold"]:
                 return
             _state["ahead"] = True
-        start = _server
-    threading.Thread(target=_start_quietly, args=(start,), name="autosafe_torch warm start",
+    threading.Thread(target=_start_ahead, args=(build,), name="autosafe_torch warm start",
                      daemon=True).start()
 
 
+def _start_ahead(build):
+    try:
+        if build is None:
+            _server()
+        else:
+            _retire_ahead()
+            build.server()
+    except Exception as exc:  # fails open: the loader's first iterator tries again
+        _note("the warm server could not start ahead (%s)" % _failure(exc))
+
+
 def _retire_ahead():
-    """A build server serves the loader the shared server was started ahead
-    for (the plan's first failed probe starts it before it knows the repair):
-    the shared one goes while no worker has come from any server, its imports
-    would only hold memory (figure 18b). A later loader that needs it starts
-    it at its workers' start."""
+    """The shared server, started ahead for a loader a build server serves (the
+    plan's first failed probe starts it before it knows the repair), goes while
+    no worker has come from any server: its imports would only hold memory
+    (figure 18b). A later loader that needs it starts it at its workers' start."""
     with _lock:
         server = _state["server"]
         if server is None or _starts.warm:
             return
         _state["server"] = None
     _stop_quietly(server)
-
-
-def _start_quietly(start):
-    try:
-        start()
-    except Exception as exc:  # fails open: the loader's first iterator tries again
-        _note("the warm server could not start ahead (%s)" % _failure(exc))
-
-
-# -- who may ask a server of ours for a process -------------------------------------
-
-def _connect(server, fds):
-    """A new process from ``server``: its run's secret first, which the child
-    checks before it unpickles anything (``warmserver``)."""
-    status_r, data_w = server.connect_to_new_process(fds)
-    try:
-        view = memoryview(server.autosafe_secret)
-        while view:
-            view = view[os.write(data_w, view):]
-    except BaseException:
-        os.close(status_r)
-        os.close(data_w)
-        raise
-    return status_r, data_w
-
-
-@contextlib.contextmanager
-def _secret_given(server):
-    """While ``server`` starts (or is found running): its secret (made once,
-    kept on it) in a file of our private folder, named in its preload list
-    (the entry this yields); the server removes the file as it reads it, and
-    we do when the start is over."""
-    from .warmserver import SECRET  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
-
-    if getattr(server, "autosafe_secret", None) is None:
-        server.autosafe_secret = os.urandom(32)
-    path = private_file("secret")
-    with open(path, "wb") as f:
-        f.write(server.autosafe_secret)
-    try:
-        yield SECRET + path
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(path)
 
 
 def _preparation_data(name):
@@ -409,43 +404,23 @@ class Build:
         self.keys = {id(d): "%d-%d" % (os.getpid(), id(d)) for d in datasets}
         self.forkserver = None
         self.refused = False
-        self.carry = None  # the loader's process_state.Carry (DL220), set by warm_context
+        self.carry: Any = None  # the loader's process_state.Carry (DL220), set by warm_context
 
     def server(self):
         with TURNS.ours() as churned, _lock:
-            if self.refused:
-                return None, {}
-            if self.forkserver is not None:
-                return self.forkserver, self.keys
-            datasets = [ref() for ref in self.refs]
-            if any(d is None for d in datasets):
-                return None, {}
-            try:
-                self.forkserver = self._start(datasets, churned)
-            except Exception as exc:
-                _note("a build server could not start (%s): each worker builds the dataset"
-                      % _failure(exc))
-            if self.forkserver is None:
-                self.refused = True
-                return None, {}
-            for dataset in datasets:
-                weakref.finalize(dataset, _stop_quietly, self.forkserver)
-            return self.forkserver, self.keys
-
-    def _state(self, changed):
-        """What the workers' code reads from this process now, pickled for the
-        server to set before it builds (DL220; where it does not load there,
-        each worker compares). Not what the constructions ``changed`` (a
-        counter): the build starts from the import's, as the program's own
-        did; each worker is then given this process's value."""
-        if self.carry is None:
-            return None
-        try:
-            reads = [r for r in self.carry.reads if r.label not in changed]
-            return pickle.dumps(process_state.Carried(reads, None).in_server(),
-                                pickle.HIGHEST_PROTOCOL)
-        except Exception:
-            return None
+            if self.forkserver is None and not self.refused:
+                datasets = [ref() for ref in self.refs]
+                if any(d is None for d in datasets):
+                    return None, {}
+                try:
+                    self.forkserver = self._start(datasets, churned)
+                except Exception as exc:
+                    _note("a build server could not start (%s): each worker builds the dataset"
+                          % _failure(exc))
+                self.refused = self.forkserver is None
+                for dataset in [] if self.refused else datasets:
+                    weakref.finalize(dataset, _stop_quietly, self.forkserver)
+            return (None, {}) if self.refused else (self.forkserver, self.keys)
 
     def _start(self, datasets, churned):
         from . import buildserver, rebuild  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
@@ -458,34 +433,26 @@ class Build:
         recipes = {self.keys[id(d)]: rebuild.recipe(d) for d in datasets}
         changed = {label for d in datasets
                    for label in getattr(rebuild.construction_of(d), "changed", ())}
-        path = private_file("build")
-        with open(path, "wb") as f:
-            pickle.dump(prepared, f, pickle.HIGHEST_PROTOCOL)  # loaded first: the main
-            pickle.dump(self._state(changed), f, pickle.HIGHEST_PROTOCOL)  # module, what main()
-            pickle.dump(recipes, f, pickle.HIGHEST_PROTOCOL)   # set, then its classes
+        # What the workers' code reads from this process now (DL220), for the server
+        # to set before it builds, pickled apart: where it does not load there, each
+        # worker compares. Not what the constructions ``changed`` (a counter): the
+        # build starts from the import's, as the program's own did; each worker is
+        # then given this process's value.
+        state = None
+        with contextlib.suppress(Exception):  # no carry, or one that does not pickle
+            reads = [r for r in self.carry.reads if r.label not in changed]
+            state = pickle.dumps(process_state.Carried(reads, None).in_server(),
+                                 pickle.HIGHEST_PROTOCOL)
+        # loaded in this order: the main module, what main() set, then its classes
+        data = b"".join(pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
+                        for part in (prepared, state, recipes))
         server = _forkserver().ForkServer()
-        with _names_lock:
-            libraries = list(_preload)
-        # The recipes' path goes to the server alone, in what it is told to preload
-        # (never in this process's environment, which its other children inherit).
-        try:
-            with _secret_given(server) as secret:
-                server.set_forkserver_preload(libraries + [
-                    buildserver.__name__, buildserver.RECIPES + path, secret, GUARD])
-                server.ensure_running()
-                refused = _greet(server, named(libraries, most=2) + " and the dataset", churned)
-        finally:
-            with contextlib.suppress(OSError):  # the server removes it once read
-                os.remove(path)
+        with _handed("build", data, buildserver.RECIPES) as entry:
+            refused = _run(server, churned, [buildserver.__name__, entry], " and the dataset")[1]
         if refused is not None:
             _note("no build server (%s): each worker builds the dataset" % refused)
             return None
         return server
-
-
-def _stop_quietly(server):
-    with contextlib.suppress(Exception):
-        _stop(server, wait_s=1.0)
 
 
 def exit_with_parent(worker_id):
@@ -518,15 +485,14 @@ class _Starts:
     from a build server: ``built``), or by plain spawn (``plain``) and why
     (``reason``, the latest): DL209's record, once an iterator's workers started."""
 
-    def __init__(self):
-        self.warm = self.plain = self.built = 0
-        self.reason = None
+    warm = plain = built = 0
+    reason: str | None = None
 
     def mark(self):
         return self.warm, self.plain, self.built
 
     def since(self, mark):
-        return self.warm - mark[0], self.plain - mark[1], self.built - mark[2]
+        return tuple(now - then for now, then in zip(self.mark(), mark))
 
 
 _starts = _Starts()
@@ -542,12 +508,11 @@ def _went_cold(why):
     _note(_starts.reason)
 
 
+@functools.cache
 def _note(message):
     """Said once, at debug level: what a user reads is DL209's record, with
     their line, once the workers started (``recovery``)."""
-    if message not in _noted:
-        _noted.add(message)
-        log(logging.DEBUG, "DL209 warm-worker-start: %s", message)
+    log(logging.DEBUG, "DL209 warm-worker-start: %s", message)
 
 
 def warm_context(context, builds=(), carry=None):
@@ -558,17 +523,14 @@ def warm_context(context, builds=(), carry=None):
     first. (See NOTE [the data flow of a repaired loader] in torch_private.py,
     step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
-    if builds:
-        build = Build.of(builds)
-        build.carry = carry if carry is not None else build.carry
-        return WarmContext(name, build)
-    with _names_lock:
-        if name not in _contexts:
-            _contexts[name] = WarmContext(name)
+    if not builds:
         return _contexts[name]
+    build = Build.of(builds)
+    build.carry = carry if carry is not None else build.carry
+    return WarmContext(name, build)
 
 
-_contexts: dict[Any, Any] = {}
+_contexts: dict[str, Any] = {}  # the process name -> the context without builds
 
 # Windows has no forkserver (the rule never asks for a warm context there).
 if hasattr(_mp_context, "ForkServerContext"):
@@ -599,3 +561,5 @@ if hasattr(_mp_context, "ForkServerContext"):
             return "warm forkserver (preloads %s%s)" % (
                 ", ".join(_preload) or "nothing",
                 "; builds the dataset once" if self._build is not None else "")
+
+    _contexts.update((name, WarmContext(name)) for name in ("Process", "SpawnProcess"))

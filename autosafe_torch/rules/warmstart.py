@@ -1,21 +1,17 @@
 """Warm worker start for loaders the ladder repaired for spawn (DL209).
 
 Spawn workers of a non-persistent loader import torch, numpy and cv2 again
-every epoch, over a second of CPU each, so a loader the ladder repaired
-can run slower than the hand fix ``num_workers=0``. DL209 starts them from
-a warm fork server instead (``remedies/warmstart.py``), keeping spawn's
-semantics (the dataset pickled, the main module imported in each worker,
-nothing else inherited); a worker_init step ends a worker whose training
-process died, as torch's watchdog does for spawn workers.
+every epoch, over a second of CPU each, so a loader the ladder repaired can
+run slower than the hand fix ``num_workers=0``: they start from a warm fork
+server instead (``remedies/warmstart.py``), with spawn's semantics.
 
-Only for a loader this hook repaired or moved to spawn (a loader that
-would fail without the shim): a healthy spawn loader is left alone. Under
-forkserver there is nothing to add: Python's server imports the main
-module, and torch with it, before it forks. Where no fork server can run
-(Windows, a frozen executable), plain spawn, said once. Workers are not
-reused across epochs: a persistent worker keeps the first epoch's seeds,
-dataset copy and module state, where a new one is seeded from a base seed
-drawn each epoch.
+Only for a loader this hook repaired or moved to spawn (one that would fail
+without the shim): a healthy spawn loader is left alone. Under forkserver
+there is nothing to add: Python's server imports the main module, and torch
+with it, before it forks. Where no fork server can run (Windows, a frozen
+executable), plain spawn, said once. Workers are not reused across epochs:
+a persistent worker keeps the first epoch's seeds, dataset copy and module
+state, where a new one is seeded from a base seed drawn each epoch.
 """
 
 from ..remedies.workerinit import with_step
