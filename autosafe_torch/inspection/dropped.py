@@ -1,26 +1,23 @@
 """Does an object that pickles reach a spawn/forkserver worker whole, or does
 its pickle drop an open file its methods read?
 
-An object that defines its own pickling (``__getstate__``, ``__reduce__``)
-may pickle without the file its methods read: PIL's ``ImageFile`` keeps the
-current frame's pixels and drops the file, and a spawned worker's
-``img.seek(i)`` fails (``'TiffImageFile' object has no attribute
-'_min_frame'``) while the parent says nothing.
+An object with its own pickling (``__getstate__``, ``__reduce__``) may drop
+the file its methods read: PIL's ``ImageFile`` keeps the current frame's
+pixels only, and a spawned worker's ``img.seek(i)`` fails (``'TiffImageFile'
+object has no attribute '_min_frame'``) while the parent says nothing.
 
-Nothing is loaded (no user object is unpickled only to test it): one walk
-per part finds the open files (a part that holds none costs only that walk).
-Above each, the outermost object on its path that pickles itself is pickled
-with the probe's dispatch table (planned repairs count) into a sink that
-keeps nothing, noting every object it reaches. A file it never reaches was
-dropped, by the deepest object on its path that it did reach: that one is
-named. Not a hazard: what a planned repair pickles (its reducer makes the
-file again); a PIL image of one frame (its pickle keeps its pixels, all it
-reads); an object whose class sets the dropped attribute again
-(``sets_again``: a lazy open, ``if self.fh is None: self.fh = open(...)``).
-
+Nothing is loaded: one walk per part finds the open files (a part that holds
+none costs only that walk). Above each, the outermost object on its path
+that pickles itself goes through the inventory's ``SENT`` pass (planned
+repairs count), noting every object it reaches; a file it never reaches was
+dropped, by the deepest object on its path that it did reach, which is named.
+Not a hazard: what a planned repair pickles (its reducer makes the file
+again); a PIL image of one frame (its pixels are all it reads); an object
+whose class sets the dropped attribute again (``sets_again``: a lazy open).
 Fail open: an object whose inspection or pickling raises is skipped.
 """
 
+import contextlib
 import dis
 import functools
 import io
@@ -36,10 +33,8 @@ from .probe import ProbeResult, _probe_dispatch_table
 # frame's pixels); objects of one kind repeat, a few tell.
 MAX_PICKLED = 16
 
-IMAGE_FIX = ("open the image lazily in __getitem__ (or in worker_init_fn), keeping its path "
-             "on the dataset")
-FILE_FIX = ("open the file lazily in __getitem__ (or in worker_init_fn), keeping its path "
-            "on the dataset")
+IMAGE_FIX, FILE_FIX = ("open the %s lazily in __getitem__ (or in worker_init_fn), keeping its "
+                       "path on the dataset" % what for what in ("image", "file"))
 
 
 # -- PIL ------------------------------------------------------------------------
@@ -52,15 +47,13 @@ def image_file_class():
 
 
 def is_image_file(obj):
-    cls = image_file_class()
-    return cls is not None and is_a(obj, cls)
+    return is_a(obj, image_file_class() or ())
 
 
 def image_stream(img):
     """``(attribute, stream)``: the open stream a PIL image reads its frames
-    from (``fp``; ``_fp`` once a frame is loaded, when PIL sets ``fp`` to
-    None), or None."""
-    attrs = _attrs(img)
+    from (``fp``, or ``_fp`` once PIL loaded a frame and set ``fp`` to None), or None."""
+    attrs = objwalk.instance_dict(img) or {}
     for name in ("fp", "_fp"):
         stream = attrs.get(name)
         if stream is not None and live_stream(stream):
@@ -69,10 +62,10 @@ def image_stream(img):
 
 
 def single_frame(img):
-    """Whether a PIL image is known to hold one frame, from what PIL already
-    set (``is_animated``, a frame count) or its format (one that cannot seek):
-    never by asking the image, which may read its file. Unknown: not one."""
-    attrs = _attrs(img)
+    """Whether a PIL image is known to hold one frame, from what PIL already set
+    (``is_animated``, a frame count) or a format that cannot seek: never by
+    asking the image, which may read its file. Unknown: not one."""
+    attrs = objwalk.instance_dict(img) or {}
     animated = attrs.get("is_animated")
     if type(animated) is bool:
         return not animated
@@ -84,19 +77,13 @@ def single_frame(img):
     return base is not None and getattr(type(img), "seek", None) is getattr(base, "seek", None)
 
 
-def _attrs(obj):
-    attrs = object.__getattribute__(obj, "__dict__")
-    return attrs if type(attrs) is dict else {}
-
-
 def _identity(st):
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def reopen_args(img):
-    """What ``images.reopened`` needs to open ``img`` again where it arrives, or None
-    (not a PIL image read from a file or from memory, or its stream cannot
-    be reached again)."""
+    """What ``images.reopened`` needs to open ``img`` again where it arrives, or
+    None (not a PIL image read from a file or memory one can reach again)."""
     try:
         if not is_image_file(img):
             return None
@@ -121,8 +108,8 @@ def reopen_args(img):
 
 
 def reopens(value):
-    """Whether ``image_reducers`` (and an emulated worker's copy) reopen
-    ``value``: a PIL image that may hold more than one frame (``reopen_args``)."""
+    """Whether ``image_reducers`` (and an emulated worker's copy) reopen ``value``:
+    a PIL image that may hold more than one frame (``reopen_args``)."""
     try:
         return is_image_file(value) and not single_frame(value) \
             and reopen_args(value) is not None
@@ -136,22 +123,20 @@ def reopens(value):
 def live_stream(obj):
     """An open stream something reads from: a file open for reading, a native
     handle (``holdings.file_kind``), an in-memory byte stream."""
-    try:
+    with contextlib.suppress(Exception):  # detached, or a stream that cannot say
         if is_a(obj, io.BytesIO):
             return not obj.closed
         if is_a(obj, io.IOBase):
             return not is_a(obj, io.StringIO) and not obj.closed and obj.readable()
         if holdings.is_native_handle(obj) or holdings.sqlite_path(obj) is not None:
             return holdings.file_kind(obj) is not None
-    except Exception:  # detached, or a stream that cannot say
-        pass
     return False
 
 
 def stream_name(stream, img=None):
     """``frames.tif``, or ``an in-memory stream``: words for the log, no repr."""
-    try:
-        name = _attrs(img).get("filename") if img is not None else None
+    with contextlib.suppress(Exception):
+        name = (objwalk.instance_dict(img) or {}).get("filename") if img is not None else None
         if not name:
             raw = holdings.raw_file(stream)
             name = getattr(raw if raw is not None else stream, "name", None)
@@ -159,8 +144,6 @@ def stream_name(stream, img=None):
             return "open file %s" % os.path.basename(os.fsdecode(name))
         if is_a(stream, io.BytesIO):
             return "in-memory stream"
-    except Exception:
-        pass
     return "open file"
 
 
@@ -200,9 +183,9 @@ _SETUP = frozenset({"__init__", "__new__", "__init_subclass__", "__getstate__",
 
 def sets_again(obj, attribute):
     """Whether ``obj`` takes care of an attribute its pickle drops: a method of
-    its class but those of ``_SETUP`` sets it to something other than None
-    (the lazy open), or the class reopens per process
-    (``holdings.reopens_per_process``). Read from the code, never run."""
+    its class but ``_SETUP``'s sets it to something other than None (a lazy
+    open), or it reopens per process (``holdings.reopens_per_process``). Read
+    from the code, never run."""
     try:
         return holdings.reopens_per_process(obj) or _sets_again(type(obj), attribute)
     except Exception:
@@ -230,19 +213,17 @@ def _sets_again(cls, attribute):
     return False
 
 
-def _stores(code, attribute, depth=0):
+def _stores(code, attribute):
     """``self.<attribute> = <not None>`` anywhere in ``code`` (or code it nests)."""
-    before = [None, None]
-    for ins in dis.get_instructions(code):
-        # ``x.a = None`` is LOAD_CONST None, LOAD_FAST x, STORE_ATTR a.
-        if ins.opname == "STORE_ATTR" and ins.argval == attribute \
-                and not (before[0] is not None and before[0].opname == "LOAD_CONST"
-                         and before[0].argval is None):
-            return True
-        before = [before[1], ins]
-    if depth < 4:
-        return any(_stores(const, attribute, depth + 1) for const in code.co_consts
-                   if isinstance(const, types.CodeType))
+    for nested in holdings.nested_code(code):
+        before = [None, None]
+        for ins in dis.get_instructions(nested):
+            # ``x.a = None`` is LOAD_CONST None, LOAD_FAST x, STORE_ATTR a.
+            if ins.opname == "STORE_ATTR" and ins.argval == attribute \
+                    and not (before[0] is not None and before[0].opname == "LOAD_CONST"
+                             and before[0].argval is None):
+                return True
+            before = [before[1], ins]
     return False
 
 
@@ -250,24 +231,21 @@ def _stores(code, attribute, depth=0):
 
 
 def reached(obj, table):
-    """The ids of the objects ``obj``'s pickle reaches, as for a spawned worker
-    (the inventory's ``SENT`` pass), or None where it raises (the probe's to say)."""
-    found = inventory.take({"part": obj}, inventory.SENT, table, watch=inventory.EVERYTHING)
+    """The ids of what ``obj``'s pickle reaches (a ``SENT`` pass), or None where
+    it raises (the probe's to say)."""
+    found = inventory.take({"part": obj}, inventory.SENT, table, watch=None)
     return None if found.unpicklable or not found.complete else found.met
 
 
 class _Search:
     def __init__(self, planned):
         self.planned = planned
-        self._table = None  # made for the first file found: none, no cost
         self.checked = {}  # id(owner) -> ids its pickle reaches, or None where it raised
         self.reported = {}  # id(object named) -> ProbeResult
 
-    @property
-    def table(self):
-        if self._table is None:
-            self._table = _probe_dispatch_table(self.planned)
-        return self._table
+    @functools.cached_property
+    def table(self):  # made for the first file found: none, no cost
+        return _probe_dispatch_table(self.planned)
 
     def run(self, parts):
         for name, part in parts.items():
@@ -290,7 +268,7 @@ class _Search:
             return holdings.stop_at_threading(obj)
 
         for here, obj, edge in objwalk.walk(part, name, stop=stop):
-            places[id(obj)] = (here, obj, edge)
+            places[id(obj)] = (here, edge)  # the edge keeps its child alive
         for obj in found:
             try:
                 self._candidate(obj, places)
@@ -309,17 +287,14 @@ class _Search:
         else:
             stream, image = obj, None
         node = obj
-        while True:
-            _here, _node, edge = places[id(node)]
-            if edge is None:
-                break
+        while places[id(node)][1] is not None:
+            edge = places[id(node)][1]
             node = edge.owner
             chain.insert(0, (places[id(node)][0], node, edge))
-        owners = [i for i, (_path, node, _edge) in enumerate(chain)
-                  if pickles_itself(node, self.table)]
-        if not owners:
+        top = next((i for i, (_path, node, _edge) in enumerate(chain)
+                    if pickles_itself(node, self.table)), None)
+        if top is None:
             return  # pickled by its attributes: the probe's, and the repairs', to judge
-        top = owners[0]
         if any(type(node) in self.planned for _path, node, _edge in chain[top:]):
             return  # a planned repair pickles it: its reducer makes the file again
         if image is not None and top == len(chain) - 1 and single_frame(image):
@@ -360,12 +335,10 @@ class _Search:
 
 
 def unfaithful(parts, planned=None):
-    """The objects of ``parts`` (``{name: part}``; None parts skipped) that
-    pickle without an open file they hold, as failed ``ProbeResult`` objects (``path``,
-    ``error``: one sentence, ``value``: the object, ``fix``: the permanent fix).
-
-    ``planned``: ``{class: reducer}`` a repair would install, used as if
-    installed (nothing is). Fail open: [] where the search itself raises."""
+    """The objects of ``parts`` (``{name: part}``) that pickle without an open
+    file they hold, as failed ``ProbeResult`` objects (``error``: one sentence,
+    ``value``: the object, ``fix``: the permanent fix). ``planned``: ``{class:
+    reducer}`` a repair would install, used as if installed. Fail open: []."""
     try:
         return _Search(planned or {}).run(parts)
     except Exception:

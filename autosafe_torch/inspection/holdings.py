@@ -1,12 +1,12 @@
 """What a dataset holds that matters to its workers: files, locks, thread pools, loggers.
 
-Looked at, never changed: no copy, no user code (no ``__getitem__``, no
-iteration but of built-in containers); ``autosafe_torch.remedies`` acts on it.
-Native handles count as files: h5py objects, lmdb environments, and the
-``cv2.VideoCapture`` objects whose source the cv2 patch recorded.
+Looked at, never changed, no user code run (``autosafe_torch.remedies`` acts
+on it). Native handles count as files: h5py objects, lmdb environments, and
+the ``cv2.VideoCapture`` objects whose source the cv2 patch recorded.
 """
 
 import collections
+import contextlib
 import functools
 import io
 import logging
@@ -43,16 +43,14 @@ def real_path(raw):
     """The path that opens this very file again, or None (deleted, moved, not regular)."""
     if raw.closed:
         return None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         fd = raw.fileno()
         here = os.fstat(fd)
         if not stat.S_ISREG(here.st_mode):
             return None
         candidates = []
-        try:
+        with contextlib.suppress(OSError):
             candidates.append(os.readlink("/proc/self/fd/%d" % fd))
-        except OSError:
-            pass
         if isinstance(raw.name, (str, bytes)):
             candidates.append(os.path.abspath(os.fsdecode(raw.name)))
         for path in candidates:
@@ -62,24 +60,19 @@ def real_path(raw):
                 continue
             if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
                 return path
-    except (OSError, ValueError):
-        pass
     return None
 
 
 def h5py_types():
     h5py = sys.modules.get("h5py")
-    if h5py is None:
-        return ()
     return tuple(getattr(h5py, n) for n in ("File", "Group", "Dataset") if hasattr(h5py, n))
 
 
 # -- native handles -------------------------------------------------------------
 
-# What opened each cv2.VideoCapture, recorded by the cv2 patch: id ->
-# ``(source, apiPreference, params)``, source an absolute path or an index.
-# A capture takes no attributes or weak references, so the key is its id: a
-# new capture overwrites what a dead one left there; the oldest go first.
+# What opened each cv2.VideoCapture (cv2 patch): id -> ``(source, apiPreference,
+# params)``, source an absolute path or an index. Keyed by id, as a capture takes
+# no attributes or weak references: a new one overwrites a dead one's; oldest go first.
 _video_sources = collections.OrderedDict()
 MAX_VIDEO_SOURCES = 4096
 
@@ -105,59 +98,48 @@ def _lmdb_kind(obj):
 
 
 def fork_unsafe(obj):
-    """What ``obj`` is, when it is a native handle a forked child must not use:
-    LMDB forbids an environment (and its database handles) after fork; a
-    capture that decoded in the parent hangs its forked workers (FFmpeg's
-    threads stay behind). None for anything else."""
+    """What ``obj`` is, when it is a native handle a forked child must not use
+    (LMDB forbids an environment and its handles after fork; a capture that
+    decoded in the parent hangs forked workers: FFmpeg's threads stay behind)."""
     capture = getattr(sys.modules.get("cv2"), "VideoCapture", None)
     return _lmdb_kind(obj) or (VIDEO if isinstance(capture, type) and is_a(obj, capture)
                                else None)
 
 
 def one_per_process(obj):
-    """Handles that cannot be opened twice in one process (py-lmdb refuses an
-    environment already open): shared, never reopened, in this process."""
+    """Handles py-lmdb refuses to open twice in one process: never reopened in this one."""
     return _lmdb_kind(obj) is not None
 
 
 def video_source(cap):
     """``(path, apiPreference, params)`` of an open capture of a regular file
-    that the patch recorded, else None (a camera index, a stream, a closed
-    capture, one made before the patch)."""
-    try:
+    the patch recorded, else None (a camera, a stream, closed, made before the patch)."""
+    with contextlib.suppress(Exception):
         source = _video_sources.get(id(cap))
-        if source is None or not isinstance(source[0], str) or not os.path.isfile(source[0]):
-            return None
-        return source if cap.isOpened() else None
-    except Exception:
-        return None
+        if source is not None and isinstance(source[0], str) and os.path.isfile(source[0]) \
+                and cap.isOpened():
+            return source
+    return None
 
 
 def lmdb_read_write(env):
     """Whether an lmdb environment was opened for writing (py-lmdb's default)."""
-    try:
+    with contextlib.suppress(Exception):
         return not env.flags()["readonly"]
-    except Exception:
-        return False
+    return False
 
 
 def file_kind(f):
-    """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can reopen).
-
-    Read-only: opened for reading only, on a regular file its path still names;
-    an h5py file opened ``'r'``; a sqlite connection or an lmdb environment
-    (opened read-write or not, both reopened read-only: ``reopen.read_only_note``:
-    a dataset that only reads reads the same, one that writes fails loudly);
-    a recorded capture of a file."""
-    h5 = h5py_types()
-    if h5 and is_a(f, h5):
-        try:
+    """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can
+    reopen). Read-only: opened for reading only, on a regular file its path still
+    names; an h5py file opened ``'r'``; a sqlite connection or an lmdb environment
+    (both reopened read-only: ``reopen.read_only_note``); a recorded capture."""
+    if is_a(f, h5py_types()):
+        with contextlib.suppress(Exception):
             h5file = f.file if f.id.valid else None
-            if h5file is None or not os.path.isfile(h5file.filename):
-                return None
-            return READONLY if h5file.mode == "r" else WRITABLE
-        except Exception:
-            return None
+            if h5file is not None and os.path.isfile(h5file.filename):
+                return READONLY if h5file.mode == "r" else WRITABLE
+        return None
     if sqlite_path(f) is not None:
         return READONLY
     handle = fork_unsafe(f)
@@ -196,20 +178,16 @@ def sqlite_path(conn):
 
 
 def is_native_handle(obj):
-    """An h5py object, an lmdb handle or a capture: a handle to a file that a
-    forked child must have its own of, and that holds no descriptor of its
-    own to give."""
-    h5 = h5py_types()
-    return bool(h5 and is_a(obj, h5)) or fork_unsafe(obj) is not None
+    """An h5py object, an lmdb handle or a capture: a file handle a forked
+    child needs its own of, with no descriptor of its own to give."""
+    return is_a(obj, h5py_types()) or fork_unsafe(obj) is not None
 
 
 def is_file_object(obj):
     if is_a(obj, io.IOBase):
         return not is_a(obj, (io.BytesIO, io.StringIO))
-    if is_native_handle(obj):
-        return True
-    socket = sys.modules.get("socket")
-    return socket is not None and is_a(obj, socket.socket)
+    socket = getattr(sys.modules.get("socket"), "socket", ())  # () where it is not imported
+    return is_native_handle(obj) or is_a(obj, socket)
 
 
 # -- finding what a dataset holds ----------------------------------------------
@@ -238,11 +216,9 @@ class HeldFile(collections.namedtuple("HeldFile", "path obj kind")):
 
 
 def find_files(obj, path="dataset", items=None):
-    """Files reachable from ``obj``: ``HeldFile(path, file, file_kind(file))``.
-
-    Includes files that cannot be reopened (kind None: pipes, sockets, closed
-    or deleted files). A file held in two places is reported at each.
-    ``items``: look at that many items per container (None: every one)."""
+    """Files reachable from ``obj``: ``HeldFile(path, file, file_kind(file))``, at
+    each place one is held, kind None where it cannot be reopened (pipes,
+    sockets, closed or deleted files); ``items``: as ``objwalk.walk``'s."""
     if is_file_object(obj):
         return [HeldFile(path, obj, file_kind(obj), None)]
     found, kinds = [], {}
@@ -305,40 +281,32 @@ def stop_at(obj):
 
 
 def stop_at_threading(obj):
-    """Locks, threads, thread pools and loggers: reported, never entered (a
-    logger reaches the whole logging tree; its locks are re-made after fork
-    by logging)."""
-    if threading_kind(obj) is not None or thread_pool_in_use(obj) is not None:
-        return True
-    logging = sys.modules.get("logging")
-    return logging is not None and is_a(obj, (logging.Logger, logging.Handler))
+    """Locks, threads, thread pools and loggers: reported, never entered (a logger
+    reaches the whole logging tree; logging re-makes its locks after fork)."""
+    return threading_kind(obj) is not None or thread_pool_in_use(obj) is not None \
+        or is_a(obj, (logging.Logger, logging.Handler))
 
 
 def fork_blockers(obj, path="dataset", items=None):
-    """``(path, kind)`` for what a forked worker cannot inherit: a lock held
-    right now (by any thread: in the child it stays held forever) and a live
-    thread (the child has none behind it). A lock nobody holds is copied
-    unheld, as a fresh one; a thread pool is rebuilt in each worker (DL208)."""
+    """``(path, kind)`` for what a forked worker cannot inherit: a lock held now
+    (by any thread: in the child it stays held forever) and a live thread (the
+    child has none behind it). An unheld lock is copied unheld; a thread pool
+    is rebuilt in each worker (DL208)."""
     found = []
     for here, value, _edge in objwalk.walk(obj, path, stop=stop_at, items=items):
         kind = threading_kind(value)
-        if kind == "thread":
-            if value.is_alive():
-                found.append((here, "live thread"))
-        elif kind is not None and held(value):
+        if kind == "thread" and value.is_alive():
+            found.append((here, "live thread"))
+        elif kind not in (None, "thread") and held(value):
             found.append((here, "held %s" % kind))
     return found
 
 
 def held(obj):
-    """Whether a lock (or the lock under a Condition, Semaphore, Event or
-    Barrier) is held now, by this thread or another. Unknown: held."""
-    try:
-        try:
-            attrs = object.__getattribute__(obj, "__dict__")
-        except AttributeError:  # a lock: no __dict__
-            attrs = {}
-        for inner in locks_inside(attrs):
+    """Whether a lock (or the one under a Condition, Semaphore, Event or
+    Barrier) is held now, by any thread. Unknown: held."""
+    with contextlib.suppress(Exception):
+        for inner in locks_inside(objwalk.instance_dict(obj) or {}):  # a lock has no __dict__
             if threading_kind(inner) is not None:
                 return held(inner)
         if is_a(obj, type(threading.Lock())):
@@ -348,46 +316,32 @@ def held(obj):
                 return True  # another thread holds it
             obj.release()
             return rlock_owned(obj)  # this thread held it before
-    except Exception:
-        pass
     return True
 
 
 def unheld_lock(value):
-    """A lock, or a Condition, Semaphore, Event or Barrier around one, that
-    nobody holds now: it travels."""
+    """A lock (or a primitive around one) nobody holds now: it travels."""
     return threading_kind(value) not in (None, "thread") and not held(value)
 
 
 class UsersLocks:
-    """The unheld locks that objects of the user's own (``users_class``) hold,
-    directly or through threading's primitives and built-in containers, from
-    one walk of the loader's parts (``{name: part}``): ``holds(lock)`` for any
-    of them, and ``named``, ``(path, obj)`` of each outermost one (a Condition,
-    not the lock inside it), as the log names them."""
+    """The unheld locks the user's own objects (``users_class``) hold, directly or
+    through threading's primitives and built-in containers, in ``parts``:
+    ``holds(lock)``, and ``named``, ``(path, obj)`` of each outermost one."""
 
     def __init__(self, parts):
-        self._owners: dict[int, object] = {}
-        primitives = []
-        for name, part in parts.items():
-            if part is None:
-                continue
-            for here, obj, edge in objwalk.walk(part, name):
-                if edge is not None:
-                    self._owners.setdefault(id(obj), edge.owner)
-                if unheld_lock(obj):
-                    primitives.append((here, obj))
-        self.named = [(here, obj) for here, obj in primitives if self._users(obj)
-                      and threading_kind(self._owners.get(id(obj))) is None]
+        self._owners = objwalk.Owners(parts)
+        self.named = [(here, obj) for here, obj in self._owners.met if unheld_lock(obj)
+                      and self._users(obj) and threading_kind(self._owners.owner(obj)) is None]
 
     def holds(self, lock):
         return unheld_lock(lock) and self._users(lock)
 
     def _users(self, obj):
-        owner = self._owners.get(id(obj))
+        owner = self._owners.owner(obj)
         while owner is not None and (threading_kind(owner) is not None
                                      or objwalk.is_a(owner, objwalk.CONTAINERS)):
-            owner = self._owners.get(id(owner))
+            owner = self._owners.owner(owner)
         return owner is not None and users_class(type(owner))
 
 
@@ -417,8 +371,7 @@ def _stdio_name(stream):
 
 
 def rebuildable(obj):
-    """A handler a worker can make again: a file handler, or a stream
-    handler on stdout/stderr."""
+    """A handler a worker can make again: a file handler, or a stream handler on stdout/stderr."""
     if not isinstance(obj, logging.Handler) or type(obj).__reduce_ex__ \
             is not object.__reduce_ex__ or "__getstate__" in vars(type(obj)):
         return False
@@ -429,8 +382,8 @@ def rebuildable(obj):
 
 
 def holding(owners, value):
-    """``(path, handler)`` when ``value`` is, or is held by, a handler that a
-    worker can make again (``owners``: ``objwalk.Owners``), else None."""
+    """``(path, handler)`` when ``value`` is, or is held by, a handler a worker
+    can make again (``owners``: ``objwalk.Owners``), else None."""
     for here, obj in owners.chain(value):
         if isinstance(obj, logging.Handler):
             return (here, obj) if rebuildable(obj) else None
@@ -438,8 +391,7 @@ def holding(owners, value):
 
 
 def chain(logger):
-    """The loggers whose configuration ``logger``'s records meet, from it up:
-    itself, then each parent while the one below propagates."""
+    """``logger``, then each parent while the one below propagates."""
     found = []
     while logger is not None:
         found.append(logger)
@@ -448,52 +400,44 @@ def chain(logger):
 
 
 def configured(logger):
-    """Whether ``logger``'s records meet a configuration that a spawned worker
-    would not have: a handler, a level, a filter, ``propagate`` off or
-    ``disabled`` on anywhere along its chain (the root's default level,
-    WARNING, is what a new process has too)."""
-    for link in chain(logger):
-        if link.handlers or link.filters or link.disabled or not link.propagate:
-            return True
-        if link.level != (logging.WARNING if link is logging.root else logging.NOTSET):
-            return True
-    return False
+    """Whether ``logger``'s records meet a configuration a spawned worker would
+    not have: a handler, a level, a filter, ``propagate`` off or ``disabled`` on
+    along its chain (the root's default WARNING is a new process's too)."""
+    return any(link.handlers or link.filters or link.disabled or not link.propagate
+               or link.level != (logging.WARNING if link is logging.root else logging.NOTSET)
+               for link in chain(logger))
 
 
 def forwards_attributes(obj):
     """An instance whose class forwards unknown attributes (``__getattr__`` or
     its own ``__getattribute__``) and pickles and copies by default, where
-    pickle's (and copy's) look-up of ``__setstate__`` on the new, empty
-    instance recurses, or raises, in the forwarding (a RecursionError in a
-    spawned worker). Rebuilt from its ``__dict__`` instead: what pickle's
-    default does, without asking the empty instance anything."""
+    pickle's and copy's look-up of ``__setstate__`` on the new, empty instance
+    recurses or raises in the forwarding (a RecursionError in a spawned worker).
+    Rebuilt from its ``__dict__`` instead, asking the empty instance nothing."""
     cls = type(obj)
-    try:
+    defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
+                ("__getstate__", getattr(object, "__getstate__", None)),
+                ("__setstate__", None), ("__deepcopy__", None),
+                ("__getnewargs__", None), ("__getnewargs_ex__", None))
+    with contextlib.suppress(Exception):
         forwards = getattr(cls, "__getattr__", None) is not None \
             or cls.__getattribute__ is not object.__getattribute__
         if not forwards or objwalk.slot_names(cls) \
                 or issubclass(cls, (list, dict, set, frozenset, tuple)) \
-                or type(object.__getattribute__(obj, "__dict__")) is not dict:
-            return False
-        defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
-                    ("__getstate__", getattr(object, "__getstate__", None)),
-                    ("__setstate__", None), ("__deepcopy__", None),
-                    ("__getnewargs__", None), ("__getnewargs_ex__", None))
-        if not all(getattr(cls, name, None) is default for name, default in defaults):
+                or objwalk.instance_dict(obj) is None \
+                or not all(getattr(cls, name, None) is default for name, default in defaults):
             return False
         # Its own __getattribute__ answers every look-up: never asked here.
         return cls.__getattribute__ is not object.__getattribute__ or _unpickling_fails(cls)
-    except Exception:
-        return False
+    return False
 
 
 @functools.cache
 def _unpickling_fails(cls):
-    """Whether the one question unpickling asks a new, empty instance of ``cls``
-    (its ``__setstate__``, which reaches ``__getattr__``) fails. Asked once per
-    class, only of a dataset about to be pickled for workers (or copied for
-    emulated ones): each worker's unpickling would ask the same.
-    transformers' tokenizers answer it (AttributeError) and need nothing."""
+    """Whether unpickling's one question to a new, empty instance of ``cls`` (its
+    ``__setstate__``, which reaches ``__getattr__``) fails: asked once per class,
+    only of what is about to be pickled (or copied) for workers, each of which
+    would ask it. transformers' tokenizers answer it (AttributeError)."""
     try:
         empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
     except Exception:  # pickle's own error, as without the shim
@@ -511,27 +455,27 @@ def _unpickling_fails(cls):
 PER_PROCESS_NAMES = frozenset({"getpid", "pread", "preadv"})
 
 
-def _code_names(code, depth=0):
-    names = set(code.co_names)
+def nested_code(code, depth=0):
+    """``code`` and the code it nests (functions, lambdas, comprehensions), 4 levels down."""
+    yield code
     if depth < 4:
         for const in code.co_consts:
-            if hasattr(const, "co_names"):
-                names |= _code_names(const, depth + 1)
-    return names
+            if isinstance(const, types.CodeType):
+                yield from nested_code(const, depth + 1)
 
 
 def reopens_per_process(obj):
-    """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (the idiom
-    of a dataset that reopens its files in each process by itself) or read with
-    ``os.pread``/``preadv`` (no shared offset): read from the code, never run."""
+    """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (a dataset
+    that reopens its files per process itself) or read with ``os.pread``/``preadv``
+    (no shared offset): read from the code, never run."""
     for cls in type(obj).__mro__:
         if cls.__module__ == "builtins" or cls.__module__.startswith("torch."):
             continue
         for value in vars(cls).values():
-            # Only functions' own code is read: a class attribute may be any
-            # object, whose attribute access would be user code.
+            # Only functions' code is read: another attribute's access may be user code.
             func = value.__func__ if type(value) in (staticmethod, classmethod) else value
             if type(func) is types.FunctionType \
-                    and _code_names(func.__code__) & PER_PROCESS_NAMES:
+                    and any(PER_PROCESS_NAMES.intersection(c.co_names)
+                            for c in nested_code(func.__code__)):
                 return True
     return False

@@ -2,15 +2,13 @@
 
 A spawned child re-creates the parent's main module as ``__mp_main__``: it
 imports it by ``__spec__.name`` (``python -m``) or runs its file with
-``__name__ != "__main__"``. Two things follow, both read from the source
-with one parser of the ``if __name__ == "__main__":`` guard:
-
-- what the script defines under the guard (or at all, for ``python -c``,
-  stdin, a notebook) is missing in the child (``missing_in_child``);
-- top-level code outside the guard runs again in every child; when that code
-  starts workers, the child raises "An attempt has been made to start a new
-  process before the current process has finished its bootstrapping phase"
-  (``main_is_guarded``).
+``__name__ != "__main__"``. So, read from the source with one parser of the
+``if __name__ == "__main__":`` guard: what the script defines under the
+guard (or at all, for ``python -c``, stdin, a notebook) is missing in the
+child (``missing_in_child``); top-level code outside the guard runs again in
+every child, which raises "An attempt has been made to start a new process
+before the current process has finished its bootstrapping phase" when that
+code starts workers (``main_is_guarded``).
 """
 
 import ast
@@ -20,9 +18,8 @@ import sys
 
 
 def interactive_main():
-    """True when the main module cannot be re-imported by a spawned child: it has
-    neither ``__spec__.name`` nor a file (``python -c``, stdin, a REPL, a notebook
-    kernel), so whatever it defines is missing in the child."""
+    """True when a spawned child cannot re-import the main module: it has neither
+    ``__spec__.name`` nor a file (``python -c``, stdin, a REPL, a notebook)."""
     main = sys.modules.get("__main__")
     if main is None:
         return True
@@ -36,13 +33,10 @@ def interactive_main():
 
 
 def in_notebook():
-    """True in a Jupyter kernel (ipykernel running an IPython shell): its cells
-    are the main module, which no worker can import."""
+    """True in a Jupyter kernel, whose cells are a main module no worker can import."""
     zmqshell = sys.modules.get("ipykernel.zmqshell")
     ipython = sys.modules.get("IPython")
-    if zmqshell is None or ipython is None:
-        return False
-    try:
+    try:  # either may be missing (None)
         return isinstance(ipython.get_ipython(), zmqshell.ZMQInteractiveShell)
     except Exception:
         return False
@@ -76,12 +70,10 @@ def _script_tree(path):
 
 @functools.lru_cache(maxsize=8)
 def _guarded_lines(tree):
-    lines = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and is_main_guard(node.test):
-            for inner in node.body:
-                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
-    return frozenset(lines)
+    return frozenset(line for node in tree.body
+                     if isinstance(node, ast.If) and is_main_guard(node.test)
+                     for inner in node.body
+                     for line in range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
 
 
 def guarded_lines(path):
@@ -91,10 +83,9 @@ def guarded_lines(path):
 
 
 def main_is_guarded(frame):
-    """False when a top-level frame of a __main__ script file is on the stack at
-    a line outside ``if __name__ == "__main__":`` (spawn would re-run it), or
-    when __main__ names a file that is not there (a script read from stdin:
-    spawn children fail to run '<stdin>')."""
+    """False when a top-level frame of a __main__ script is on the stack outside
+    ``if __name__ == "__main__":`` (spawn would re-run it), or when __main__
+    names a missing file (a script from stdin: children fail to run '<stdin>')."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if main_file and not os.path.isfile(main_file):
         return False
@@ -111,10 +102,8 @@ def main_is_guarded(frame):
 
 @functools.lru_cache(maxsize=8)
 def _names_bound_in_child(tree):
-    """Top-level names a child binds when it runs the script as ``__mp_main__``.
-
-    None when that cannot be told (a star import): assume all.
-    """
+    """Top-level names a child binds running the script as ``__mp_main__``; None
+    where that cannot be told (a star import): assume all."""
     names = set()
 
     def visit(body):
@@ -168,8 +157,7 @@ def missing_in_child(obj):
 def importable_by_reference(obj):
     """Whether pickle saves ``obj`` (a function or class) by reference and a
     spawned worker finds it: its module is there and its qualified name leads
-    back to it. A lambda, a local function or class, or a definition under
-    the ``__main__`` guard (or in an interactive ``__main__``) is not."""
+    back to it (not a lambda, a local one, or one under the ``__main__`` guard)."""
     qualname = getattr(obj, "__qualname__", None)
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
     if not isinstance(qualname, str) or "<locals>" in qualname or "<lambda>" in qualname \
@@ -178,6 +166,4 @@ def importable_by_reference(obj):
     target = module
     for part in qualname.split("."):
         target = getattr(target, part, None)
-    if target is not obj:
-        return False
-    return module.__name__ != "__main__" or missing_in_child(obj) is None
+    return target is obj and (module.__name__ != "__main__" or missing_in_child(obj) is None)

@@ -1,6 +1,7 @@
 """A few words for a value in a log line: never a repr (an address, our
 internals). Used by the rules' records and by the remedies' refusals."""
 
+import contextlib
 import types
 import weakref
 
@@ -9,14 +10,13 @@ from . import holdings
 
 def brief(value):
     """A value as a log line may show it: short literals as written, functions
-    and classes by name, anything else by its kind; never a repr of an object
-    (an address, our internals)."""
+    and classes by name, anything else by its kind."""
     if value is None or isinstance(value, (bool, int, float)):
         return repr(value)
     if isinstance(value, str):
         return repr(value) if len(value) <= 40 else "a string"
     kind = _kind(type(value))
-    try:  # a user's object may raise anything from its attributes
+    with contextlib.suppress(Exception):  # a user's object may raise anything from its attributes
         ours = __package__.split(".")[0]
         func = getattr(value, "func", None)  # functools.partial: a worker_init_fn step of ours
         if func is not None and str(getattr(func, "__module__", "")).startswith(ours):
@@ -24,8 +24,6 @@ def brief(value):
         name = getattr(value, "__qualname__", None)
         if isinstance(name, str) and callable(value):
             return name
-    except Exception:
-        pass
     return a_or_an(kind)
 
 
@@ -47,7 +45,7 @@ def a_or_an(noun):
 def what_is(value):
     """A few words for what a dataset holds or a loader is given: "an open
     file", "a lambda", "a thread pool"... (``brief`` for anything else)."""
-    try:
+    with contextlib.suppress(Exception):  # a user's object may raise anything from its attributes
         if isinstance(value, (types.FunctionType, type)):
             thing = "class" if isinstance(value, type) else "function"
             if value.__name__ == "<lambda>":
@@ -62,8 +60,7 @@ def what_is(value):
             return a_or_an(handle)
         if type(value).__name__ == "Connection" and "sqlite" in type(value).__module__:
             return "a sqlite connection"
-        h5 = holdings.h5py_types()
-        if h5 and isinstance(value, h5):
+        if isinstance(value, holdings.h5py_types()):  # () where h5py is not imported
             return "an h5py " + type(value).__name__
         if holdings.is_file_object(value):
             return "an open file"
@@ -74,8 +71,6 @@ def what_is(value):
         kind = holdings.threading_kind(value)
         if kind is not None:
             return "a threading " + kind
-    except Exception:  # a user's object may raise anything from its attributes
-        pass
     return brief(value)
 
 

@@ -1,29 +1,26 @@
 """One bounded walk over the objects a dataset holds, shared by every check.
 
-The probe and the repairs (which files, which locks a dataset holds, and
-how to replace them in a worker) must see the same objects under the same
-names, so both use ``edges`` and ``walk``. The walk follows what pickling
-follows for ordinary objects (``__dict__``, ``__slots__``, list/tuple/set
-items, dict keys and values, a ``functools.partial``'s function and
-arguments), which covers TensorDataset, ConcatDataset, Subset and
-ChainDataset. It never copies, never iterates anything but built-in
-containers (a generator is never consumed), and never enters modules,
-classes or functions (a module would reach everything).
+The probe and the repairs must see the same objects under the same names,
+so both use ``edges`` and ``walk``. The walk follows what pickling follows
+for ordinary objects (``__dict__``, ``__slots__``, container items, dict
+keys, a ``functools.partial``'s function and arguments: TensorDataset,
+ConcatDataset, Subset, ChainDataset). It never copies, iterates only
+built-in containers (a generator is never consumed), and never enters
+modules, classes or functions (a module would reach everything).
 
-It survives any object: an attribute access, ``isinstance`` (which asks an
-object for its ``__class__`` when its type does not match), ``__class__``
-itself or ``__reduce__`` may raise in a user's object (numpy's NpzFile.f, a
-``__getattr__`` delegator, a lazy-module proxy). Types are read with
-``type()`` (``is_a``), and an object whose inspection raises is skipped,
-not the whole walk.
+It survives any object: an attribute access, ``isinstance`` (which asks
+``__class__``) or ``__reduce__`` may raise in a user's object (numpy's
+NpzFile.f, a ``__getattr__`` delegator, a lazy-module proxy): types are read
+with ``type()`` (``is_a``), and only the object that raises is skipped.
 """
 
+import collections
 import functools
 import sys
 import types
 from itertools import islice
 
-from .slots import slot_names
+from .slots import instance_dict, slot_names
 
 MAX_DEPTH = 24
 MAX_OBJECTS = 200_000  # objects entered in Python: large plain containers are read in C
@@ -36,34 +33,20 @@ OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
           types.CoroutineType, types.AsyncGeneratorType, memoryview)
 
 
-class Edge:
+class Edge(collections.namedtuple("Edge", "owner key how child")):
     """How a child hangs from its owner: a path label, and a way to replace it."""
 
-    __slots__ = ("owner", "key", "how", "child")
-
+    __slots__ = ()
     ATTR, ITEM, KEY, MEMBER, PART = "attr", "item", "key", "member", "part"
-
-    def __init__(self, owner, key, how, child):
-        self.owner = owner
-        self.key = key
-        self.how = how
-        self.child = child
+    LABELS = {ATTR: ".%s", PART: ".%s", ITEM: "[%r]", KEY: "<key %r>", MEMBER: "<member %d>"}
 
     def label(self):
-        if self.how in (Edge.ATTR, Edge.PART):
-            return "." + self.key
-        if self.how == Edge.ITEM:
-            return "[%r]" % (self.key,)
-        if self.how == Edge.KEY:
-            return "<key %r>" % (self.key,)
-        return "<member %d>" % self.key
+        return self.LABELS[self.how] % (self.key,)
 
     @property
     def settable(self):
         """Whether ``set`` can replace the child in place (tuple items cannot)."""
-        if self.how == Edge.ATTR:
-            return True
-        return self.how == Edge.ITEM and is_a(self.owner, (list, dict))
+        return self.how == Edge.ATTR or self.how == Edge.ITEM and is_a(self.owner, (list, dict))
 
     def set(self, new):
         """Put ``new`` where the child was, in its owner (no copy of the owner)."""
@@ -79,9 +62,8 @@ class Edge:
 
 
 def is_a(obj, classes):
-    """``isinstance`` by the object's real type: never asks the object anything
-    (its ``__class__`` may raise, or lie as a proxy's does), and False where
-    even the class check raises."""
+    """``isinstance`` by the object's real type, asking the object nothing (its
+    ``__class__`` may raise, or lie as a proxy's does); False where that raises."""
     try:
         return issubclass(type(obj), classes)
     except Exception:
@@ -110,8 +92,7 @@ def _tensor_kinds(torch):
 
 
 # A built-in container this large is first read whole in C (``plain``): one of
-# plain values only (an index of a million (path, class) tuples) holds nothing
-# a check looks for, and is not entered item by item.
+# plain values only (an index of a million (path, class) tuples) is not entered.
 PLAIN_AT = 1024
 CONTAINERS = (list, tuple, dict, set, frozenset)
 _plain_known = {}  # id -> (the container, plain?): kept alive while known (forget())
@@ -119,8 +100,7 @@ _plain_known = {}  # id -> (the container, plain?): kept alive while known (forg
 
 def plain(container):
     """Whether a built-in container holds plain values only (numbers, strings,
-    bytes, None, and built-in containers of them), read at C speed by the
-    pickler: every other object stops it at once."""
+    bytes, None, and built-in containers of them), read at C speed."""
     known = _plain_known.get(id(container))
     if known is not None and known[0] is container:
         return known[1]
@@ -138,10 +118,8 @@ def forget():
 
 
 def edges(obj, items=None):
-    """The children of ``obj`` as ``Edge`` objects, in a stable order.
-
-    ``items``: at most that many items of a list, tuple, dict or set. A large
-    built-in container of plain values only has none (``plain``)."""
+    """The children of ``obj`` as ``Edge`` objects, in a stable order; ``items``:
+    at most that many of a container's. A large plain container has none."""
     if is_leaf(obj):
         return
     if type(obj) in CONTAINERS and (items is None or items > PLAIN_AT) \
@@ -164,11 +142,8 @@ def edges(obj, items=None):
             yield Edge(obj, "args[%d]" % index, Edge.PART, value)
         for key, value in (functools.partial.keywords.__get__(obj) or {}).items():
             yield Edge(obj, "keywords[%r]" % (key,), Edge.PART, value)
-    try:
-        attrs = object.__getattribute__(obj, "__dict__")
-    except AttributeError:
-        attrs = None
-    if type(attrs) is dict:
+    attrs = instance_dict(obj)
+    if attrs is not None:
         for name, value in list(attrs.items()):
             if type(name) is str:
                 yield Edge(obj, name, Edge.ATTR, value)
@@ -182,14 +157,11 @@ def edges(obj, items=None):
 
 def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, stop=None,
          items=None, on_cut=None):
-    """Yield ``(path, obj, edge)`` for ``root`` and what it holds, depth first.
-
-    ``edge`` is None for the root. Each object is visited once (by identity).
-    ``stop(obj)`` true means report ``obj`` but do not enter it; a ``stop``
-    that raises on an object skips that object (it is neither reported nor
-    entered) and the walk goes on. ``items``: follow at most that many items
-    of each container (None: every one). ``on_cut()`` is called when a bound
-    (depth, objects) leaves something unseen."""
+    """Yield ``(path, obj, edge)`` for ``root`` (edge None) and what it holds,
+    depth first, each object once. ``stop(obj)`` true: report ``obj``, do not
+    enter it; raising: skip it, neither reported nor entered. ``items``: at
+    most that many items of each container (None: all). ``on_cut()``: called
+    when a bound (depth, objects) leaves something unseen."""
     seen = set()
     stack = [(path, root, None, 0)]
     while stack:
@@ -224,20 +196,22 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
 
 
 class Owners:
-    """Who holds what among the loader's parts (``{name: part}``), from one
-    walk: ``chain(obj)`` gives ``(path, holder)`` from ``obj`` itself out to
-    the part that holds it."""
+    """Who holds what in the loader's parts (``{name: part}``), from one walk: ``met``
+    (``(path, obj)``), ``owner(obj)``, ``chain(obj)`` (``(path, holder)`` out to the part)."""
 
     def __init__(self, parts, items=None):
-        self._owner, self._path, self._kept = {}, {}, []
+        self._owner, self._path, self.met = {}, {}, []
         for name, part in parts.items():
             if part is None:
                 continue
             for here, obj, edge in walk(part, name, items=items):
-                self._kept.append(obj)  # ids stay theirs while this lives
+                self.met.append((here, obj))  # ids stay theirs while this lives
                 self._path.setdefault(id(obj), here)
                 if edge is not None:
                     self._owner.setdefault(id(obj), edge.owner)
+
+    def owner(self, obj):
+        return self._owner.get(id(obj))
 
     def chain(self, obj):
         seen = set()

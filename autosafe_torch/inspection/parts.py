@@ -15,9 +15,8 @@ def parts_of(source):
 
 
 def held_in_parts(parts, wanted):
-    """``(path, obj)`` for each object the loader's parts (``dataset``,
-    ``collate_fn``, ``worker_init_fn``: a mapping) hold for which ``wanted(obj)``,
-    once each, as the walk finds them."""
+    """``(path, obj)`` for each object the loader's parts (a mapping) hold for
+    which ``wanted(obj)``, once each, as the walk finds them."""
     seen = set()
     for name in PARTS:
         if parts[name] is None:

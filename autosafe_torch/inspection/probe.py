@@ -1,28 +1,27 @@
 """Will this object reach a spawn/forkserver worker, and if not, which part fails?
 
-A DataLoader under spawn or forkserver pickles the dataset, the collate_fn,
-the worker_init_fn and the sampler's state with multiprocessing's
-ForkingPickler. We cannot just call it: torch registers reducers with it that
-move every tensor's storage into shared memory. The probe pickles with the
-same protocol and extra reducers (the program's), minus torch's, plus those
-a repair would add: the inventory's ``SENT`` pass, which stands in for
-tensors and arrays, so the cost grows with the number of objects, never
-with their bytes. Locating a failure part by part is that pass on each part.
+A DataLoader under spawn or forkserver pickles its parts with
+multiprocessing's ForkingPickler, which we cannot just call: torch's reducers
+move every tensor's storage into shared memory. The probe is the inventory's
+``SENT`` pass with the same protocol and reducers, minus torch's, plus those a
+repair would add; it stands in for tensors and arrays, so its cost grows with
+the number of objects, never with their bytes.
 
-It also reproduces the failures that only happen in the child: a class or
-function defined in an interactive ``__main__`` (``python -c``, stdin, a
-notebook), or under ``if __name__ == "__main__":`` in a script, pickles by
-reference in the parent and cannot be found when the child imports the main
-module as ``__mp_main__``.
+It also reproduces the failures only the child meets: a class or function of
+an interactive ``__main__`` (``python -c``, stdin, a notebook), or under ``if
+__name__ == "__main__":``, pickles by reference in the parent and is missing
+when the child imports the main module as ``__mp_main__``.
 """
 
 import copyreg
+import dataclasses
 import functools
 import io
 import pickle
 import sys
 import types
 from itertools import islice
+from typing import Any
 
 from ..mp_private import extra_reducers, semlock_of
 from . import inventory, objwalk
@@ -30,35 +29,31 @@ from .inventory import PROTOCOL
 from .failures import exception_text, kept
 from .mainmodule import importable_by_reference, missing_in_child
 
-# Locating a failure descends at most objwalk.MAX_DEPTH levels. Pickling
-# itself is never cut short (a partial dump would prove nothing); locating
-# stops once this many objects were pickled over all the dumps of one probe.
+# Pickling is never cut short (a partial dump proves nothing); locating a failure
+# descends at most objwalk.MAX_DEPTH levels, and stops past this many objects pickled.
 MAX_PICKLED = 2_000_000
 
 _TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
 
 
+@dataclasses.dataclass(eq=False)
 class ProbeResult:
     """``ok``, or where it fails: ``path``, ``error``, the offending ``value``
-    (``fix``: the permanent fix, where the failure has its own)."""
+    (``fix``: its own permanent fix); ``loggers``: the loggers pickled (each once);
+    ``pickled`` (``keep``): bytes every worker may be sent; ``meets``: whether it
+    reached ``watch``; ``kinds``: what the pass met (``inventory.classify``) up to
+    its failure."""
 
-    __slots__ = ("ok", "path", "error", "value", "objects", "loggers", "pickled", "meets",
-                 "kinds", "fix")
-
-    def __init__(self, ok, path, error=None, value=None, objects=0, loggers=(), pickled=None,
-                 meets=False, kinds=frozenset(), fix=None):
-        self.ok = ok
-        self.path = path
-        self.error = error
-        self.value = value
-        self.objects = objects
-        self.loggers = loggers  # the logging.Logger objects pickled (each once)
-        # ``keep``: the pickle itself, where every worker may be sent these bytes
-        self.pickled = pickled
-        self.meets = meets  # whether the pickle reached ``watch``
-        # the kinds of object the pass met (``inventory.classify``), up to its failure
-        self.kinds = kinds
-        self.fix = fix
+    ok: bool
+    path: str
+    error: Any = None
+    value: Any = None
+    objects: int = 0
+    loggers: tuple = ()
+    pickled: Any = None
+    meets: bool = False
+    kinds: frozenset = frozenset()
+    fix: Any = None
 
     def __bool__(self):
         return self.ok
@@ -70,11 +65,10 @@ class ProbeResult:
 
 
 def _probe_dispatch_table(planned=None):
-    """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a
-    repair would install: the probe tries them without installing them). A
-    repair installed for another loader does not count (ours are
-    ``WorkerPickler``'s): each loader is planned, and recorded, as if it were
-    the only one."""
+    """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a repair
+    would install, tried without installing them). A repair installed for
+    another loader does not count (ours are ``WorkerPickler``'s): each loader
+    is planned, and recorded, as if it were the only one."""
     table = copyreg.dispatch_table.copy()
     for cls, reducer in extra_reducers().items():
         module = getattr(reducer, "__module__", None) or getattr(
@@ -110,17 +104,14 @@ def _stand_in(*parts):
 
 
 def _by_value_parts(obj):
-    """What sending ``obj`` by value (cloudpickle) would pickle besides code: a
-    function's closure, the globals it names (modules go by reference) and its
-    defaults; a class's bases and attributes."""
+    """What sending ``obj`` by value (cloudpickle) pickles besides code: a function's
+    closure, named globals (modules by reference), defaults; a class's bases and attributes."""
     if isinstance(obj, type):
         return (obj.__bases__, {k: v for k, v in vars(obj).items()
                                 if k not in ("__dict__", "__weakref__")})
     code = obj.__code__
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names.update(const.co_names)
+    names = set(code.co_names).union(*(const.co_names for const in code.co_consts
+                                       if isinstance(const, types.CodeType)))
     refs = {name: obj.__globals__[name] for name in sorted(names)
             if name in obj.__globals__ and not isinstance(obj.__globals__[name], types.ModuleType)}
     cells = tuple(c.cell_contents for c in (obj.__closure__ or ()) if _filled(c))
@@ -138,115 +129,95 @@ def _filled(cell):
 is_probing = inventory.is_probing  # whether what is pickled now goes to the probe
 
 
-class _Prober:
-    def __init__(self, table, by_value=False):
-        self.table = table
-        self.by_value = by_value
-        self.objects = 0
+def _children(obj, table):
+    """``(label, child)`` of ``obj`` in the order pickling would save them."""
+    if objwalk.is_leaf(obj):  # classes and functions included
+        return []
+    if type(obj) in objwalk.CONTAINERS \
+            or objwalk.is_a(obj, functools.partial):  # func, args, keywords, __dict__
+        return [(e.label(), e.child) for e in objwalk.edges(obj)]
+    try:
+        reducer = table.get(type(obj))
+        rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
+    except Exception:
+        return []  # it fails itself: a leaf
+    if not isinstance(rv, tuple) or len(rv) < 2:
+        return []
+    found = []
+    func, args, state, listitems, dictitems = (rv + (None,) * 3)[:5]
+    for i, arg in enumerate(args or ()):
+        if isinstance(arg, type) and (arg is type(obj) or i == 0 and func in (
+                copyreg.__newobj__, copyreg.__newobj_ex__, copyreg._reconstructor)):
+            continue  # the object's own class: a failure there is the object's
+        found.append(("<arg %d>" % i, arg))
+    if isinstance(state, tuple) and len(state) == 2 and all(
+            s is None or isinstance(s, dict) for s in state):
+        state = {**(state[0] or {}), **(state[1] or {})}
+    if isinstance(state, dict):
+        found.extend(("." + k if isinstance(k, str) else "[%r]" % (k,), v)
+                     for k, v in state.items())
+    elif state is not None:
+        found.append(("<state>", state))
+    found.extend(("[%d]" % i, item) for i, item in enumerate(islice(listitems or (), 10_000)))
+    found.extend(("[%r]" % (item[0],), item[1]) for item in islice(dictitems or (), 10_000))
+    return found
 
-    def error(self, obj, ancestors=()):
-        """The exception pickling ``obj`` raises (ancestors count as already
-        pickled): the inventory's pass, as ``probe`` makes it."""
-        exc, objects = inventory.first_error(obj, self.table, _CodeSent(self.by_value), ancestors)
-        self.objects += objects
-        return exc
 
-    def children(self, obj):
-        """``(label, child)`` in the order pickling would save them."""
-        if objwalk.is_a(obj, (type, types.FunctionType, types.BuiltinFunctionType)) \
-                or objwalk.is_leaf(obj):
-            return []
-        if type(obj) in objwalk.CONTAINERS \
-                or objwalk.is_a(obj, functools.partial):  # func, args, keywords, __dict__
-            return [(e.label(), e.child) for e in objwalk.edges(obj)]
+def _locate(obj, path, table, by_value):
+    """``(value, path, exception, objects)``: the innermost part of ``obj`` that fails
+    alone (exception None: ``obj`` pickles), its ancestors counted as pickled already;
+    ``objects``: what those passes met."""
+    exc, objects = inventory.first_error(obj, table, _CodeSent(by_value))
+    ancestors = [obj]
+    for _ in range(objwalk.MAX_DEPTH):
+        if exc is None or objects > MAX_PICKLED:
+            break
         try:
-            reducer = self.table.get(type(obj))
-            rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
-        except Exception:
-            return []  # it fails itself: a leaf
-        if not isinstance(rv, tuple) or len(rv) < 2:
-            return []
-        found = []
-        func, args = rv[0], rv[1] or ()
-        for i, arg in enumerate(args):
-            if isinstance(arg, type) and (arg is type(obj) or i == 0 and func in (
-                    copyreg.__newobj__, copyreg.__newobj_ex__, copyreg._reconstructor)):
-                continue  # the object's own class: a failure there is the object's
-            found.append(("<arg %d>" % i, arg))
-        state = rv[2] if len(rv) > 2 else None
-        if isinstance(state, tuple) and len(state) == 2 and all(
-                s is None or isinstance(s, dict) for s in state):
-            state = {**(state[0] or {}), **(state[1] or {})}
-        if isinstance(state, dict):
-            found.extend(("." + k if isinstance(k, str) else "[%r]" % (k,), v)
-                         for k, v in state.items())
-        elif state is not None:
-            found.append(("<state>", state))
-        listitems = rv[3] if len(rv) > 3 and rv[3] is not None else ()
-        dictitems = rv[4] if len(rv) > 4 and rv[4] is not None else ()
-        found.extend(("[%d]" % i, item) for i, item in enumerate(islice(listitems, 10_000)))
-        found.extend(("[%r]" % (item[0],), item[1]) for item in islice(dictitems, 10_000))
-        return found
-
-    def locate(self, obj, path, exc):
-        """Descend to the innermost part that fails alone."""
-        ancestors = [obj]
-        for _ in range(objwalk.MAX_DEPTH):
-            if self.objects > MAX_PICKLED:
+            children = _children(obj, table)
+        except Exception:  # an object that cannot even be looked at: the failure is here
+            break
+        for label, child in children:
+            if objwalk.is_atomic(child) or any(child is a for a in ancestors):
+                continue
+            child_exc, met = inventory.first_error(child, table, _CodeSent(by_value), ancestors)
+            objects += met
+            if child_exc is not None:
+                obj, path, exc = child, path + label, child_exc
+                ancestors.append(child)
                 break
-            try:
-                children = self.children(obj)
-            except Exception:  # an object that cannot even be looked at: the failure is here
-                break
-            for label, child in children:
-                if objwalk.is_atomic(child) or any(child is a for a in ancestors):
-                    continue
-                child_exc = self.error(child, ancestors)
-                if child_exc is not None:
-                    obj, path, exc = child, path + label, child_exc
-                    ancestors.append(child)
-                    break
-            else:
-                break
-        return obj, path, exc
+        else:
+            break
+    return obj, path, exc, objects
 
 
 def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=None):
     """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why.
 
-    ``planned``: ``{class: reducer}`` that a repair would register, tried as
-    if registered (nothing is installed); ``by_value``: as if functions and
-    classes a worker cannot import were sent by value; ``keep``: ``pickled``
-    holds the pickle where the same bytes may go to every worker
-    (``inventory.sent_as_is``); ``watch``: an object whose meeting ``meets``
-    says (the dataset, in another part: then its bytes cannot go apart).
-
-    One ``SENT`` pass at pickle speed: its first failure's path is looked for
-    from the failure back (``inventory.path_of``), else by descending from
-    ``obj`` (``locate``).
-    """
+    ``planned``: ``{class: reducer}`` a repair would register, tried as if
+    registered; ``by_value``: as if functions and classes a worker cannot
+    import were sent by value; ``keep``: ``pickled`` holds the pickle where the
+    same bytes may go to every worker (``inventory.sent_as_is``); ``watch``: an
+    object whose meeting ``meets`` says (the dataset, in another part: then
+    its bytes cannot go apart). A failure is named from it back (``path_of``),
+    else by descending from ``obj``."""
     table = _probe_dispatch_table(planned)
     sink = io.BytesIO() if keep else None
     found = inventory.take({path: obj}, inventory.SENT, table, _CodeSent(by_value), sink,
                            frozenset({id(watch)}) if watch is not None else frozenset())
-    loggers, kinds = tuple(found.of("logger")), frozenset(found.found)
+    result = functools.partial(ProbeResult, loggers=tuple(found.of("logger")),
+                               kinds=frozenset(found.found))
     if not found.unpicklable and found.complete:
         pickled = sink.getvalue() if keep and inventory.sent_as_is(found) else None
-        return ProbeResult(True, path, objects=found.objects, loggers=loggers,
-                           pickled=pickled, meets=bool(found.met), kinds=kinds)
-    prober = _Prober(table, by_value)
+        return result(True, path, objects=found.objects, pickled=pickled, meets=bool(found.met))
     if found.unpicklable:
         value, exc = found.unpicklable[0]
         where = inventory.path_of(value, {path: obj})
         if where is not None:
-            return ProbeResult(False, where, exception_text(exc), value, found.objects, loggers,
-                               kinds=kinds)
-    exc = prober.error(obj)
+            return result(False, where, exception_text(exc), value, found.objects)
+    value, where, exc, objects = _locate(obj, path, table, by_value)
     if exc is None:  # the pass's own limit (too deep), not pickle's
-        return ProbeResult(True, path, objects=found.objects, loggers=loggers, kinds=kinds)
-    value, where, exc = prober.locate(obj, path, exc)
-    return ProbeResult(False, where, exception_text(exc), value, prober.objects, loggers,
-                       kinds=kinds)
+        return result(True, path, objects=found.objects)
+    return result(False, where, exception_text(exc), value, objects)
 
 
 class _CodeSent:

@@ -1,6 +1,6 @@
-"""An instance's ``__slots__``, read the one way (every class along the MRO,
-private names mangled): for the walker, the inventory's reductions and the
-digests. Imports nothing of ours, so that each can use it."""
+"""An instance's ``__slots__`` (every class along the MRO, private names
+mangled) and ``__dict__``, read the one way: for the walker, the inventory's
+reductions and the digests. Imports nothing of ours, so that each can use it."""
 
 _slots_of = {}
 
@@ -21,3 +21,12 @@ def slot_names(cls):
                 names.append(name)
     _slots_of[cls] = tuple(names)
     return _slots_of[cls]
+
+
+def instance_dict(obj):
+    """``obj.__dict__`` read without asking ``obj`` (a dict), or None."""
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        return None
+    return attrs if type(attrs) is dict else None
