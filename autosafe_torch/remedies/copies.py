@@ -4,35 +4,32 @@ never two workers sharing one stateful object. It is a ``copy.deepcopy`` of
 the dataset, collate_fn and worker_init_fn, with what deepcopy cannot do
 done here, in its memo:
 
-- a memory map of a named file is mapped again, with its access and
-  position (``mappings.map_reference``); an anonymous one or one this
-  process wrote to privately is refused;
+- a memory map of a named file is mapped again, with its access and position
+  (``mappings.map_reference``); an anonymous one or one this process wrote to
+  privately is refused;
 - a file open for reading (plain, text, buffered, a sqlite connection, an
-  h5py file, a video capture) is opened again for each copy at the parent's
-  position, with its mode: a description of its own, as DL207 gives a forked
-  worker; read-write files too (``'r+b'``, a ``NamedTemporaryFile``),
-  through the kernel (``/proc/self/fd/N``). A temporary file's copy never
-  deletes the file when dropped;
-- a file only written (a log), a socket, a pipe, a logger, an lmdb handle
-  (one per process, no position) and large tensors and arrays (read-only by
-  contract, copy-on-write under fork) are shared, as forked workers share
-  them in effect;
-- a function with a closure or defaults is rebuilt around copies of them
-  (its code and globals are shared: emulated workers share this process's
-  globals, as ``emulated_workers``' notes say);
-- locks, events, semaphores and conditions are new ones in the same state
-  (a held lock is refused); a thread pool is a new, empty one of the same
-  size (DL208);
+  h5py file, a video capture) is opened again at the parent's position, with
+  its mode: a description of its own, as DL207 gives a forked worker;
+  read-write files too (``'r+b'``, a ``NamedTemporaryFile``, whose copy never
+  deletes the file), through the kernel (``/proc/self/fd/N``);
+- a file only written (a log), a socket, a pipe, a logger, an lmdb handle (one
+  per process, no position) and large tensors and arrays (read-only by
+  contract, copy-on-write under fork) are shared, as forked workers share them
+  in effect;
+- a function with a closure or defaults is rebuilt around copies of them (its
+  code and globals are shared: emulated workers share this process's globals,
+  as ``emulated_workers``' notes say);
+- locks, events, semaphores and conditions are new ones in the same state (a
+  held lock is refused); a thread pool is a new, empty one of its size (DL208);
 - a PIL image of several frames (whose pickle keeps one frame and drops the
-  file) is opened again at its frame (``images``); any other object whose
-  own pickling, which deepcopy goes through, drops an open file it holds
-  (``dropped.unfaithful``) is refused, unless its class opens it again
-  itself (a lazy open);
+  file) is opened again at its frame (``images``); any other object whose own
+  pickling, which deepcopy goes through, drops an open file it holds
+  (``dropped.unfaithful``) is refused, unless its class opens it again itself;
 - anything deepcopy refuses is copied by a pickle round trip, as a spawned
   worker would receive it; where that fails too (a ``csv.reader``, a C
   library's handle, a weak proxy, a started generator, a text file whose
-  newline mode cannot be read back), ``NoExactRung`` names the object and
-  the permanent fix.
+  newline mode cannot be read back), ``NoExactRung`` names the object and the
+  permanent fix.
 """
 
 import contextlib
@@ -47,6 +44,7 @@ import sys
 import threading
 import types
 import weakref
+from typing import Any
 
 from ..inspection import dropped, holdings, objwalk
 from ..errors import NoExactRung
@@ -55,6 +53,7 @@ from ..inspection.naming import what_is
 from ..mp_private import new_semaphore
 from ..report import shorten_line
 from . import images, isolation
+from .byvalue import _new_instance  # an empty instance, as pickle's default makes one
 from .pickling import WorkerPickler
 from .reopen import file_reducers, reopen
 
@@ -118,25 +117,14 @@ def _written_or_not_regular(f):
 class CopyPlan:
     """What a worker's copy does with each object the parts hold, found once per
     iterator; ``copy()`` makes one worker's copy. ``shared``: ``(path, type
-    name, why)`` of what the copies share, for the log; ``names``: a name per
-    object of the tuple ``objects``, for the paths."""
+    name, why)`` for the log; ``names``: one per object of ``objects``."""
 
     def __init__(self, objects, names=None):
         self.objects = objects
         self.shared = []
-        self._memo_base = {}  # id -> the object itself: shared
-        self._files = {}      # id -> a file to open again for each copy
-        self._functions = {}  # id -> a function to rebuild around copies
-        self._locks = {}      # id -> a threading object to make anew
-        self._pools = {}      # id -> a thread pool to make anew
-        self._closers = {}    # temporary files' closers: their copies never delete
-        self._direct = {}  # id -> an instance built from its __dict__ (pickle's way, not its own)
         self.watched = {}  # id -> (generator, path): shared while no worker advances it
-        self._buffered = {}  # id -> a buffered file over a Python raw (GzipFile's): rebuilt
-        self._weak = {}  # id -> a weak reference or proxy: to the copy of what it refers to
+        self._of: dict[str, dict[int, Any]] = {kind: {} for kind in ("shared", "image", *_KINDS)}
         self._by_id = {}  # id -> every object the walk met
-        self._readers = {}  # id -> a decompressing reader (gzip, bz2, lzma): rewound
-        self._images = {}  # id -> a PIL image of several frames: opened again at its frame
         self._paths: dict[int, str] = {}
         roots = list(zip(names, objects)) if names else [("worker", objects)]
         for name, root in roots:
@@ -144,38 +132,28 @@ class CopyPlan:
                 self._paths.setdefault(id(obj), path)
                 self._by_id[id(obj)] = obj
                 self._classify(path, obj)
-        self._refused = _dropping_files(dict(roots))
+        # Refused: the first object whose own pickling (which deepcopy goes through)
+        # drops an open file it holds, not opened again here. Files travel as the
+        # copies' memo gives them: opened again (``file_reducers``).
+        self._refused = next((NoExactRung("%s (%s) cannot be copied for each emulated worker: "
+                                          "it %s" % (f.path, what_is(f.value), f.error), f.fix)
+                              for f in dropped.unfaithful(dict(roots), file_reducers())
+                              if not dropped.reopens(f.value)), None)
 
     def _classify(self, path, obj):
         key = id(obj)
-        if key in self._memo_base or key in self._files:
+        if key in self._of["shared"] or key in self._of["file"]:
             return
         why = _shared(obj)
         if dropped.reopens(obj):
-            self._images[key] = obj
+            self._of["image"][key] = obj
         elif why is not None:
-            self._memo_base[key] = obj
+            self._of["shared"][key] = obj
             self.shared.append((path, type(obj).__name__, why))
-        elif _buffered_over_python(obj):
-            self._buffered[key] = obj
-        elif _decompressing(obj):
-            self._readers[key] = obj
-        elif holdings.raw_file(obj) is not None or holdings.is_native_handle(obj) \
-                or holdings.sqlite_path(obj) is not None or type(obj) is mmap.mmap:
-            self._files[key] = obj
-        elif objwalk.is_a(obj, types.FunctionType) and (obj.__closure__ or obj.__defaults__
-                                                        or obj.__kwdefaults__):
-            self._functions[key] = obj
-        elif holdings.threading_kind(obj) is not None:
-            self._locks[key] = obj
-        elif holdings.thread_pool_in_use(obj) is not None:
-            self._pools[key] = obj
-        elif type(obj).__name__ == "_TemporaryFileCloser" and type(obj).__module__ == "tempfile":
-            self._closers[key] = obj
-        elif objwalk.is_a(obj, _WEAK):
-            self._weak[key] = obj
-        elif holdings.forwards_attributes(obj) or _file_in_python(obj):
-            self._direct[key] = obj
+        else:
+            kind = next((kind for kind, test in _KINDS.items() if test(obj)), None)
+            if kind is not None:
+                self._of[kind][key] = obj
 
     def path_of(self, obj):
         return self._paths.get(id(obj)) or "an object of type %s" % type(obj).__name__
@@ -184,16 +162,15 @@ class CopyPlan:
         """A new copy of the objects, as a freshly forked worker holds them."""
         if self._refused is not None:
             raise self._refused
-        made = dict(self._memo_base)  # shared, opened anew, made anew: kept over retries
+        made = dict(self._of["shared"])  # shared, opened anew, made anew: kept over retries
         opened = []
         try:
-            for table, own in ((self._files, self._own_file), (self._images, self._own_image)):
-                for key, obj in table.items():
-                    made[key] = own(obj)
-                    opened.append(made[key])
-            for key, lock in self._locks.items():
+            for key, f in [*self._of["file"].items(), *self._of["image"].items()]:
+                made[key] = self._own_file(f)
+                opened.append(made[key])
+            for key, lock in self._of["lock"].items():
                 made[key] = self._new_lock(lock)
-            for key, pool in self._pools.items():
+            for key, pool in self._of["pool"].items():
                 from .pools import _new_pool, _recipe  # noqa: PLC0415 - 0.4 ms at `import torch`, where the recovery loads this module (-X importtime: remedies.pools)
 
                 made[key] = _new_pool(*_recipe(pool))
@@ -219,22 +196,20 @@ class CopyPlan:
     def _deepcopy(self, memo):
         # Instances built from their __dict__: empty first, so that whatever
         # reaches them (a weak proxy's referent) finds their copy.
-        for key, obj in self._direct.items():
+        direct = self._of["direct"]
+        for key, obj in direct.items():
             memo[key] = _new_instance(type(obj))
-        for closer in self._closers.values():
-            _closer_copy(closer, memo)
-        for reader in self._readers.values():
-            _reader_copy(reader, memo)
-        for f in self._buffered.values():
-            _buffered_copy(f, memo)
-        for key, func in self._functions.items():
-            memo[key] = _rebuilt(func, memo)
-        for key, ref in self._weak.items():
+        for kind, copier in (("closer", _closer_copy), ("reader", _reader_copy),
+                             ("buffered", _buffered_copy), ("function", _rebuilt)):
+            for key, obj in self._of[kind].items():
+                if key not in memo:
+                    memo[key] = copier(obj, memo)
+        for key, ref in self._of["weak"].items():
             referent = _referent(ref, self._by_id)
             if referent is not None:
                 memo[key] = (weakref.proxy if objwalk.is_a(ref, _PROXIES) else weakref.ref)(
                     copy.deepcopy(referent, memo))
-        for key, obj in self._direct.items():
+        for key, obj in direct.items():
             state = object.__getattribute__(obj, "__dict__")
             object.__getattribute__(memo[key], "__dict__").update(copy.deepcopy(state, memo))
         return copy.deepcopy(self.objects, memo)
@@ -243,28 +218,26 @@ class CopyPlan:
         return "an object" if obj is None else "%s (%s)" % (self.path_of(obj), what_is(obj))
 
     def _own_file(self, f):
+        """The copy's own ``f``: a PIL image opened again at its frame, a map
+        mapped again, a file opened again at its position."""
         if type(f) is mmap.mmap:
             return self._own_map(f)
+        image = dropped.reopens(f)
+        errors = (OSError, ValueError, RuntimeError) if image else (OSError, ValueError)
         try:
-            return reopen(f)
-        except (OSError, ValueError):
-            pass
-        if objwalk.is_a(f, io.TextIOWrapper):
-            raise NoExactRung("%s: each emulated worker needs its own, and its newline mode "
-                              "cannot be read back (the file holds carriage returns)"
-                              % self._named(f))
-        try:
+            if image:
+                return images.copy_of(f)
+            with contextlib.suppress(OSError, ValueError):
+                return reopen(f)
+            if objwalk.is_a(f, io.TextIOWrapper):
+                raise NoExactRung("%s: each emulated worker needs its own, and its newline "
+                                  "mode cannot be read back (the file holds carriage returns)"
+                                  % self._named(f))
             return _reopen_binary(f)
-        except (OSError, ValueError) as exc:
+        except errors as exc:
             raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
-                              % (self._named(f), _short(exc))) from exc
-
-    def _own_image(self, img):
-        try:
-            return images.copy_of(img)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise NoExactRung("%s cannot be opened again for each emulated worker (%s)"
-                              % (self._named(img), _short(exc)), dropped.IMAGE_FIX) from exc
+                              % (self._named(f), _short(exc)),
+                              dropped.IMAGE_FIX if image else None) from exc
 
     def _own_map(self, m):
         from ..inspection.mappings import map_reference  # noqa: PLC0415 - 0.2 ms at `import torch`, where the recovery loads this module (-X importtime: inspection.mappings)
@@ -320,8 +293,7 @@ class CopyPlan:
 
 def _torch_generator_copy(obj):
     """A ``torch.Generator`` as a forked worker holds it (its seed and state),
-    or None for anything else. Reached only on a torch that does not pickle
-    one (2.0: ``cannot pickle 'torch._C.Generator' object``)."""
+    else None; for a torch that does not pickle one (2.0)."""
     torch = sys.modules.get("torch")
     if torch is None or type(obj) is not torch.Generator:
         return None
@@ -336,9 +308,8 @@ def generator_state(gen):
 
 
 class Watched:
-    """The generators the copies share: their state before a worker's step, and
-    ``NoExactRung`` after it when the step advanced one (a forked worker
-    would have advanced its own)."""
+    """The generators the copies share: ``NoExactRung`` after a worker's step
+    that advanced one (a forked worker would have advanced its own)."""
 
     def __init__(self, watched):
         self.watched = list(watched.values())
@@ -360,7 +331,7 @@ class Watched:
 
 def _walk(root, name):
     """``(path, obj)`` for what a copy meets: the one walker's objects, and
-    what a function's closure, defaults and ``__dict__`` hold."""
+    what a function's closure and defaults hold."""
     stack = [(name, root)]
     seen = set()
     while stack:
@@ -398,8 +369,6 @@ def _stop(obj):
 def _rebuilt(func, memo):
     """``func`` around copies of its closure cells and defaults (made with
     ``memo``: a file it closes over is the copy's own)."""
-    if id(func) in memo:
-        return memo[id(func)]
     cells = tuple(_cell_copy(c, memo) for c in func.__closure__) if func.__closure__ else None
     new = types.FunctionType(func.__code__, func.__globals__, func.__name__,
                              copy.deepcopy(func.__defaults__, memo), cells)
@@ -430,23 +399,25 @@ def _decompressing(obj):
 
 
 def _reader_copy(reader, memo):
-    """A decompressing reader for a copy: the same stream (its file the copy's
-    own), rewound to its start with a fresh decompressor; the buffered file
-    above it seeks to where the parent's stands."""
+    """The same stream (its file the copy's own), rewound with a fresh
+    decompressor; the buffered file above it seeks to where the parent's stands."""
     if id(reader) in memo:
         return memo[id(reader)]
-    twin = _new_instance(type(reader))
-    memo[id(reader)] = twin
-    state = {k: v for k, v in vars(reader).items() if k != "_decompressor"}
-    twin.__dict__.update(copy.deepcopy(state, memo))
+    twin = _twin(reader, memo, "_decompressor")
     twin._rewind()
+    return twin
+
+
+def _twin(obj, memo, left_out=None):
+    """``obj``'s copy, in ``memo`` before its attributes (but ``left_out``)."""
+    twin = memo[id(obj)] = _new_instance(type(obj))
+    state = {k: v for k, v in vars(obj).items() if k != left_out}
+    twin.__dict__.update(copy.deepcopy(state, memo))
     return twin
 
 
 def _buffered_copy(f, memo):
     """A buffered file over a copy of its raw, at the position ``f`` reads from."""
-    if id(f) in memo:
-        return memo[id(f)]
     raw = f.raw
     if _decompressing(raw):  # a decompressor copies (gzip's) or not (bz2's, lzma's)
         try:
@@ -463,13 +434,9 @@ def _buffered_copy(f, memo):
 
 
 def _closer_copy(closer, memo):
-    """A temporary file's closer for a copy: it closes the copy's own file and
-    never deletes the parent's (a forked worker's copy is never finalized)."""
-    if id(closer) in memo:
-        return memo[id(closer)]
-    twin = object.__new__(type(closer))
-    memo[id(closer)] = twin
-    twin.__dict__.update(copy.deepcopy(closer.__dict__, memo))
+    """A temporary file's closer that never deletes the parent's file (a forked
+    worker's copy is never finalized)."""
+    twin = _twin(closer, memo)
     twin.delete = False
     if "delete_on_close" in twin.__dict__:
         twin.delete_on_close = False
@@ -489,6 +456,23 @@ _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 _WEAK = _PROXIES + (weakref.ReferenceType,)
 _PROXIED = re.compile(r" to .+ at (0x[0-9a-fA-F]+)>$")
 
+# What a worker's copy does with an object neither shared nor a PIL image to
+# open again: the first kind whose test it passes (``CopyPlan.copy`` acts on each).
+_KINDS = {
+    "buffered": _buffered_over_python,
+    "reader": _decompressing,
+    "file": lambda obj: holdings.raw_file(obj) is not None or holdings.is_native_handle(obj)
+    or holdings.sqlite_path(obj) is not None or type(obj) is mmap.mmap,
+    "function": lambda obj: objwalk.is_a(obj, types.FunctionType)
+    and bool(obj.__closure__ or obj.__defaults__ or obj.__kwdefaults__),
+    "lock": lambda obj: holdings.threading_kind(obj) is not None,
+    "pool": lambda obj: holdings.thread_pool_in_use(obj) is not None,
+    "closer": lambda obj: type(obj).__name__ == "_TemporaryFileCloser"
+    and type(obj).__module__ == "tempfile",
+    "weak": lambda obj: objwalk.is_a(obj, _WEAK),
+    "direct": lambda obj: holdings.forwards_attributes(obj) or _file_in_python(obj),
+}
+
 
 def _referent(ref, objects):
     """What the weak reference or proxy ``ref`` refers to, when it is one of
@@ -498,11 +482,6 @@ def _referent(ref, objects):
         return target if target is not None and id(target) in objects else None
     found = _PROXIED.search(repr(ref))  # C: the type and address of the referent
     return objects.get(int(found.group(1), 16)) if found else None
-
-
-def _new_instance(cls):
-    """An empty instance, as pickle's default makes one (``copyreg.__newobj__``)."""
-    return cls.__new__(cls)
 
 
 def _cell_copy(cell, memo):
@@ -544,17 +523,3 @@ def _failed_object(tb):
             culprit = tb.tb_frame.f_locals.get("x")
         tb = tb.tb_next
     return culprit
-
-
-def _dropping_files(parts):
-    """``NoExactRung`` for the first object of ``parts`` whose own pickling
-    (which deepcopy goes through) drops an open file it holds, and that is not
-    opened again here (``dropped.reopens``); else None. Files travel as the
-    copies' memo gives them: opened again (``file_reducers``)."""
-    for failure in dropped.unfaithful(parts, file_reducers()):
-        if not dropped.reopens(failure.value):
-            return NoExactRung("%s (%s) cannot be copied for each emulated worker: it %s"
-                               % (failure.path, what_is(failure.value), failure.error),
-                               failure.fix)
-    return None
-

@@ -1,30 +1,27 @@
 """Every DataLoader worker gets a description of its own of each file the
-training process holds, at the offset it had when the workers started,
-under the same descriptor number: whoever holds the descriptor.
+training process holds, at the offset it had when the workers started, under
+the same descriptor number: whoever holds the descriptor.
 
-Forked workers share every inherited descriptor's open file description,
-and so its offset: a dataset that seeks then reads a file opened in
-``__init__`` returns a sibling's bytes, and a GzipFile or ZipFile above it
-breaks. Any object may hold the descriptor (a file object, a raw
-``os.open()`` int, a closure cell, a ``functools.partial``, a weak proxy,
-``csv.reader``, a C library such as libsndfile), so the remedy acts on the
-kernel's table, not on objects (``descriptors.open_files``). As each
-iterator starts its workers, the parent records every regular file it
-holds open for reading (``DescriptorTable``); each worker's first step,
-before any user code, opens each again (``/proc/self/fd/N`` on Linux,
-which reaches a renamed or deleted file too; ``fcntl(F_GETPATH)`` on macOS)
-with the same access mode and status flags (``O_APPEND`` kept), seeks to
-the recorded offset and ``dup2``s it over the same number. Every Python
-object above keeps its state (newline mode, buffers, a ZipFile's
-directory, a GzipFile's decompressor).
+Forked workers share each inherited descriptor's open file description, and
+so its offset: a dataset that seeks then reads a file opened in ``__init__``
+returns a sibling's bytes, and a GzipFile or ZipFile above it breaks. Any
+object may hold the descriptor (a file object, a raw ``os.open()`` int, a
+closure cell, a ``functools.partial``, a weak proxy, ``csv.reader``, a C
+library such as libsndfile), so the remedy acts on the kernel's table, not on
+objects (``descriptors.open_files``). As each iterator starts its workers,
+the parent records every regular file it holds open for reading
+(``DescriptorTable``); each worker's first step, before any user code, opens
+each again (``reopen_description``), seeks to the recorded offset and
+``dup2``s it over the same number. Every Python object above keeps its state
+(newline mode, buffers, a ZipFile's directory, a GzipFile's decompressor).
 
 - fork: the inherited descriptors are privatized in place.
 - spawn: multiprocessing passes them under the same numbers (the table
   pickles as ``reduction.DupFd``), privatized there: a dataset that keeps a
-  descriptor by its number reads what it reads under fork, not ``EBADF``
-  or another file.
-- forkserver and the warm server (DL209): they arrive under other numbers
-  and go under their own where the worker has it free; the files the server
+  descriptor by its number reads what it reads under fork, not ``EBADF`` or
+  another file.
+- forkserver and the warm server (DL209): they arrive under other numbers and
+  go under their own where the worker has it free; the files the server
   itself holds (a module-level ``open()`` of the main module it preloaded)
   are privatized in each of its children as it forks
   (``after_fork_in_server_child``), before anything else runs there.
@@ -32,18 +29,16 @@ directory, a GzipFile's decompressor).
 Left alone: files only written (a log: every worker's lines arrive), pipes,
 sockets, terminals, devices, torch's shared memory (``/dev/shm``, memfd),
 stdin, stdout and stderr. A new description holds no ``flock()`` of the
-parent's: HDF5 and lmdb lock their files, so their handles are reopened by
-path in each forked worker (``reopen``), as must be native handles that
-hold no descriptor of theirs to give (h5py, lmdb, a ``cv2.VideoCapture``).
+parent's (HDF5 and lmdb lock their files), and native handles hold no
+descriptor of theirs to give (h5py, lmdb, a ``cv2.VideoCapture``): those are
+reopened by path in each forked worker (``reopen``).
 
-What cannot be privatized in a forked worker (the file can no longer be
-reopened) is never left shared: the worker raises ``RemedyFailed``, and
-recovery steps down (DL216). A descriptor carried to a spawned worker that
-cannot be privatized there is replaced by one that fails every read, so
-nothing reads another file under its number.
-
-Workers report what they privatized, and which of those they used (the
-offset moved), when they exit (``report_path``): the parent's record says
+What cannot be privatized in a forked worker is never left shared: the
+worker raises ``RemedyFailed``, and recovery steps down (DL216). A
+descriptor carried to a spawned worker that cannot be privatized there is
+replaced by one that fails every read: nothing reads another file under its
+number. Workers report what they privatized, and which of those they used
+(the offset moved), as they exit (``report_path``): the parent's record says
 what held, never what was planned.
 """
 
@@ -58,8 +53,7 @@ from multiprocessing import context, reduction, util
 from typing import Any
 
 from ..inspection import holdings, objwalk
-from ..inspection.descriptors import (STDIO, describe_open, find_descriptors, open_files,
-                                      path_of)
+from ..inspection.descriptors import describe_open, find_descriptors, open_files, path_of
 from ..inspection.diagnostics import in_fork_server
 from ..inspection.failures import RemedyFailed, describe_exception
 from ..inspection.parts import parts_of
@@ -76,7 +70,8 @@ MAX_CARRIED = 200
 
 def reopen_description(fd, dev, ino, flags):
     """A new open file description of the file on ``fd``, with the same access
-    mode and status flags, checked to be the same file. Close-on-exec."""
+    mode and status flags (``O_APPEND`` kept), checked to be the same file.
+    Close-on-exec."""
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     if sys.platform.startswith("linux"):
@@ -146,14 +141,10 @@ def _fail_reads(fd):
 
 class ForkPlan:
     """What forked workers of a loader would share, as its parts show it (the
-    names the log uses), and what is done about it. ``isolate``: descriptors
-    the parts reach (``HeldDescriptor``) that each worker gets its own
-    description of; ``shared``: those only written, left shared; ``handles``:
-    ``(HeldFile, reopen args, note)`` native handles reopened by path;
-    ``unhandled``: ``(path, why, fork_unsafe)`` that nothing here can handle
-    (never the fork rung; ``fork_unsafe`` names a handle a forked child must
-    not use, else None). The files no object shows are privatized all the same.
-    """
+    log's names), and what is done about it: ``isolate``, the descriptors
+    (``HeldDescriptor``) each worker gets its own description of; ``shared``,
+    those only written; ``handles`` and ``unhandled``: ``native_handles``'.
+    The files no object shows are privatized all the same."""
 
     __slots__ = ("isolate", "shared", "handles", "unhandled")
 
@@ -197,21 +188,32 @@ def plan(parts, items=None):
 
 def native_handles(parts, items=None):
     """``([(HeldFile, reopen args, note)], [(path, why, fork_unsafe)])``: the
-    native handles the parts hold that each forked worker reopens by path, and
-    those it cannot."""
+    native handles the parts hold that each forked worker reopens by path (with
+    the very arguments taken here), and those it cannot (never the fork rung;
+    ``fork_unsafe``: a handle a forked child must not use, else None)."""
     handles, unhandled = [], []
+    h5 = holdings.h5py_types()
     for name, part in parts.items():
         if part is None:
             continue
         for found in holdings.find_files(part, name, items=items):
-            if not holdings.is_native_handle(found.obj):
-                continue  # a file object: its descriptor is privatized with the others
-            args, why, note = reopen.fork_reopen_args(found)
-            if args is None:
-                if why is not None:
-                    unhandled.append((found.path, why, found.fork_unsafe))
+            obj = found.obj
+            # A file object, or an h5py file: its descriptor is privatized with the
+            # others (HDF5 reads at explicit offsets; its caches are the worker's own).
+            if not holdings.is_native_handle(obj) or h5 and objwalk.is_a(obj, h5):
+                continue
+            if found.kind is None and holdings.fork_unsafe(obj) == holdings.VIDEO:
+                why = "a capture that cannot be reopened (a camera or a stream)"
+            elif found.kind != holdings.READONLY:
+                continue  # a closed handle: left as it is
+            elif not found.settable:
+                why = "held where it cannot be replaced (an item of a tuple)"
+            elif (args := reopen._reopen_args(obj)) is not None:
+                handles.append((found, args, reopen.read_only_note(obj)))
+                continue
             else:
-                handles.append((found, args, note))
+                why = "cannot be reopened by path"
+            unhandled.append((found.path, why, found.fork_unsafe))
     return handles, unhandled
 
 
@@ -220,9 +222,8 @@ def native_handles(parts, items=None):
 class DescriptorTable:
     """What the workers of one iterator get their own of, taken in the parent
     just before they start: every regular file it holds open for reading
-    (``files``: ``OpenFile``, offset included), and the native handles to
-    reopen in forked workers (``handles``: ``(HeldFile, reopen args)``).
-    Pickled for a spawned worker, the descriptors travel with it (``carried``)."""
+    (``files``: ``OpenFile``, offset included) and the native handles forked
+    workers reopen (``handles``); the descriptors travel with a spawned one."""
 
     def __init__(self, files=(), handles=(), report_dir=None, forked=True, carry=True):
         self.pid = os.getpid()
@@ -245,10 +246,9 @@ class DescriptorTable:
         popen = context.get_spawning_popen()
         files = self.files if popen is not None and self.carry else ()  # at a process start
         # Only what is still the file it was, each number once: another thread
-        # may have closed one since, its number now a pipe multiprocessing
-        # passes itself ("bad value(s) in fds_to_keep"). Under the same number,
-        # as the worker needs it; a close between here and the child's start is
-        # not seen (a thread that opens and closes files all the time).
+        # may have closed one since, its number now a pipe multiprocessing passes
+        # itself ("bad value(s) in fds_to_keep"). A close between here and the
+        # child's start is not seen (a thread that opens and closes files).
         files = _still_open(files)
         if _through_a_server(popen):
             files = files[:MAX_CARRIED]
@@ -301,8 +301,7 @@ FORKED, CARRIED, SERVER = "forked", "carried", "server"
 
 def isolate_in_worker(table, worker_id):
     """Worker step (first of all): own descriptions of the parent's files, own
-    native handles; ``RemedyFailed`` for anything that a forked worker would
-    otherwise share."""
+    native handles; ``RemedyFailed`` for what a forked worker would share."""
     if table.pid == os.getpid():
         return  # an emulated worker: this process (emulated_workers swaps them itself)
     # What this worker privatized, ``(fd, name, offset at the start, how it came:
@@ -399,10 +398,9 @@ GOVERNED_BY = ("DL207", "dataloader")
 def after_fork_in_server_child():
     """``os.register_at_fork(after_in_child=...)``: in a child of a fork server
     (multiprocessing's, or ours), before anything else runs, each file the
-    server holds open for reading gets a description of its own at the
-    server's offset (else its children share it: a file the preloaded main
-    module opened). (See NOTE [the data flow of a repaired loader] in
-    torch_private.py, step 2.)"""
+    server holds open for reading (a file the preloaded main module opened)
+    gets a description of its own at the server's offset. (NOTE [the data
+    flow of a repaired loader] in torch_private.py, step 2.)"""
     del _server_files[:]
     if not in_fork_server():
         return
@@ -447,36 +445,13 @@ def _write_report(path, worker_id, report):
 class Usage:
     """What the workers of an iterator reported: ``used``, ``{how: {name: fd}}``
     for the files they read through a description of their own (how: FORKED,
-    CARRIED, SERVER); ``private``, the same read or not; ``missing``:
-    ``{description: why}`` for what did not reach a spawned worker;
-    ``workers``: how many reported; ``by_number``: ``{fd: path}`` for the
-    descriptors whose number the loader's parts hold (``held_numbers``)."""
+    CARRIED, SERVER), and ``private``, the same read or not; ``missing``,
+    ``{description: why}``, what did not reach a spawned worker; ``workers``,
+    how many reported; ``by_number``, ``held_numbers``'."""
 
     def __init__(self):
         self.used, self.private, self.missing, self.workers = {}, {}, {}, 0
         self.by_number = {}
-
-
-def read_reports(directory, pids):
-    usage = Usage()
-    for pid in pids:
-        path = report_path(directory, pid)
-        try:
-            with open(path) as f:
-                lines = f.read().splitlines()
-            os.unlink(path)
-        except OSError:
-            continue
-        usage.workers += 1
-        for line in lines:
-            fields = line.split("\t")
-            if fields[0] == "private" and len(fields) == 5:
-                usage.private.setdefault(fields[1], {})[fields[4]] = int(fields[2])
-                if fields[3] == "1":
-                    usage.used.setdefault(fields[1], {})[fields[4]] = int(fields[2])
-            elif fields[0] == "missing" and len(fields) == 3:
-                usage.missing[fields[1]] = fields[2]
-    return usage
 
 
 class Outcome:
@@ -491,7 +466,24 @@ class Outcome:
         pids = [p.pid for p in processes if getattr(p, "pid", None)]
         if not pids or self.table is None or self.table.report_dir is None:
             return
-        usage = read_reports(self.table.report_dir, pids)
+        usage = Usage()
+        for pid in pids:
+            path = report_path(self.table.report_dir, pid)
+            try:
+                with open(path) as f:
+                    lines = f.read().splitlines()
+                os.unlink(path)
+            except OSError:
+                continue
+            usage.workers += 1
+            for line in lines:
+                fields = line.split("\t")
+                if fields[0] == "private" and len(fields) == 5:
+                    usage.private.setdefault(fields[1], {})[fields[4]] = int(fields[2])
+                    if fields[3] == "1":
+                        usage.used.setdefault(fields[1], {})[fields[4]] = int(fields[2])
+                elif fields[0] == "missing" and len(fields) == 3:
+                    usage.missing[fields[1]] = fields[2]
         usage.by_number = self.table.by_number
         if usage.used or usage.missing or usage.private.get(CARRIED) and usage.by_number:
             self._said(usage)
@@ -500,10 +492,9 @@ class Outcome:
 def held_numbers(parts, fds):
     """``{fd: path}`` for each descriptor of ``fds`` whose number an object of
     the user's own class among ``parts`` holds as an int attribute
-    (``self.fd = os.open(...)``): a worker reads it by number, whether or not
-    its offset moves (``os.pread``); a library's ints (an image's tag
-    numbers) are not descriptors. For the words only: carrying does not
-    depend on it."""
+    (``self.fd = os.open(...)``: read by number, offset moved or not, as with
+    ``os.pread``; a library's ints, an image's tag numbers, are no
+    descriptors). For the words only: carrying does not depend on it."""
     wanted = {fd for fd in fds if fd > 2}
     found: dict[int, str] = {}
     for name, part in parts.items():
@@ -525,7 +516,3 @@ def held_numbers(parts, fds):
 
 def worker_step(table):
     return functools.partial(isolate_in_worker, table)
-
-
-__all__ = ["DescriptorTable", "ForkPlan", "plan", "privatize", "isolate_in_worker",
-           "worker_step", "read_reports", "STDIO"]

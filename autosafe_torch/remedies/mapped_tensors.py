@@ -9,44 +9,37 @@ copy for the rest of its life (the costs, and the error where ``/dev/shm``
 is small: DL218's rule). A ``from_file`` storage does not go at all
 (``OSError: [Errno 9] Bad file descriptor``: a map, not shared memory).
 
-The reducer here sends instead what a worker needs to map the file itself:
-its path and identity (``ident``: device, inode, modification time, size),
-where the storage lies in it, and the tensor's dtype, shape, stride, storage
-offset and ``requires_grad``. The worker maps the whole file once, private
-and copy-on-write (as ``torch.load(mmap=True)`` maps it), takes the storage's
-bytes as a storage of their own, and rebuilds the same view, a ``Parameter``
-as a ``Parameter`` (as torch's ``rebuild_tensor`` does). In each worker,
-views of one storage get one storage (on torch 2.0, whose storages take no
-safe weak reference, one each over the same bytes) and every storage of one
-file one map: the page cache holds the file's pages once for all of them.
+The reducer here sends instead the file's path and identity (device, inode,
+modification time, size), where the storage lies in it, and the tensor's
+dtype, shape, stride, storage offset and ``requires_grad``. The worker maps
+the whole file once, private and copy-on-write (as ``torch.load(mmap=True)``
+maps it), takes the storage's bytes as a storage of their own and rebuilds
+the view, a ``Parameter`` as a ``Parameter`` (as torch's ``rebuild_tensor``).
+In each worker, views of one storage get one storage (on torch 2.0, whose
+storages take no safe weak reference, one each over the same bytes) and
+every storage of one file one map: the page cache holds its pages once.
 
-Exact or nothing (``inspection/tensors.py``: ``reference``): a tensor goes
-by reference only where its bytes are the file's, else torch's reducer sends
-it as it always did. Its storage must lie in a file mapping of this process
-(``/proc/self/maps``, read once per process start: a map made while the
-child's pickle is written is not in it) of a regular file that is where the
-kernel says it is now; not a private map this process wrote to (any
-``Anonymous`` page in ``/proc/self/smaps``: changes in no file), a deleted or
-replaced file, an anonymous map or shared memory; and not where there is no
-``/proc/self/maps`` (macOS, a rehearsed Mac). It must be a plain CPU tensor
+Exact or nothing, as for a memmap (``memmaps.py``; ``inspection/tensors.py``:
+``reference``), else torch's reducer sends it as ever. ``/proc/self/maps`` is
+read once per process start (a map made while the child's pickle is written
+is not in it); a private map this process wrote to (any ``Anonymous`` page),
+an anonymous map and shared memory stay torch's. Only a plain CPU tensor
 torch's reducer rebuilds as it is: exactly ``torch.Tensor`` or
-``torch.nn.Parameter`` (the types the reducer is registered for), strided,
-not empty, no conjugate or negative bit, not quantized or nested, no
-backward hooks (torch warns of them), not a non-leaf that requires grad
-(torch refuses it, and its error stays). And its file must be one the
-tensors of a loader's parts lie in (DL218 names them as it installs the
-reducer): a tensor of another file, sent by another part of the program to a
-process it starts, keeps torch's sharing.
+``torch.nn.Parameter`` (the types it is registered for), strided, not empty,
+no conjugate or negative bit, not quantized or nested, no backward hooks
+(torch warns of them), not a non-leaf that requires grad (torch refuses it,
+and its error stays). And only in a file the tensors of a loader's parts lie
+in (DL218 names them as it installs the reducer): a tensor of another file,
+sent by another part of the program, keeps torch's sharing.
 
-What differs, said in the rule's docs: a tensor torch sends is shared memory
+What differs (the rule's docs): a tensor torch sends is shared memory
 between the training process and its workers (a write in one is seen in the
-others); one sent by reference is a private map, as a forked worker's is
-(its writes stay its own; the file is never written). As for a memmap
-(``memmaps.py``), the file is assumed not to change while the workers start,
-a worker that finds it changed fails loudly (``MappedFileChanged``), and
-only a process being started gets a reference: a tensor put on a queue later
-goes through torch's reducer, as ever. Fail open: an error of ours while
-looking sends the tensor torch's way.
+others); one sent by reference is a private map, as a forked worker's (its
+writes stay its own; the file is never written). As for a memmap, the file
+is assumed not to change while the workers start (a worker that finds it
+changed fails loudly: ``MappedFileChanged``), and only a process being
+started gets a reference. Fail open: an error of ours while looking sends
+the tensor torch's way.
 """
 
 from __future__ import annotations
@@ -98,9 +91,8 @@ def _storage(path, ident, offset, nbytes):
         whole = _maps.get((path, ident))
         if whole is None:
             whole = _maps[(path, ident)] = map_file(
-                path, ident, 0, 0, mmap.ACCESS_COPY,
-                "%s changed after the training process sent a tensor mapped from it by "
-                "reference (DL218): this worker cannot map the data it was sent", "DL218")
+                path, ident, 0, 0, mmap.ACCESS_COPY, "DL218", "changed after the training "
+                "process sent a tensor mapped from it by reference")
         # The storage keeps its map alive (frombuffer holds the buffer's owner).
         storage = torch.frombuffer(whole, dtype=torch.uint8, count=nbytes,
                                    offset=offset).untyped_storage()

@@ -1,52 +1,50 @@
 """Memory maps sent to spawn/forkserver workers by reference: numpy memmaps
-(DL218) and ``mmap.mmap`` objects of named files (DL201).
+(DL218) and ``mmap.mmap`` objects (DL201).
 
 Pickling a ``numpy.memmap`` copies its data into every worker start (the
-costs: DL218's rule): the worker gets an ``np.memmap`` whose ``_mmap``,
-``filename``, ``offset`` and ``mode`` are None, writable, C- or
-Fortran-contiguous, with the bytes the parent's map showed then. The reducer
+costs: DL218's rule); the worker gets a writable, contiguous ``np.memmap``
+whose ``_mmap``, ``filename``, ``offset`` and ``mode`` are None. The reducer
 here sends the file, byte offset, shape, dtype and order instead, and the
-worker maps the file again copy-on-write (``mmap.ACCESS_COPY``: writable and
+worker maps the file again copy-on-write (``ACCESS_COPY``: writable and
 private, as the pickled copy is) as an ``np.memmap`` with a pickled one's
-attributes (its slices are plain ndarrays, as there). Its ``base`` is the
-map, not None: what a worker reads, writes and computes is the same.
+attributes (its slices plain ndarrays, as there; its ``base`` the map, not
+None): what a worker reads, writes and computes is the same.
 
-Exact or nothing: an array goes by reference only where the worker can map
-exactly what pickling would send, else it is pickled as it always was. Its
-data must lie in a shared file mapping of this process (``/proc/self/maps``)
-of a regular file that is where the kernel says it is now (same device and
-inode at that path: a moved file is mapped from where it went), with the
-layout pickling gives (contiguous, aligned, not empty: a strided view
-``mm[:, ::2]`` is pickled). A ``mode='c'`` memmap is a private mapping that
-may hold changes that are in no file; it, a deleted or replaced file, and
-every array where there is no ``/proc/self/maps`` (macOS, whose map keeps its
-descriptor to itself; a Mac rehearsed with ``--as macos``) are pickled.
+Exact or nothing: an array goes by reference only where the worker maps
+exactly what pickling would send, else it is pickled as ever. Its data must
+lie in a shared file mapping of this process (``/proc/self/maps``) of a
+regular file still where the kernel says it is (same device and inode at
+that path: a moved file is mapped from where it went), with pickling's
+layout (contiguous, aligned, not empty: ``mm[:, ::2]`` is pickled). A
+``mode='c'`` memmap (a private map: it may hold changes in no file), a
+deleted or replaced file, and every array where there is no
+``/proc/self/maps`` (macOS, whose map keeps its descriptor to itself; a Mac
+rehearsed with ``--as macos``) are pickled.
 
-Assumption, said in the rule's docs: the file does not change while the
-workers start and run. The parent's writes through a ``mode='r+'``/``'w+'``
-map are in the page cache the worker maps (no ``flush`` needed), so the
-worker sees the file as it is when it maps it, not as it was when the worker
-was asked for; a private map shows later changes of the file in the pages the
-worker has not written. The worker checks that the file is the same one
-(device, inode, modification time, size) and fails loudly otherwise: its
-start fails, the record says the fix did not hold, and the recovery ladder
-takes over. It never maps other data silently. And only while a process is
-being started (``get_spawning_popen()``, set by spawn, forkserver and the
-warm server while they pickle what the child gets): a memmap put on a queue
-later is pickled as before.
+Assumed (the rule's docs): the file does not change while the workers start
+and run. The parent's writes through an ``r+``/``w+`` map are in the page
+cache the worker maps (no ``flush`` needed): it sees the file as it is when
+it maps it, and a private map shows later changes in the pages it has not
+written. The worker checks the file is the same one (device, inode,
+modification time, size) and fails loudly otherwise (its start fails, the
+record says the fix did not hold, the recovery ladder takes over): never
+other data silently. Only while a process is being started
+(``get_spawning_popen()``, set by spawn, forkserver and the warm server as
+they pickle what the child gets): a memmap put on a queue later is pickled
+as before.
 
 An ``mmap.mmap`` does not pickle at all (TypeError): the baseline is the
 parent's map as a forked worker holds it. The worker maps the same range of
-the same file again, with the same access (``ACCESS_READ``, a shared
-writable map as ``ACCESS_WRITE``, ``ACCESS_COPY``) and position. A shared map
-shows the file's page cache, as a forked worker's does, so the file need
-only be the same (device and inode), not unchanged. A private map goes only
-while it holds no page the parent wrote (``Anonymous: 0 kB`` in
-``/proc/self/smaps``); a deleted file, a map made with ``prot``/``flags``
-this does not rebuild, and every map where there is no ``/proc/self/maps``
-are not sent: the DL201 ladder goes on (fork, emulated workers, or a clear
-refusal). An anonymous map goes through shared memory (below). What can go,
-and where its bytes lie, is read by ``inspection/mappings.py``.
+the same file again, with its access (``ACCESS_READ``, a shared writable map
+as ``ACCESS_WRITE``, ``ACCESS_COPY``) and position. A shared map shows the
+file's page cache, as a forked worker's does: the file need only be the same
+(device, inode), not unchanged. A private map goes only while it holds no
+page the parent wrote (``Anonymous: 0 kB`` in ``/proc/self/smaps``). A
+deleted file, a map made with ``prot``/``flags`` not rebuilt here, and every
+map where there is no ``/proc/self/maps`` do not go: the DL201 ladder goes on
+(fork, emulated workers, or a clear refusal). An anonymous map goes through
+shared memory (below). ``inspection/mappings.py`` reads what can go and where
+its bytes lie.
 """
 
 from __future__ import annotations
@@ -65,12 +63,11 @@ class MappedFileChanged(RuntimeError):
     """In a worker: the file a memmap was sent by reference from is gone or changed."""
 
 
-def map_file(path, ident, start, length, access, changed, rule):
+def map_file(path, ident, start, length, access, rule, changed):
     """In a worker: ``length`` bytes (0: to the end) of the file at ``path``
     from ``start``, mapped with ``access``, where it is still the file
     ``ident`` names (device, inode; mtime and size where given) and long
-    enough; else ``MappedFileChanged``: ``changed``, or why it cannot be
-    opened. The file checked is the file mapped (one descriptor)."""
+    enough (checked on the descriptor mapped); else ``MappedFileChanged``."""
     write = access == mmap.ACCESS_WRITE
     try:
         fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
@@ -78,7 +75,8 @@ def map_file(path, ident, start, length, access, changed, rule):
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)[:len(ident)] != tuple(ident) \
                     or st.st_size < start + length:
-                raise MappedFileChanged(changed % path)
+                raise MappedFileChanged("%s %s (%s): this worker cannot map the data it was "
+                                        "sent" % (path, changed, rule))
             return mmap.mmap(fd, length, access=access, offset=start)
         finally:
             os.close(fd)
@@ -91,9 +89,8 @@ def mapped_again(path, ident, start, length, delta, shape, dtype, order):
     """In a worker: the array pickling would have given, mapped from the file."""
     import numpy as np  # noqa: PLC0415 - optional dependency
 
-    mm = map_file(path, ident, start, length, mmap.ACCESS_COPY,
-                  "%s changed after the training process sent its memmap by reference "
-                  "(DL218): this worker cannot map the data it was sent", "DL218")
+    mm = map_file(path, ident, start, length, mmap.ACCESS_COPY, "DL218",
+                  "changed after the training process sent its memmap by reference")
     # Built as pickling builds it: memmap's __array_finalize__ sees no memmap
     # and sets _mmap, filename, offset and mode to None.
     return np.ndarray.__new__(np.memmap, shape, dtype=dtype, buffer=mm, offset=delta,
@@ -125,9 +122,8 @@ ACCESS = {"read": mmap.ACCESS_READ, "write": mmap.ACCESS_WRITE, "copy": mmap.ACC
 def map_again(path, ident, start, length, how, position):
     """In a worker (or for an emulated worker's copy): the map a forked worker
     would hold, mapped again from the file."""
-    m = map_file(path, ident, start, length, ACCESS[how],
-                 "%s is not the file the training process mapped (DL201): this worker "
-                 "cannot map the data it was sent", "DL201")
+    m = map_file(path, ident, start, length, ACCESS[how], "DL201",
+                 "is not the file the training process mapped")
     m.seek(position)
     return m
 
@@ -148,13 +144,13 @@ def reduce_map(m):
 # -- anonymous maps: one block of shared memory for the workers --------------------
 #
 # A forked worker shares an anonymous ``mmap.mmap(-1, n)`` with the parent
-# (MAP_SHARED): the same bytes, its own position. A spawned worker can map
-# only what has a name, so the parent copies the map's bytes into one block of
-# POSIX shared memory and each worker maps it, with the parent's position and
-# access: the workers share what they write, as forked ones do. The parent's
-# writes once they have started are not seen by them (nor theirs by it): as
-# for a file, the map is assumed not written while the workers run. The block
-# is reused while it holds the map's bytes, unlinked with the map (or at exit).
+# (MAP_SHARED): the same bytes, its own position. A spawned worker can map only
+# what has a name, so the parent copies the map's bytes into one block of POSIX
+# shared memory that each worker maps, with the parent's position and access:
+# the workers share what they write, as forked ones do; the parent's writes
+# after they start are not seen (nor theirs by it): as for a file, the map is
+# assumed not written meanwhile. The block is reused while it holds the map's
+# bytes, unlinked with the map (or at exit).
 
 _blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
 

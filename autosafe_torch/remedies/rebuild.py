@@ -1,48 +1,46 @@
 """A dataset built again in each spawn/forkserver worker by the call that built
 it (DL201's rebuild rung), checked there against the training process's.
 
-Some datasets hold what neither pickles nor copies: a pyarrow ``ParquetFile``,
+Some datasets hold what neither pickles nor copies (a pyarrow ``ParquetFile``,
 an Arrow IPC reader over a memory map, a safetensors ``safe_open`` handle, a
-pandas ``read_csv(chunksize=...)`` reader. A forked worker inherits them; a
+pandas ``read_csv(chunksize=...)`` reader): a forked worker inherits them, a
 spawned one (macOS, Windows, Linux's forkserver) cannot receive them. Their
 constructor made them from paths, so ``DS(*args, **kwargs)`` in a worker
-gives the dataset a forked worker would hold, exactly where nothing the
-constructor reads differs between the two processes. That is seen, not
-assumed: every worker checks what it built before it serves a batch.
+gives the dataset a forked worker would hold, where nothing the constructor
+reads differs between the two processes: seen, not assumed, as every worker
+checks what it built before it serves a batch. The ladder prefers fork where
+it is safe (no constructor runs twice): this rung is for platforms without
+fork, before emulated workers.
 
 NOTE [the rebuild's three places]
 
-1. The training process, at the program's own construction (``Construction``):
-   while the shim is active, ``patches/datasets.py`` bounds each dataset's
-   ``__init__`` and records, for that call only: the class and the arguments
+1. The training process, at the program's own construction (``Construction``;
+   ``patches/datasets.py`` bounds each dataset's ``__init__`` while the shim
+   is active) records, for that call only: the class and the arguments
    (references, never copies; one the program let go is not kept alive, and
    the rung is then refused), the random generators as they stood before the
    call where it drew from them, the files it opened and still holds (the
    kernel's descriptors, ``inspection/opened.py``: path, device, inode, size,
-   modification time, in order) and which objects its attributes held when
-   it returned. No user code runs here that the program did not call.
+   modification time, in order) and what its attributes held when it
+   returned. No user code runs here that the program did not call.
 2. The training process, at a worker's start (``reduce_rebuilt``): the
-   dataset goes as its call and what the worker must find: the recorded
-   files and generators, the files this process maps now, and a fingerprint
-   of each attribute the dataset holds now (``inspection/digest.py``).
+   dataset goes as its call and what the worker must find (``Expected``).
 3. The worker (``rebuilt_in_worker``): the call, muted (its prints, native
    writes to stdout and stderr, warnings and logging go nowhere), with every
    file write refused (an audit hook, in workers only), from the generators
    the construction drew from. Then: the same files opened, in the same
    order and state; no file mapped that the training process does not map;
-   every attribute's fingerprint the same. Any difference fails the worker's
-   start loudly (``RemedyFailed``, naming the attribute or the file) before
-   its first batch, and the recovery takes the next rung (emulated workers,
-   or ``NoExactRung``). No worker serves a batch of another dataset.
+   every attribute's fingerprint (``inspection/digest.py``) the same. Any
+   difference fails the worker's start loudly (``RemedyFailed``, naming the
+   attribute or the file) before its first batch, and the recovery takes the
+   next rung (emulated workers, or ``NoExactRung``): no worker serves a batch
+   of another dataset.
 
-What remains assumed (docs/rules.md, DL201): what the constructor reads
-otherwise than through a file it keeps open or maps (a file it read and
-closed, a network service, the clock, the environment) shows in the values
-it leaves on the dataset, which the fingerprints compare; a native
-library's own writes are not refused (the audit hook sees Python's).
-
-The ladder prefers fork where it is safe (no constructor runs twice); this
-rung is for platforms without fork, before emulated workers.
+Assumed (docs/rules.md, DL201): what the constructor reads otherwise than
+through a file it keeps open or maps (a file it read and closed, a network
+service, the clock, the environment) shows in the values it leaves on the
+dataset, which the fingerprints compare; a native library's own writes are
+not refused (the audit hook sees Python's).
 """
 
 from __future__ import annotations
@@ -72,12 +70,12 @@ PROTOCOL = 4
 # -- 1. recording the program's construction --------------------------------------
 
 class Construction:
-    """How a dataset was made (see the NOTE above). ``call()``: ``(class, args,
+    """How a dataset was made (the NOTE above). ``call()``: ``(class, args,
     kwargs)``, or None where an argument the program let go is gone;
-    ``opened`` is None where its end was not seen (an ``__init__`` that is not
-    Python code); ``changed``: the labels of the globals its code reads that
-    the call changed (a counter, a registry): a build in a worker starts from
-    the import's, not from this process's (``process_state``, DL220)."""
+    ``opened``: None where the ``__init__``'s end was not seen (not Python
+    code); ``changed``: the labels of the globals its code reads that the call
+    changed (a counter, a registry), which a build in a worker has as the
+    import made them, not as this process has them (``process_state``, DL220)."""
 
     __slots__ = ("cls", "args", "kwargs", "rng", "opened", "attrs", "changed")
 
@@ -226,8 +224,7 @@ def refusal(obj):
 
 def _state(value):
     """What says an attribute changed since: the object it holds and, where it
-    changes in place and says so cheaply, how: how far a generator ran,
-    where a C file object stands."""
+    says so cheaply, how far a generator ran or where a C file object stands."""
     cls = type(value)
     if cls is types.GeneratorType:
         frame = value.gi_frame
@@ -288,10 +285,10 @@ def _is_dataset(obj):
 class Expected:
     """What a worker's build must find (see the NOTE above)."""
 
-    rng: Any
-    opened: list[Any]  # identities and names of the files, in order
-    maps: dict[Any, str]  # the files the training process maps
-    digests: dict[str, Any]  # attribute -> fingerprint
+    rng: Any  # the generators the construction drew from, as they stood before
+    opened: list[Any]  # identities and names of the files it opened, in order
+    maps: dict[Any, str]  # the files the training process maps now
+    digests: dict[str, Any]  # attribute -> fingerprint, as the dataset holds it now
     name: str  # the dataset's class, for the words
 
 
@@ -299,8 +296,7 @@ def reduce_rebuilt(obj, candidates=frozenset()):
     """WorkerPickler's reducer for a class with an instance to build again:
     that instance goes as its call and what its worker must find (to a worker
     forked from a build server that built it, as a reference to that build);
-    others pickle as ever. ``candidates``: ids of datasets the plan's probe
-    tries as if they were to be built again."""
+    others pickle as ever. ``candidates``: ids the plan's probe tries."""
     from ..inspection.probe import is_probing  # noqa: PLC0415 - 0.6 ms in each worker that unpickles a rebuilt dataset (-X importtime after torch: inspection.probe, inventory)
 
     made = construction_of(obj)
@@ -509,7 +505,8 @@ def _muted():
     finally:
         os.close(null)
     out, err = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = _Nowhere()
+    sys.stdout = sys.stderr = types.SimpleNamespace(write=len, flush=lambda: None,
+                                                    isatty=lambda: False)
     disabled = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     try:
@@ -522,17 +519,6 @@ def _muted():
         for fd, saved in saved_fds:
             os.dup2(saved, fd)
             os.close(saved)
-
-
-class _Nowhere:
-    def write(self, text):
-        return len(text)
-
-    def flush(self):
-        pass
-
-    def isatty(self):
-        return False
 
 
 # -- file writes refused while a worker builds ---------------------------------------
@@ -550,8 +536,8 @@ _guard: dict[str, Any] = {"wrote": None, "hooked": False}
 
 @contextlib.contextmanager
 def _refused_writes():
-    """File writes refused in this (worker) process for the block; yields the
-    list of the first refused write (a constructor may catch the error)."""
+    """File writes refused in this (worker) process for the block; yields a list
+    that gets the first refused write (a constructor may catch the error)."""
     if not _guard["hooked"]:
         sys.addaudithook(_refuse_writes)  # for good: this process is a worker of ours
         _guard["hooked"] = True

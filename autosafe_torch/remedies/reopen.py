@@ -5,15 +5,14 @@ objects, read-only sqlite connections and lmdb environments (no position),
 and ``cv2.VideoCapture`` objects of a file (reopened at the same frame).
 
 - A read-only regular file does not pickle, but it can travel by path: the
-  reducers installed here reopen it in the receiving process at the same
-  offset, with the same mode, encoding, errors and newline. Anything else
-  (written files, pipes, sockets, closed or deleted files) still raises the
-  TypeError it always did, so nothing whose state cannot be duplicated is
-  duplicated.
+  reducers here reopen it in the receiving process at the same offset, with
+  the same mode, encoding, errors and newline. Anything else (written files,
+  pipes, sockets, closed or deleted files) still raises the TypeError it
+  always did: nothing whose state cannot be duplicated is duplicated.
 - Under fork the dataset is not pickled: a plain file keeps its object and
-  gets its own offset (``isolation``); a native handle that a forked child
-  must not share (sqlite, lmdb, a capture; h5py) is reopened by path in each
-  worker (``reopen_in_forked_worker``), from arguments taken at fork.
+  gets its own offset (``isolation``); a native handle a forked child must
+  not share (sqlite, lmdb, a capture) is reopened by path in each worker
+  (``reopen_in_forked_worker``), from arguments taken at fork.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import sys
 from typing import Any
 import urllib.parse
 
-from ..inspection.objwalk import is_a
 from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, fork_unsafe,
                                    h5py_types, lmdb_read_write, one_per_process, raw_file,
                                    real_path, sqlite_path, video_source)
@@ -186,42 +184,16 @@ def read_only_note(f):
     return None
 
 
-def fork_reopen_args(found):
-    """For a native handle a forked worker must have its own of (``found``, a
-    ``HeldFile``): ``(args, None, note)`` to reopen it there, ``(None, why,
-    None)`` when it cannot be (the fork rung is then not for this loader), or
-    ``(None, None, None)`` when it is left as it is (an h5py file, a closed
-    handle). The one check for deciding and acting: the worker reopens with
-    these very arguments."""
-    obj, kind = found.obj, found.kind
-    h5 = h5py_types()
-    if h5 and is_a(obj, h5):
-        # Left as it is: its descriptor gets its own open file description in each
-        # worker at the kernel (isolation.py), HDF5 reads at explicit offsets, and
-        # its caches are the worker's own copy after fork. Plain fork works.
-        return None, None, None
-    if kind is None and fork_unsafe(obj) == VIDEO:
-        return None, "a capture that cannot be reopened (a camera or a stream)", None
-    if kind != READONLY:
-        return None, None, None
-    if not found.settable:
-        return None, "held where it cannot be replaced (an item of a tuple)", None
-    args = _reopen_args(obj)
-    if args is None:
-        return None, "cannot be reopened by path", None
-    return args, None, read_only_note(obj)
-
-
 _inherited: list[Any] = []  # a forked worker's copies of the parent's captures: never released
 
 
 def reopen_in_forked_worker(found, args):
     """In a forked worker: ``found``'s own handle, opened with ``args`` (taken
     in the parent at fork), put where the inherited one hangs. An lmdb
-    environment is closed first: py-lmdb refuses to open one twice in a
-    process, and LMDB forbids the parent's in a child anyway. A capture is
-    kept alive: releasing one joins decoder threads the child does not have,
-    and hangs. Raises what opening raises."""
+    environment is closed first (py-lmdb refuses to open one twice in a
+    process; LMDB forbids the parent's in a child anyway); a capture is kept
+    alive (releasing one joins decoder threads the child does not have, and
+    hangs)."""
     old = found.obj
     if one_per_process(old):
         old.close()

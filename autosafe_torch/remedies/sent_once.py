@@ -1,13 +1,12 @@
 """The dataset pickled once, and those bytes sent to every spawned worker.
 
-torch pickles the dataset once per worker, at each worker's start (spawn,
-forkserver): for an ImageNet index of 1.28M ``(path, class)`` tuples, some
-0.6 s a worker, every epoch of a loader whose workers are not persistent.
-Where the pickle can go as it is to every worker, it is made once per
-iterator and each worker gets ``pickle.loads`` of those bytes: what its own
-unpickling of them would have made. The plan's probe, which pickles the
-dataset at the first iterator, hands its pickle over (``keep``), so that
-even the first epoch pickles it once.
+torch pickles the dataset at each worker's start (spawn, forkserver): for an
+ImageNet index of 1.28M ``(path, class)`` tuples, some 0.6 s a worker, every
+epoch of a loader whose workers are not persistent. Where the pickle can go
+as it is to every worker, it is made once per iterator and each worker gets
+``pickle.loads`` of those bytes: what its own unpickling would have made.
+The plan's probe, which pickles the dataset at the first iterator, hands its
+pickle over (``keep``): even the first epoch pickles it once.
 
 "As it is" (``inventory.sent_as_is``): the pass stood in nothing and met
 nothing pickled for one child at a time or made again by a repair (a
