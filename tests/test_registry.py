@@ -22,7 +22,6 @@ def test_every_check_takes_the_context_its_hooks_give():
     """A check that reads what one hook knows takes that hook's context
     (``ctx: IterContext``: mypy checks what it reads against it), so it may
     be registered only at hooks that give that context."""
-    assert set(CONTEXTS) == set(HOOKS)
     for hook in HOOKS:
         for check in checks_at(hook):
             ctx = list(inspect.signature(check).parameters)[1]

@@ -22,18 +22,17 @@ what a finding asks, in fix mode only. One rule may check at several hooks:
 ``@RULES[code].check_at(hook)``. A finding's ``done`` is the first line of
 its log record, the rule's ``fix`` the second.
 
-The seams are typed (mypy, in ``make test``): a check as written is a
-``CheckFunction``, once registered a ``Check``; a remedy is a ``Remedy``. A
-check that reads what one hook knows takes that hook's context (``def
-check(args, ctx: IterContext)``), so mypy checks what it reads, and
-tests/test_registry.py that it is registered only where that context is
-given (``CONTEXTS``).
+The seams are typed (mypy): a check as written is a ``CheckFunction``, once
+registered a ``Check``; a remedy a ``Remedy``. A check that reads what one
+hook knows takes that hook's context (``ctx: IterContext``), which
+tests/test_registry.py holds to the hooks that give it (``CONTEXTS``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, TypeVar, Union,
                     cast, overload)
 
@@ -48,10 +47,6 @@ if TYPE_CHECKING:
     from ..report import Intervention, Needed
     from .amp import AmpCall
     from ..rung import Rung
-
-# Where checks run, in the order the patches call them.
-HOOKS = ("dataloader.init", "dataloader.iter", "dataloader.outcome", "dataloader.failure",
-         "dataloader.pin", "autocast", "scaler", "amp.legacy", "amp.provided")
 
 RULES: dict[str, Rule] = {}
 
@@ -88,6 +83,7 @@ class Check(Protocol[_C_contra]):
     makes its findings. The registry holds ``Check[Any]``: the engine gives
     each hook's checks the context of that hook."""
 
+    __name__: str
     rule: Rule
     # The checks (by name) at the same hook whose findings or argument changes
     # this one reads: the order at a hook is derived from these (``checks_at``),
@@ -97,23 +93,18 @@ class Check(Protocol[_C_contra]):
     def __call__(self, args: dict[str, Any], ctx: _C_contra, /) -> Found: ...
 
 
-_checks: dict[str, list[Check[Any]]] = {hook: [] for hook in HOOKS}  # as registered
-# As they run, derived from ``after``, with the registered list it was derived from.
-_ordered: dict[str, tuple[tuple[int, ...], list[Check[Any]]]] = {}
-
-
 def run_order(checks: Sequence[Check[Any]]) -> list[Check[Any]]:
     """``checks`` (one hook's) in an order where each runs after the ones its
     ``after`` names there; among checks with no such tie, as given. ValueError
     for a name that is no check, or a circle."""
-    known = {c.__name__ for hook in _checks.values() for c in hook}  # type: ignore[attr-defined]
+    known = {c.__name__ for hook in _checks.values() for c in hook}
     after = {id(c): getattr(c, "after", ()) for c in checks}  # a check put there by hand: none
     for check in checks:
         unknown = [n for n in after[id(check)] if n not in known]
         if unknown:
             raise ValueError("rule %s: %s runs after %s, not a check" % (
-                check.rule.code, check.__name__, ", ".join(unknown)))  # type: ignore[attr-defined]
-    here = {c.__name__ for c in checks}  # type: ignore[attr-defined]
+                check.rule.code, check.__name__, ", ".join(unknown)))
+    here = {c.__name__ for c in checks}
     ordered: list[Check[Any]] = []
     done: set[str] = set()
     waiting = list(checks)
@@ -121,10 +112,10 @@ def run_order(checks: Sequence[Check[Any]]) -> list[Check[Any]]:
         ready = next((c for c in waiting if set(after[id(c)]) & here <= done), None)
         if ready is None:
             raise ValueError("checks wait for each other: %s" % ", ".join(
-                c.__name__ for c in waiting))  # type: ignore[attr-defined]
+                c.__name__ for c in waiting))
         waiting.remove(ready)
         ordered.append(ready)
-        done.add(ready.__name__)  # type: ignore[attr-defined]
+        done.add(ready.__name__)
     return ordered
 
 
@@ -142,32 +133,26 @@ class Rewrite:
         self.module, self.scope, self.does, self.not_where = module, scope, does, not_where
 
 
+@dataclass(eq=False)
 class Rule:
     """A rule as declared. ``example`` (failing code, fixed code) and
     ``versions`` are for ``explain``; ``notebook_fix`` where a notebook needs
     another fix (a worker cannot import a notebook); ``clause_of``: codes whose
     log line this rule's finding joins as a clause, since it only makes their
-    repair fast (DL209)."""
+    repair fast (DL209); ``hooks``: where it checks (``check_at``)."""
 
-    __slots__ = ("code", "slug", "group", "summary", "prevents", "fix", "hooks", "example",
-                 "versions", "rewrite", "notebook_fix", "clause_of")
-
-    def __init__(self, code: str, slug: str, group: str, *, summary: str, prevents: str,
-                 fix: str, example: Iterable[str], versions: str,
-                 rewrite: Rewrite | None = None, notebook_fix: str | None = None,
-                 clause_of: Iterable[str] = ()) -> None:
-        self.code = code
-        self.slug = slug
-        self.group = group
-        self.summary = summary
-        self.prevents = prevents
-        self.fix = fix
-        self.hooks: list[str] = []
-        self.example = tuple(example)
-        self.versions = versions
-        self.rewrite = rewrite
-        self.notebook_fix = notebook_fix
-        self.clause_of = tuple(clause_of)
+    code: str
+    slug: str
+    group: str
+    summary: str
+    prevents: str
+    fix: str
+    example: tuple[str, ...]
+    versions: str
+    rewrite: Rewrite | None = None
+    notebook_fix: str | None = None
+    clause_of: tuple[str, ...] = ()
+    hooks: list[str] = field(default_factory=list, init=False)
 
     def serves(self) -> tuple[str, ...]:
         """The rules whose rewrite makes this one's fix unneeded in the code: the
@@ -187,12 +172,6 @@ class Rule:
                 applied_by: AppliedBy | None = None) -> Finding:
         return Finding(self, before, changes, why, strategy, kept, shown, remedies, fix, done,
                        rung, needed, applied_by)
-
-    def permanent_fix(self) -> str:
-        """The fix to show here: the notebook's where the program is a notebook."""
-        if self.notebook_fix is not None and in_notebook():
-            return self.notebook_fix
-        return self.fix
 
     def check_at(self, *hooks: str,
                  after: Sequence[str] = ()) -> Callable[[CheckFunction[_C]], Check[_C]]:
@@ -259,7 +238,8 @@ class Finding:
         self.shown = shown or {}
         self.remedies = tuple(remedies)
         self.applied_by = applied_by
-        self.fix = fix or rule.permanent_fix()
+        self.fix = fix or (rule.notebook_fix if rule.notebook_fix is not None and in_notebook()
+                           else rule.fix)
         self.done = done or changed_text(self.before, self.changes) or rule.summary
 
     @property
@@ -289,104 +269,93 @@ def changed_text(before: dict[str, Any], changes: dict[str, Any]) -> str:
                      for name, new in changes.items())
 
 
+@dataclass(eq=False)
 class Context:
     """What a check sees besides the arguments: ``facts`` (the platform; None
     at the hooks after the workers: outcome, failure, pin), ``findings`` made
     so far at this hook, in order, and ``plans``, what the checks of one hook
     share (the pickling and fork plans). What one hook knows besides is on
-    its subclass (``CONTEXTS``). ``dataloader.pin`` gives no more: its
-    arguments are ``batch``, what torch could not pin, and ``error``.
+    its subclass (``CONTEXTS``), given by name. ``dataloader.pin`` gives no
+    more: its arguments are ``batch``, what torch could not pin, and ``error``.
     """
 
-    __slots__ = ("facts", "findings", "plans")
-
-    def __init__(self, facts: Facts | None) -> None:
-        self.facts = facts
-        self.findings: list[Finding] = []
-        self.plans: dict[str, Any] = {}
+    facts: Facts | None
+    findings: list[Finding] = field(default_factory=list, init=False)
+    plans: dict[str, Any] = field(default_factory=dict, init=False)
 
     def found(self, code: str) -> bool:
         """Whether an earlier check at this hook made a finding for ``code``."""
         return any(f.rule.code == code for f in self.findings)
 
 
+@dataclass(eq=False)
 class InitContext(Context):
     """At ``dataloader.init``: ``defaults``, DataLoader's own argument defaults."""
 
-    __slots__ = ("defaults",)
     facts: Facts  # always given before the workers run
-
-    def __init__(self, facts: Facts, *, defaults: dict[str, Any]) -> None:
-        super().__init__(facts)
-        self.defaults = defaults
+    defaults: dict[str, Any]
 
 
+@dataclass(eq=False)
 class IterContext(Context):
     """At ``dataloader.iter``: ``main_guarded()``, whether the main module runs
     its training under ``if __name__ == "__main__":``; ``fork_failed``: None,
     or the failure of this loader's forked workers that rules fork out (one
     touched CUDA: seen, never predicted)."""
 
-    __slots__ = ("main_guarded", "fork_failed")
     facts: Facts  # always given before the workers run
-
-    def __init__(self, facts: Facts, *, main_guarded: Callable[[], bool],
-                 fork_failed: Failure | None = None) -> None:
-        super().__init__(facts)
-        self.main_guarded, self.fork_failed = main_guarded, fork_failed
+    main_guarded: Callable[[], bool]
+    fork_failed: Failure | None = None
 
 
+@dataclass(eq=False)
 class AmpContext(Context):
     """At ``autocast``, ``scaler``, ``amp.*``: ``caps``, what this torch's AMP
     can do, and ``call``, the call being made."""
 
-    __slots__ = ("caps", "call")
     facts: Facts  # always given at an AMP call
-
-    def __init__(self, facts: Facts, *,
-                 caps: Any,  # patches.amp.caps.TorchAmpCaps: a layer above
-                 call: AmpCall) -> None:
-        super().__init__(facts)
-        self.caps, self.call = caps, call
+    caps: Any  # patches.amp.caps.TorchAmpCaps: a layer above
+    call: AmpCall
 
 
+@dataclass(eq=False)
 class OutcomeContext(Context):
     """At ``dataloader.outcome``, as the workers exit: ``usage`` (what they
     reported using), ``workers`` (their count), ``said`` (the iteration's
     records, which may have named the objects already)."""
 
-    __slots__ = ("usage", "workers", "said")
-
-    def __init__(self, facts: Facts | None, *, usage: Usage, workers: int,
-                 said: Sequence[Intervention] = ()) -> None:
-        super().__init__(facts)
-        self.usage, self.workers, self.said = usage, workers, said
+    usage: Usage
+    workers: int
+    said: Sequence[Intervention] = ()
 
 
+@dataclass(eq=False)
 class FailureContext(Context):
     """At ``dataloader.failure``, once a recovery delivered: ``failure``, the
     first failure; ``first_rung``, the rung it happened on; ``tried``, the
     rungs that failed on the way; ``rung``, the one that works; ``exact``,
     None or why the batches may differ."""
 
-    __slots__ = ("failure", "first_rung", "tried", "rung", "exact")
-
-    def __init__(self, facts: Facts | None, *, failure: Failure, first_rung: Rung,
-                 tried: Sequence[tuple[Rung, Failure]] = (), rung: Rung,
-                 exact: str | None = None) -> None:
-        super().__init__(facts)
-        self.failure, self.first_rung, self.tried = failure, first_rung, tried
-        self.rung, self.exact = rung, exact
+    failure: Failure
+    first_rung: Rung
+    rung: Rung
+    tried: Sequence[tuple[Rung, Failure]] = ()
+    exact: str | None = None
 
 
-# The context each hook gives its checks; a check registered there takes it or
-# a base of it (tests/test_registry.py).
+# Where checks run, in the order the patches call them, and the context each
+# gives its checks: a check registered there takes it or a base of it
+# (tests/test_registry.py).
 CONTEXTS: dict[str, type[Context]] = {
     "dataloader.init": InitContext, "dataloader.iter": IterContext,
     "dataloader.outcome": OutcomeContext, "dataloader.failure": FailureContext,
     "dataloader.pin": Context,
     "autocast": AmpContext, "scaler": AmpContext, "amp.legacy": AmpContext,
     "amp.provided": AmpContext}
+HOOKS = tuple(CONTEXTS)
+_checks: dict[str, list[Check[Any]]] = {hook: [] for hook in HOOKS}  # as registered
+# As they run, derived from ``after``, with the registered list it was derived from.
+_ordered: dict[str, tuple[tuple[int, ...], list[Check[Any]]]] = {}
 
 
 @overload

@@ -30,21 +30,10 @@ from ..inspection.objwalk import is_a
 from ..inspection.tensors import ACCELERATORS, batch_device, dataset_parts, describe, scan
 from ..loaderstate import Kept
 from . import number_of, rule
-from .ladder import emulated_workers
+from .fork_plan import start_method
+from .ladder import GROUP, emulated_workers
 
-GROUP = "dataloader"
-
-# Device types whose tensors spawn/forkserver workers receive by IPC.
-IPC_SHAREABLE = frozenset(("cuda",))
-
-
-def _start_method(values, facts):
-    context = values.get("multiprocessing_context")
-    if context is None:
-        return facts.start_method
-    from ..facts import effective_start_method  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load (-X importtime: facts)
-
-    return effective_start_method(context)
+IPC_SHAREABLE = frozenset(("cuda",))  # spawn/forkserver workers receive these by IPC
 
 
 def _move_to_cpu(found):
@@ -75,11 +64,8 @@ MOVE, EMULATE = "move", "emulate"
 
 
 def _plan_workers(values, facts):
-    """(found accelerator tensors, what DL301 does with them, the batches' one
-    device or None): ``MOVE`` to CPU where every batch is certainly copied
-    back to its one device; ``EMULATE`` where they cannot reach a worker (MPS,
-    XPU); None: left as they are (CUDA: IPC under spawn, DL205 under fork;
-    moving them would change the batches' device)."""
+    """(found accelerator tensors, what DL301 does with them: ``MOVE``,
+    ``EMULATE`` or None, as the module says; the batches' one device or None)."""
     if values["num_workers"] <= 0 or not device_tensors_possible(facts):
         return [], None, None
     found = scan(values["dataset"]).on(ACCELERATORS)
@@ -125,11 +111,11 @@ def accelerator_tensors_in_workers(values, ctx):
     if not found:
         return None
     where = describe(found)
-    method = _start_method(values, facts)
+    method = facts.start_method if values.get("multiprocessing_context") is None \
+        else start_method(values)
     if how is None:
         if method not in ("spawn", "forkserver"):
             return None  # fork: nothing to say unless a worker touches them (DL205)
-        # Works as it is (CUDA IPC); moving would change the batches' device.
         return accelerator_tensors_in_workers.rule.finding(
             {}, {}, "left on the device: %s. Under %s, workers receive CUDA tensors "
             "through CUDA IPC, which works at the cost of one CUDA context per worker; "

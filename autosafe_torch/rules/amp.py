@@ -8,10 +8,10 @@ torch and machine warn, crash, or silently run in fp32 on another.
 
 Every check takes the call's arguments by name (autocast: ``device_type``,
 ``dtype``, ``enabled``, ``cache_enabled``; GradScaler: ``device``, None
-when not given, ``init_scale``... ``enabled``) and an ``AmpContext``:
-``caps``, what this torch's AMP can do (probed once; tests pass a fake),
-and the ``AmpCall``. A routing finding shows the pseudo-argument ``api``:
-the patch builds the object through the modern class instead.
+when not given, ``init_scale``... ``enabled``) and an ``AmpContext`` (its
+``caps`` probed once; tests pass a fake). A routing finding shows the
+pseudo-argument ``api``: the patch builds the object through the modern
+class instead.
 """
 
 from typing import Any, NamedTuple, Optional
@@ -69,7 +69,6 @@ def _scaler_device(args, call):
     return device_type(args["device"]) or call.device or "cuda"
 
 
-# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
 TORCH_AMP_REWRITE = Rewrite(
     'amp', 'site',
     '`torch.amp.autocast("cuda", ...)`, `torch.amp.GradScaler("cuda", ...)`, '

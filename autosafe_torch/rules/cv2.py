@@ -29,12 +29,12 @@ from ..remedies import cv2 as cv2_remedies
 from ..remedies.workerinit import with_step
 from ..rung import Rung
 from . import IterContext, Rewrite, number_of, rule
-from .ladder import emulated_workers, start_method
+from .fork_plan import forking
+from .ladder import emulated_workers
 from .pickling_plan import pickling_plan
 
 GROUP = "cv2"
 
-# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
 CV2_WORKERS_REWRITE = Rewrite(
     'cv2', 'file',
     "after `import cv2`: `os.register_at_fork(after_in_child=lambda: "
@@ -111,8 +111,7 @@ def cv2_threads_in_workers(args, ctx):
       # emulated the workers: it runs last
       after=("warm_worker_start",))
 def cv2_opencl_context(args, ctx: IterContext):
-    if args["num_workers"] <= 0 or "cv2" not in sys.modules \
-            or start_method(args) != "fork":
+    if "cv2" not in sys.modules or not forking(args):
         return None
     if any(f.rung is Rung.EMULATED for f in ctx.findings):
         return None  # no worker is forked

@@ -10,22 +10,19 @@ from ..inspection import holdings, threads
 from ..loaderstate import Kept
 from ..remedies.workerinit import with_step
 from . import IterContext, OutcomeContext, number_of, rule, what_is
-from .fork_plan import fork_plan
-from .ladder import GROUP, away_from_fork, start_method
+from .fork_plan import fork_plan, forking
+from .ladder import GROUP, away_from_fork
 from .pickling import LAZY_OPEN_REWRITE, thread_pool_to_spawned_workers
 
 
-def _forking(args):
-    return bool(args["num_workers"]) and start_method(args) == "fork"
-
-
 def _owned(plan, by_dl212):
-    """The handles and the unhandled entries of ``plan`` that are DL212's (native
-    handles a forked child must not use: lmdb, captures) or DL207's (the rest)."""
+    """The handles and the unhandled entries (as words) of ``plan`` that are
+    DL212's (native handles a forked child must not use: lmdb, captures) or
+    DL207's (the rest)."""
     handles = [(held, note) for held, _args, note in plan.handles
                if bool(held.fork_unsafe) == by_dl212]
-    unhandled = [(path, why) for path, why, fork_unsafe in plan.unhandled
-                 if bool(fork_unsafe) == by_dl212]
+    unhandled = "; ".join("%s %s" % (path, why) for path, why, fork_unsafe in plan.unhandled
+                          if bool(fork_unsafe) == by_dl212)
     return handles, unhandled
 
 
@@ -59,13 +56,12 @@ def _owned(plan, by_dl212):
       # loader is moved away from fork
       after=("unpicklable_dataset",))
 def shared_file_offset(args, ctx: IterContext):
-    if not _forking(args):
+    if not forking(args):
         return None
     plan = fork_plan(args, ctx)
     handles, unhandled = _owned(plan, by_dl212=False)
     if unhandled:
-        return away_from_fork(shared_file_offset, args, ctx, "; ".join(
-            "%s %s" % item for item in unhandled), repairs=False)
+        return away_from_fork(shared_file_offset, args, ctx, unhandled, repairs=False)
     if not (plan.isolate or handles):
         return None  # what no object shows is privatized all the same, and said if used
     what = ["%s: own offset" % d.describe() for d in plan.isolate]
@@ -124,14 +120,13 @@ def _fork_done(isolated, handles, shared, workers):
       # it reads the start method DL207 may have moved the loader to
       after=("shared_file_offset",))
 def handle_not_fork_safe(args, ctx: IterContext):
-    if not _forking(args):
+    if not forking(args):
         return None
     handles, unhandled = _owned(fork_plan(args, ctx), by_dl212=True)
     if unhandled:
         return away_from_fork(handle_not_fork_safe, args, ctx, "a forked worker must not "
-                               "use the parent's handle, and it cannot be reopened: %s"
-                               % "; ".join("%s %s" % item for item in unhandled),
-                               repairs=False)
+                               "use the parent's handle, and it cannot be reopened: "
+                               + unhandled, repairs=False)
     if not handles:
         return None
     return handle_not_fork_safe.rule.finding(
@@ -241,7 +236,7 @@ def descriptor_to_workers(args, ctx: OutcomeContext):
 def thread_pool_under_fork(args, ctx):
     from ..remedies import pools  # noqa: PLC0415 - imports torch: the rules load at `import cv2`, before the program imports torch
 
-    if not _forking(args) or not threads.others_alive():
+    if not forking(args) or not threads.others_alive():
         return None  # a pool in use has threads: with none alive, none is (no walk)
     used = [here for here, pool, _edge in holdings.find_thread_pools(args["dataset"])
             if holdings.thread_pool_in_use(pool)]

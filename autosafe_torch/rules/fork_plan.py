@@ -21,6 +21,10 @@ def start_method(args):
     return effective_start_method(args["multiprocessing_context"])
 
 
+def forking(args):
+    return args["num_workers"] > 0 and start_method(args) == "fork"
+
+
 def spawning_workers(args, ctx: IterContext):
     """Workers started by spawn/forkserver from a guarded main: they get pickles."""
     return args["num_workers"] > 0 and start_method(args) in SPAWNING and ctx.main_guarded()

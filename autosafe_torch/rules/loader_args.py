@@ -15,7 +15,6 @@ from . import InitContext, Rewrite, brief, rule
 
 GROUP = "dataloader"
 
-# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
 WORKER_ARGUMENT_REWRITE = Rewrite(
     'loader_args', 'site',
     "the argument made conditional on the call's own `num_workers` expression, with the "

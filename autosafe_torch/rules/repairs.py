@@ -97,17 +97,37 @@ def _named(items, most=3):
 # -- DL202: functions a worker cannot import, sent by value -------------------------
 
 def _by_value_meets(m: Meeting):
-    new = by_value_part(m.parts[m.top], m.value) if m.top in ("collate_fn", "worker_init_fn") \
-        else None
-    if new is None:
+    """A collate_fn or worker_init_fn that does not pickle, or the user's own
+    inside a worker_init_fn of ours, sent by value."""
+    if m.top not in ("collate_fn", "worker_init_fn"):
+        return None
+    from ..remedies import byvalue, workerinit
+
+    part = m.parts[m.top]
+    if m.value is part and callable(part):
+        new = byvalue.by_value(part)
+    elif m.value is workerinit.user_function(part) and callable(m.value):
+        new = workerinit.with_user_function(part, byvalue.by_value(m.value))
+    else:
         return None
     m.parts[m.top] = new  # the parts as planned send it so
     return {m.top: (new, m.why)}
 
 
 def _nested_meets(m: Meeting):
-    return (m.failure.path, m.why) if m.plan.nested is None and not_importable(m.value) \
-        else None
+    """A function or class a worker cannot import (a lambda, a local function or
+    class), or an instance of such a class: cloudpickle can send it by value."""
+    from ..inspection.mainmodule import importable_by_reference
+
+    if m.plan.nested is not None:
+        return None
+    if is_a(m.value, (types.FunctionType, type)):
+        unimportable = not importable_by_reference(m.value)
+    else:
+        cls = type(m.value)
+        unimportable = "<locals>" in cls.__qualname__ or (
+            cls.__module__ == "__main__" and not importable_by_reference(cls))
+    return (m.failure.path, m.why) if unimportable else None
 
 
 # -- DL203: classes of an interactive __main__ ---------------------------------------
@@ -443,28 +463,3 @@ def read_only_files(args):
                 seen.add(id(held.obj))
                 found.append((held.path, held.obj))
     return found
-
-
-def not_importable(value):
-    """A function or class a worker cannot import (a lambda, a local function or
-    class), or an instance of such a class: cloudpickle can send it by value."""
-    from ..inspection.mainmodule import importable_by_reference
-
-    if is_a(value, (types.FunctionType, type)):
-        return not importable_by_reference(value)
-    cls = type(value)
-    return "<locals>" in cls.__qualname__ or (
-        cls.__module__ == "__main__" and not importable_by_reference(cls))
-
-
-def by_value_part(part, failing):
-    """``part`` (a collate_fn or worker_init_fn) with ``failing``, the function
-    that does not pickle, sent by value; None when ``failing`` is not that
-    function nor the user's own inside a worker_init_fn of ours."""
-    from ..remedies import byvalue, workerinit
-
-    if failing is part and callable(part):
-        return byvalue.by_value(part)
-    if failing is workerinit.user_function(part) and callable(failing):
-        return workerinit.with_user_function(part, byvalue.by_value(failing))
-    return None

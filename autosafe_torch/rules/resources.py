@@ -26,9 +26,7 @@ from ..remedies import limits
 from ..remedies.workerinit import with_step
 from .accel import default_collate
 from . import number_of, rule
-from .ladder import emulated_workers
-
-GROUP = "dataloader"
+from .ladder import GROUP, emulated_workers
 
 # Estimate only where the limit could plausibly be reached.
 SHM_PROBE_BELOW = 8 * 2 ** 30
@@ -132,9 +130,8 @@ def shm_too_small(values, ctx):
                 strategy="lower prefetch_factor",
                 done="prefetch_factor %d -> %d: /dev/shm has %s free, %s needed" % (
                     prefetch, p, _mib(free), _mib(need)))
-    # 2. The requested workers, emulated in this process: no shared memory, and
-    # each worker's seed, worker info and share of the batches as asked. Fewer
-    # workers (or none) would hand batch i to another worker's random stream.
+    # 2. The requested workers, emulated in this process: no shared memory, each
+    # worker's seed, worker info and batches as asked (never fewer: ladder.LADDERS).
     return emulated_workers(
         shm_too_small, values, head + ". Not even one batch per worker fits",
         reason="/dev/shm has %s free, %s needed with one batch per worker" % (

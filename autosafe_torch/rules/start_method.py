@@ -7,10 +7,9 @@ start as asked, ``ladder.py`` chooses the rung.
 """
 
 from . import IterContext, Rewrite, number_of, rule
-from .fork_plan import SPAWN_VERSIONS, SPAWNING, start_method
+from .fork_plan import SPAWN_VERSIONS, SPAWNING, forking, start_method
 from .ladder import GROUP, away_from_fork, fallback
 
-# How `autosafe-torch fix` rewrites these rules' records (docs/fix.md).
 MAIN_GUARD_REWRITE = Rewrite(
     'main_guard', 'file',
     "the top-level training code moved, in its order, under `if __name__ == "
@@ -43,8 +42,6 @@ def too_many_workers(values, ctx):
     wanted, usable = values["num_workers"], facts.cpus_usable
     if not wanted or wanted <= usable or wanted > facts.cpus_affinity:
         return None  # enough CPUs, or torch warns itself (its message reaches the user)
-    # No change: which worker fetches a batch, and with which seed, is part of
-    # the batch (random augmentation); a dataset may wait for all its workers.
     return too_many_workers.rule.finding(
         {"num_workers": wanted}, {}, "only %d CPU(s) are usable here; more workers only "
         "compete for them, but the batches depend on the worker count: left as asked"
@@ -98,8 +95,7 @@ def fork_on_macos(args, ctx: IterContext):
     # thread at any time, and a Mac user's script was written for spawn.
     from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.threads)
 
-    if args["num_workers"] > 0 and start_method(args) == "fork" \
-            and ctx.facts.platform == "darwin" and not threads.single_threaded():
+    if forking(args) and ctx.facts.platform == "darwin" and not threads.single_threaded():
         return away_from_fork(fork_on_macos, args, ctx,
                                "this process has more than one thread, and macOS aborts "
                                "the children it forks (Objective-C runtime)")
@@ -134,8 +130,7 @@ def fork_on_macos(args, ctx: IterContext):
 def fork_after_cuda(args, ctx: IterContext):
     """Only once forked workers of this loader touched CUDA (``ctx.fork_failed``):
     never on "CUDA is initialised", true of every GPU script."""
-    if args["num_workers"] > 0 and start_method(args) == "fork" \
-            and ctx.fork_failed is not None:
+    if forking(args) and ctx.fork_failed is not None:
         return away_from_fork(fork_after_cuda, args, ctx,
                                "a forked worker touched CUDA, which this process had "
                                "initialised: %s" % ctx.fork_failed.what())
