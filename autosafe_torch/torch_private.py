@@ -1,61 +1,52 @@
-"""The one place that touches torch's private DataLoader internals (and its
-other privates: a tensor's storage and hooks, an autocast's state).
+"""The one place that touches torch's privates: its DataLoader iterator loop
+(``torch.utils.data.dataloader``, ``_utils``), a tensor's storage and hooks,
+an autocast's state. A release may rename a method, an attribute or an
+error's words, so everything of ours that depends on them goes through here
+(or the copy of torch's loop, ``remedies/emulated_workers.py``, which says
+the torch it mirrors). Nothing here imports the rest of the package.
 
-torch keeps its iterator loop private (``torch.utils.data.dataloader`` and
-``torch.utils.data._utils``), and a release may rename a method, an
-attribute or an error's words. Everything of ours that depends on them goes
-through this module (or the copy of torch's loop, which says the torch it
-mirrors: ``remedies/emulated_workers.py``): the iterator classes we subclass,
-the fields we read or set, ``_worker_info``, the SIGCHLD table, the error
-strings we match or raise in torch's words. Nothing here imports the rest of
-the package.
-
-``tests/test_torch_private.py`` pins what each piece does (not only that it
-exists) on every torch the project supports (``make compat``,
-``make compat-torch``, ``make test``); ``watched_missing`` and
-``emulated_missing`` check names and shapes once per process, so that a
-torch that moved them gets its own iterator and one line saying why.
+``tests/test_torch_private.py`` pins what each piece does on every torch the
+project supports (``make compat``, ``make compat-torch``, ``make test``);
+``watched_missing`` and ``emulated_missing`` check names and shapes once per
+process, so that a torch that moved them gets its own iterator and one line
+saying why.
 
 NOTE [the data flow of a repaired loader]
 
 1. Parent. ``DataLoader.__iter__`` -> ``_get_iterator`` (patched: the rules
    have set the loader's arguments, ``engine/loader.py``) -> ``Watched``
-   (torch's ``_MultiProcessingDataLoaderIter`` with our hooks,
-   ``recovery/rungs.py: real_workers``), whose ``worker_init_fn`` now runs
-   our steps first (``remedies/workerinit.py``: the worker's own file
+   (``recovery/rungs.py: real_workers``), whose ``worker_init_fn`` runs our
+   steps first (``remedies/workerinit.py``: the worker's own file
    descriptions, ``remedies/isolation.py``; faulthandler into a file of
    ours, ``inspection/diagnostics.py``). torch's ``__init__`` draws the base
    seed, pickles the loader's parts for each worker (spawn; fork copies
-   them) through the reducers the repairs installed, the process state its
-   code reads first (DL220: ``dataset_kind_as``), starts the workers and
-   sends each ``prefetch_factor`` indices, round robin (``_try_put_index``),
-   drawn from the sampler through a ``Recorder``.
-2. Server. Under DL209 the workers are not spawned by the parent but forked
-   by a warm fork server that has imported torch and the dataset's
-   libraries (``remedies/warmstart.py``, ``remedies/warmserver.py``); each
-   child starts as spawn does (the pickled parts, the main module imported)
-   and first gets its own description of each file the server holds open
+   them) through the reducers the repairs installed, the process state
+   first (DL220: ``dataset_kind_as``), starts the workers and sends each
+   ``prefetch_factor`` indices, round robin, drawn through a ``Recorder``.
+2. Server. Under DL209 the workers are forked by a warm fork server that
+   has imported torch and the dataset's libraries (``remedies/warmstart.py``,
+   ``warmserver.py``); each child starts as spawn does and first gets its
+   own description of each file the server holds open
    (``isolation.after_fork_in_server_child``).
 3. Worker. As it unpickles what it was sent: the training process's values
    where its own import left others (``process_state.arrive``), then the
    dataset. torch's ``_worker_loop``: seeds ``base_seed + id`` (random,
    torch, numpy), sets ``get_worker_info()``, runs ``worker_init_fn`` (our
-   steps, then the user's), then for each index fetches and collates a
-   batch and puts it on the result queue (tensors through shared memory).
-   A worker that cannot unpickle what it was sent dies before its steps
-   run; it leaves its traceback where ``diagnostics.bootstrap_path`` says.
+   steps, then the user's), then fetches and collates each batch onto the
+   result queue (tensors through shared memory). A worker that cannot
+   unpickle what it was sent dies before its steps run, its traceback where
+   ``diagnostics.bootstrap_path`` says.
 4. Report back. The parent's ``_get_data`` polls the queue (``Watch.limit``,
-   ``observed``); ``_process_data(data, worker_idx)`` tells the watch which
-   worker delivered (``Watch.delivered_by``; on torch 2.0, whose
-   ``_process_data(data)`` names none, the worker its index was sent to:
-   ``_WatchedAtIndex``): once each did, the records waiting on the workers
-   are made ("fixed": the remedy held). A death, a silence past the limit or
-   a shared-memory/open-file error becomes a ``Failure`` (``Watch.failed``,
-   ``hung``); the recovery (``recovery/iterator.py``) builds the next rung's
-   iterator with the same base seed and the recorded indices (``Resume``)
-   and replays. As the workers exit, what they read through descriptions of
-   their own comes back (``Watch.shut_down`` -> ``isolation.Outcome``) for
-   the records at ``dataloader.outcome``.
+   ``observed``); ``_process_data`` tells the watch which worker delivered
+   (``Watch.delivered_by``; torch 2.0: ``_WatchedAtIndex``): once each did,
+   the records waiting on the workers are made ("fixed": the remedy held).
+   A death, a silence past the limit or a shared-memory/open-file error
+   becomes a ``Failure`` (``Watch.failed``, ``hung``); the recovery
+   (``recovery/iterator.py``) builds the next rung's iterator with the same
+   base seed and the recorded indices (``Resume``) and replays. As the
+   workers exit, what they read through descriptions of their own comes
+   back (``Watch.shut_down`` -> ``isolation.Outcome``) for the records at
+   ``dataloader.outcome``.
 """
 
 from __future__ import annotations
@@ -64,6 +55,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import operator
 import pickle
 import re
 import sys
@@ -120,11 +112,6 @@ def is_iterable_kind(kind: Any) -> bool:
     return kind == DatasetKind.Iterable
 
 
-def pin(data: Any, device: Any) -> Any:
-    """torch's pin step for a batch (``_utils.pin_memory.pin_memory``)."""
-    return pin_memory_module().pin_memory(data, device)
-
-
 def pin_memory_module() -> Any:
     """The module that holds torch's pin step (``pin_memory``), which DL305 wraps."""
     return _pin_memory
@@ -176,17 +163,12 @@ def iterator_class_is_torchs() -> bool:
     return getattr(_dataloader, "_MultiProcessingDataLoaderIter", None) is MultiProcessIter
 
 
-# -- torch's objects: a tensor's storage and hooks, an autocast --------------------
+# -- torch's objects: a tensor's storage, an autocast -----------------------------
 
 def storage_id(tensor: Any) -> int:
     """The same number for every tensor that views one storage, as long as it
     lives (its C object's address)."""
     return tensor.untyped_storage()._cdata
-
-
-def backward_hooks(tensor: Any) -> Any:
-    """The hooks ``register_hook`` put on ``tensor`` (None or empty: none)."""
-    return getattr(tensor, "_backward_hooks", None)
 
 
 def autocast_enabled(autocast: Any) -> bool:
@@ -197,12 +179,8 @@ def autocast_enabled(autocast: Any) -> bool:
 
 # -- get_worker_info() ----------------------------------------------------------
 
-def current_worker_info() -> Any:
-    return _worker_module._worker_info
-
-
-def set_worker_info(info: Any) -> None:
-    _worker_module._worker_info = info
+current_worker_info: Callable[[], Any] = functools.partial(getattr, _worker_module, "_worker_info")
+set_worker_info: Callable[[Any], None] = functools.partial(setattr, _worker_module, "_worker_info")
 
 
 @contextlib.contextmanager
@@ -244,11 +222,22 @@ def dataset_kind_as(loader: Any, make: Callable[[int], int]) -> AbstractContextM
     return _set_while(loader, "_dataset_kind", make(loader._dataset_kind))
 
 
-# -- an iterator's fields ---------------------------------------------------------
+# -- an iterator's fields (and a tensor's) -----------------------------------------
 
-def worker_processes(iterator: Any) -> Sequence[Any]:
-    """The worker processes of a multi-process iterator (none before it started)."""
-    return getattr(iterator, "_workers", ())
+def _field(name: str, default: Any) -> Callable[[Any], Any]:
+    return lambda owner: getattr(owner, name, default)
+
+
+# A multi-process iterator's worker processes (none before it started), the
+# batches it sent, its pin thread; the hooks register_hook put on a tensor.
+worker_processes: Callable[[Any], Sequence[Any]] = _field("_workers", ())
+batches_sent: Callable[[Any], int] = _field("_send_idx", 0)
+pin_memory_thread: Callable[[Any], Any] = _field("_pin_memory_thread", None)
+backward_hooks: Callable[[Any], Any] = _field("_backward_hooks", None)  # None or empty: none
+base_seed: Callable[[Any], int] = operator.attrgetter("_base_seed")
+# The next batch, as ``__next__`` fetches it but not counted as yielded (a replay).
+fetch_next: Callable[[Any], Any] = operator.methodcaller("_next_data")
+shut_down: Callable[[Any], None] = operator.methodcaller("_shutdown_workers")
 
 
 def dead_workers(iterator: Any) -> list[tuple[int, Any]]:
@@ -262,20 +251,6 @@ def awaited_worker(iterator: Any) -> int | None:
     return (iterator._task_info.get(iterator._rcvd_idx) or (None,))[0]
 
 
-def batches_sent(iterator: Any) -> int:
-    return getattr(iterator, "_send_idx", 0)
-
-
-def base_seed(iterator: Any) -> int:
-    return iterator._base_seed
-
-
-def fetch_next(iterator: Any) -> Any:
-    """The next batch of ``iterator``, as ``__next__`` would fetch it but
-    without counting it as yielded (a replay)."""
-    return iterator._next_data()
-
-
 def set_yielded(iterator: Any, count: int) -> None:
     iterator._num_yielded = count
 
@@ -284,14 +259,6 @@ def next_epoch(iterator: Any, loader: Any, first_iter: bool = False) -> Any:
     """A persistent loader's next epoch on ``iterator`` (what DataLoader calls
     on the iterator it keeps: ``_reset``)."""
     return iterator._reset(loader, first_iter)
-
-
-def shut_down(iterator: Any) -> None:
-    iterator._shutdown_workers()
-
-
-def pin_memory_thread(iterator: Any) -> Any:
-    return getattr(iterator, "_pin_memory_thread", None)
 
 
 # -- recording the sampler, and resuming at a batch ------------------------------
@@ -361,15 +328,6 @@ class Recording(BaseIter):
         self._index_sampler = loader._index_sampler
         self._base_seed = resume.base_seed
 
-    def begin_after_failed_start(self, loader: Any) -> None:
-        """Its workers could not start (``__init__`` raised): the epoch's
-        sampler iterator, recorded, as torch's ``_reset`` would have begun it
-        (the base seed was drawn already), for the rung that goes on from it.
-        A resumed iterator goes on from its own recorder."""
-        if self._autosafe_resume is None:
-            BaseIter._reset(self, loader, True)
-            self._sampler_iter = self._autosafe_watch.recorder = Recorder(self._sampler_iter)
-
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         resume, watch = self._autosafe_resume, self._autosafe_watch
         if resume is None:
@@ -399,22 +357,15 @@ class _Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
                  if MultiProcessIter else (Recording,))):
     """torch's iterator, with the sampler's indices recorded, deaths left to
     the watch (out of torch's SIGCHLD table) and a watchdog on every wait.
-
-    ``watch`` decides; this class only does what torch's loop does, with
-    hooks at four places: ``watch.starting()``, ``watch.delivered_by(worker)``
-    for each batch, ``watch.shut_down(workers)`` after torch shut them down,
-    and in ``_get_data`` ``watch.limit()``, ``watch.observed(seconds)``,
-    ``watch.failed(iterator, exc)`` (an exception to raise instead, or None:
-    torch's stands) and ``watch.hung(worker, pid, seconds)`` (the exception
-    to raise). ``poll_s``: how often a wait looks at the workers. Where a
-    worker could not start (what it is sent does not pickle: torch raises
-    from ``__init__``), ``watch.start_failed(iterator, loader, exc)`` gives
-    the exception to raise instead, or None."""
+    ``watch`` decides (``recovery/watch.py``: ``Watch``, whose hooks say what
+    each returns); this class only does what torch's loop does, calling them.
+    ``poll_s``: how often a wait looks at the workers."""
 
     # Until torch's __init__ sets it, no worker has started: an iterator that
     # could not start (no file descriptor for its queues) has nothing to stop.
     _shutdown = True
-    _worker_pids_set: bool  # torch's, set by its __init__
+    _worker_pids_set: bool  # torch's, as its __init__ sets them
+    _sampler_iter: Iterator[Any]
 
     def __init__(self, loader: Any, watch: Any, resume: Resume | None = None,
                  poll_s: float = 0.1) -> None:
@@ -428,9 +379,15 @@ class _Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
             # torch's own catch around each worker's start (its _workers list
             # is made just before, and _send_idx at the end by _reset)
             starting = "_workers" in vars(self) and "_send_idx" not in vars(self)
-            instead = watch.start_failed(self, loader, exc) if starting else None
+            instead = watch.start_failed(self, exc) if starting else None
             if instead is None:
                 raise
+            if self._autosafe_resume is None:
+                # The epoch's sampler iterator, recorded, as torch's _reset would
+                # have begun it (the base seed was drawn already), for the rung
+                # that goes on from it; a resumed one goes on from its recorder.
+                BaseIter._reset(self, loader, True)
+                self._sampler_iter = watch.recorder = Recorder(self._sampler_iter)
             raise instead from exc
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
@@ -535,36 +492,29 @@ WORKER_MODULE = ("_worker_info", "WorkerInfo", "_generate_state",
 DATALOADER_MODULE = ("_BaseDataLoaderIter", "_MultiProcessingDataLoaderIter", "_DatasetKind",
                      "_sharding_worker_init_fn")
 
-_checked: dict[str, str] = {}  # seam -> what is missing ("" where nothing is)
 
-
-def dataset_kind_missing() -> str:
-    """What ``dataset_kind_as`` needs that this torch lacks ("" where nothing):
-    the loader's ``_dataset_kind``, which its iterators take and send first."""
-    return _once("dataset kind", lambda: _set_by(_dataloader.DataLoader, ("_dataset_kind",))
-                 + _set_by(BaseIter, ("_dataset_kind",)))
-
-
-def watched_missing() -> str:
-    """What ``Watched`` needs that this torch lacks ("" where nothing)."""
-    return _once("watched", _watched)
-
-
-def emulated_missing() -> str:
-    """What the emulated workers need that this torch lacks ("" where nothing)."""
-    return _once("emulated", _emulated)
-
-
-def _once(seam: str, check: Callable[[], list[str]]) -> str:
-    if seam not in _checked:
+def _once(check: Callable[[], list[str]]) -> Callable[[], str]:
+    """What ``check`` finds this torch lacks, joined ("" where nothing), once per process."""
+    @functools.cache
+    def missing() -> str:
         try:
-            _checked[seam] = ", ".join(check())
+            return ", ".join(check())
         except Exception as exc:  # a torch we cannot even look at: not ours to use
-            _checked[seam] = "torch.utils.data (%s)" % type(exc).__name__
-    return _checked[seam]
+            return "torch.utils.data (%s)" % type(exc).__name__
+    return functools.update_wrapper(missing, check)
 
 
-def _watched() -> list[str]:
+@_once
+def dataset_kind_missing() -> list[str]:
+    """What ``dataset_kind_as`` needs: the loader's ``_dataset_kind``, which
+    its iterators take and send first."""
+    return _set_by(_dataloader.DataLoader, ("_dataset_kind",)) + \
+        _set_by(BaseIter, ("_dataset_kind",))
+
+
+@_once
+def watched_missing() -> list[str]:
+    """What ``Watched`` needs."""
     missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
     missing += _names(_signal_handling, ("_remove_worker_pids",), "signal_handling")
     cls = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
@@ -610,7 +560,9 @@ def _code_names(function: Any) -> set[str]:
     return set(code.co_names) if code is not None else set()
 
 
-def _emulated() -> list[str]:
+@_once
+def emulated_missing() -> list[str]:
+    """What the emulated workers need."""
     missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
     missing += _names(_worker_module, WORKER_MODULE, "torch.utils.data._utils.worker")
     base = getattr(_dataloader, "_BaseDataLoaderIter", None)

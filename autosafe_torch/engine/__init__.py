@@ -1,11 +1,9 @@
-"""From findings to action: run a hook's checks, then fix, warn or refuse.
-
-One place decides what the configured mode means, for every patch:
-fix applies the findings (their argument changes, then their remedies) and
-records them; warn records what would change and applies nothing; strict
-raises ``UnsafeCallError`` naming the rule and its permanent fix. Advice
-(a finding that changes nothing) is recorded as advice in every mode.
-"""
+"""From findings to action: the one place that decides what the mode means,
+for every patch. Fix applies the findings (their argument changes, then their
+remedies) and records them; warn records what would change and applies
+nothing; strict raises ``UnsafeCallError`` naming the rule and its permanent
+fix. Advice (a finding that changes nothing) is recorded as advice in every
+mode."""
 
 from __future__ import annotations
 
@@ -71,8 +69,7 @@ def run_checks(hook: str, args: dict[str, Any],
 
 def settle(findings: Sequence[Finding], call_site: str,
            args: dict[str, Any] | None = None) -> bool:
-    """Record ``findings`` as the mode says; True when they were applied. In
-    fix mode the remedies run here, in order, their changes merged into ``args``."""
+    """``settle_later``, its records made now; True when the findings were applied."""
     applied, made = settle_later(findings, call_site, args)
     for intervention in made:
         record_outcome(intervention)
@@ -81,11 +78,12 @@ def settle(findings: Sequence[Finding], call_site: str,
 
 def settle_later(findings: Sequence[Finding], call_site: str,
                  args: dict[str, Any] | None = None) -> tuple[bool, list[Intervention]]:
-    """``settle``, but in fix mode the records are returned, not made:
-    ``(applied, interventions)``. For findings whose remedy acts in the
-    workers, recorded once it held there (``record_outcome``): a record
-    states an outcome, never a plan. Warn and strict mode record (or
-    raise) now, as ``settle`` does, and return no records."""
+    """Settle ``findings`` as the mode says: ``(applied, interventions)``. In
+    fix mode the remedies run here, in order, their changes merged into
+    ``args``, and the records are returned, not made: a remedy that acts in
+    the workers is recorded once it held there (``record_outcome``), as a
+    record states an outcome, never a plan. Warn and strict mode record (or
+    raise) now, and return no records."""
     fixing = CONFIG.mode == "fix"
     if not fixing:
         findings = [f for f in findings if not f.told_by_workers]

@@ -1,20 +1,13 @@
 """Recover from a failure of a loader's workers: same batches, none lost or repeated.
 
 ``watched(loader, wrapped, args, kwargs)`` builds the multi-process iterator
-torch would build, watched, inside a ``RecoveringIter``:
-
-- Deaths are ours to handle: torch's SIGCHLD handler raises wherever the
-  main thread is (inside ``loss.backward()``), so our workers' pids are
-  taken out of its table; a death, a shared-memory or open-file failure is
-  found when a batch is awaited (``_get_data`` polls every ``POLL_S``).
-- A watchdog: no batch for ``limit()`` seconds while every worker lives is
-  a hang (``watch.py``: AUTOSAFE_TORCH_HANG_TIMEOUT, the slowest wait seen,
-  the loader's ``timeout``; more while workers start).
-- Each worker runs faulthandler into a file of ours (a ``worker_init_fn``
-  step): a crash leaves its Python traceback there, and ``SIGUSR1`` makes
-  it write every thread's stack, which is how a hang is explained.
-- Then the iterator is rebuilt on the next rung (``rules/ladder.py``) and
-  resumes at the first batch not yet delivered.
+torch would build, watched (``watch.py``: deaths, hangs, a worker's reported
+failure, found as a batch is awaited), inside a ``RecoveringIter``. Each
+worker runs faulthandler into a file of ours (a ``worker_init_fn`` step): a
+crash leaves its Python traceback there, and ``SIGUSR1`` makes it write
+every thread's stack, which is how a hang is explained. Then the iterator is
+rebuilt on the next rung (``rules/ladder.py``) and resumes at the first
+batch not yet delivered.
 
 Exact by replay. A worker's random state after n fetches is known only by
 making them, so the new iterator is the old one again: the same base seed
@@ -53,8 +46,7 @@ from ..rung import Rung
 from ..rules import OutcomeContext, number_of
 from ..rules.recovery import kinds_watched, start_failures_recovered
 from .iterator import RecoveringIter, UnwatchedIter
-from .rungs import (Emulated, ladder_of, own_files, real_workers, sending_to_workers,
-                    torch_lacks, with_state_refused)
+from .rungs import Emulated, ladder_of, own_files, real_workers, sending_to_workers, torch_lacks
 from .watch import Failed, Watch, record_failed, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
@@ -64,10 +56,10 @@ def watched(loader, wrapped, args, kwargs, pending=()):
     """``wrapped(*args, **kwargs)`` (``DataLoader._get_iterator``), watched and
     recovered where that is exact; unchanged otherwise, or on an error of ours.
     ``pending``: this iteration's records, made once their remedies held."""
-    start = engine.fail_open(None, "DataLoader recovery", _plan, loader, wrapped)
-    if start is None:
+    kinds = engine.fail_open(None, "DataLoader recovery", _kinds_watched, loader, wrapped)
+    if kinds is None:
         return _unwatched(loader, wrapped, args, kwargs, pending)
-    return start(pending)
+    return _start(loader, kinds, pending)
 
 
 def _unwatched(loader, wrapped, args, kwargs, pending):
@@ -77,16 +69,10 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader,
                              dump_dir()) if loader.num_workers else None
     mark = _warm_mark(pending)
-    saved = loader.worker_init_fn
-    if table is not None:
-        loader.worker_init_fn = with_step(saved, isolation.worker_step(table), first=True)
-    if loader.num_workers:
-        loader.worker_init_fn = with_state_refused(loader, loader.worker_init_fn)
-    try:
-        with sending_to_workers(loader):
-            iterator = wrapped(*args, **kwargs)
-    finally:
-        loader.worker_init_fn = saved
+    init = None if table is None else \
+        with_step(loader.worker_init_fn, isolation.worker_step(table), first=True)
+    with sending_to_workers(loader, init):
+        iterator = wrapped(*args, **kwargs)
     engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
     missing = tp.watched_missing() if pending and loader.num_workers else ""
     if missing and CONFIG.mode == "fix":
@@ -130,8 +116,8 @@ def emulated(loader, pending=(), torch_s=None):
     return iterator
 
 
-def _plan(loader, wrapped):
-    """A callable that starts the watched iterator, or None: leave it to torch."""
+def _kinds_watched(loader, wrapped):
+    """The failure kinds a watched iterator recovers from, or None: leave it to torch."""
     if CONFIG.mode != "fix" or not loader.num_workers or not getattr(loader, "in_order", True) \
             or isinstance(loader.dataset, tp.DATAPIPES):
         return None
@@ -141,7 +127,7 @@ def _plan(loader, wrapped):
     kinds = kinds_watched(engine.enabled)
     if not kinds or torch_lacks("watched", tp.watched_missing(), "workers not watched"):
         return None
-    return functools.partial(_start, loader, kinds)
+    return kinds
 
 
 def _start(loader, kinds, pending):

@@ -1,12 +1,8 @@
-"""The recovering iterator: a failure of the workers, the next rung, a replay.
-
-``RecoveringIter``'s loop: take the inner iterator's next batch; on a
-``Failed`` (``watch.py``) or a worker's error of a watched kind, read what
-the workers left (``_diagnose``), stop them, take the ladder's next rung
-(``rules.ladder.next_rung``), build the iterator there (``rungs.py``) and
-replay the batches delivered; once the rung delivered every batch in
-flight at the failure, the recovery's record is made (``dataloader.failure``).
-"""
+"""The recovering iterator: on a ``Failed`` (``watch.py``) or a worker's error
+of a watched kind, read what the workers left (``_diagnose``), stop them,
+build the ladder's next rung (``rungs.py``) and replay the batches delivered;
+once the rung delivered every batch in flight at the failure, the recovery's
+record is made (``dataloader.failure``)."""
 
 from __future__ import annotations
 
@@ -245,26 +241,24 @@ def _record(pending: Recovered) -> None:
 
 
 class UnwatchedIter(wrapt.ObjectProxy):
-    """torch's own iterator where its workers are not watched (this torch
-    cannot be, or the loader is not ours to watch: ``in_order=False``,
-    another library's iterator) but were given repairs, whose records
-    (``pending``) are made only as the batches show them. torch sends a new
-    iterator's first indices round robin and hands the batches over in order,
-    so the first ``workers`` delivered come one from each worker: then the
-    repairs held. A repair a worker could not apply (``RemedyFailed``) cannot
-    step down: no rung below can resume without the watch (the indices drawn,
-    each worker's deliveries). Its records say it failed, and the run stops
-    with ``NoExactRung``, never after a record that said "fixed". Where the
-    iterator ends, raises a worker's own error or is dropped after a delivery,
-    the repairs held (as ``Watch.shut_down`` says); where the workers failed
-    otherwise before any delivered (a death), nothing is said."""
+    """torch's own iterator where its workers are not watched (``unwatched``:
+    why) but were given repairs, whose records (``pending``) are made as the
+    batches show them. torch sends a new iterator's first indices round robin
+    and hands the batches over in order, so the first ``workers`` delivered
+    come one from each: then the repairs held, as they did where the iterator
+    ends, raises a worker's own error or is dropped after a delivery; where
+    the workers failed otherwise before any delivered (a death), nothing is
+    said. A repair a worker could not apply (``RemedyFailed``) cannot step
+    down (no rung below can resume without the watch's record of the indices
+    drawn): its records say it failed, and the run stops with
+    ``NoExactRung``, never after a record that said "fixed"."""
 
     def __init__(self, inner, pending, workers, unwatched):
         super().__init__(inner)
         self._self_pending = list(pending)
         self._self_workers = workers
         self._self_delivered = 0
-        self._self_unwatched = unwatched  # why the workers are not watched, in words
+        self._self_unwatched = unwatched
 
     def __iter__(self):
         return self

@@ -75,56 +75,45 @@ def real_workers(loader, ladder, watch, resume=None):
     if Rung.FILE_SYSTEM in ladder.settings:
         file_system_sharing(None)
         init = with_step(init, use_file_system_sharing)
-    init = with_state_refused(loader, init)
-    saved = loader.worker_init_fn, loader.prefetch_factor
-    loader.worker_init_fn = init
-    if Rung.FEWER in ladder.settings:
-        loader.prefetch_factor = 1
-    try:
-        with sending_to_workers(loader):
-            return tp.Watched(loader, watch, resume, poll_s=POLL_S)
-    finally:
-        loader.worker_init_fn, loader.prefetch_factor = saved
-
-
-def with_state_refused(loader, init):
-    """``init`` with the step that stops a worker whose process state differs
-    from the training process's where it could not be carried (DL220,
-    ``remedies/process_state.py``)."""
-    if _carry(loader) is None:
-        return init
-    return with_step(init, process_state.refuse_in_worker)
-
-
-def _carry(loader):
-    carry = state_of(loader).kept.process_state
-    if carry is None or CONFIG.mode != "fix" or \
-            facts.effective_start_method(loader.multiprocessing_context) == "fork":
-        return None
-    return carry
+    fewer = 1 if Rung.FEWER in ladder.settings else None
+    with sending_to_workers(loader, init, fewer):
+        return tp.Watched(loader, watch, resume, poll_s=POLL_S)
 
 
 @contextlib.contextmanager
-def sending_to_workers(loader):
-    """While ``loader``'s workers start: each told where a failed start leaves its
-    traceback; the loggers carried configured, where DL219 chose that
-    (``remedies/loggers.py``); where they do not fork, the process state their
-    code reads, ahead of the dataset (DL220), and in fix mode, where the worker
-    checks found nothing to do, the dataset pickled once for all of them
-    (``remedies/sent_once.py``; a repair of ours sends it its own way); then
-    ``pickled_for_workers``."""
+def sending_to_workers(loader, init=None, prefetch_factor=None):
+    """While ``loader``'s workers start, with ``init`` as their ``worker_init_fn``
+    and ``prefetch_factor`` where given (the loader's own again after): each
+    told where a failed start leaves its traceback; the loggers carried
+    configured, where DL219 chose that (``remedies/loggers.py``); where they
+    do not fork, the process state their code reads, ahead of the dataset,
+    and the step that stops a worker whose state differs where it could not
+    be carried (DL220); in fix mode, where the worker checks found nothing to
+    do, the dataset pickled once for all (``remedies/sent_once.py``; a repair
+    of ours sends it its own way); then ``pickled_for_workers``."""
     state = state_of(loader)
+    spawned = CONFIG.mode == "fix" and \
+        facts.effective_start_method(loader.multiprocessing_context) != "fork"
     with contextlib.ExitStack() as sending:
+        sending.callback(setattr, loader, "worker_init_fn", loader.worker_init_fn)
+        if init is not None:
+            loader.worker_init_fn = init
+        if prefetch_factor is not None:
+            sending.callback(setattr, loader, "prefetch_factor", loader.prefetch_factor)
+            loader.prefetch_factor = prefetch_factor
         sending.enter_context(telling_workers(dump_dir()))
         if state.kept.loggers is not None:
             sending.enter_context(loggers.carrying(state.kept.loggers))
-        carry = _carry(loader)
-        if carry is not None and not torch_lacks(
-                "process state", tp.dataset_kind_missing(),
-                "what main() set does not reach spawned workers"):
-            sending.enter_context(tp.dataset_kind_as(loader, carry.start(dump_dir()).first))
-        if CONFIG.mode == "fix" and state.untouched and \
-                facts.effective_start_method(loader.multiprocessing_context) != "fork":
+        carry = state.kept.process_state
+        if carry is not None and spawned:
+            loader.worker_init_fn = with_step(loader.worker_init_fn,
+                                              process_state.refuse_in_worker)
+            if not torch_lacks("process state", tp.dataset_kind_missing(),
+                               "what main() set does not reach spawned workers"):
+                first = functools.partial(process_state.StateFirst,
+                                          carried=carry.start(dump_dir()))
+                sending.enter_context(tp.dataset_kind_as(loader, first))
+        if spawned and state.untouched:
             sending.enter_context(sent_once.offering(loader))
         sending.enter_context(pickled_for_workers(loader))
         yield

@@ -75,18 +75,27 @@ class Watch:
 
     def failed(self, iterator, exc):
         """What to raise instead of ``exc``, raised while a batch was awaited:
-        ``Failed`` for a failure of the workers, None where torch's error stands."""
-        failure = observe(iterator, exc)
-        return None if failure is None else Failed(failure)
+        ``Failed`` for a failure of the workers (a death, or an error of a
+        kind the recovery knows), None where torch's error stands."""
+        kind = F.exception_kind(exc)
+        dead = tp.dead_workers(iterator)
+        deadline = time.monotonic() + DEATH_WAIT_S
+        while not dead and kind is None and F.lost_peer(exc) and time.monotonic() < deadline:
+            time.sleep(0.02)
+            dead = tp.dead_workers(iterator)
+        if dead:
+            worker, process = dead[0]
+            return Failed(F.Failure(kind or F.death_kind(process.exitcode), exc, worker,
+                                    process.pid, F.exit_status(process.exitcode)))
+        return Failed(F.Failure(kind, exc)) if kind else None
 
-    def start_failed(self, iterator, loader, exc):
+    def start_failed(self, iterator, exc):
         """A worker could not start: what it is sent did not pickle. New workers
         would be sent the same: a failure at the start, which the recovery
         steps down from. None where its rule, or a rule that repairs what
         workers are sent, is off: torch's error stands."""
         if F.REMEDY not in self.kinds or not self.start_recovered:
             return None
-        iterator.begin_after_failed_start(loader)
         failure = F.Failure(F.REMEDY, exc)
         failure.starting = True
         return Failed(failure, iterator)
@@ -144,22 +153,6 @@ def _record_all(pending, failed):
 
 
 # -- from an exception to a Failure --------------------------------------------------
-
-def observe(iterator, exc):
-    """The ``Failure`` behind ``exc``, raised while a batch was awaited, or None:
-    not a failure of the workers (torch's error stands)."""
-    kind = F.exception_kind(exc)
-    dead = tp.dead_workers(iterator)
-    deadline = time.monotonic() + DEATH_WAIT_S
-    while not dead and kind is None and F.lost_peer(exc) and time.monotonic() < deadline:
-        time.sleep(0.02)
-        dead = tp.dead_workers(iterator)
-    if dead:
-        worker, process = dead[0]
-        return F.Failure(kind or F.death_kind(process.exitcode), exc, worker, process.pid,
-                         F.exit_status(process.exitcode))
-    return F.Failure(kind, exc) if kind else None
-
 
 def raised_in_worker(iterator, exc):
     """A shared-memory or open-file failure a worker reported as its batch's

@@ -15,17 +15,17 @@ Where W worker processes cannot be started, torch's fallbacks change the
 batches (``num_workers=0`` seeds no worker, threads share every random
 state). ``EmulatedWorkersIter`` yields, in this process, exactly the batches
 of W workers on a safe platform (Linux, fork, the same seed): the main
-process's side ported step for step (base seed, round-robin tasks with
-``prefetch_factor * W`` outstanding, IterableDataset exhaustion,
-``in_order``, persistent workers, ``_reset``; the sampler called at the same
+process's side ported step for step (the sampler called at the same
 moments, so one drawing from the global RNG draws the same); each
-``EmulatedWorker`` as ``_worker_loop`` builds it in a child (its seeds, its
-``WorkerInfo``, ``worker_init_fn`` once, its own fetcher, its own copy of the
-parts: ``copies.py``, and its own description of every file the process
-reads: ``Descriptions``). The global random states, ``get_worker_info()``
-and the file descriptions are swapped in around each step of a worker, one
-worker at a time, and out after: no worker sees another's state, and the
-parent's end as a real run leaves them (untouched).
+``EmulatedWorker`` as ``_worker_loop`` builds it in a child (its seeds,
+``WorkerInfo``, ``worker_init_fn`` once, fetcher, its own copy of the parts:
+``copies.py``, its own description of every file the process reads:
+``Descriptions``). The global random states, ``get_worker_info()`` and the
+file descriptions are swapped in around each step of a worker, and out
+after: no worker sees another's state, and the parent's end untouched.
+Every step runs in the caller's thread, when the iterator needs its result:
+the caller's code never runs while a worker's state is swapped in, which
+makes the emulation exact (no fetching ahead on a thread).
 
 Each worker fetches its tasks in the order it receives them, and results are
 taken in task order. Real workers finish in any order, but with
@@ -41,11 +41,6 @@ global, not ``get_worker_info().dataset``, changes the parent's);
 ``torch.set_num_threads(1)`` beyond the worker's own steps (the caller's
 training step keeps its threads); ``timeout`` and
 ``multiprocessing_context`` (nothing to wait for or start).
-
-Every step runs in the caller's thread, between its statements, when the
-iterator needs its result: the caller's code never runs while a worker's
-states or descriptions are swapped in, which makes the emulation exact (no
-fetching ahead on a thread).
 """
 
 import collections
@@ -396,7 +391,7 @@ class EmulatedWorkersIter(tp.BaseIter):
         if isinstance(data, tp.ExceptionWrapper):
             data.reraise()
         if self._pin_memory:
-            data = tp.pin(data, self._pin_memory_device)
+            data = tp.pin_memory_module().pin_memory(data, self._pin_memory_device)
         return data
 
     def _shutdown_workers(self):

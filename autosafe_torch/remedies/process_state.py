@@ -3,11 +3,11 @@ carried to spawn and forkserver workers (DL220).
 
 A worker that does not fork imports the program's modules again (the script
 as ``__mp_main__``, its ``if __name__ == "__main__":`` block not run), then
-unpickles what torch sends it. What ``main()`` changed at run time (a config
-dict filled from argparse, a class attribute set from statistics, a library
-function replaced, torch's default dtype) is back at its import-time value
-there, and plain torch trains on other data without a word. A forked
-worker has the program's values; so does a worker here.
+unpickles what torch sends it: what ``main()`` changed at run time (a config
+dict filled from argparse, a class attribute, a library function replaced,
+torch's default dtype) is back at its import-time value there, and plain
+torch trains on other data without a word. A forked worker has the
+program's values; so does a worker here.
 
 NOTE [carrying the process state]
 
@@ -16,28 +16,25 @@ NOTE [carrying the process state]
    settings a new interpreter resets (``SETTINGS``); DL220
    (``rules/pickling.py``) keeps them on the loader (``Carry``).
 2. At each start of the workers (fork's semantics: the values at the
-   iterator's start; persistent workers: at their first), the training
-   process fingerprints each value (``inspection/digest.py``) and sends
-   fingerprints and values in the pickle torch makes of what each worker
-   gets, ahead of the dataset: in its dataset kind, the first thing torch
-   sends (``StateFirst``, ``torch_private.dataset_kind_as``). An object a
-   global and the dataset both hold is then one object there, as in a
-   forked worker; a ``__setstate__``, a dataset rebuilt from its constructor
-   (DL201), a logger made again (DL219), a memory map or a lock made again
-   all find the program's values. A large array goes once, as a tensor
-   through shared memory, not once per worker.
+   iterator's start; persistent workers: at their first), each value and its
+   fingerprint (``inspection/digest.py``) go in the pickle of what each
+   worker gets, ahead of the dataset: in its dataset kind, the first thing
+   torch sends (``StateFirst``). An object a global and the dataset both
+   hold is then one object there, as in a forked worker; a ``__setstate__``,
+   a dataset rebuilt from its constructor (DL201), a logger (DL219), a
+   memory map or a lock made again all find the program's values. A large
+   array goes once, through shared memory, not once per worker.
 3. In the worker (``arrive``), before the dataset is unpickled: where a
-   fingerprint differs from the worker's own value's, the training
-   process's value is set. A value that does not pickle can be compared but
-   not carried (its fingerprint stands in its type, an open file's its name
-   and mode): where it differs, the worker refuses before its first batch
-   (``refuse_in_worker``: ``RemedyFailed`` naming it and the line that reads
-   it), and the recovery takes the next rung. Never the import's value in
-   silence.
-4. Each worker says what it set, in a file of the training process's report
-   directory; DL220's record is made from that (``Carry.outcome``: none
-   where no value differed, promise 1). A build server (``buildserver.py``)
-   sets them before it builds, and its children say so.
+   fingerprint differs from its own value's, the training process's value
+   is set. One that does not pickle is compared but not carried (its
+   fingerprint stands in its type, an open file's its name and mode): where
+   it differs, the worker refuses before its first batch
+   (``refuse_in_worker``), and the recovery takes the next rung. Never the
+   import's value in silence.
+4. Each worker says what it set, in a file of the report directory; DL220's
+   record is made from that (``Carry.outcome``: none where no value
+   differed, promise 1). A build server (``buildserver.py``) sets them
+   before it builds, and its children say so.
 """
 
 from __future__ import annotations
@@ -250,21 +247,21 @@ def _namespace(owner: Any) -> dict[str, Any]:
 _MISSING = object()
 
 
-def _current(entry: Entry) -> Any:
-    """The worker's own value of ``entry`` (its module imported where it is
-    not: the program's, or a library whose function the program replaced),
-    or ``_MISSING``: a name the import does not bind, a setting whose module
-    the worker need not import to have it as sent."""
-    if entry.setting:
-        setting = _SETTINGS[entry.label]
-        module = sys.modules.get(setting.module)
-        if module is None:
-            if setting.default is not _UNKNOWN and \
-                    fingerprint(setting.default) == entry.fingerprint:
-                return _MISSING  # importing it later gives the training process's
-            module = importlib.import_module(setting.module)
-        return setting.read(module)
-    return _value(entry.module, entry.name, True)
+def _current(entry: Entry, importing: bool = True) -> Any:
+    """This process's value of ``entry``, or ``_MISSING``: a name the import
+    does not bind. ``importing`` (a worker): its module imported where it is
+    not (the program's, or a library whose function the program replaced),
+    but for a setting whose module it need not import to have it as sent.
+    Else a setting whose module is not imported raises (KeyError)."""
+    if not entry.setting:
+        return _value(entry.module, entry.name, importing)
+    setting = _SETTINGS[entry.label]
+    module = sys.modules.get(setting.module) if importing else sys.modules[setting.module]
+    if module is None:
+        if setting.default is not _UNKNOWN and fingerprint(setting.default) == entry.fingerprint:
+            return _MISSING  # importing it later gives the training process's
+        module = importlib.import_module(setting.module)
+    return setting.read(module)
 
 
 def _set(entry: Entry, value: Any) -> None:
@@ -346,31 +343,20 @@ class Carried:
         self._sizes: list[int] = []
         self._pickled: list[bytes | None] = []  # a large one's pickle, from its fingerprint
         self._sent: tuple[list[Any], dict[int, str]] | None = None
-        for read in reads:
+        for entry in [Entry(r.label, r.module, r.name, r.site, False, None) for r in reads] + \
+                [Entry(s.label, s.module, s.label, None, True, None) for s in SETTINGS]:
             try:
-                value = _value(read.module, read.name, False)
-            except Exception:  # a class the program deleted since: nothing to read
+                value = _current(entry, False)
+            except Exception:  # a class the program deleted since, a setting's module
+                continue       # not imported here or a torch without it: nothing to carry
+            if value is _MISSING:
                 continue
-            if value is not _MISSING:
-                self._add(value, read.label, read.module, read.name, read.site, False)
-        for setting in SETTINGS:
-            try:
-                value = setting.read(sys.modules[setting.module])
-            except Exception:  # not imported here, or a torch without it: nothing to carry
-                continue
-            self._add(value, setting.label, setting.module, setting.label, None, True)
-
-    def _add(self, value: Any, label: str, module: str, name: str, site: str | None,
-             setting: bool) -> None:
-        mark, plain, size, pickled = _measured(value, True)
-        self.entries.append(Entry(label, module, name, site, setting, mark))
-        self.values.append(value)
-        self._plain.append(plain)
-        self._sizes.append(size)
-        self._pickled.append(pickled if size >= _LARGE else None)
-
-    def first(self, kind: int) -> StateFirst:
-        return StateFirst(kind, self)
+            mark, plain, size, pickled = _measured(value, True)
+            self.entries.append(dataclasses.replace(entry, fingerprint=mark))
+            self.values.append(value)
+            self._plain.append(plain)
+            self._sizes.append(size)
+            self._pickled.append(pickled if size >= _LARGE else None)
 
     def sent(self) -> tuple[list[Any], dict[int, str]]:
         """The values for the workers of this start (``_as_sent``), and
