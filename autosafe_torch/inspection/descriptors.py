@@ -1,24 +1,21 @@
 """The file descriptors a process holds, and those a loader's parts reach.
 
-A forked worker inherits every descriptor of its parent with the same open
-file description, and so the same file offset: a dataset that seeks and
-reads a file opened in ``__init__`` reads its siblings' bytes. Often no
-object shows the descriptor (a raw ``os.open()`` int, a closure cell, a
-``functools.partial``, a weak proxy, a C iterator such as ``csv.reader``, a
-C library such as libsndfile), so the hazard is read in the kernel
-(``open_files``: every regular file this process holds, from
-``/proc/self/fd``, or ``/dev/fd`` on macOS) and the remedy acts there
+A forked worker inherits each descriptor with the same open file
+description, so the same offset: a dataset that seeks and reads a file
+opened in ``__init__`` reads its siblings' bytes. Often no object shows the
+descriptor (a raw ``os.open()`` int, a closure cell, a partial, a weak proxy,
+``csv.reader``, libsndfile), so the hazard is read in the kernel
+(``open_files``: ``/proc/self/fd``, ``/dev/fd`` on macOS) and remedied there
 (``remedies/isolation.py``).
 
 The object walk (``find_descriptors``) only names them (``dataset.fh``, not
-``fd 5``): ``io.FileIO``, ``socket.socket`` and the C wrappers above a
-FileIO are asked for their descriptor, in C only; every other object is
-entered (``objwalk``), so the files a GzipFile, ZipFile or user class keeps
-in ``fp``, ``_f``... are found where they hang. A ``fileno()`` written in
-Python (GzipFile's, a user's) is never called: it is user code.
-Nothing is changed and no user code runs.
+``fd 5``): FileIO, sockets and the C wrappers above a FileIO are asked for
+their descriptor in C; every other object is entered, so a GzipFile's or a
+user class's file is found where it hangs. No ``fileno()`` written in Python
+is called: nothing is changed and no user code runs.
 """
 
+import collections
 import contextlib
 import functools
 import io
@@ -30,32 +27,18 @@ from . import objwalk
 from .holdings import raw_file, stop_at_threading
 from .objwalk import is_a
 
-READ_ONLY, READ_WRITE, WRITE_ONLY = "read-only", "read-write", "write-only"
 
+class HeldDescriptor(collections.namedtuple("HeldDescriptor",
+                                            "path fd shared_offset dev ino name")):
+    """A descriptor, where it is first reached, and what it is open on
+    (``shared_offset``: a regular file, whose offset forked workers reading it
+    would share; ``dev``/``ino``: which file, to tell a descriptor number
+    reused for another file)."""
 
-class HeldDescriptor:
-    """A descriptor, where it is first reached, and what it is open on.
-
-    ``access``: READ_ONLY, READ_WRITE or WRITE_ONLY; ``regular``: a regular
-    file (a file offset that matters); ``dev``/``ino``: which file, to tell a
-    descriptor number reused for another file."""
-
-    __slots__ = ("path", "fd", "access", "regular", "dev", "ino", "name")
-
-    def __init__(self, path, fd, access, regular, dev, ino, name):
-        self.path, self.fd, self.access, self.regular = path, fd, access, regular
-        self.dev, self.ino, self.name = dev, ino, name
-
-    @property
-    def shared_offset(self):
-        """Whether forked workers reading it would share an offset (a regular file)."""
-        return self.regular
+    __slots__ = ()
 
     def describe(self):
         return "%s (fd %d, %s)" % (self.path, self.fd, self.name)
-
-    def __repr__(self):
-        return "HeldDescriptor(%s, %s)" % (self.describe(), self.access)
 
 
 def descriptor_of(obj):
@@ -143,28 +126,22 @@ def find_descriptors(parts, items=None):
             seen.add(fd)
             status = _status(fd)
             if status is not None:
-                st, flags = status
-                access = {os.O_RDONLY: READ_ONLY, os.O_WRONLY: WRITE_ONLY}.get(
-                    flags & os.O_ACCMODE, READ_WRITE)
-                found.append(HeldDescriptor(here, fd, access, stat.S_ISREG(st.st_mode),
-                                            st.st_dev, st.st_ino, file_name(fd)))
+                st = status[0]
+                found.append(HeldDescriptor(here, fd, stat.S_ISREG(st.st_mode), st.st_dev,
+                                            st.st_ino, file_name(fd)))
     return found
 
 
 # -- what the kernel says the process holds -------------------------------------
 
 
-class OpenFile:
+class OpenFile(collections.namedtuple("OpenFile", "fd dev ino flags offset name")):
     """A regular file this process holds open, as the kernel sees it (``flags``:
     its status flags). ``private``: whether each worker gets a description of
     its own (open for reading); one only written stays shared, as a forked
     worker's writes land where the others' do (a log: every line arrives)."""
 
-    __slots__ = ("fd", "dev", "ino", "flags", "offset", "name")
-
-    def __init__(self, fd, dev, ino, flags, offset, name):
-        self.fd, self.dev, self.ino = fd, dev, ino
-        self.flags, self.offset, self.name = flags, offset, name
+    __slots__ = ()
 
     @property
     def private(self):
@@ -172,9 +149,6 @@ class OpenFile:
 
     def describe(self):
         return "%s (fd %d)" % (self.name, self.fd)
-
-    def __repr__(self):
-        return "OpenFile(%s, flags=%#o, offset=%d)" % (self.describe(), self.flags, self.offset)
 
 
 FD_DIRS = ("/proc/self/fd", "/dev/fd")  # Linux, then macOS and the BSDs
@@ -198,9 +172,8 @@ def _fd_stats():
 
 @functools.lru_cache(maxsize=1)
 def _shared_memory_devices():
-    """The devices of torch's shared memory (``/dev/shm``): its segments are
-    handed between processes on purpose, never given copies. Read once: a
-    loader's every epoch asks."""
+    """The devices of torch's shared memory (``/dev/shm``), whose segments are
+    shared on purpose. Read once: a loader's every epoch asks."""
     try:
         return frozenset({os.stat("/dev/shm").st_dev})
     except OSError:
@@ -238,10 +211,9 @@ _ORDINARY_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/
 
 def shared_at_fork():
     """Whether this process holds, at the kernel, what forked workers would share
-    and a remedy of fork's may act on: a regular file open for reading (by any
-    holder), or a device other than a terminal or the null device (a camera).
-    False: nothing a dataset holds can be a file, an h5py, lmdb or capture
-    handle; no object needs looking at for it."""
+    and a remedy of fork's may act on: a regular file open for reading, or a
+    device other than a terminal or the null device (a camera). False: no
+    object needs looking at for it."""
     if any(found.private for found in open_files()):
         return True
     return any(fd >= STDIO and stat.S_ISCHR(st.st_mode)

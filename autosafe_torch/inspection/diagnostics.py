@@ -13,6 +13,7 @@ dump file at all never ran its first step: it died starting.
 import atexit
 import contextlib
 import faulthandler
+import functools
 import os
 import shutil
 import signal
@@ -123,7 +124,7 @@ def telling_workers(directory):
     """While this thread starts workers of ours: each is told ``directory`` in its
     preparation data (``DUMPS_KEY``), by its path, never found again by a glob
     another user could answer with a link."""
-    _tell_once()
+    _wrap_spawn("get_preparation_data", _with_directory)
     saved = getattr(_telling, "directory", None)
     _telling.directory = directory
     try:
@@ -132,20 +133,19 @@ def telling_workers(directory):
         _telling.directory = saved
 
 
-def _tell_once():
-    made = spawn.get_preparation_data
-    if getattr(made, "_autosafe_tells", False):
-        return
+def _wrap_spawn(name, wrapper):
+    """``spawn.<name>`` made ``wrapper`` over it, once per process."""
+    original = getattr(spawn, name)
+    if getattr(original, "func", None) is not wrapper:
+        setattr(spawn, name, functools.partial(wrapper, original))
 
-    def get_preparation_data(name):
-        data = made(name)
-        directory = getattr(_telling, "directory", None)
-        if directory is not None:
-            data.setdefault(DUMPS_KEY, directory)
-        return data
 
-    get_preparation_data._autosafe_tells = True
-    spawn.get_preparation_data = get_preparation_data
+def _with_directory(made, name):
+    data = made(name)
+    directory = getattr(_telling, "directory", None)
+    if directory is not None:
+        data.setdefault(DUMPS_KEY, directory)
+    return data
 
 
 def told(data):
@@ -160,16 +160,12 @@ def listen_as_spawned():
     """In a process multiprocessing spawned, activated before its start: what
     its parent tells it in the preparation data is taken before spawn's own
     preparation runs (``told``)."""
-    prepare = spawn.prepare
-    if getattr(prepare, "_autosafe_told", False):
-        return
+    _wrap_spawn("prepare", _told_then_prepare)
 
-    def told_then_prepare(data):
-        told(data)
-        return prepare(data)
 
-    told_then_prepare._autosafe_told = True
-    spawn.prepare = told_then_prepare
+def _told_then_prepare(prepare, data):
+    told(data)
+    return prepare(data)
 
 
 def leave_start_traceback(directory):

@@ -3,24 +3,20 @@
 Two builds of a dataset, one in the training process and one in a spawned
 worker, hold the same values when their fingerprints agree
 (``remedies/rebuild.py`` compares them attribute by attribute, to name a
-difference). The fingerprint is the object's pickle, hashed as the C pickler
-writes it: the cost is that of pickling (an ImageNet index of 1.28M tuples:
-under a second), and nothing is capped.
+difference). The fingerprint is the object's pickle as the C pickler writes
+it, hashed: the cost of pickling (an ImageNet index of 1.28M tuples: under a
+second), and nothing is capped.
 
-What the pickle would not say the same way in both processes, or cannot say
-at all, is a stand-in (``persistent_id``, asked for every object before the
-pickler's own fast paths): classes and functions by module and name (a
-spawned worker's main module is ``__mp_main__``, the training process's
-``__main__``: the same one), sets by their sorted items (their own order
-follows string hashes, which differ from process to process); tensors,
-arrays, files, locks and generators by what they are (``_stand_in``).
-
-What does not pickle at all (a pyarrow reader, a safetensors handle) stands
-in as its type (``reducer_override``): which file such a handle reads is the
-kernel's to say (``inspection/opened.py``), not its attributes'.
-
-No user code runs but what pickling runs (``__reduce__``, ``__getstate__``),
-as torch's own pickling of the dataset for a worker would.
+What the pickle would not say the same way in both processes, or cannot say,
+stands in (``persistent_id``, asked before the pickler's own fast paths):
+classes and functions by module and name (a spawned worker's main module is
+``__mp_main__``), sets by their sorted items (their order follows string
+hashes, which differ between processes); tensors, arrays, files, locks and
+generators by what they are (``_stand_in``). What does not pickle at all (a
+pyarrow reader, a safetensors handle) stands in as its type
+(``reducer_override``): which file it reads is the kernel's to say
+(``inspection/opened.py``). No user code runs but what pickling runs, as
+torch's own pickling of the dataset for a worker would.
 """
 
 import copyreg
@@ -199,12 +195,12 @@ def measured(obj, keep=False):
     return sink.h.hexdigest(), pickler.plain, sink.size, pickled
 
 
-def attributes(obj):
-    """``[(name, value)]``: an instance's attributes (``__dict__``, then the
-    ``__slots__`` that are set), in their order."""
+def attributes(obj, limit=None):
+    """``[(name, value)]``: an instance's attributes (``__dict__``, its first
+    ``limit`` only, then the ``__slots__`` that are set), in their order."""
     found = []
     try:
-        found = list(dict.items(object.__getattribute__(obj, "__dict__")))
+        found = list(dict.items(object.__getattribute__(obj, "__dict__")))[:limit]
     except (AttributeError, TypeError):
         pass
     for name in slot_names(type(obj)):

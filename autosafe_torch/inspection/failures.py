@@ -3,11 +3,10 @@ the kernel and the workers' own faulthandler dumps say.
 
 Plain torch reports one worker death as "killed by signal", "exited
 unexpectedly", ``ConnectionResetError`` or a bare ``EOFError``, at random
-(the batches a dead worker had queued can no longer be unpickled), and
-loses the worker's traceback. Here the kind of failure is told from the
-exception and the workers' exit codes, and the cause from the dump file
-faulthandler wrote in the worker. Nothing here changes anything or calls
-user code.
+(the batches a dead worker queued no longer unpickle), and loses the
+worker's traceback. Here the kind is told from the exception and the exit
+codes, the cause from the worker's dump. Nothing here changes anything or
+calls user code.
 
 Kinds: ``died`` (an exit code or a signal), ``shm`` (shared memory: a bus
 error, "unable to allocate shared memory"), ``fds`` (open files), ``hung``
@@ -15,8 +14,7 @@ error, "unable to allocate shared memory"), ``fds`` (open files), ``hung``
 (a ``MemoryError`` or ENOMEM raised in a worker), ``remedy`` (a repair of
 ours that a worker could not apply: ``RemedyFailed``), ``cuda`` (a forked
 worker touched CUDA, which a child forked after the parent initialised it
-cannot: torch's "Cannot re-initialize CUDA in forked subprocess", or
-"CUDA error: initialization error" from a CUDA tensor the dataset holds).
+cannot).
 """
 
 import errno
@@ -201,15 +199,9 @@ class Failure:
                  "waited", "starting")
 
     def __init__(self, kind, exc=None, worker=None, pid=None, status=None, waited=None):
-        self.kind = kind
-        self.exc = exc
-        self.worker = worker
-        self.pid = pid
-        self.status = status
-        self.waited = waited
-        self.batch = None
-        self.dump = ""
-        self.note = None
+        self.kind, self.exc, self.worker, self.pid = kind, exc, worker, pid
+        self.status, self.waited = status, waited
+        self.batch, self.dump, self.note = None, "", None
         self.starting = False  # the dump is a traceback the worker left while starting
 
     @property

@@ -40,23 +40,27 @@ class Mapping(collections.namedtuple("Mapping", "start end perms offset device i
 def file_mappings():
     """The file mappings of this process, or None where there is no
     ``/proc/self/maps`` (or the platform the rules see has none)."""
-    if not rehearsal.platform().startswith("linux"):
-        return None
+    return read_maps() if rehearsal.platform().startswith("linux") else None
+
+
+def read_maps():
+    """The file mappings ``/proc/self/maps`` lists, or None where it cannot be read."""
     try:
-        with open(MAPS) as f:
+        with open(MAPS, "rb") as f:
             lines = f.read().splitlines()
     except OSError:
         return None
     found = []
     for line in lines:
         fields = line.split(None, 5)
-        if len(fields) < 6 or not fields[5].startswith("/"):
+        if len(fields) < 6 or not fields[5].startswith(b"/"):
             continue  # anonymous, heap, stack, [vdso]
         try:
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            major, minor = (int(x, 16) for x in fields[3].split(":"))
-            found.append(Mapping(start, end, fields[1], int(fields[2], 16),
-                                 os.makedev(major, minor), int(fields[4]), fields[5]))
+            start, end = (int(x, 16) for x in fields[0].split(b"-"))
+            major, minor = (int(x, 16) for x in fields[3].split(b":"))
+            found.append(Mapping(start, end, fields[1].decode(), int(fields[2], 16),
+                                 os.makedev(major, minor), int(fields[4]),
+                                 os.fsdecode(fields[5])))
         except ValueError:
             continue
     return found
@@ -220,18 +224,15 @@ def map_reference(m, mappings=()):
 
 
 def _access(m, where):
-    """The key of ``memmaps.ACCESS`` that maps as ``m`` is mapped, or None."""
-    perms = where.perms
-    if perms == "rw-s":
-        return "write"  # ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing
-    if perms == "rw-p":
-        return "copy"
-    if perms == "r--s":
+    """The key of ``memmaps.ACCESS`` that maps as ``m`` is mapped, or None
+    (prot=PROT_READ with ACCESS_DEFAULT, where a write would crash, or other)."""
+    if where.perms == "r--s":
         try:
             m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
         except TypeError:
             return "read"
-    return None  # prot=PROT_READ with ACCESS_DEFAULT (a write would crash there), or other
+    # rw-s: ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing
+    return {"rw-s": "write", "rw-p": "copy"}.get(where.perms)
 
 
 def buffer_address(obj):

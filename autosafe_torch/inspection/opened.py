@@ -16,6 +16,7 @@ Cheap: a directory listing before and after (tens of microseconds) and an
 ``/proc/self``; macOS ``/dev/fd`` and ``F_GETPATH``. No user code runs.
 """
 
+import collections
 import contextlib
 import os
 import stat
@@ -32,31 +33,13 @@ OURS = "autosafe_torch-"
 FILE, OTHER = "file", "other"
 
 
-class Opened:
-    """A descriptor some code added: ``kind`` FILE (a regular file: ``dev``,
-    ``ino``, ``size``, ``mtime_ns`` say which and in what state) or OTHER (a
-    socket, a pipe, a device: ``what`` says which)."""
+class Opened(collections.namedtuple("Opened", "fd kind path identity what")):
+    """A descriptor some code added: ``kind`` FILE (a regular file: ``identity``,
+    its device, inode, size and mtime_ns, says which and in what state: equal
+    for the same unchanged file) or OTHER (a socket, a pipe, a device: ``what``
+    says which)."""
 
-    __slots__ = ("fd", "kind", "path", "dev", "ino", "size", "mtime_ns", "what")
-
-    def __init__(self, fd, kind, path, dev=0, ino=0, size=0, mtime_ns=0, what=""):
-        self.fd, self.kind, self.path, self.what = fd, kind, path, what
-        self.dev, self.ino, self.size, self.mtime_ns = dev, ino, size, mtime_ns
-
-    @property
-    def identity(self):
-        """Which file, in which state: equal for the same unchanged file."""
-        return (self.dev, self.ino, self.size, self.mtime_ns)
-
-    def name(self):
-        return os.path.basename(self.path) if self.path else "fd %d" % self.fd
-
-    def __reduce__(self):
-        return Opened, (self.fd, self.kind, self.path, self.dev, self.ino, self.size,
-                        self.mtime_ns, self.what)
-
-    def __repr__(self):
-        return "Opened(%s %s)" % (self.kind, self.path or self.what)
+    __slots__ = ()
 
 
 def snapshot():
@@ -66,9 +49,8 @@ def snapshot():
 
 def opened_since(before):
     """``Opened`` for each descriptor open now on what it was not open on in
-    ``before`` (a ``snapshot()``), lowest number first (the order they were
-    opened in, where nothing was closed in between); what lies under
-    ``SYSTEM_PLACES`` and torch's shared memory are left out."""
+    ``before`` (a ``snapshot()``), lowest first; what lies under
+    ``SYSTEM_PLACES`` and torch's shared memory left out."""
     found = (_describe(fd, st) for fd, st in _fd_stats()
              if before.get(fd) != (st.st_dev, st.st_ino))
     return [described for described in found if described is not None]
@@ -77,9 +59,9 @@ def opened_since(before):
 def _describe(fd, st):
     path = path_of(fd) or ""
     if stat.S_ISREG(st.st_mode):
-        if path.startswith(SYSTEM_PLACES) or path.startswith("/memfd:") or OURS in path:
+        if path.startswith((*SYSTEM_PLACES, "/memfd:")) or OURS in path:
             return None
-        return Opened(fd, FILE, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return Opened(fd, FILE, path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), "")
     if stat.S_ISCHR(st.st_mode) or stat.S_ISDIR(st.st_mode) or path.startswith(SYSTEM_PLACES):
         return None  # /dev/null, /dev/urandom, a directory handle (os.scandir): no data
     if stat.S_ISSOCK(st.st_mode):
@@ -88,102 +70,82 @@ def _describe(fd, st):
         what = "a pipe"
     else:
         what = "a descriptor that is no file (%s)" % (path or "fd %d" % fd)
-    return Opened(fd, OTHER, path, what=what)
+    return Opened(fd, OTHER, path, None, what)
 
 
 def mapped_files():
     """``{(dev, ino): path}`` of the files this process maps now (Linux); empty
     elsewhere."""
-    found = {}
-    try:
-        with open("/proc/self/maps", "rb") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                if len(fields) < 6 or not fields[5].startswith(b"/") \
-                        or fields[5].startswith((b"/dev/", b"/memfd:")):
-                    continue
-                major, _, minor = fields[3].partition(b":")
-                key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
-                found[key] = os.fsdecode(fields[5].rstrip())
-    except (OSError, ValueError):
-        return {}
-    return found
+    from .mappings import read_maps  # noqa: PLC0415 - mappings imports ctypes; maps are read only where a rebuild is planned
+
+    return {(m.device, m.inode): m.path for m in read_maps() or ()
+            if not m.path.startswith(("/dev/", "/memfd:"))}
 
 
 # -- a thread of ours and the program's constructors take turns with descriptors ------
 
 class _Turns:
     """``opened_since`` gives the order of opening only where no other thread
-    closed a descriptor meanwhile: a number freed then goes to the program's
-    next file, below the one it opened before. A thread of ours opens and
-    closes descriptors while the program goes on (a fork server started ahead,
-    ``warmstart.start_ahead``), and the program's next dataset is what the shim
-    records then (``rebuild.measured``): its files came out in an order its
-    constructor never opened them in, and each worker's build "differed". So
-    they take turns. A recording waits for a stretch of ours to end (``ours``:
-    it never waits on another process, milliseconds); ours waits for the other
-    threads' recordings to end, and is entered before any lock of ours is
-    taken (a constructor may start workers of its own); what ours closes after
-    its stretch (``close``) waits for them too, closed by the last one's end."""
+    closed a descriptor meanwhile (a freed number goes to the program's next
+    file). A thread of ours opens and closes descriptors while the program
+    goes on (``warmstart.start_ahead``), as the shim records the program's
+    next dataset (``rebuild.measured``): its files came out of order, and each
+    worker's build "differed". So they take turns: a recording waits for a
+    stretch of ours to end (milliseconds, never a wait on another process);
+    ours waits for other threads' recordings, entered before any lock of ours
+    (a constructor may start workers of its own); what ours closes after its
+    stretch (``close``) waits for the last recording's end."""
 
     def __init__(self):
-        self.reset()
-
-    def reset(self):
-        """As new: in a forked child, whose only thread takes no turn yet."""
         self._cond = threading.Condition()
         self._recording = {}  # thread ident -> depth
         self._ours = {}
         self._deferred = []
 
+    reset = __init__  # as new in a forked child, whose only thread takes no turn yet
+
     def _others(self, table):
         me = threading.get_ident()
         return any(ident != me for ident in table)
 
-    def _enter(self, table, waits_for):
+    @contextlib.contextmanager
+    def _turn(self, table, waits_for):
+        """This thread's stretch in ``table``, once none other is in ``waits_for``;
+        it yields ``end``, which ends it early."""
         me = threading.get_ident()
         with self._cond:
             self._cond.wait_for(lambda: not self._others(waits_for))
             table[me] = table.get(me, 0) + 1
-
-    def _leave(self, table):
-        me = threading.get_ident()
-        with self._cond:
-            table[me] -= 1
-            if not table[me]:
-                del table[me]
-            if not self._recording:
-                for fd in self._deferred:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-                self._deferred = []
-            self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def recording(self):
-        """While the program's code runs, and what it opens is recorded."""
-        self._enter(self._recording, self._ours)
-        try:
-            yield
-        finally:
-            self._leave(self._recording)
-
-    @contextlib.contextmanager
-    def ours(self):
-        """A stretch in which this thread of ours opens and closes descriptors;
-        it yields ``end``, which ends it early (before a wait on another process)."""
-        self._enter(self._ours, self._recording)
         ended = []
 
         def end():
-            if not ended:
-                ended.append(True)
-                self._leave(self._ours)
+            if ended:
+                return
+            ended.append(True)
+            with self._cond:
+                table[me] -= 1
+                if not table[me]:
+                    del table[me]
+                if not self._recording:
+                    for fd in self._deferred:
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
+                    self._deferred = []
+                self._cond.notify_all()
 
         try:
             yield end
         finally:
             end()
+
+    def recording(self):
+        """While the program's code runs, and what it opens is recorded."""
+        return self._turn(self._recording, self._ours)
+
+    def ours(self):
+        """A stretch in which this thread of ours opens and closes descriptors
+        (``end`` it before a wait on another process)."""
+        return self._turn(self._ours, self._recording)
 
     def close(self, fd):
         """Close ``fd`` (ours) now, or once no other thread records."""

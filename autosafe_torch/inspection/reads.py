@@ -2,18 +2,15 @@
 attributes, found in the code, never by running it.
 
 A spawned (or forkserver) worker imports the program's modules again, so
-what ``main()`` changed at run time is at its import-time value there,
-while the dataset arrives by pickle (``remedies/process_state.py`` carries
-the rest). A worker runs what torch sends it: the dataset (and the
-datasets, transforms and callables among its attributes), ``collate_fn``
-and ``worker_init_fn``; the sampler stays in the training process. From
-those, the methods a worker calls (``__getitem__``, ``__iter__``,
-``__call__``, ``__setstate__``...), then, transitively, the program's own
-functions and classes their code names: a global (``LOAD_GLOBAL``), an
+what ``main()`` changed at run time is at its import-time value there
+(``remedies/process_state.py`` carries the rest). A worker runs what torch
+sends it: the dataset (and the datasets, transforms and callables among its
+attributes), ``collate_fn`` and ``worker_init_fn``, never the sampler. From
+the methods a worker calls on those (``ENTRIES``), transitively, the
+program's own functions and classes their code names: a global, an
 attribute named on a class of the program in scope (``self.mean``,
-``Spectra.mean``, ``type(self).mean``) or on a module of the program
-(``config.LR``), and a function of the program put on a library's module
-(``np.load = my_load``).
+``type(self).mean``) or on a module of the program (``config.LR``), and a
+function of the program put on a library's module (``np.load = my_load``).
 
 Cost: a code object is read once per process (``dis``, cached); objects
 are looked at only through their attributes, a few hundred at most, and
@@ -28,19 +25,18 @@ import dis
 import functools
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from .. import callsite
+from .digest import attributes
 from .holdings import users_module
 from .mainmodule import importable_by_reference
 from .objwalk import is_a
-from .slots import slot_names
 
-# The methods a worker calls on what it is sent, by torch's loop, by pickle
-# (``__setstate__`` as it arrives) or by the program's own code on them.
-# Construction is not among them: a worker unpickles, never builds (but a
-# dataset the rebuild rung builds again there: ``reads_of(rebuilt=...)``).
+# The methods a worker calls on what it is sent (torch's loop, pickle's
+# ``__setstate__``, the program's code). Not construction: a worker unpickles,
+# never builds (but the rebuild rung's datasets: ``reads_of(rebuilt=...)``).
 ENTRIES = ("__getitem__", "__getitems__", "__len__", "__iter__", "__next__", "__call__",
            "__setstate__", "__getattr__", "__getattribute__", "__contains__", "__bool__",
            "__enter__", "__exit__")
@@ -159,13 +155,9 @@ class _Walk:
             self.object(obj.__func__)
         elif is_a(obj, type):
             self.klass(obj)
-        elif is_a(obj, (list, tuple, set, frozenset)):
+        elif is_a(obj, (list, tuple, set, frozenset, dict)):
             if len(obj) <= MAX_ITEMS:
-                for item in obj:
-                    self.object(item)
-        elif is_a(obj, dict):
-            if len(obj) <= MAX_ITEMS:
-                for item in obj.values():
+                for item in obj.values() if is_a(obj, dict) else obj:
                     self.object(item)
         elif not is_a(obj, (types.ModuleType, types.BuiltinFunctionType)):
             self.instance(obj)
@@ -175,12 +167,12 @@ class _Walk:
         if is_programs(cls):
             self.sent.add(id(cls))
             classes = _mro(cls) if importable_by_reference(cls) else ()
-            self.methods(classes, ENTRIES, frozenset(name for name, _value in _attributes(obj)))
+            self.methods(classes, ENTRIES, frozenset(dict(attributes(obj, MAX_ITEMS * 4))))
         elif not (callable(obj) or _one_of(obj, *_DATASETS)):
             # A library's data object (a DataFrame, a file): no code of the program. A
             # library's dataset or sampler (Subset, ConcatDataset) may hold the program's.
             return
-        for _name, value in _attributes(obj):
+        for _name, value in attributes(obj, MAX_ITEMS * 4):
             if is_a(value, _PLAIN) or _one_of(value, *_PAYLOADS):
                 continue
             self.object(value)
@@ -236,11 +228,7 @@ class _Walk:
             self.add(module, name, facts.filename, line)
             if is_a(value, type) and is_programs(value):
                 named.extend(k for k in _mro(value) if k not in named)
-                self.klass(value)
-            elif is_a(value, types.FunctionType):
-                self.function(value, ())
-            elif not is_a(value, type):
-                self.object(value)
+            self.follow(value)
         self.class_attributes(tuple(named), facts, held)
         for name in facts.imports:
             imported = sys.modules.get(name)
@@ -295,15 +283,19 @@ class _Walk:
                 continue
             if own:
                 self.add(_main_name(module.__name__), name, facts.filename, line)
-                if is_a(value, types.FunctionType):
-                    self.function(value, ())
-                elif is_a(value, type):
-                    self.klass(value)
-                else:
-                    self.object(value)
+                self.follow(value)
             elif is_a(value, types.FunctionType) and is_programs(value):
                 self.add(module.__name__, name, facts.filename, line)  # replaced in a library
                 self.function(value, ())
+
+    def follow(self, value: Any) -> None:
+        """A value the code names: its code, a class's construction, an object's attributes."""
+        if is_a(value, types.FunctionType):
+            self.function(value, ())
+        elif is_a(value, type):
+            self.klass(value)
+        else:
+            self.object(value)
 
     def add(self, module: str, name: str, filename: str, line: int) -> None:
         self.found.setdefault((module, name), Read(module, name, callsite.place(filename, line)))
@@ -338,20 +330,6 @@ def _defined_in(functions: list[Any], qualname: str) -> bool:
     the program put on the class later)."""
     return bool(functions) and all(
         getattr(f, "__qualname__", "").startswith(qualname + ".") for f in functions)
-
-
-def _attributes(obj: Any) -> Iterator[tuple[str, Any]]:
-    try:
-        table = object.__getattribute__(obj, "__dict__")
-    except (AttributeError, TypeError):
-        table = None
-    if is_a(table, dict):
-        yield from list(table.items())[:MAX_ITEMS * 4]
-    for name in slot_names(type(obj)):
-        try:
-            yield name, object.__getattribute__(obj, name)
-        except AttributeError:
-            continue
 
 
 def _one_of(value: Any, *names: tuple[str, str]) -> bool:

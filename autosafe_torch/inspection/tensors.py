@@ -67,11 +67,9 @@ def never_entered(obj, torch):
 
 
 def scan(root, path="dataset", items=None, max_objects=objwalk.MAX_OBJECTS):
-    """The tensors reachable from ``root``, within the walk's bounds.
-
-    Looks at ``items`` items per container, and at every part of a
-    ConcatDataset/ChainDataset; ``relocate`` passes None to find every tensor.
-    """
+    """The tensors reachable from ``root``, within the walk's bounds: ``items``
+    items per container (``relocate``: None, every tensor), and every part of
+    a ConcatDataset/ChainDataset."""
     torch = _torch()
     result = TensorScan()
     if torch is None:
@@ -85,17 +83,13 @@ def scan(root, path="dataset", items=None, max_objects=objwalk.MAX_OBJECTS):
         result.complete = False
 
     roots = [(path, root, None)]
-    for here, obj, _edge in objwalk.walk(root, path, stop=stop, items=items,
-                                          max_objects=max_objects, on_cut=cut):
-        if obj is parts:
-            roots += [("%s[%d]" % (here, i), part, i) for i, part in enumerate(parts)]
-        elif objwalk.is_a(obj, torch.Tensor):
-            result.found.append(HeldTensor(here, obj, None))
-    for here, part, index in roots[1:]:
-        for there, obj, _edge in objwalk.walk(part, here, stop=stop, items=items,
-                                               max_objects=max_objects, on_cut=cut):
-            if objwalk.is_a(obj, torch.Tensor):
-                result.found.append(HeldTensor(there, obj, index))
+    for top, start, index in roots:  # the root, then each part it reaches (appended)
+        for here, obj, _edge in objwalk.walk(start, top, stop=stop, items=items,
+                                              max_objects=max_objects, on_cut=cut):
+            if obj is parts and index is None:
+                roots += [("%s[%d]" % (here, i), part, i) for i, part in enumerate(parts)]
+            elif objwalk.is_a(obj, torch.Tensor):
+                result.found.append(HeldTensor(here, obj, index))
     return result
 
 
@@ -134,13 +128,11 @@ def _size(n):
 
 
 def batch_device(dataset):
-    """The one device every batch of ``dataset`` is on, where that is certain.
-
-    A TensorDataset (alone, or in Subset/ConcatDataset) whose tensors all sit
-    on one accelerator yields samples made only of those tensors, so each
-    batch is wholly on that device: after the move to CPU, the loader can
-    copy each batch back, and the script sees the very batches it had.
-    Other datasets may mix devices within a sample: None."""
+    """The one device every batch of ``dataset`` is on, where that is certain:
+    a TensorDataset (alone, or in Subset/ConcatDataset) whose tensors all sit
+    on one accelerator yields samples of those tensors only, so after the move
+    to CPU the loader can copy each batch back, and the script sees the very
+    batches it had. Other datasets may mix devices within a sample: None."""
     from torch.utils.data import ConcatDataset, Subset, TensorDataset  # noqa: PLC0415 - torch: this module loads with the rules at `import cv2`, before the program imports torch
 
     pending, devices = [dataset], set()
@@ -189,14 +181,11 @@ def plain_tensor(tensor):
     """Whether torch's reducer rebuilds ``tensor`` as a view of its storage's
     bytes and nothing more (``remedies/mapped_tensors.py``'s docstring)."""
     torch = sys.modules.get("torch")
-    if torch is None or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+    if torch is None or type(tensor) not in (torch.Tensor, torch.nn.Parameter) \
+            or tensor.device.type != "cpu" or tensor.layout != torch.strided \
+            or tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg() \
+            or tensor.requires_grad and not tensor.is_leaf:  # torch refuses that: its error stays
         return False
-    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
-        return False
-    if tensor.is_quantized or tensor.is_nested or tensor.is_conj() or tensor.is_neg():
-        return False
-    if tensor.requires_grad and not tensor.is_leaf:
-        return False  # torch refuses it: its error stays
     from .. import torch_private as tp  # noqa: PLC0415 - imports torch: this module loads with the rules at `import cv2`, before the program imports torch
 
     return not tp.backward_hooks(tensor)  # torch warns of them

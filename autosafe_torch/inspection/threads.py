@@ -1,22 +1,21 @@
 """How many OS threads this process has, and whether a fork now is safe by that.
 
 A forked child has one thread, the one that called fork(); whatever the
-other threads held (a lock, an Objective-C class half initialised) stays
-held in the child forever. macOS aborts such a child when it touches an
-Objective-C class ("+[NSNumber initialize] may have been in progress in
-another thread when fork() was called. Crashing instead."), and Python
-3.12 and later warn ("This process (pid=...) is multi-threaded, use of
-fork() may lead to deadlocks in the child."). Every thread counts: those of
-C libraries (a BLAS pool, a telemetry client) as well as Python's.
+others held (a lock, an Objective-C class half initialised) stays held in
+the child forever. macOS aborts such a child when it touches an Objective-C
+class ("+[NSNumber initialize] may have been in progress in another thread
+when fork() was called. Crashing instead."), and Python 3.12 and later warn
+("This process (pid=...) is multi-threaded, use of fork() may lead to
+deadlocks in the child."). Every thread counts, C libraries' (a BLAS pool,
+a telemetry client) as well as Python's.
 
-- Linux: the entries of ``/proc/self/task``, but threads that a fork leaves
-  harmless by their own design (``FORK_SAFE_THREADS``: jemalloc's).
-- macOS: the Mach task's threads (``task_threads``). The Objective-C
-  runtime does not count: it asks ``pthread_is_threaded_np()``, which stays
-  true once a second thread has ever run, so a process is single-threaded
-  there only when both say so.
-- Elsewhere, or when the count cannot be read: unknown (None), and a
-  caller must take unknown for unsafe.
+- Linux: the entries of ``/proc/self/task``, but threads a fork leaves
+  harmless by their own design (``FORK_SAFE_THREADS``).
+- macOS: the Mach task's threads (``task_threads``). The Objective-C runtime
+  asks ``pthread_is_threaded_np()``, which stays true once a second thread
+  has ever run, so a process is single-threaded there only when both say so.
+- Elsewhere, or when the count cannot be read: unknown (None), which a
+  caller must take for unsafe.
 """
 
 import ctypes

@@ -10,6 +10,7 @@ OpenCL and its environment stay as they were (rules/cv2.py).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import sys
 from multiprocessing import util
@@ -46,20 +47,17 @@ def worker_opencl_off(worker_id):
 # -- fork workers: as they fork, before any code of the program runs there -------
 
 class _Hook:
-    """What multiprocessing's after-fork registry holds (weakly): kept alive here."""
+    """What multiprocessing's after-fork registry holds (weakly): kept alive by the cache."""
 
 
-_hook: list[_Hook] = []
-
-
+@functools.cache
 def install_fork_hook():
     """Register, once per process, ``_after_fork`` with multiprocessing: it
     runs in each child multiprocessing starts, in ``Process._bootstrap``,
     before the process's target; it acts only in torch's DataLoader workers."""
-    if not _hook:
-        hook = _Hook()
-        util.register_after_fork(hook, _after_fork)
-        _hook.append(hook)
+    hook = _Hook()
+    util.register_after_fork(hook, _after_fork)
+    return hook
 
 
 def _is_dataloader_worker(process):

@@ -1,26 +1,23 @@
 """PIL images held open, reopened where they arrive, at the same frame (DL201).
 
-PIL pickles an image read from a file (``ImageFile.__getstate__``) as the
-current frame's pixels and the file's name, dropping the open file: a spawned
-worker's copy of a multi-page TIFF (an animated GIF, PNG, WebP...) cannot
-move to another frame (``'TiffImageFile' object has no attribute
-'_min_frame'``). A forked worker has the parent's image over a file of its
-own; so does an image sent by ``image_reducers`` or copied for an emulated
-worker by ``copy_of``: opened again (``Image.open``, the same format) from
-the file the parent has open, then moved to the parent's frame.
+PIL pickles an image read from a file as the current frame's pixels and the
+file's name, dropping the open file: a spawned worker's copy of a multi-page
+TIFF (a GIF, PNG, WebP...) cannot move to another frame (``'TiffImageFile'
+object has no attribute '_min_frame'``). An image sent by ``image_reducers``
+or copied for an emulated worker (``copy_of``) is, as a forked worker's,
+opened again (``Image.open``, the same format) from the file the parent has
+open, then moved to the parent's frame.
 
-- The file is reached by a path that names it now (``dropped.reopen_args``;
-  ``dropped.reopens`` says which images go) and checked where it is opened
-  (device, inode, size, modification time): a file replaced or changed
-  meanwhile, or a frame whose mode or size is not the parent's, fails
-  loudly (``ImageFileChanged``), never read in its place.
-- An image opened by name is opened by name (PIL then owns and closes the
-  file); one opened from a file object, from a file object; one read from
-  memory (``BytesIO``), from a copy of those bytes, as a forked worker's copy.
-- An image of one frame travels as PIL pickles it: its pixels are all that
-  it reads from its file (``dropped.single_frame``).
-- Edits made in memory to the current frame of a held-open image are not
-  carried: the parent's own next ``seek`` discards them too.
+- The file is reached by a path that names it now (``dropped.reopen_args``)
+  and checked where it is opened (device, inode, size, mtime): a file
+  replaced or changed meanwhile, or a frame whose mode or size is not the
+  parent's, fails loudly (``ImageFileChanged``), never read in its place.
+- An image opened by name is opened by name (PIL then closes the file); one
+  from a file object, from a file object; one read from memory, from a copy
+  of those bytes.
+- An image of one frame travels as PIL pickles it (``dropped.single_frame``).
+- Edits made in memory to the current frame are not carried: the parent's
+  own next ``seek`` discards them too.
 """
 
 import io

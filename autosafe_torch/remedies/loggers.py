@@ -1,26 +1,22 @@
 """A dataset's loggers keep their meaning in spawn/forkserver workers (DL219).
 
-A ``logging.Logger`` pickles by its name: a spawned worker gets its own
-logger of that name, configured only by the worker's own imports (usually
-not at all), so the lines a dataset logs from a worker are lost where a
-forked worker (which inherits the configuration) writes them. While a loader
-of ours starts its workers (``carrying``), a logger the dataset holds
-travels with its configuration: for it and each ancestor its records reach
-(up to the root, or the first that does not propagate), the level,
-``propagate``, ``disabled``, the filters and the handlers, each made again
-in the worker (``handlers.py``). In the worker it replaces (never adds to)
-what the worker's own import of the script configured, once per worker: a
+A ``logging.Logger`` pickles by its name: a spawned worker's logger of that
+name is configured only by the worker's own imports (usually not at all),
+so the lines a dataset logs there are lost where a forked worker (which
+inherits the configuration) writes them. While a loader of ours starts its
+workers (``carrying``), a logger the dataset holds travels configured: for
+it and each ancestor its records reach, the level, ``propagate``,
+``disabled``, the filters and the handlers (``handlers.py``). In the worker
+that replaces, once, what the worker's own imports configured otherwise: a
 line is written once, where the training process writes it.
 
-Where the worker's own imports configured a logger as the training process
-has it (a library that sets up its logger at import, as transformers does),
-plain spawn needs nothing: the worker keeps its own and says so
-(``Reports``). DL219's record is made from what the workers said: none when
-every worker had it of its own (promise 1: nothing was done).
-
-A handler that cannot be made again (a socket, a queue, a class of the
-program's) cannot be carried: the plan says so, and the loader goes where
-its loggers need nothing carried (fork, or emulated workers).
+Where the worker's imports configured a logger as the training process has
+it (a library that sets up its logger at import, as transformers does), the
+worker keeps its own and says so (``Reports``); DL219's record is made from
+what the workers said: none when every worker had it (promise 1: nothing
+was done). A handler that cannot be made again (a socket, a queue, a class
+of the program's) is not carried: the plan says so, and the loader goes
+where its loggers need nothing carried (fork, or emulated workers).
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ _carrying = threading.local()
 class Reports:
     """Where a loader's workers say, as they receive its loggers, whether they
     needed the training process's configuration (``CARRIED``) or had it of
-    their own (``KEPT``): one line per logger, appended to a file of ours
-    (the workers are processes of their own; the lines are a few bytes)."""
+    their own (``KEPT``): a line each, appended to a file of ours."""
 
     def __init__(self):
         self.path = None  # made at the first start of the workers (planning makes none)
@@ -158,9 +153,8 @@ _decided: set[str | None] = set()  # in a worker: the loggers configured as the 
 
 def configured_in_worker(name, links, report=None):
     """In a worker: the logger ``name``, its chain configured as the training
-    process's is: each link the worker's own imports configured otherwise is
-    replaced (once), one they configured the same is kept as it is. Says into
-    ``report`` whether anything was replaced."""
+    process's is (see the module); says into ``report`` whether anything was
+    replaced."""
     replaced = False
     for want in links:
         if want.name in _decided:
