@@ -1,26 +1,17 @@
 """``autosafe-torch fix``: turn what a run fixed into a patch of the user's source.
 
 A run under the shim logs every intervention with the user's file:line
-(``run --log-file LOG.jsonl`` or ``AUTOSAFE_TORCH_LOG_FILE``). This reads
-that log and rewrites each such line the way the permanent fix says, so
-that the script runs without the shim, with the batches the shim gave:
+(``run --log-file LOG.jsonl`` or ``AUTOSAFE_TORCH_LOG_FILE``); this rewrites each
+such line as the permanent fix says, so that the script runs without the shim,
+with the batches the shim gave (``--write`` applies the diff it prints). Only
+where the rewrite is exact, else a comment with the fix above the line; only the
+user's files under the directory it runs in (or ``--root``), never a library's
+nor one the log names elsewhere (an absolute path, ``..``, its ``cwd``, a link):
+a log says where, not what may be written. libcst keeps every line no rewrite
+touches, byte for byte. The summary goes to stderr, so that stdout is the patch.
 
-    autosafe-torch fix --from LOG.jsonl           # a unified diff, on stdout
-    autosafe-torch fix --from LOG.jsonl --write   # applied
-
-Only where the rewrite is exact (each module says when); anywhere else, a
-comment above the line with the permanent fix. Only the user's files under
-the directory it runs in (or ``--root``), never a library's, the standard
-library or autosafe_torch, nor a file the log names elsewhere (by an
-absolute path, ``..``, its ``cwd`` or a link): a log says where, not what
-may be written. libcst keeps every line no rewrite touches, byte for byte;
-each change carries a short comment naming its rule. The summary (on stderr,
-so that stdout is the patch) lists what was rewritten and what was left as a
-comment.
-
-A log is for the file as it ran: a file modified since is left alone (its
-lines may have moved), so a second ``fix --write`` from the same log
-changes nothing. Run it again under the shim, and fix from the new log.
+A log is for the file as it ran: a file modified since is left alone (its lines
+may have moved), so a second ``fix --write`` from the same log changes nothing.
 """
 
 import difflib

@@ -1,38 +1,26 @@
-"""AMP501, AMP502 (with AMP504), AMP503, AMP505: the AMP calls the run corrected.
+"""AMP501, AMP502 (with AMP504), AMP503, AMP505: the AMP calls the run corrected
+(what each writes: ``rules.amp``'s ``*_REWRITE``).
 
-- AMP501/AMP502: ``torch.cuda.amp.autocast(...)`` (and ``torch.cpu.amp``'s,
-  ``custom_fwd``/``custom_bwd``) and ``GradScaler(...)`` become
-  ``torch.amp.autocast("cuda", ...)``, ``torch.amp.GradScaler("cuda", ...)``,
-  ``torch.amp.custom_fwd(..., device_type="cuda")``. Positional arguments are
-  given by the names the old signature bound them to: ``autocast(False)``
-  was ``enabled=False``, and prepending ``"cuda"`` alone would make it the
-  dtype. Calls, decorators and names imported ``from torch.cuda.amp`` alike;
-  such an import goes once nothing else uses the name. A ``device=`` the
-  old scaler was given (AMP504) becomes the new one's device.
-- AMP503: ``enabled=`` made conditional on the device the run asked for being
-  there: ``enabled=torch.cuda.is_available()`` (or ``enabled=x and ...``).
-- AMP505: a ``torch.device`` given as device type becomes its ``.type``;
-  bfloat16 on a GPU that cannot do it: ``enabled=`` conditional on
-  ``torch.cuda.is_bf16_supported()``.
+AMP501/AMP502 give the old positional arguments by the names the old signature
+bound them to: ``autocast(False)`` was ``enabled=False``, and prepending
+``"cuda"`` alone would make it the dtype. Calls, decorators and names imported
+``from torch.cuda.amp`` alike; such an import goes once nothing else uses the name.
 """
 
 import libcst as cst
 
 from .records import COVERED, NOT_EXACT, NotExact, REWRITTEN
 from .source import (append_arg, both, find_arg, has_star, keyword_arg, keywords_for,
-                     prepend_arg, remove_arg, set_arg_value, string)
+                     prepend_arg, remove_arg, string, unstarred)
 
 
-# qualified name -> (what it is, the device it is for)
-LEGACY = {}
-for _area in ("cuda", "cpu"):
-    LEGACY["torch.%s.amp.autocast" % _area] = ("autocast", _area)
-    LEGACY["torch.%s.amp.autocast_mode.autocast" % _area] = ("autocast", _area)
-    LEGACY["torch.%s.amp.GradScaler" % _area] = ("GradScaler", _area)
-    LEGACY["torch.%s.amp.grad_scaler.GradScaler" % _area] = ("GradScaler", _area)
-for _name in ("custom_fwd", "custom_bwd"):
-    LEGACY["torch.cuda.amp.%s" % _name] = (_name, "cuda")
-    LEGACY["torch.cuda.amp.autocast_mode.%s" % _name] = (_name, "cuda")
+# qualified name (torch.cuda.amp.X, and X's own module) -> (what it is, the device it is for)
+LEGACY = {"torch.%s.amp.%s%s" % (area, module, kind): (kind, area)
+          for kind, own, areas in (("autocast", "autocast_mode.", ("cuda", "cpu")),
+                                   ("GradScaler", "grad_scaler.", ("cuda", "cpu")),
+                                   ("custom_fwd", "autocast_mode.", ("cuda",)),
+                                   ("custom_bwd", "autocast_mode.", ("cuda",)))
+          for area in areas for module in ("", own)}
 MODERN = {"torch.autocast": "autocast", "torch.amp.autocast": "autocast",
           "torch.amp.autocast_mode.autocast": "autocast", "torch.GradScaler": "GradScaler",
           "torch.amp.GradScaler": "GradScaler", "torch.amp.grad_scaler.GradScaler": "GradScaler"}
@@ -41,8 +29,7 @@ LEGACY_PARAMS = {"autocast": ("enabled", "dtype", "cache_enabled"),
                  "GradScaler": ("init_scale", "growth_factor", "backoff_factor",
                                 "growth_interval", "enabled")}
 MODERN_PARAMS = {"autocast": ("device_type", "dtype", "enabled", "cache_enabled"),
-                 "GradScaler": ("device", "init_scale", "growth_factor", "backoff_factor",
-                                "growth_interval", "enabled")}
+                 "GradScaler": ("device",) + LEGACY_PARAMS["GradScaler"]}
 # Whether a device is here, as torch itself asks before it warns.
 AVAILABLE = {"cuda": "%s.cuda.is_available()", "xpu": "%s.xpu.is_available()",
              "mps": "%s.backends.mps.is_available()"}
@@ -80,15 +67,11 @@ def rewrite(source, records):
         api = legacy.before.get("api")
         targets = [t for t in targets if t[1] in LEGACY and _api_matches(t[1], api)]
     if len(targets) != 1:
-        reason = "no AMP call at this line" if not targets else "several AMP calls at this line"
-        return [(r, NOT_EXACT, reason) for r in records]
+        raise NotExact("several AMP calls at this line" if targets else "no AMP call at this line")
     node, qualified = targets[0]
     out = []
     if legacy is not None:
-        try:
-            out.append((legacy, REWRITTEN, _plan_modern(source, node, qualified, legacy)))
-        except NotExact as exc:
-            return [(r, NOT_EXACT, str(exc)) for r in records]
+        out.append((legacy, REWRITTEN, _plan_modern(source, node, qualified, legacy)))
     kind = LEGACY[qualified][0] if qualified in LEGACY else MODERN[qualified]
     params = MODERN_PARAMS.get(kind) if (legacy or qualified in MODERN) else LEGACY_PARAMS.get(kind)
     device = by_code.get("AMP504")
@@ -120,11 +103,11 @@ def _api_matches(qualified, api):
 def _plan_modern(source, node, qualified, record):
     kind, area = LEGACY[qualified]
     decorator = isinstance(node, cst.Decorator)  # a bare @torch.cuda.amp.custom_fwd
-    device, skip = (None, 0) if decorator else _legacy_device(node, kind)
+    device, rest = (None, node) if decorator else _split_device(node, kind)
     custom = kind in ("custom_fwd", "custom_bwd")
     if not decorator and custom and (has_star(node) or find_arg(node, "device_type")):
         raise NotExact("the call passes arguments by * or ** or names a device")
-    if not decorator and not custom and keywords_for(node, LEGACY_PARAMS[kind], skip) is None:
+    if not decorator and not custom and keywords_for(rest, LEGACY_PARAMS[kind]) is None:
         raise NotExact("the call's arguments do not bind to %s's parameters" % kind)
     torch = source.module_name("torch")
     func = cst.parse_expression("%s.amp.%s" % (torch, kind))
@@ -146,27 +129,19 @@ def _plan_modern(source, node, qualified, record):
     return done
 
 
-def _legacy_device(call, kind):
-    """(device expression, positions it takes) of an old GradScaler given one
-    (AMP504: device= or a leading string), else (None, 0)."""
-    if kind != "GradScaler":
-        return None, 0
-    found = find_arg(call, "device")
-    if found is not None:
-        return found[1].value, 0
-    if call.args and call.args[0].keyword is None and not call.args[0].star \
-            and isinstance(call.args[0].value, cst.SimpleString):
-        return call.args[0].value, 1
-    return None, 0
+def _split_device(call, kind):
+    """(device expression, ``call`` without it) of an old GradScaler given one
+    (AMP504: device= or a leading string), else (None, ``call``)."""
+    found = find_arg(call, "device") if kind == "GradScaler" else None
+    if found is None and kind == "GradScaler" and call.args and call.args[0].keyword is None \
+            and not call.args[0].star and isinstance(call.args[0].value, cst.SimpleString):
+        found = 0, call.args[0]
+    return (None, call) if found is None else (found[1].value, remove_arg(call, found[0]))
 
 
 def _to_modern(call, kind, area, func):
-    device, skip = _legacy_device(call, kind)
-    if device is not None:
-        found = find_arg(call, "device")
-        call = remove_arg(call, found[0] if found else 0)
-        skip = 0
-    call = keywords_for(call, LEGACY_PARAMS[kind], skip)
+    device, call = _split_device(call, kind)
+    call = keywords_for(call, LEGACY_PARAMS[kind])
     device_arg = cst.Arg(value=device if device is not None else string(area))
     return prepend_arg(call, device_arg).with_changes(func=func)
 
@@ -220,16 +195,10 @@ def _device_of(record):
 def _conditional_enabled(source, node, params, condition):
     """Plan ``enabled=<condition>`` (``enabled=<given> and <condition>``);
     ``condition``: its source, ``%s`` standing for the name of torch."""
-    if has_star(node):
-        raise NotExact("the call passes arguments by * or **")
+    unstarred(node)
     condition = cst.parse_expression(condition % source.module_name("torch"))
-
-    def edit(call):
-        found = find_arg(call, "enabled", params)
-        if found is None:
-            return append_arg(call, keyword_arg("enabled", condition))
-        return set_arg_value(call, found[0], both(found[1].value, condition))
-    source.edit(node, edit, order=20)
+    source.set_arg(node, "enabled", lambda given: condition if given is None
+                   else both(given, condition), params, order=20)
     return "enabled=... %s" % source.code(condition)
 
 
@@ -252,8 +221,7 @@ def _plan_unsupported(source, node, params, record):
         value = found[1].value
         new = string(after["device_type"]) if _is_device_literal(source, value) \
             else cst.Attribute(value=value, attr=cst.Name("type"))
-        source.edit(node, lambda c: set_arg_value(c, find_arg(c, "device_type", params)[0], new),
-                    order=30)
+        source.set_arg(node, "device_type", new, params, order=30)
         source.comment(node, "AMP505: the device type as a string")
         return "device_type %s" % source.code(new)
     if set(after) == {"enabled"} and _device_of(record) == "cuda" \

@@ -1,13 +1,10 @@
 """CV401: no OpenCV pool in DataLoader workers, the program's own left as it is.
 
-The shim gives each worker ``cv2.setNumThreads(0)`` (a worker_init_fn step,
-and an after-fork hook for fork workers) and never touches the program's
-threads. The rewrite does the same in the file that imports cv2 at module
-level, right after the import: forked children get the call from an
-``os.register_at_fork`` hook, and spawn/forkserver workers, which import the
-main module again as ``__mp_main__``, from the module itself. Never another
-count: a non-zero one hangs forked workers. An import inside a function, or
-none in this file, is left as a comment (the rule's fix, at the loader).
+As the shim does for each worker (a worker_init_fn step, and an after-fork hook),
+the rewrite calls ``cv2.setNumThreads(0)`` right after the file's module-level
+``import cv2``: forked children from an ``os.register_at_fork`` hook, spawn and
+forkserver workers (which import the main module again as ``__mp_main__``) from
+the module itself. Never another count: a non-zero one hangs forked workers.
 
 CV402 (workers moved away from the parent's OpenCL context) has no rewrite:
 its fix is the start method, named in the comment.
@@ -15,7 +12,7 @@ its fix is the start method, named in the comment.
 
 import libcst as cst
 
-from .records import COVERED, NOT_EXACT, REWRITTEN
+from .records import COVERED, REWRITTEN, NotExact
 
 HOOK = "%s.register_at_fork(after_in_child=lambda: %s.setNumThreads(0))"
 WHY = "  # autosafe-torch CV401: no OpenCV pool in forked workers (never another count)\n"
@@ -40,7 +37,7 @@ def rewrite(source, records):
     at = next((i for i, s in enumerate(body)
                if isinstance(s, cst.SimpleStatementLine) and _cv2_name(s)), None)
     if at is None:
-        return [(r, NOT_EXACT, "no module-level `import cv2` in this file") for r in records]
+        raise NotExact("no module-level `import cv2` in this file")
     statement, name = body[at], _cv2_name(body[at])
     following = [source.code(s) for s in body[at + 1:at + 4]]
     if any("register_at_fork(after_in_child=lambda: %s.setNumThreads(0))" % name in line

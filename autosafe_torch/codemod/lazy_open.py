@@ -1,30 +1,15 @@
 """DL201, DL207: a file the dataset opens in ``__init__``, opened lazily instead.
 
-The log names the line that iterates the loader; its ``DataLoader(...)``
-call gives the dataset, a class of this file. The simple pattern, and only
-it: ``self.f = open(path, "rb")`` in ``__init__`` (read-only), ``self.f``
-used in ``__getitem__`` and nowhere else. It becomes::
-
-    def __init__(self, path):
-        self.f = None
-        self._f_pid = None
-        self._open_f = functools.partial(open, path, "rb")
-
-    def __getitem__(self, i):
-        if self._f_pid != os.getpid():
-            self.f, self._f_pid = self._open_f(), os.getpid()
-        ...
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["f"] = state["_f_pid"] = None
-        return state
-
-Each process opens its own file when it first reads (its own offset: DL207
-under fork), and the dataset pickles (DL201 under spawn) even after the
-parent has read from it. The arguments of ``open`` are evaluated in
-``__init__``, as before. DL201 names the attribute (``dataset.f``); DL207
-covers every file so opened.
+The dataset is that of the ``DataLoader(...)`` made or iterated at the logged
+line, a class of this file. Only ``self.f = open(path, "rb")`` in its
+``__init__``, ``self.f`` used in ``__getitem__`` alone: ``__init__`` keeps
+``self._open_f = functools.partial(open, path, "rb")`` (``open``'s arguments
+evaluated there, as before), ``__getitem__`` first opens it where
+``self._f_pid != os.getpid()``, and ``__getstate__`` leaves both behind. Each
+process opens its own file as it first reads (its own offset: DL207 under
+fork), and the dataset pickles (DL201 under spawn) even after the parent has
+read from it. DL201 names the attribute (``dataset.f``); DL207 covers every
+file so opened.
 """
 
 import libcst as cst
@@ -32,7 +17,8 @@ import libcst.matchers as m
 from libcst import metadata as md
 
 from .records import NotExact, REWRITTEN, per_record
-from .source import LOADER_POSITIONAL, find_arg, has_star, is_docstring, spaced_comma
+from .source import (LOADER_POSITIONAL, blank_lines, find_arg, has_star, is_docstring,
+                     spaced_comma)
 
 OPEN_POSITIONAL = ("file", "mode", "buffering", "encoding", "errors", "newline", "closefd",
                    "opener")
@@ -41,10 +27,7 @@ PICKLING = ("__getstate__", "__setstate__", "__reduce__", "__reduce_ex__", "__sl
 
 @per_record
 def rewrite(source, record):
-    call = source.dataloader_at(record.line)
-    if call is None:
-        raise NotExact("no DataLoader(...) made or iterated at this line")
-    dataset = find_arg(call, "dataset", LOADER_POSITIONAL)
+    dataset = find_arg(source.loader_at(record.line), "dataset", LOADER_POSITIONAL)
     cls = _dataset_class(source, dataset[1].value) if dataset else None
     if cls is None:
         raise NotExact("the dataset's class is not defined in this file")
@@ -184,5 +167,5 @@ def _with_getstate(cls, attributes, code):
         "    state = dict(self.__dict__)\n"
         "    %s = None\n"
         "    return state\n" % (code, nulls))
-    method = method.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+    method = method.with_changes(leading_lines=blank_lines(1))
     return cls.with_changes(body=cls.body.with_changes(body=list(cls.body.body) + [method]))

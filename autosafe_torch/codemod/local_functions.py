@@ -1,23 +1,13 @@
 """DL202: a lambda or local function given to workers, lifted to module level.
 
 Spawned workers unpickle ``collate_fn`` and ``worker_init_fn`` by name, so a
-lambda or a function defined inside another cannot reach them. The log names
-the line that iterates the loader; its ``DataLoader(...)`` call is the one
-assigned to the name iterated there. Its ``collate_fn`` and
-``worker_init_fn`` (the log names the first that failed; each is checked):
-
-- a lambda, or a local function, that reads no local variable becomes a
-  module-level function, placed before the top-level statement it was in;
-- one that reads local variables becomes a module-level function taking
-  them as keyword-only arguments, given as
-  ``functools.partial(f, scale=scale)`` where the loader is made. Exact
-  only where each of them is assigned once, before that, in the function
-  that makes the loader (or is its parameter): the value the closure would
-  read is then the one the partial holds.
-
-Left as a comment: decorators, default values, ``nonlocal``, a local
-function used elsewhere too, names read from an enclosing function further
-out, and anything inside the dataset (the log's ``function`` path).
+lambda or a function defined inside another cannot reach them. Both of the
+loader's (made or iterated at the logged line) are checked. One that reads local
+variables takes them as keyword-only arguments, given by ``functools.partial``
+where the loader is made: exact only where each is assigned once, before that,
+in the function that makes the loader (or is its parameter), so that the partial
+holds the value the closure would read. (What it writes, and where it would not
+be exact: ``rules.pickling.LOCAL_FUNCTION_REWRITE``.)
 """
 
 import libcst as cst
@@ -25,7 +15,7 @@ import libcst.matchers as m
 from libcst import metadata as md
 
 from .records import NotExact, REWRITTEN, per_record
-from .source import LOADER_POSITIONAL, find_arg, set_arg_value
+from .source import LOADER_POSITIONAL, blank_lines, find_arg
 
 PARTS = ("collate_fn", "worker_init_fn")
 COMMENT = "DL202: at module level, so that spawned workers can unpickle it"
@@ -33,9 +23,7 @@ COMMENT = "DL202: at module level, so that spawned workers can unpickle it"
 
 @per_record
 def rewrite(source, record):
-    call = source.dataloader_at(record.line)
-    if call is None:
-        raise NotExact("no DataLoader(...) made or iterated at this line")
+    call = source.loader_at(record.line)
     if "function" in record.before:
         raise NotExact("the function is inside the dataset")
     done = [d for d in (_plan_part(source, call, p) for p in PARTS) if d]
@@ -130,32 +118,17 @@ def _partial(source, name, closure):
         functools, name, ", ".join("%s=%s" % (n, n) for n in closure)))
 
 
-def _leading_lines():
-    """Two blank lines, and the comment naming the rule."""
-    return [cst.EmptyLine(indent=False), cst.EmptyLine(indent=False),
-            cst.EmptyLine(indent=False, comment=cst.Comment("# autosafe-torch " + COMMENT))]
-
-
 def _lift_lambda(source, call, part, value):
     if any(p.default is not None for p in value.params.params + value.params.kwonly_params):
         raise NotExact("the lambda has default values")
     closure = _closure(source, call, value)
     name = source.free_name(part)
-    params = [source.code(value.params).strip()]
-    if closure:
-        if value.params.star_kwarg is not None:
-            raise NotExact("the lambda takes **keywords")
-        if not isinstance(value.params.star_arg, (cst.Param, cst.ParamStar)):
-            params.append("*")
-        params.append(", ".join(closure))
-    params = ", ".join(p for p in params if p)
+    if closure and value.params.star_kwarg is not None:
+        raise NotExact("the lambda takes **keywords")
     body = source.code(value.body)
-    if "\n" in body:
-        body = "(%s)" % body
-    function = cst.parse_statement("def %s(%s):\n    return %s\n" % (name, params, body))
-    function = function.with_changes(leading_lines=_leading_lines())
-    source.insert_before(call, [function])
-    new = _partial(source, name, closure) if closure else cst.Name(name)
+    function = cst.parse_statement("def %s(%s):\n    return %s\n" % (
+        name, source.code(value.params).strip(), "(%s)" % body if "\n" in body else body))
+    new = _lift(source, call, function, name, closure) or cst.Name(name)
     _replace(source, call, part, new)
     return "%s: lambda lifted to module level as %s" % (part, source.code(new))
 
@@ -174,6 +147,18 @@ def _lift_def(source, call, part, value, assignment):
         raise NotExact("%s is used elsewhere too" % value.value)
     if value.value in source.globals_bound():
         raise NotExact("the module has a %s of its own" % value.value)
+    source.edit(function, lambda node: cst.RemovalSentinel.REMOVE)
+    new = _lift(source, call, function, value.value, closure)
+    if new is None:
+        return "%s: %s lifted to module level" % (part, value.value)
+    _replace(source, call, part, new)
+    return "%s: %s lifted to module level, given as %s" % (part, value.value, source.code(new))
+
+
+def _lift(source, call, function, name, closure):
+    """Put ``function`` at module level, before the statement that makes the loader,
+    taking the ``closure`` it reads as keyword-only arguments; the partial that
+    gives them, or None."""
     params = function.params
     if closure:
         extra = [cst.Param(name=cst.Name(n)) for n in closure]
@@ -181,21 +166,12 @@ def _lift_def(source, call, part, value, assignment):
             else cst.ParamStar()
         params = params.with_changes(star_arg=star,
                                      kwonly_params=list(params.kwonly_params) + extra)
-    lifted = function.with_changes(params=params, leading_lines=_leading_lines() + [
-        line.with_changes(indent=False) for line in function.leading_lines if line.comment])
-    source.edit(function, lambda node: cst.RemovalSentinel.REMOVE)
-    source.insert_before(call, [lifted])
-    if closure:
-        new = _partial(source, value.value, closure)
-        _replace(source, call, part, new)
-        return "%s: %s lifted to module level, given as %s" % (
-            part, value.value, source.code(new))
-    return "%s: %s lifted to module level" % (part, value.value)
+    source.insert_before(call, [function.with_changes(
+        params=params, leading_lines=blank_lines(2, COMMENT) + [
+            line.with_changes(indent=False) for line in function.leading_lines if line.comment])])
+    return _partial(source, name, closure) if closure else None
 
 
 def _replace(source, call, part, new):
-    def edit(node):
-        found = find_arg(node, part, LOADER_POSITIONAL)
-        return set_arg_value(node, found[0], new) if found else node
-    source.edit(call, edit, order=40)
+    source.set_arg(call, part, new, order=40)
     source.comment(call, "DL202: %s at module level" % part)

@@ -1,20 +1,17 @@
 """DL204: unguarded top-level training code moved under ``if __name__ == "__main__":``.
 
 Spawned workers (macOS, Windows, Linux from Python 3.14) import the script
-again; its top-level training code starts workers of its own there. The
-rewrite keeps at module level what workers need: imports, functions,
-classes, and the assignments those read (the names they use, and what those
-assignments read in turn); everything else, in its order, goes under a main
-guard at the end of the file. Under fork the program does what it did: the
-definitions now come first, then the same code in the same order.
+again, where its top-level training code would start workers of its own. What
+workers need stays at module level: imports, functions, classes, and the
+assignments those read (in turn); the rest goes, in its order, under a main
+guard at the end. Under fork the program does what it did: the definitions
+first, then the same code in the same order. Not exact: a file with a main
+guard; a definition that, as it runs, reads a name only the moved code binds; a
+name bound both by what stays and by what moves.
 
-Not exact, so left as a comment: a file with a main guard already; a
-definition that, as it runs, reads a name only the moved code binds; a name
-bound both by what stays and by what moves.
-
-The workers of a loader the run took to fork (the DL204 record's strategy)
-were never pickled: its lambdas and local functions are lifted as DL202's
-are, so that the loader also starts under spawn.
+A loader the run took to fork (DL204's strategy) never pickled its workers: its
+lambdas and local functions are lifted as DL202's are, so that it starts under
+spawn too.
 """
 
 import ast
@@ -23,7 +20,7 @@ import symtable
 import libcst as cst
 
 from . import local_functions
-from .records import NOT_EXACT, REWRITTEN
+from .records import REWRITTEN, NotExact
 
 COMMENT = "DL204: the training code runs only as a script, not in spawned workers"
 
@@ -108,17 +105,13 @@ def _eager_reads(node):
     reads, local = set(), set()
 
     def visit(n):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for child in n.decorator_list + n.args.defaults + [d for d in n.args.kw_defaults if d]:
-                visit(child)
-            return
-        if isinstance(n, ast.Lambda):
-            for child in n.args.defaults + [d for d in n.args.kw_defaults if d]:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for child in getattr(n, "decorator_list", []) + n.args.defaults + [
+                    d for d in n.args.kw_defaults if d]:
                 visit(child)
             return
         if isinstance(n, ast.comprehension):
-            local.update(_binds(n.target) | {x.id for x in ast.walk(n.target)
-                                              if isinstance(x, ast.Name)})
+            local.update(x.id for x in ast.walk(n.target) if isinstance(x, ast.Name))
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             reads.add(n.id)
         for child in ast.iter_child_nodes(n):
@@ -162,8 +155,8 @@ def rewrite(source, records):
     statements, kinds, binds, eager, lazy = analyse(source)
     if GUARD in kinds:
         at = source.lines(statements[kinds.index(GUARD)])[0]
-        return [(r, NOT_EXACT, "the file has a main guard (line %d): move the code that "
-                 "starts workers into it" % at) for r in records]
+        raise NotExact("the file has a main guard (line %d): move the code that starts "
+                       "workers into it" % at)
     kept = {i for i, kind in enumerate(kinds) if kind == DEFINITION}
     needed = set().union(*[eager[i] | lazy[i] for i in kept])
     grew = True
@@ -176,22 +169,21 @@ def rewrite(source, records):
                 grew = True
     moved = [i for i in range(len(statements)) if i not in kept]
     if not moved:
-        return [(r, NOT_EXACT, "no top-level code to move") for r in records]
+        raise NotExact("no top-level code to move")
     moved_binds = set().union(*[binds[i] for i in moved])
     called = set().union(*[eager[i] for i in moved])
     for record in records:
         top = next((i for i, s in enumerate(statements)
                     if source.lines(s)[0] <= record.line <= source.lines(s)[1]), None)
         if top is not None and top in kept and not binds[top] & called:
-            return [(r, NOT_EXACT, "the loader is iterated in %s, which this file's top-level "
-                     "code does not call: the guard belongs in the script that runs it"
-                     % ", ".join(sorted(binds[top]))) for r in records]
+            raise NotExact("the loader is iterated in %s, which this file's top-level code "
+                           "does not call: the guard belongs in the script that runs it"
+                           % ", ".join(sorted(binds[top])))
     for i in sorted(kept):
         clash = (binds[i] | eager[i]) & moved_binds
         if clash:
-            return [(r, NOT_EXACT, "line %d binds or reads %s, which the code to move binds "
-                     "too" % (source.lines(statements[i])[0], ", ".join(sorted(clash))))
-                    for r in records]
+            raise NotExact("line %d binds or reads %s, which the code to move binds too"
+                           % (source.lines(statements[i])[0], ", ".join(sorted(clash))))
     source.move_under_main_guard([statements[i] for i in moved], COMMENT)
     done = 'top-level code from line %d under if __name__ == "__main__":, the ' \
         'definitions and what they read kept' % source.lines(statements[moved[0]])[0]

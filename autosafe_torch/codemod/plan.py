@@ -4,7 +4,7 @@ import importlib
 import textwrap
 
 from .. import rules
-from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED
+from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED, NotExact
 from .source import Source
 
 # The order the rewrites plan in: the file's shape first (the main guard, the
@@ -40,19 +40,18 @@ def plan(path, text, records):
     source = Source(path, text)
     outcomes = []
     rewritable = set()
-    for codes, rewrite in rewrites("file"):
-        rewritable |= set(codes)
-        mine = [r for r in records if r.code in codes]
-        if mine:
-            outcomes += rewrite(source, mine)
-    for codes, rewrite in rewrites("site"):
-        rewritable |= set(codes)
-        sites = {}
-        for record in records:
-            if record.code in codes:
-                sites.setdefault(record.line, []).append(record)
-        for site in sites.values():
-            outcomes += rewrite(source, site)
+    for scope in ("file", "site"):  # a file rewrite answers all its records, a site's one line's
+        for codes, rewrite in rewrites(scope):
+            rewritable |= set(codes)
+            groups = {}
+            for record in records:
+                if record.code in codes:
+                    groups.setdefault(record.line if scope == "site" else 0, []).append(record)
+            for group in groups.values():
+                try:
+                    outcomes += rewrite(source, group)
+                except NotExact as exc:  # the whole group left as a comment
+                    outcomes += [(r, NOT_EXACT, str(exc)) for r in group]
     done = {(r.line, r.code) for r, kind, _ in outcomes if kind == REWRITTEN}
     for record in records:
         if record.code in rewritable:

@@ -1,50 +1,35 @@
 """DL220: what main() set that the workers read, given to each worker by the
-loader's ``worker_init_fn``.
+loader's ``worker_init_fn`` (what it writes, and where it would not be exact:
+``rules.pickling.PROCESS_STATE_REWRITE``).
 
-The log names the ``DataLoader(...)`` call (or the line that iterates the
-loader it made) and each value the run carried to its spawned workers: a
-module global or a class attribute of the script (``CONFIG``,
-``Spectra.mean``) and the first line that reads it. The rewrite adds one
-function to the file, after its imports (``HELPER_TEXT``: it sets the values
-in ``globals()``, then calls the loader's own ``worker_init_fn``), and the
-call hands it the values and that function (None where it gave none)::
+The log names the ``DataLoader(...)`` call (or the line that iterates its
+loader) and each value the run carried to its spawned workers (``CONFIG``,
+``Spectra.mean``) with the first line that reads it. One function is added
+after the imports (``HELPER_TEXT``), and the call hands it the values and the
+loader's own ``worker_init_fn`` (None where it gave none)::
 
     DataLoader(ds, num_workers=2, worker_init_fn=seed_worker)
     ->  DataLoader(ds, num_workers=2, worker_init_fn=functools.partial(
             set_main_state, {"SEED": SEED, "Spectra.mean": Spectra.mean}, seed_worker))
 
-The dict goes to each worker with ``worker_init_fn``, pickled as its workers
-start (a dict main() fills in place between epochs goes as it is then), and
-is set there before the loader's own ``worker_init_fn`` and the first sample.
-``globals()`` is the namespace the script's functions read: in a spawned
-worker, the one runpy ran the script in, not the copy ``__mp_main__`` holds.
-Under fork the values are the ones the worker has already.
+The dict is pickled as the workers start (a dict main() fills in place between
+epochs goes as it is then) and set before the loader's own ``worker_init_fn``
+and the first sample, in ``globals()``: in a spawned worker the namespace runpy
+ran the script in, which its functions read, not the copy ``__mp_main__`` holds.
+Under fork the workers have the values already.
 
-Exact only where every value the record carried is the script's own and is
-in place in time: a name of the module ``__main__`` (this file, by the line
-that reads it) that this file binds at module level, or an attribute of a
-class it binds there, and that names the module's value where the loader is
-made. The whole record is left as a comment (the rule's fix, at the loader)
-for any other value:
+Exact only for a name this file (module ``__main__``, by the line that reads it)
+binds at module level, or an attribute of a class it binds there, that is the
+module's value where the loader is made. Not for a value a ``__setstate__``
+reads (or a ``__getattr__``, which pickle calls as it looks ``__setstate__``
+up): read as the dataset arrives, before any ``worker_init_fn``; nor one set
+again after the loader is made (later in the function that makes it, or in a
+function named there after it): the dict holds what was bound at the call,
+fork's workers what is bound at each start.
 
-- a value of another module, a library-wide setting (torch's default dtype),
-  a library function the program replaced, a nested class's attribute;
-- a value a ``__setstate__`` of this file reads (or a ``__getattr__``, which
-  pickle calls as it looks ``__setstate__`` up): it is read as the dataset
-  arrives, before any ``worker_init_fn``;
-- a value set again after the loader is made, later in the function that
-  makes it or in a function that one names after it: the dict holds what was
-  bound at the call, fork's workers what is bound at each start;
-- a name that is a local variable where the loader is made;
-- a value the run could not carry (it does not pickle);
-
-and for a call that gives ``worker_init_fn`` by position, or its arguments
-by ``*`` or ``**``.
-
-Run again under the shim, the patched script logs DL220 again (the shim sets
-the values before the dataset arrives, ahead of any ``worker_init_fn``): a
-call that gives the function already is left as it is, or given the values
-its dict lacks.
+Run again under the shim, the patched script logs DL220 again (the shim sets the
+values before the dataset arrives): a call that gives the function already is
+left as it is, or given the values its dict lacks.
 """
 
 import os
@@ -54,8 +39,8 @@ import libcst.matchers as m
 from libcst import metadata as md
 
 from .records import COVERED, REWRITTEN, NotExact, per_record, split_site
-from .source import (LOADER_POSITIONAL, append_arg, find_arg, has_star, is_docstring,
-                     keyword_arg, set_arg_value, spaced_comma)
+from .source import (LOADER_POSITIONAL, blank_lines, find_arg, is_docstring, spaced_comma,
+                     unstarred)
 
 HELPER = "set_main_state"
 MARK = "# autosafe-torch DL220"
@@ -83,11 +68,7 @@ def rewrite(source, record):
         raise NotExact(" ".join(str(refused[0]).split()))
     if not isinstance(carried, list) or not carried:
         raise NotExact("the record names no value carried")
-    call = source.dataloader_at(record.line)
-    if call is None:
-        raise NotExact("no DataLoader(...) made or iterated at this line")
-    if has_star(call):
-        raise NotExact("the call passes arguments by * or **")
+    call = unstarred(source.loader_at(record.line))
     own = find_arg(call, "worker_init_fn", LOADER_POSITIONAL)
     if own is not None and own[1].keyword is None:
         raise NotExact("worker_init_fn is passed by position")
@@ -104,18 +85,13 @@ def rewrite(source, record):
     helper = _helper(source)
     functools = source.module_name("functools")
 
-    def edit(node):
-        found = find_arg(node, "worker_init_fn", LOADER_POSITIONAL)
-        given = found[1].value if found else cst.Name("None")
+    def partial(given):  # after DL202's edit (order 40): it wraps the function DL202 lifted
         partial = cst.parse_expression("%s.partial(%s, %s, None)" % (
             functools, helper, _dict_text(state)))
-        partial = partial.with_changes(args=[*partial.args[:2],
-                                             partial.args[2].with_changes(value=given)])
-        if found:
-            return set_arg_value(node, found[0], partial)
-        return append_arg(node, keyword_arg("worker_init_fn", partial))
+        return partial.with_changes(args=[*partial.args[:2], partial.args[2].with_changes(
+            value=cst.Name("None") if given is None else given)])
 
-    source.edit(call, edit)  # after DL202's (order 40): it wraps the function DL202 lifted
+    source.set_arg(call, "worker_init_fn", partial)
     source.comment(call, COMMENT)
     return REWRITTEN, "%s set in each worker by %s, %s" % (
         ", ".join(names), helper,
@@ -154,9 +130,8 @@ def _exact_name(source, record, call, entry):
 
 
 def _global_at(source, call, name):
-    """The dict is made at the call: ``name`` must be the module's there, not a
-    local variable (a parameter) of the function that makes the loader, or of one
-    around it."""
+    """``name`` is the module's where the dict is made, at the call: not a local
+    name (a parameter) of the function that makes the loader, or of one around it."""
     scope = source.scope(call)
     while scope is not None and not isinstance(scope, md.GlobalScope):
         if scope.assignments[name] and (scope is source.scope(call)
@@ -211,10 +186,8 @@ def _function_of(source, node):
 
 
 def _not_set_after(source, call, label, parts):
-    """The dict holds what is bound when the loader is made; fork's workers get
-    what is bound at each start of them. Not exact where the file binds the value
-    again later in the function that makes the loader, or in a function named
-    there after the call (``train(loader, before_epoch=harder)``)."""
+    """The value is not bound again later in the function that makes the loader,
+    nor in a function named there after the call (``train(loader, before_epoch=harder)``)."""
     position = source.meta(md.PositionProvider)
     maker, end = _function_of(source, call), position[call].end
     span = source.lines(maker) if maker is not None else (1, len(source.text.splitlines()))
@@ -259,7 +232,7 @@ def _helper(source):
     name = source.notes["DL220: helper"] = source.free_name(HELPER)
     function = cst.parse_statement(HELPER_TEXT.format(name=name, mark=MARK))
     source.insert_before(anchor, [function.with_changes(
-        leading_lines=[cst.EmptyLine(indent=False)] * 2)])
+        leading_lines=blank_lines(2))])
     source.edit(anchor, _two_blank_lines, order=0)  # after a function, as PEP 8 has it
     return name
 
@@ -268,7 +241,7 @@ def _two_blank_lines(statement):
     lines = list(statement.leading_lines)
     blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
     return statement.with_changes(
-        leading_lines=[cst.EmptyLine(indent=False)] * max(0, 2 - blank) + lines)
+        leading_lines=blank_lines(max(0, 2 - blank)) + lines)
 
 
 def _earlier_rewrite(source, value):

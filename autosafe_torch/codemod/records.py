@@ -22,7 +22,8 @@ REWRITTEN, NOT_EXACT, COVERED, SKIPPED = "rewritten", "not exact", "covered", "s
 
 
 class NotExact(Exception):
-    """Raised by a rewrite's planning where it would not be exact; the reason."""
+    """Raised by a rewrite's planning where it would not be exact, for the record
+    it plans (``per_record``) or all it was given (``plan``); the reason."""
 
 
 def per_record(plan):
@@ -128,10 +129,10 @@ def read_log(path, root=os.curdir):
         try:
             obj = json.loads(text)
         except ValueError:
-            unusable.append(Unusable(None, "%s:%d" % (path, number), "not a JSON object"))
-            continue
+            obj = ValueError
         if not isinstance(obj, dict) or not isinstance(obj.get("code"), str):
-            unusable.append(Unusable(None, "%s:%d" % (path, number), "not an intervention"))
+            unusable.append(Unusable(None, "%s:%d" % (path, number), "not a JSON object"
+                                     if obj is ValueError else "not an intervention"))
             continue
         site = split_site(obj.get("call_site"))
         if site is None:
@@ -147,14 +148,12 @@ def read_log(path, root=os.curdir):
         if key in seen:
             continue  # a worker's or another rank's copy of the same intervention
         seen.add(key)
-        if found is None:
-            unusable.append(Unusable(obj["code"], "%s:%d" % (name, line), "no such file here"))
-            continue
-        reason = library_reason(found) or outside(found, root)
+        reason = "no such file here" if found is None \
+            else library_reason(found) or outside(found, root)
         if reason:
             unusable.append(Unusable(obj["code"], "%s:%d" % (name, line), reason))
-            continue
-        records.append(Record(obj, os.path.realpath(found), _shown(found), line))
+        else:
+            records.append(Record(obj, os.path.realpath(found), _shown(found), line))
     return records, unusable
 
 

@@ -13,6 +13,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst import metadata as md
 
+from .records import NotExact
+
 MAIN_GUARD = '__name__ == "__main__"'
 DATALOADER = frozenset(("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"))
 # DataLoader's parameters that may be given by position (torch 1.7 to 2.13).
@@ -70,14 +72,17 @@ def literal(value):
     return repr(value) if value is None or isinstance(value, (bool, int, float, str)) else None
 
 
+def blank_lines(count, comment=None):
+    """``count`` blank lines at module level, then ``# autosafe-torch <comment>``."""
+    comments = [cst.Comment("# " + COMMENT_PREFIX + comment)] if comment else []
+    return [cst.EmptyLine(indent=False)] * count + [
+        cst.EmptyLine(indent=False, comment=c) for c in comments]
+
+
 def workers_test(workers):
     """``<workers> > 0``."""
     return cst.Comparison(left=atom(workers), comparisons=[
         cst.ComparisonTarget(cst.GreaterThan(), cst.Integer("0"))])
-
-
-def if_else(body, test, orelse):
-    return cst.IfExp(test=test, body=atom(body), orelse=orelse)
 
 
 def both(left, right):
@@ -89,6 +94,13 @@ def both(left, right):
 
 def has_star(call):
     return any(arg.star for arg in call.args)
+
+
+def unstarred(call):
+    """``call``; NotExact where it passes arguments by ``*`` or ``**``."""
+    if has_star(call):
+        raise NotExact("the call passes arguments by * or **")
+    return call
 
 
 def find_arg(call, name, positional=()):
@@ -106,12 +118,6 @@ def find_arg(call, name, positional=()):
             return index, arg
         position += 1
     return None
-
-
-def set_arg_value(call, index, value):
-    args = list(call.args)
-    args[index] = args[index].with_changes(value=value)
-    return call.with_changes(args=args)
 
 
 def append_arg(call, arg):
@@ -144,15 +150,14 @@ def remove_arg(call, index):
     return call.with_changes(args=args)
 
 
-def keywords_for(call, names, skip=0):
-    """``call`` with its positional arguments after the first ``skip`` given by
-    keyword (``names`` in their order), or None when they do not bind (a
-    ``*args``, more positions than names)."""
+def keywords_for(call, names):
+    """``call`` with its positional arguments given by keyword (``names`` in their
+    order), or None when they do not bind (a ``*args``, more positions than names)."""
     if has_star(call):
         return None
     args, position = [], 0
-    for index, arg in enumerate(call.args):
-        if arg.keyword is None and index >= skip:
+    for arg in call.args:
+        if arg.keyword is None:
             if position >= len(names):
                 return None
             arg = keyword_arg(names[position], arg.value, comma=arg.comma)
@@ -283,6 +288,13 @@ class Source:
                     found.append(value)
         return found[0] if len(found) == 1 else None
 
+    def loader_at(self, line):
+        """``dataloader_at``; NotExact where there is none."""
+        call = self.dataloader_at(line)
+        if call is None:
+            raise NotExact("no DataLoader(...) made or iterated at this line")
+        return call
+
     def module_name(self, module):
         """A name this file can use for ``module`` at module level: the one its
         top-level ``import module`` (``import module.sub``, ``import module as
@@ -325,6 +337,23 @@ class Source:
     def edit(self, node, function, order=50):
         """Change ``node`` by ``function(node as edited so far)``; lower orders first."""
         self._edits.setdefault(id(node), []).append((order, function))
+
+    def set_arg(self, call, name, value, positional=LOADER_POSITIONAL, order=50):
+        """Plan ``call``'s argument ``name`` (a keyword, or its place in
+        ``positional``) to be ``value``: a node, None (it goes), or a function of
+        its value as edited so far (None where it is not given: then added by
+        keyword)."""
+        def edit(node):
+            found = find_arg(node, name, positional)
+            new = value(found and found[1].value) if callable(value) else value
+            if found is None:
+                return append_arg(node, keyword_arg(name, new)) if callable(value) else node
+            if new is None:
+                return remove_arg(node, found[0])
+            args = list(node.args)
+            args[found[0]] = found[1].with_changes(value=new)
+            return node.with_changes(args=args)
+        self.edit(call, edit, order)
 
     def comment(self, node, text):
         """Comment lines ``# autosafe-torch <text>`` (a line of ``text`` each) above
@@ -426,10 +455,7 @@ class _Apply(cst.CSTTransformer):
             first = guard[0]
             guard[0] = first.with_changes(leading_lines=[
                 line for line in first.leading_lines if line.comment is not None])
-            lines = [cst.EmptyLine(indent=False)] * 2
-            if source._guard_comment:
-                lines.append(cst.EmptyLine(indent=False, comment=cst.Comment(
-                    "# " + COMMENT_PREFIX + source._guard_comment)))
             body.append(cst.If(test=cst.parse_expression(MAIN_GUARD),
-                               body=cst.IndentedBlock(body=guard), leading_lines=lines))
+                               body=cst.IndentedBlock(body=guard),
+                               leading_lines=blank_lines(2, source._guard_comment)))
         return updated.with_changes(body=body)

@@ -24,46 +24,38 @@ _originals = {}   # (owner, attribute name) -> original attribute
 _applied = set()  # patch module names applied
 
 
-def signature_without_self(function):
-    """The signature of a method, as its callers see it."""
-    signature = inspect.signature(function)
-    return signature.replace(parameters=list(signature.parameters.values())[1:])
+class Signature:
+    """A method's parameters as its callers see them (no ``self``), and their defaults."""
+
+    def __init__(self, method):
+        signature = inspect.signature(method)
+        self.signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        self.parameters = self.signature.parameters
+        self.defaults = {p.name: p.default for p in self.parameters.values()
+                         if p.default is not inspect.Parameter.empty}
 
 
-def defaults_of(signature):
-    return {p.name: p.default for p in signature.parameters.values()
-            if p.default is not inspect.Parameter.empty}
-
-
-def bind_arguments(signature, defaults, args, kwargs):
-    """``(bound, values)`` for this call: ``inspect.BoundArguments`` and every
-    parameter's value (defaults filled in); None when the call does not bind:
+def bind(signature, args, kwargs):
+    """``(inspect.BoundArguments, every parameter's value, defaults filled in)``
+    of this call to ``signature`` (a ``Signature``); None when it does not bind:
     the user's own mistake, which torch reports."""
     try:
-        bound = signature.bind(*args, **kwargs)
+        bound = signature.signature.bind(*args, **kwargs)
     except TypeError:
         return None
-    values = dict(defaults)
+    values = dict(signature.defaults)
     values.update(bound.arguments)
     return bound, values
-
-
-def bind(signature, defaults, args, kwargs):
-    """Every parameter's value for this call, or None (``bind_arguments``)."""
-    bound = bind_arguments(signature, defaults, args, kwargs)
-    return None if bound is None else bound[1]
 
 
 def wrap(owner, name, wrapper):
     """Wrap ``owner.name`` with a wrapt function wrapper, once."""
     import wrapt
 
-    key = (owner, name)
-    if key in _originals:
-        return getattr(owner, name)
-    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    _originals[key] = original
-    return wrapt.wrap_function_wrapper(owner, name, wrapper)
+    if (owner, name) not in _originals:
+        _originals[owner, name] = owner.__dict__[name] if isinstance(owner, type) \
+            else getattr(owner, name)
+        wrapt.wrap_function_wrapper(owner, name, wrapper)
 
 
 def wrapped(owner, name):
@@ -73,11 +65,9 @@ def wrapped(owner, name):
 def unwrap(owner, name):
     """Put back what ``wrap`` or ``replace`` replaced at ``owner.name`` (one patch
     undone alone; ``revert`` undoes them all)."""
-    if (owner, name) in _originals:
-        _put_back(owner, name, _originals.pop((owner, name)))
-
-
-def _put_back(owner, name, value):
+    if (owner, name) not in _originals:
+        return
+    value = _originals.pop((owner, name))
     if value is _MISSING:
         with contextlib.suppress(AttributeError):
             delattr(owner, name)
@@ -137,9 +127,8 @@ def apply_deferred():
 
 def revert():
     """Undo every patch (``autosafe_torch.deactivate()``)."""
-    for (owner, name), value in list(_originals.items()):
-        _put_back(owner, name, value)
-    _originals.clear()
+    for owner, name in list(_originals):
+        unwrap(owner, name)
     for name in list(_applied):
         with contextlib.suppress(Exception):
             unpatch = getattr(importlib.import_module(name), "unpatch", None)

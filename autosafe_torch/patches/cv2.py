@@ -80,14 +80,12 @@ def patch(cv2):
     if _state["patched"] is cv2:
         return
     _state["patched"] = cv2
-    try:
-        record_captures(cv2)
-    except Exception as exc:
-        report.internal_error("recording cv2.VideoCapture", exc)
-    try:
-        cv2_remedies.install_fork_hook()
-    except Exception as exc:
-        report.internal_error("registering the cv2 fork hook", exc)
+    for what, step in (("recording cv2.VideoCapture", lambda: record_captures(cv2)),
+                       ("registering the cv2 fork hook", cv2_remedies.install_fork_hook)):
+        try:
+            step()
+        except Exception as exc:
+            report.internal_error(what, exc)
 
 
 def unpatch():

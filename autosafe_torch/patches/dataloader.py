@@ -17,25 +17,25 @@ from .. import callsite, engine
 from ..engine import loader as plans
 from ..loaderstate import state_of
 from ..torch_private import GET_ITERATOR
-from . import bind_arguments, defaults_of, signature_without_self, wrap
+from . import Signature, bind, wrap
 
 _signature = {}
 
 
 def patch(torch):
-    signature = _signature["sig"] = signature_without_self(DataLoader.__init__)
-    _signature["defaults"] = defaults_of(signature)
+    _signature["init"] = Signature(DataLoader.__init__)
     wrap(DataLoader, "__init__", _init_wrapper)
     wrap(DataLoader, GET_ITERATOR, _iterator_wrapper)
 
 
 def _init_wrapper(wrapped, instance, args, kwargs):
-    bound = bind_arguments(_signature["sig"], _signature["defaults"], args, kwargs)
+    signature = _signature["init"]
+    bound = bind(signature, args, kwargs)
     if bound is None:
         return wrapped(*args, **kwargs)  # the user's own mistake: torch says it
     arguments, values = bound
     decided = engine.fail_open(None, "DataLoader.__init__", plans.decide_construction, values,
-                               _signature["defaults"], instance)
+                               signature.defaults, instance)
     if decided is None:
         result = wrapped(*args, **kwargs)
     else:

@@ -1,37 +1,29 @@
 """AMP: autocast, GradScaler and custom_fwd/custom_bwd (AMP501-AMP506).
 
-What is patched, and why there:
-
-- ``torch.amp.autocast.__init__`` (the class every autocast derives from):
-  AMP503 and AMP505, on every training step (``autocast.py``).
+- ``torch.amp.autocast.__init__`` (every autocast's base): AMP503, AMP505, on
+  every training step (``autocast.py``).
 - the deprecated ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``
   (torch >= 2.4): their ``__new__`` and ``__init_subclass__``, which only
-  warn, are replaced (AMP501). The classes stay the classes: isinstance,
-  subclassing and ``type(x)`` are unchanged, and torch's own ``__init__``
-  still maps the old positional order (enabled, dtype, cache_enabled) onto
-  ``torch.amp.autocast`` by keyword.
-- ``torch.cuda.amp.GradScaler.__init__`` (and the CPU one): the old
-  signature is bound and the scaler is initialised through
-  ``torch.amp.GradScaler.__init__`` by keyword (AMP502), accepting a device
-  (AMP504); ``torch.amp.GradScaler.__init__``: AMP503.
+  warn, are replaced (AMP501). The classes stay the classes (isinstance,
+  subclassing, ``type(x)``), and torch's own ``__init__`` still maps the old
+  positional order (enabled, dtype, cache_enabled) onto ``torch.amp.autocast``.
+- ``torch.cuda.amp.GradScaler.__init__`` (and the CPU one): bound to the old
+  signature, built through ``torch.amp.GradScaler.__init__`` by keyword
+  (AMP502), with a device (AMP504); ``torch.amp.GradScaler.__init__``: AMP503.
 - ``torch.cuda.amp.custom_fwd`` / ``custom_bwd``: routed to ``torch.amp``'s.
 - on a torch without them, ``torch.amp.GradScaler`` and ``torch.amp.autocast``
   are provided (AMP506).
 
-Everything is decided by feature, not by version number: whether a class is
-marked deprecated, whether ``torch.amp`` has the modern class and its
-signature a device, and what ``torch.amp.autocast`` accepts, probed once.
+All by feature, not by version number: whether a class is marked deprecated,
+whether ``torch.amp`` has the modern class and its signature a device, and
+what ``torch.amp.autocast`` accepts, probed once.
 """
 
 from ...rules.amp import AmpCall
-from .. import original, replace, signature_without_self, wrap
+from .. import Signature, original, replace, wrap
 from . import autocast, provided, scaler
 from .caps import TorchAmpCaps
 from .common import is_deprecated, is_subclass, state
-
-
-def caps():
-    return state["caps"]
 
 
 def patch(torch):
@@ -69,9 +61,9 @@ def patch(torch):
 
     # AMP502-AMP504: GradScaler.
     modern = getattr(amp, "GradScaler", None)
-    if isinstance(modern, type) and "device" in signature_without_self(modern.__init__).parameters:
-        wrap(modern, "__init__", scaler.wrapper(
-            AmpCall("torch.amp.GradScaler"), signature_without_self(modern.__init__)))
+    if isinstance(modern, type) and "device" in Signature(modern.__init__).parameters:
+        wrap(modern, "__init__", scaler.wrapper(AmpCall("torch.amp.GradScaler"),
+                                                Signature(modern.__init__)))
     else:
         modern = None
     cuda_scaler = None
@@ -79,7 +71,7 @@ def patch(torch):
         legacy = getattr(module, "GradScaler", None)
         if not isinstance(legacy, type) or legacy is modern:
             continue
-        signature = signature_without_self(legacy.__dict__.get("__init__", legacy.__init__))
+        signature = Signature(legacy.__dict__.get("__init__", legacy.__init__))
         if "device" in signature.parameters:
             continue
         route_init = original(modern, "__init__") if is_subclass(legacy, modern) else None

@@ -12,7 +12,7 @@ from ... import engine, facts
 from ...callsite import cached_call_site
 from ...config import CONFIG
 from ...report import internal_error
-from .. import bind, defaults_of, replace, signature_without_self
+from .. import Signature, bind, replace
 from .common import _CLEAN, _PLAN_CACHE_LIMIT, run, state
 
 _autocast_plans = {}  # (args, disabled, facts override) -> _CLEAN or (findings, kwargs)
@@ -22,11 +22,11 @@ def forget():
     _autocast_plans.clear()
 
 
-def _autocast_plan(signature, defaults, args, kwargs):
-    values = bind(signature, defaults, args, kwargs)
-    if values is None:
+def _autocast_plan(signature, args, kwargs):
+    bound = bind(signature, args, kwargs)
+    if bound is None:
         return _CLEAN
-    found, fixed = run("autocast", values, state["autocast_call"])
+    found, fixed = run("autocast", bound[1], state["autocast_call"])
     if not found:
         return _CLEAN
     return found, {name: fixed[name] for name in signature.parameters}
@@ -40,10 +40,9 @@ AUTOCAST_PARAMS = (("device_type", inspect.Parameter.empty), ("dtype", None),
 
 
 def make_init(init):
-    signature = signature_without_self(init)
-    defaults = defaults_of(signature)
+    signature = Signature(init)
     if tuple((p.name, p.default) for p in signature.parameters.values()) != AUTOCAST_PARAMS:
-        return _make_generic_autocast_init(init, signature, defaults)
+        return _make_generic_autocast_init(init, signature)
 
     @functools.wraps(init)
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
@@ -55,8 +54,8 @@ def make_init(init):
             except TypeError:  # an unhashable argument: decide without the cache
                 plan = key = None
             if plan is None:
-                plan = _autocast_plan(signature, defaults, (device_type, dtype, enabled,
-                                                            cache_enabled), {})
+                plan = _autocast_plan(signature, (device_type, dtype, enabled, cache_enabled),
+                                      {})
                 if key is not None and len(_autocast_plans) < _PLAN_CACHE_LIMIT:
                     _autocast_plans[key] = plan
             new_kwargs = _planned_kwargs(plan, self)
@@ -78,13 +77,13 @@ def _planned_kwargs(plan, instance):
     return None
 
 
-def _make_generic_autocast_init(init, signature, defaults):
+def _make_generic_autocast_init(init, signature):
     """The same for a torch whose autocast takes other parameters."""
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         new_kwargs = engine.fail_open(None, "autocast.__init__", lambda: _planned_kwargs(
-            _autocast_plan(signature, defaults, args, kwargs), self))
+            _autocast_plan(signature, args, kwargs), self))
         if new_kwargs is None:
             return init(self, *args, **kwargs)
         return init(self, **new_kwargs)
@@ -99,6 +98,11 @@ def _route_decision(call, instance=None):
     if found is None:
         found = state["route_findings"][key] = run("amp.legacy", {}, call)[0]
     return engine.settle_repeated(found, cached_call_site(instance)) if found else False
+
+
+def _quiet(call, where=""):
+    """``_route_decision``, failing open: False (the deprecated original runs)."""
+    return engine.fail_open(False, call.api + where, _route_decision, call)
 
 
 def patch_deprecated(legacy, call, base):
@@ -133,9 +137,7 @@ def patch_deprecated(legacy, call, base):
 
     @functools.wraps(deprecated_func)
     def __init_subclass__(cls, **kwargs):
-        quiet = engine.fail_open(False, "%s.__init_subclass__" % call.api, _route_decision,
-                                 call)
-        if not quiet:
+        if not _quiet(call, ".__init_subclass__"):
             return deprecated_func(cls, **kwargs)
         if inner is not None and not isinstance(inner, type(object.__init_subclass__)):
             return inner(cls, **kwargs)
@@ -156,8 +158,7 @@ def patch_deprecated_init(legacy, call):
 
     @functools.wraps(inner)
     def __init__(self, *args, **kwargs):
-        quiet = engine.fail_open(False, "%s.__init__" % call.api, _route_decision, call)
-        return (inner if quiet else deprecated_init)(self, *args, **kwargs)
+        return (inner if _quiet(call, ".__init__") else deprecated_init)(self, *args, **kwargs)
 
     __init__.__dict__.pop("__deprecated__", None)
     replace(legacy, "__init__", __init__)
@@ -170,15 +171,13 @@ def patch_custom_decorators(torch, module, call_of):
 
     @functools.wraps(legacy_fwd)
     def custom_fwd(fwd=None, *, cast_inputs=None):
-        if engine.fail_open(False, "torch.cuda.amp.custom_fwd", _route_decision,
-                            call_of("custom_fwd")):
+        if _quiet(call_of("custom_fwd")):
             return modern_fwd(fwd, device_type="cuda", cast_inputs=cast_inputs)
         return legacy_fwd(fwd, cast_inputs=cast_inputs)
 
     @functools.wraps(legacy_bwd)
     def custom_bwd(bwd):
-        if engine.fail_open(False, "torch.cuda.amp.custom_bwd", _route_decision,
-                            call_of("custom_bwd")):
+        if _quiet(call_of("custom_bwd")):
             return modern_bwd(bwd, device_type="cuda")
         return legacy_bwd(bwd)
 

@@ -3,11 +3,11 @@
 from ... import engine
 from ...callsite import cached_call_site
 from ...rules.amp import device_type
-from .. import bind, defaults_of
+from .. import bind
 from .common import run
 
 
-def _scaler_plan(instance, call, signature, defaults, args, kwargs):
+def _scaler_plan(instance, call, signature, args, kwargs):
     """(device or None, scaler keyword arguments) to build with, or None."""
     device = None
     takes_device = "device" in signature.parameters
@@ -18,9 +18,10 @@ def _scaler_plan(instance, call, signature, defaults, args, kwargs):
             device = kwargs.pop("device")
         elif args and (isinstance(args[0], str) or type(args[0]).__name__ == "device"):
             device, args = args[0], args[1:]
-    values = bind(signature, defaults, args, kwargs)
-    if values is None:
+    bound = bind(signature, args, kwargs)
+    if bound is None:
         return None
+    values = bound[1]
     if not takes_device:
         values["device"] = device
     found, fixed = run("scaler", values, call)
@@ -34,11 +35,10 @@ def wrapper(call, signature, route_init=None):
     """A GradScaler.__init__ wrapper: plan (failing open), then build as planned:
     ``torch.amp.GradScaler`` by its own ``__init__`` (``signature`` takes a
     device), a legacy one by ``route_init`` (torch.amp's), else without a device."""
-    defaults = defaults_of(signature)
 
     def init(wrapped, instance, args, kwargs):
         plan = engine.fail_open(None, "%s.__init__" % call.api, _scaler_plan, instance, call,
-                                signature, defaults, args, kwargs)
+                                signature, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
         device, params = plan
