@@ -439,10 +439,11 @@ class Build:
         # build starts from the import's, as the program's own did; each worker is
         # then given this process's value.
         state = None
-        with contextlib.suppress(Exception):  # no carry, or one that does not pickle
-            reads = [r for r in self.carry.reads if r.label not in changed]
-            state = pickle.dumps(process_state.Carried(reads, None).in_server(),
-                                 pickle.HIGHEST_PROTOCOL)
+        if self.carry is not None:
+            with contextlib.suppress(Exception):  # a carry that does not pickle
+                reads = [r for r in self.carry.reads if r.label not in changed]
+                state = pickle.dumps(process_state.Carried(reads, None).in_server(),
+                                     pickle.HIGHEST_PROTOCOL)
         # loaded in this order: the main module, what main() set, then its classes
         data = b"".join(pickle.dumps(part, pickle.HIGHEST_PROTOCOL)
                         for part in (prepared, state, recipes))
