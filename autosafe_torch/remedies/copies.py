@@ -165,9 +165,10 @@ class CopyPlan:
         made = dict(self._of["shared"])  # shared, opened anew, made anew: kept over retries
         opened = []
         try:
-            for key, f in [*self._of["file"].items(), *self._of["image"].items()]:
-                made[key] = self._own_file(f)
-                opened.append(made[key])
+            for kind in ("file", "image"):
+                for key, f in self._of[kind].items():
+                    made[key] = self._own_file(f, image=kind == "image")
+                    opened.append(made[key])
             for key, lock in self._of["lock"].items():
                 made[key] = self._new_lock(lock)
             for key, pool in self._of["pool"].items():
@@ -217,12 +218,12 @@ class CopyPlan:
     def _named(self, obj):
         return "an object" if obj is None else "%s (%s)" % (self.path_of(obj), what_is(obj))
 
-    def _own_file(self, f):
-        """The copy's own ``f``: a PIL image opened again at its frame, a map
-        mapped again, a file opened again at its position."""
+    def _own_file(self, f, image=False):
+        """The copy's own ``f``: a PIL image opened again at its frame (``image``:
+        classified so, ``dropped.reopens``), a map mapped again, a file opened
+        again at its position."""
         if type(f) is mmap.mmap:
             return self._own_map(f)
-        image = dropped.reopens(f)
         errors = (OSError, ValueError, RuntimeError) if image else (OSError, ValueError)
         try:
             if image:
