@@ -6,11 +6,13 @@ import subprocess
 import sys
 import textwrap
 import tracemalloc
+import warnings
 
 import torch
 from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
-from autosafe_torch.inspection.probe import probe
+from autosafe_torch.inspection.probe import probe, sent_table
+from autosafe_torch.remedies import pickling
 from support import CHILD_MAIN, LOCAL_OBJECT, cannot_pickle, clean_env, run_script
 
 
@@ -94,6 +96,32 @@ def test_reducers_registered_with_forking_pickler_count():
         assert probe(Holder(u=Unpicklable())).ok
     finally:
         del multiprocessing.reduction.ForkingPickler._extra_reducers[Unpicklable]
+
+
+def test_the_probe_pickles_with_the_workers_table():
+    """Probing is sending: the probe's dispatch table is the one our workers' start
+    pickles with (``WorkerPickler``), a planned repair's reducers as if installed,
+    torch's included (Python 3.9: and a fork context's locks refused, as 3.10's
+    pickling does); and it shares no storage, which torch's reducers would do."""
+    def workers_table():
+        return pickling.WorkerPickler(open(os.devnull, "wb")).dispatch_table
+
+    def same(table, workers):
+        return table == workers if sys.version_info >= (3, 10) else workers.items() <= table.items()
+
+    planned = {Unpicklable: lambda u: (Unpicklable, ())}
+    assert same(sent_table(), workers_table())
+    pickling.install(planned)
+    try:
+        assert same(sent_table(planned), workers_table())
+    finally:
+        pickling.uninstall_reducers()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        held = [torch.ones(4).untyped_storage(), torch.ones(4).storage(), torch.FloatStorage(4)]
+    assert probe(Holder(held=held)).ok
+    assert not any(s.is_shared() for s in held)
+    assert multiprocessing.reduction.ForkingPickler.dumps(held[0]) and held[0].is_shared()
 
 
 def test_non_leaf_tensor_requiring_grad_fails_like_torch():

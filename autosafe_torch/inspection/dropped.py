@@ -8,7 +8,7 @@ object has no attribute '_min_frame'``) while the parent says nothing.
 
 Nothing is loaded: one walk per part finds the open files (a part that holds
 none costs only that walk). Above each, the outermost object on its path
-that pickles itself goes through the inventory's ``SENT`` pass (planned
+that pickles itself goes through an inventory pass (planned
 repairs count), noting every object it reaches; a file it never reaches was
 dropped, by the deepest object on its path that it did reach, which is named.
 Not a hazard: what a planned repair pickles (its reducer makes the file
@@ -27,7 +27,7 @@ import types
 
 from . import holdings, inventory, objwalk
 from .objwalk import Edge, is_a
-from .probe import ProbeResult, _probe_dispatch_table
+from .probe import ProbeResult, sent_table
 
 # Objects pickled per call: each costs what pickling it costs (a PIL image: one
 # frame's pixels); objects of one kind repeat, a few tell.
@@ -231,9 +231,9 @@ def _stores(code, attribute):
 
 
 def reached(obj, table):
-    """The ids of what ``obj``'s pickle reaches (a ``SENT`` pass), or None where
+    """The ids of what ``obj``'s pickle reaches (an inventory pass), or None where
     it raises (the probe's to say)."""
-    found = inventory.take({"part": obj}, inventory.SENT, table, watch=None)
+    found = inventory.take({"part": obj}, table, watch=None)
     return None if found.unpicklable or not found.complete else found.met
 
 
@@ -245,7 +245,7 @@ class _Search:
 
     @functools.cached_property
     def table(self):  # made for the first file found: none, no cost
-        return _probe_dispatch_table(self.planned)
+        return sent_table(self.planned)
 
     def run(self, parts):
         for name, part in parts.items():

@@ -1,20 +1,19 @@
-"""One pass over what a loader's parts hold, at C speed: the inventory.
+"""One pass over what a loader's parts send a spawned worker, at C speed: the inventory.
 
 The pickler is the walker: containers and plain values are traversed in C
 (an ImageNet index of 1.28M ``(path, class)`` tuples costs what pickling it
 costs, well under a second, where a Python walk took some 25 us an object).
 Every other object reaches ``reducer_override``, which notes it by kind
-(``classify``) and tells the pickler what to enter: in ``HELD`` mode (what a
-forked worker inherits) every attribute of every object but code, payloads
-and handles, whatever its own pickling says; in ``SENT`` mode (what a spawned
-worker receives) what pickling sends, with the dispatch table given, up to
-the first object that does not pickle (``unpicklable``, the innermost on its
-path), where the part's pass ends.
+(``classify``) and pickles it as a worker's pickler would, with the dispatch
+table given, up to the first object that does not pickle (``unpicklable``,
+the innermost on its path), where the part's pass ends. Payloads (tensors
+and their storages, arrays) stand in: their bytes say nothing of pickling,
+and torch's reducers would move a storage into shared memory.
 
 Nothing is capped or sampled: the pass sees everything or says it did not
 (``complete`` False), and a check decides as for a hazard it cannot rule out.
 Nothing is written or loaded; no user code runs but ``__reduce__`` and
-``__getstate__`` in ``SENT`` mode, as torch's own pickling runs them.
+``__getstate__``, as torch's own pickling runs them.
 ``path_of`` names, from the object back, only what a check acts on.
 """
 
@@ -30,33 +29,26 @@ from multiprocessing import context
 
 from ..mp_private import python_rlock
 from .failures import kept
-from .slots import instance_dict, slot_names
+from .slots import instance_dict
 
 PROTOCOL = pickle.DEFAULT_PROTOCOL  # ForkingPickler.dumps' (protocol=None)
-HELD, SENT = "held", "sent"
-
-# Kinds noted and not entered in HELD mode: payloads and handles (what they hold
-# is theirs, or C's), a logger (it reaches the whole logging tree); in SENT mode
-# only payloads (their bytes say nothing of pickling; a logger goes by its name).
-OPAQUE = frozenset({"tensor", "array", "file", "lock", "thread", "socket", "native", "mmap",
-                    "generator", "logger"})
+# Kinds that stand in (a logger goes by its name; an array of objects is entered).
 PAYLOADS = frozenset({"tensor", "array", "logger"})
 
 
 class Inventory:
     """What a pass found: ``of(kind)``, the objects of that kind (each once, in
-    the order met); ``unpicklable``, ``[(obj, exception)]`` (``SENT``: the first
-    of each part); ``complete``, whether the pass saw everything (else ``error``
+    the order met); ``unpicklable``, ``[(obj, exception)]`` (the first of each
+    part); ``complete``, whether the pass saw everything (else ``error``
     is what stopped it); ``objects``, how many objects reached Python."""
 
-    def __init__(self, mode):
-        self.mode = mode
+    def __init__(self):
         self.found = {}
         self.unpicklable = []
         self.complete = True
         self.error = None
         self.objects = 0
-        self.stand_ins = 0  # payloads written as nothing (SENT): the bytes are not a pickle
+        self.stand_ins = 0  # payloads written as nothing: the bytes are not a pickle
         self.met = set()  # the ids of ``watch`` objects the pass reached
 
     def of(self, kind):
@@ -80,10 +72,8 @@ class _Pass(pickle.Pickler):
         self.watch = watch
         self.keeping = sink is not None  # real bytes: arrays and loggers as pickle writes them
         self.inventory = inventory
-        if table is not None:
-            self.dispatch_table = table
-        self.table = table or {}
-        self.code = code  # SENT: (a class or function) -> NotImplemented, a reduction, an error
+        self.dispatch_table = table
+        self.code = code  # (a class or function) -> NotImplemented, a reduction, an error
 
     def reducer_override(self, obj):
         if obj is stand_in:
@@ -97,9 +87,7 @@ class _Pass(pickle.Pickler):
         if kind is not None:
             inv.found.setdefault(kind, {})[id(obj)] = obj
             entered = kind == "array" and _object_array(obj)  # its objects are what it holds
-            if inv.mode == HELD and kind in OPAQUE and not entered:
-                return stand_in, ()
-            if inv.mode == SENT and kind in PAYLOADS and not entered:
+            if kind in PAYLOADS and not entered:
                 # What a stand-in would hide of a payload: the tensor torch refuses
                 # to send (a logger goes by its name, an array by its bytes).
                 if kind == "tensor" and getattr(obj, "requires_grad", False) \
@@ -112,16 +100,12 @@ class _Pass(pickle.Pickler):
                     inv.stand_ins += 1
                     return stand_in, ()
         if issubclass(cls, _CODE):  # by its type: an object's __class__ is never asked
-            if inv.mode == HELD:
-                return stand_in, ()
             sent = self.code(obj) if self.code is not None else NotImplemented
             if isinstance(sent, BaseException):
                 inv.unpicklable.append((obj, kept(sent)))
                 raise _Stopped
             return sent
-        if inv.mode == HELD:
-            return _held_reduction(obj)
-        reducer = self.table.get(cls)
+        reducer = self.dispatch_table.get(cls)
         try:
             return reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
         except Exception as exc:  # what a worker's pickling would raise
@@ -131,7 +115,7 @@ class _Pass(pickle.Pickler):
 
 
 class _Stopped(Exception):
-    """A ``SENT`` pass ends at its first failure, as pickling does."""
+    """A pass ends at its first failure, as pickling does."""
 
 
 def _object_array(obj):
@@ -140,35 +124,16 @@ def _object_array(obj):
     return False
 
 
-def _held_reduction(obj):
-    """A reduction that makes the pickler enter every attribute ``obj`` holds
-    (and a container subclass's items), whatever its own pickling says."""
-    slots = []
-    for name in slot_names(type(obj)):
-        try:
-            slots.append(object.__getattribute__(obj, name))
-        except Exception:
-            continue
-    items = None
-    with contextlib.suppress(Exception):
-        for base in (dict, list, tuple, set, frozenset):
-            if issubclass(type(obj), base):
-                # The built-in's: a subclass's own is user code.
-                items = list(dict.items(obj) if base is dict else base.__iter__(obj))
-                break
-    return stand_in, (tuple(slots), items), instance_dict(obj)
-
-
-def take(parts, mode, table=None, code=None, sink=None, watch=frozenset(), known=()):
-    """The ``Inventory`` of ``parts`` (``{name: part}``, None parts skipped) in
-    ``mode``; ``table``: the dispatch table; ``code(obj)``, for a class or
-    function (``SENT``): ``NotImplemented`` (by reference), a reduction (by
+def take(parts, table, code=None, sink=None, watch=frozenset(), known=()):
+    """The ``Inventory`` of ``parts`` (``{name: part}``, None parts skipped);
+    ``table``: the workers' dispatch table (``probe.sent_table``); ``code(obj)``,
+    for a class or function: ``NotImplemented`` (by reference), a reduction (by
     value), or the exception a worker's pickling or loading of it would raise;
-    ``sink`` (``SENT``, one part): where the pickle is written (only tensors
-    stand in); ``watch``: ids of objects whose meeting ``met`` notes (None:
-    all); ``known``: objects counted as pickled already (an ancestor)."""
-    found = Inventory(mode)
-    with _spawning() if mode == SENT else contextlib.nullcontext():
+    ``sink`` (one part): where the pickle is written (only tensors stand in);
+    ``watch``: ids of objects whose meeting ``met`` notes (None: all);
+    ``known``: objects counted as pickled already (an ancestor)."""
+    found = Inventory()
+    with _spawning():
         for part in parts.values():
             if part is None:
                 continue
@@ -198,12 +163,12 @@ def _spawning():
 def first_error(obj, table, code, known=()):
     """``(exception, objects)``: what a worker's pickling of ``obj`` raises first
     (None: it pickles) and how many objects the pass met (``known``: as ``take``'s)."""
-    found = take({"obj": obj}, SENT, table, code, known=known)
+    found = take({"obj": obj}, table, code, known=known)
     return (found.unpicklable[0][1] if found.unpicklable else found.error), found.objects
 
 
 def sent_as_is(found):
-    """Whether a ``SENT`` pass's pickle may go as it is to every worker: it stood in
+    """Whether a pass's pickle may go as it is to every worker: it stood in
     nothing, and holds only plain data and numpy arrays (nothing pickled for one
     child at a time or made again by a repair: a tensor, a queue, a file, a lock)."""
     numpy = sys.modules.get("numpy")
@@ -254,7 +219,9 @@ def _sub(cls, module, name):
 
 
 # The kinds known by class, in the order asked: (kind, module, class name).
-_KINDS = (("tensor", "torch", "Tensor"), ("array", "numpy", "ndarray"), ("file", "io", "IOBase"),
+_KINDS = (("tensor", "torch", "Tensor"), ("tensor", "torch.storage", "TypedStorage"),
+          ("tensor", "torch.storage", "UntypedStorage"), ("array", "numpy", "ndarray"),
+          ("file", "io", "IOBase"),
           ("thread", "threading", "Thread"),
           ("pool", "concurrent.futures.thread", "ThreadPoolExecutor"),
           ("pool", "multiprocessing.pool", "ThreadPool"), ("logger", "logging", "Logger"),

@@ -1,11 +1,12 @@
 """Will this object reach a spawn/forkserver worker, and if not, which part fails?
 
 A DataLoader under spawn or forkserver pickles its parts with
-multiprocessing's ForkingPickler, which we cannot just call: torch's reducers
-move every tensor's storage into shared memory. The probe is the inventory's
-``SENT`` pass with the same protocol and reducers, minus torch's, plus those a
-repair would add; it stands in for tensors and arrays, so its cost grows with
-the number of objects, never with their bytes.
+multiprocessing's ForkingPickler (ours with ``WorkerPickler``, which adds a
+repair's reducers to its table). The probe is an inventory pass with that
+table, protocol and reducers, a repair's as if installed (``sent_table``),
+into a null sink; tensors and arrays stand in, so its cost grows with the
+number of objects, never with their bytes (nor do torch's reducers move a
+storage into shared memory).
 
 It also reproduces the failures only the child meets: a class or function of
 an interactive ``__main__`` (``python -c``, stdin, a notebook), or under ``if
@@ -32,8 +33,6 @@ from .mainmodule import importable_by_reference, missing_in_child
 # Pickling is never cut short (a partial dump proves nothing); locating a failure
 # descends at most objwalk.MAX_DEPTH levels, and stops past this many objects pickled.
 MAX_PICKLED = 2_000_000
-
-_TORCH_REDUCERS_MODULE = "torch.multiprocessing.reductions"
 
 
 @dataclasses.dataclass(eq=False)
@@ -64,17 +63,13 @@ class ProbeResult:
         return "ProbeResult(%s: %s)" % (self.path, self.error)
 
 
-def _probe_dispatch_table(planned=None):
-    """ForkingPickler's reducers less torch's, plus ``planned`` (reducers a repair
-    would install, tried without installing them). A repair installed for
-    another loader does not count (ours are ``WorkerPickler``'s): each loader
-    is planned, and recorded, as if it were the only one."""
-    table = copyreg.dispatch_table.copy()
-    for cls, reducer in extra_reducers().items():
-        module = getattr(reducer, "__module__", None) or getattr(
-            getattr(reducer, "func", None), "__module__", "")
-        if module != _TORCH_REDUCERS_MODULE:
-            table[cls] = reducer
+def sent_table(planned=None):
+    """The dispatch table a worker's parts are pickled with: ForkingPickler's
+    (copyreg's, torch's, the program's), plus ``planned`` (reducers a repair
+    would install in ``WorkerPickler``, tried without installing them). A
+    repair installed for another loader does not count: each loader is
+    planned, and recorded, as if it were the only one."""
+    table = {**copyreg.dispatch_table, **extra_reducers()}
     if sys.version_info < (3, 10):
         table.update(_fork_semlock_reducers())
     table.update(planned or {})
@@ -200,9 +195,9 @@ def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=N
     object whose meeting ``meets`` says (the dataset, in another part: then
     its bytes cannot go apart). A failure is named from it back (``path_of``),
     else by descending from ``obj``."""
-    table = _probe_dispatch_table(planned)
+    table = sent_table(planned)
     sink = io.BytesIO() if keep else None
-    found = inventory.take({path: obj}, inventory.SENT, table, _CodeSent(by_value), sink,
+    found = inventory.take({path: obj}, table, _CodeSent(by_value), sink,
                            frozenset({id(watch)}) if watch is not None else frozenset())
     result = functools.partial(ProbeResult, loggers=tuple(found.of("logger")),
                                kinds=frozenset(found.found))
