@@ -1,20 +1,14 @@
-"""Does an object that pickles reach a spawn/forkserver worker whole, or does
-its pickle drop an open file its methods read?
+"""Does an object that pickles itself (``__getstate__``, ``__reduce__``) reach a
+spawn/forkserver worker whole, or does its pickle drop an open file its methods
+read? PIL's ``ImageFile`` keeps one frame's pixels: a spawned worker's
+``img.seek(i)`` fails (``'TiffImageFile' object has no attribute '_min_frame'``).
 
-An object with its own pickling (``__getstate__``, ``__reduce__``) may drop
-the file its methods read: PIL's ``ImageFile`` keeps the current frame's
-pixels only, and a spawned worker's ``img.seek(i)`` fails (``'TiffImageFile'
-object has no attribute '_min_frame'``) while the parent says nothing.
-
-Nothing is loaded: one walk per part finds the open files (a part that holds
-none costs only that walk). Above each, the outermost object on its path
-that pickles itself goes through an inventory pass (planned
-repairs count), noting every object it reaches; a file it never reaches was
-dropped, by the deepest object on its path that it did reach, which is named.
-Not a hazard: what a planned repair pickles (its reducer makes the file
-again); a PIL image of one frame (its pixels are all it reads); an object
-whose class sets the dropped attribute again (``sets_again``: a lazy open).
-Fail open: an object whose inspection or pickling raises is skipped.
+One walk per part finds the open files; above each, the outermost object that
+pickles itself goes through an inventory pass (planned repairs count): a file
+it never reaches was dropped, by the deepest object it did reach. Not a hazard:
+what a planned repair pickles; a PIL image of one frame; an object whose class
+sets the attribute again (a lazy open). Fail open: an object whose inspection
+or pickling raises is skipped.
 """
 
 import contextlib
@@ -29,8 +23,7 @@ from . import holdings, inventory, objwalk
 from .objwalk import Edge, is_a
 from .probe import ProbeResult, sent_table
 
-# Objects pickled per call: each costs what pickling it costs (a PIL image: one
-# frame's pixels); objects of one kind repeat, a few tell.
+# Objects pickled per call (a PIL image costs one frame's pixels); a few tell.
 MAX_PICKLED = 16
 
 IMAGE_FIX, FILE_FIX = ("open the %s lazily in __getitem__ (or in worker_init_fn), keeping its "
@@ -51,8 +44,8 @@ def is_image_file(obj):
 
 
 def image_stream(img):
-    """``(attribute, stream)``: the open stream a PIL image reads its frames
-    from (``fp``, or ``_fp`` once PIL loaded a frame and set ``fp`` to None), or None."""
+    """``(attribute, stream)`` a PIL image reads frames from (``fp``, or ``_fp``
+    once PIL loaded a frame and set ``fp`` to None), or None."""
     attrs = objwalk.instance_dict(img) or {}
     for name in ("fp", "_fp"):
         stream = attrs.get(name)
@@ -63,8 +56,7 @@ def image_stream(img):
 
 def single_frame(img):
     """Whether a PIL image is known to hold one frame, from what PIL already set
-    (``is_animated``, a frame count) or a format that cannot seek: never by
-    asking the image, which may read its file. Unknown: not one."""
+    or a format that cannot seek: never asking the image, which may read its file."""
     attrs = objwalk.instance_dict(img) or {}
     animated = attrs.get("is_animated")
     if type(animated) is bool:
@@ -82,13 +74,9 @@ def _identity(st):
 
 
 def reopen_args(img):
-    """What ``images.reopened`` needs to open ``img`` again where it arrives, or
-    None (not a PIL image read from a file or memory one can reach again)."""
+    """What ``images.reopened`` needs to open PIL image ``img`` again, or None."""
     try:
-        if not is_image_file(img):
-            return None
-        held = image_stream(img)
-        if held is None:
+        if not is_image_file(img) or (held := image_stream(img)) is None:
             return None
         stream = held[1]
         attrs = object.__getattribute__(img, "__dict__")
@@ -108,8 +96,7 @@ def reopen_args(img):
 
 
 def reopens(value):
-    """Whether ``image_reducers`` (and an emulated worker's copy) reopen ``value``:
-    a PIL image that may hold more than one frame (``reopen_args``)."""
+    """Whether ``image_reducers`` and emulated workers' copies reopen ``value``."""
     try:
         return is_image_file(value) and not single_frame(value) \
             and reopen_args(value) is not None
@@ -121,8 +108,7 @@ def reopens(value):
 
 
 def live_stream(obj):
-    """An open stream something reads from: a file open for reading, a native
-    handle (``holdings.file_kind``), an in-memory byte stream."""
+    """A file open for reading, a native handle, an in-memory byte stream."""
     with contextlib.suppress(Exception):  # detached, or a stream that cannot say
         if is_a(obj, io.BytesIO):
             return not obj.closed
@@ -134,7 +120,7 @@ def live_stream(obj):
 
 
 def stream_name(stream, img=None):
-    """``frames.tif``, or ``an in-memory stream``: words for the log, no repr."""
+    """``open file frames.tif``: words for the log, no repr."""
     with contextlib.suppress(Exception):
         name = (objwalk.instance_dict(img) or {}).get("filename") if img is not None else None
         if not name:
@@ -154,11 +140,9 @@ _CONTAINER_MODULES = frozenset({"builtins", "collections", "functools", "types"}
 
 
 def pickles_itself(obj, table):
-    """Whether ``obj``'s pickle is its own (``__getstate__``, ``__reduce__``,
-    ``__reduce_ex__``, or a reducer in ``table``) rather than its attributes."""
-    cls = type(obj)
+    """Whether ``obj``'s pickle is its own (or a reducer in ``table``), not its attributes."""
     try:
-        return cls in table or _own_pickling(cls)
+        return type(obj) in table or _own_pickling(type(obj))
     except Exception:  # an unhashable class, or a metaclass that raises
         return False
 
@@ -173,19 +157,17 @@ def _own_pickling(cls):
             or getattr(cls, "__getstate__", None) is not default_state)
 
 
-# Methods that do not count as setting an attribute again: construction (but
-# where the class's own ``__reduce__`` builds it by calling the class), pickling
-# (but ``__setstate__``, which sets it where the pickle arrives), copying, closing.
+# Methods that do not set an attribute again where the pickle arrives (but
+# ``__init__`` where the class's own ``__reduce__`` calls the class).
 _SETUP = frozenset({"__init__", "__new__", "__init_subclass__", "__getstate__",
                     "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__",
                     "__del__", "__exit__", "close"})
 
 
 def sets_again(obj, attribute):
-    """Whether ``obj`` takes care of an attribute its pickle drops: a method of
-    its class but ``_SETUP``'s sets it to something other than None (a lazy
-    open), or it reopens per process (``holdings.reopens_per_process``). Read
-    from the code, never run."""
+    """Whether ``obj`` sets an attribute its pickle drops again: a method but
+    ``_SETUP``'s stores not-None there (read from the code, never run), or it
+    reopens per process."""
     try:
         return holdings.reopens_per_process(obj) or _sets_again(type(obj), attribute)
     except Exception:
@@ -231,8 +213,7 @@ def _stores(code, attribute):
 
 
 def reached(obj, table):
-    """The ids of what ``obj``'s pickle reaches (an inventory pass), or None where
-    it raises (the probe's to say)."""
+    """The ids of what ``obj``'s pickle reaches, or None where it raises (the probe's to say)."""
     found = inventory.take({"part": obj}, table, watch=None)
     return None if found.unpicklable or not found.complete else found.met
 
@@ -287,8 +268,7 @@ class _Search:
         else:
             stream, image = obj, None
         node = obj
-        while places[id(node)][1] is not None:
-            edge = places[id(node)][1]
+        while (edge := places[id(node)][1]) is not None:
             node = edge.owner
             chain.insert(0, (places[id(node)][0], node, edge))
         top = next((i for i, (_path, node, _edge) in enumerate(chain)
@@ -306,8 +286,8 @@ class _Search:
             if type(edge.child) in objwalk.CONTAINERS:
                 continue  # pickled in C without a look: reached where its owner is
             if id(edge.child) not in reached_ids:
-                self._report(path, original, edge, stream)
-                return
+                return self._report(path, original, edge, stream)
+        return None
 
     def _report(self, path, original, edge, stream):
         if id(original) in self.reported:
@@ -335,10 +315,9 @@ class _Search:
 
 
 def unfaithful(parts, planned=None):
-    """The objects of ``parts`` (``{name: part}``) that pickle without an open
-    file they hold, as failed ``ProbeResult`` objects (``error``: one sentence,
-    ``value``: the object, ``fix``: the permanent fix). ``planned``: ``{class:
-    reducer}`` a repair would install, used as if installed. Fail open: []."""
+    """Failed ``ProbeResult``s for the objects of ``parts`` that pickle without an
+    open file they hold. ``planned``: ``{class: reducer}`` a repair would
+    install, used as if installed. Fail open: []."""
     try:
         return _Search(planned or {}).run(parts)
     except Exception:

@@ -12,9 +12,7 @@ from ..inspection.mainmodule import importable_by_reference
 from .pickling import PROTOCOL, install, install_override
 
 class ByValue:
-    """A callable that pickles its function by value (cloudpickle): a lambda
-    or local function as collate_fn/worker_init_fn, or one defined in an
-    interactive ``__main__``."""
+    """A collate_fn/worker_init_fn that pickles its function by value (cloudpickle)."""
 
     __slots__ = ("function", "__weakref__")
 
@@ -25,7 +23,7 @@ class ByValue:
         return self.function(*args, **kwargs)
 
     def __reduce__(self):
-        return _load_by_value, (_cloudpickle().dumps(self.function),)
+        return ByValue, (_Whole(self.function),)
 
     def __repr__(self):
         return "by_value(%r)" % (self.function,)
@@ -37,28 +35,24 @@ def _cloudpickle():
     return cloudpickle
 
 
-def _load_by_value(data):
-    return ByValue(_cloudpickle().loads(data))
-
-
 def by_value(fn):
     """``fn`` wrapped so that it travels by value; a wrapped one as it is."""
     return fn if isinstance(fn, ByValue) else ByValue(fn)
 
 
-class _ClassByValue:
-    """Stands in for a class in a reduce value; unpickles as that class."""
+class _Whole:
+    """Stands in for a class or function in a reduce value; unpickles as it (cloudpickle)."""
 
-    __slots__ = ("cls",)
+    __slots__ = ("whole",)
 
-    def __init__(self, cls):
-        self.cls = cls
+    def __init__(self, whole):
+        self.whole = whole
 
     def __call__(self, *args, **kwargs):  # pickle requires the callable be callable
-        return self.cls(*args, **kwargs)
+        return self.whole(*args, **kwargs)
 
     def __reduce__(self):
-        return _cloudpickle().loads, (_cloudpickle().dumps(self.cls),)
+        return _cloudpickle().loads, (_cloudpickle().dumps(self.whole),)
 
 
 def _new_instance(cls, *args):
@@ -82,8 +76,8 @@ def _reduce_instance_by_value(obj):
     elif func is copyreg.__newobj_ex__:  # type: ignore[attr-defined]  # not in typeshed
         func = _new_instance_ex
     elif func is cls:
-        func = _ClassByValue(cls)
-    args = tuple(_ClassByValue(a) if a is cls else a for a in args)
+        func = _Whole(cls)
+    args = tuple(_Whole(a) if a is cls else a for a in args)
     return (func, args) + rest
 
 
@@ -98,9 +92,8 @@ def register_by_value_class(cls):
 
 
 def _reducer_override(pickler, obj):
-    """WorkerPickler's ``reducer_override``: a function or class a worker
-    cannot import (a lambda in a dataset's transform, a dataset class defined
-    inside ``main()``) goes by value; everything else as before."""
+    """WorkerPickler's ``reducer_override``: a function or class a worker cannot
+    import (a lambda in a transform, a class defined in ``main()``) goes by value."""
     if isinstance(obj, (types.FunctionType, type)) and not importable_by_reference(obj):
         return _cloudpickle().loads, (_cloudpickle().dumps(obj, protocol=PROTOCOL),)
     return NotImplemented

@@ -1,40 +1,34 @@
 """One emulated worker's own copy of a loader's parts, as a forked worker has
-it (a copy of everything the parent held at the fork), or a clear refusal:
-never two workers sharing one stateful object. It is a ``copy.deepcopy`` of
-the dataset, collate_fn and worker_init_fn, with what deepcopy cannot do
-done here, in its memo:
+it, or a clear refusal: never two workers sharing one stateful object. A
+``copy.deepcopy`` of the dataset, collate_fn and worker_init_fn, with what
+deepcopy cannot do done in its memo:
 
-- a memory map of a named file is mapped again, with its access and position
-  (``mappings.map_reference``); an anonymous one or one this process wrote to
-  privately is refused;
-- a file open for reading (plain, text, buffered, a sqlite connection, an
-  h5py file, a video capture) is opened again at the parent's position, with
-  its mode: a description of its own, as DL207 gives a forked worker;
-  read-write files too (``'r+b'``, a ``NamedTemporaryFile``, whose copy never
-  deletes the file), through the kernel (``/proc/self/fd/N``);
+- a named file's memory map is mapped again, with its access and position
+  (``mappings.map_reference``); an anonymous or privately written one is refused;
+- a file open for reading (plain, text, buffered, sqlite, h5py, a video capture,
+  a PIL image of several frames) is opened again at the parent's position and
+  mode, a description of its own as DL207 gives a forked worker; a read-write
+  one (``'r+b'``, a ``NamedTemporaryFile``, whose copy never deletes the file)
+  through ``/proc/self/fd/N``;
 - a file only written (a log), a socket, a pipe, a logger, an lmdb handle (one
   per process, no position) and large tensors and arrays (read-only by
-  contract, copy-on-write under fork) are shared, as forked workers share them
-  in effect;
-- a function with a closure or defaults is rebuilt around copies of them (its
-  code and globals are shared: emulated workers share this process's globals,
-  as ``emulated_workers``' notes say);
+  contract, copy-on-write under fork) are shared, as forked workers share them;
+- a function with a closure or defaults is rebuilt around copies of them (code
+  and globals shared, as ``emulated_workers`` notes);
 - locks, events, semaphores and conditions are new ones in the same state (a
   held lock is refused); a thread pool is a new, empty one of its size (DL208);
-- a PIL image of several frames (whose pickle keeps one frame and drops the
-  file) is opened again at its frame (``images``); any other object whose own
-  pickling, which deepcopy goes through, drops an open file it holds
-  (``dropped.unfaithful``) is refused, unless its class opens it again itself;
-- anything deepcopy refuses is copied by a pickle round trip, as a spawned
-  worker would receive it; where that fails too (a ``csv.reader``, a C
-  library's handle, a weak proxy, a started generator, a text file whose
-  newline mode cannot be read back), ``NoExactRung`` names the object and the
-  permanent fix.
+- an object whose own pickling (which deepcopy goes through) drops an open file
+  (``dropped.unfaithful``) is refused, unless its class opens it again; what
+  deepcopy refuses goes through a pickle round trip, as a spawned worker
+  receives it; where that fails too (a ``csv.reader``, a C library's handle, a
+  weak proxy, a started generator, a text file whose newline mode cannot be
+  read back), ``NoExactRung`` names the object and the permanent fix.
 """
 
 import contextlib
 import copy
 import io
+import logging
 import mmap
 import os
 import pickle
@@ -57,9 +51,8 @@ from .byvalue import _new_instance  # an empty instance, as pickle's default mak
 from .pickling import WorkerPickler
 from .reopen import file_reducers, reopen
 
-# Tensors and arrays at least this large are shared with the workers rather
-# than copied (a forked worker shares them copy-on-write); smaller ones, which
-# a dataset may well mutate (counters, caches of one sample), are copied.
+# Tensors and arrays this large are shared (a forked worker shares them
+# copy-on-write); smaller ones, which a dataset may mutate (counters), are copied.
 SHARE_AT_BYTES = 1 << 20
 
 # The most objects a copy may find that deepcopy cannot copy (each costs a retry).
@@ -79,62 +72,49 @@ def _payload_bytes(obj):
     return None
 
 
-def _shared(obj):
-    """Why ``obj`` is given to the workers as it is, or None."""
-    size = _payload_bytes(obj)
-    if size is not None:
-        return "large tensor or array, read-only by contract" if size >= SHARE_AT_BYTES else None
-    if holdings.one_per_process(obj):
-        return "lmdb handle: one per process, and it holds no position"
-    logging = sys.modules.get("logging")
-    if logging is not None and objwalk.is_a(obj, (logging.Logger, logging.Handler)):
-        return "logger"
-    if _written_or_not_regular(obj):
-        return ("not read from a file (written, a pipe, a socket): shared, as forked workers "
-                "share it")
-    if holdings.threading_kind(obj) == "thread":
-        return "thread"
-    return None
-
-
-def _written_or_not_regular(f):
-    """A file a forked worker shares in effect: one only written (its writes
-    land where the others' do), a pipe, a terminal, a socket."""
+def _written_or_not_regular(f):  # a terminal too: forked workers share it in effect
     socket = sys.modules.get("socket")
     if socket is not None and objwalk.is_a(f, socket.socket):
         return True
     raw = holdings.raw_file(f)
-    if raw is None:
-        return False
     try:
-        if raw.closed:
-            return False
-        return not raw.readable() or not stat.S_ISREG(os.fstat(io.FileIO.fileno(raw)).st_mode)
+        return raw is not None and not raw.closed and (
+            not raw.readable() or not stat.S_ISREG(os.fstat(io.FileIO.fileno(raw)).st_mode))
     except (OSError, ValueError):
         return False
 
 
+# Why an object is given to the workers as it is: the first test it passes.
+_SHARED = (
+    (lambda obj: (_payload_bytes(obj) or 0) >= SHARE_AT_BYTES,
+     "large tensor or array, read-only by contract"),
+    (holdings.one_per_process, "lmdb handle: one per process, and it holds no position"),
+    (lambda obj: objwalk.is_a(obj, (logging.Logger, logging.Handler)), "logger"),
+    (_written_or_not_regular,
+     "not read from a file (written, a pipe, a socket): shared, as forked workers share it"),
+    (lambda obj: holdings.threading_kind(obj) == "thread", "thread"),
+)
+
+
 class CopyPlan:
     """What a worker's copy does with each object the parts hold, found once per
-    iterator; ``copy()`` makes one worker's copy. ``shared``: ``(path, type
-    name, why)`` for the log; ``names``: one per object of ``objects``."""
+    iterator. ``shared``: ``(path, type name, why)`` for the log."""
 
     def __init__(self, objects, names=None):
         self.objects = objects
         self.shared = []
         self.watched = {}  # id -> (generator, path): shared while no worker advances it
-        self._of: dict[str, dict[int, Any]] = {kind: {} for kind in ("shared", "image", *_KINDS)}
-        self._by_id = {}  # id -> every object the walk met
+        self._of: dict[str, dict[int, Any]] = {kind: {} for kind in ("shared", *_KINDS)}
+        self._by_id: dict[int, Any] = {}  # id -> every object the walk met
         self._paths: dict[int, str] = {}
         roots = list(zip(names, objects)) if names else [("worker", objects)]
         for name, root in roots:
             for path, obj in _walk(root, name):
-                self._paths.setdefault(id(obj), path)
-                self._by_id[id(obj)] = obj
-                self._classify(path, obj)
-        # Refused: the first object whose own pickling (which deepcopy goes through)
-        # drops an open file it holds, not opened again here. Files travel as the
-        # copies' memo gives them: opened again (``file_reducers``).
+                if id(obj) not in self._by_id:  # else met under another root
+                    self._paths[id(obj)], self._by_id[id(obj)] = path, obj
+                    self._classify(path, obj)
+        # The first object whose own pickling drops an open file not opened again
+        # here; files travel as the memo gives them (``file_reducers``).
         self._refused = next((NoExactRung("%s (%s) cannot be copied for each emulated worker: "
                                           "it %s" % (f.path, what_is(f.value), f.error), f.fix)
                               for f in dropped.unfaithful(dict(roots), file_reducers())
@@ -142,11 +122,9 @@ class CopyPlan:
 
     def _classify(self, path, obj):
         key = id(obj)
-        if key in self._of["shared"] or key in self._of["file"]:
-            return
-        why = _shared(obj)
+        why = next((why for test, why in _SHARED if test(obj)), None)
         if dropped.reopens(obj):
-            self._of["image"][key] = obj
+            self._of["file"][key] = obj  # a PIL image, opened again at its frame
         elif why is not None:
             self._of["shared"][key] = obj
             self.shared.append((path, type(obj).__name__, why))
@@ -163,18 +141,13 @@ class CopyPlan:
         if self._refused is not None:
             raise self._refused
         made = dict(self._of["shared"])  # shared, opened anew, made anew: kept over retries
-        opened = []
-        try:
-            for kind in ("file", "image"):
-                for key, f in self._of[kind].items():
-                    made[key] = self._own_file(f, image=kind == "image")
-                    opened.append(made[key])
-            for key, lock in self._of["lock"].items():
-                made[key] = self._new_lock(lock)
-            for key, pool in self._of["pool"].items():
-                from .pools import _new_pool, _recipe  # noqa: PLC0415 - 0.4 ms at `import torch`, where the recovery loads this module (-X importtime: remedies.pools)
+        from .pools import _new_pool, _recipe  # noqa: PLC0415 - 0.4 ms at `import torch`, where the recovery loads this module (-X importtime: remedies.pools)
 
-                made[key] = _new_pool(*_recipe(pool))
+        try:
+            for kind, make in (("file", self._own_file), ("lock", self._new_lock),
+                               ("pool", lambda pool: _new_pool(*_recipe(pool)))):
+                for key, obj in self._of[kind].items():
+                    made[key] = make(obj)
             for _ in range(MAX_UNCOPYABLE):
                 memo = dict(made)
                 try:
@@ -189,25 +162,24 @@ class CopyPlan:
                     made[id(culprit)] = self._round_trip(culprit, exc)
             raise NoExactRung("too many objects that cannot be copied for emulated workers")
         except BaseException:
-            for f in opened:
+            for key in self._of["file"]:
                 with contextlib.suppress(Exception):
-                    f.close()
+                    made[key].close()  # KeyError where not opened yet: suppressed
             raise
 
     def _deepcopy(self, memo):
-        # Instances built from their __dict__: empty first, so that whatever
-        # reaches them (a weak proxy's referent) finds their copy.
+        # Instances built from their __dict__ are empty first: what reaches them (a
+        # weak proxy's referent) finds their copy.
         direct = self._of["direct"]
         for key, obj in direct.items():
             memo[key] = _new_instance(type(obj))
-        for kind, copier in (("closer", _closer_copy), ("reader", _reader_copy),
+        for kind, copier in (("twin", _twin),
                              ("buffered", _buffered_copy), ("function", _rebuilt)):
             for key, obj in self._of[kind].items():
                 if key not in memo:
                     memo[key] = copier(obj, memo)
         for key, ref in self._of["weak"].items():
-            referent = _referent(ref, self._by_id)
-            if referent is not None:
+            if (referent := _referent(ref, self._by_id)) is not None:
                 memo[key] = (weakref.proxy if objwalk.is_a(ref, _PROXIES) else weakref.ref)(
                     copy.deepcopy(referent, memo))
         for key, obj in direct.items():
@@ -218,12 +190,12 @@ class CopyPlan:
     def _named(self, obj):
         return "an object" if obj is None else "%s (%s)" % (self.path_of(obj), what_is(obj))
 
-    def _own_file(self, f, image=False):
-        """The copy's own ``f``: a PIL image opened again at its frame (``image``:
-        classified so, ``dropped.reopens``), a map mapped again, a file opened
-        again at its position."""
+    def _own_file(self, f):
+        """The copy's own ``f``: a PIL image opened again at its frame, a map mapped
+        again, a file opened again at its position."""
         if type(f) is mmap.mmap:
             return self._own_map(f)
+        image = dropped.is_image_file(f)
         errors = (OSError, ValueError, RuntimeError) if image else (OSError, ValueError)
         try:
             if image:
@@ -255,34 +227,28 @@ class CopyPlan:
 
     def _new_lock(self, lock):
         kind = holdings.threading_kind(lock)
-        made = {"lock": threading.Lock, "rlock": threading.RLock}.get(kind)
-        if made is not None:
-            if holdings.held(lock):
-                raise NoExactRung("%s is held now: a worker's copy would wait for it forever"
-                                  % self._named(lock))
-            return made()
-        if kind == "event":
-            new = threading.Event()
-            if lock.is_set():
-                new.set()
-            return new
-        if kind == "semaphore":
-            return new_semaphore(lock)
-        if kind == "condition":
-            return threading.Condition()
-        raise NoExactRung("%s cannot be made anew for each emulated worker" % self._named(lock))
+        make = {"lock": threading.Lock, "rlock": threading.RLock, "event": threading.Event,
+                "condition": threading.Condition, "semaphore": lambda: new_semaphore(lock)}
+        if kind not in make:
+            raise NoExactRung("%s cannot be made anew for each emulated worker" % self._named(lock))
+        if kind in ("lock", "rlock") and holdings.held(lock):
+            raise NoExactRung("%s is held now: a worker's copy would wait for it forever"
+                              % self._named(lock))
+        new = make[kind]()
+        if kind == "event" and lock.is_set():
+            new.set()
+        return new
 
     def _round_trip(self, obj, exc):
-        """``obj`` as a spawned worker would receive it, or ``NoExactRung``; a
-        generator is shared, watched: refused as soon as a worker advances it."""
+        """``obj`` as a spawned worker would receive it; a generator is shared,
+        watched: refused as soon as a worker advances it."""
         if objwalk.is_a(obj, types.GeneratorType):
             if obj.gi_frame is not None:
                 self.watched[id(obj)] = (obj, self.path_of(obj))
             self.shared.append((self.path_of(obj), "generator", "shared while no worker "
                                 "advances it (one that does is refused)"))
             return obj
-        again = _torch_generator_copy(obj)
-        if again is not None:
+        if (again := _torch_generator_copy(obj)) is not None:
             return again
         try:
             return pickle.loads(WorkerPickler.dumps(obj))  # as a spawned worker receives it
@@ -293,8 +259,8 @@ class CopyPlan:
 
 
 def _torch_generator_copy(obj):
-    """A ``torch.Generator`` as a forked worker holds it (its seed and state),
-    else None; for a torch that does not pickle one (2.0)."""
+    """A ``torch.Generator``'s seed and state, as a forked worker holds it (torch 2.0
+    does not pickle one), else None."""
     torch = sys.modules.get("torch")
     if torch is None or type(obj) is not torch.Generator:
         return None
@@ -304,27 +270,26 @@ def _torch_generator_copy(obj):
     return new
 
 
-def generator_state(gen):
-    return None if gen.gi_frame is None else gen.gi_frame.f_lasti
-
-
 class Watched:
     """The generators the copies share: ``NoExactRung`` after a worker's step
     that advanced one (a forked worker would have advanced its own)."""
 
     def __init__(self, watched):
         self.watched = list(watched.values())
-        self.before = []  # set by enter(): EmulatedWorker.active() calls leave only after it
+        self.before = []  # set by enter(), which EmulatedWorker.active() calls before leave()
 
     def __bool__(self):
         return bool(self.watched)
 
+    def _states(self):
+        return [None if g.gi_frame is None else g.gi_frame.f_lasti for g, _path in self.watched]
+
     def enter(self):
-        self.before = [generator_state(gen) for gen, _path in self.watched]
+        self.before = self._states()
 
     def leave(self, worker_id):
-        for (gen, path), before in zip(self.watched, self.before):
-            if generator_state(gen) != before:
+        for (_gen, path), before, now in zip(self.watched, self.before, self._states()):
+            if now != before:
                 raise NoExactRung("emulated worker %d advanced %s (a generator), which the "
                                   "emulated workers share: each forked worker would have "
                                   "advanced its own" % (worker_id, path))
@@ -344,10 +309,8 @@ def _walk(root, name):
             yield here, found
             if objwalk.is_a(found, types.FunctionType):
                 for i, cell in enumerate(found.__closure__ or ()):
-                    try:
+                    with contextlib.suppress(ValueError):  # an empty cell
                         stack.append(("%s.<closure %d>" % (here, i), cell.cell_contents))
-                    except ValueError:  # an empty cell
-                        pass
                 for label, value in ((".__defaults__", found.__defaults__),
                                      (".__kwdefaults__", found.__kwdefaults__)):
                     if value:
@@ -355,10 +318,9 @@ def _walk(root, name):
 
 
 def _stop(obj):
-    """Reported, never entered: payloads, what holds a kernel resource itself
-    (a file on a descriptor, a native handle, a socket), locks, pools, loggers,
-    PIL images (opened again, or copied as PIL pickles them: never their file).
-    A file object written in Python (GzipFile) is entered: its files are inside."""
+    """Reported, never entered: payloads, kernel resources (a file on a descriptor,
+    a native handle, a socket), locks, pools, loggers, PIL images (never their
+    file). A file object written in Python (GzipFile) is entered: its files are inside."""
     if _payload_bytes(obj) is not None or holdings.stop_at_threading(obj) \
             or dropped.is_image_file(obj):
         return True
@@ -368,8 +330,7 @@ def _stop(obj):
 
 
 def _rebuilt(func, memo):
-    """``func`` around copies of its closure cells and defaults (made with
-    ``memo``: a file it closes over is the copy's own)."""
+    """``func`` around copies (in ``memo``) of its closure cells and defaults."""
     cells = tuple(_cell_copy(c, memo) for c in func.__closure__) if func.__closure__ else None
     new = types.FunctionType(func.__code__, func.__globals__, func.__name__,
                              copy.deepcopy(func.__defaults__, memo), cells)
@@ -383,7 +344,7 @@ _BUFFERED = (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)
 
 
 def _buffered_over_python(f):
-    """A buffered file whose raw is written in Python (a GzipFile's decompressing
+    """A buffered file over a raw written in Python (a GzipFile's decompressing
     reader): the buffer is a cache, rebuilt around a copy of the raw."""
     try:
         return type(f) in _BUFFERED and not objwalk.is_a(f.raw, io.FileIO)
@@ -392,28 +353,25 @@ def _buffered_over_python(f):
 
 
 def _decompressing(obj):
-    """The stdlib's decompressing reader (gzip, bz2, lzma): its decompressor
-    cannot be copied (bz2's, lzma's), but the stream can be read again."""
+    """The stdlib's decompressing reader (gzip, bz2, lzma): its stream can be read again."""
     compression = sys.modules.get("_compression")
     cls = getattr(compression, "DecompressReader", None)
     return cls is not None and objwalk.is_a(obj, cls)
 
 
-def _reader_copy(reader, memo):
-    """The same stream (its file the copy's own), rewound with a fresh
-    decompressor; the buffered file above it seeks to where the parent's stands."""
-    if id(reader) in memo:
-        return memo[id(reader)]
-    twin = _twin(reader, memo, "_decompressor")
-    twin._rewind()
-    return twin
-
-
-def _twin(obj, memo, left_out=None):
-    """``obj``'s copy, in ``memo`` before its attributes (but ``left_out``)."""
+def _twin(obj, memo):
+    """``obj``'s copy, in ``memo`` before its attributes: a decompressing reader
+    rewound with a fresh decompressor (the buffered file above it seeks); a
+    temporary file's closer that never deletes the file (a forked worker's never does)."""
     twin = memo[id(obj)] = _new_instance(type(obj))
-    state = {k: v for k, v in vars(obj).items() if k != left_out}
+    state = {k: v for k, v in vars(obj).items() if k != "_decompressor"}
     twin.__dict__.update(copy.deepcopy(state, memo))
+    if _decompressing(obj):
+        twin._rewind()
+    else:
+        twin.delete = False
+        if "delete_on_close" in twin.__dict__:
+            twin.delete_on_close = False
     return twin
 
 
@@ -424,30 +382,18 @@ def _buffered_copy(f, memo):
         try:
             raw = copy.deepcopy(raw, dict(memo))
         except Exception:
-            raw = _reader_copy(raw, memo)
+            raw = _twin(raw, memo)
     else:
         raw = copy.deepcopy(raw, memo)
-    twin = type(f)(raw)
-    memo[id(f)] = twin
+    twin = memo[id(f)] = type(f)(raw)
     if not f.closed and f.seekable():
         twin.seek(f.tell())
     return twin
 
 
-def _closer_copy(closer, memo):
-    """A temporary file's closer that never deletes the parent's file (a forked
-    worker's copy is never finalized)."""
-    twin = _twin(closer, memo)
-    twin.delete = False
-    if "delete_on_close" in twin.__dict__:
-        twin.delete_on_close = False
-    return twin
-
-
 def _file_in_python(obj):
-    """A file object written in Python around other files (GzipFile, BZ2File,
-    ZipExtFile, a user's IOBase): its state is its attributes, copied with
-    the copy's own files inside; io's classes refuse deepcopy itself."""
+    """A file object written in Python around other files (GzipFile, ZipExtFile, a
+    user's IOBase): copied by its attributes; io's classes refuse deepcopy itself."""
     cls = type(obj)
     return objwalk.is_a(obj, io.IOBase) and cls.__module__ not in ("_io", "io") \
         and "__dict__" in dir(cls) and not objwalk.slot_names(cls)
@@ -457,31 +403,29 @@ _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 _WEAK = _PROXIES + (weakref.ReferenceType,)
 _PROXIED = re.compile(r" to .+ at (0x[0-9a-fA-F]+)>$")
 
-# What a worker's copy does with an object neither shared nor a PIL image to
-# open again: the first kind whose test it passes (``CopyPlan.copy`` acts on each).
+# The kind of an object neither shared nor a PIL image: the first whose test it passes.
 _KINDS = {
     "buffered": _buffered_over_python,
-    "reader": _decompressing,
+    "twin": lambda obj: _decompressing(obj) or type(obj).__name__ == "_TemporaryFileCloser"
+    and type(obj).__module__ == "tempfile",
     "file": lambda obj: holdings.raw_file(obj) is not None or holdings.is_native_handle(obj)
     or holdings.sqlite_path(obj) is not None or type(obj) is mmap.mmap,
     "function": lambda obj: objwalk.is_a(obj, types.FunctionType)
     and bool(obj.__closure__ or obj.__defaults__ or obj.__kwdefaults__),
     "lock": lambda obj: holdings.threading_kind(obj) is not None,
     "pool": lambda obj: holdings.thread_pool_in_use(obj) is not None,
-    "closer": lambda obj: type(obj).__name__ == "_TemporaryFileCloser"
-    and type(obj).__module__ == "tempfile",
     "weak": lambda obj: objwalk.is_a(obj, _WEAK),
     "direct": lambda obj: holdings.forwards_attributes(obj) or _file_in_python(obj),
 }
 
 
 def _referent(ref, objects):
-    """What the weak reference or proxy ``ref`` refers to, when it is one of
-    ``objects`` (by id): a proxy says it only in its repr (C: the id)."""
+    """What weak reference or proxy ``ref`` refers to, when one of ``objects`` (by
+    id): a proxy says it only in its repr."""
     if objwalk.is_a(ref, weakref.ReferenceType):
         target = ref()
         return target if target is not None and id(target) in objects else None
-    found = _PROXIED.search(repr(ref))  # C: the type and address of the referent
+    found = _PROXIED.search(repr(ref))  # CPython: the referent's type and address
     return objects.get(int(found.group(1), 16)) if found else None
 
 
@@ -493,23 +437,19 @@ def _cell_copy(cell, memo):
 
 
 def _reopen_binary(f):
-    """``f`` (a binary file or its raw FileIO) opened again through the kernel,
-    at its position, with its mode: a read-write file or one since deleted too."""
+    """Binary file ``f`` opened again through the kernel (read-write, or since deleted, too)."""
     raw = holdings.raw_file(f)
-    if raw is None or isinstance(f, io.TextIOWrapper):
+    if raw is None:  # a text file is refused before: its newline mode
         raise ValueError("not a binary file")
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     fd = raw.fileno()
     st = os.fstat(fd)
-    position = f.tell()
     new = isolation.reopen_description(fd, st.st_dev, st.st_ino, fcntl.fcntl(fd, fcntl.F_GETFL))
-    os.lseek(new, position, os.SEEK_SET)
+    os.lseek(new, f.tell(), os.SEEK_SET)
     twin = io.FileIO(new, raw.mode, closefd=True)
     twin.name = raw.name
-    if f is raw:
-        return twin
-    return (type(f) if type(f) in _BUFFERED else io.BufferedRandom)(twin)
+    return twin if f is raw else (type(f) if type(f) in _BUFFERED else io.BufferedRandom)(twin)
 
 
 def _short(exc):

@@ -1,10 +1,7 @@
 """The process's random generators, saved and put back: Python's ``random``,
-numpy's global one (where numpy is imported) and torch's CPU generator.
-
-Emulated workers swap each worker's states in around its fetch
-(``emulated_workers.py``); a dataset built again in a worker draws from the
-states its construction drew from in the training process (``rebuild.py``).
-CUDA generators are not touched: they are lazy, and a worker has none.
+numpy's global one (where imported) and torch's CPU generator, for emulated
+workers' fetches and datasets built again in a worker (``rebuild.py``). CUDA
+generators are not touched: they are lazy, and a worker has none.
 """
 
 import random
@@ -39,9 +36,7 @@ def same(a, b):
 def portable(states):
     """``capture()``'s states as plain values (torch's as bytes), for a pickle
     that must not put a tensor in shared memory; None stays None."""
-    if states is None:
-        return None
-    return (bytes(states[0].numpy()),) + tuple(states[1:])
+    return None if states is None else (bytes(states[0].numpy()),) + tuple(states[1:])
 
 
 def from_portable(states):

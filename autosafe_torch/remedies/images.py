@@ -1,23 +1,18 @@
 """PIL images held open, reopened where they arrive, at the same frame (DL201).
 
-PIL pickles an image read from a file as the current frame's pixels and the
-file's name, dropping the open file: a spawned worker's copy of a multi-page
-TIFF (a GIF, PNG, WebP...) cannot move to another frame (``'TiffImageFile'
-object has no attribute '_min_frame'``). An image sent by ``image_reducers``
-or copied for an emulated worker (``copy_of``) is, as a forked worker's,
-opened again (``Image.open``, the same format) from the file the parent has
-open, then moved to the parent's frame.
+PIL's pickle keeps the current frame's pixels and drops the open file, so a
+spawned worker's copy of a multi-page TIFF (a GIF, PNG, WebP...) cannot seek
+(``inspection/dropped.py``). An image sent (``image_reducers``) or copied for
+an emulated worker (``copy_of``) is, as a forked worker's, opened again in the
+same format from the file the parent has open, at the parent's frame:
 
-- The file is reached by a path that names it now (``dropped.reopen_args``)
-  and checked where it is opened (device, inode, size, mtime): a file
-  replaced or changed meanwhile, or a frame whose mode or size is not the
-  parent's, fails loudly (``ImageFileChanged``), never read in its place.
-- An image opened by name is opened by name (PIL then closes the file); one
-  from a file object, from a file object; one read from memory, from a copy
-  of those bytes.
-- An image of one frame travels as PIL pickles it (``dropped.single_frame``).
-- Edits made in memory to the current frame are not carried: the parent's
-  own next ``seek`` discards them too.
+- by a path that names the file now, checked where it is opened (device,
+  inode, size, mtime): a changed file, or a frame whose mode or size is not
+  the parent's, fails loudly (``ImageFileChanged``);
+- by name if opened by name (PIL then closes the file), else from a file
+  object, or from a copy of the bytes it was read from. One frame travels as
+  PIL pickles it. Edits in memory to the current frame are not carried: the
+  parent's own next ``seek`` discards them too.
 """
 
 import io
@@ -82,25 +77,19 @@ def _reduce_image(img):
 
 
 def copy_of(img):
-    """An emulated worker's own ``img``: opened again, at its frame (``reopened``)."""
+    """An emulated worker's own ``img``."""
     args = reopen_args(img)
     if args is None:
         raise ValueError("its file cannot be opened again by path")
     return reopened(*args)
 
 
-def _classes():
-    """PIL's image file classes (its plugins loaded so far), where PIL is imported."""
-    base = image_file_class()
-    found, stack = [], [base] if base is not None else []
+def image_reducers():
+    """``{class: reducer}`` for PIL's image file classes (its plugins loaded so far)."""
+    found, stack = {}, [image_file_class()]
     while stack:
         cls = stack.pop()
-        if cls not in found:
-            found.append(cls)
+        if cls is not None and cls not in found:
+            found[cls] = _reduce_image
             stack.extend(cls.__subclasses__())
     return found
-
-
-def image_reducers():
-    """``{class: reducer}`` for PIL's image file classes."""
-    return {cls: _reduce_image for cls in _classes()}

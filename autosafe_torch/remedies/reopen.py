@@ -1,22 +1,19 @@
 """Reopen read-only files by path: in a spawned worker, or in each forked one.
+Files include the native handles ``holdings.file_kind`` knows (h5py, read-only
+sqlite and lmdb: no position; a ``cv2.VideoCapture`` of a file: at its frame).
 
-Files here include the native handles ``holdings.file_kind`` knows: h5py
-objects, read-only sqlite connections and lmdb environments (no position),
-and ``cv2.VideoCapture`` objects of a file (reopened at the same frame).
-
-- A read-only regular file does not pickle, but it can travel by path: the
-  reducers here reopen it in the receiving process at the same offset, with
-  the same mode, encoding, errors and newline. Anything else (written files,
-  pipes, sockets, closed or deleted files) still raises the TypeError it
-  always did: nothing whose state cannot be duplicated is duplicated.
-- Under fork the dataset is not pickled: a plain file keeps its object and
-  gets its own offset (``isolation``); a native handle a forked child must
-  not share (sqlite, lmdb, a capture) is reopened by path in each worker
-  (``reopen_in_forked_worker``), from arguments taken at fork.
+- A read-only regular file does not pickle, but travels by path: reopened
+  where it arrives at the same offset, mode, encoding, errors and newline.
+  Anything else (written files, pipes, sockets, closed or deleted files) still
+  raises its TypeError: nothing whose state cannot be duplicated is duplicated.
+- Under fork a plain file keeps its object and gets its own offset
+  (``isolation``); a native handle a forked child must not share (sqlite,
+  lmdb, a capture) is reopened by path in each worker, from arguments taken at fork.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import mmap
@@ -34,18 +31,19 @@ def _reopen_args(f):
     """What ``_reopen_file`` needs to open ``f`` again where it is, or None."""
     if file_kind(f) != READONLY:
         return None
-    h5 = h5py_types()
-    if h5 and isinstance(f, h5):
+    if isinstance(f, h5py_types()):
         return ("h5py", f.file.filename, f.name, isinstance(f, sys.modules["h5py"].File))
-    database = sqlite_path(f)
-    if database is not None:
+    if (database := sqlite_path(f)) is not None:
         return ("sqlite", database, f.row_factory, f.text_factory)
     handle = fork_unsafe(f)
     if handle == LMDB_ENV:
         return ("lmdb", f.path(), _lmdb_options(f))
     if handle == VIDEO:
         source, api, params = video_source(f)
-        return ("video", source, _frame(f), api, params)
+        frame = None
+        with contextlib.suppress(Exception):
+            frame = f.get(sys.modules["cv2"].CAP_PROP_POS_FRAMES)
+        return ("video", source, frame, api, params)
     path = real_path(raw_file(f))
     try:
         offset = f.tell()  # a text file iterated with next() refuses: not now
@@ -53,12 +51,11 @@ def _reopen_args(f):
         return None
     if isinstance(f, io.TextIOWrapper):
         # Its newline argument cannot be read back; it changes nothing where the
-        # file holds no carriage return and lines end at LF. Otherwise not
-        # reopened (CRLF could silently read as LF): exact or nothing.
+        # file holds no CR and lines end at LF. Else not reopened: CRLF could read as LF.
         if not _no_carriage_return(path) or not _lines_end_at_lf(f):
             return None
-        return ("text", path, offset, f.encoding, f.errors)
-    return ("raw" if isinstance(f, io.FileIO) else "binary", path, offset)
+        return ("file", path, offset, "r", -1, f.encoding, f.errors)
+    return ("file", path, offset, "rb", 0 if isinstance(f, io.FileIO) else -1)
 
 
 def _lmdb_options(env):
@@ -68,14 +65,6 @@ def _lmdb_options(env):
     options.update(readonly=True, create=False, map_size=info["map_size"],
                    max_readers=info["max_readers"], max_dbs=len(env.dbs()))
     return options
-
-
-def _frame(capture):
-    """A capture's next frame, or None."""
-    try:
-        return capture.get(sys.modules["cv2"].CAP_PROP_POS_FRAMES)
-    except Exception:
-        return None
 
 
 def _no_carriage_return(path):
@@ -88,11 +77,10 @@ def _no_carriage_return(path):
 
 
 def _lines_end_at_lf(f):
-    """Whether text file ``f`` ends lines at LF, as the reopened file will
-    (``newline=None``, ``''`` or ``'\n'``), on a file holding no carriage
-    return. A wrapper opened with ``newline='\r'`` or ``'\r\n'`` keeps that
-    very string, and CPython's wrapper lists it among its references; in a
-    file with no CR no other string it holds can be one of those."""
+    """Whether text file ``f`` (holding no CR) ends lines at LF, as the reopened
+    file will: a wrapper opened with ``newline='\r'`` or ``'\r\n'`` keeps that
+    very string, which CPython's wrapper lists among its references (no other
+    string it holds can be one of those, in a file with no CR)."""
     if sys.implementation.name != "cpython":
         return False
     return not any(type(r) is str and r in ("\r", "\r\n") for r in gc.get_referents(f))
@@ -101,7 +89,7 @@ def _lines_end_at_lf(f):
 def _reopen_file(kind, *args):
     """Runs where the file arrives (a worker): the same file, at the same place."""
     if kind == "sqlite":
-        import sqlite3  # noqa: PLC0415 - holdings.sqlite_path and _native_types read sqlite3 in sys.modules as "the program uses it"
+        import sqlite3  # noqa: PLC0415 - holdings.sqlite_path and file_reducers read sqlite3 in sys.modules as "the program uses it"
 
         path, row_factory, text_factory = args
         conn = sqlite3.connect("file:%s?mode=ro" % urllib.parse.quote(path), uri=True)
@@ -126,13 +114,8 @@ def _reopen_file(kind, *args):
         filename, name, whole = args
         f = h5py.File(filename, "r")
         return f if whole else f[name]
-    path, offset = args[0], args[1]
-    if kind == "raw":
-        f = io.FileIO(path, "r")
-    elif kind == "binary":
-        f = open(path, "rb")  # noqa: SIM115 - the reopened file is what this returns
-    else:
-        f = open(path, encoding=args[2], errors=args[3])  # noqa: SIM115 - returned, as above
+    path, offset, *how = args  # open()'s mode, buffering (0: a FileIO), encoding, errors
+    f = open(path, *how)  # noqa: SIM115 - the reopened file is what this returns
     f.seek(offset)
     return f
 
@@ -153,30 +136,22 @@ def _reduce_file(f):
 
 
 def file_reducers():
-    """The reducers that let read-only files and native handles travel by path."""
-    return {cls: _reduce_file for cls in (io.FileIO, io.BufferedReader, io.TextIOWrapper)
-            + h5py_types() + _native_types()}
-
-
-def _native_types():
-    """sqlite3.Connection, lmdb.Environment and cv2.VideoCapture, where imported."""
-    return tuple(cls for module, name in (("sqlite3", "Connection"), ("lmdb", "Environment"),
-                                          ("cv2", "VideoCapture"))
-                 for cls in [getattr(sys.modules.get(module), name, None)]
-                 if isinstance(cls, type))
+    """Reducers that let read-only files and native handles (where imported) travel by path."""
+    native = (getattr(sys.modules.get(module), name, None) for module, name in (
+        ("sqlite3", "Connection"), ("lmdb", "Environment"), ("cv2", "VideoCapture")))
+    return {cls: _reduce_file for cls in (io.FileIO, io.BufferedReader, io.TextIOWrapper,
+                                          *h5py_types(), *native) if isinstance(cls, type)}
 
 
 def install_reducers():
-    """Install ``file_reducers``: idempotent; call again after h5py, sqlite3,
-    lmdb or cv2 is imported to cover it too."""
+    """Install ``file_reducers``: idempotent; again after h5py, sqlite3, lmdb or cv2 is imported."""
     install(file_reducers())
 
 
 # -- native handles in forked workers ----------------------------------------------
 
 def read_only_note(f):
-    """What the log says of a handle reopened read-only that may have been
-    opened for writing (a sqlite connection, an lmdb environment), or None."""
+    """The log's note on a handle reopened read-only that may have been opened for writing."""
     if sqlite_path(f) is not None:
         return "reopened read-only (mode=ro): a write in a worker fails"
     if fork_unsafe(f) == LMDB_ENV and lmdb_read_write(f):
@@ -188,12 +163,11 @@ _inherited: list[Any] = []  # a forked worker's copies of the parent's captures:
 
 
 def reopen_in_forked_worker(found, args):
-    """In a forked worker: ``found``'s own handle, opened with ``args`` (taken
-    in the parent at fork), put where the inherited one hangs. An lmdb
-    environment is closed first (py-lmdb refuses to open one twice in a
-    process; LMDB forbids the parent's in a child anyway); a capture is kept
-    alive (releasing one joins decoder threads the child does not have, and
-    hangs)."""
+    """In a forked worker: ``found``'s own handle, opened with ``args`` (taken at
+    fork), put where the inherited one hangs. An lmdb environment is closed
+    first (py-lmdb refuses to open one twice in a process; LMDB forbids the
+    parent's in a child anyway); a capture is kept alive (releasing one joins
+    decoder threads the child does not have, and hangs)."""
     old = found.obj
     if one_per_process(old):
         old.close()
