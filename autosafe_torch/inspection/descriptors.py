@@ -1,18 +1,15 @@
 """The file descriptors a process holds, and those a loader's parts reach.
 
-A forked worker inherits each descriptor with the same open file
-description, so the same offset: a dataset that seeks and reads a file
-opened in ``__init__`` reads its siblings' bytes. Often no object shows the
-descriptor (a raw ``os.open()`` int, a closure cell, a partial, a weak proxy,
+A forked worker inherits each descriptor's open file description, so its
+offset (``remedies/isolation.py``). Often no object shows the descriptor (a
+raw ``os.open()`` int, a closure cell, a partial, a weak proxy,
 ``csv.reader``, libsndfile), so the hazard is read in the kernel
-(``open_files``: ``/proc/self/fd``, ``/dev/fd`` on macOS) and remedied there
-(``remedies/isolation.py``).
+(``open_files``: ``/proc/self/fd``, ``/dev/fd`` on macOS) and remedied there.
 
 The object walk (``find_descriptors``) only names them (``dataset.fh``, not
 ``fd 5``): FileIO, sockets and the C wrappers above a FileIO are asked for
-their descriptor in C; every other object is entered, so a GzipFile's or a
-user class's file is found where it hangs. No ``fileno()`` written in Python
-is called: nothing is changed and no user code runs.
+their descriptor in C; every other object is entered. No ``fileno()`` written
+in Python is called: nothing is changed and no user code runs.
 """
 
 import collections
@@ -28,12 +25,8 @@ from .holdings import raw_file, stop_at_threading
 from .objwalk import is_a
 
 
-class HeldDescriptor(collections.namedtuple("HeldDescriptor",
-                                            "path fd shared_offset dev ino name")):
-    """A descriptor, where it is first reached, and what it is open on
-    (``shared_offset``: a regular file, whose offset forked workers reading it
-    would share; ``dev``/``ino``: which file, to tell a descriptor number
-    reused for another file)."""
+class HeldDescriptor(collections.namedtuple("HeldDescriptor", "path fd name")):
+    """A regular file's descriptor, where it is first reached, and the file."""
 
     __slots__ = ()
 
@@ -103,10 +96,10 @@ def path_of(fd):
 
 
 def find_descriptors(parts, items=None):
-    """The descriptors reachable from ``parts`` (``{name: object}``, e.g. the
-    dataset, collate_fn and worker_init_fn), each once (the first path that
-    reaches it), in walk order. ``items``: look at that many items of each
-    container (None: every one)."""
+    """The regular files' descriptors reachable from ``parts`` (``{name:
+    object}``), each once (the first path that reaches it), in walk order: a
+    pipe, a socket, a terminal has no offset of ours to keep. ``items``: look
+    at that many items of each container (None: every one)."""
     found, seen, held = [], set(), {}
 
     def stop(obj):  # reported, never entered: a kernel-level holder (its fd kept), a lock...
@@ -125,10 +118,8 @@ def find_descriptors(parts, items=None):
                 continue
             seen.add(fd)
             status = _status(fd)
-            if status is not None:
-                st = status[0]
-                found.append(HeldDescriptor(here, fd, stat.S_ISREG(st.st_mode), st.st_dev,
-                                            st.st_ino, file_name(fd)))
+            if status is not None and stat.S_ISREG(status[0].st_mode):
+                found.append(HeldDescriptor(here, fd, file_name(fd)))
     return found
 
 
@@ -136,10 +127,9 @@ def find_descriptors(parts, items=None):
 
 
 class OpenFile(collections.namedtuple("OpenFile", "fd dev ino flags offset name")):
-    """A regular file this process holds open, as the kernel sees it (``flags``:
-    its status flags). ``private``: whether each worker gets a description of
-    its own (open for reading); one only written stays shared, as a forked
-    worker's writes land where the others' do (a log: every line arrives)."""
+    """A regular file this process holds open (``flags``: its status flags).
+    ``private``: open for reading, so each worker gets a description of its
+    own; one only written stays shared (a log: every worker's line arrives)."""
 
     __slots__ = ()
 
@@ -170,7 +160,7 @@ def _fd_stats():
         return
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _shared_memory_devices():
     """The devices of torch's shared memory (``/dev/shm``), whose segments are
     shared on purpose. Read once: a loader's every epoch asks."""
@@ -198,10 +188,10 @@ def describe_open(fd):
 
 
 def open_files():
-    """Every regular file this process holds (``OpenFile``), but stdin,
-    stdout and stderr and torch's shared memory: whoever holds each."""
+    """Every regular file this process holds open for reading (``OpenFile``),
+    but stdin, stdout and stderr and torch's shared memory: whoever holds each."""
     found = (describe_open(fd) for fd, _st in _fd_stats() if fd >= STDIO)
-    return [described for described in found if described is not None]
+    return [described for described in found if described is not None and described.private]
 
 
 # Devices every process may hold that no dataset reads: a terminal, the null device.
@@ -210,12 +200,10 @@ _ORDINARY_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/
 
 
 def shared_at_fork():
-    """Whether this process holds, at the kernel, what forked workers would share
-    and a remedy of fork's may act on: a regular file open for reading, or a
-    device other than a terminal or the null device (a camera). False: no
-    object needs looking at for it."""
-    if any(found.private for found in open_files()):
-        return True
-    return any(fd >= STDIO and stat.S_ISCHR(st.st_mode)
-               and not (path_of(fd) or "").startswith(_ORDINARY_DEVICES)
-               for fd, st in _fd_stats())
+    """Whether this process holds what forked workers would share and a remedy
+    of fork's may act on: a regular file open for reading, or a device other
+    than a terminal or the null device (a camera). False: no object needs
+    looking at for it."""
+    return bool(open_files()) or any(
+        fd >= STDIO and stat.S_ISCHR(st.st_mode)
+        and not (path_of(fd) or "").startswith(_ORDINARY_DEVICES) for fd, st in _fd_stats())

@@ -1,11 +1,8 @@
-"""This process's file mappings, as ``/proc/self/maps`` and ``/proc/self/smaps``
-show them, and where the bytes of a numpy memmap or an ``mmap.mmap`` lie in
-them: the references ``remedies/memmaps.py`` sends to workers (a tensor's,
-for ``remedies/mapped_tensors.py``: ``tensors.reference``). Read, never
-changed; exact or nothing: where an object cannot go, each says why not.
-
-The platform the rules see decides (``autosafe-torch run --as macos``): a
-rehearsed Mac has no ``/proc/self/maps``.
+"""This process's file mappings (``/proc/self/maps``, ``/proc/self/smaps``),
+and where the bytes of a numpy memmap or an ``mmap.mmap`` lie in them: the
+references ``remedies/memmaps.py`` sends to workers (a tensor's:
+``tensors.reference``). Exact or nothing: where an object cannot go, each
+says why not. A Mac rehearsed with ``--as macos`` has no ``/proc/self/maps``.
 """
 
 from __future__ import annotations
@@ -107,10 +104,9 @@ def written_pages(where):
 
 
 class Maps:
-    """This process's file mappings, sorted to find an address's mapping by
-    bisection (a dataset may hold many tensors), and the pages written to its
-    private ones, looked up once each. None of it where there is no
-    ``/proc/self/maps``."""
+    """This process's file mappings (None: no ``/proc/self/maps``), sorted to
+    find an address's by bisection (a dataset may hold many tensors), and the
+    pages written to its private ones, looked up once each."""
 
     __slots__ = ("mappings", "starts", "written")
 
@@ -151,7 +147,7 @@ class Reference(collections.namedtuple(
 def reference(arr, mappings=()):
     """``(Reference, None)`` where ``arr`` (an ``np.memmap``) can travel by
     reference exactly, else ``(None, why not)``. ``mappings``: ``file_mappings()``
-    if already read (None: there are none to read)."""
+    if already read (None: there are none)."""
     mappings = file_mappings() if mappings == () else mappings
     if mappings is None:
         return None, "no %s here to find the mapped file" % MAPS
@@ -223,14 +219,19 @@ def map_reference(m, mappings=()):
                         where.offset + (address - where.start), length, how, position), None
 
 
+def writable(m):
+    try:
+        m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
+    except TypeError:
+        return False
+    return True
+
+
 def _access(m, where):
     """The key of ``memmaps.ACCESS`` that maps as ``m`` is mapped, or None
     (prot=PROT_READ with ACCESS_DEFAULT, where a write would crash, or other)."""
-    if where.perms == "r--s":
-        try:
-            m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
-        except TypeError:
-            return "read"
+    if where.perms == "r--s" and not writable(m):
+        return "read"
     # rw-s: ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing
     return {"rw-s": "write", "rw-p": "copy"}.get(where.perms)
 
@@ -247,7 +248,7 @@ def buffer_address(obj):
         api.PyBuffer_Release(ctypes.byref(view))
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _buffer_api():
     """The C API's buffer functions and ``Py_buffer``, typed on a library
     handle of our own (``ctypes.pythonapi``'s functions are the user's to type)."""
@@ -268,8 +269,8 @@ def _buffer_api():
 
 
 def anonymous(m):
-    """Whether the ``mmap.mmap`` ``m`` maps no file (``mmap.mmap(-1, n)``): its
-    ``size()`` asks the file it has none of. Needs no ``/proc``."""
+    """Whether the ``mmap.mmap`` ``m`` maps no file (``mmap.mmap(-1, n)``):
+    ``size()`` fails, asking the file it has none of. Needs no ``/proc``."""
     if type(m) is not mmap.mmap:
         return False
     try:

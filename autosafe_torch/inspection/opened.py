@@ -3,17 +3,15 @@
 A dataset built again in a worker (``remedies/rebuild.py``) must read what the
 training process's dataset reads. A pyarrow ``ParquetFile``, an Arrow IPC
 reader over a memory map, a safetensors handle keep no path in their
-attributes, so two handles of same-shaped files look alike. The kernel
-knows: ``snapshot()`` before, ``opened_since(before)`` after, gives each
-descriptor the code added and still holds, in the order it was opened
-(numbers are handed out lowest first; no thread of ours closes one
-meanwhile: ``TURNS``), with the file it is open on. A file only mapped
-(safetensors maps its file and closes it) is in ``mapped_files()``.
+attributes; the kernel knows: ``snapshot()`` before, ``opened_since(before)``
+after, gives each descriptor the code added and still holds, in the order it
+was opened (numbers are handed out lowest first; no thread of ours closes one
+meanwhile: ``TURNS``). A file only mapped (safetensors maps its file and
+closes it) is in ``mapped_files()``.
 
 Cheap: a directory listing before and after (tens of microseconds) and an
 ``fstat`` of each new descriptor; ``mapped_files`` reads ``/proc/self/maps``
-(about half a millisecond), only where a rebuild is planned. Linux reads
-``/proc/self``; macOS ``/dev/fd`` and ``F_GETPATH``. No user code runs.
+(about half a millisecond), only where a rebuild is planned.
 """
 
 import collections
@@ -87,14 +85,14 @@ def mapped_files():
 class _Turns:
     """``opened_since`` gives the order of opening only where no other thread
     closed a descriptor meanwhile (a freed number goes to the program's next
-    file). A thread of ours opens and closes descriptors while the program
-    goes on (``warmstart.start_ahead``), as the shim records the program's
-    next dataset (``rebuild.measured``): its files came out of order, and each
-    worker's build "differed". So they take turns: a recording waits for a
-    stretch of ours to end (milliseconds, never a wait on another process);
-    ours waits for other threads' recordings, entered before any lock of ours
-    (a constructor may start workers of its own); what ours closes after its
-    stretch (``close``) waits for the last recording's end."""
+    file). A thread of ours (``warmstart.start_ahead``) opens and closes
+    descriptors while the shim records the program's next dataset
+    (``rebuild.measured``): its files came out of order, and each worker's
+    build "differed". So a recording waits for a stretch of ours to end
+    (milliseconds, never a wait on another process); ours waits for other
+    threads' recordings, entered before any lock of ours (a constructor may
+    start workers of its own); what ours closes after its stretch (``close``)
+    waits for the last recording's end."""
 
     def __init__(self):
         self._cond = threading.Condition()

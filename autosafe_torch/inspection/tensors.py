@@ -18,14 +18,11 @@ ACCELERATORS = frozenset(("cuda", "mps", "xpu", "hpu", "npu", "mtia", "xla",
 NAMED = 6
 
 
-class HeldTensor:
+class HeldTensor(collections.namedtuple("HeldTensor", "path tensor part")):
     """One tensor found in a dataset: where, on which device, how big;
     ``part``: the index of its ConcatDataset/ChainDataset part, or None."""
 
-    __slots__ = ("path", "tensor", "part")
-
-    def __init__(self, path, tensor, part):
-        self.path, self.tensor, self.part = path, tensor, part
+    __slots__ = ()
 
     @property
     def device(self):
@@ -37,8 +34,7 @@ class HeldTensor:
 
     @property
     def nbytes(self):
-        t = self.tensor
-        return t.numel() * t.element_size()
+        return self.tensor.numel() * self.tensor.element_size()
 
 
 class TensorScan:
@@ -50,10 +46,6 @@ class TensorScan:
 
     def on(self, devices):
         return [f for f in self.found if f.device_type in devices]
-
-
-def _torch():
-    return sys.modules.get("torch")
 
 
 def never_entered(obj, torch):
@@ -70,7 +62,7 @@ def scan(root, path="dataset", items=None, max_objects=objwalk.MAX_OBJECTS):
     """The tensors reachable from ``root``, within the walk's bounds: ``items``
     items per container (``relocate``: None, every tensor), and every part of
     a ConcatDataset/ChainDataset."""
-    torch = _torch()
+    torch = sys.modules.get("torch")
     result = TensorScan()
     if torch is None:
         return result
@@ -179,7 +171,8 @@ class TensorReference(collections.namedtuple(
 
 def plain_tensor(tensor):
     """Whether torch's reducer rebuilds ``tensor`` as a view of its storage's
-    bytes and nothing more (``remedies/mapped_tensors.py``'s docstring)."""
+    bytes and nothing more: exactly the types it is registered for, on CPU,
+    strided, no conjugate or negative bit, not quantized or nested."""
     torch = sys.modules.get("torch")
     if torch is None or type(tensor) not in (torch.Tensor, torch.nn.Parameter) \
             or tensor.device.type != "cpu" or tensor.layout != torch.strided \
@@ -199,9 +192,7 @@ def reference(tensor, maps=None):
     from .mappings import _ANONYMOUS, Maps, mapped_file  # noqa: PLC0415 - 0.2 ms at `import torch` and at `import cv2`, where tensors loads (-X importtime: inspection.mappings)
 
     maps = Maps() if maps is None else maps
-    if maps.mappings is None:
-        return None, None
-    if not plain_tensor(tensor):
+    if maps.mappings is None or not plain_tensor(tensor):
         return None, None
     storage = tensor.untyped_storage()
     address, nbytes = storage.data_ptr(), storage.nbytes()

@@ -5,41 +5,36 @@ the same descriptor number: whoever holds the descriptor.
 Forked workers share each inherited descriptor's open file description, and
 so its offset: a dataset that seeks then reads a file opened in ``__init__``
 returns a sibling's bytes, and a GzipFile or ZipFile above it breaks. Any
-object may hold the descriptor (a file object, a raw ``os.open()`` int, a
-closure cell, a ``functools.partial``, a weak proxy, ``csv.reader``, a C
-library such as libsndfile), so the remedy acts on the kernel's table, not on
-objects (``descriptors.open_files``). As each iterator starts its workers,
-the parent records every regular file it holds open for reading
+object may hold the descriptor (``descriptors.py``), so the remedy acts on the
+kernel's table, not on objects: as each iterator starts its workers, the
+parent records every regular file it holds open for reading
 (``DescriptorTable``); each worker's first step, before any user code, opens
-each again (``reopen_description``), seeks to the recorded offset and
-``dup2``s it over the same number. Every Python object above keeps its state
-(newline mode, buffers, a ZipFile's directory, a GzipFile's decompressor).
+each again, seeks to the recorded offset and ``dup2``s it over the same
+number. Every Python object above keeps its state (buffers, a ZipFile's
+directory, a GzipFile's decompressor).
 
 - fork: the inherited descriptors are privatized in place.
 - spawn: multiprocessing passes them under the same numbers (the table
   pickles as ``reduction.DupFd``), privatized there: a dataset that keeps a
-  descriptor by its number reads what it reads under fork, not ``EBADF`` or
-  another file.
+  descriptor by its number reads what it reads under fork, not ``EBADF``.
 - forkserver and the warm server (DL209): they arrive under other numbers and
-  go under their own where the worker has it free; the files the server
-  itself holds (a module-level ``open()`` of the main module it preloaded)
-  are privatized in each of its children as it forks
-  (``after_fork_in_server_child``), before anything else runs there.
+  go under their own where the worker has it free; the server's own files (a
+  module-level ``open()`` of the main module it preloaded) are privatized in
+  each of its children as it forks (``after_fork_in_server_child``).
 
 Left alone: files only written (a log: every worker's lines arrive), pipes,
-sockets, terminals, devices, torch's shared memory (``/dev/shm``, memfd),
-stdin, stdout and stderr. A new description holds no ``flock()`` of the
-parent's (HDF5 and lmdb lock their files), and native handles hold no
-descriptor of theirs to give (h5py, lmdb, a ``cv2.VideoCapture``): those are
-reopened by path in each forked worker (``reopen``).
+sockets, terminals, devices, torch's shared memory, stdio. A new description
+holds no ``flock()`` of the parent's (HDF5 and lmdb lock their files), and
+native handles hold no descriptor of theirs to give (h5py, lmdb, a
+``cv2.VideoCapture``): those are reopened by path in each forked worker
+(``reopen``).
 
 What cannot be privatized in a forked worker is never left shared: the
-worker raises ``RemedyFailed``, and recovery steps down (DL216). A
-descriptor carried to a spawned worker that cannot be privatized there is
-replaced by one that fails every read: nothing reads another file under its
-number. Workers report what they privatized, and which of those they used
-(the offset moved), as they exit (``report_path``): the parent's record says
-what held, never what was planned.
+worker raises ``RemedyFailed``, and recovery steps down (DL216). A carried
+descriptor that cannot be privatized in a spawned worker is replaced by one
+that fails every read, never another file. Workers report what they
+privatized, and which of those they used (the offset moved), as they exit:
+the parent's record says what held, never what was planned.
 """
 
 from __future__ import annotations
@@ -69,9 +64,8 @@ MAX_CARRIED = 200
 # -- one descriptor -------------------------------------------------------------
 
 def reopen_description(fd, dev, ino, flags):
-    """A new open file description of the file on ``fd``, with the same access
-    mode and status flags (``O_APPEND`` kept), checked to be the same file.
-    Close-on-exec."""
+    """A new, close-on-exec open file description of the file on ``fd``, with
+    the same access mode and status flags, checked to be the same file."""
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     if sys.platform.startswith("linux"):
@@ -92,14 +86,16 @@ def reopen_description(fd, dev, ino, flags):
     return new
 
 
-def privatize(fd, dev, ino, flags, offset, source=None):
-    """Put a description of its own, at ``offset``, under ``fd`` (reopened from
-    ``source``, the descriptor the file arrived on, else ``fd``); inheritable
-    as ``fd`` was, or, where it arrived, not (as Python opens files)."""
-    new = reopen_description(fd if source is None else source, dev, ino, flags)
+def privatize(found, source=None):
+    """Put a description of its own of ``found`` (an ``OpenFile``), at its
+    recorded offset, under its number (reopened from ``source``, the descriptor
+    it arrived on, else its own); inheritable as it was, or, where it arrived,
+    not (as Python opens files)."""
+    new = reopen_description(found.fd if source is None else source, found.dev, found.ino,
+                             found.flags)
     try:
-        os.lseek(new, offset, os.SEEK_SET)
-        os.dup2(new, fd, inheritable=source is None and os.get_inheritable(fd))
+        os.lseek(new, found.offset, os.SEEK_SET)
+        os.dup2(new, found.fd, inheritable=source is None and os.get_inheritable(found.fd))
     finally:
         os.close(new)
 
@@ -112,8 +108,7 @@ def park(fd):
 
 
 def private_copy(found):
-    """An emulated worker's own description of ``found`` (an ``OpenFile``) at
-    its recorded offset, parked."""
+    """An emulated worker's own description of ``found`` at its offset, parked."""
     new = reopen_description(found.fd, found.dev, found.ino, found.flags)
     try:
         os.lseek(new, found.offset, os.SEEK_SET)
@@ -128,8 +123,7 @@ def reason(exc):
 
 
 def _fail_reads(fd):
-    """Put a descriptor on which every read fails (a directory) under ``fd``:
-    a number no file of the parent's reached is unusable, never another file."""
+    """Put a directory, on which every read fails, under ``fd``."""
     placeholder = os.open(os.sep, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.dup2(placeholder, fd, inheritable=False)
@@ -140,11 +134,11 @@ def _fail_reads(fd):
 # -- the plan the rules read: what fork means for a loader's parts ---------------
 
 class ForkPlan:
-    """What forked workers of a loader would share, as its parts show it (the
-    log's names), and what is done about it: ``isolate``, the descriptors
-    (``HeldDescriptor``) each worker gets its own description of; ``shared``,
-    those only written; ``handles`` and ``unhandled``: ``native_handles``'.
-    The files no object shows are privatized all the same."""
+    """What forked workers would share, as a loader's parts show it (the log's
+    names): ``isolate``, the descriptors (``HeldDescriptor``) each worker gets
+    its own description of; ``shared``, those only written; ``handles`` and
+    ``unhandled``: ``native_handles``'. What no object shows is privatized
+    all the same."""
 
     __slots__ = ("isolate", "shared", "handles", "unhandled")
 
@@ -168,14 +162,12 @@ def plan(parts, items=None):
     ``items`` items per container (None: every one)."""
     result = ForkPlan()
     for found in find_descriptors(parts, items):
-        if not found.shared_offset:
-            continue  # a pipe, a socket, a terminal: no offset of ours to keep
         described = describe_open(found.fd)
         if described is None or not described.private:
             result.shared.append(found)
             continue
         try:  # tried for real, and undone
-            os.close(reopen_description(found.fd, found.dev, found.ino, described.flags))
+            os.close(reopen_description(found.fd, described.dev, described.ino, described.flags))
         except (OSError, ImportError) as exc:
             result.unhandled.append((found.describe(), "cannot be reopened (%s)" % reason(exc),
                                      None))
@@ -188,9 +180,9 @@ def plan(parts, items=None):
 
 def native_handles(parts, items=None):
     """``([(HeldFile, reopen args, note)], [(path, why, fork_unsafe)])``: the
-    native handles the parts hold that each forked worker reopens by path (with
-    the very arguments taken here), and those it cannot (never the fork rung;
-    ``fork_unsafe``: a handle a forked child must not use, else None)."""
+    native handles the parts hold that each forked worker reopens by path, and
+    those it cannot (never the fork rung; ``fork_unsafe``: a handle a forked
+    child must not use, else None)."""
     handles, unhandled = [], []
     h5 = holdings.h5py_types()
     for name, part in parts.items():
@@ -220,10 +212,9 @@ def native_handles(parts, items=None):
 # -- the table taken as workers start, and the worker step ------------------------
 
 class DescriptorTable:
-    """What the workers of one iterator get their own of, taken in the parent
-    just before they start: every regular file it holds open for reading
-    (``files``: ``OpenFile``, offset included) and the native handles forked
-    workers reopen (``handles``); the descriptors travel with a spawned one."""
+    """Taken in the parent just before an iterator's workers start: every
+    regular file it holds open for reading (``files``: ``OpenFile``) and the
+    native handles forked workers reopen (``handles``)."""
 
     def __init__(self, files=(), handles=(), report_dir=None, forked=True, carry=True):
         self.pid = os.getpid()
@@ -237,7 +228,7 @@ class DescriptorTable:
 
     @classmethod
     def take(cls, handles=(), report_dir=None, forked=True, carry=True):
-        return cls([f for f in open_files() if f.private], handles, report_dir, forked, carry)
+        return cls(open_files(), handles, report_dir, forked, carry)
 
     def __bool__(self):
         return bool(self.files or self.handles)
@@ -245,10 +236,9 @@ class DescriptorTable:
     def __reduce__(self):
         popen = context.get_spawning_popen()
         files = self.files if popen is not None and self.carry else ()  # at a process start
-        # Only what is still the file it was, each number once: another thread
-        # may have closed one since, its number now a pipe multiprocessing passes
-        # itself ("bad value(s) in fds_to_keep"). A close between here and the
-        # child's start is not seen (a thread that opens and closes files).
+        # Another thread may have closed one since, its number now a pipe
+        # multiprocessing passes itself ("bad value(s) in fds_to_keep"); a close
+        # between here and the child's start is not seen.
         files = _still_open(files)
         if _through_a_server(popen):
             files = files[:MAX_CARRIED]
@@ -304,21 +294,19 @@ def isolate_in_worker(table, worker_id):
     native handles; ``RemedyFailed`` for what a forked worker would share."""
     if table.pid == os.getpid():
         return  # an emulated worker: this process (emulated_workers swaps them itself)
-    # What this worker privatized, ``(fd, name, offset at the start, how it came:
-    # FORKED, CARRIED or SERVER)``, and what could not reach it, ``(name, why)``.
+    # ``(fd, name, offset at the start, FORKED/CARRIED/SERVER)``; ``(name, why)``.
     report = types.SimpleNamespace(private=[], missing=[])
     if table.carried is None:
         if table.forked:
             _in_forked_worker(table, worker_id, report)
     else:
         _in_spawned_worker(table, report)
-    # What this process privatized as it forked from a server: the server's own
-    # files, not the descriptors that arrived for the step above.
+    # The server's own files privatized at this process's fork, not those that arrived.
     arrived = {fd for fd, _found in table.carried or ()}
     report.private += [entry for entry in _server_files if entry[0] not in arrived]
     if table.report_dir is not None and (report.private or report.missing):
         util.Finalize(None, _write_report, args=(
-            report_path(table.report_dir, os.getpid()), worker_id, report), exitpriority=0)
+            report_path(table.report_dir, os.getpid()), report), exitpriority=0)
 
 
 def _in_forked_worker(table, worker_id, report):
@@ -326,7 +314,7 @@ def _in_forked_worker(table, worker_id, report):
     # table and the fork (its number maybe another file now) shares nothing here.
     for found in _still_open(table.files):
         try:
-            privatize(found.fd, found.dev, found.ino, found.flags, found.offset)
+            privatize(found)
         except OSError as exc:
             raise RemedyFailed("%s could not be given its own offset in worker %d (%s)"
                                % (found.describe(), worker_id, reason(exc))) from None
@@ -340,8 +328,7 @@ def _in_forked_worker(table, worker_id, report):
 
 
 def _in_spawned_worker(table, report):
-    """Each carried descriptor privatized under its own number, unless a fork
-    server's child holds that number for another file."""
+    """Each carried descriptor privatized under its own number, unless taken."""
     for arrived, found in table.carried:
         fd = found.fd
         try:
@@ -349,7 +336,7 @@ def _in_spawned_worker(table, report):
                 raise OSError("it did not arrive")
             if arrived != fd and _taken(fd):
                 raise OSError("this worker uses that number for another file")
-            privatize(fd, found.dev, found.ino, found.flags, found.offset, source=arrived)
+            privatize(found, source=arrived)
             report.private.append((fd, found.name, found.offset, CARRIED))
         except OSError as exc:
             report.missing.append((found.describe(), reason(exc)))
@@ -379,12 +366,6 @@ def _taken(fd):
         return True
 
 
-def _appends(fd):
-    import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
-
-    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
-
-
 # -- the files a fork server holds: privatized in each child as it forks -----------
 
 _server_files: list[Any] = []  # in a child of a fork server: what was privatized at its fork
@@ -397,10 +378,9 @@ GOVERNED_BY = ("DL207", "dataloader")
 
 def after_fork_in_server_child():
     """``os.register_at_fork(after_in_child=...)``: in a child of a fork server
-    (multiprocessing's, or ours), before anything else runs, each file the
-    server holds open for reading (a file the preloaded main module opened)
-    gets a description of its own at the server's offset. (NOTE [the data
-    flow of a repaired loader] in torch_private.py, step 2.)"""
+    (multiprocessing's, or ours), each file the server holds open for reading
+    gets a description of its own at the server's offset (NOTE [the data flow
+    of a repaired loader] in torch_private.py, step 2)."""
     del _server_files[:]
     if not in_fork_server():
         return
@@ -409,10 +389,8 @@ def after_fork_in_server_child():
     # DL201's rebuild, not reported as the server's.
     built = getattr(sys.modules.get(__package__ + ".buildserver"), "BUILT", None)
     for found in open_files():
-        if not found.private:
-            continue
         try:
-            privatize(found.fd, found.dev, found.ino, found.flags, found.offset)
+            privatize(found)
         except OSError:
             _fail_reads(found.fd)  # never left shared with the server's other children
             continue
@@ -426,14 +404,17 @@ def report_path(directory, pid):
     return os.path.join(directory, "isolated-pid%d.txt" % pid)
 
 
-def _write_report(path, worker_id, report):
+def _write_report(path, report):
     """At the worker's exit: which descriptions it had of its own, which of
-    them it used (the offset moved; not by its writes, for an appended
-    file), and what did not reach it."""
+    them it used (the offset moved, not by appending), and what did not reach
+    it."""
+    import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
+
     lines = []
     for fd, name, offset, how in report.private:
         try:
-            used = os.lseek(fd, 0, os.SEEK_CUR) != offset and not _appends(fd)
+            used = os.lseek(fd, 0, os.SEEK_CUR) != offset \
+                and not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
         except OSError:
             used = False  # closed by the worker: whether it read first is not known
         lines.append("private\t%s\t%d\t%d\t%s" % (how, fd, used, name))
@@ -443,20 +424,18 @@ def _write_report(path, worker_id, report):
 
 
 class Usage:
-    """What the workers of an iterator reported: ``used``, ``{how: {name: fd}}``
-    for the files they read through a description of their own (how: FORKED,
-    CARRIED, SERVER), and ``private``, the same read or not; ``missing``,
-    ``{description: why}``, what did not reach a spawned worker; ``workers``,
-    how many reported; ``by_number``, ``held_numbers``'."""
+    """What an iterator's workers reported: ``private``, ``{how: {name: fd}}``
+    (how: FORKED, CARRIED, SERVER) of their own descriptions, ``used``, those
+    read; ``missing``, ``{description: why}``, what did not reach a spawned
+    worker; ``workers``, how many reported; ``by_number``, ``held_numbers``'."""
 
-    def __init__(self):
+    def __init__(self, by_number):
         self.used, self.private, self.missing, self.workers = {}, {}, {}, 0
-        self.by_number = {}
+        self.by_number = by_number
 
 
 class Outcome:
-    """What the workers of one iterator had of their own, read as they exit
-    (torch joins them): ``said(usage)`` makes the records."""
+    """Workers' reports, read as they exit: ``said(usage)`` makes the records."""
 
     def __init__(self, table, said):
         self.table = table
@@ -466,7 +445,7 @@ class Outcome:
         pids = [p.pid for p in processes if getattr(p, "pid", None)]
         if not pids or self.table is None or self.table.report_dir is None:
             return
-        usage = Usage()
+        usage = Usage(self.table.by_number)
         for pid in pids:
             path = report_path(self.table.report_dir, pid)
             try:
@@ -484,7 +463,6 @@ class Outcome:
                         usage.used.setdefault(fields[1], {})[fields[4]] = int(fields[2])
                 elif fields[0] == "missing" and len(fields) == 3:
                     usage.missing[fields[1]] = fields[2]
-        usage.by_number = self.table.by_number
         if usage.used or usage.missing or usage.private.get(CARRIED) and usage.by_number:
             self._said(usage)
 
@@ -492,9 +470,8 @@ class Outcome:
 def held_numbers(parts, fds):
     """``{fd: path}`` for each descriptor of ``fds`` whose number an object of
     the user's own class among ``parts`` holds as an int attribute
-    (``self.fd = os.open(...)``: read by number, offset moved or not, as with
-    ``os.pread``; a library's ints, an image's tag numbers, are no
-    descriptors). For the words only: carrying does not depend on it."""
+    (``self.fd = os.open(...)``: read by number, maybe with ``os.pread``; a
+    library's ints are no descriptors). For the words only."""
     wanted = {fd for fd in fds if fd > 2}
     found: dict[int, str] = {}
     for name, part in parts.items():

@@ -2,48 +2,42 @@
 workers by reference (DL218): ``torch.load(path, mmap=True)``,
 ``torch.UntypedStorage.from_file``, ``torch.from_numpy`` of an ``np.memmap``.
 
-Torch's own reducer (``torch.multiprocessing.reductions.reduce_tensor``)
-moves every CPU storage it sends into shared memory: the training process
-copies the mapped file's bytes into ``/dev/shm`` and points the tensor at the
-copy for the rest of its life (the costs, and the error where ``/dev/shm``
-is small: DL218's rule). A ``from_file`` storage does not go at all
-(``OSError: [Errno 9] Bad file descriptor``: a map, not shared memory).
+Torch's reducer (``torch.multiprocessing.reductions.reduce_tensor``) moves
+every CPU storage it sends into shared memory: the training process copies
+the file's bytes into ``/dev/shm`` and points the tensor at the copy for the
+rest of its life (the costs, and the error where ``/dev/shm`` is small:
+DL218's rule); a ``from_file`` storage does not go at all (``OSError: [Errno
+9] Bad file descriptor``).
 
-The reducer here sends instead the file's path and identity (device, inode,
-modification time, size), where the storage lies in it, and the tensor's
-dtype, shape, stride, storage offset and ``requires_grad``. The worker maps
-the whole file once, private and copy-on-write (as ``torch.load(mmap=True)``
-maps it), takes the storage's bytes as a storage of their own and rebuilds
-the view, a ``Parameter`` as a ``Parameter`` (as torch's ``rebuild_tensor``).
-In each worker, views of one storage get one storage (on torch 2.0, whose
-storages take no safe weak reference, one each over the same bytes) and
-every storage of one file one map: the page cache holds its pages once.
+The reducer here sends the file's path and identity (device, inode, mtime,
+size), where the storage lies in it, and the view (dtype, shape, stride,
+storage offset, ``requires_grad``). The worker maps the whole file once,
+private and copy-on-write (as ``torch.load(mmap=True)`` does), takes the
+storage's bytes as a storage and rebuilds the view, a ``Parameter`` as a
+``Parameter`` (as torch's ``rebuild_tensor``). In each worker, views of one
+storage get one storage (on torch 2.0, whose storages take no safe weak
+reference, one each over the same bytes) and each file one map: the page
+cache holds its pages once.
 
-Exact or nothing, as for a memmap (``memmaps.py``; ``inspection/tensors.py``:
-``reference``), else torch's reducer sends it as ever. ``/proc/self/maps`` is
-read once per process start (a map made while the child's pickle is written
-is not in it); a private map this process wrote to (any ``Anonymous`` page),
-an anonymous map and shared memory stay torch's. Only a plain CPU tensor
-torch's reducer rebuilds as it is: exactly ``torch.Tensor`` or
-``torch.nn.Parameter`` (the types it is registered for), strided, not empty,
-no conjugate or negative bit, not quantized or nested, no backward hooks
-(torch warns of them), not a non-leaf that requires grad (torch refuses it,
-and its error stays). And only in a file the tensors of a loader's parts lie
-in (DL218 names them as it installs the reducer): a tensor of another file,
-sent by another part of the program, keeps torch's sharing.
+Exact or nothing (``inspection/tensors.py``: ``reference``), else torch's
+reducer sends it as ever. ``/proc/self/maps`` is read once per process start
+(a map made while the child's pickle is written is not in it); a private map
+this process wrote to, an anonymous map and shared memory stay torch's, and
+so does a tensor of a file no tensor of a loader's parts lies in (DL218
+names those files as it installs the reducer).
 
-What differs (the rule's docs): a tensor torch sends is shared memory
-between the training process and its workers (a write in one is seen in the
-others); one sent by reference is a private map, as a forked worker's (its
-writes stay its own; the file is never written). As for a memmap, the file
-is assumed not to change while the workers start (a worker that finds it
-changed fails loudly: ``MappedFileChanged``), and only a process being
-started gets a reference. Fail open: an error of ours while looking sends
-the tensor torch's way.
+What differs (the rule's docs): a tensor torch sends is shared memory between
+the training process and its workers; one sent by reference is a private
+map, as a forked worker's (its writes stay its own; the file is never
+written). As for a memmap, only a process being started gets a reference,
+and the file is assumed not to change meanwhile (a worker that finds it
+changed fails loudly: ``MappedFileChanged``). Fail open: an error of ours
+while looking sends the tensor torch's way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import mmap
 import threading
@@ -98,10 +92,8 @@ def _storage(path, ident, offset, nbytes):
                                    offset=offset).untyped_storage()
         if not tp.storages_keep_their_python_object():
             return storage  # torch 2.0: no safe weak reference, one each over the one map
-        try:
+        with contextlib.suppress(TypeError):  # storages that take no weak reference: one each
             _storages[key] = storage
-        except TypeError:  # a torch whose storages take no weak reference: one each
-            pass
     return storage
 
 
@@ -132,10 +124,8 @@ def _maps_while_starting(popen):
         if ref is not None and ref() is popen:
             return maps
         maps = Maps()
-        try:
+        with contextlib.suppress(TypeError):  # a Popen without weak references: read for each
             _starting[:] = [weakref.ref(popen), maps]
-        except TypeError:  # a Popen without weak references: read for each tensor
-            pass
         return maps
 
 

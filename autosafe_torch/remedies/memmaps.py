@@ -1,61 +1,56 @@
 """Memory maps sent to spawn/forkserver workers by reference: numpy memmaps
-(DL218) and ``mmap.mmap`` objects (DL201).
+(DL218) and ``mmap.mmap`` objects (DL201). ``inspection/mappings.py`` reads
+what can go and where its bytes lie.
 
 Pickling a ``numpy.memmap`` copies its data into every worker start (the
-costs: DL218's rule); the worker gets a writable, contiguous ``np.memmap``
-whose ``_mmap``, ``filename``, ``offset`` and ``mode`` are None. The reducer
-here sends the file, byte offset, shape, dtype and order instead, and the
-worker maps the file again copy-on-write (``ACCESS_COPY``: writable and
-private, as the pickled copy is) as an ``np.memmap`` with a pickled one's
-attributes (its slices plain ndarrays, as there; its ``base`` the map, not
-None): what a worker reads, writes and computes is the same.
+costs: DL218's rule) and gives a writable, contiguous ``np.memmap`` whose
+``_mmap``, ``filename``, ``offset`` and ``mode`` are None. The reducer here
+sends the file, offset, shape, dtype and order instead; the worker maps the
+file again copy-on-write (``ACCESS_COPY``: writable and private, as the
+pickled copy is) as an ``np.memmap`` with a pickled one's attributes (its
+``base`` the map, not None): what a worker reads, writes and computes is the
+same.
 
 Exact or nothing: an array goes by reference only where the worker maps
-exactly what pickling would send, else it is pickled as ever. Its data must
-lie in a shared file mapping of this process (``/proc/self/maps``) of a
-regular file still where the kernel says it is (same device and inode at
-that path: a moved file is mapped from where it went), with pickling's
-layout (contiguous, aligned, not empty: ``mm[:, ::2]`` is pickled). A
-``mode='c'`` memmap (a private map: it may hold changes in no file), a
-deleted or replaced file, and every array where there is no
-``/proc/self/maps`` (macOS, whose map keeps its descriptor to itself; a Mac
-rehearsed with ``--as macos``) are pickled.
+exactly what pickling would send: its data in a shared file mapping
+(``/proc/self/maps``) of a regular file still at its path (same device and
+inode: a moved file is mapped from where it went), in pickling's layout
+(contiguous, aligned, not empty: ``mm[:, ::2]`` is pickled). A ``mode='c'``
+memmap (it may hold changes in no file), a deleted or replaced file, and
+every array where there is no ``/proc/self/maps`` (macOS, or ``--as
+macos``) are pickled.
 
 Assumed (the rule's docs): the file does not change while the workers start
 and run. The parent's writes through an ``r+``/``w+`` map are in the page
-cache the worker maps (no ``flush`` needed): it sees the file as it is when
-it maps it, and a private map shows later changes in the pages it has not
-written. The worker checks the file is the same one (device, inode,
-modification time, size) and fails loudly otherwise (its start fails, the
-record says the fix did not hold, the recovery ladder takes over): never
-other data silently. Only while a process is being started
-(``get_spawning_popen()``, set by spawn, forkserver and the warm server as
-they pickle what the child gets): a memmap put on a queue later is pickled
-as before.
+cache the worker maps (no ``flush`` needed). The worker checks the file is
+the same one (device, inode, mtime, size) and fails loudly otherwise (its
+start fails, the record says the fix did not hold, recovery takes over):
+never other data silently. Only while a process is being started
+(``get_spawning_popen()``, set by spawn, forkserver and the warm server):
+a memmap put on a queue later is pickled as before.
 
 An ``mmap.mmap`` does not pickle at all (TypeError): the baseline is the
 parent's map as a forked worker holds it. The worker maps the same range of
 the same file again, with its access (``ACCESS_READ``, a shared writable map
 as ``ACCESS_WRITE``, ``ACCESS_COPY``) and position. A shared map shows the
-file's page cache, as a forked worker's does: the file need only be the same
+page cache, as a forked worker's does: the file need only be the same
 (device, inode), not unchanged. A private map goes only while it holds no
-page the parent wrote (``Anonymous: 0 kB`` in ``/proc/self/smaps``). A
-deleted file, a map made with ``prot``/``flags`` not rebuilt here, and every
-map where there is no ``/proc/self/maps`` do not go: the DL201 ladder goes on
-(fork, emulated workers, or a clear refusal). An anonymous map goes through
-shared memory (below). ``inspection/mappings.py`` reads what can go and where
-its bytes lie.
+page the parent wrote (``Anonymous: 0 kB`` in ``/proc/self/smaps``). What
+does not go (a deleted file, ``prot``/``flags`` not rebuilt here, no
+``/proc/self/maps``) leaves the DL201 ladder to go on (fork, emulated
+workers, or a clear refusal). An anonymous map goes through shared memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import weakref
 from multiprocessing.context import get_spawning_popen
 from typing import Any, cast
 
-from ..inspection.mappings import _shm_open, anonymous, map_reference, reference
+from ..inspection.mappings import _shm_open, anonymous, map_reference, reference, writable
 from .pickling import PROTOCOL, install
 
 
@@ -165,7 +160,7 @@ def _reduce_anonymous(m):
     from ..inspection.probe import is_probing  # noqa: PLC0415 - 0.6 ms in each worker that unpickles a map, which imports this module (-X importtime after torch: inspection.probe, inventory)
 
     if is_probing():  # planning: nothing is made for a child that never starts
-        return map_shared_block, ("/probe", length, m.tell(), _writable(m))
+        return map_shared_block, ("/probe", length, m.tell(), writable(m))
     block = _blocks.get(id(m))
     if block is None or block.buf[:length] != memoryview(m):
         block = shared_memory.SharedMemory(create=True, size=length)
@@ -173,25 +168,15 @@ def _reduce_anonymous(m):
         if id(m) not in _blocks:
             weakref.finalize(m, _unlink, id(m))
         _blocks[id(m)] = block
-    return map_shared_block, ("/" + block.name, length, m.tell(), _writable(m))
-
-
-def _writable(m):
-    try:
-        m.write(b"")  # ACCESS_READ refuses any write; nothing is written otherwise
-    except TypeError:
-        return False
-    return True
+    return map_shared_block, ("/" + block.name, length, m.tell(), writable(m))
 
 
 def _unlink(key):
     block = _blocks.pop(key, None)
     if block is not None:
-        try:
+        with contextlib.suppress(Exception):
             block.close()
             block.unlink()
-        except Exception:
-            pass
 
 
 def map_shared_block(name, length, position, writable):

@@ -7,15 +7,15 @@ one CPU storage.
 
 from typing import Any
 
+import torch
+
 from .. import torch_private as tp
 from ..inspection import objwalk
-from ..inspection.tensors import ACCELERATORS, _torch, never_entered, scan
+from ..inspection.tensors import ACCELERATORS, never_entered, scan
 
-def tensor_to_cpu(t):
-    out = t.detach().to("cpu")
-    if t.requires_grad and t.is_leaf:
-        out.requires_grad_(True)
-    return out
+
+def tensor_to_cpu(t):  # the copies: tests put their own in for meta tensors
+    return t.detach().to("cpu")
 
 
 def storage_to_cpu(storage):
@@ -29,7 +29,6 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
     below it, each is replaced where it is held (lists, dicts, attributes;
     tuples are rebuilt and put back in their owner). The depth bound is the
     scan's; the object bound is lifted, so that everything it reaches moves."""
-    torch = _torch()
     found = scan(root, max_objects=10 ** 9, items=None).on(
         ACCELERATORS if devices is None else devices)
     if not found:
@@ -41,13 +40,10 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
     new = {}
     for group in by_storage.values():
         distinct = {id(t): t for t in group}
-        if len(distinct) == 1:
-            new[id(group[0])] = tensor_to_cpu(group[0])
-            continue
-        cpu_storage = storage_to_cpu(group[0].untyped_storage())
+        cpu_storage = storage_to_cpu(group[0].untyped_storage()) if len(distinct) > 1 else None
         for t in distinct.values():
-            view = torch.empty((0,), dtype=t.dtype).set_(
-                cpu_storage, t.storage_offset(), t.size(), t.stride())
+            view = tensor_to_cpu(t) if cpu_storage is None else torch.empty(
+                (0,), dtype=t.dtype).set_(cpu_storage, t.storage_offset(), t.size(), t.stride())
             if t.requires_grad and t.is_leaf:
                 view.requires_grad_(True)
             new[id(t)] = view
