@@ -1,15 +1,9 @@
 """The one place that touches multiprocessing's private parts (and threading's
-and concurrent.futures').
-
-CPython keeps some of what the shim needs private, and a Python release may
-rename any of it. Everything of ours that depends on them goes through this module,
-as torch's privates go through ``torch_private.py``;
-``tests/test_mp_private.py`` pins what each piece does on every Python the
-project supports (3.9 to 3.13), and ``tests/test_layers.py`` fails where a
-private name of multiprocessing, threading or concurrent.futures is used
-outside this module.
-
-Nothing here imports the rest of the package, nor torch.
+and concurrent.futures'), which a Python release may rename, as torch's go
+through ``torch_private.py``: ``tests/test_mp_private.py`` pins what each
+piece does on every supported Python (3.9 to 3.13), ``tests/test_layers.py``
+fails where such a private name is used elsewhere. Nothing here imports the
+rest of the package, nor torch.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ from typing import Any, Callable
 
 
 def extra_reducers() -> dict[type, Callable[[Any], Any]]:
-    """ForkingPickler's ``{class: reducer}`` (what ``ForkingPickler.register``
-    adds to): read and changed in place."""
+    """ForkingPickler's ``{class: reducer}`` (``register``'s), changed in place."""
     return ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # private: see above
 
 
@@ -47,8 +40,7 @@ def default_start_method() -> str:
 
 
 def forkserver_pid(server: Any) -> int | None:
-    """The pid of ``server``'s process (a ``forkserver.ForkServer``), None
-    before it runs."""
+    """The pid of ``server`` (a ``forkserver.ForkServer``), None before it runs."""
     return server._forkserver_pid
 
 
@@ -64,11 +56,10 @@ def popen_reading(start_method: str, name: str, modules: dict[str, Any],
                   namespace: dict[str, Any] | None = None) -> type:
     """A subclass ``name`` of the stdlib's ``Popen`` for ``start_method`` ("spawn"
     or "forkserver") whose method that pickles for the child (``_launch``;
-    Windows': ``__init__``, not run here) is the stdlib's own code, not a copy
-    of it, reading the module names in ``modules`` from the objects there:
-    ``reduction`` (the pickler the process object is sent with),
-    ``forkserver`` (a new process from another server), ``spawn`` (more
-    preparation data); ``namespace`` besides."""
+    Windows': ``__init__``) is the stdlib's own code, not a copy, reading the
+    module names in ``modules`` (``reduction``: the pickler; ``forkserver``:
+    another server; ``spawn``: the preparation data) from the objects there;
+    ``namespace`` besides."""
     base: type
     if sys.platform == "win32":
         from multiprocessing.popen_spawn_win32 import Popen as base  # noqa: PLC0415 - Windows only
@@ -86,8 +77,8 @@ def popen_reading(start_method: str, name: str, modules: dict[str, Any],
 
 @contextlib.contextmanager
 def inheriting() -> Iterator[None]:
-    """While this process unpickles what a parent sent it, as
-    ``spawn._main`` does (objects that may only be inherited check it)."""
+    """While this process unpickles what a parent sent it, as ``spawn._main``
+    does (objects that may only be inherited check it)."""
     process.current_process()._inheriting = True  # type: ignore[attr-defined]  # private
     try:
         yield
@@ -97,10 +88,9 @@ def inheriting() -> Iterator[None]:
 
 def start_through(process: Any, popen: type) -> bool:
     """Have ``process`` (not started) start through ``popen`` (a Popen class)
-    where its class starts it the stdlib's way (False where not: another
-    ``_Popen``, as the warm start's). Its class stays the same (its repr; the
-    child unpickles it by reference): an attribute of this process, gone
-    before the Popen pickles it."""
+    where its class starts it the stdlib's way (else False: the warm start's
+    has its own). Its class stays (its repr; the child unpickles it by
+    reference): an attribute, gone before the Popen pickles it."""
     if type(process)._Popen.__module__ != "multiprocessing.context":
         return False
     process._Popen = functools.partial(_started_by, popen)
@@ -120,8 +110,7 @@ def forkserver_process(popen: Callable[[Any], Any], name: str, module: str) -> t
 
 
 class ProcessObject:
-    """What a fork server's child is sent to run: it calls ``_bootstrap``, and
-    exits with what ``run()`` returns."""
+    """What a fork server's child is sent to run: its exit status is ``run()``'s."""
 
     def run(self) -> int:
         raise NotImplementedError
@@ -136,8 +125,7 @@ def process_target(process: Any) -> Any:
 
 
 def _forkserver_main_locals() -> dict[str, Any]:
-    """The locals of ``forkserver.main`` below this call, in a fork server
-    while it preloads, else {}."""
+    """The locals of ``forkserver.main`` below this call (while it preloads), else {}."""
     forkserver = sys.modules.get("multiprocessing.forkserver")
     frame: types.FrameType | None = sys._getframe(2)
     while forkserver is not None and frame is not None:
@@ -167,10 +155,21 @@ def forkserver_preload() -> list[str]:
     return list(_forkserver_main_locals().get("preload") or ())
 
 
+def forkserver_handed(prefix: str) -> bytes | None:
+    """In a fork server, while it preloads: what the file its preload list names
+    as ``prefix`` + its path holds, read once, by this server alone (removed as
+    it is read), else None."""
+    path = next((e[len(prefix):] for e in forkserver_preload() if e.startswith(prefix)), None)
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        os.unlink(path)
+        return f.read()
+
+
 def wrap_spawn_main(wrapper: Callable[..., Any]) -> None:
-    """What a fork server's child runs to read what it was sent (``spawn._main(fd,
-    parent_sentinel)``, private), as ``wrapper(original, fd, parent_sentinel)``:
-    a check before anything is unpickled."""
+    """A fork server's child reads what it was sent in ``spawn._main(fd,
+    parent_sentinel)``: run it as ``wrapper(original, fd, parent_sentinel)``."""
     from multiprocessing import spawn  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load this module (-X importtime: runpy, multiprocessing.spawn)
 
     original = spawn._main  # private: see above
@@ -178,8 +177,8 @@ def wrap_spawn_main(wrapper: Callable[..., Any]) -> None:
 
 
 # The releases whose fork server listened in Linux's abstract socket namespace, open
-# to every local user (CVE-2022-42919), before the fix: a socket path in a private
-# folder. Told by version: asking multiprocessing for an address would make its folder.
+# to every local user (CVE-2022-42919), before the fix (a private folder's path). Told
+# by version: asking multiprocessing for an address would make its folder.
 _ABSTRACT_FORKSERVER = (((3, 9), (3, 9, 16)), ((3, 10), (3, 10, 9)), ((3, 11), (3, 11, 1)))
 
 
@@ -223,9 +222,8 @@ def python_rlock() -> type | None:
 
 
 def locks_inside(attrs: dict[str, Any]) -> list[Any]:
-    """What a threading Condition, Semaphore, Event or Barrier keeps its lock
-    or condition in, from its instance ``__dict__`` ``attrs`` ([] for another
-    object's)."""
+    """The lock or condition a threading Condition, Semaphore, Event or Barrier
+    keeps, from its ``__dict__`` ``attrs`` ([] for another object's)."""
     return [attrs[name] for name in ("_cond", "_lock") if attrs.get(name) is not None]
 
 
@@ -235,8 +233,8 @@ def rlock_owned(rlock: Any) -> bool:
 
 
 def new_semaphore(semaphore: Any) -> Any:
-    """A threading semaphore made as ``semaphore`` was: a BoundedSemaphore with
-    the value it was made with, another with its value now."""
+    """A threading semaphore made as ``semaphore`` was (a BoundedSemaphore with
+    its initial value, another with its value now)."""
     if isinstance(semaphore, threading.BoundedSemaphore):
         initial = semaphore._initial_value  # type: ignore[attr-defined]  # private: see above
         return threading.BoundedSemaphore(initial)

@@ -1,17 +1,16 @@
 """``Dataset.__new__`` and each dataset class's own ``__init__``: the program's
 construction of a dataset, recorded for the rebuild rung (``remedies/rebuild.py``,
-its NOTE [the rebuild's three places], 1).
+NOTE [the rebuild's three places], 1).
 
 ``__new__`` sees every construction of every subclass with the call's
-arguments, then does what ``__new__`` did before: the next ``__new__`` along
-the class's MRO, so a mixin's own ``__new__`` still runs. The construction
-ends with the class's ``__init__``: at a class's first construction, the
-``__init__`` it runs (a Python function) is bounded by ``MeasuredInit``,
-which records what that call opened and drew, for the dataset ``__new__``
-made and no other (a subclass's ``super().__init__()``: the outer call
-measures). Reading ``Class.__init__`` gives the function itself, and a class
-sent by value (cloudpickle) carries it, not the wrapper. torch's own
-datasets hold nothing a worker cannot receive: never recorded.
+arguments, then runs the next ``__new__`` along the MRO (a mixin's still
+runs). At a class's first construction, the ``__init__`` it runs (a Python
+function) is bounded by ``MeasuredInit``, which records what that call
+opened and drew, for the dataset ``__new__`` made and no other (in a
+subclass's ``super().__init__()``, the outer call measures). Reading
+``Class.__init__`` gives the function itself, so a class sent by value
+(cloudpickle) carries it, not the wrapper. torch's own datasets hold nothing
+a worker cannot receive: never recorded.
 """
 
 import threading
@@ -22,8 +21,8 @@ from torch.utils.data import Dataset
 
 from . import replace
 
-# .ref: the dataset __new__ made, its __init__ not yet begun (weakly: a copy or an
-# unpickled dataset gets no __init__); .made: its record
+# .ref: the dataset __new__ made, weakly (a copy or an unpickled one gets no __init__),
+# until its __init__; .made: its record
 _pending = threading.local()
 
 
@@ -39,8 +38,8 @@ def unpatch():
 
 
 def _plain_new(cls, *args, **kwargs):
-    """What ``Dataset(...)`` did without the shim: the next ``__new__`` along
-    the class's MRO, with object.__new__'s own refusal of arguments."""
+    """What ``Dataset(...)`` does without the shim, object.__new__'s refusal of
+    arguments included."""
     following = super(Dataset, cls).__new__
     if following is not object.__new__:
         return following(cls, *args, **kwargs)
@@ -67,26 +66,18 @@ def _record(obj, cls, args, kwargs):
     made = rebuild.begin(obj, cls, args, kwargs)
     if made is None:
         return
-    owner, init = _own_init(cls)
+    # the __init__ that cls(...) runs, and the class that defines it
+    owner = next(k for k in cls.__mro__ if vars(k).get("__init__") is not None)
+    init = vars(owner)["__init__"]
     if init is object.__init__:
         made.opened, made.attrs = [], {}  # nothing runs: nothing opened
         return
-    if owner is None or (owner.__module__ or "").startswith("torch.") \
+    if (owner.__module__ or "").startswith("torch.") \
             or type(init) not in (types.FunctionType, MeasuredInit):
         return  # not the program's Python code: its end is not seen
     if type(init) is types.FunctionType:
         replace(owner, "__init__", MeasuredInit(init))
     _pending.ref, _pending.made = weakref.ref(obj), made
-
-
-def _own_init(cls):
-    """``(the class that defines it, its __init__ as stored there)`` of the
-    ``__init__`` that ``cls(...)`` runs; ``(None, object.__init__)`` for none."""
-    for klass in cls.__mro__:
-        init = vars(klass).get("__init__")
-        if init is not None:
-            return (None, object.__init__) if klass is object else (klass, init)
-    return None, object.__init__
 
 
 class MeasuredInit:

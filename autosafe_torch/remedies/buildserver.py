@@ -4,16 +4,14 @@ which every worker of every epoch is forked (DL201's rebuild, made cheap).
 A dataset built again in each worker (``rebuild.py``) would run its
 constructor (a 2 s CSV parse, and its transient memory) once per worker per
 epoch. A build server (``warmstart.Build``) imports what the warm server
-imports, then this module, which prepares as a spawned worker does (the
-main module imported as ``__mp_main__``), sets what the workers' code reads
-from the training process (DL220), then builds and checks each dataset
-once, exactly as a worker does (``rebuild.rebuilt_in_worker``: muted,
-writes refused, the construction's random states, the same files, maps and
-values). Each worker forked from it holds the built dataset, copy-on-write,
-and its own description of every file the server reads
-(``isolation.after_fork_in_server_child``); the training process sends the
-dataset as a reference to it (``from_server``) with what it holds at that
-worker's start, and the worker checks the values again: a dataset the
+imports, then this module, which prepares as a spawned worker does, sets
+what the workers' code reads from the training process (DL220), then builds
+and checks each dataset once, exactly as a worker does
+(``rebuild.rebuilt_in_worker``). Each worker forked from it holds the built
+dataset, copy-on-write, and its own description of every file the server
+reads (``isolation.after_fork_in_server_child``); the training process
+sends the dataset as a reference to it (``from_server``) with what it holds
+at that worker's start, which the worker checks again: a dataset the
 program changed between epochs is never served stale.
 
 The recipes are pickled with the plain pickler (a server takes no handle of
@@ -24,17 +22,17 @@ module does nothing.
 from __future__ import annotations
 
 import contextlib
-import os
+import io
 import pickle
 from typing import Any
 from multiprocessing import spawn
 
 from ..inspection.diagnostics import in_fork_server
-from ..mp_private import forkserver_preload, inheriting
+from ..mp_private import forkserver_handed, inheriting
 from . import process_state, rebuild
 
-# The recipes' file as named in the server's preload list: no module has this
-# name (forkserver passes over what does not import), the file's path after it.
+# the recipes' file in the server's preload list: this (no module's name: forkserver
+# passes over what does not import), then its path
 RECIPES = "autosafe_torch_build_recipes="
 # in a build server and its children: key -> the dataset built (or Unbuilt)
 BUILT: dict[Any, Any] = {}
@@ -42,8 +40,7 @@ BUILT: dict[Any, Any] = {}
 
 def from_server(key, expected):
     """In a worker forked from the build server: the dataset it built, if it
-    still holds what the training process's holds now; else a stand-in that
-    fails the worker's start (``rebuild.Unbuilt``)."""
+    still holds what the training process's holds now, else ``rebuild.Unbuilt``."""
     built = BUILT.get(key)
     if built is None:
         return rebuild.Unbuilt("the dataset (%s) was not built in the server that started "
@@ -53,16 +50,14 @@ def from_server(key, expected):
 
 def _build():
     """As a spawned worker starts (``spawn._main``), then the datasets."""
-    path = next((entry[len(RECIPES):] for entry in forkserver_preload()
-                 if entry.startswith(RECIPES)), None)
-    if not path:
+    handed = forkserver_handed(RECIPES)
+    if handed is None:
         return
     with inheriting():
-        with open(path, "rb") as f:
-            os.unlink(path)  # read once, by this server alone: nothing of it left behind
-            spawn.prepare(pickle.load(f))
-            state = pickle.load(f)
-            recipes = pickle.load(f)
+        f = io.BytesIO(handed)
+        spawn.prepare(pickle.load(f))
+        state = pickle.load(f)
+        recipes = pickle.load(f)
         if state is not None:  # what main() set, in place before the build (DL220)
             with contextlib.suppress(Exception):  # each worker compares again
                 process_state.arrive_in_server(*pickle.loads(state))

@@ -1,14 +1,12 @@
 """The one pickler our repairs' reducers live in: ``WorkerPickler``.
 
 The repairs that make a dataset travel to spawn/forkserver workers are
-reducers: planning only names them (the probe tries them without installing
-anything); applying a finding in fix mode installs them into
-``WorkerPickler``, a ``ForkingPickler`` of our own. Only what the shim sends
-to workers is pickled with it: the process object of a worker it starts
-(``WorkerContext``), an emulated worker's copy. The process-wide
-``ForkingPickler``, with which the program's own ``Queue.put``,
-``Pipe.send`` and ``Pool.map`` pickle, is never touched: they fail or
-succeed as they would without us.
+reducers: the plan's probe tries them uninstalled; a finding in fix mode
+installs them into ``WorkerPickler``, a ``ForkingPickler`` of our own, which
+pickles only what the shim sends to workers (a worker's process object:
+``WorkerContext``; an emulated worker's copy). The process-wide
+``ForkingPickler`` (the program's ``Queue.put``, ``Pipe.send``,
+``Pool.map``) is never touched: they fail or succeed as without us.
 """
 
 from __future__ import annotations
@@ -29,10 +27,9 @@ Override = Callable[[Any, Any], Any]
 
 
 def built_from_attributes(cls, state):
-    """In a worker: an instance of ``cls`` as pickle's default builds it
-    (``cls.__new__``, then its ``__dict__``), without asking the empty
-    instance for ``__setstate__``: a class that forwards unknown attributes
-    would recurse there (``holdings.forwards_attributes``)."""
+    """In a worker: an instance of ``cls`` as pickle's default builds it, without
+    asking the empty instance for ``__setstate__``: a class that forwards
+    unknown attributes would recurse there (``holdings.forwards_attributes``)."""
     obj = cls.__new__(cls)
     object.__getattribute__(obj, "__dict__").update(state)
     return obj
@@ -56,8 +53,7 @@ class WorkerPickler(ForkingPickler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         override = WorkerPickler.override
         if override is not None:
-            # an instance attribute, set before pickle looks for it: where none
-            # is installed, pickling pays nothing for a reducer_override
+            # an instance attribute: where none is installed, pickling pays nothing for it
             self.reducer_override = lambda obj: override(self, obj)  # type: ignore[method-assign]
         super().__init__(*args, **kwargs)
         self.dispatch_table.update(self.ours)
@@ -69,8 +65,7 @@ class WorkerPickler(ForkingPickler):
 
 
 def install(reducers: Mapping[type, Reducer]) -> None:
-    """Register ``{class: reducer}`` with ``WorkerPickler`` (a class we reduce
-    already gets the newer reducer)."""
+    """Register ``{class: reducer}`` with ``WorkerPickler`` (the newer one wins)."""
     WorkerPickler.ours.update(reducers)
 
 
@@ -115,10 +110,9 @@ def _dump(obj: Any, file: Any, protocol: int | None = None) -> None:
     WorkerPickler(file, protocol).dump(obj)
 
 
-# ``multiprocessing.reduction`` as the Popen of our workers' starts reads it: what
-# it dumps (preparation data, process object) goes with ``WorkerPickler``, in the
-# stdlib's own ``_launch``, so what needs the starting Popen (a descriptor passed,
-# the authentication key) has it. The child loads it as ever, with nothing of ours.
+# ``multiprocessing.reduction`` as our workers' Popen reads it: what the stdlib's own
+# ``_launch`` dumps goes with ``WorkerPickler``, so what needs the starting Popen (a
+# descriptor passed, the authentication key) has it. The child loads it as ever.
 TO_WORKERS = Overriding(reduction, dump=_dump)
 
 
@@ -130,9 +124,8 @@ def sent_popen(start_method: str) -> type:
 
 
 class WorkerContext:
-    """A loader's multiprocessing context (or ``torch.multiprocessing``, which
-    torch uses without one) whose processes are sent with ``WorkerPickler``,
-    while the shim starts its workers by spawn or a fork server."""
+    """A loader's multiprocessing context (or ``torch.multiprocessing``, torch's
+    without one) whose processes are sent with ``WorkerPickler``."""
 
     def __init__(self, context: Any, start_method: str) -> None:
         self._context = context

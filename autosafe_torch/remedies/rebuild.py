@@ -15,26 +15,25 @@ fork, before emulated workers.
 NOTE [the rebuild's three places]
 
 1. The training process, at the program's own construction (``Construction``;
-   ``patches/datasets.py`` bounds each dataset's ``__init__`` while the shim
-   is active) records, for that call only: the class and the arguments
-   (references, never copies; one the program let go is not kept alive, and
-   the rung is then refused), the random generators as they stood before the
-   call where it drew from them, the files it opened and still holds (the
-   kernel's descriptors, ``inspection/opened.py``: path, device, inode, size,
-   modification time, in order) and what its attributes held when it
-   returned. No user code runs here that the program did not call.
+   ``patches/datasets.py`` bounds each dataset's ``__init__``) records, for
+   that call only: the class and the arguments (references, never copies;
+   one the program let go is not kept alive, and the rung is then refused),
+   the random generators as they stood before the call where it drew from
+   them, the files it opened and still holds (``inspection/opened.py``:
+   path, device, inode, size, modification time, in order) and what its
+   attributes held when it returned. No user code runs that the program did
+   not call.
 2. The training process, at a worker's start (``reduce_rebuilt``): the
    dataset goes as its call and what the worker must find (``Expected``).
-3. The worker (``rebuilt_in_worker``): the call, muted (its prints, native
-   writes to stdout and stderr, warnings and logging go nowhere), with every
-   file write refused (an audit hook, in workers only), from the generators
-   the construction drew from. Then: the same files opened, in the same
-   order and state; no file mapped that the training process does not map;
-   every attribute's fingerprint (``inspection/digest.py``) the same. Any
+3. The worker (``rebuilt_in_worker``): the call, muted (prints, native writes
+   to stdout and stderr, warnings and logging go nowhere), every file write
+   refused (an audit hook, in workers only), from the generators the
+   construction drew from. Then: the same files opened, in the same order and
+   state; no file mapped that the training process does not map; every
+   attribute's fingerprint (``inspection/digest.py``) the same. Any
    difference fails the worker's start loudly (``RemedyFailed``, naming the
    attribute or the file) before its first batch, and the recovery takes the
-   next rung (emulated workers, or ``NoExactRung``): no worker serves a batch
-   of another dataset.
+   next rung (emulated workers, or ``NoExactRung``).
 
 Assumed (docs/rules.md, DL201): what the constructor reads otherwise than
 through a file it keeps open or maps (a file it read and closed, a network
@@ -72,10 +71,9 @@ PROTOCOL = 4
 class Construction:
     """How a dataset was made (the NOTE above). ``call()``: ``(class, args,
     kwargs)``, or None where an argument the program let go is gone;
-    ``opened``: None where the ``__init__``'s end was not seen (not Python
-    code); ``changed``: the labels of the globals its code reads that the call
-    changed (a counter, a registry), which a build in a worker has as the
-    import made them, not as this process has them (``process_state``, DL220)."""
+    ``opened``: None where the ``__init__``'s end was not seen; ``changed``:
+    the labels of the globals its code reads that the call changed (a
+    counter), which a worker's build has as the import made them (DL220)."""
 
     __slots__ = ("cls", "args", "kwargs", "rng", "opened", "attrs", "changed")
 
@@ -86,18 +84,17 @@ class Construction:
 
     def call(self):
         try:
-            args = tuple(_kept(a) for a in self.args)
-            kwargs = {k: _kept(v) for k, v in self.kwargs.items()}
+            return self.cls, tuple(map(_kept, self.args)), {
+                k: _kept(v) for k, v in self.kwargs.items()}
         except LookupError:
             return None
-        return self.cls, args, kwargs
 
     def gone(self):
         """Words for the first argument the program let go, or None."""
         for where, value in list(enumerate(self.args)) + list(self.kwargs.items()):
             if type(value) is _Weak and value.ref() is None:
                 return "its argument %s (%s) was freed by the program after construction" % (
-                    "%d" % where if isinstance(where, int) else where, value.kind)
+                    where, value.kind)
         return None
 
 
@@ -116,15 +113,14 @@ def _kept(value):
     return value
 
 
-# Arguments kept by a strong reference: they cost nothing (the program's own
-# small values, its code), or nothing can refer to them weakly.
+# kept strongly: they cost nothing (the program's small values, its code) or refuse weakrefs
 _STRONG = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict, set,
            frozenset, type)
 
 
 def _held(value, attrs):
-    """``value`` as the record keeps it: strongly where the dataset holds it
-    itself or it cannot be referred to weakly, else weakly."""
+    """``value`` as the record keeps it: weakly, unless the dataset holds it or
+    it cannot be referred to weakly."""
     if isinstance(value, _STRONG) or callable(value) or any(v is value for v in attrs):
         return value
     try:
@@ -205,8 +201,7 @@ def construction_of(obj):
 # -- deciding, in the training process: nothing is built here ----------------------
 
 def refusal(obj):
-    """Why ``obj`` cannot be built again in a worker, or None: it may be (each
-    worker checks what it built)."""
+    """Why ``obj`` cannot be built again in a worker, or None (each worker checks)."""
     made = construction_of(obj)
     if made is None:
         return ("its construction was not recorded (made before autosafe_torch was "
@@ -216,29 +211,11 @@ def refusal(obj):
     gone = made.gone()
     if gone:
         return gone
+    now = {}
     for name, value in digest.attributes(obj):
         if isinstance(value, threading.Thread):  # each build starts its own: never the same
             return "its attribute %s is a thread, which a build in a worker starts anew" % name
-    return _changed_since(obj, made)
-
-
-def _state(value):
-    """What says an attribute changed since: the object it holds and, where it
-    says so cheaply, how far a generator ran or where a C file object stands."""
-    cls = type(value)
-    if cls is types.GeneratorType:
-        frame = value.gi_frame
-        return id(value), "generator", frame.f_lasti if frame is not None else None
-    if cls.__module__ in ("io", "_io"):
-        try:
-            return id(value), "file", value.tell()
-        except Exception:
-            return id(value), "file", None
-    return id(value), None, None
-
-
-def _changed_since(obj, made):
-    now = {name: _state(value) for name, value in digest.attributes(obj)}
+        now[name] = _state(value)
     for name, state in now.items():
         if name not in made.attrs:
             return "its attribute %s was set after construction" % name
@@ -254,10 +231,24 @@ def _changed_since(obj, made):
     return None
 
 
+def _state(value):
+    """What says an attribute changed since: the object it holds and, where it
+    says so cheaply, how far a generator ran or where a C file object stands."""
+    cls = type(value)
+    if cls is types.GeneratorType:
+        frame = value.gi_frame
+        return id(value), "generator", frame.f_lasti if frame is not None else None
+    if cls.__module__ in ("io", "_io"):
+        with contextlib.suppress(Exception):
+            return id(value), "file", value.tell()
+        return id(value), "file", None
+    return id(value), None, None
+
+
 def rebuildable_owner(owners, value):
     """``(path, dataset, None)`` for the innermost dataset holding ``value``
     (``owners``: ``objwalk.Owners``) that may be built again, else ``(None,
-    None, why)``: why the innermost one may not."""
+    None, why the innermost may not)``."""
     why_not = None
     for here, owner in owners.chain(value):
         if not _is_dataset(owner):
@@ -293,10 +284,10 @@ class Expected:
 
 
 def reduce_rebuilt(obj, candidates=frozenset()):
-    """WorkerPickler's reducer for a class with an instance to build again:
-    that instance goes as its call and what its worker must find (to a worker
-    forked from a build server that built it, as a reference to that build);
-    others pickle as ever. ``candidates``: ids the plan's probe tries."""
+    """WorkerPickler's reducer for a class with an instance to build again: that
+    instance goes as its call and what its worker must find (to a worker forked
+    from a build server that built it, as a reference); others pickle as ever.
+    ``candidates``: ids the plan's probe tries."""
     from ..inspection.probe import is_probing  # noqa: PLC0415 - 0.6 ms in each worker that unpickles a rebuilt dataset (-X importtime after torch: inspection.probe, inventory)
 
     made = construction_of(obj)
@@ -307,7 +298,6 @@ def reduce_rebuilt(obj, candidates=frozenset()):
         return obj.__reduce_ex__(PROTOCOL)  # raises, as ever
     if probing:  # the plan's probe: do the call's arguments pickle?
         return rebuilt_in_worker, call + (None,)
-    # A worker started from a build server that built it (warmstart.Build): a reference.
     popen: Any = context.get_spawning_popen()  # with built_here: warmstart's WarmPopen
     key = (getattr(popen, "built_here", None) or {}).get(id(obj))
     if key is not None:
@@ -316,8 +306,7 @@ def reduce_rebuilt(obj, candidates=frozenset()):
 
 
 def recipe(obj):
-    """What a build server builds ``obj`` from (``reduce_rebuilt``'s call), or
-    raises where it cannot be built again."""
+    """What a build server builds ``obj`` from (else it raises)."""
     made = construction_of(obj)
     call = made.call() if made is not None else None
     if call is None:
@@ -353,8 +342,7 @@ def planned_reducers(datasets):
 # -- 3. in the worker ------------------------------------------------------------------
 
 def rebuilt_in_worker(cls, args, kwargs, expected):
-    """In a worker: the dataset built again and checked; where it differs, a
-    stand-in that fails the worker's start (``Unbuilt``)."""
+    """In a worker: the dataset built again and checked, else ``Unbuilt``."""
     _local.again = True  # not the program's construction: not recorded
     try:
         with _muted(), _refused_writes() as wrote, \
@@ -372,8 +360,10 @@ def rebuilt_in_worker(cls, args, kwargs, expected):
     finally:
         _local.again = False
     why = ("its constructor writes files (%s)" % written if written is not None
-           else _other_files(added, expected) or _other_maps(mapped, maps, expected)
-           or _other_values(obj, expected))
+           else _other_files(added, expected) or next((
+               "it maps %s, which the training process does not" % _base(path)
+               for key, path in mapped.items() if key not in maps and key not in expected.maps),
+               None) or _other_values(obj, expected))
     if why is None:
         _held_files[id(obj)] = [o.fd for o in added]
         return obj
@@ -386,8 +376,8 @@ _held_files: dict[int, list[int]] = {}
 
 
 def still_the_same(obj, expected):
-    """In a worker forked from a build server: ``obj`` (built and checked there)
-    if its files and values are still those of ``expected``, else ``Unbuilt``."""
+    """In a worker forked from a build server: ``obj`` (built and checked there) if
+    its files and values are still ``expected``'s, else ``Unbuilt``."""
     if isinstance(obj, Unbuilt):
         return obj
     why = None
@@ -407,9 +397,9 @@ def still_the_same(obj, expected):
 
 
 class Unbuilt:
-    """In a worker, where the dataset built again differs: the worker's start
-    fails at its first use of it (its ``worker_init_fn`` or first fetch), as
-    torch reports a worker's error, and the recovery takes the next rung."""
+    """A dataset built again that differs: the worker's start fails at its first
+    use (``worker_init_fn`` or first fetch), as torch reports a worker's error,
+    and the recovery takes the next rung."""
 
     def __init__(self, message):
         object.__setattr__(self, "_message", message)
@@ -441,13 +431,6 @@ def _other_files(added, expected):
     if len(here) > len(there):
         return "it opened %s, which the training process did not" % _base(here[len(there)][1])
     return "it did not open %s, which the training process did" % _base(there[len(here)][1])
-
-
-def _other_maps(after, before, expected):
-    for key, path in after.items():
-        if key not in before and key not in expected.maps:
-            return "it maps %s, which the training process does not" % _base(path)
-    return None
 
 
 def _other_values(obj, expected):
@@ -490,8 +473,8 @@ def _drawing_from(states):
 
 @contextlib.contextmanager
 def _muted():
-    """What the build prints, warns and logs goes nowhere (all the worker's
-    own: no other code runs in a worker that is starting)."""
+    """What the build prints, warns and logs goes nowhere (no other code runs in a
+    worker that is starting)."""
     saved_fds = []
     with contextlib.suppress(Exception):
         sys.stdout.flush() if sys.stdout else None
@@ -504,18 +487,16 @@ def _muted():
                 os.dup2(null, fd)
     finally:
         os.close(null)
-    out, err = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = types.SimpleNamespace(write=len, flush=lambda: None,
-                                                    isatty=lambda: False)
+    quiet = types.SimpleNamespace(write=len, flush=lambda: None, isatty=lambda: False)
     disabled = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet), \
+                warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         logging.disable(disabled)
-        sys.stdout, sys.stderr = out, err
         for fd, saved in saved_fds:
             os.dup2(saved, fd)
             os.close(saved)
@@ -536,8 +517,8 @@ _guard: dict[str, Any] = {"wrote": None, "hooked": False}
 
 @contextlib.contextmanager
 def _refused_writes():
-    """File writes refused in this (worker) process for the block; yields a list
-    that gets the first refused write (a constructor may catch the error)."""
+    """File writes refused in this (worker) process; yields a list that gets the
+    first refused write (a constructor may catch the error)."""
     if not _guard["hooked"]:
         sys.addaudithook(_refuse_writes)  # for good: this process is a worker of ours
         _guard["hooked"] = True

@@ -3,19 +3,17 @@
 torch pickles the dataset at each worker's start (spawn, forkserver): for an
 ImageNet index of 1.28M ``(path, class)`` tuples, some 0.6 s a worker, every
 epoch of a loader whose workers are not persistent. Where the pickle can go
-as it is to every worker, it is made once per iterator and each worker gets
-``pickle.loads`` of those bytes: what its own unpickling would have made.
-The plan's probe, which pickles the dataset at the first iterator, hands its
-pickle over (``keep``): even the first epoch pickles it once.
+as it is to every worker, it is made once per iterator (the plan's probe
+hands its own over: ``keep``) and each worker gets ``pickle.loads`` of those
+bytes: what its own unpickling would have made.
 
 "As it is" (``inventory.sent_as_is``): the pass stood in nothing and met
 nothing pickled for one child at a time or made again by a repair (a
 tensor, moved into shared memory for each child; a queue's descriptors; a
-file, a lock, a logger); and no other part the workers receive
-(``collate_fn``, ``worker_init_fn``) refers to the dataset, whose objects
-would otherwise be two in the worker. Otherwise torch pickles it as ever.
-Only in fix mode, for our loaders' worker starts (``offering``), and for
-that dataset object alone: any other pickling is untouched.
+file, a lock, a logger); and no other part the workers receive refers to
+the dataset, whose objects would otherwise be two in the worker. Only in
+fix mode, for our loaders' worker starts (``offering``), for that dataset
+object alone: any other pickling is untouched.
 """
 
 from __future__ import annotations
@@ -35,15 +33,14 @@ _offered: dict[int, tuple[Any, bytes]] = {}
 
 
 def keep(loader, dataset, pickled):
-    """The plan's pickle of ``dataset``, kept on ``loader`` for the workers of
-    the iterator it plans (taken by ``offering``)."""
+    """The plan's pickle of ``dataset``, kept on ``loader`` for ``offering``."""
     state_of(loader).pickled = (dataset, pickled)
 
 
 @contextlib.contextmanager
 def offering(loader):
-    """While ``loader``'s workers start: its dataset goes to each of them as one
-    pickle, where it may (see the module); as torch pickles it otherwise."""
+    """While ``loader``'s workers start: its dataset goes to each as one pickle,
+    where it may; else as torch pickles it."""
     state = state_of(loader)
     kept, state.pickled = state.pickled, None
     dataset = loader.dataset

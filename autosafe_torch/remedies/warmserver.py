@@ -2,30 +2,28 @@
 thread, serves only its own run, and a worker that dies while starting
 leaves its traceback for recovery.
 
-``warmstart.py`` names this module last in the server's preload list:
+``warmstart.py`` names this module last in the server's preload list, so
 ``multiprocessing.forkserver.main`` imports it after the libraries, then
 runs only its own loop (wait, accept, receive the fds, fork, reap): no
 import, no library code but in the libraries' own threads. Only a thread
-starts a thread, so a server with one thread now has one at every fork,
-and one with more is refused now, before any worker (``REFUSED``: the
-workers start by plain spawn). A check before each fork would put our code
-in the stdlib's loop, inherited by every worker, and a refusal there could
-only end the server mid-epoch, taking its workers' exit codes with it.
+starts a thread, so a server with one thread now has one at every fork, and
+one with more is refused now, before any worker (``REFUSED``: plain spawn).
+A check before each fork would put our code in the stdlib's loop, inherited
+by every worker, and a refusal there could only end the server mid-epoch,
+taking its workers' exit codes with it.
 
 On Linux a library may stop its threads at fork (OpenBLAS's pool, numpy's
-and torch's BLAS, through pthread_atfork) and start them again only when
-used, which the server never does: one fork whose child exits at once
-(``forks_safely``) shows what is left at the first worker's fork. On macOS the
-Objective-C runtime asks whether a second thread has ever run
+and torch's BLAS, through pthread_atfork) and start them only when used,
+which the server never does: one fork whose child exits at once
+(``forks_safely``) shows what is left at the first worker's fork. On macOS
+the Objective-C runtime asks whether a second thread has ever run
 (``inspection/threads.py``), so nothing settles there.
 
 A failure in spawn's start of a worker (a dataset whose unpickling raises,
 a main module that does not import) kills it before any of its steps run,
 and multiprocessing prints the traceback to a stderr the training process
-cannot read; so each child is told (in its preparation data, under
-``diagnostics.DUMPS_KEY``) where to leave it (``diagnostics.bootstrap_path``).
-
-Imported anywhere else, this module does nothing.
+cannot read; so each child is told (``diagnostics.DUMPS_KEY``) where to
+leave it. Imported anywhere else, this module does nothing.
 """
 
 import atexit
@@ -38,15 +36,13 @@ import time
 import warnings
 
 from ..inspection import threads
-from ..mp_private import (ProcessObject, forkserver_listener_path, forkserver_preload,
-                          wrap_spawn_main)
+from ..mp_private import ProcessObject, forkserver_handed, forkserver_listener_path, wrap_spawn_main
 from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, in_fork_server, told
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module
 STRANGER = 88   # a child's: whoever asked for it did not have the run's secret
-# The secret's file as named in the server's preload list (no module has this
-# name), the file's path after it.
+# the secret's file in the server's preload list: this (no module's name), then its path
 SECRET = "autosafe_torch_server_secret="
 _checked = []   # in the server: its threads were counted, and it forks
 
@@ -61,8 +57,7 @@ class Hello(ProcessObject):
 
 def forks_safely():
     """Whether this process may fork workers: one thread, on Linux after a fork
-    whose child exits at once (the libraries whose threads stop at fork stop
-    them now, as they would at the first worker's fork)."""
+    whose child exits at once (threads that stop at fork stop now)."""
     if threads.single_threaded():
         return True
     if not (sys.platform.startswith("linux") and threads.count()):
@@ -79,8 +74,7 @@ def forks_safely():
 
 
 def _prepare_and_report(data, prepare):
-    """Before spawn's own preparation: the parent's environment and umask at
-    this start, and where a failure to start leaves its traceback."""
+    """Before spawn's own preparation: ``warmstart._preparation_data``'s extras."""
     environ, umask = data.pop(ENVIRON_KEY, None), data.pop(UMASK_KEY, None)
     if environ is not None:
         os.environ.clear()
@@ -95,9 +89,9 @@ _EXITING = 0x4  # the kernel's PF_EXITING, in /proc/<pid>/stat's flags
 
 
 def _gone(parent):
-    """Whether ``parent`` has ended, or is ending: the pipe that tells a server so
-    closes as the process exits, a moment before its children are given another
-    parent, so its state says it first (Linux; elsewhere, the new parent)."""
+    """Whether ``parent`` has ended or is ending: the pipe that tells a server so
+    closes a moment before its children get another parent, so its state says
+    it first (Linux; elsewhere, the new parent)."""
     if os.getppid() != parent:
         return True
     try:
@@ -108,24 +102,10 @@ def _gone(parent):
         return False
 
 
-def _take_secret():
-    """In the server, as it preloads: the secret its training process gave it
-    (the file removed as it is read)."""
-    path = next((e[len(SECRET):] for e in forkserver_preload() if e.startswith(SECRET)), None)
-    if path is None:
-        return None
-    try:
-        with open(path, "rb") as f:
-            os.unlink(path)
-            return f.read()
-    except OSError:
-        return None
-
-
 def _only_ours(secret, main, fd, *args):
-    """A child of the server, before spawn's ``_main`` reads what it was sent:
-    the run's ``secret`` first, else it ends, nothing unpickled (a local
-    process that found the server's socket is not the training process)."""
+    """A child of the server, before spawn's ``_main`` reads what it was sent: the
+    run's ``secret`` first, else it ends, nothing unpickled (a local process
+    that found the server's socket is not the training process)."""
     got = b""
     while len(got) < len(secret):
         chunk = os.read(fd, len(secret) - len(got))
@@ -138,16 +118,14 @@ def _only_ours(secret, main, fd, *args):
 
 
 def _remove_listener(path, parent):
-    """At the server's exit: the socket it listened on (nothing connects to it
-    once it is gone), and, where the training process ended without its
-    clean-up (SIGKILL, ``os._exit``), that process's multiprocessing folder
-    (``pymp-*``) where nothing else is left."""
+    """At the server's exit: the socket it listened on, and, where the training
+    process ended without its clean-up (SIGKILL, ``os._exit``), its
+    multiprocessing folder (``pymp-*``) where nothing else is left."""
     try:
         os.unlink(path)
         folder = os.path.dirname(path)
         if _gone(parent) and os.path.basename(folder).startswith("pymp-"):
-            # 2 s at most for the children to end, and their sockets there with them
-            # (workers whose training process is gone end at once: exit_with_parent)
+            # 2 s at most for the children (exit_with_parent ends them) and their sockets
             deadline = time.monotonic() + 2.0
             with contextlib.suppress(ChildProcessError):  # none left
                 while time.monotonic() < deadline:
@@ -165,7 +143,9 @@ if in_fork_server():
     _listening = forkserver_listener_path()
     if _listening:
         atexit.register(_remove_listener, _listening, os.getppid())
-    _given = _take_secret()
+    _given = None
+    with contextlib.suppress(OSError):
+        _given = forkserver_handed(SECRET)
     if not _given:
         os._exit(UNCHECKED)  # never a server that would serve whoever connects
     wrap_spawn_main(functools.partial(_only_ours, _given))

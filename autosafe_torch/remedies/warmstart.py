@@ -3,22 +3,19 @@
 A spawn worker of a non-persistent loader imports torch, numpy and cv2
 again every epoch, over a second of CPU, before its first sample. The
 workers of ``warm_context`` are forked instead from a server of ours that
-imported those installed libraries once, never the user's code; a loader
-whose datasets are built again in each worker (DL201) gets a build server
-(``Build``, ``buildserver.py``) that builds them once, for every worker of
-every epoch to be forked holding them. Each worker then goes through
-spawn's own steps (the preparation data: ``sys.path``, ``argv``, the
+imported those installed libraries once, never the user's code, holds no
+lock of the parent's and forks only with one OS thread (``warmserver.py``);
+a loader whose datasets are built again in each worker (DL201) gets a build
+server (``Build``, ``buildserver.py``) that builds them once. Each worker
+then takes spawn's own steps (preparation data: ``sys.path``, ``argv``, the
 working directory, the main module as ``__mp_main__``; the pickled process
-object; torch's worker loop and its seeds), under spawn's name for it. The
-server holds no lock of the parent's and forks only while it has one OS
-thread (``warmserver.py``).
+object; torch's worker loop and seeds), under spawn's name for it.
 
-A worker takes from the server, not from the parent, its signal
-dispositions and nice value (as under forkserver), its standard output and
-error, CPU affinity and open-file limit: each start compares these three
-with the server's at its start. Where one differs, or a server cannot start
-or fork, the workers start by plain spawn, logged once (naming the
-libraries the server had imported).
+A worker takes from the server, not the parent, its signal dispositions and
+nice value (as under forkserver), its stdout/stderr, CPU affinity and
+open-file limit: each start compares the last three with the server's at
+its start. Where one differs, or a server cannot start or fork, the workers
+start by plain spawn, logged once (naming what the server had imported).
 
 A worker's parent is the server, so torch's watchdog (it compares
 ``os.getppid()`` with the pid it saw at start) would not see the training
@@ -57,8 +54,7 @@ _lock = threading.Lock()    # the server's state; held while a new server starts
 _names_lock = threading.Lock()  # the preload list and the builds: never held for long
 _preload: list[str] = []          # module names the server imports when it starts
 _state: dict[str, Any] = {"server": None, "started_with": None, "cold": None, "ahead": False}
-# Imported last by the server: its thread check, and where a worker that dies
-# while starting leaves its traceback.
+# imported last by the server: its thread check and its children's guards
 GUARD = "autosafe_torch.remedies.warmserver"
 
 
@@ -67,8 +63,7 @@ GUARD = "autosafe_torch.remedies.warmserver"
 def _installed(name):
     """Whether module ``name`` (imported here) is an installed library, not the
     user's code (a worker finds it where the server does): under this
-    interpreter's library directories or a site directory on sys.path (a
-    ``.pth`` file's, a parent environment's)."""
+    interpreter's library directories or a site directory on sys.path."""
     path = getattr(sys.modules.get(name), "__file__", None)
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
@@ -79,11 +74,11 @@ def _installed(name):
 
 
 def libraries_for(parts):
-    """The installed modules a spawned worker of a loader with ``parts`` (its
-    dataset, collate_fn, worker_init_fn) imports before its first sample:
+    """The installed modules a spawned worker of a loader with ``parts``
+    (dataset, collate_fn, worker_init_fn) imports before its first sample:
     torch (the worker loop), numpy (torch seeds it), cv2 where this process
-    has it (CV401/CV402 set it up in every worker), and the libraries the
-    parts' classes and functions come from (unpickling imports them)."""
+    has it (CV401/CV402 set it up in every worker), and the parts' modules
+    (unpickling imports them)."""
     names = ["torch", "numpy", "cv2"]
     for part in parts:
         if part is None:
@@ -96,8 +91,8 @@ def libraries_for(parts):
 
 
 def preload(names):
-    """Add ``names`` to what the server imports when it starts (a remedy, in
-    fix mode; once it runs, each worker imports later names, as under spawn)."""
+    """Add ``names`` to what the server imports when it starts (once it runs,
+    each worker imports later names, as under spawn)."""
     with _names_lock:
         _preload.extend(n for n in names if n not in _preload)
 
@@ -106,10 +101,9 @@ _OURS = __package__.partition(".")[0]
 
 
 def named(libraries, most=3):
-    """``libraries`` as one short line names them: ``threadlib, torch and 1
-    more`` for torch, numpy, threadlib, torch.utils.data._utils.collate,
-    functools. Top-level packages, the standard library left out, others'
-    before torch's and numpy's (the news for the reader), ``most`` at most."""
+    """``libraries`` in one short line (``threadlib, torch and 1 more``): top-level
+    packages, not the standard library's, others' before torch's and numpy's
+    (the news for the reader), ``most`` at most."""
     tops = []
     for name in libraries:
         top = name.partition(".")[0]
@@ -142,8 +136,7 @@ def _forkserver():
 
 def _inherited():
     """What a forked worker gets from the server, not from us, and no start
-    request can set (the environment, working directory, ``sys.path`` and
-    umask travel with each: ``_preparation_data``)."""
+    request can set (``_preparation_data`` sends the rest)."""
     def stdio(fd):
         try:
             st = os.fstat(fd)
@@ -190,12 +183,12 @@ def _server():
 
 
 def _run(server, churned, extra=(), also=""):
-    """Have ``server`` (a ``forkserver.ForkServer``) run, started if need be (again,
-    where it died) importing the libraries, then ``extra``: whether it started
-    now, and why it does not fork (None: it does; else it is stopped). It is
-    told its secret, which each child checks before it unpickles anything
-    (``warmserver``), in a file (``_handed``). ``churned`` ends our stretch of
-    descriptors (``opened.TURNS``) before we wait for its first child."""
+    """Have ``server`` (a ``forkserver.ForkServer``) run, started (again, where it
+    died) importing the libraries, then ``extra``: whether it started now, and
+    why it does not fork (None: it does; else it is stopped). Its secret, which
+    each child checks before it unpickles anything, goes in a file
+    (``_handed``). ``churned`` ends our stretch of descriptors
+    (``opened.TURNS``) before we wait for its first child."""
     from .warmserver import REFUSED, SECRET, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     with _names_lock:
@@ -240,9 +233,9 @@ def _run(server, churned, extra=(), also=""):
 @contextlib.contextmanager
 def _handed(kind, data, entry):
     """While a server starts: ``data`` in a new file of our private folder, named
-    in its preload list as ``entry`` + the path (never in this process's
-    environment, which its other children inherit); the server removes the
-    file as it reads it, and we do when the start is over."""
+    in its preload list as ``entry`` + the path (never in our environment,
+    which our other children inherit); removed by the server as it reads it,
+    and by us after the start."""
     path = private_file(kind)
     with open(path, "wb") as f:
         f.write(data)
@@ -268,8 +261,7 @@ def _connect(server, fds):
 
 
 def _stop(server, wait_s=5.0):
-    """Stop ``server`` (it reads EOF on its pipe from us) and return its exit
-    status (None: not seen in ``wait_s``)."""
+    """Stop ``server`` and return its exit status (None: not seen in ``wait_s``)."""
     pid, deadline = stop_forkserver(server, TURNS.close), time.monotonic() + wait_s
     with contextlib.suppress(ChildProcessError):
         while time.monotonic() < deadline:
@@ -287,11 +279,10 @@ def _stop_quietly(server):
 
 def start_ahead(libraries, context=None):
     """Start the server now, in a thread, importing ``libraries``, for a loader
-    the ladder will repair for spawn, built before it is iterated: its imports
-    (and a build server's build) overlap the program's own setup (the model,
-    the optimizer) instead of delaying the first epoch. ``context``: the warm
-    context the loader will get; its build server where it has one (then the
-    shared server is not needed). A server starts at most once."""
+    the ladder will repair for spawn: its imports (and a build server's
+    build) overlap the program's own setup (the model, the optimizer) instead
+    of delaying the first epoch. ``context``: the loader's warm context, whose
+    build server, if any, starts instead. A server starts at most once."""
     preload(libraries)
     build = getattr(context, "_build", None)
     if build is None:
@@ -328,12 +319,11 @@ def _retire_ahead():
 
 
 def _preparation_data(name):
-    """spawn's, with the parent's environment and umask at this start (and, as
-    at every start of our workers, where a worker that dies while starting
-    leaves its traceback: ``diagnostics.telling_workers``)."""
-    data = spawn.get_preparation_data(name)  # where to leave a traceback, in it
-    # A server started before the program's setup (an optimizer sets
-    # TORCHINDUCTOR_CACHE_DIR) forks workers that see what a spawned one would.
+    """spawn's (with where a worker that dies while starting leaves its
+    traceback: ``diagnostics.telling_workers``), plus the parent's environment
+    and umask now: a server started before the program's setup (an optimizer
+    sets TORCHINDUCTOR_CACHE_DIR) forks workers that see what spawn's would."""
+    data = spawn.get_preparation_data(name)
     data[ENVIRON_KEY] = dict(os.environ)
     data[UMASK_KEY] = os.umask(0o022)  # read, then set back
     os.umask(data[UMASK_KEY])
@@ -350,9 +340,8 @@ def _popen(process_obj):
         if server is not None:
             from .buildserver import from_server  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
 
-            # The stdlib's forkserver Popen over our server, preparation and
-            # pickler; on it, what rebuild.reduce_rebuilt asks of the Popen starting
-            # a worker: the datasets its server built ({id: key}), and how to take one.
+            # The stdlib's Popen over our server, preparation and pickler, with what
+            # rebuild.reduce_rebuilt asks of it: what its server built ({id: key}).
             popen = popen_reading("forkserver", "WarmPopen", {
                 "forkserver": Overriding(_forkserver(), connect_to_new_process=functools.partial(
                     _connect, server)),
@@ -371,24 +360,21 @@ def _popen(process_obj):
 
 # -- build servers: a rebuilt loader's datasets built once ----------------------------
 
-# a worker's process object -> its Build
-_builds: weakref.WeakKeyDictionary[Any, Build] = weakref.WeakKeyDictionary()
+_builds: weakref.WeakKeyDictionary[Any, Build] = weakref.WeakKeyDictionary()  # process -> Build
 _kept_for: dict[int, Build] = {}  # id(a dataset) -> its Build, while the dataset lives
 
 
 class Build:
-    """A build server for some datasets (``buildserver.py``), started at the
-    first worker's start, stopped when the datasets go. ``server()``: ``(the
-    server, {id(dataset): key})``, or ``(None, {})`` where none runs (the warm
-    server serves; each worker builds the datasets)."""
+    """A build server for some datasets, started at the first worker's start,
+    stopped when the datasets go. ``server()``: ``(the server, {id(dataset):
+    key})``, or ``(None, {})`` where none runs (each worker builds them)."""
 
-    # the datasets' ids, sorted -> their Build
     _known: weakref.WeakValueDictionary[tuple[int, ...], Build] = weakref.WeakValueDictionary()
 
     @classmethod
     def of(cls, datasets):
         """The one Build for these datasets (planned ahead and at iter() alike)."""
-        key = tuple(sorted(map(id, datasets)))
+        key = tuple(sorted(map(id, datasets)))  # for _known
         with _names_lock:
             build = cls._known.get(key)
             if build is None or any(ref() is None for ref in build.refs):
@@ -434,10 +420,9 @@ class Build:
         changed = {label for d in datasets
                    for label in getattr(rebuild.construction_of(d), "changed", ())}
         # What the workers' code reads from this process now (DL220), for the server
-        # to set before it builds, pickled apart: where it does not load there, each
-        # worker compares. Not what the constructions ``changed`` (a counter): the
-        # build starts from the import's, as the program's own did; each worker is
-        # then given this process's value.
+        # to set before it builds, pickled apart (where it does not load there, each
+        # worker compares); not what the constructions ``changed`` (a counter): the
+        # build starts from the import's, as the program's did.
         state = None
         if self.carry is not None:
             with contextlib.suppress(Exception):  # a carry that does not pickle
@@ -457,9 +442,8 @@ class Build:
 
 
 def exit_with_parent(worker_id):
-    """Worker step: exit when the process that started this worker is gone
-    (started by spawn, torch's watchdog sees it die; started by the server, a
-    thread waits on the parent's sentinel, the pipe the parent keeps open)."""
+    """Worker step: exit when the process that started this worker is gone (torch's
+    watchdog sees a spawn parent die; a server's child waits on the sentinel)."""
     parent = multiprocessing.parent_process()
     if parent is None or parent.pid == os.getppid():
         return
@@ -469,8 +453,7 @@ def exit_with_parent(worker_id):
 
 def _exit_when_ready(sentinel):
     connection.wait([sentinel])
-    # The socket its batches' descriptors were passed through, in the parent's
-    # folder: gone with it, as a worker's normal exit does.
+    # the socket its batches' descriptors went through: gone, as at a normal exit
     with contextlib.suppress(Exception):
         resource_sharer.stop(timeout=1.0)
     os._exit(1)
@@ -482,9 +465,9 @@ def _failure(exc):
 
 
 class _Starts:
-    """How this process's warm workers came: from a server (``warm``; of those,
-    from a build server: ``built``), or by plain spawn (``plain``) and why
-    (``reason``, the latest): DL209's record, once an iterator's workers started."""
+    """How this process's warm workers came (DL209's record): from a server
+    (``warm``; ``built``: a build server's), or by plain spawn (``plain``) and
+    why (``reason``, the latest)."""
 
     warm = plain = built = 0
     reason: str | None = None
@@ -511,18 +494,16 @@ def _went_cold(why):
 
 @functools.cache
 def _note(message):
-    """Said once, at debug level: what a user reads is DL209's record, with
-    their line, once the workers started (``recovery``)."""
+    """Said once, at debug level: a user reads DL209's record (``recovery``)."""
     log(logging.DEBUG, "DL209 warm-worker-start: %s", message)
 
 
 def warm_context(context, builds=(), carry=None):
     """The warm context replacing ``context`` (None or spawn's), its workers
-    named as spawn's (``Process-1``, ``SpawnProcess-1``). ``builds``: datasets
-    built again in each worker, built once in a build server instead, with
-    what the workers' code reads from this process (``carry``, DL220) set
-    first. (See NOTE [the data flow of a repaired loader] in torch_private.py,
-    step 2.)"""
+    named as spawn's. ``builds``: datasets built again in each worker, built
+    once in a build server instead, after what the workers' code reads from
+    this process (``carry``, DL220) is set. (NOTE [the data flow of a repaired
+    loader] in torch_private.py, step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
     if not builds:
         return _contexts[name]
@@ -538,8 +519,7 @@ if hasattr(_mp_context, "ForkServerContext"):
     WarmProcess = forkserver_process(_popen, "WarmProcess", __name__)
 
     class WarmContext(_mp_context.ForkServerContext):
-        """A forkserver context whose server is ours and imports libraries only,
-        or, with a ``Build``, a build server of the loader's datasets."""
+        """A forkserver context whose server is ours (with a ``Build``: its)."""
 
         def __init__(self, process_name, build=None):
             self._process_name = process_name

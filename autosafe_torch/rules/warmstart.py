@@ -1,17 +1,13 @@
-"""Warm worker start for loaders the ladder repaired for spawn (DL209).
+"""Warm worker start for loaders the ladder repaired for spawn (DL209): else
+spawn workers importing torch again every epoch make the repair slower than
+the hand fix ``num_workers=0`` (``remedies/warmstart.py``).
 
-Spawn workers of a non-persistent loader import torch, numpy and cv2 again
-every epoch, over a second of CPU each, so a loader the ladder repaired can
-run slower than the hand fix ``num_workers=0``: they start from a warm fork
-server instead (``remedies/warmstart.py``), with spawn's semantics.
-
-Only for a loader this hook repaired or moved to spawn (one that would fail
-without the shim): a healthy spawn loader is left alone. Under forkserver
-there is nothing to add: Python's server imports the main module, and torch
-with it, before it forks. Where no fork server can run (Windows, a frozen
-executable), plain spawn, said once. Workers are not reused across epochs:
-a persistent worker keeps the first epoch's seeds, dataset copy and module
-state, where a new one is seeded from a base seed drawn each epoch.
+Only for a loader this hook repaired or moved to spawn: a healthy spawn
+loader is left alone. Under forkserver there is nothing to add: Python's
+server imports the main module, and torch with it, before it forks. Where
+no fork server can run (Windows, a frozen executable), plain spawn, said
+once. Workers are not reused across epochs: a persistent worker keeps the
+first epoch's seeds, dataset copy and module state.
 """
 
 from ..remedies.workerinit import with_step
@@ -19,7 +15,6 @@ from ..rung import Rung
 from . import rule
 from .ladder import GROUP, start_method
 
-# Findings that repaired a loader so that its workers start under spawn.
 REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
 
 
@@ -45,8 +40,7 @@ REPAIRED_FOR_SPAWN = ("DL201", "DL202", "DL203", "DL208", "DL205", "DL206")
       versions=("every supported torch; spawn with a fork server (macOS, Linux under "
                 "spawn); plain spawn on Windows"),
       at="dataloader.iter",
-      # it reads every repair for spawn (ctx.found) and whether a check emulated
-      # the workers (ctx.findings)
+      # it reads every repair for spawn and whether a check emulated the workers
       after=("thread_pool_under_fork", "logging_config_to_workers", "memmap_by_reference",
              "process_state_to_workers"),
       clause_of=REPAIRED_FOR_SPAWN)
