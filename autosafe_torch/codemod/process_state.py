@@ -3,7 +3,7 @@ loader's ``worker_init_fn`` (what it writes, and where it would not be exact:
 ``rules.pickling.PROCESS_STATE_REWRITE``).
 
 The log names the ``DataLoader(...)`` call (or the line that iterates its
-loader) and each value the run carried to its spawned workers (``CONFIG``,
+loader) and each value carried to its spawned workers (``CONFIG``,
 ``Spectra.mean``) with the first line that reads it. One function is added
 after the imports (``HELPER_TEXT``), and the call hands it the values and the
 loader's own ``worker_init_fn`` (None where it gave none)::
@@ -12,24 +12,22 @@ loader's own ``worker_init_fn`` (None where it gave none)::
     ->  DataLoader(ds, num_workers=2, worker_init_fn=functools.partial(
             set_main_state, {"SEED": SEED, "Spectra.mean": Spectra.mean}, seed_worker))
 
-The dict is pickled as the workers start (a dict main() fills in place between
-epochs goes as it is then) and set before the loader's own ``worker_init_fn``
-and the first sample, in ``globals()``: in a spawned worker the namespace runpy
-ran the script in, which its functions read, not the copy ``__mp_main__`` holds.
-Under fork the workers have the values already.
+The dict is pickled as the workers start (a dict main() fills in place goes
+as it is then) and set before the loader's own ``worker_init_fn``, in
+``globals()``: in a spawned worker runpy's namespace, which the script's
+functions read, not the copy ``__mp_main__`` holds. Fork needs none of it.
 
-Exact only for a name this file (module ``__main__``, by the line that reads it)
-binds at module level, or an attribute of a class it binds there, that is the
-module's value where the loader is made. Not for a value a ``__setstate__``
-reads (or a ``__getattr__``, which pickle calls as it looks ``__setstate__``
-up): read as the dataset arrives, before any ``worker_init_fn``; nor one set
-again after the loader is made (later in the function that makes it, or in a
+Exact only for a name this file (``__main__``, by the line that reads it)
+binds at module level, or an attribute of a class it binds there, that is
+the module's where the loader is made. Not for a value read as the dataset
+arrives (``ARRIVING``), before any ``worker_init_fn``; nor one set again
+after the loader is made (later in the function that makes it, or in a
 function named there after it): the dict holds what was bound at the call,
 fork's workers what is bound at each start.
 
-Run again under the shim, the patched script logs DL220 again (the shim sets the
-values before the dataset arrives): a call that gives the function already is
-left as it is, or given the values its dict lacks.
+Run again under the shim, the patched script logs DL220 again (the shim sets
+the values before the dataset arrives): a call that gives the function
+already is left as it is, or given the values its dict lacks.
 """
 
 import os
@@ -56,8 +54,8 @@ def {name}(state, worker_init_fn, worker_id):  {mark}: what main() set, in each 
         worker_init_fn(worker_id)
 '''
 COMMENT = "DL220: worker_init_fn sets what main() set, in each worker"
-# What pickle runs as it rebuilds the dataset in a worker, before worker_init_fn:
-# __setstate__, and __getattr__ where pickle looks __setstate__ up on an instance.
+# What pickle runs as it rebuilds the dataset in a worker, before worker_init_fn
+# (__getattr__: pickle looks __setstate__ up on the instance).
 ARRIVING = ("__setstate__", "__getattr__", "__getattribute__")
 
 
@@ -106,8 +104,8 @@ def _dict_text(names):
 
 
 def _exact_name(source, record, call, entry):
-    """The dotted name (``CONFIG``, ``Spectra.mean``) of one carried value, where
-    setting it in ``worker_init_fn`` gives the workers what the shim gave them."""
+    """The dotted name of one carried value, where setting it in
+    ``worker_init_fn`` gives the workers what the shim gave them."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise NotExact("a value the record carried has no name")
     label, name, module = entry.get("label") or entry["name"], entry["name"], entry.get("module")
@@ -130,8 +128,8 @@ def _exact_name(source, record, call, entry):
 
 
 def _global_at(source, call, name):
-    """``name`` is the module's where the dict is made, at the call: not a local
-    name (a parameter) of the function that makes the loader, or of one around it."""
+    """``name`` is the module's at the call: not a local name of the function
+    that makes the loader, or of one around it."""
     scope = source.scope(call)
     while scope is not None and not isinstance(scope, md.GlobalScope):
         if scope.assignments[name] and (scope is source.scope(call)
@@ -141,16 +139,15 @@ def _global_at(source, call, name):
 
 
 def _same_file(name, path):
-    """Whether a reading site's file is ``path`` (the record's, resolved): a
-    script run by a relative path (``autosafe-torch run train.py``) names its
-    code by that path, from a directory the log does not keep."""
+    """Whether a reading site's file is ``path`` (the record's, resolved); a
+    script run by a relative path names its code by that path."""
     if os.path.isabs(name):
         return os.path.realpath(name) == path
     return path.endswith(os.sep + os.path.normpath(name))
 
 
 def _reads(function, parts):
-    """Whether ``function`` names the value: the global, or the attribute on anything
+    """Whether ``function`` names the global, or the attribute on anything
     (``self.mean`` reads ``Spectra.mean``)."""
     if len(parts) == 1:
         return bool(m.findall(function.body, m.Name(parts[0])))
@@ -169,8 +166,8 @@ def _not_read_as_it_arrives(source, label, parts, line):
 
 
 def _bindings(source, parts):
-    """The nodes of this file that bind the value: the global's assignments (a
-    function's under ``global``), ``Owner.attribute = ...`` (``cls.attribute`` too)."""
+    """The nodes that bind the value: the global's assignments (under
+    ``global`` too), ``Owner.attribute = ...`` (``cls.attribute`` too)."""
     if len(parts) == 1:
         scope = source.scope(source.module)
         return [a.node for a in scope.assignments[parts[0]]] if scope is not None else []
@@ -186,8 +183,8 @@ def _function_of(source, node):
 
 
 def _not_set_after(source, call, label, parts):
-    """The value is not bound again later in the function that makes the loader,
-    nor in a function named there after the call (``train(loader, before_epoch=harder)``)."""
+    """Not bound again later in the function that makes the loader, nor in a
+    function named there after the call (``train(loader, before_epoch=harder)``)."""
     position = source.meta(md.PositionProvider)
     maker, end = _function_of(source, call), position[call].end
     span = source.lines(maker) if maker is not None else (1, len(source.text.splitlines()))
@@ -211,7 +208,7 @@ def _not_set_after(source, call, label, parts):
 
 
 def _helpers(source):
-    """The module-level functions an earlier rewrite added (their first line's comment)."""
+    """The module-level functions an earlier rewrite added (by their comment)."""
     def comment(function):
         return getattr(getattr(function.body, "header", None), "comment", None)
     return [s.name.value for s in source.module.body if isinstance(s, cst.FunctionDef)
@@ -219,8 +216,8 @@ def _helpers(source):
 
 
 def _helper(source):
-    """The function's name: an earlier rewrite's, else one added once per file,
-    before the first top-level statement after the imports (before any use)."""
+    """The function's name: an earlier rewrite's, else one added once per file
+    after the imports (before any use)."""
     named = _helpers(source) or [source.notes.get("DL220: helper")]
     if named[0]:
         return named[0]
@@ -245,8 +242,7 @@ def _two_blank_lines(statement):
 
 
 def _earlier_rewrite(source, value):
-    """``(helper, the dict)`` where ``worker_init_fn`` is ``functools.partial(helper,
-    {...}, own)`` of an earlier rewrite, else None."""
+    """``(helper, the dict)`` of an earlier rewrite's ``worker_init_fn``, or None."""
     if not isinstance(value, cst.Call) or len(value.args) != 3 \
             or "functools.partial" not in source.qualified(value.func):
         return None
@@ -258,7 +254,6 @@ def _earlier_rewrite(source, value):
 
 
 def _extend(source, call, earlier, names):
-    """An earlier rewrite's call: the values its dict lacks added to it."""
     helper, state = earlier
     given = {e.key.evaluated_value for e in state.elements
              if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)}

@@ -3,20 +3,19 @@
 Two builds of a dataset, one in the training process and one in a spawned
 worker, hold the same values when their fingerprints agree
 (``remedies/rebuild.py`` compares them attribute by attribute, to name a
-difference). The fingerprint is the object's pickle as the C pickler writes
-it, hashed: the cost of pickling (an ImageNet index of 1.28M tuples: under a
-second), and nothing is capped.
+difference). The fingerprint is the object's pickle by the C pickler,
+hashed: the cost of pickling (an ImageNet index of 1.28M tuples: under a
+second), nothing capped.
 
-What the pickle would not say the same way in both processes, or cannot say,
-stands in (``persistent_id``, asked before the pickler's own fast paths):
-classes and functions by module and name (a spawned worker's main module is
-``__mp_main__``), sets by their sorted items (their order follows string
-hashes, which differ between processes); tensors, arrays, files, locks and
-generators by what they are (``_stand_in``). What does not pickle at all (a
-pyarrow reader, a safetensors handle) stands in as its type
-(``reducer_override``): which file it reads is the kernel's to say
-(``inspection/opened.py``). No user code runs but what pickling runs, as
-torch's own pickling of the dataset for a worker would.
+What the pickle would not say the same way in both processes, or cannot
+say, stands in (``persistent_id``, asked before the pickler's own fast
+paths): classes and functions by module and name (a spawned worker's main
+is ``__mp_main__``), sets by their sorted items (their order follows
+per-process string hashes); tensors, arrays, files, locks and generators by
+what they are (``_stand_in``); what does not pickle at all (a pyarrow
+reader) as its type (``reducer_override``): which file it reads is the
+kernel's to say (``inspection/opened.py``). No user code runs but what
+torch's own pickling of the dataset for a worker would run.
 """
 
 import copyreg
@@ -52,9 +51,13 @@ class _Hasher:
         return len(data)
 
 
+def main_name(module):
+    """A spawned worker's main module is ``__mp_main__``: named as the training process's."""
+    return "__main__" if module == "__mp_main__" else module
+
+
 def _module(obj):
-    name = getattr(obj, "__module__", None) or ""
-    return "__main__" if name == "__mp_main__" else name
+    return main_name(getattr(obj, "__module__", None) or "")
 
 
 def _bytes_hash(buffer):
@@ -64,7 +67,9 @@ def _bytes_hash(buffer):
 class _Pickler(pickle.Pickler):
     def __init__(self, sink):
         super().__init__(sink, PROTOCOL)
-        self._payload = _payload_types()
+        torch = sys.modules.get("torch")  # tensor types, array type: of the modules imported
+        self._payload = ((torch.Tensor,) if hasattr(torch, "Tensor") else (),
+                         getattr(sys.modules.get("numpy"), "ndarray", None))
         self.plain = True  # nothing met but what the plain pickler writes the same way
         self.stood_in = False  # the stream is a plain pickle of the object
 
@@ -149,13 +154,6 @@ def _tensor(t):
     return head + (_bytes_hash(flat.view(torch.uint8).numpy().data) if flat.numel() else "",)
 
 
-def _payload_types():
-    """(tensor types, array type) among the modules already imported."""
-    torch = sys.modules.get("torch")
-    return ((torch.Tensor,) if hasattr(torch, "Tensor") else (),
-            getattr(sys.modules.get("numpy"), "ndarray", None))
-
-
 def _file_state(f):
     """Name, mode, position, size and modification time of an open file."""
     parts = []
@@ -182,12 +180,11 @@ def digest(obj):
 
 
 def measured(obj, keep=False):
-    """``(digest(obj), plain, size, pickled)``: ``plain`` where it holds nothing
-    but values the plain pickler writes whole (no tensor, no handle, no
-    function, class or module, which go by name and may not import: a lambda),
-    the size of its pickle here, in bytes (an array's stands in for it), and,
-    with ``keep``, that pickle where nothing stood in (a plain pickle of
-    ``obj``, protocol 4), else None: one pass for both."""
+    """``(digest(obj), plain, size, pickled)`` in one pass: ``plain`` where it
+    holds nothing but what the plain pickler writes whole (no tensor, handle,
+    or code by name, which may not import: a lambda), its pickle's size here
+    (an array's stands in), and with ``keep`` that pickle where nothing stood
+    in (a plain pickle of ``obj``, protocol 4), else None."""
     sink = _Hasher(keep)
     pickler = _Pickler(sink)
     pickler.dump(obj)
@@ -196,8 +193,8 @@ def measured(obj, keep=False):
 
 
 def attributes(obj, limit=None):
-    """``[(name, value)]``: an instance's attributes (``__dict__``, its first
-    ``limit`` only, then the ``__slots__`` that are set), in their order."""
+    """``[(name, value)]``: an instance's ``__dict__`` (its first ``limit``),
+    then the ``__slots__`` that are set."""
     found = []
     try:
         found = list(dict.items(object.__getattribute__(obj, "__dict__")))[:limit]
@@ -212,5 +209,4 @@ def attributes(obj, limit=None):
 
 
 def attribute_digests(obj):
-    """``{name: fingerprint}`` of each of ``obj``'s attributes, in order."""
     return {name: digest(value) for name, value in attributes(obj)}

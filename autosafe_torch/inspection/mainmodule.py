@@ -1,14 +1,13 @@
 """The ``__main__`` module, as a spawn/forkserver child will see it.
 
-A spawned child re-creates the parent's main module as ``__mp_main__``: it
-imports it by ``__spec__.name`` (``python -m``) or runs its file with
-``__name__ != "__main__"``. So, read from the source with one parser of the
-``if __name__ == "__main__":`` guard: what the script defines under the
-guard (or at all, for ``python -c``, stdin, a notebook) is missing in the
-child (``missing_in_child``); top-level code outside the guard runs again in
-every child, which raises "An attempt has been made to start a new process
-before the current process has finished its bootstrapping phase" when that
-code starts workers (``main_is_guarded``).
+A spawned child re-creates the parent's main module as ``__mp_main__``, by
+``__spec__.name`` (``python -m``) or by running its file with ``__name__ !=
+"__main__"``. So, read from the source with one parser of the guard: what
+the script defines under it (or at all, for ``python -c``, stdin, a
+notebook) is missing in the child (``missing_in_child``); top-level code
+outside it runs again in every child, which raises "An attempt has been
+made to start a new process before the current process has finished its
+bootstrapping phase" where it starts workers (``main_is_guarded``).
 """
 
 import ast
@@ -18,8 +17,8 @@ import sys
 
 
 def interactive_main():
-    """True when a spawned child cannot re-import the main module: it has neither
-    ``__spec__.name`` nor a file (``python -c``, stdin, a REPL, a notebook)."""
+    """True when a spawned child cannot re-import the main module (``python -c``,
+    stdin, a REPL, a notebook: no ``__spec__.name``, no file)."""
     main = sys.modules.get("__main__")
     if main is None:
         return True
@@ -53,7 +52,7 @@ def is_main_guard(test):
 
 
 @functools.lru_cache(maxsize=8)
-def _parse(path, mtime):
+def _parse(path, _mtime):
     try:
         with open(path, "rb") as f:
             return ast.parse(f.read(), path)
@@ -84,8 +83,8 @@ def guarded_lines(path):
 
 def main_is_guarded(frame):
     """False when a top-level frame of a __main__ script is on the stack outside
-    ``if __name__ == "__main__":`` (spawn would re-run it), or when __main__
-    names a missing file (a script from stdin: children fail to run '<stdin>')."""
+    the guard (spawn would re-run it), or __main__ names a missing file (a
+    script from stdin: children fail to run '<stdin>')."""
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if main_file and not os.path.isfile(main_file):
         return False
@@ -156,8 +155,8 @@ def missing_in_child(obj):
 
 def importable_by_reference(obj):
     """Whether pickle saves ``obj`` (a function or class) by reference and a
-    spawned worker finds it: its module is there and its qualified name leads
-    back to it (not a lambda, a local one, or one under the ``__main__`` guard)."""
+    spawned worker finds it by its qualified name (not a lambda, a local one,
+    or one under the ``__main__`` guard)."""
     qualname = getattr(obj, "__qualname__", None)
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
     if not isinstance(qualname, str) or "<locals>" in qualname or "<lambda>" in qualname \

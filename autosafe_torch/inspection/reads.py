@@ -1,21 +1,19 @@
 """What the workers' code reads from the process: module globals and class
-attributes, found in the code, never by running it.
+attributes, found in the code, never by running it (a spawned worker has
+them at their import-time value: ``remedies/process_state.py``).
 
-A spawned (or forkserver) worker imports the program's modules again, so
-what ``main()`` changed at run time is at its import-time value there
-(``remedies/process_state.py`` carries the rest). A worker runs what torch
-sends it: the dataset (and the datasets, transforms and callables among its
-attributes), ``collate_fn`` and ``worker_init_fn``, never the sampler. From
-the methods a worker calls on those (``ENTRIES``), transitively, the
-program's own functions and classes their code names: a global, an
-attribute named on a class of the program in scope (``self.mean``,
-``type(self).mean``) or on a module of the program (``config.LR``), and a
+A worker runs what torch sends it: the dataset (and the datasets,
+transforms and callables among its attributes), ``collate_fn`` and
+``worker_init_fn``, never the sampler. From the methods it calls on those
+(``ENTRIES``), transitively, what the program's own code names: a global,
+an attribute on a class of the program in scope (``self.mean``,
+``type(self).mean``) or on a module of the program (``config.LR``), a
 function of the program put on a library's module (``np.load = my_load``).
 
-Cost: a code object is read once per process (``dis``, cached); objects
-are looked at only through their attributes, a few hundred at most, and
-containers only while small: a dataset's samples are never walked. No user
-code runs: attributes are read from ``__dict__`` and ``__slots__``.
+Cost: each code object is read once per process (``dis``, cached), objects
+only through their attributes (a few hundred at most; containers only
+while small: never a dataset's samples), from ``__dict__`` and
+``__slots__``: no user code runs.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import callsite
-from .digest import attributes
+from .digest import attributes, main_name
 from .holdings import users_module
 from .mainmodule import importable_by_reference
 from .objwalk import is_a
@@ -43,11 +41,12 @@ ENTRIES = ("__getitem__", "__getitems__", "__len__", "__iter__", "__next__", "__
 CONSTRUCTION = ("__new__", "__init__", "__post_init__")
 MAX_OBJECTS = 512  # objects looked at per loader (through attributes, never samples)
 MAX_ITEMS = 64     # a container larger than this is data, not code to follow
-_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
-_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "LOAD_SUPER_ATTR",
-                       "DELETE_ATTR", "IMPORT_FROM"})
+_NAMES = {**dict.fromkeys(("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"),
+                          "globals"),
+          **dict.fromkeys(("LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "LOAD_SUPER_ATTR",
+                           "DELETE_ATTR", "IMPORT_FROM"), "attrs"),
+          "IMPORT_NAME": "imports"}  # opcode -> which of _Code's tables its name goes in
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
-_MAIN = ("__main__", "__mp_main__")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,15 +63,13 @@ class Read:
     def label(self) -> str:
         """How a person names it: ``CONFIG``, ``Spectra.mean`` in the script;
         ``config.LR`` elsewhere."""
-        return self.name if self.module in _MAIN else "%s.%s" % (self.module, self.name)
+        return self.name if main_name(self.module) == "__main__" else self.module + "." + self.name
 
 
 @dataclasses.dataclass(frozen=True)
 class _Code:
-    """What one code object (with its nested code) names: ``{name: line}`` of
-    the globals it reads, of the attributes it names (``from m import name``
-    too) and of the modules it imports itself (``import json`` in a function),
-    first line each."""
+    """What one code object (with its nested code) names, ``{name: first line}``:
+    globals, attributes (``from m import name`` too) and modules it imports."""
 
     filename: str
     globals: dict[str, int]
@@ -91,14 +88,9 @@ def _scan(code: types.CodeType, facts: _Code, depth: int) -> None:
     line = code.co_firstlineno
     for instruction in dis.get_instructions(code):
         line = _line_of(instruction, line)
-        if not isinstance(instruction.argval, str):
-            continue
-        if instruction.opname in _GLOBAL_OPS:
-            facts.globals.setdefault(instruction.argval, line)
-        elif instruction.opname in _ATTR_OPS:
-            facts.attrs.setdefault(instruction.argval, line)
-        elif instruction.opname == "IMPORT_NAME":
-            facts.imports.setdefault(instruction.argval, line)
+        table = _NAMES.get(instruction.opname)
+        if table is not None and isinstance(instruction.argval, str):
+            getattr(facts, table).setdefault(instruction.argval, line)
     if depth < 8:
         for const in code.co_consts:  # comprehensions, lambdas, inner functions
             if isinstance(const, types.CodeType):
@@ -117,13 +109,8 @@ _module_is_programs = functools.lru_cache(maxsize=1024)(users_module)
 
 
 def is_programs(obj: Any) -> bool:
-    """Whether a class or function is the program's own (by its module)."""
     name = getattr(obj, "__module__", None)
     return isinstance(name, str) and _module_is_programs(name)
-
-
-def _main_name(module: str) -> str:
-    return "__main__" if module == "__mp_main__" else module
 
 
 class _Walk:
@@ -178,10 +165,9 @@ class _Walk:
             self.object(value)
 
     def klass(self, cls: type) -> None:
-        """A class the code names: what building it runs, where that is the
-        program's (``Helper(x)`` in ``__getitem__``). Not for a class the
-        workers are sent an instance of (a dataset naming its own class reads
-        its attributes: ``Spectra.mean``), nor one that goes by value."""
+        """A class the code names: what building it runs (``Helper(x)`` in
+        ``__getitem__``); not for a class the workers are sent an instance of
+        (naming it reads its attributes: ``Spectra.mean``), nor one by value."""
         if id(cls) in self.classes or id(cls) in self.sent or not is_programs(cls) \
                 or not importable_by_reference(cls):
             return
@@ -201,10 +187,8 @@ class _Walk:
     def function(self, function: Any, classes: tuple[type, ...],
                  held: frozenset[str] = frozenset()) -> None:
         """``function``'s reads. ``classes``: the program's classes along the
-        MRO of the instance it is a method of (its class was checked to go by
-        reference); else it is a free function, which goes by reference
-        or by value (a lambda, a local function: its globals travel with it,
-        as the training process has them, and need nothing more)."""
+        MRO of the instance it is a method of; else a free function, read where
+        it goes by reference (by value, a lambda's globals travel with it)."""
         if not is_a(function, types.FunctionType) or not is_programs(function):
             return  # a library's code is not read
         if not classes and not importable_by_reference(function):
@@ -216,7 +200,7 @@ class _Walk:
         self.functions.add(key)
         facts = _code(code)
         scope = function.__globals__
-        module = _main_name(scope.get("__name__", "?"))
+        module = main_name(scope.get("__name__", "?"))
         named = list(classes)
         for name, line in facts.globals.items():
             if name not in scope or name.startswith("__") and name.endswith("__"):
@@ -246,8 +230,8 @@ class _Walk:
     def class_attributes(self, classes: tuple[type, ...], facts: _Code,
                          held: frozenset[str]) -> None:
         """The attributes ``facts`` names that a class in scope has (the first
-        along each class's MRO, as attribute lookup finds it): its methods are
-        followed, its data is a read, unless the instance holds its own."""
+        along the MRO, as lookup finds it): methods followed, data a read,
+        unless the instance holds its own."""
         for name, line in facts.attrs.items():
             if name in held:
                 continue
@@ -263,16 +247,15 @@ class _Walk:
                         and not (name.startswith("__") and name.endswith("__")) \
                         and not _defined_in(functions, qualname):
                     # data, or a function put there (Scaled.scale = lambda ...): a binding
-                    self.add(_main_name(klass.__module__), "%s.%s" % (qualname, name),
+                    self.add(main_name(klass.__module__), "%s.%s" % (qualname, name),
                              facts.filename, line)
                     if is_a(value, type):
                         self.klass(value)
                 break
 
     def module_attributes(self, module: types.ModuleType, facts: _Code) -> None:
-        """The attributes ``facts`` names on ``module``: on the program's own
-        module, its values (``config.LR``) and the code they lead to; on a
-        library's, a function of the program put there (``np.load = load``)."""
+        """The attributes ``facts`` names on ``module``: the program's values
+        (``config.LR``), or a function of the program put on a library's."""
         own = _module_is_programs(module.__name__)
         table = vars(module)
         for name, line in facts.attrs.items():
@@ -282,7 +265,7 @@ class _Walk:
             if is_a(value, types.ModuleType):
                 continue
             if own:
-                self.add(_main_name(module.__name__), name, facts.filename, line)
+                self.add(main_name(module.__name__), name, facts.filename, line)
                 self.follow(value)
             elif is_a(value, types.FunctionType) and is_programs(value):
                 self.add(module.__name__, name, facts.filename, line)  # replaced in a library
@@ -310,9 +293,8 @@ def _mro(cls: type) -> tuple[type, ...]:
 
 
 def _functions_of(value: Any) -> list[Any]:
-    """The plain functions behind a class attribute (a method, a static or
-    class method, a property's accessors; ``__wrapped__`` where a decorator of
-    ours measured it)."""
+    """The plain functions behind a class attribute (a property's accessors;
+    ``__wrapped__`` where a decorator of ours measured it)."""
     if not is_a(value, (types.FunctionType, staticmethod, classmethod, property, type)):
         try:  # patches.datasets.MeasuredInit: read from its __dict__, no code run
             value = object.__getattribute__(value, "__dict__").get("__wrapped__", value)
@@ -326,8 +308,7 @@ def _functions_of(value: Any) -> list[Any]:
 
 
 def _defined_in(functions: list[Any], qualname: str) -> bool:
-    """Whether these are a method of the class body ``qualname`` (not a function
-    the program put on the class later)."""
+    """Whether these are defined in the class body ``qualname`` (not put there later)."""
     return bool(functions) and all(
         getattr(f, "__qualname__", "").startswith(qualname + ".") for f in functions)
 
@@ -344,10 +325,8 @@ _PAYLOADS = (("torch", "Tensor"), ("numpy", "ndarray"))  # data, never code
 
 
 def reads_of(parts: Iterable[Any], rebuilt: Iterable[type] = ()) -> tuple[Read, ...]:
-    """The ``Read``\\ s of what a loader's workers may run: ``parts`` are what
-    torch sends them (its dataset, ``collate_fn``, ``worker_init_fn``: ours
-    unwrapped by the caller); ``rebuilt``: classes whose construction runs in
-    the workers too (the rebuild rung)."""
+    """The ``Read``\\ s of what torch sends a loader's workers (``parts``, ours
+    unwrapped by the caller) and of building ``rebuilt`` (the rebuild rung)."""
     walk = _Walk()
     for cls in rebuilt:
         walk.klass(cls)

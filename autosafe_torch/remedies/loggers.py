@@ -1,22 +1,19 @@
 """A dataset's loggers keep their meaning in spawn/forkserver workers (DL219).
 
-A ``logging.Logger`` pickles by its name: a spawned worker's logger of that
-name is configured only by the worker's own imports (usually not at all),
-so the lines a dataset logs there are lost where a forked worker (which
-inherits the configuration) writes them. While a loader of ours starts its
-workers (``carrying``), a logger the dataset holds travels configured: for
-it and each ancestor its records reach, the level, ``propagate``,
-``disabled``, the filters and the handlers (``handlers.py``). In the worker
-that replaces, once, what the worker's own imports configured otherwise: a
-line is written once, where the training process writes it.
-
-Where the worker's imports configured a logger as the training process has
-it (a library that sets up its logger at import, as transformers does), the
-worker keeps its own and says so (``Reports``); DL219's record is made from
-what the workers said: none when every worker had it (promise 1: nothing
-was done). A handler that cannot be made again (a socket, a queue, a class
-of the program's) is not carried: the plan says so, and the loader goes
-where its loggers need nothing carried (fork, or emulated workers).
+A ``logging.Logger`` pickles by its name: a spawned worker's logger is
+configured only by the worker's own imports (usually not at all), so the
+lines a dataset logs there are lost where a forked worker, which inherits
+the configuration, writes them. While a loader of ours starts its workers
+(``carrying``), a logger the dataset holds travels configured: for it and
+each ancestor its records reach, the level, ``propagate``, ``disabled``, the
+filters and the handlers (``handlers.py``). The worker replaces with that,
+once, what its imports configured otherwise; where they configured it
+alike (a library that sets up its logger at import, as transformers does)
+it keeps its own and says so (``Reports``): DL219's record is made from
+what the workers said, none where every worker had it (promise 1). A
+handler that cannot be made again (a socket, a queue, a class of the
+program's) is not carried: the loader goes where its loggers need nothing
+carried (fork, or emulated workers).
 """
 
 from __future__ import annotations
@@ -33,14 +30,14 @@ from ..inspection.diagnostics import private_file
 from ..inspection.holdings import chain, configured, rebuildable
 from ..inspection.naming import a_or_an
 from . import handlers as _handlers
+from .process_state import tell
 
 _carrying = threading.local()
 
 
 class Reports:
-    """Where a loader's workers say, as they receive its loggers, whether they
-    needed the training process's configuration (``CARRIED``) or had it of
-    their own (``KEPT``): a line each, appended to a file of ours."""
+    """Where a loader's workers say, a line each, whether they needed the
+    training process's configuration (``CARRIED``) or had it (``KEPT``)."""
 
     def __init__(self):
         self.path = None  # made at the first start of the workers (planning makes none)
@@ -52,16 +49,12 @@ class Reports:
         return self.path
 
     def needed(self):
-        """Whether a worker needed the carried configuration: True where one
-        said so, or where none said anything yet (their records were made
-        before a worker received its loggers: what was sent stands)."""
-        if self.path is None:
-            return True
-        try:
-            with open(self.path) as f:
+        """Whether a worker needed the carried configuration, or none said
+        anything yet (the records were made before: what was sent stands)."""
+        said = []
+        if self.path is not None:
+            with contextlib.suppress(OSError), open(self.path) as f:
                 said = f.read().split()
-        except OSError:
-            return True
         return CARRIED in said or not said
 
 
@@ -73,26 +66,10 @@ def _unlink(path):
         os.unlink(path)
 
 
-def _say(path, what):
-    """In a worker: ``what`` it did, appended to the training process's
-    report (gone: nobody waits for it any more)."""
-    if path is None:
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    except OSError:
-        return
-    try:
-        os.write(fd, (what + "\n").encode())
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def carrying(reports=None):
-    """While a loader of ours starts its workers: its loggers travel
-    configured (not in the program's own processes' pickles), and the workers
-    say into ``reports`` whether they needed it."""
+    """While a loader of ours starts its workers (not in the program's own
+    processes' pickles): its loggers travel configured."""
     _carrying.on = getattr(_carrying, "on", 0) + 1
     _carrying.path = reports.open() if reports is not None else None
     try:
@@ -102,9 +79,9 @@ def carrying(reports=None):
 
 
 def uncarried(logger):
-    """Why a worker cannot be given the configuration ``logger``'s records
-    meet, or None: a handler it cannot make again, or a filter, formatter or
-    handler attribute that does not pickle (a lambda used as a filter)."""
+    """Why a worker cannot be given ``logger``'s configuration, or None: a
+    handler it cannot make again, or a part that does not pickle (a lambda
+    used as a filter)."""
     for link in chain(logger):
         for handler in link.handlers:
             if not rebuildable(handler):
@@ -119,9 +96,8 @@ def uncarried(logger):
 
 
 def reduce_logger(logger):
-    """WorkerPickler's reducer for loggers: by name, as ever, but configured
-    while ``carrying`` (each handler as its recipe: made only where the worker
-    needs it)."""
+    """By name, as ever, but configured while ``carrying`` (each handler as its
+    recipe: made only where the worker needs it)."""
     if not getattr(_carrying, "on", 0) or not configured(logger) or uncarried(logger):
         return logger.__reduce__()
     return configured_in_worker, (_name(logger), _links(logger),
@@ -129,7 +105,6 @@ def reduce_logger(logger):
 
 
 class Link(NamedTuple):
-    """What a worker is given of one link of a logger's chain (``configured_in_worker``)."""
     name: str | None  # None: the root
     level: int
     propagate: bool
@@ -153,8 +128,7 @@ _decided: set[str | None] = set()  # in a worker: the loggers configured as the 
 
 def configured_in_worker(name, links, report=None):
     """In a worker: the logger ``name``, its chain configured as the training
-    process's is (see the module); says into ``report`` whether anything was
-    replaced."""
+    process's (see the module)."""
     replaced = False
     for want in links:
         if want.name in _decided:
@@ -173,13 +147,13 @@ def configured_in_worker(name, links, report=None):
         link.setLevel(want.level)
         link.propagate, link.disabled = want.propagate, want.disabled
         link.filters = list(want.filters)
-    _say(report, CARRIED if replaced else KEPT)
+    tell(report, (CARRIED if replaced else KEPT) + "\n")
     return logging.getLogger(name)
 
 
 def _configured_alike(link, want: Link):
-    """Whether the worker's ``link`` is configured as the training process's,
-    its handlers those the same recipe would make (class, target and state)."""
+    """Whether the worker's ``link`` is configured as ``want``, its handlers
+    what the same recipes would make."""
     if (link.level, link.propagate, link.disabled) != (want.level, want.propagate, want.disabled):
         return False
     if not _alike(list(link.filters), want.filters) or len(link.handlers) != len(want.recipes):
@@ -192,9 +166,9 @@ _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
 def _alike(a, b, depth=0):
-    """Equal in value, objects compared by class and attributes (a formatter
-    or a filter made again in the worker is another object); functions and
-    classes by identity. Anything else, or too deep: not alike."""
+    """Equal in value, objects by class and attributes (a formatter made again
+    in the worker is another object), functions and classes by identity; too
+    deep: not alike."""
     if type(a) is not type(b) or depth > 6:
         return False
     if isinstance(a, _PLAIN):
@@ -210,7 +184,5 @@ def _alike(a, b, depth=0):
 
 
 def reducers(loggers):
-    """The reducers a worker start needs for ``loggers`` (their handlers
-    travel as recipes: ``reduce_logger``)."""
     classes = [type(logger) for logger in loggers] + [logging.Logger, logging.RootLogger]
     return dict.fromkeys(classes, reduce_logger)

@@ -2,37 +2,31 @@
 carried to spawn and forkserver workers (DL220).
 
 A worker that does not fork imports the program's modules again (the script
-as ``__mp_main__``, its ``if __name__ == "__main__":`` block not run), then
-unpickles what torch sends it: what ``main()`` changed at run time (a config
-dict filled from argparse, a class attribute, a library function replaced,
-torch's default dtype) is back at its import-time value there, and plain
-torch trains on other data without a word. A forked worker has the
-program's values; so does a worker here.
+as ``__mp_main__``, its ``__main__`` block not run): what ``main()`` changed
+at run time (a config dict filled from argparse, a class attribute, a
+library function replaced, torch's default dtype) is back at its
+import-time value there, and plain torch trains on other data without a
+word. A forked worker has the program's values; so does a worker here.
 
 NOTE [carrying the process state]
 
-1. Which values: the module globals and class attributes read by what the
-   workers may run (``inspection/reads.py``: ``Read``), and the library-wide
-   settings a new interpreter resets (``SETTINGS``); DL220
-   (``rules/pickling.py``) keeps them on the loader (``Carry``).
-2. At each start of the workers (fork's semantics: the values at the
-   iterator's start; persistent workers: at their first), each value and its
-   fingerprint (``inspection/digest.py``) go in the pickle of what each
-   worker gets, ahead of the dataset: in its dataset kind, the first thing
-   torch sends (``StateFirst``). An object a global and the dataset both
-   hold is then one object there, as in a forked worker; a ``__setstate__``,
-   a dataset rebuilt from its constructor (DL201), a logger (DL219), a
-   memory map or a lock made again all find the program's values. A large
+1. Which values: the globals and class attributes the workers' code reads
+   (``inspection/reads.py``) and the settings a new interpreter resets
+   (``SETTINGS``), kept on the loader by DL220 (``Carry``).
+2. At each start of the workers (fork's semantics; persistent workers: at
+   their first), each value and its fingerprint go ahead of the dataset, in
+   the first thing torch sends, its dataset kind (``StateFirst``): an
+   object a global and the dataset both hold is one object there, as under
+   fork, and a ``__setstate__``, a rebuilt dataset (DL201), a logger
+   (DL219), a map or a lock made again find the program's values. A large
    array goes once, through shared memory, not once per worker.
-3. In the worker (``arrive``), before the dataset is unpickled: where a
-   fingerprint differs from its own value's, the training process's value
-   is set. One that does not pickle is compared but not carried (its
-   fingerprint stands in its type, an open file's its name and mode): where
-   it differs, the worker refuses before its first batch
-   (``refuse_in_worker``), and the recovery takes the next rung. Never the
-   import's value in silence.
-4. Each worker says what it set, in a file of the report directory; DL220's
-   record is made from that (``Carry.outcome``: none where no value
+3. In the worker (``arrive``), before the dataset: where a fingerprint
+   differs from its own value's, the training process's value is set. One
+   that does not pickle is only compared: where it differs, the worker
+   refuses before its first batch (``refuse_in_worker``) and the recovery
+   takes the next rung. Never the import's value in silence.
+4. Each worker says what it set in a file of the report directory, DL220's
+   record is made from that (``Carry.outcome``: none where nothing
    differed, promise 1). A build server (``buildserver.py``) sets them
    before it builds, and its children say so.
 """
@@ -60,12 +54,11 @@ from ..inspection.reads import Read
 from ..report import Said, shorten_line, shown_site, without_addresses
 from .pickling import WorkerPickler
 
-# The words of a refusal (the recovery reads them to give the fix) and the permanent fix.
+# A refusal's words (the recovery reads them to give the fix) and the permanent fix.
 REFUSED = "cannot be carried to a spawned worker"
 FIX = ("pass what the dataset's code reads to its constructor and keep it on the dataset "
        "(or set it in worker_init_fn), not in a module global or class attribute that "
        "main() changes")
-_MAIN = ("__main__", "__mp_main__")
 _LARGE = 1 << 20  # bytes: a value this large goes once through shared memory
 _UNKNOWN = object()
 
@@ -75,9 +68,8 @@ _UNKNOWN = object()
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A process-wide setting a new interpreter resets and a worker's data
-    depends on (``changes``: how), read where ``module`` is imported.
-    ``default``: a new interpreter's value, where a worker need not import
-    ``module`` to have it."""
+    depends on (``changes``: how), read where ``module`` is imported;
+    ``default``: a new interpreter's, where it has it without the import."""
 
     label: str
     module: str
@@ -106,13 +98,12 @@ def _attribute(name: str) -> tuple[Callable[[Any], Any], Callable[[Any, Any], No
 
 
 # What a dataset's samples depend on beyond its own code (docs/how-it-decides.md's
-# table is made from this one). Not here: the seeds (torch seeds each worker
-# base_seed + id), torch's thread count (1 in a worker, by torch), the working
-# directory, sys.path and the environment (spawn carries them), logging (DL219),
-# warnings filters and print options (messages, not data), torch's default
-# device (CUDA in a worker is a choice of its own, not a setting to copy), and
-# the recursion limit: it changes no value, only whether deep code raises (loudly),
-# and imports raise it (jedi's, under IPython 8, to 3000), not main().
+# table is made from it). Not here: the seeds (torch seeds each worker), torch's
+# thread count (1 in a worker, by torch), the working directory, sys.path and the
+# environment (spawn carries them), logging (DL219), warnings filters and print
+# options (messages, not data), torch's default device (CUDA in a worker is its
+# own choice), the recursion limit (it changes no value, only whether deep code
+# raises, loudly; imports raise it, as jedi's under IPython 8 to 3000, not main()).
 SETTINGS = (
     Setting("torch's default dtype", "torch",
             "the dtype of the tensors a worker makes from Python numbers "
@@ -158,9 +149,8 @@ _SETTINGS = {s.label: s for s in SETTINGS}
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One value as a worker receives it: what it is (a ``Read``'s module,
-    name, label and site, or a setting's label) and the training process's
-    fingerprint of it (None: it could not be taken)."""
+    """One value as a worker receives it (a ``Read``, or a setting by its label)
+    and the training process's fingerprint of it (None: not taken)."""
 
     label: str
     module: str
@@ -176,11 +166,10 @@ def fingerprint(value: Any) -> str | None:
 
 
 def _measured(value: Any, keep: bool = False) -> tuple[str | None, bool, int, bytes | None]:
-    """``(fingerprint, plain, size, pickled)`` (``digest.measured``); for an
-    open file, its name and mode (the worker's import opened its own, at its
-    own offset, which is right); for a read-only map of a whole file
-    (``np.load(mmap_mode="r")``), the file and the view, not a hash of the
-    gigabytes it cannot change. None where it cannot be taken."""
+    """``digest.measured``, but an open file by its name and mode (the worker's
+    import opened its own, at its own offset, which is right), and a read-only
+    map of a whole file by the file and the view, not a hash of the gigabytes
+    it cannot change."""
     if is_file_object(value):
         return "file:%r:%r" % (getattr(value, "name", None),
                                getattr(value, "mode", None)), False, 0, None
@@ -200,7 +189,7 @@ def _measured(value: Any, keep: bool = False) -> tuple[str | None, bool, int, by
 def _owner(module: str, name: str, importing: bool) -> tuple[Any, str] | None:
     """The object that holds ``name``'s last part (a module, a class), and that
     part; None where the module is not imported here (and not to be)."""
-    target = sys.modules.get("__main__" if module in _MAIN else module)
+    target = sys.modules.get(digest.main_name(module))
     if target is None:
         if not importing:
             return None
@@ -215,7 +204,6 @@ def _owner(module: str, name: str, importing: bool) -> tuple[Any, str] | None:
 
 
 def _value(module: str, name: str, importing: bool) -> Any:
-    """``module.name`` as the module's code reads it, or ``_MISSING``."""
     found = _owner(module, name, importing)
     if found is None:
         return _MISSING
@@ -227,11 +215,9 @@ def _value(module: str, name: str, importing: bool) -> Any:
 
 @functools.cache
 def _namespace(owner: Any) -> dict[str, Any]:
-    """Where the code of module ``owner`` reads its globals. A spawned process
-    (a worker; a DDP rank that ``mp.spawn`` started) runs the script through
-    ``runpy``, whose functions keep the namespace they ran in while the module
-    ``__mp_main__`` gets a copy of it: read or set a global there, and it is
-    not what the script's code reads."""
+    """Where module ``owner``'s code reads its globals: in a spawned process
+    (a worker, an ``mp.spawn`` rank) runpy's namespace that the script's
+    functions keep, not the copy ``__mp_main__`` holds."""
     table = vars(owner)
     for value in list(table.values()):
         for function in [value] + (list(vars(value).values()) if isinstance(value, type)
@@ -248,11 +234,10 @@ _MISSING = object()
 
 
 def _current(entry: Entry, importing: bool = True) -> Any:
-    """This process's value of ``entry``, or ``_MISSING``: a name the import
-    does not bind. ``importing`` (a worker): its module imported where it is
-    not (the program's, or a library whose function the program replaced),
-    but for a setting whose module it need not import to have it as sent.
-    Else a setting whose module is not imported raises (KeyError)."""
+    """This process's value of ``entry``, or ``_MISSING`` (the import binds no
+    such name). ``importing`` (a worker): its module imported where it is not,
+    but a setting's whose default is what was sent; else a setting whose
+    module is not imported raises (KeyError)."""
     if not entry.setting:
         return _value(entry.module, entry.name, importing)
     setting = _SETTINGS[entry.label]
@@ -278,8 +263,7 @@ def _set(entry: Entry, value: Any) -> None:
 
 
 def mark(read: Read) -> tuple[Any, ...]:
-    """What says a value changed, cheaply: the object a name holds, and a
-    container's length."""
+    """What says cheaply that a value changed: the object, a container's length."""
     try:
         value = _value(read.module, read.name, False)
     except Exception:
@@ -298,21 +282,19 @@ class Carry:
         self.current: Carried | None = None
         self.said = False  # a start's workers carried something: its record was made
         self.record: Any = None  # that record (engine/loader.py), until it is made
-        # id(array) -> (its fingerprint, the array, its copy in shared memory): made
-        # once, and again only where the array changed since
+        # id(array) -> (its fingerprint, the array, its copy in shared memory)
         self.shared: dict[int, tuple[str | None, Any, Any]] = {}
 
     def start(self, report_dir: str | None) -> Carried:
-        """The values now; what the workers of the start before said, if
-        nobody asked, is dropped."""
+        """The values now (what the start before's workers said unasked is dropped)."""
         if self.current is not None:
             self.current.said()
         self.current = Carried(self.reads, report_dir, self.shared)
         return self.current
 
     def outcome(self) -> Said | bool:
-        """DL220's record, once the workers said what they set; False (no
-        record) where they set and refused nothing."""
+        """DL220's record, from what the workers said; False where they set
+        and refused nothing."""
         current = self.current
         carried, refused = current.said() if current is not None else ([], [])
         if not (carried or refused):
@@ -337,11 +319,10 @@ class Carried:
         self.entries: list[Entry] = []
         self.values: list[Any] = []
         self.report_dir = report_dir
-        self.token = "%d-%d" % (os.getpid(), next(_tokens))
+        self.prefix = "report-state-%d-%d-" % (os.getpid(), next(_tokens))  # its workers' files
         self._shared = shared if shared is not None else {}
-        self._plain: list[bool] = []   # pickles plainly, as the worker's own would
-        self._sizes: list[int] = []
-        self._pickled: list[bytes | None] = []  # a large one's pickle, from its fingerprint
+        # (pickles plainly, as the worker's own would; pickle's size; a large one's pickle)
+        self._measures: list[tuple[bool, int, bytes | None]] = []
         self._sent: tuple[list[Any], dict[int, str]] | None = None
         for entry in [Entry(r.label, r.module, r.name, r.site, False, None) for r in reads] + \
                 [Entry(s.label, s.module, s.label, None, True, None) for s in SETTINGS]:
@@ -354,20 +335,18 @@ class Carried:
             mark, plain, size, pickled = _measured(value, True)
             self.entries.append(dataclasses.replace(entry, fingerprint=mark))
             self.values.append(value)
-            self._plain.append(plain)
-            self._sizes.append(size)
-            self._pickled.append(pickled if size >= _LARGE else None)
+            self._measures.append((plain, size, pickled if size >= _LARGE else None))
 
     def sent(self) -> tuple[list[Any], dict[int, str]]:
-        """The values for the workers of this start (``_as_sent``), and
-        ``{index: why}`` for those that do not pickle (None in their place),
-        made at the first worker's start."""
+        """The values for this start's workers and ``{index: why}`` for those
+        that do not pickle (None in their place), made at the first worker's."""
         if self._sent is None:
             values = [self._as_sent(i) for i in range(len(self.values))]
-            self._pickled = [None] * len(values)  # in shared memory now, where wanted
+            # the pickles are in shared memory now, where wanted
+            self._measures = [(plain, size, None) for plain, size, _ in self._measures]
             unsent = {}
             for i, value in enumerate(values):
-                if self._plain[i] or value is not self.values[i]:
+                if self._measures[i][0] or value is not self.values[i]:
                     continue  # the plain pickler wrote it whole: it pickles
                 try:
                     WorkerPickler.dumps(value, pickle.HIGHEST_PROTOCOL)
@@ -379,25 +358,23 @@ class Carried:
         return self._sent
 
     def _as_sent(self, i: int) -> Any:
-        """The value as each worker gets it: a read-only map of a whole file by
-        its path; a large numpy array, or the pickle of another large value that
-        pickles plainly, in shared memory (``_Shared``), made once for every
-        worker and again only where the value changed since. Else as it is."""
+        """The value as each worker gets it (``_Shared``): a large one in shared
+        memory made once for every worker, and again only where it changed."""
         value, mark = self.values[i], self.entries[i].fingerprint
+        plain, size, pickled = self._measures[i]
         if mark is not None and mark.startswith("memmap:"):
-            return _Remapped(value.filename, value.offset, value.shape, value.dtype.str)
+            return _Shared(_remapped, value.filename, value.offset, value.shape,
+                           value.dtype.str)
         numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
         if torch is None or numpy is None or mark is None:
             return value
         array = type(value) is numpy.ndarray and not value.dtype.hasobject
-        if not (array or self._plain[i]) or \
-                (value.nbytes if array else self._sizes[i]) < _LARGE:
+        if not (array or plain) or (value.nbytes if array else size) < _LARGE:
             return value
         kept = self._shared.get(id(value))
         if kept is not None and kept[1] is value and kept[0] == mark:
             return kept[2]
         try:
-            pickled = self._pickled[i]
             if not array and pickled is None:
                 pickled = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
             shared = _Shared(_as_array, _in_shared_memory(torch, value)) if array else \
@@ -409,8 +386,8 @@ class Carried:
         return shared
 
     def in_server(self) -> tuple[list[Entry], dict[int, Any]]:
-        """For a build server (plain pickle, no handle of ours): the values that
-        pickle so, by index; the others are left for the workers to compare."""
+        """For a build server (plain pickle): the values that pickle so, by
+        index; the workers compare the others."""
         values = {}
         for i, value in enumerate(self.values):
             with contextlib.suppress(Exception):
@@ -419,10 +396,20 @@ class Carried:
         return list(self.entries), values
 
     def said(self) -> tuple[list[Entry], list[str]]:
-        """The entries the workers set, and what they refused (read once)."""
+        """The entries the workers set, and what they refused (read once: their
+        files removed)."""
         carried: set[str] = set()
         refused: list[str] = []
-        for line in _read_reports(self.report_dir, self.token):
+        lines: list[str] = []
+        with contextlib.suppress(OSError):
+            names = [] if self.report_dir is None else \
+                [n for n in os.listdir(self.report_dir) if n.startswith(self.prefix)]
+            for path in [os.path.join(self.report_dir or "", n) for n in names]:
+                with contextlib.suppress(OSError):
+                    with open(path) as f:
+                        lines += f.read().splitlines()
+                    os.unlink(path)
+        for line in lines:
             how, _tab, what = line.partition("\t")
             if how == "carried":
                 carried.add(what)
@@ -441,15 +428,18 @@ def _in_shared_memory(torch: Any, array: Any) -> Any:
 
 
 class _Shared:
-    """A large value sent as a tensor in shared memory, ``make(tensor)`` in the
-    worker: a numpy array again (``_as_array``, its memory the shared one), or
-    a value's pickle that a ``_Lazy`` loads only where the worker's own differs."""
+    """A value sent as ``make(*args)`` in the worker: a large one as a tensor in
+    shared memory, a numpy array again (``_as_array``, its memory the shared
+    one) or a pickle that a ``_Lazy`` loads only where the worker's own
+    differs; a read-only map of a whole file (``np.load(mmap_mode="r")``) by
+    its path, mapped again (``_remapped``), as fork shares its pages."""
 
-    def __init__(self, make: Callable[[Any], Any], tensor: Any) -> None:
-        self.make, self.tensor = make, tensor
+    def __init__(self, make: Callable[..., Any], *args: Any) -> None:
+        self.make, self.args = make, args
+        self.tensor = args[0]  # a large value's: in shared memory
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return self.make, (self.tensor,)
+        return self.make, self.args
 
 
 def _as_array(tensor: Any) -> Any:
@@ -464,17 +454,6 @@ class _Lazy:
         return pickle.loads(memoryview(self.tensor.numpy()))
 
 
-class _Remapped:
-    """A read-only map of a whole file (``np.load(mmap_mode="r")``), by its path:
-    mapped again in the worker, as fork shares its pages."""
-
-    def __init__(self, filename: str, offset: int, shape: tuple[int, ...], dtype: str) -> None:
-        self.args = filename, offset, shape, dtype
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _remapped, self.args
-
-
 def _remapped(filename: str, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
     import numpy  # noqa: PLC0415 - optional dependency (numpy): only where the training process mapped an array
 
@@ -482,8 +461,7 @@ def _remapped(filename: str, offset: int, shape: tuple[int, ...], dtype: str) ->
 
 
 class StateFirst(int):
-    """torch's dataset kind (``_DatasetKind.Map``, an int) as sent to a worker:
-    the carried state first, then the kind itself, a plain int there."""
+    """torch's dataset kind (an int) as sent to a worker: the state first."""
 
     carried: Carried
 
@@ -496,7 +474,7 @@ class StateFirst(int):
         carried = self.carried
         values, unsent = carried.sent()
         report = None if carried.report_dir is None else \
-            os.path.join(carried.report_dir, _prefix(carried.token))
+            os.path.join(carried.report_dir, carried.prefix)
         return arrive, (carried.entries, values, unsent, report, int(self))
 
 
@@ -508,9 +486,8 @@ _set_here: dict[str, str] = {}  # label -> fingerprint: set in this process (or 
 
 def arrive(entries: list[Entry], values: list[Any], unsent: dict[int, str],
            report: str | None, kind: int) -> int:
-    """In a worker, as it unpickles what it was sent, before the dataset: the
-    training process's value of each entry where its own differs. Returns
-    torch's dataset kind."""
+    """In a worker, before the dataset is unpickled: the training process's
+    value of each entry where its own differs. Returns torch's dataset kind."""
     refused = len(_refused)
     try:
         carried = _arrive(entries, values, unsent)
@@ -518,7 +495,13 @@ def arrive(entries: list[Entry], values: list[Any], unsent: dict[int, str],
         _refused.append("the process state could not be carried (%s)" % describe_exception(
             exc, 120))
         carried = []
-    _say(report, carried, _refused[refused:])
+    # each value it has as the training process's (set here or in its server), each refused
+    labels = list(dict.fromkeys(carried + list(_set_here)))
+    if report is not None and (labels or _refused[refused:]):
+        tell("%s%d.txt" % (report, os.getpid()),
+             "".join("carried\t%s\n" % label for label in labels) +
+             "".join("refused\t%s\n" % " ".join(why.split()) for why in _refused[refused:]),
+             os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0))
     return kind
 
 
@@ -549,8 +532,8 @@ def _arrive(entries: list[Entry], values: Any, unsent: dict[int, str]) -> list[s
 
 
 def arrive_in_server(entries: list[Entry], values: dict[int, Any]) -> None:
-    """In a build server, before it builds: the training process's values
-    where its own differ (``Carried.in_server``); its children inherit them."""
+    """In a build server, before it builds (``Carried.in_server``): its
+    children inherit the values."""
     unsent = {i: "" for i in range(len(entries)) if i not in values}  # the workers say why
     with contextlib.suppress(Exception):  # each worker compares again
         _arrive(entries, values, unsent)
@@ -558,48 +541,19 @@ def arrive_in_server(entries: list[Entry], values: dict[int, Any]) -> None:
 
 
 def refuse_in_worker(worker_id: int) -> None:
-    """Worker step: a value that differs and could not be carried stops this
-    worker before its first batch (never the import's value in silence)."""
+    """Worker step: a value that differs and did not come stops the worker."""
     if _refused:
         raise RemedyFailed("; ".join(_refused))
 
 
-# -- what the workers say --------------------------------------------------------------
-
-def _prefix(token: str) -> str:
-    return "report-state-%s-" % token
-
-
-def _say(prefix: str | None, carried: list[str], refused: list[str]) -> None:
-    """A worker's lines: each value it has as the training process's (set here
-    or in its server), and each it refused."""
-    labels = list(dict.fromkeys(carried + list(_set_here)))
-    if prefix is None or not (labels or refused):
+def tell(path: str | None, text: str, flags: int = os.O_APPEND) -> None:
+    """In a worker: ``text`` written to a file the training process reads (DL219's,
+    DL220's); not where that fails (gone: nobody waits for it any more)."""
+    if path is None:
         return
     try:
-        fd = os.open("%s%d.txt" % (prefix, os.getpid()),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(path, os.O_WRONLY | flags, 0o600)
     except OSError:
         return
     with os.fdopen(fd, "w") as f:
-        f.write("".join("carried\t%s\n" % label for label in labels))
-        f.write("".join("refused\t%s\n" % " ".join(why.split()) for why in refused))
-
-
-def _read_reports(directory: str | None, token: str) -> list[str]:
-    """The lines the workers of one start wrote, read once (their files removed)."""
-    if directory is None:
-        return []
-    prefix = _prefix(token)
-    lines = []
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
-    except OSError:
-        return []
-    for name in names:
-        path = os.path.join(directory, name)
-        with contextlib.suppress(OSError):
-            with open(path) as f:
-                lines += f.read().splitlines()
-            os.unlink(path)
-    return lines
+        f.write(text)
