@@ -10,7 +10,7 @@ import contextlib
 import os
 import sys
 
-from . import config as c
+from . import config as c, rehearsal
 from .config import CONFIG, ENV_SWITCH, switch_state
 from .importhook import PostImportFinder
 
@@ -23,13 +23,10 @@ def _hook_error(where, exc):
     internal_error(where, exc)
 
 
-def _on_import(name):
-    def callback(module):
-        from . import patches
+def _on_import(name, module):
+    from . import patches
 
-        patches.apply_for(name, module)
-
-    return callback
+    patches.apply_for(name, module)
 
 
 def is_active():
@@ -49,15 +46,22 @@ def activate(source="import"):
     from .patches import TARGETS
 
     late = [name for name in TARGETS if name in sys.modules]
-    finder = _state["finder"] = PostImportFinder(on_error=_hook_error)
-    finder.install()
-    for name in TARGETS:
-        finder.register(name, _on_import(name))
-    _register_fork_hook()
-    _report_a_failed_start()
-    try:
-        from . import rehearsal
+    _state["finder"] = PostImportFinder(TARGETS, _on_import, _hook_error)
+    # In a fork server (multiprocessing's, DL209's warm one) each child gets, as it
+    # forks, a description of its own of every file the server reads (remedies/
+    # isolation.py). Once per process; a lookup per fork elsewhere.
+    if not _state["fork_hook"] and hasattr(os, "register_at_fork"):
+        _state["fork_hook"] = True
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    # A spawned worker (activated through the environment before its start runs)
+    # writes an exception that ends its start (unpickling the dataset, importing
+    # the main module) where the parent's recovery reads it (diagnostics.told).
+    if getattr(sys, "argv", [])[-1:] == ["--multiprocessing-fork"]:
+        with contextlib.suppress(Exception):
+            from .inspection import diagnostics
 
+            diagnostics.listen_as_spawned()
+    try:
         rehearsal.apply()
     except Exception as exc:  # never at interpreter start
         _hook_error("AUTOSAFE_TORCH_AS", exc)
@@ -69,30 +73,6 @@ def activate(source="import"):
         log(logging.INFO, "activated after %s was imported (%s); objects created "
             "before now were not checked", " and ".join(late), source)
     return True
-
-
-def _report_a_failed_start():
-    """In a spawned worker (activated through the environment before its start
-    runs): an exception that ends the start (unpickling the dataset, importing
-    the main module) is written where the parent's recovery reads it, which
-    its preparation data says (``diagnostics.told``)."""
-    if getattr(sys, "argv", [])[-1:] != ["--multiprocessing-fork"]:
-        return  # not a process multiprocessing spawned
-    with contextlib.suppress(Exception):
-        from .inspection import diagnostics
-
-        diagnostics.listen_as_spawned()
-
-
-def _register_fork_hook():
-    """In a fork server (multiprocessing's forkserver, or DL209's warm one),
-    each child gets a description of its own of every file the server reads
-    (``remedies/isolation.py``), as it forks: before anything runs there.
-    Registered once per process; costs a lookup per fork elsewhere."""
-    if _state["fork_hook"] or not hasattr(os, "register_at_fork"):
-        return
-    _state["fork_hook"] = True
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _after_fork_in_child():
@@ -129,9 +109,8 @@ def configure(mode=None, disable=None, log_file=None, quiet=None, debug=None):
         CONFIG.mode = c.parse_mode(str(mode), "configure(mode=...)")
         os.environ[c.ENV_MODE] = CONFIG.mode
     if disable is not None:
-        if isinstance(disable, str):
-            text = disable
-        else:
+        text = disable
+        if not isinstance(disable, str):
             try:
                 text = ",".join(str(token) for token in disable)
             except TypeError:
@@ -149,11 +128,9 @@ def configure(mode=None, disable=None, log_file=None, quiet=None, debug=None):
     for name, value, env in (("quiet", quiet, c.ENV_QUIET), ("debug", debug, c.ENV_DEBUG)):
         if value is None:
             continue
-        # Words as in the environment; anything else is refused, not truth-tested
-        # (configure(quiet="no") must not mean quiet).
-        if isinstance(value, int) and value in (0, 1):
-            value = bool(value)
-        elif not isinstance(value, bool):
+        # True, False, 0, 1 or words as in the environment; anything else is
+        # refused, not truth-tested (configure(quiet="no") must not mean quiet).
+        if not (isinstance(value, int) and value in (0, 1)):
             value = c.parse_bool("configure(%s=...)" % name,
                                  value if isinstance(value, str) else repr(value),
                                  getattr(CONFIG, name))

@@ -1,34 +1,25 @@
 """The user's file:line for a call that reached one of our wrappers.
 
 ``user_call_site`` is the nearest frame outside autosafe_torch, torch and
-wrapt. DataLoaders need more: frameworks make loaders of their own from the
-user's. Lightning re-creates the user's loader from its saved arguments
-(``lightning/fabric/utilities/data.py``), Accelerate's ``prepare`` builds a
-new one around the user's dataset (``accelerate/data_loader.py``), MONAI's
-ThreadDataLoader iterates in a thread of its own. There the nearest frame is
-the library's, and the line to change is the user's, where the original
-loader was made.
+wrapt. Frameworks make loaders of their own from the user's: Lightning
+re-creates it from its saved arguments (``lightning/fabric/utilities/data.py``),
+Accelerate's ``prepare`` builds one around the user's dataset
+(``accelerate/data_loader.py``), MONAI's ThreadDataLoader iterates in a thread
+of its own. The line to change is the user's, where the original was made.
 
-So every loader (and its dataset) keeps its origin, the user's file:line
-that made it, in a weak map (nothing is written on the user's objects). When
-a loader is made, or iterated, from inside an installed library (a frame
-under site-packages or the standard library), its call site is the origin of
-the loader it is built from (found in the library frames' locals, or by its
-dataset), else the user's frame that called into the library; the library
-frame comes second:
+So every loader (and its dataset) keeps its origin, the user's file:line that
+made it, in a weak map (nothing is written on the user's objects). A loader
+made or iterated from inside an installed library (site-packages, the
+standard library) takes the origin of the loader it is built from (in the
+library frames' locals, or by its dataset), else the user's frame that called
+into the library; the library frame comes second, and a loader re-made from a
+re-made one still names the user's line::
 
     train.py:42 (via lightning/fabric/utilities/data.py:325)
 
-The loader built there inherits the origin, so a loader re-made from a
-re-made loader still names the user's line. Nothing here runs user code: it
-reads file names, line numbers and identities.
-
-In a Jupyter kernel each cell is compiled to a temporary file
-(``/tmp/ipykernel_PID/HASH.py``); a site there reads as IPython shows it in
-tracebacks, ``Cell In[4], line 6``.
-
-``as_if_called_from`` keeps torch's own warnings where they point without
-the shim, when a wrapper of ours calls what torch's replaced code called.
+Nothing here runs user code: it reads file names, line numbers and identities.
+A Jupyter cell's temporary file (``/tmp/ipykernel_PID/HASH.py``) reads as
+IPython's tracebacks name it, ``Cell In[4], line 6``.
 """
 
 import contextlib
@@ -46,15 +37,14 @@ VIA = " (via "
 
 
 @functools.cache
-def _prefixes():
-    """(prefixes of frames to skip: ours, torch's, wrapt's, ``<frozen``; those of
-    installed libraries)."""
+def _skipped():
+    """Prefixes of frames to skip: ours, torch's, wrapt's, ``<frozen``."""
     dirs = [_PACKAGE_DIR]
     for name in ("torch", "wrapt"):
         path = getattr(sys.modules.get(name), "__file__", None)
         if path:
             dirs.append(os.path.dirname(os.path.abspath(path)))
-    return tuple(d + os.sep for d in dirs) + ("<frozen",), _installed_dirs()
+    return tuple(d + os.sep for d in dirs) + ("<frozen",)
 
 
 def _installed_dirs():
@@ -78,22 +68,26 @@ def _installed_dirs():
     return tuple(sorted(out, key=len, reverse=True))
 
 
-def installed_dirs():
-    return _prefixes()[1]
+installed_dirs = functools.cache(_installed_dirs)
+
+
+def _outside(frame, instance, depth=-1):
+    """``frame`` and its callers (``depth`` of them at most), less those of
+    autosafe_torch, torch, wrapt and ``instance``'s own methods (a DataLoader
+    subclass's __init__ calling super: the site is where the object was made)."""
+    skip = _skipped()
+    while frame is not None and depth:
+        depth -= 1
+        if not (frame.f_code.co_filename.startswith(skip)
+                or (instance is not None and _owned_by(frame, instance))):
+            yield frame
+        frame = frame.f_back
 
 
 def user_call_site(instance=None):
-    """file:line of the nearest frame outside autosafe_torch, torch and wrapt.
-
-    Frames of ``instance``'s own methods (a DataLoader subclass's __init__
-    calling super) are skipped too: the site is where the object was made."""
-    skip, _ = _prefixes()
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not (filename.startswith(skip) or (instance is not None and _owned_by(frame, instance))):
-            return place(filename, frame.f_lineno)
-        frame = frame.f_back
+    """file:line of the nearest frame outside autosafe_torch, torch and wrapt."""
+    for frame in _outside(sys._getframe(1), instance):
+        return _here(frame)
     return "<unknown>"
 
 
@@ -110,7 +104,7 @@ _origins = {}  # id(object) -> (weak reference, the user's file:line, is a loade
 def remember(obj, site, loader=True, replace=True):
     """Keep ``site`` as ``obj``'s origin for as long as ``obj`` lives."""
     key = id(obj)
-    if not replace and origin_of(obj) is not None:
+    if not replace and origin_of(obj)[0] is not None:
         return
     try:
         ref = weakref.ref(obj, lambda _ref, key=key: _origins.pop(key, None))
@@ -119,15 +113,10 @@ def remember(obj, site, loader=True, replace=True):
     _origins[key] = (ref, user_part(site), loader)
 
 
-def _entry(obj):
-    entry = _origins.get(id(obj))
-    return entry if entry is not None and entry[0]() is obj else None
-
-
 def origin_of(obj):
-    """The user's file:line that made ``obj`` (a loader or a dataset), or None."""
-    entry = _entry(obj)
-    return entry[1] if entry is not None else None
+    """(the user's file:line that made ``obj``, whether it is a loader), or (None, None)."""
+    entry = _origins.get(id(obj))
+    return entry[1:] if entry is not None and entry[0]() is obj else (None, None)
 
 
 def _owned_by(frame, instance):
@@ -139,45 +128,19 @@ def _owned_by(frame, instance):
         return False
     if sys.version_info < (3, 13) and code.co_varnames[0] in ("self", "cls") \
             and not _method_of(code, type(instance)) \
-            and not code.co_filename.startswith(_prefixes()[1]):
-        # A method of another object of the user's (a TestCase, a trainer): its
-        # locals are not read. Before Python 3.13, reading f_locals leaves a
-        # snapshot on the running frame that keeps every local alive after the
-        # method deletes it (an iterator, and its workers, in a long-lived frame).
+            and not code.co_filename.startswith(installed_dirs()):
+        # A method of another object of the user's (a TestCase, a trainer): before
+        # Python 3.13, reading its f_locals leaves a snapshot on the frame that keeps
+        # every local alive after the method deletes it (an iterator, its workers).
         return False
     return frame.f_locals.get(code.co_varnames[0]) is instance
 
 
-_methods = {}  # (class, code) -> whether the code is a function of the class or a base
-
-
+@functools.cache
 def _method_of(code, cls):
-    key = (cls, code)
-    if key not in _methods:
-        _methods[key] = any(
-            getattr(getattr(value, "__func__", value), "__code__", None) is code
-            for klass in cls.__mro__ for value in vars(klass).values())
-    return _methods[key]
-
-
-def _walk(instance, depth=64):
-    """(the first frame outside our libraries and ``instance``'s own methods
-    that is the user's, [library frames passed on the way])."""
-    skip, installed = _prefixes()
-    frame = sys._getframe(2)
-    passed = []
-    while frame is not None and depth:
-        depth -= 1
-        filename = frame.f_code.co_filename
-        if filename.startswith(skip) or (instance is not None and _owned_by(frame, instance)):
-            frame = frame.f_back
-            continue
-        if filename.startswith(installed):
-            passed.append(frame)
-            frame = frame.f_back
-            continue
-        return frame, passed
-    return None, passed
+    """Whether ``code`` is a function of ``cls`` or a base."""
+    return any(getattr(getattr(value, "__func__", value), "__code__", None) is code
+               for klass in cls.__mro__ for value in vars(klass).values())
 
 
 def _here(frame):
@@ -187,26 +150,21 @@ def _here(frame):
 def place(filename, lineno):
     """``file:line``; in a Jupyter kernel, a cell as IPython names it in its
     tracebacks: ``Cell In[4], line 6``."""
+    named = None
     ipython = sys.modules.get("IPython")
     if ipython is not None and filename.endswith(".py"):
-        try:
-            shell = ipython.get_ipython()
-            named = shell.compile.format_code_name(filename) if shell is not None else None
-        except Exception:  # an IPython without format_code_name (before 8.0)
-            named = None
-        if named:
-            return "%s %s, line %d" % (named[0], named[1], lineno)
+        with contextlib.suppress(Exception):  # no shell; no format_code_name (IPython < 8)
+            named = ipython.get_ipython().compile.format_code_name(filename)
+    if named:
+        return "%s %s, line %d" % (named[0], named[1], lineno)
     return "%s:%d" % (filename, lineno)
 
 
 def _relative(frame):
     """A library frame as ``package/module.py:line`` (relative to site-packages)."""
     filename = frame.f_code.co_filename
-    for prefix in _prefixes()[1]:
-        if filename.startswith(prefix):
-            filename = filename[len(prefix):]
-            break
-    return "%s:%d" % (filename, frame.f_lineno)
+    prefix = next((p for p in installed_dirs() if filename.startswith(p)), "")
+    return "%s:%d" % (filename[len(prefix):], frame.f_lineno)
 
 
 def _origin_in(frames, exclude):
@@ -219,27 +177,27 @@ def _origin_in(frames, exclude):
         except Exception:
             continue
         for value in values:
-            entry = None if value is exclude else _entry(value)
-            if entry is None:
-                continue
-            if entry[2]:
-                return entry[1]
-            dataset_origin = dataset_origin or entry[1]
+            origin, is_loader = (None, None) if value is exclude else origin_of(value)
+            if is_loader:
+                return origin
+            dataset_origin = dataset_origin or origin
     return dataset_origin
 
 
 def _site(instance, own=None, dataset=None):
-    user, passed = _walk(instance)
+    """(the call site, the origin it names): the first frame ``_outside`` that
+    is the user's (within 64 frames), with the first library frame passed."""
+    user, passed = None, []
+    for frame in _outside(sys._getframe(1), instance, 64):
+        if not frame.f_code.co_filename.startswith(installed_dirs()):
+            user = frame
+            break
+        passed.append(frame)
     if not passed:
         return _here(user) if user is not None else "<unknown>", None
     via = _relative(passed[0])
-    origin = origin_of(own) if own is not None else None
-    if origin is None:
-        origin = _origin_in(passed, instance)
-    if origin is None and dataset is not None:
-        origin = origin_of(dataset)
-    if origin is None and user is not None:
-        origin = _here(user)
+    origin = (origin_of(own)[0] or _origin_in(passed, instance) or origin_of(dataset)[0]
+              or (_here(user) if user is not None else None))
     return (via, None) if origin is None else ("%s%s%s)" % (origin, VIA, via), origin)
 
 
@@ -272,15 +230,10 @@ _SITES_LIMIT = 4096
 
 
 def cached_call_site(instance=None):
-    """``user_call_site`` cached by the first two frames outside the libraries.
-
-    autocast is built every step from the same line: walking the stack by
-    file name is cheap, reading a frame's locals (which ``user_call_site``
-    does to skip a subclass's own ``__init__``) is not."""
-    skip = _prefixes()[0]
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(skip):
-        frame = frame.f_back
+    """``user_call_site`` cached by the first two frames outside the libraries:
+    autocast is built every step from the same line, and reading a frame's
+    locals (to skip a subclass's own ``__init__``) is not cheap."""
+    frame = next(_outside(sys._getframe(1), None), None)
     if frame is None:
         return user_call_site(instance)
     back = frame.f_back
@@ -298,25 +251,18 @@ def cached_call_site(instance=None):
 
 def as_if_called_from(function, call, *args):
     """``call(*args)``, made from the line of ``function`` (torch's code that a
-    wrapper of ours replaces) that calls it there.
-
-    A warning ``call`` raises with ``stacklevel=2`` names its caller: called
-    from our wrapper, it would name a file of ours. Called through a frame
-    whose code is compiled under ``function``'s file name, at that line, with
-    ``function``'s module globals, it names what it names without the shim
-    (torch's "This DataLoader will create N worker processes" names torch's
-    ``_get_iterator``), the module's once-per-place registry applies, and no
-    warning filter is touched. Where that line cannot be found, a plain call."""
-    key = (function, getattr(call, "__name__", None))
-    caller = _callers.get(key)
-    if caller is None:
-        caller = _callers[key] = _make_caller(*key)
+    wrapper of ours replaces) that calls it there, so that a warning ``call``
+    raises with ``stacklevel=2`` names what it names without the shim (torch's
+    "This DataLoader will create N worker processes" names ``_get_iterator``),
+    not a file of ours: the frame's code is compiled under ``function``'s file
+    name, at that line, with its module's globals (its once-per-place registry
+    applies, no warning filter is touched). Where that line cannot be found, a
+    plain call."""
+    caller = _make_caller(function, getattr(call, "__name__", None))
     return call(*args) if caller is False else caller(call, args)
 
 
-_callers = {}
-
-
+@functools.cache
 def _make_caller(function, name):
     """A function ``(call, args) -> call(*args)`` whose frame reads as
     ``function``'s at the line that calls ``name``; False where there is none."""

@@ -2,12 +2,11 @@
 explain rules.
 
 ``run`` executes the script in this very process, as ``python script.py``
-would (``sys.argv``, ``sys.path[0]``, ``__main__``), after activating and
-exporting the settings to the environment so that workers and child
-processes are covered too. Its exit code and signals are the script's own.
-As with ``python``, our options come first; everything after the script or
-``-m module`` is the program's, untouched (``autosafe-torch run -m
-torch.distributed.run --nproc-per-node 2 train.py`` needs no ``--``).
+would (``sys.argv``, ``sys.path[0]``, ``__main__``; its exit code and
+signals), with the settings exported to the environment for workers and
+child processes. Our options come first; everything after the script or
+``-m module`` is the program's (``autosafe-torch run -m torch.distributed.run
+--nproc-per-node 2 train.py`` needs no ``--``).
 """
 
 import argparse
@@ -57,11 +56,9 @@ def _parser():
 
 
 def split_run_args(argv, run_parser):
-    """(our options, module or None, the program's arguments) of ``run``'s argv.
-
-    Scans as ``python`` does: options of ours (those ``run_parser`` declares,
-    with their values) until ``-m MODULE``, ``--`` or the first word that is
-    not an option (the script); the rest is the program's, as it is. An
+    """(our options, module or None, the program's arguments) of ``run``'s argv,
+    scanned as ``python`` does: our options (with their values) until ``-m
+    MODULE``, ``--`` or the first word that is not an option (the script). An
     unknown option before the script is left to argparse, to say so."""
     takes_value = {opt: action.nargs != 0 for action in run_parser._actions
                    for opt in action.option_strings}
@@ -106,21 +103,29 @@ def main(argv=None):
         print(json.dumps(report(), indent=2, default=repr) if args.json else report_text())
         return 0
     if args.command == "explain":
-        return _explain(args.code)
+        from .rules import find_rule
+
+        rule = find_rule(args.code)
+        if rule is None:
+            sys.stderr.write("autosafe-torch explain: no rule %r (`autosafe-torch rules` "
+                             "lists them)\n" % args.code)
+            return 2
+        print(explanation(rule))
+        return 0
     if args.command == "fix":
         return codemod.main(args)
-    return _rules(args.format)
+    from .readme import rules_markdown
+    from .rules import RULES, load_all
 
-
-def _explain(code):
-    from .rules import find_rule
-
-    rule = find_rule(code)
-    if rule is None:
-        sys.stderr.write("autosafe-torch explain: no rule %r (`autosafe-torch rules` lists "
-                         "them)\n" % code)
-        return 2
-    print(explanation(rule))
+    load_all()
+    if args.format == "markdown":
+        print(rules_markdown())
+    elif args.format == "json":
+        print(json.dumps([RULES[c].as_dict() for c in sorted(RULES)], indent=2))
+    else:
+        for r in (RULES[code] for code in sorted(RULES)):
+            print("%s %s [%s]\n    fixes:    %s\n    prevents: %s\n    fix:      %s" % (
+                r.code, r.slug, r.group, r.summary, r.prevents, r.fix))
     return 0
 
 
@@ -146,41 +151,20 @@ def explanation(rule_, width=79):
         out += ["", "In the log", para("a clause of the line of the fix it makes fast (%s), "
                                        "not a line of its own; its record stays in the JSON "
                                        "log" % ", ".join(rule_.clause_of))]
-    out += ["", "autosafe-torch fix"] + [para(line) for line in fix_rewrites(rule_)]
+    out += ["", "autosafe-torch fix"]
+    if rule_.rewrite is not None:
+        out += [para("rewrites the code at the logged line: %s." % rule_.rewrite.does),
+                para("Left as a comment (the permanent fix) where %s." % rule_.rewrite.not_where)]
+    elif rule_.serves():
+        out.append(para("rewrites nothing: once the repair it served (%s) is in the code, it "
+                        "is not needed." % ", ".join(rule_.serves())))
+    else:
+        out.append(para("does not rewrite it: it writes the permanent fix as a comment at the "
+                        "logged line."))
     out += ["", "Torch versions", para(rule_.versions or "every supported torch"), "",
             "Where it checks: %s (group %s). Leave it alone: AUTOSAFE_TORCH_DISABLE=%s"
             % (", ".join(rule_.hooks), rule_.group, rule_.code)]
     return "\n".join(out)
-
-
-def fix_rewrites(rule_):
-    """What ``autosafe-torch fix`` does with the rule's records, in a line or two."""
-    if rule_.rewrite is not None:
-        return ["rewrites the code at the logged line: %s." % rule_.rewrite.does,
-                "Left as a comment (the permanent fix) where %s." % rule_.rewrite.not_where]
-    served = rule_.serves()
-    if served:
-        return ["rewrites nothing: once the repair it served (%s) is in the code, it is not "
-                "needed." % ", ".join(served)]
-    return ["does not rewrite it: it writes the permanent fix as a comment at the logged "
-            "line."]
-
-
-def _rules(fmt):
-    from .readme import rules_markdown
-    from .rules import RULES, load_all
-
-    load_all()
-    if fmt == "markdown":
-        print(rules_markdown())
-    elif fmt == "json":
-        print(json.dumps([RULES[c].as_dict() for c in sorted(RULES)], indent=2))
-    else:
-        for code in sorted(RULES):
-            r = RULES[code]
-            print("%s %s [%s]\n    fixes:    %s\n    prevents: %s\n    fix:      %s" % (
-                r.code, r.slug, r.group, r.summary, r.prevents, r.fix))
-    return 0
 
 
 def _run(args):
@@ -224,11 +208,10 @@ def _run(args):
 
 def _exec_as_main(code, **attributes):
     """Run ``code`` as ``python`` runs a script: in a new ``__main__`` module that
-    ``__mp_main__`` names too. multiprocessing aliases the two when it is first
-    imported; imported before us (a sitecustomize, a .pth), it would have
-    aliased our own ``__main__``, and the batches of a class defined in the
-    script, which spawned workers pickle as ``__mp_main__.X``, could not be
-    found when they come back."""
+    ``__mp_main__`` names too. multiprocessing, imported before us (a
+    sitecustomize, a .pth), aliased our own ``__main__``: the batches of a
+    class defined in the script, which spawned workers pickle as
+    ``__mp_main__.X``, could not be found when they come back."""
     main = types.ModuleType("__main__")
     main.__dict__.update(attributes, __builtins__=builtins)
     sys.modules["__main__"] = sys.modules["__mp_main__"] = main

@@ -1,10 +1,9 @@
 """Configuration from the environment and from ``configure()``.
 
-Read at activation, so it must be cheap and must never raise: a malformed
-value gets one warning line on stderr naming the variable, the value, why it
-is refused and the default taken, and the default is used. The variable is
-then set to the default taken, so that workers and child processes agree
-with this one and do not repeat the line.
+Read at activation: cheap, and never raises. A malformed value gets one
+warning line on stderr (the variable, the value, why it is refused, the
+default taken) and the default, which the variable is then set to: workers
+and child processes agree, and do not repeat the line.
 """
 
 import contextlib
@@ -25,13 +24,6 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 MODES = ("fix", "warn", "strict")
 
-
-def is_rule_code(token):
-    """Letters then digits (DL101): a rule code; any other word names a group.
-    Told apart by shape, so a new rule group or code needs no edit here (and
-    without ``re``, which would cost every interpreter start)."""
-    head = token.rstrip("0123456789")
-    return head != token and head.isascii() and head.isalpha()
 
 # Documented once here; the README's configuration table is built from it.
 OPTIONS = (
@@ -86,11 +78,9 @@ def parse_bool(name, value, default):
 
 
 def parse_log_file(value, name=ENV_LOG_FILE):
-    """The JSON-lines path, or None; a path that cannot be written -> one line, None.
-
-    Checked without creating the file (a run with no intervention writes
-    nothing): a directory, a missing parent directory, or one we may not
-    write to. A failure at the first write is handled by the report."""
+    """The JSON-lines path, or None; a path that cannot be written -> one line,
+    None. Checked without creating the file (a run with no intervention writes
+    nothing); a failure at the first write is the report's."""
     if value is None:
         return None
     if not isinstance(value, (str, os.PathLike)):
@@ -144,16 +134,20 @@ def parse_seconds(name, value, default):
 
 def parse_disable(value):
     """Tokens of AUTOSAFE_TORCH_DISABLE: upper-cased codes (``dl101`` is DL101),
-    lower-cased groups, ``*``. Unknown codes and groups are reported later, by
-    ``validate_disabled``, once the rule registry is loaded (not at interpreter
-    start, to stay cheap)."""
+    lower-cased groups, ``*``. Unknown ones are reported by ``validate_disabled``
+    once the rule registry is loaded (not at interpreter start: cheap)."""
     if not value:
         return frozenset()
     tokens = set()
     for raw in value.replace(";", ",").replace(" ", ",").split(","):
-        raw = raw.strip()
-        if raw:
-            tokens.add(raw.lower() if raw == "*" or not is_rule_code(raw) else raw.upper())
+        word = raw.strip()
+        # Letters then digits (DL101) is a code, any other word a group: told
+        # apart by shape (a new group or code needs no edit here), without
+        # ``re``, which would cost every interpreter start.
+        head = word.rstrip("0123456789")
+        if word:
+            code = head != word and head.isascii() and head.isalpha()
+            tokens.add(word.upper() if code else word.lower())
     return frozenset(tokens)
 
 
@@ -186,23 +180,16 @@ class Config:
             hang_timeout=parse_seconds(ENV_HANG_TIMEOUT, env.get(ENV_HANG_TIMEOUT),
                                        HANG_TIMEOUT_DEFAULT),
         )
-        if settle_env:
-            with contextlib.suppress(Exception):
-                self._settle(env)
+        with contextlib.suppress(Exception):
+            for name, read, taken in (
+                    (ENV_MODE, _mode, self.mode), (ENV_LOG_FILE, lambda _: self.log_file, ""),
+                    (ENV_QUIET, _bool, "1" if self.quiet else "0"),
+                    (ENV_DEBUG, _bool, "1" if self.debug else "0"),
+                    (ENV_HANG_TIMEOUT, _seconds, "%g" % self.hang_timeout)):
+                word = (env.get(name) or "").strip().lower()
+                if settle_env and word and read(word) is None:
+                    env[name] = taken
         return self
-
-    def _settle(self, env):
-        taken = {ENV_MODE: self.mode, ENV_LOG_FILE: self.log_file or "",
-                 ENV_QUIET: "1" if self.quiet else "0",
-                 ENV_DEBUG: "1" if self.debug else "0",
-                 ENV_HANG_TIMEOUT: "%g" % self.hang_timeout}
-        readers = {ENV_MODE: _mode, ENV_QUIET: _bool, ENV_DEBUG: _bool,
-                   ENV_HANG_TIMEOUT: _seconds}
-        for name, value in taken.items():
-            word = (env.get(name) or "").strip().lower()
-            refused = value == "" if name == ENV_LOG_FILE else readers[name](word) is None
-            if word and refused:
-                env[name] = value
 
     def load(self, other):
         for name in self.__slots__:
@@ -235,7 +222,6 @@ class Config:
 CONFIG = Config.from_env(settle_env=True)
 
 
-def switch_state(environ=None):
+def switch_state():
     """AUTOSAFE_TORCH as True (on), False (off) or None (unset/malformed)."""
-    env = os.environ if environ is None else environ
-    return parse_bool(ENV_SWITCH, env.get(ENV_SWITCH), None)
+    return parse_bool(ENV_SWITCH, os.environ.get(ENV_SWITCH), None)

@@ -1,6 +1,7 @@
 """``autosafe-torch doctor``: the facts the rules use, what would fire, and
 broken combinations of packages it can detect cheaply, with their fix."""
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -10,7 +11,6 @@ import subprocess
 import sys
 
 from . import facts
-from .facts import open_file_limit, shm_bytes  # noqa: F401 (one place: facts)
 from .rules import InitContext, checks_at, loader_args
 
 
@@ -34,19 +34,15 @@ def default_loader_findings(f):
     args = {"num_workers": 2, "prefetch_factor": None, "persistent_workers": False,
             "multiprocessing_context": None, "timeout": 0, "pin_memory": True}
     ctx = InitContext(f, defaults={"prefetch_factor": None})
-    out = []
-    for check in checks_at("dataloader.init"):
-        found = check(args, ctx) if check.__module__ == loader_args.__name__ else None
-        if found is not None:
-            out.append("%s %s: %s" % (found.rule.code, found.rule.slug, found.why))
-    return out
+    found = (check(args, ctx) for check in checks_at("dataloader.init")
+             if check.__module__ == loader_args.__name__)
+    return ["%s %s: %s" % (x.rule.code, x.rule.slug, x.why) for x in found if x is not None]
 
 
 # Companion packages with native operators built against one torch build: a
-# wheel for another build (a CUDA torchvision with a CPU torch) fails at import.
+# wheel for another build (a CUDA torchvision with a CPU torch) fails at import,
+# and so do the packages that import it when it is installed.
 NATIVE_COMPANIONS = ("torchvision", "torchaudio")
-# Installed packages that import a companion when it is installed, so that its
-# failure becomes theirs.
 IMPORTED_BY = {"torchvision": ("torchmetrics", "lightning", "pytorch_lightning")}
 
 _IMPORT_PROBE = """
@@ -67,13 +63,6 @@ def _installed(name):
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def _dist_version(name):
-    try:
-        return importlib.metadata.version(name)
-    except Exception:
-        return None
 
 
 def matching_version(name, torch_version):
@@ -114,7 +103,9 @@ def broken_combinations(torch_version, timeout=120):
         result = results.get(name, {})
         if result.get("ok"):
             continue
-        version = _dist_version(name) or "(unknown version)"
+        version = "(unknown version)"
+        with contextlib.suppress(Exception):
+            version = importlib.metadata.version(name) or version
         build = "the %s build of torch %s" % (local, torch_version) if local else \
             "torch %s" % torch_version
         users = [u for u in IMPORTED_BY.get(name, ()) if _installed(u)]
@@ -143,11 +134,10 @@ def report():
         "torch": torch.__version__,
         "start_method": f.start_method,
         "cpus_usable": f.cpus_usable,
-        "cpus_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "cpus_affinity": f.cpus_affinity,
         "cgroup_cpu_limit": facts.cgroup_cpu_limit(),
-        "dev_shm_bytes": shm_bytes(),
-        "open_file_limit": open_file_limit(),
+        "dev_shm_bytes": facts.shm_bytes(),
+        "open_file_limit": f.open_file_limit,
         "accelerator": f.accelerator,
         "cuda_initialized": f.cuda_initialized,
         "cv2": cv2_state(),
@@ -167,11 +157,10 @@ def report_text():
         lines.append("  %-18s %s" % (key + ":", "none" if value is None else value))
     lines.append("  rules for DataLoader(ds, num_workers=2, pin_memory=True):")
     lines.extend("    " + line for line in r["default_loader_rules"] or ["none would fire"])
-    problems = r["problems"]
     lines.append("  broken combinations:")
-    if not problems:
+    if not r["problems"]:
         lines.append("    none found (checked: %s, where installed)" % ", ".join(NATIVE_COMPANIONS))
-    for p in problems:
+    for p in r["problems"]:
         lines += ["    PROBLEM: %s" % p["what"], "      error: %s" % p["error"],
                   "      fix:   %s" % p["fix"]]
     return "\n".join(lines)

@@ -1,12 +1,12 @@
 """What the rules know about the platform.
 
 Cheap, cached, and injectable: a rule receives a ``Facts`` object, so tests
-build one with the values they want (``Facts(start_method="spawn", ...)``)
-instead of patching the machine. ``current()`` reads the real ones; the
-parts that can change while a program runs (the start method, whether CUDA
-has been initialised) are read fresh, the rest once.
+build one (``Facts(start_method="spawn", ...)``) instead of patching the
+machine. ``current()`` reads the real ones: what a program can change while
+it runs (the start method, CUDA's initialisation...) fresh, the rest once.
 """
 
+import dataclasses
 import multiprocessing
 import os
 import subprocess
@@ -15,42 +15,31 @@ from typing import Any
 
 from . import mp_private, rehearsal
 
-_UNSET = object()
 
-
+@dataclasses.dataclass(eq=False)
 class Facts:
-    __slots__ = ("platform", "start_method", "cpus_usable", "cpus_affinity", "accelerator",
-                 "cuda_initialized", "shm_available", "open_file_limit", "sharing_strategy",
-                 "pin_memory_warns")
+    """The platform as the rules see it (None: unknown)."""
 
-    def __init__(self, platform=None, start_method=None, cpus_usable=None, cpus_affinity=None,
-                 accelerator=None, cuda_initialized=False, shm_available=None,
-                 open_file_limit=None, sharing_strategy=None, pin_memory_warns=True):
-        self.platform = platform or rehearsal.platform()
-        self.start_method = start_method or default_start_method(self.platform)
-        self.cpus_usable = cpus_usable or 1
-        # What torch's own worker-count warning compares with (affinity only).
-        self.cpus_affinity = cpus_affinity or self.cpus_usable
-        # "cuda", "mps", "xpu", ... or None when no accelerator is usable.
-        self.accelerator = accelerator
-        self.cuda_initialized = cuda_initialized
-        # Bytes free in /dev/shm (None: unknown or not Linux), the open-file
-        # limit as (soft, hard), torch's tensor sharing strategy. None: unknown.
-        self.shm_available = shm_available
-        self.open_file_limit = open_file_limit
-        self.sharing_strategy = sharing_strategy
-        # Whether this torch warns, every epoch, about pin_memory with no
-        # accelerator (torch 2.0 ignores it silently).
-        self.pin_memory_warns = pin_memory_warns
+    platform: Any = None
+    start_method: Any = None
+    cpus_usable: Any = None
+    cpus_affinity: Any = None  # what torch's own worker-count warning compares with
+    accelerator: Any = None  # "cuda", "mps", "xpu", ... or None when none is usable
+    cuda_initialized: Any = False
+    shm_available: Any = None  # bytes free in /dev/shm (None also where not Linux)
+    open_file_limit: Any = None  # RLIMIT_NOFILE as (soft, hard)
+    sharing_strategy: Any = None  # torch's tensor sharing strategy
+    # Whether this torch warns, every epoch, about pin_memory with no
+    # accelerator (torch 2.0 ignores it silently).
+    pin_memory_warns: Any = True
 
-    def replace(self, **changes):
-        return Facts(**dict(self.as_dict(), **changes))
+    def __post_init__(self):
+        self.platform = self.platform or rehearsal.platform()
+        self.start_method = self.start_method or default_start_method(self.platform)
+        self.cpus_usable = self.cpus_usable or 1
+        self.cpus_affinity = self.cpus_affinity or self.cpus_usable
 
-    def as_dict(self):
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self):
-        return "Facts(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
+    replace = dataclasses.replace
 
 
 def default_start_method(platform=None):
@@ -62,10 +51,9 @@ def default_start_method(platform=None):
 
 
 def effective_start_method(context=None):
-    """The start method workers will use for ``multiprocessing_context``.
-
-    Reads the global setting without fixing it (``allow_none``), so asking
-    does not change what the program may still choose."""
+    """The start method workers will use for ``multiprocessing_context``; the
+    global setting read without fixing it (``allow_none``): the program may
+    still choose."""
     if context is not None:
         if isinstance(context, str):
             return context
@@ -73,7 +61,6 @@ def effective_start_method(context=None):
             return context.get_start_method()
         except Exception:
             return mp_private.context_name(context) or default_start_method()
-
     method = multiprocessing.get_start_method(allow_none=True)
     if method:
         return method
@@ -110,11 +97,9 @@ _loaded: list[Any] = []
 
 def opencl_runtime_loaded(environ=None):
     """The OpenCL runtime library OpenCV has loaded in this process, or None.
-
     OpenCV loads it on its first OpenCL call (``cv2.UMat`` work,
     ``cv2.ocl.useOpenCL()``), never at ``import cv2`` nor for plain arrays
-    (measured, 5.0.0): loaded means this process has used OpenCL. A library
-    stays loaded, so a yes is kept."""
+    (measured, 5.0.0); a library stays loaded, so a yes is kept."""
     if _loaded:
         return _loaded[0]
     if "cv2" not in sys.modules:
@@ -253,10 +238,8 @@ def shm_bytes(path="/dev/shm", field="f_blocks"):
 
 
 def shm_available(path="/dev/shm"):
-    """Bytes free in /dev/shm now (Linux only: elsewhere None).
-
-    DataLoader workers hand batches to the main process in shared memory
-    created there, under both sharing strategies (measured on torch 2.13)."""
+    """Bytes free in /dev/shm now (None where not Linux): where workers hand
+    batches to the main process, under both sharing strategies (torch 2.13)."""
     return shm_bytes(path, "f_bavail") if sys.platform.startswith("linux") else None
 
 

@@ -1,18 +1,12 @@
 """Post-import hooks without importing anything heavy at start-up.
 
-A tiny ``sys.meta_path`` finder watches for a few top-level names (torch,
-cv2). When one is imported, it lets the normal finders find the module,
-wraps the loader so that the callbacks run once the module has executed,
-and runs them with the module from ``sys.modules``. We do not use wrapt's
-importer here because ``import wrapt`` alone costs about 20 ms, which every
-process would pay.
-
-opencv's ``cv2/__init__.py`` re-imports its native module under the name
-``cv2`` while it executes: the callbacks run once, after the outermost
-import of the name has finished, with what ``sys.modules`` holds then.
-
-A callback that raises never breaks the user's import: the error is handed
-to ``on_error`` and the import goes on.
+A tiny ``sys.meta_path`` finder watches a few top-level names (torch, cv2):
+it lets the normal finders find the module and wraps its loader, so that the
+callback runs once the module has executed (not wrapt's importer: ``import
+wrapt`` alone costs every process about 20 ms). opencv's ``cv2/__init__.py``
+re-imports its native module as ``cv2`` while it executes: the callback runs
+once, after the outermost import, with what ``sys.modules`` holds then. A
+callback that raises never breaks the user's import: ``on_error`` gets it.
 """
 
 import contextlib
@@ -20,7 +14,7 @@ import sys
 
 
 class _HookedLoader:
-    """Delegates to the real loader; runs the hooks after ``exec_module``."""
+    """Delegates to the real loader; runs the hook after ``exec_module``."""
 
     def __init__(self, loader, finder, name):
         self._loader, self._finder, self._name = loader, finder, name
@@ -45,21 +39,20 @@ class _HookedLoader:
 
 
 class PostImportFinder:
-    def __init__(self, on_error):
-        self.hooks = {}
+    """Installed at once: ``on_import(name, module)`` runs after each of
+    ``names`` is imported (at once for one already imported)."""
+
+    def __init__(self, names, on_import, on_error):
+        self.names = frozenset(names)
         self.depth = {}
         self._searching = set()
-        self._on_error = on_error
-
-    def register(self, name, callback):
-        """Run ``callback(module)`` after ``name`` is imported (now if it is)."""
-        self.hooks.setdefault(name, []).append(callback)
-        module = sys.modules.get(name)
-        if module is not None and not self.depth.get(name):
-            self._call(callback, module, name)
+        self._on_import, self._on_error = on_import, on_error
+        sys.meta_path.insert(0, self)
+        for name in names:
+            self.fire(name)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.hooks or fullname in self._searching:
+        if fullname not in self.names or fullname in self._searching:
             return None
         import importlib.util
 
@@ -79,19 +72,11 @@ class PostImportFinder:
         module = sys.modules.get(name)
         if module is None:
             return
-        for callback in list(self.hooks.get(name, ())):
-            self._call(callback, module, name)
-
-    def _call(self, callback, module, name):
         try:
-            callback(module)
+            self._on_import(name, module)
         except Exception as exc:  # never into the user's import
             with contextlib.suppress(Exception):
                 self._on_error("import hook for %s" % name, exc)
-
-    def install(self):
-        if self not in sys.meta_path:
-            sys.meta_path.insert(0, self)
 
     def uninstall(self):
         while self in sys.meta_path:

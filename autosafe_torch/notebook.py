@@ -1,18 +1,13 @@
 """``%load_ext autosafe_torch``: the shim for a Jupyter kernel and its workers.
 
 IPython's ``%load_ext NAME`` imports NAME and calls its
-``load_ipython_extension(ip)``; ``%unload_ext NAME`` calls
-``unload_ipython_extension(ip)``. Importing the package already activates
-it (as ``import autosafe_torch`` does in a script), with ``AUTOSAFE_TORCH=1``
-in the kernel's environment so that DataLoader workers (and any process the
-kernel starts) are covered too; loading says so. Unloading restores torch's
-and cv2's originals in the kernel and takes that setting back;
-``%load_ext`` turns it on again.
-
-In a kernel the call sites read as IPython names cells (``Cell In[4], line
-6``, see ``callsite.place``), and the permanent fix of DL202/DL203 says to
-move the function or class into a module next to the notebook: a worker
-cannot import a notebook.
+``load_ipython_extension(ip)``. The import already activates it, with
+``AUTOSAFE_TORCH=1`` in the kernel's environment so that DataLoader workers
+(and any process the kernel starts) are covered too; loading says so.
+``%unload_ext`` restores torch's and cv2's originals in the kernel and takes
+that setting back. In a kernel call sites name cells (``Cell In[4], line 6``,
+``callsite.place``), and DL202/DL203's fix says to move the function or class
+into a module next to the notebook: a worker cannot import a notebook.
 """
 
 import logging

@@ -1,13 +1,10 @@
-"""Generate the documentation's rule and configuration tables from the code.
+"""Generate the documentation's tables (``SECTIONS``) from the code.
 
-``python -m autosafe_torch.readme --write README.md docs/rules.md`` rewrites,
-in each file, the text between the markers it holds:
-``<!-- rules:start -->``/``<!-- rules:end -->`` (docs/rules.md),
-``<!-- rewrites:start -->``/``<!-- rewrites:end -->`` (docs/fix.md) and
-``<!-- config:start -->``/``<!-- config:end -->`` (README.md),
-``<!-- settings:start -->``/``<!-- settings:end -->`` (docs/how-it-decides.md); ``--check``
-exits 1 when a file disagrees with the registry (a test checks the same).
-Every table must be held by one of the files given.
+``python -m autosafe_torch.readme --write FILE...`` rewrites, in each file,
+the text between the ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``
+markers it holds (``FILES``: which file holds which); ``--check`` exits 1
+when a file disagrees with the code (a test checks the same). Every table
+must be held by one of the files given.
 """
 
 import argparse
@@ -18,49 +15,46 @@ from .remedies.process_state import SETTINGS
 from .rules import RULES, load_all
 
 
+def _table(header, rows):
+    return "\n".join(["| %s |" % " | ".join(header), "|%s" % ("---|" * len(header))]
+                     + ["| %s |" % " | ".join(row).rstrip() for row in rows])
+
+
 def rules_markdown():
     """The rule table of docs/rules.md (and ``autosafe-torch rules --format markdown``)."""
     load_all()
-    rows = ["| code | slug | what it fixes | error it prevents | permanent fix |",
-            "|---|---|---|---|---|"]
-    rows += ["| %s | %s | %s | %s | %s |" % (r.code, r.slug, r.summary, r.prevents, r.fix)
-             for r in (RULES[code] for code in sorted(RULES))]
-    return "\n".join(rows)
+    return _table(("code", "slug", "what it fixes", "error it prevents", "permanent fix"),
+                  [(r.code, r.slug, r.summary, r.prevents, r.fix)
+                   for r in (RULES[code] for code in sorted(RULES))])
 
 
 def rewrites_markdown():
     """The rewrite table of docs/fix.md: one row per rewrite, with the rules it
     answers, and one per rule its rewrites serve."""
     load_all()
-    rows = ["| rule | rewrite | left as a comment where |", "|---|---|---|"]
     grouped = {}
     for code in sorted(RULES):
         declared = RULES[code].rewrite
         if declared is not None:
             grouped.setdefault(id(declared), (declared, []))[1].append(code)
-    for declared, codes in grouped.values():
-        rows.append("| %s | %s | %s |" % (", ".join(codes), declared.does, declared.not_where))
-    for code in sorted(RULES):
-        served = RULES[code].serves()
-        if served:
-            rows.append("| %s | nothing once the repair it served (%s) is in the code | |"
-                        % (code, ", ".join(served)))
-    return "\n".join(rows)
+    rows = [(", ".join(codes), declared.does, declared.not_where)
+            for declared, codes in grouped.values()]
+    rows += [(code, "nothing once the repair it served (%s) is in the code" % ", ".join(
+        RULES[code].serves()), "") for code in sorted(RULES) if RULES[code].serves()]
+    return _table(("rule", "rewrite", "left as a comment where"), rows)
 
 
 def settings_markdown():
     """The table of the library-wide settings DL220 carries (docs/how-it-decides.md)."""
-    rows = ["| setting | read where the training process imported | what it changes in a "
-            "worker |", "|---|---|---|"]
-    rows += ["| %s | `%s` | %s |" % (s.label, s.module, s.changes) for s in SETTINGS]
-    return "\n".join(rows)
+    return _table(("setting", "read where the training process imported",
+                   "what it changes in a worker"),
+                  [(s.label, "`%s`" % s.module, s.changes) for s in SETTINGS])
 
 
 def config_markdown():
-    rows = ["| variable | default | meaning (a malformed value: one warning line, the default) |",
-            "|---|---|---|"]
-    rows += ["| `%s` | %s | %s |" % option for option in OPTIONS]
-    return "\n".join(rows)
+    return _table(("variable", "default", "meaning (a malformed value: one warning line, "
+                   "the default)"), [("`%s`" % name, default, meaning)
+                                     for name, default, meaning in OPTIONS])
 
 
 SECTIONS = {"rules": rules_markdown, "rewrites": rewrites_markdown, "config": config_markdown,
@@ -109,18 +103,16 @@ def main(argv=None):
     missing = [name for name in SECTIONS if name not in held]
     if missing:
         raise SystemExit("no file given holds the %s markers" % ", ".join(missing))
-    stale = []
+    stale = 0
     for path, text in current.items():
         wanted = render(text)
-        if wanted == text:
-            continue
-        if args.write:
+        if wanted != text and args.write:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(wanted)
-        else:
+        elif wanted != text:
             print("%s is out of date: run `make readme`" % path)
-            stale.append(path)
-    return 1 if stale else 0
+            stale = 1
+    return stale
 
 
 if __name__ == "__main__":

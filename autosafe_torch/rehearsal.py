@@ -1,12 +1,11 @@
 """Platform rehearsal: run a script here as it would run on another platform.
 
 ``autosafe-torch run --as macos train.py`` (or ``AUTOSAFE_TORCH_AS=macos``
-with the ``.pth`` activation) sets the start method that platform uses and
-the platform the rules see, so a Linux machine (a CI runner) shows what a
-Mac user gets: spawn workers, and no fork rung in the repair ladder (fork is
-unsafe on macOS and absent on Windows). The start method is set before the
-script runs, as the platform's default would be; a script that sets its own
-still wins, as it would there.
+with the ``.pth`` activation) sets that platform's default start method and
+the platform the rules see, so a Linux machine (a CI runner) shows what a Mac
+user gets: spawn workers, and no fork rung in the repair ladder (fork is
+unsafe on macOS and absent on Windows). A script that sets its own start
+method still wins, as it would there.
 """
 
 import os
@@ -25,20 +24,16 @@ PLATFORMS = {
 _warned = []
 
 
-def rehearsed(environ=None):
+def rehearsed():
     """The rehearsed platform's name, or None; an unknown name: one line, None."""
-    env = os.environ if environ is None else environ
-    value = (env.get(ENV_AS) or "").strip().lower()
-    if not value:
-        return None
-    if value in PLATFORMS:
-        return value
+    value = (os.environ.get(ENV_AS) or "").strip().lower()
+    if not value or value in PLATFORMS:
+        return value or None
     if not _warned:
         _warned.append(value)
         warn_line("%s=%r is not one of %s; running as this machine is" % (
-            ENV_AS, env.get(ENV_AS), ", ".join(PLATFORMS)))
-        if environ is None:
-            os.environ.pop(ENV_AS, None)  # children agree, and do not warn again
+            ENV_AS, os.environ.get(ENV_AS), ", ".join(PLATFORMS)))
+        os.environ.pop(ENV_AS, None)  # children agree, and do not warn again
     return None
 
 
@@ -52,12 +47,10 @@ def apply():
     """Set the rehearsed platform's start method (once, in the process that runs
     the script: workers inherit what they need through the environment)."""
     name = rehearsed()
-    if name is None:
-        return None
-    import multiprocessing
+    if name is not None:
+        import multiprocessing
 
-    method = PLATFORMS[name][1]
-    if multiprocessing.get_start_method(allow_none=True) is None \
-            and method in multiprocessing.get_all_start_methods():
-        multiprocessing.set_start_method(method)  # a method the program set stays
-    return name
+        method = PLATFORMS[name][1]
+        if multiprocessing.get_start_method(allow_none=True) is None \
+                and method in multiprocessing.get_all_start_methods():
+            multiprocessing.set_start_method(method)  # a method the program set stays

@@ -1,14 +1,11 @@
 """Intervention records, the log, the JSON-lines sink and the exit summary.
 
-Every fix becomes one ``Intervention``. The ``autosafe_torch`` logger says
-it once per (rule code, call site), so a loader built every epoch logs once;
-the count keeps growing in the record. The shim's lines are the shim's: they
-go to stderr (and the JSON log), never into the application's own logging
-(``logging.basicConfig(filename="train.log")`` keeps its file to itself: our
-logger does not propagate). A handler the application puts on the
-``autosafe_torch`` logger itself gets them as well.
-
-What a person reads is short, in the convention of compilers and linters::
+Every fix becomes one ``Intervention``, said once per (rule code, call site)
+(a loader built every epoch: once; the record counts). The lines go to stderr
+(and the JSON log), never into the application's own logging (our logger does
+not propagate: ``logging.basicConfig(filename="train.log")`` keeps its file);
+a handler put on the ``autosafe_torch`` logger itself gets them too. A person
+reads a line in the convention of compilers and linters::
 
     train.py:48: DL201 unpicklable-dataset: dataset.fh (an open file) reopened by path in each of 2 workers
       fix: open files lazily in __getitem__ (or in worker_init_fn), not in __init__
@@ -45,8 +42,7 @@ from .inspection.mainmodule import in_notebook
 if TYPE_CHECKING:
     from .rung import Rung
 
-LOGGER_NAME = "autosafe_torch"
-logger = logging.getLogger(LOGGER_NAME)
+logger = logging.getLogger("autosafe_torch")
 
 # Field names of a JSON-lines object; documented in docs/reading-the-log.md, keep stable.
 JSON_FIELDS = ("time", "pid", "rank", "code", "slug", "action", "strategy",
@@ -76,6 +72,7 @@ def _env_int(name: str) -> int | None:
     except (KeyError, ValueError):
         return None
 
+
 _lock = threading.Lock()
 # (code, call site, subject) -> Intervention; (code, call site) said on stderr
 _records: dict[tuple[str, str, int | None], Intervention] = {}
@@ -83,8 +80,7 @@ _said_at: set[tuple[str, str]] = set()
 _errors_logged: set[tuple[str, str]] = set()
 _summary_pid: int | None = None
 # JSON lines not yet written for want of a descriptor (EMFILE, ENFILE: DL213's
-# hazard, at the moment its record is written), with the pid that made them:
-# written before the next line, or at exit.
+# hazard), with the pid that made them: written before the next line, or at exit.
 _unwritten: list[tuple[int, str]] = []
 
 
@@ -109,9 +105,8 @@ class Intervention:
         self.strategy = strategy
         self.action = action
         self.pid = os.getpid()
-        self.rank = _env_int("RANK")
-        self.local_rank = _env_int("LOCAL_RANK")
-        self.world_size = _env_int("WORLD_SIZE")
+        self.rank, self.local_rank, self.world_size = (
+            _env_int(name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
         self.time = time.time()
         self.count = 1
         self.done = done or code
@@ -136,10 +131,8 @@ class Intervention:
         out["cwd"] = None
         with contextlib.suppress(OSError):
             out["cwd"] = os.getcwd()
-        for name in JSON_OPTIONAL_FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
+        out.update((name, getattr(self, name)) for name in JSON_OPTIONAL_FIELDS
+                   if getattr(self, name) is not None)
         return out
 
     def headline(self) -> str:
@@ -195,7 +188,7 @@ def shorten_line(text: str, limit: int) -> str:
     return text[: cut if cut > limit // 2 else limit - 3].rstrip(" ,;:") + "..."
 
 
-_SITE = re.compile(r"^(.+?):(\d+)((?: \(via .*)?)$")
+_SITE = re.compile(r"^(.+?)(:\d+(?: \(via .*)?)$")
 
 
 def shown_path(path: str) -> str:
@@ -218,10 +211,7 @@ def _relative_paths(text: str) -> str:
 
 def shown_site(site: object) -> str:
     """A call site (``/abs/train.py:48 (via lib.py:3)``) with its path as shown."""
-    found = _SITE.match(site) if isinstance(site, str) else None
-    if found is None:
-        return str(site)
-    return "%s:%s%s" % (shown_path(found.group(1)), found.group(2), found.group(3))
+    return _SITE.sub(lambda found: shown_path(found.group(1)) + found.group(2), str(site))
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
@@ -233,15 +223,10 @@ def without_addresses(text: str) -> str:
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Our lines on stderr, whatever the application configured."""
+    """Our lines (as they are: the default format) on the stderr of the moment
+    (pytest's capsys redirects it), whatever the application configured."""
 
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-        self.setFormatter(logging.Formatter("%(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr  # follow redirections (pytest capsys, tests)
-        super().emit(record)
+    stream = property(lambda self: sys.stderr, lambda self, _: None)
 
 
 logger.addHandler(_StderrHandler())
@@ -251,8 +236,7 @@ logger.setLevel(logging.DEBUG if CONFIG.debug else logging.INFO)
 
 def log(level: int, message: str, *args: object, named: bool = True) -> None:
     """Our one way to speak; honours QUIET (errors still go out). ``named``:
-    the line begins with ``autosafe_torch:`` (a record begins with the user's
-    file:line instead, as a compiler's or linter's message does)."""
+    the line begins with ``autosafe_torch:`` (a record: with the user's file:line)."""
     global _tool_named
     if CONFIG.quiet and level < logging.ERROR:
         return
@@ -277,13 +261,11 @@ def _named_once() -> str:
 
 
 def record(intervention: Intervention) -> Intervention:
-    """Keep, log once per (code, call site), and write the JSON sink.
-
-    Each subject (a loader) at a site has its own record, written to the JSON
-    log; a repeat of one (the same loader, or a site without subjects) counts.
-    A clause (``intervention.said``: DL209, said on its host's line) has no
-    line of its own when its host was said with it; its record is kept and
-    written to the JSON log all the same."""
+    """Keep, log once per (code, call site), and write the JSON sink. Each
+    subject (a loader) at a site has its own record; a repeat of one (the same
+    loader, or a site without subjects) counts. A clause (``said``: DL209, on
+    its host's line) has no line of its own; its record is kept and written."""
+    global _summary_pid
     # The user's line: a loader a framework re-makes from the user's is one mistake.
     site = (intervention.code, user_part(intervention.call_site))
     key = site + (intervention.subject,)
@@ -295,7 +277,9 @@ def record(intervention: Intervention) -> Intervention:
         _records[key] = intervention
         first_at_site = site not in _said_at
         _said_at.add(site)
-        _arm_summary()
+        if _summary_pid != os.getpid():
+            _summary_pid = os.getpid()
+            atexit.register(_summary)
     # A spawned DataLoader worker repeats the parent's fixes for itself (cv2 is
     # imported afresh there): said once, by the parent; a worker only under DEBUG.
     level = logging.DEBUG if _in_worker_process() else logging.WARNING
@@ -308,7 +292,15 @@ def record(intervention: Intervention) -> Intervention:
         log(level, "%s%s", intervention.message(), _named_once(), named=False)
     if CONFIG.debug:
         log(logging.DEBUG, "%s", intervention.details(), named=False)
-    _write_json(intervention)
+    if CONFIG.log_file:
+        try:
+            line = json.dumps(intervention.as_dict(), default=repr, sort_keys=True)
+        except Exception as exc:
+            internal_error("JSON log record", exc)
+        else:
+            with _lock:
+                _unwritten.append((os.getpid(), line))
+            _write_unwritten()
     return intervention
 
 
@@ -329,19 +321,6 @@ def _in_worker_process() -> bool:
         return False
 
 
-def _write_json(intervention: Intervention) -> None:
-    if not CONFIG.log_file:
-        return
-    try:
-        line = json.dumps(intervention.as_dict(), default=repr, sort_keys=True)
-    except Exception as exc:
-        internal_error("JSON log record", exc)
-        return
-    with _lock:
-        _unwritten.append((os.getpid(), line))
-    _write_unwritten()
-
-
 def _write_unwritten(last: bool = False) -> None:
     """``last``: at exit, where a line not written now never will be."""
     path = CONFIG.log_file
@@ -355,8 +334,7 @@ def _write_unwritten(last: bool = False) -> None:
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE) and not last:
             return  # kept: the descriptors run out for a while, not the configuration
-        # The user's configuration (checked when read; the file system may have
-        # changed since): say so once, plainly, and stop writing. The fix was applied.
+        # The user's configuration (checked when read; the file system changed since).
         if CONFIG.log_file == path:
             CONFIG.log_file = None
             log(logging.ERROR, "cannot write the JSON log %s (%s: %s); the JSON log is off "
@@ -394,13 +372,6 @@ def internal_error(where: str, exc: BaseException) -> None:
             where, type(exc).__name__, shorten_line(without_addresses(exception_text(exc)), 100))
         if CONFIG.debug:
             logger.error("traceback", exc_info=(type(exc), exc, exc.__traceback__))
-
-
-def _arm_summary() -> None:
-    global _summary_pid
-    if _summary_pid != os.getpid():
-        _summary_pid = os.getpid()
-        atexit.register(_summary)
 
 
 VERBS = (("fixed", "fixed"), ("failed", "did not hold"), ("would-fix", "would fix"),

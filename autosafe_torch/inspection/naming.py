@@ -15,7 +15,6 @@ def brief(value):
         return repr(value)
     if isinstance(value, str):
         return repr(value) if len(value) <= 40 else "a string"
-    kind = _kind(type(value))
     with contextlib.suppress(Exception):  # a user's object may raise anything from its attributes
         ours = __package__.split(".")[0]
         func = getattr(value, "func", None)  # functools.partial: a worker_init_fn step of ours
@@ -24,7 +23,7 @@ def brief(value):
         name = getattr(value, "__qualname__", None)
         if isinstance(name, str) and callable(value):
             return name
-    return a_or_an(kind)
+    return a_or_an(_kind(type(value)))
 
 
 def _kind(cls):
