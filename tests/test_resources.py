@@ -160,7 +160,7 @@ def test_fd_hard_limit_too_low_switches_to_file_system_in_workers_too():
                                                    sharing_strategy="file_descriptor")))
     assert f.strategy == "file_system sharing"
     fn = f.after["worker_init_fn"]
-    assert pickle.loads(pickle.dumps(fn)).args[0] == (limits.use_file_system_sharing,)
+    assert pickle.loads(pickle.dumps(fn)).args[0] == (limits.file_system_sharing,)
 
 
 def test_fd_nothing_fires_when_enough_or_not_file_descriptor():

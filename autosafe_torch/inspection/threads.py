@@ -74,17 +74,14 @@ def single_threaded():
 
 @functools.lru_cache(maxsize=1)
 def _libsystem():
-    lib = ctypes.CDLL("/usr/lib/libSystem.B.dylib")
-    port = _PORT
-    lib.task_threads.argtypes = [port, ctypes.POINTER(ctypes.POINTER(port)),
-                                 ctypes.POINTER(port)]
-    lib.task_threads.restype = ctypes.c_int  # kern_return_t
-    lib.mach_port_deallocate.argtypes = [port, port]
-    lib.mach_port_deallocate.restype = ctypes.c_int
-    lib.vm_deallocate.argtypes = [port, ctypes.c_size_t, ctypes.c_size_t]
-    lib.vm_deallocate.restype = ctypes.c_int
-    lib.pthread_is_threaded_np.argtypes = []
-    lib.pthread_is_threaded_np.restype = ctypes.c_int
+    lib, port = ctypes.CDLL("/usr/lib/libSystem.B.dylib"), _PORT
+    for name, argtypes in (
+            ("task_threads", [port, ctypes.POINTER(ctypes.POINTER(port)), ctypes.POINTER(port)]),
+            ("mach_port_deallocate", [port, port]),
+            ("vm_deallocate", [port, ctypes.c_size_t, ctypes.c_size_t]),
+            ("pthread_is_threaded_np", [])):
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int  # kern_return_t, or int
     return lib
 
 

@@ -1,9 +1,7 @@
-"""``import cv2``: the program's own process is left as it is (rules/cv2.py
-acts at the DataLoader); an after-fork hook is registered, silently, that
-gives each forked DataLoader worker ``setNumThreads(0)`` before any code of
-the program runs there. Applied once the outermost ``import cv2`` has
-finished (opencv's ``cv2/__init__.py`` re-imports its native module under
-the name cv2 while it runs), with the package ``sys.modules`` then holds.
+"""``import cv2``: remedies/cv2.py's fork hook is registered, silently, once
+the outermost ``import cv2`` has finished (opencv's ``cv2/__init__.py``
+re-imports its native module under the name cv2 while it runs), with the
+package ``sys.modules`` then holds; the program's own process is left as it is.
 
 ``cv2.VideoCapture``'s own ``__init__`` and ``open`` are wrapped to record
 what each capture opened, so that a worker can open the same video again
@@ -25,8 +23,10 @@ from . import unwrap, wrap, wrapped
 _state = {"patched": None}
 
 
-def _record(cap, args, kwargs):
-    """What opened ``cap``: ``(absolute path or index, apiPreference, params)``."""
+def _recording(wrapped, instance, args, kwargs):
+    """``VideoCapture.__init__`` and ``open``: the native call, then its record,
+    ``(absolute path or index, apiPreference, params)``."""
+    result = wrapped(*args, **kwargs)
     bound = dict(zip(("source", "apiPreference", "params"), args))
     for key, value in kwargs.items():
         bound["source" if key in ("filename", "index") else key] = value
@@ -36,13 +36,8 @@ def _record(cap, args, kwargs):
     elif not isinstance(source, int):
         source = None  # a data stream, or nothing opened yet: not reopened
     params = tuple(int(p) for p in bound.get("params") or ())
-    holdings.remember_video_source(cap, (source, int(bound.get("apiPreference", 0)), params))
-
-
-def _recording(wrapped, instance, args, kwargs):
-    """``VideoCapture.__init__`` and ``open``: the native call, then its record."""
-    result = wrapped(*args, **kwargs)
-    _record(instance, args, kwargs)
+    holdings.remember_video_source(instance,
+                                   (source, int(bound.get("apiPreference", 0)), params))
     return result
 
 

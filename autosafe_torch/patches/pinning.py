@@ -1,11 +1,8 @@
-"""torch's ``pin_memory(data, device)``: batches that hold accelerator tensors.
-
-With ``pin_memory=True`` torch pins every tensor of every batch (in the main
-process, or in the pin-memory thread), and refuses one already on an
-accelerator (DL305). torch's function recurses through a batch by its
-module-level name, so replacing that name puts this function at every
-level: a tensor torch refuses is handed on as it is, the rest pinned as
-asked. It looks at nothing until torch raised.
+"""torch's ``pin_memory(data, device)``, which refuses a tensor already on an
+accelerator (DL305). It recurses through a batch by its module-level name,
+so replacing that name puts this function at every level: a tensor torch
+refuses is handed on as it is, the rest pinned as asked. It looks at
+nothing until torch raised.
 """
 
 import threading

@@ -2,10 +2,8 @@
 worker_init step, and an after-fork hook for fork workers), OpenCL off in
 workers forked from a process that used OpenCL (the two facts CV402 reads,
 whether this process has loaded an OpenCL runtime and whether an OpenCL
-device is usable here, are the platform's: ``facts.py``).
-
-Nothing here changes the program's own process: its OpenCV threads, its
-OpenCL and its environment stay as they were (rules/cv2.py).
+device is usable here, are the platform's: ``facts.py``). The program's
+own process, its threads, OpenCL and environment, stays as it was.
 """
 
 from __future__ import annotations
@@ -44,8 +42,6 @@ def worker_opencl_off(worker_id):
         ocl.setUseOpenCL(False)
 
 
-# -- fork workers: as they fork, before any code of the program runs there -------
-
 class _Hook:
     """What multiprocessing's after-fork registry holds (weakly): kept alive by the cache."""
 
@@ -54,28 +50,26 @@ class _Hook:
 def install_fork_hook():
     """Register, once per process, ``_after_fork`` with multiprocessing: it
     runs in each child multiprocessing starts, in ``Process._bootstrap``,
-    before the process's target; it acts only in torch's DataLoader workers."""
+    before the process's target (before any code of the program); it acts
+    only in torch's DataLoader workers."""
     hook = _Hook()
     util.register_after_fork(hook, _after_fork)
     return hook
 
 
-def _is_dataloader_worker(process):
-    target = process_target(process)
-    if not (getattr(target, "__module__", None) or "").startswith("torch."):
-        return False  # not torch's: said without importing torch
-    import torch  # noqa: F401, PLC0415 - torch: this module loads at `import cv2`, before the program imports torch; before torch_private: torch's import runs our patches, which import torch_private
-
-    from ..torch_private import is_worker_loop  # noqa: PLC0415 - imports torch (see above)
-
-    return is_worker_loop(target)
-
-
 def _after_fork(_owner):
     try:
         cv2 = sys.modules.get("cv2")
-        if cv2 is not None and _is_dataloader_worker(multiprocessing.current_process()) \
-                and CONFIG.mode == "fix" and CONFIG.rule_enabled("CV401", "cv2"):
+        if cv2 is None:
+            return
+        target = process_target(multiprocessing.current_process())
+        if not (getattr(target, "__module__", None) or "").startswith("torch."):
+            return  # not a DataLoader worker: said without importing torch
+        import torch  # noqa: F401, PLC0415 - torch: this module loads at `import cv2`, before the program imports torch; before torch_private: torch's import runs our patches, which import torch_private
+
+        from ..torch_private import is_worker_loop  # noqa: PLC0415 - imports torch (see above)
+
+        if is_worker_loop(target) and CONFIG.mode == "fix" and CONFIG.rule_enabled("CV401", "cv2"):
             cv2.setNumThreads(WORKER_THREADS)
     except Exception:
         pass  # never break a worker's start

@@ -7,21 +7,11 @@ worker at all. Under spawn/forkserver, CUDA tensors travel by CUDA IPC, at
 the price of one CUDA context per worker. A ConcatDataset whose parts live
 on different devices fails in collate, even with no workers.
 
-The batches' device is part of what a loader yields, and every decision
-keeps it:
-
-- Every batch certainly on one device (a TensorDataset on one
-  accelerator): the tensors move to CPU, in place on the dataset (a tensor
-  referenced twice stays one tensor, views of one storage stay views of one
-  CPU storage), and each batch is copied back; with CUDA, ``pin_memory`` is
-  turned on so that the copy back is fast.
-- Other CUDA tensors stay: spawn workers receive them by CUDA IPC (advice
-  only); forked workers that touch them are recovered (DL205, observed,
-  not predicted here).
-- MPS and XPU tensors: emulated workers, in this process.
-
-Looking (``inspection.tensors``) is bounded, copies nothing and calls no
-``__getitem__``; moving (``remedies.relocate``) happens in fix mode only.
+Every decision keeps the batches' device (DL301's summary says which);
+moving in place keeps a tensor referenced twice one tensor and views of one
+storage views of one CPU storage, and CUDA's ``pin_memory`` makes the copy
+back fast. Looking (``inspection.tensors``) is bounded, copies nothing and
+calls no ``__getitem__``; moving (``remedies.relocate``) is fix mode's only.
 """
 
 import sys
@@ -37,9 +27,8 @@ IPC_SHAREABLE = frozenset(("cuda",))  # spawn/forkserver workers receive these b
 
 
 def _move_to_cpu(found):
-    """The remedy: relocate the dataset's tensors on the devices in ``found``;
-    a dataset that is itself a tensor (or a tuple) is returned as the new
-    ``dataset`` argument, not changed in place."""
+    """The remedy: a dataset that is itself a tensor (or a tuple) is returned
+    as the new ``dataset`` argument, not changed in place."""
     devices = {f.device_type for f in found}
 
     def move_to_cpu(args):
@@ -217,9 +206,8 @@ def default_collate(fn):
       versions="every supported torch with CUDA",
       at="dataloader.pin")
 def pin_accelerator_batch(args, ctx):
-    """Pinning is only a faster copy to the device: a tensor already on one
-    needs none, and it is handed on unchanged, as ``pin_memory=False`` would.
-    Only the tensor torch refused: the ``error`` must be pinning's own."""
+    """A tensor already on a device needs no pinning (a faster copy to one):
+    only the tensor torch refused, the ``error`` pinning's own."""
     batch, torch = args["batch"], sys.modules.get("torch")
     if torch is None or not (is_a(batch, torch.Tensor) and batch.device.type != "cpu"
                              and "pinned" in str(args["error"])):

@@ -55,13 +55,18 @@ def inert_device(facts):
     return "cpu" if facts.accelerator == "cuda" else "cuda"
 
 
-def _disable_quietly(before, after, args, caps):
-    """Disabling keeps the user's dtype, unless this torch warns about it even in
-    a disabled region (torch 2.0 checks the CPU dtype before ``enabled``): then
-    the device's default, which a disabled region never uses."""
+def _disable(before, after, args, ctx, device):
+    """Autocast on ``device`` disabled: on an inert device where this torch
+    would refuse ``device``, and keeping the user's dtype unless this torch
+    warns about it even in a disabled region (torch 2.0 checks the CPU dtype
+    before ``enabled``): then the device's default, which a disabled region
+    never uses."""
+    before["enabled"], after["enabled"] = True, False
+    if not ctx.caps.autocast_accepts(device):
+        after["device_type"] = inert_device(ctx.facts)
     dtype = args["dtype"]
     device = after.get("device_type", device_type(args["device_type"]))
-    if dtype is not None and not caps.autocast_quiet_when_disabled(device, dtype):
+    if dtype is not None and not ctx.caps.autocast_quiet_when_disabled(device, dtype):
         before["dtype"], after["dtype"] = dtype, None
 
 
@@ -78,18 +83,6 @@ TORCH_AMP_REWRITE = Rewrite(
     "goes once nothing uses it); a `device=` the old scaler was given becomes the new "
     "one's device",
     "`*args`, `**kwargs`; the call is not at the logged line")
-
-ENABLED_REWRITE = Rewrite(
-    'amp', 'site',
-    "`enabled=torch.cuda.is_available()` for the device the run asked for "
-    "(`torch.backends.mps`, `torch.xpu` likewise; `enabled=x and ...` for a given value)",
-    "the run changed more than `enabled` (an old torch)")
-
-DTYPE_REWRITE = Rewrite(
-    'amp', 'site',
-    "a `torch.device` as device type: `device.type`; bfloat16 on a GPU that cannot: "
-    "`enabled=... torch.cuda.is_bf16_supported()`",
-    "any other dtype the device cannot autocast to")
 
 
 @rule("AMP501", "deprecated-autocast-api", GROUP,
@@ -135,13 +128,12 @@ def deprecated_autocast_api(args, ctx: AmpContext):
 def deprecated_grad_scaler(args, ctx: AmpContext):
     call = ctx.call
     if call.route and not call.provided:
+        built = "%s(%r)" % (call.route, _scaler_device(args, call))
         return deprecated_grad_scaler.rule.finding(
-            {"api": call.api}, shown={"api": "%s(%r)" % (call.route, _scaler_device(args, call))},
-            applied_by="patch", why=
+            {"api": call.api}, shown={"api": built}, applied_by="patch", why=
             "the old name is deprecated and will be removed; the same scaler is built "
             "through torch.amp",
-            done="%s built as %s(%r), without the FutureWarning" % (
-                call.api, call.route, _scaler_device(args, call)))
+            done="%s built as %s, without the FutureWarning" % (call.api, built))
 
 
 @rule("AMP506", "provided-amp-api", GROUP,
@@ -225,7 +217,11 @@ def scaler_device_argument(args, ctx: AmpContext):
                 "    loss = model(x)")),
       versions=("any: which device types and dtypes autocast takes is asked of the "
                 "installed torch (probed once), not read from its version number"),
-      rewrite=DTYPE_REWRITE,
+      rewrite=Rewrite(
+        'amp', 'site',
+        "a `torch.device` as device type: `device.type`; bfloat16 on a GPU that cannot: "
+        "`enabled=... torch.cuda.is_bf16_supported()`",
+        "any other dtype the device cannot autocast to"),
       at="autocast")
 def autocast_unsupported(args, ctx: AmpContext):
     facts, caps = ctx.facts, ctx.caps
@@ -239,20 +235,18 @@ def autocast_unsupported(args, ctx: AmpContext):
     # Only for a device that is here; one that is not is AMP503's.
     if args["enabled"] and device_available(device, facts):
         if not caps.autocast_accepts(device):
-            before["enabled"], after["enabled"] = True, False
-            after["device_type"] = inert_device(facts)
+            _disable(before, after, args, ctx, device)
             why.append("this torch cannot autocast on %s; the region runs in the "
                        "model's own precision" % device)
             done.append("autocast on %s disabled: this torch cannot autocast there" % device)
         elif args["dtype"] is not None and not caps.autocast_supports(device, args["dtype"]):
-            before["dtype"], before["enabled"], after["enabled"] = args["dtype"], True, False
+            before["dtype"] = args["dtype"]
+            _disable(before, after, args, ctx, device)
             why.append("this torch cannot autocast to %s on %s; disabled, as torch "
                        "itself does (or would, instead of raising), so the region runs "
                        "in the model's own precision" % (args["dtype"], device))
             done.append("autocast to %s on %s disabled, as torch does: this torch cannot "
                         "autocast to it" % (args["dtype"], device))
-        if after.get("enabled") is False:
-            _disable_quietly(before, after, args, caps)
     if after:
         return autocast_unsupported.rule.finding(before, after, "; ".join(why),
                                                  done="; ".join(done))
@@ -274,24 +268,25 @@ def autocast_unsupported(args, ctx: AmpContext):
                 "    loss = model(x)")),
       versions=("every supported torch; torch 2.0 raises for a device type other than "
                 "cuda or cpu"),
-      rewrite=ENABLED_REWRITE,
+      rewrite=Rewrite(
+        'amp', 'site',
+        "`enabled=torch.cuda.is_available()` for the device the run asked for "
+        "(`torch.backends.mps`, `torch.xpu` likewise; `enabled=x and ...` for a given value)",
+        "the run changed more than `enabled` (an old torch)"),
       at=("autocast", "scaler"),
       # it reads enabled and the device as the others left them
       after=("autocast_unsupported", "scaler_device_argument", "provided_amp_api",
              "deprecated_grad_scaler"))
 def amp_device_unavailable(args, ctx: AmpContext):
-    facts, caps, call = ctx.facts, ctx.caps, ctx.call
+    facts, call = ctx.facts, ctx.call
     if not args["enabled"]:
         return None
     if "device_type" in args:
         device = device_type(args["device_type"])
         if device_available(device, facts):
             return None
-        after = {"enabled": False}
-        if not caps.autocast_accepts(device):
-            after["device_type"] = inert_device(facts)
-        before = {"device_type": args["device_type"], "enabled": True}
-        _disable_quietly(before, after, args, caps)
+        before, after = {"device_type": args["device_type"]}, dict[str, Any]()
+        _disable(before, after, args, ctx, device)
         return amp_device_unavailable.rule.finding(
             before, after,
             "there is no %s device here, so there is nothing to autocast on it" % device,

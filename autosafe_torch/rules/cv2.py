@@ -8,17 +8,10 @@ rate while the parent's threads ran cv2 did, rarely (5.0.0), never with
 hung or crashed on every release. A parent that used OpenCL (``cv2.UMat``)
 on a usable device hands its context to forked workers, which then hang in
 UMat whatever ``worker_init_fn`` sets. Stopping the parent's pool at
-``import cv2`` cost main-process cv2 code 0.57x. So:
-
-- CV401: the program keeps its threads; each worker gets
-  ``setNumThreads(0)`` (never another count) before the program's code
-  runs there: fork workers as they fork (an after-fork hook for torch's
-  ``_worker_loop`` processes, installed at ``import cv2`` by
-  patches/cv2.py), every start method through a ``worker_init_fn`` step.
-- CV402: only where the hazard is a fact (fork workers, a usable OpenCL
-  device, the OpenCL runtime loaded in the parent): the workers start from
-  the warm server (a clean process) where the dataset travels, else are
-  emulated; OpenCL is off in the workers.
+``import cv2`` cost main-process cv2 code 0.57x. So the program keeps its
+threads and each worker gets ``setNumThreads(0)``, never another count
+(CV401; fork workers also by patches/cv2.py's after-fork hook), and OpenCL
+workers start clean only where that hazard is a fact (CV402).
 
 Nothing here imports cv2: the steps are added only once the program has.
 """
@@ -35,13 +28,6 @@ from .pickling_plan import pickling_plan
 
 GROUP = "cv2"
 
-CV2_WORKERS_REWRITE = Rewrite(
-    'cv2', 'file',
-    "after `import cv2`: `os.register_at_fork(after_in_child=lambda: "
-    "cv2.setNumThreads(0))`, and `cv2.setNumThreads(0)` under `if __name__ == "
-    '"__mp_main__":` (spawned workers import the module again); your program\'s own '
-    "threads untouched",
-    "cv2 is not imported at module level in the file")
 
 @rule("CV401", "cv2-threads", GROUP,
       summary=("cv2 imported and a DataLoader with workers: cv2.setNumThreads(0) in each "
@@ -61,7 +47,13 @@ CV2_WORKERS_REWRITE = Rewrite(
                 "DataLoader(images_resized_with_cv2, num_workers=4, "
                 "worker_init_fn=worker_init)")),
       versions="every supported torch; any OpenCV (opencv-python, -headless, -contrib)",
-      rewrite=CV2_WORKERS_REWRITE,
+      rewrite=Rewrite(
+        'cv2', 'file',
+        "after `import cv2`: `os.register_at_fork(after_in_child=lambda: "
+        "cv2.setNumThreads(0))`, and `cv2.setNumThreads(0)` under `if __name__ == "
+        '"__mp_main__":` (spawned workers import the module again); your program\'s own '
+        "threads untouched",
+        "cv2 is not imported at module level in the file"),
       at="dataloader.init")
 def cv2_threads_in_workers(args, ctx):
     if args["num_workers"] <= 0 or "cv2" not in sys.modules:

@@ -22,11 +22,6 @@ WORKER_ARGUMENT_REWRITE = Rewrite(
     "`persistent_workers=NUM_WORKERS > 0`; removed where the call gives no workers",
     "`num_workers` is computed at the call (it would be evaluated twice)")
 
-PIN_MEMORY_REWRITE = Rewrite(
-    'loader_args', 'site',
-    "`pin_memory=torch.cuda.is_available()` (`pin_memory=x and ...` for an expression)",
-    "the argument is not written at the call")
-
 
 @rule("DL101", "prefetch-without-workers", GROUP,
       summary="prefetch_factor given with num_workers=0: reset to the default",
@@ -102,7 +97,6 @@ def timeout_without_workers(args, ctx):
 
 
 def _without_workers(check, args, name, new, why):
-    """``name`` set to ``new``: with num_workers=0 it has no effect."""
     done = "%s %s -> %s: num_workers=0" % (name, brief(args[name]), brief(new))
     return check.rule.finding({name: args[name]}, {name: new}, why, done=done)
 
@@ -135,7 +129,10 @@ def zero_prefetch_with_workers(args, ctx):
                "DataLoader(ds, num_workers=2, pin_memory=torch.cuda.is_available())"),
       versions=("torch versions whose DataLoader warns about it (2.13 does, 2.0 does "
                 "not): the installed torch is asked, not its version number"),
-      rewrite=PIN_MEMORY_REWRITE,
+      rewrite=Rewrite(
+        'loader_args', 'site',
+        "`pin_memory=torch.cuda.is_available()` (`pin_memory=x and ...` for an expression)",
+        "the argument is not written at the call"),
       at="dataloader.init")
 def pin_memory_without_accelerator(args, ctx):
     facts = ctx.facts

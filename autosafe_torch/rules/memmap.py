@@ -1,20 +1,13 @@
 """Memory maps travel to spawn/forkserver workers by reference (DL218).
 
-Workers that receive the dataset by pickling (spawn, forkserver, the warm
-server of DL209; not fork, whose workers inherit the map) get every
-``numpy.memmap`` copied into each worker start: the whole file read,
-pickled and unpickled per worker and per epoch. Nothing fails, it is only
-slow and large; DL218 maps the same array again from the file in each
-worker (``remedies/memmaps.py``: exact or nothing, a map that cannot be
-reproduced exactly is pickled as before; ``inspection/mappings.py``).
-
-A tensor whose storage is a file's map (``torch.load(path, mmap=True)``,
-``UntypedStorage.from_file``, ``torch.from_numpy`` of a memmap) is sent by
-torch's reducer through ``/dev/shm``, the copy kept for the tensor's life
-(a ``from_file`` storage does not go at all). DL218 sends it by reference
-too, each worker mapping the file again, private and copy-on-write
-(``remedies/mapped_tensors.py``), for the files this loader's tensors lie
-in only. It acts on nothing the ladder sent to fork or emulated workers.
+Workers that receive the dataset by pickling (spawn, forkserver, DL209's
+warm server; a fork worker inherits the map) get each ``numpy.memmap``
+copied into every worker start, and torch's reducer sends a tensor whose
+storage is a file's map through ``/dev/shm``, kept for the tensor's life (a
+``from_file`` storage not at all). Both are mapped again from the file in
+each worker instead, exact or not at all (``remedies/memmaps.py``,
+``remedies/mapped_tensors.py``, ``inspection/mappings.py``), for this
+loader's files only, never for workers the ladder sent to fork or emulated.
 """
 
 import os
@@ -92,23 +85,21 @@ def memmap_by_reference(args, ctx: IterContext):
     from ..remedies import mapped_tensors, memmaps  # noqa: PLC0415 - mapped_tensors imports torch: the rules load at `import cv2`, before the program imports torch; memmaps: 0.3 ms at `import torch` (-X importtime: remedies.memmaps, inspection.mappings)
 
     workers = number_of(args["num_workers"], "worker")
-    named = ["%s (a numpy memmap of %s, %s)" % (
-        path, os.path.basename(ref.path), memmaps.size_text(arr.nbytes))
-        for path, arr, ref in arrays]
-    named += ["%s (a tensor mapped from %s, %s)" % (
-        path, os.path.basename(ref.path), memmaps.size_text(ref.nbytes)) for path, ref in tensors]
+    named = ["%s (a %s %s, %s)" % (path, what, os.path.basename(ref.path), memmaps.size_text(size))
+             for what, found in (("numpy memmap of", arrays), ("tensor mapped from", tensors))
+             for path, ref, size in found]
     shown = ", ".join(named[:3]) + (" and %d more" % (len(named) - 3) if len(named) > 3 else "")
     reasons, remedies, before = [], [], {}
     if arrays:
         reasons.append("pickling copies each memmap into every worker start")
         remedies.append(lambda args: memmaps.install_reducers())
-        before["memmaps"] = [path for path, _arr, _ref in arrays]
+        before["memmaps"] = [path for path, _ref, _size in arrays]
     if tensors:
         reasons.append("torch copies each file-mapped tensor into shared memory (/dev/shm) "
                        "for the tensor's life")
-        files = {ref.file for _path, ref in tensors}
+        files = {ref.file for _path, ref, _size in tensors}
         remedies.append(lambda args: mapped_tensors.install_reducers(files))
-        before["tensors"] = [path for path, _ref in tensors]
+        before["tensors"] = [path for path, _ref, _size in tensors]
     why = "; ".join(reasons) + "; each worker maps the file again instead, copy-on-write (as " \
         "writable as the copy, and its own)"
     if kept:
@@ -120,10 +111,9 @@ def memmap_by_reference(args, ctx: IterContext):
 
 
 def _mapped(args, numpy, torch):
-    """``(arrays, tensors, kept)``: ``(path, array, Reference)`` for each memmap
-    that can go by reference, ``(path, TensorReference)`` for each file-mapped
-    tensor that can, ``(path, why not)`` for the others (one walk, one read of
-    this process's maps)."""
+    """``(arrays, tensors, kept)``: ``(path, reference, bytes)`` for each memmap
+    and each file-mapped tensor that can go by reference, ``(path, why not)``
+    for the others (one walk, one read of this process's maps)."""
     from ..inspection import mappings  # noqa: PLC0415 - 0.2 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.mappings)
 
     # The types the reducers are registered for: a subclass pickles as it always did.
@@ -139,11 +129,11 @@ def _mapped(args, numpy, torch):
             if ref is None:
                 kept.append((here, why))
             else:
-                arrays.append((here, obj, ref))
+                arrays.append((here, ref, obj.nbytes))
             continue
         ref, why = tensor_reference(obj, maps)
         if ref is not None:
-            tensors.append((here, ref))
+            tensors.append((here, ref, ref.nbytes))
         elif why is not None:
             kept.append((here, why))
     return arrays, tensors, kept

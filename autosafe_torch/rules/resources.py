@@ -31,8 +31,7 @@ from .ladder import GROUP, emulated_workers
 # Estimate only where the limit could plausibly be reached.
 SHM_PROBE_BELOW = 8 * 2 ** 30
 FDS_PROBE_BELOW = 65536
-# Batches the main process holds beyond those requested from the workers.
-EXTRA_BATCHES = 2
+EXTRA_BATCHES = 2  # the batch the loop holds and the one being received
 # tmpfs is full before the estimate says so (measured: 8 batches of 1 MiB
 # do not fit in 8 MiB), so a quarter more.
 SHM_HEADROOM = 1.25
@@ -48,30 +47,24 @@ FDS_FIX = ("raise the limit before starting (ulimit -n <hard limit>), or call "
            "torch.multiprocessing.set_sharing_strategy('file_system') at start")
 
 
-# -- one sample, known without fetching it -----------------------------------
-
 class Profile(NamedTuple):
-    nbytes: int
-    tensors: int
+    nbytes: int  # of one sample
+    tensors: int  # in one sample
+    batch: int  # samples per batch (1 without automatic batching)
 
 
 def sample_profile(values):
-    """Bytes and tensor count of one sample, where known without user code: a
-    TensorDataset's tensors' shapes. None otherwise (never ``dataset[0]``)."""
+    """One sample's bytes and tensor count, and the samples per batch, where
+    known without user code: a TensorDataset's tensors' shapes. None
+    otherwise (never ``dataset[0]``)."""
     torch = sys.modules.get("torch")
-    dataset = values["dataset"]
-    if torch is None or not isinstance(dataset, torch.utils.data.TensorDataset):
+    dataset, sampler = values["dataset"], values["batch_sampler"]
+    size = (values["batch_size"] or 1) if sampler is None else getattr(sampler, "batch_size", None)
+    if not size or torch is None or not isinstance(dataset, torch.utils.data.TensorDataset):
         return None
     nbytes = sum((t.numel() // max(1, t.shape[0])) * t.element_size()
                  for t in dataset.tensors if t.dim())
-    return Profile(nbytes, len(dataset.tensors))
-
-
-def batch_size(values):
-    """Samples per batch (1 without automatic batching)."""
-    if values["batch_sampler"] is not None:
-        return getattr(values["batch_sampler"], "batch_size", None)
-    return values["batch_size"] or 1
+    return Profile(nbytes, len(dataset.tensors), size)
 
 
 def _prefetch(values):
@@ -109,11 +102,10 @@ def shm_too_small(values, ctx):
     free = facts.shm_available
     if workers <= 0 or free is None or free >= SHM_PROBE_BELOW:
         return None
-    size = batch_size(values)
-    profile = sample_profile(values) if size else None
+    profile = sample_profile(values)
     if profile is None:
         return None
-    batch = profile.nbytes * size
+    batch = profile.nbytes * profile.batch
     prefetch = _prefetch(values)
     need = shm_needed(batch, workers, prefetch)
     if need <= free:
@@ -121,7 +113,6 @@ def shm_too_small(values, ctx):
     head = ("%d workers x prefetch_factor %d need about %s of /dev/shm for "
             "batches of %s; %s is free" % (workers, prefetch, _mib(need), _mib(batch),
                                            _mib(free)))
-    # 1. Fewer batches in flight: the batches themselves do not change.
     for p in range(prefetch - 1, 0, -1):
         if shm_needed(batch, workers, p) <= free:
             return shm_too_small.rule.finding(
@@ -130,8 +121,7 @@ def shm_too_small(values, ctx):
                 strategy="lower prefetch_factor",
                 done="prefetch_factor %d -> %d: /dev/shm has %s free, %s needed" % (
                     prefetch, p, _mib(free), _mib(need)))
-    # 2. The requested workers, emulated in this process: no shared memory, each
-    # worker's seed, worker info and batches as asked (never fewer: ladder.LADDERS).
+    # Never fewer workers (ladder.LADDERS): the requested ones, emulated.
     return emulated_workers(
         shm_too_small, values, head + ". Not even one batch per worker fits",
         reason="/dev/shm has %s free, %s needed with one batch per worker" % (
@@ -162,14 +152,13 @@ def open_file_limit_too_low(values, ctx):
     infinite = _infinity()
     if soft == infinite or soft >= FDS_PROBE_BELOW:
         return None
-    size = batch_size(values)
-    profile = sample_profile(values) if size else None
+    profile = sample_profile(values)
     if profile is None:
         return None
     # Default collation stacks each field into one tensor per batch; another
     # collate_fn may keep one tensor per sample.
     per_batch = profile.tensors if default_collate(values["collate_fn"]) \
-        else profile.tensors * size
+        else profile.tensors * profile.batch
     need = per_batch * (_prefetch(values) * workers + EXTRA_BATCHES) * 4 + FD_RESERVE
     if soft >= need:
         return None
@@ -183,13 +172,12 @@ def open_file_limit_too_low(values, ctx):
             strategy="raise soft limit", remedies=[limits.raise_soft_limit(ceiling)],
             done="open-file soft limit %d -> %d: %s may need about %d" % (
                 soft, ceiling, number_of(workers, "worker"), need))
-    # The hard limit is too low as well: no descriptors per tensor at all.
     steps = [limits.file_system_sharing]
     if ceiling > soft:
         steps.insert(0, limits.raise_soft_limit(ceiling))
     old = values["worker_init_fn"]
     return open_file_limit_too_low.rule.finding(
-        {"worker_init_fn": old}, {"worker_init_fn": with_step(old, limits.use_file_system_sharing)},
+        {"worker_init_fn": old}, {"worker_init_fn": with_step(old, limits.file_system_sharing)},
         head + " and the hard limit %d is too low as well: switched torch's sharing "
         "strategy to file_system, in this process and in every worker" % hard,
         strategy="file_system sharing", remedies=steps,

@@ -1,23 +1,21 @@
 """AMP: autocast, GradScaler and custom_fwd/custom_bwd (AMP501-AMP506).
 
-- ``torch.amp.autocast.__init__`` (every autocast's base): AMP503, AMP505, on
-  every training step (``autocast.py``).
-- the deprecated ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``
-  (torch >= 2.4): their ``__new__`` and ``__init_subclass__``, which only
-  warn, are replaced (AMP501). The classes stay the classes (isinstance,
-  subclassing, ``type(x)``), and torch's own ``__init__`` still maps the old
-  positional order (enabled, dtype, cache_enabled) onto ``torch.amp.autocast``.
-- ``torch.cuda.amp.GradScaler.__init__`` (and the CPU one): bound to the old
-  signature, built through ``torch.amp.GradScaler.__init__`` by keyword
-  (AMP502), with a device (AMP504); ``torch.amp.GradScaler.__init__``: AMP503.
-- ``torch.cuda.amp.custom_fwd`` / ``custom_bwd``: routed to ``torch.amp``'s.
-- on a torch without them, ``torch.amp.GradScaler`` and ``torch.amp.autocast``
-  are provided (AMP506).
+- ``autocast.py``: ``torch.amp.autocast.__init__``, every autocast's base;
+  the deprecated ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``,
+  of which only ``__new__`` and ``__init_subclass__``, which only warn, are
+  replaced: the classes stay the classes (isinstance, subclassing,
+  ``type(x)``), and torch's own ``__init__`` still maps the old positional
+  order (enabled, dtype, cache_enabled) onto torch.amp's; and
+  ``torch.cuda.amp.custom_fwd`` / ``custom_bwd``, routed to torch.amp's.
+- ``scaler.py``: GradScaler's ``__init__``; ``provided.py``: on a torch
+  without them, ``torch.amp.GradScaler`` and ``torch.amp.autocast`` (AMP506).
 
 All by feature, not by version number: whether a class is marked deprecated,
 whether ``torch.amp`` has the modern class and its signature a device, and
 what ``torch.amp.autocast`` accepts, probed once.
 """
+
+import functools
 
 from ...rules.amp import AmpCall
 from .. import Signature, original, replace, wrap
@@ -32,7 +30,6 @@ def patch(torch):
     init = autocast_cls.__dict__["__init__"]
     state["caps"] = TorchAmpCaps(autocast_cls, init)
     state["autocast_call"] = AmpCall("torch.autocast")
-    state["route_findings"] = {}
     replace(autocast_cls, "__init__", autocast.make_init(init))
 
     # AMP501: the deprecated autocast classes and decorators.
@@ -50,14 +47,14 @@ def patch(torch):
     cuda_amp = old_amp["cuda"]
     if cuda_amp is not None and hasattr(amp, "custom_fwd") and hasattr(amp, "custom_bwd") \
             and is_deprecated(getattr(cuda_amp, "custom_fwd", None)):
-        def call_of(name):
-            return AmpCall("torch.cuda.amp.%s" % name, device="cuda", takes_device=False,
+        for name in ("custom_fwd", "custom_bwd"):
+            call = AmpCall("torch.cuda.amp.%s" % name, device="cuda", takes_device=False,
                            route="torch.amp.%s(device_type='cuda')" % name)
-        fwd, bwd = autocast.patch_custom_decorators(torch, cuda_amp, call_of)
-        for owner in (cuda_amp, getattr(cuda_amp, "autocast_mode", None)):
-            if owner is not None and hasattr(owner, "custom_fwd"):
-                replace(owner, "custom_fwd", fwd)
-                replace(owner, "custom_bwd", bwd)
+            decorator = autocast.routed(call, "", getattr(cuda_amp, name),
+                                        functools.partial(getattr(amp, name), device_type="cuda"))
+            for owner in (cuda_amp, getattr(cuda_amp, "autocast_mode", None)):
+                if owner is not None and hasattr(owner, "custom_fwd"):
+                    replace(owner, name, decorator)
 
     # AMP502-AMP504: GradScaler.
     modern = getattr(amp, "GradScaler", None)

@@ -15,7 +15,9 @@ from ...report import internal_error
 from .. import Signature, bind, replace
 from .common import _CLEAN, _PLAN_CACHE_LIMIT, run, state
 
-_autocast_plans = {}  # (args, disabled, facts override) -> _CLEAN or (findings, kwargs)
+# (autocast's args, disabled, facts override) -> _CLEAN or (findings, kwargs);
+# (a deprecated API's name, disabled, facts override) -> its routing findings
+_autocast_plans = {}
 
 
 def forget():
@@ -91,18 +93,26 @@ def _make_generic_autocast_init(init, signature):
     return __init__
 
 
-def _route_decision(call, instance=None):
+def _route_decision(call):
     """True to route ``call`` quietly; False to call the deprecated original."""
     key = (call.api, CONFIG.disabled, facts._override)
-    found = state["route_findings"].get(key)
+    found = _autocast_plans.get(key)
     if found is None:
-        found = state["route_findings"][key] = run("amp.legacy", {}, call)[0]
-    return engine.settle_repeated(found, cached_call_site(instance)) if found else False
+        found = _autocast_plans[key] = run("amp.legacy", {}, call)[0]
+    return engine.settle_repeated(found, cached_call_site(None)) if found else False
 
 
-def _quiet(call, where=""):
-    """``_route_decision``, failing open: False (the deprecated original runs)."""
-    return engine.fail_open(False, call.api + where, _route_decision, call)
+def routed(call, where, deprecated, quiet):
+    """``deprecated``'s stand-in: ``quiet`` where the route is decided quiet, else
+    ``deprecated`` itself (it warns); failing open to ``deprecated``."""
+
+    @functools.wraps(deprecated)
+    def route(*args, **kwargs):
+        quiet_now = engine.fail_open(False, call.api + where, _route_decision, call)
+        return (quiet if quiet_now else deprecated)(*args, **kwargs)
+
+    route.__dict__.pop("__deprecated__", None)
+    return route
 
 
 def patch_deprecated(legacy, call, base):
@@ -135,52 +145,20 @@ def patch_deprecated(legacy, call, base):
     deprecated_func = getattr(deprecated_hook, "__func__", deprecated_hook)
     inner = getattr(deprecated_func, "__wrapped__", None)
 
-    @functools.wraps(deprecated_func)
-    def __init_subclass__(cls, **kwargs):
-        if not _quiet(call, ".__init_subclass__"):
-            return deprecated_func(cls, **kwargs)
+    def quiet_hook(cls, **kwargs):
         if inner is not None and not isinstance(inner, type(object.__init_subclass__)):
             return inner(cls, **kwargs)
         return super(legacy, cls).__init_subclass__(**kwargs)
 
-    __init_subclass__.__dict__.pop("__deprecated__", None)
-    replace(legacy, "__init_subclass__", classmethod(__init_subclass__))
+    replace(legacy, "__init_subclass__",
+            classmethod(routed(call, ".__init_subclass__", deprecated_func, quiet_hook)))
 
 
 def patch_deprecated_init(legacy, call):
     """The same routing where the deprecation marks ``legacy.__init__`` (torch
     2.4-2.8): quiet, the undecorated ``__init__`` runs (it calls torch.amp's
-    with the device); else the deprecated one, which warns."""
+    with the device)."""
     deprecated_init = legacy.__dict__["__init__"]
     inner = getattr(deprecated_init, "__wrapped__", None)
-    if inner is None:
-        return
-
-    @functools.wraps(inner)
-    def __init__(self, *args, **kwargs):
-        return (inner if _quiet(call, ".__init__") else deprecated_init)(self, *args, **kwargs)
-
-    __init__.__dict__.pop("__deprecated__", None)
-    replace(legacy, "__init__", __init__)
-
-
-def patch_custom_decorators(torch, module, call_of):
-    """torch.cuda.amp.custom_fwd/custom_bwd -> torch.amp's, device_type="cuda"."""
-    modern_fwd, modern_bwd = torch.amp.custom_fwd, torch.amp.custom_bwd
-    legacy_fwd, legacy_bwd = module.custom_fwd, module.custom_bwd
-
-    @functools.wraps(legacy_fwd)
-    def custom_fwd(fwd=None, *, cast_inputs=None):
-        if _quiet(call_of("custom_fwd")):
-            return modern_fwd(fwd, device_type="cuda", cast_inputs=cast_inputs)
-        return legacy_fwd(fwd, cast_inputs=cast_inputs)
-
-    @functools.wraps(legacy_bwd)
-    def custom_bwd(bwd):
-        if _quiet(call_of("custom_bwd")):
-            return modern_bwd(bwd, device_type="cuda")
-        return legacy_bwd(bwd)
-
-    for fn in (custom_fwd, custom_bwd):
-        fn.__dict__.pop("__deprecated__", None)
-    return custom_fwd, custom_bwd
+    if inner is not None:
+        replace(legacy, "__init__", routed(call, ".__init__", deprecated_init, inner))

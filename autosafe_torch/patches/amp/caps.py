@@ -5,13 +5,10 @@ import warnings
 
 
 class TorchAmpCaps:
-    """What this torch's ``torch.amp.autocast`` accepts, probed once per question.
-
-    A probe builds an autocast object through the original ``__init__`` and
-    never enters it: the device type is accepted when that does not raise,
-    a dtype is supported when autocast stays enabled (torch disables it with
-    a warning, or raises, for a dtype the device cannot do).
-    """
+    """Probed once per question: a probe builds an autocast object through the
+    original ``__init__`` and never enters it: the device type is accepted when
+    that does not raise, a dtype is supported when autocast stays enabled
+    (torch disables it with a warning, or raises, for one the device cannot do)."""
 
     def __init__(self, autocast_cls, init):
         self._cls = autocast_cls

@@ -6,7 +6,7 @@ from ...rules import AmpContext
 
 _CLEAN = "clean"      # cached plan: call the original unchanged
 _PLAN_CACHE_LIMIT = 4096
-state = {}            # caps, the autocast call, cached route findings (patch() fills it)
+state = {}            # caps and the autocast call (patch() fills it)
 
 
 def run(hook, args, call):

@@ -1,4 +1,6 @@
-"""GradScaler's ``__init__``, legacy and modern (AMP502-AMP504: ``__init__.py``)."""
+"""GradScaler's ``__init__``: a legacy one (``torch.cuda.amp``'s, the CPU one)
+bound to its old signature and built through ``torch.amp.GradScaler.__init__``
+by keyword (AMP502), with a device (AMP504); the modern one: AMP503."""
 
 from ... import engine
 from ...callsite import cached_call_site
