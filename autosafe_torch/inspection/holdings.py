@@ -1,8 +1,7 @@
-"""What a dataset holds that matters to its workers: files, locks, thread pools, loggers.
-
-Looked at, never changed, no user code run (``autosafe_torch.remedies`` acts
-on it). Native handles count as files: h5py objects, lmdb environments, and
-the ``cv2.VideoCapture`` objects whose source the cv2 patch recorded.
+"""What a dataset holds that matters to its workers: files, locks, thread pools,
+loggers; looked at, never changed, no user code run (``remedies`` acts on it).
+Native handles count as files: h5py objects, lmdb environments, and the
+``cv2.VideoCapture`` objects whose source the cv2 patch recorded.
 """
 
 import collections
@@ -54,12 +53,9 @@ def real_path(raw):
         if isinstance(raw.name, (str, bytes)):
             candidates.append(os.path.abspath(os.fsdecode(raw.name)))
         for path in candidates:
-            try:
-                there = os.stat(path)
-            except OSError:
-                continue
-            if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
-                return path
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.stat(path), here):
+                    return path
     return None
 
 
@@ -71,8 +67,8 @@ def h5py_types():
 # -- native handles -------------------------------------------------------------
 
 # What opened each cv2.VideoCapture (cv2 patch): id -> ``(source, apiPreference,
-# params)``, source an absolute path or an index. Keyed by id, as a capture takes
-# no attributes or weak references: a new one overwrites a dead one's; oldest go first.
+# params)``, source an absolute path or an index. By id, as a capture takes no
+# attributes or weak references: a new one overwrites a dead one's; oldest go first.
 _video_sources = collections.OrderedDict()
 MAX_VIDEO_SOURCES = 4096
 
@@ -107,13 +103,13 @@ def fork_unsafe(obj):
 
 
 def one_per_process(obj):
-    """Handles py-lmdb refuses to open twice in one process: never reopened in this one."""
+    """py-lmdb refuses to open its handles twice in one process: never reopened in this one."""
     return _lmdb_kind(obj) is not None
 
 
 def video_source(cap):
-    """``(path, apiPreference, params)`` of an open capture of a regular file
-    the patch recorded, else None (a camera, a stream, closed, made before the patch)."""
+    """``(path, apiPreference, params)`` of an open capture of a regular file the
+    patch recorded, else None (a camera, a stream, closed, made before the patch)."""
     with contextlib.suppress(Exception):
         source = _video_sources.get(id(cap))
         if source is not None and isinstance(source[0], str) and os.path.isfile(source[0]) \
@@ -130,10 +126,10 @@ def lmdb_read_write(env):
 
 
 def file_kind(f):
-    """``"readonly-file"``, ``"writable-file"`` or None (not a regular file we can
-    reopen). Read-only: opened for reading only, on a regular file its path still
-    names; an h5py file opened ``'r'``; a sqlite connection or an lmdb environment
-    (both reopened read-only: ``reopen.read_only_note``); a recorded capture."""
+    """``READONLY``, ``WRITABLE`` or None (not a regular file we can reopen).
+    Read-only: opened for reading only, on a regular file its path still
+    names; an h5py file opened ``'r'``; a sqlite connection or an lmdb
+    environment (reopened read-only); a recorded capture."""
     if is_a(f, h5py_types()):
         with contextlib.suppress(Exception):
             h5file = f.file if f.id.valid else None
@@ -143,14 +139,11 @@ def file_kind(f):
     if sqlite_path(f) is not None:
         return READONLY
     handle = fork_unsafe(f)
-    if handle == LMDB_ENV:
-        try:
-            return READONLY if os.path.exists(f.path()) else None
-        except Exception:  # closed
-            return None
-    if handle == VIDEO:
-        return READONLY if video_source(f) is not None else None
-    if handle is not None:  # an lmdb database handle: tied to its environment
+    if handle is not None:  # an lmdb database handle is tied to its environment: None
+        with contextlib.suppress(Exception):  # a closed environment
+            if handle == LMDB_ENV and os.path.exists(f.path()) \
+                    or handle == VIDEO and video_source(f) is not None:
+                return READONLY
         return None
     raw = raw_file(f)
     if raw is None or real_path(raw) is None:
@@ -172,14 +165,13 @@ def sqlite_path(conn):
         databases = conn.execute("PRAGMA database_list").fetchall()
     except Exception:  # closed, or used from its own thread only
         return None
-    if len(databases) != 1 or not databases[0][2] or not os.path.isfile(databases[0][2]):
-        return None
-    return databases[0][2]
+    path = databases[0][2] if len(databases) == 1 else None
+    return path if path and os.path.isfile(path) else None
 
 
 def is_native_handle(obj):
-    """An h5py object, an lmdb handle or a capture: a file handle a forked
-    child needs its own of, with no descriptor of its own to give."""
+    """An h5py object, an lmdb handle or a capture: a forked child needs its own,
+    and it has no descriptor of its own to give."""
     return is_a(obj, h5py_types()) or fork_unsafe(obj) is not None
 
 
@@ -194,7 +186,7 @@ def is_file_object(obj):
 
 
 class HeldFile(collections.namedtuple("HeldFile", "path obj kind")):
-    """``(path, obj, kind)``; ``.edge`` knows where it hangs, ``.set(new)`` replaces it."""
+    """``(path, obj, kind)``; ``.set(new)`` replaces it where it hangs (``.edge``)."""
 
     def __new__(cls, path, obj, kind, edge):
         self = super().__new__(cls, path, obj, kind)
@@ -216,9 +208,9 @@ class HeldFile(collections.namedtuple("HeldFile", "path obj kind")):
 
 
 def find_files(obj, path="dataset", items=None):
-    """Files reachable from ``obj``: ``HeldFile(path, file, file_kind(file))``, at
-    each place one is held, kind None where it cannot be reopened (pipes,
-    sockets, closed or deleted files); ``items``: as ``objwalk.walk``'s."""
+    """``HeldFile(path, file, file_kind(file))`` at each place ``obj`` holds a
+    file (kind None: pipes, sockets, closed or deleted files); ``items``: as
+    ``objwalk.walk``'s."""
     if is_file_object(obj):
         return [HeldFile(path, obj, file_kind(obj), None)]
     found, kinds = [], {}
@@ -281,15 +273,15 @@ def stop_at(obj):
 
 
 def stop_at_threading(obj):
-    """Locks, threads, thread pools and loggers: reported, never entered (a logger
-    reaches the whole logging tree; logging re-makes its locks after fork)."""
+    """Locks, threads, pools and loggers: reported, never entered (a logger reaches
+    the whole logging tree; logging re-makes its locks after fork)."""
     return threading_kind(obj) is not None or thread_pool_in_use(obj) is not None \
         or is_a(obj, (logging.Logger, logging.Handler))
 
 
 def fork_blockers(obj, path="dataset", items=None):
     """``(path, kind)`` for what a forked worker cannot inherit: a lock held now
-    (by any thread: in the child it stays held forever) and a live thread (the
+    (by any thread: in the child it stays held forever), a live thread (the
     child has none behind it). An unheld lock is copied unheld; a thread pool
     is rebuilt in each worker (DL208)."""
     found = []
@@ -325,9 +317,9 @@ def unheld_lock(value):
 
 
 class UsersLocks:
-    """The unheld locks the user's own objects (``users_class``) hold, directly or
-    through threading's primitives and built-in containers, in ``parts``:
-    ``holds(lock)``, and ``named``, ``(path, obj)`` of each outermost one."""
+    """The unheld locks the user's own objects hold in ``parts``, directly or
+    through threading's primitives and built-in containers: ``holds(lock)``,
+    and ``named``, ``(path, obj)`` of each outermost one."""
 
     def __init__(self, parts):
         self._owners = objwalk.Owners(parts)
@@ -400,9 +392,9 @@ def chain(logger):
 
 
 def configured(logger):
-    """Whether ``logger``'s records meet a configuration a spawned worker would
-    not have: a handler, a level, a filter, ``propagate`` off or ``disabled`` on
-    along its chain (the root's default WARNING is a new process's too)."""
+    """Whether ``logger``'s records meet, along its chain, a handler, level,
+    filter, ``propagate`` off or ``disabled`` on, which a spawned worker would
+    not have (the root's default WARNING is a new process's too)."""
     return any(link.handlers or link.filters or link.disabled or not link.propagate
                or link.level != (logging.WARNING if link is logging.root else logging.NOTSET)
                for link in chain(logger))
@@ -410,10 +402,9 @@ def configured(logger):
 
 def forwards_attributes(obj):
     """An instance whose class forwards unknown attributes (``__getattr__`` or
-    its own ``__getattribute__``) and pickles and copies by default, where
-    pickle's and copy's look-up of ``__setstate__`` on the new, empty instance
-    recurses or raises in the forwarding (a RecursionError in a spawned worker).
-    Rebuilt from its ``__dict__`` instead, asking the empty instance nothing."""
+    its own ``__getattribute__``) and pickles and copies by default, where the
+    look-up of ``__setstate__`` on the new, empty instance recurses or raises
+    (a RecursionError in a spawned worker): rebuilt from its ``__dict__``."""
     cls = type(obj)
     defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
                 ("__getstate__", getattr(object, "__getstate__", None)),
@@ -435,9 +426,9 @@ def forwards_attributes(obj):
 @functools.cache
 def _unpickling_fails(cls):
     """Whether unpickling's one question to a new, empty instance of ``cls`` (its
-    ``__setstate__``, which reaches ``__getattr__``) fails: asked once per class,
-    only of what is about to be pickled (or copied) for workers, each of which
-    would ask it. transformers' tokenizers answer it (AttributeError)."""
+    ``__setstate__``, reaching ``__getattr__``) fails: asked once per class,
+    only of what is sent to workers, which would each ask it. transformers'
+    tokenizers answer it (AttributeError)."""
     try:
         empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
     except Exception:  # pickle's own error, as without the shim
@@ -456,7 +447,7 @@ PER_PROCESS_NAMES = frozenset({"getpid", "pread", "preadv"})
 
 
 def nested_code(code, depth=0):
-    """``code`` and the code it nests (functions, lambdas, comprehensions), 4 levels down."""
+    """``code`` and the code it nests (functions, lambdas...), 4 levels down."""
     yield code
     if depth < 4:
         for const in code.co_consts:
@@ -465,9 +456,9 @@ def nested_code(code, depth=0):
 
 
 def reopens_per_process(obj):
-    """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (a dataset
-    that reopens its files per process itself) or read with ``os.pread``/``preadv``
-    (no shared offset): read from the code, never run."""
+    """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (it reopens
+    its files per process) or read with ``os.pread``/``preadv`` (no shared
+    offset): read from the code, never run."""
     for cls in type(obj).__mro__:
         if cls.__module__ == "builtins" or cls.__module__.startswith("torch."):
             continue

@@ -13,7 +13,6 @@ from torch.utils.data import get_worker_info
 
 from ..inspection import holdings
 from ..mp_private import executor_arguments, pool_processes
-from .pickling import install
 
 
 def _new_pool(kind, max_workers, prefix):
@@ -38,11 +37,7 @@ def _reduce_pool(pool):
 def pool_reducers():
     from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - 0.5 ms in each worker that rebuilds an executor, which imports this module (-X importtime after torch: multiprocessing.pool)
 
-    return {ThreadPoolExecutor: _reduce_pool, ThreadPool: _reduce_pool}
-
-
-def install_reducers():
-    install(pool_reducers())
+    return dict.fromkeys((ThreadPoolExecutor, ThreadPool), _reduce_pool)
 
 
 def rebuild_pools(obj):

@@ -1,10 +1,8 @@
 """The rule registry: where each rule runs, and what a finding says.
 
-A rule is one declaration: a stable code and slug, keyword fields for what
-is said about it, and the hook where its check runs. Others render the
-declarations: ``autosafe-torch rules`` and ``explain`` (cli.py), the
-docs/rules.md and docs/fix.md tables (readme.py), the codemod's plan
-(codemod/plan.py)::
+A rule is one declaration, a stable code and slug, keyword fields that
+``explain``, ``rules`` (cli.py), docs/rules.md and docs/fix.md (readme.py)
+and the codemod's plan render, and the hook where its check runs::
 
     @rule("DL101", "prefetch-without-workers", GROUP,
           summary="what it fixes", prevents="the error it prevents",
@@ -14,22 +12,17 @@ docs/rules.md and docs/fix.md tables (readme.py), the codemod's plan
           at="dataloader.init")
     def prefetch_without_workers(args, ctx: InitContext): ...
 
-A check is pure: it reads the call's arguments (``args``, as the earlier
-checks of the hook left them) and ``ctx`` (a ``Context``), and returns a
-``Finding``, a list of them, or None. It changes nothing (no reducer
-installed, no environment touched, no tensor moved): the engine applies
-what a finding asks, in fix mode only. One rule may check at several hooks:
-``@RULES[code].check_at(hook)``. A finding's ``done`` is the first line of
-its log record, the rule's ``fix`` the second.
-
-The seams are typed (mypy): a check as written is a ``CheckFunction``, once
-registered a ``Check``; a remedy a ``Remedy``. A check that reads what one
-hook knows takes that hook's context (``ctx: IterContext``), which
-tests/test_registry.py holds to the hooks that give it (``CONTEXTS``).
+A check is pure: it reads ``args`` (as the hook's earlier checks left them)
+and its hook's context (``CONTEXTS``, held by tests/test_registry.py), and
+returns a ``Finding``, a list of them, or None; the engine applies what a
+finding asks, in fix mode only. One rule may check at several hooks:
+``@RULES[code].check_at(hook)``. The seams are typed (mypy): a check as
+written is a ``CheckFunction``, once registered a ``Check``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -65,9 +58,9 @@ RULE_MODULES = (
     "autosafe_torch.rules.recovery",
 )
 
-# The types of the seams, evaluated at import on Python 3.9 too: Optional and
-# Union, not ``X | None``. A remedy gets the call's working arguments (None
-# where a hook has none to change) and returns more changes to them, or None.
+# The seams' types, evaluated at import on Python 3.9 too: Optional and Union,
+# not ``X | None``. A remedy gets the call's working arguments (None where a
+# hook has none) and returns more changes to them, or None.
 Remedy = Callable[[Optional[dict[str, Any]]], Optional[dict[str, Any]]]
 # What applies a finding's fix where the engine applies none of it (``Finding.applied_by``).
 AppliedBy = Literal["worker step", "recovery", "patch"]
@@ -79,15 +72,13 @@ CheckFunction = Callable[[dict[str, Any], _C], Found]
 
 
 class Check(Protocol[_C_contra]):
-    """A check once registered (``Rule.check_at``), with its ``rule``, which
-    makes its findings. The registry holds ``Check[Any]``: the engine gives
-    each hook's checks the context of that hook."""
+    """A check once registered (``Rule.check_at``), with its ``rule``. The
+    registry holds ``Check[Any]``: the engine gives each its hook's context."""
 
     __name__: str
     rule: Rule
     # The checks (by name) at the same hook whose findings or argument changes
-    # this one reads: the order at a hook is derived from these (``checks_at``),
-    # never from the order the modules were imported.
+    # this one reads: the order at a hook comes from these, never from imports.
     after: tuple[str, ...]
 
     def __call__(self, args: dict[str, Any], ctx: _C_contra, /) -> Found: ...
@@ -135,11 +126,10 @@ class Rewrite:
 
 @dataclass(eq=False)
 class Rule:
-    """A rule as declared. ``example`` (failing code, fixed code) and
-    ``versions`` are for ``explain``; ``notebook_fix`` where a notebook needs
-    another fix (a worker cannot import a notebook); ``clause_of``: codes whose
-    log line this rule's finding joins as a clause, since it only makes their
-    repair fast (DL209); ``hooks``: where it checks (``check_at``)."""
+    """A rule as declared. ``example`` (failing, fixed) and ``versions``: for
+    ``explain``; ``notebook_fix``: a notebook's (a worker cannot import one);
+    ``clause_of``: codes whose log line its finding joins as a clause, as it
+    only makes their repair fast (DL209); ``hooks``: where it checks."""
 
     code: str
     slug: str
@@ -155,8 +145,7 @@ class Rule:
     hooks: list[str] = field(default_factory=list, init=False)
 
     def serves(self) -> tuple[str, ...]:
-        """The rules whose rewrite makes this one's fix unneeded in the code: the
-        repairs it only makes fast (``clause_of``) that ``fix`` rewrites."""
+        """The rules of ``clause_of`` whose rewrite makes this one's fix unneeded."""
         return tuple(c for c in self.clause_of if c in RULES and RULES[c].rewrite)
 
     def as_dict(self) -> dict[str, Any]:
@@ -195,27 +184,21 @@ class Rule:
 class Finding:
     """What one rule would change, and why.
 
-    ``before``: the old values, or what a remedy acts on, for the log;
-    ``changes``: new values of the call's arguments; ``kept``: what the loader
-    keeps for its iterators (``loaderstate.Kept``); ``shown``: words only, for
-    the record's ``after`` (the AMP ``api`` a call is routed to).
-    ``remedies``: callables ``remedy(args)`` the engine runs in fix mode, in
-    order; one may return ``{argument: value}`` to change the call further.
-    ``applied_by``: what applies the fix where the engine applies none of it:
-    "worker step" (the workers' own step, from the loader's plan: DL207,
-    DL217), "recovery" (the ladder that resumed), "patch" (the patched call
-    does what ``settle`` allows: the AMP routes). A finding with none of
-    changes, kept, remedies, applied_by is advice: logged, nothing changed.
-    ``fix``: the permanent fix where it is more precise than the rule's.
-    ``done``: the log line, what was done to what by the user's attribute
-    path; without it, the changed arguments (``changed_text``). ``why`` and
-    ``strategy`` are details (the JSON log, ``AUTOSAFE_TORCH_DEBUG=1``).
-    ``rung``: the ladder's rung this finding puts the workers on: what the
-    patches and the recovery ask, never the rule's code; its words are the
-    strategy unless one is given. ``needed``: for a remedy the workers apply
-    only where they lack what it gives, asked once they started: False when
-    none needed it (no record), a ``report.Said`` for what they did; None:
-    always needed.
+    ``before``: the old values, or what a remedy acts on; ``changes``: new
+    values of the call's arguments; ``kept``: what the loader keeps for its
+    iterators; ``shown``: words only, for the record's ``after``.
+    ``remedies``: ``remedy(args)``, run in fix mode in order, may return more
+    changes. ``applied_by``: what applies the fix where the engine does not:
+    "worker step" (DL207, DL217), "recovery" (the ladder that resumed),
+    "patch" (the AMP routes). With none of changes, kept, remedies and
+    applied_by it is advice. ``fix``: where more precise than the rule's.
+    ``done``: the record's first line, by the user's attribute path (else
+    the changed arguments: ``prefetch_factor 4 -> None``); ``fix`` its second. ``why`` and
+    ``strategy``: details (JSON log, ``AUTOSAFE_TORCH_DEBUG=1``). ``rung``:
+    the ladder's rung it puts the workers on (what patches and recovery ask,
+    never the code; its words the default strategy). ``needed``: for a remedy
+    the workers apply only where they lack what it gives: False when none
+    needed it (no record), a ``report.Said`` for what they did; None: always.
     """
 
     __slots__ = ("rule", "before", "changes", "why", "strategy", "kept", "shown", "remedies",
@@ -240,12 +223,12 @@ class Finding:
         self.applied_by = applied_by
         self.fix = fix or (rule.notebook_fix if rule.notebook_fix is not None and in_notebook()
                            else rule.fix)
-        self.done = done or changed_text(self.before, self.changes) or rule.summary
+        self.done = done or ", ".join("%s %s -> %s" % (name, brief(before.get(name)), brief(new))
+                                      for name, new in self.changes.items()) or rule.summary
 
     @property
     def after(self) -> dict[str, Any]:
-        """What the log shows as the new values: arguments, what the loader keeps
-        (its words), what else it shows."""
+        """The new values the log shows: arguments, what the loader keeps, ``shown``."""
         return dict(self.changes, **self.kept.given(shown=True), **self.shown)
 
     @property
@@ -255,29 +238,21 @@ class Finding:
     @property
     def told_by_workers(self) -> bool:
         """Whether only the workers given its remedy can tell what it did
-        (``needed``), and it changes nothing here (DL220): in warn and strict
-        modes, where no worker is given it, there is nothing to say."""
+        (``needed``; DL220): in warn and strict modes there is nothing to say."""
         return self.needed is not None and not (self.changes or self.remedies)
 
     def __repr__(self) -> str:
         return "Finding(%s %s -> %s)" % (self.rule.code, self.before, self.after)
 
 
-def changed_text(before: dict[str, Any], changes: dict[str, Any]) -> str:
-    """``prefetch_factor 4 -> None, ...``: the arguments a finding changes."""
-    return ", ".join("%s %s -> %s" % (name, brief(before.get(name)), brief(new))
-                     for name, new in changes.items())
-
-
 @dataclass(eq=False)
 class Context:
     """What a check sees besides the arguments: ``facts`` (the platform; None
-    at the hooks after the workers: outcome, failure, pin), ``findings`` made
-    so far at this hook, in order, and ``plans``, what the checks of one hook
-    share (the pickling and fork plans). What one hook knows besides is on
-    its subclass (``CONTEXTS``), given by name. ``dataloader.pin`` gives no
-    more: its arguments are ``batch``, what torch could not pin, and ``error``.
-    """
+    after the workers: outcome, failure, pin), ``findings`` made so far at
+    this hook, and ``plans``, what its checks share (pickling, fork plans).
+    A hook's subclass (``CONTEXTS``) adds what it knows; ``dataloader.pin``
+    adds nothing: its arguments are ``batch``, what torch could not pin, and
+    ``error``."""
 
     facts: Facts | None
     findings: list[Finding] = field(default_factory=list, init=False)
@@ -298,10 +273,10 @@ class InitContext(Context):
 
 @dataclass(eq=False)
 class IterContext(Context):
-    """At ``dataloader.iter``: ``main_guarded()``, whether the main module runs
-    its training under ``if __name__ == "__main__":``; ``fork_failed``: None,
-    or the failure of this loader's forked workers that rules fork out (one
-    touched CUDA: seen, never predicted)."""
+    """At ``dataloader.iter``: ``main_guarded()``, whether the main module trains
+    under ``if __name__ == "__main__":``; ``fork_failed``: the failure that
+    rules fork out for this loader (a forked worker touched CUDA: seen, never
+    predicted), or None."""
 
     facts: Facts  # always given before the workers run
     main_guarded: Callable[[], bool]
@@ -320,9 +295,8 @@ class AmpContext(Context):
 
 @dataclass(eq=False)
 class OutcomeContext(Context):
-    """At ``dataloader.outcome``, as the workers exit: ``usage`` (what they
-    reported using), ``workers`` (their count), ``said`` (the iteration's
-    records, which may have named the objects already)."""
+    """At ``dataloader.outcome``, as the workers exit: ``usage``, what they
+    reported using; ``workers``, their count; ``said``, the iteration's records."""
 
     usage: Usage
     workers: int
@@ -331,10 +305,9 @@ class OutcomeContext(Context):
 
 @dataclass(eq=False)
 class FailureContext(Context):
-    """At ``dataloader.failure``, once a recovery delivered: ``failure``, the
-    first failure; ``first_rung``, the rung it happened on; ``tried``, the
-    rungs that failed on the way; ``rung``, the one that works; ``exact``,
-    None or why the batches may differ."""
+    """At ``dataloader.failure``, once a recovery delivered: the first
+    ``failure`` and its ``first_rung``; ``tried``, the rungs that failed on the
+    way; ``rung``, the one that works; ``exact``, None or why the batches may differ."""
 
     failure: Failure
     first_rung: Rung
@@ -344,8 +317,7 @@ class FailureContext(Context):
 
 
 # Where checks run, in the order the patches call them, and the context each
-# gives its checks: a check registered there takes it or a base of it
-# (tests/test_registry.py).
+# gives its checks (a check there takes it or a base: tests/test_registry.py).
 CONTEXTS: dict[str, type[Context]] = {
     "dataloader.init": InitContext, "dataloader.iter": IterContext,
     "dataloader.outcome": OutcomeContext, "dataloader.failure": FailureContext,
@@ -354,8 +326,8 @@ CONTEXTS: dict[str, type[Context]] = {
     "amp.provided": AmpContext}
 HOOKS = tuple(CONTEXTS)
 _checks: dict[str, list[Check[Any]]] = {hook: [] for hook in HOOKS}  # as registered
-# As they run, derived from ``after``, with the registered list it was derived from.
-_ordered: dict[str, tuple[tuple[int, ...], list[Check[Any]]]] = {}
+# As they run: derived again for a registered list that changed since.
+_in_order = functools.cache(run_order)
 
 
 @overload
@@ -390,12 +362,7 @@ def load_all() -> dict[str, Rule]:
 def checks_at(hook: str, enabled: Callable[[Rule], bool] | None = None) -> list[Check[Any]]:
     """The checks that run at ``hook``, in order; ``enabled(rule)`` filters them."""
     load_all()
-    registered = _checks[hook]
-    key = tuple(map(id, registered))  # a check added or removed since: derived again
-    derived = _ordered.get(hook)
-    if derived is None or derived[0] != key:
-        derived = _ordered[hook] = (key, run_order(registered))
-    return [c for c in derived[1] if enabled is None or enabled(c.rule)]
+    return [c for c in _in_order(tuple(_checks[hook])) if enabled is None or enabled(c.rule)]
 
 
 def find_rule(name: object) -> Rule | None:

@@ -15,15 +15,18 @@ from .ladder import GROUP, away_from_fork
 from .pickling import LAZY_OPEN_REWRITE, thread_pool_to_spawned_workers
 
 
-def _owned(plan, by_dl212):
-    """The handles and the unhandled entries (as words) of ``plan`` that are
-    DL212's (native handles a forked child must not use: lmdb, captures) or
-    DL207's (the rest)."""
+def _owned(check, args, ctx, by_dl212, why=""):
+    """``(fork plan, handles, away)``: the plan's handles that are DL212's
+    (native handles a forked child must not use: lmdb, captures) or DL207's
+    (the rest), and, where it has such entries the fork rung cannot handle,
+    ``check``'s finding that leaves fork (``why`` before them)."""
+    plan = fork_plan(args, ctx)
     handles = [(held, note) for held, _args, note in plan.handles
                if bool(held.fork_unsafe) == by_dl212]
-    unhandled = "; ".join("%s %s" % (path, why) for path, why, fork_unsafe in plan.unhandled
+    unhandled = "; ".join("%s %s" % (path, cause) for path, cause, fork_unsafe in plan.unhandled
                           if bool(fork_unsafe) == by_dl212)
-    return handles, unhandled
+    return plan, handles, unhandled and away_from_fork(check, args, ctx, why + unhandled,
+                                                       repairs=False)
 
 
 @rule("DL207", "shared-file-offset", GROUP,
@@ -58,10 +61,9 @@ def _owned(plan, by_dl212):
 def shared_file_offset(args, ctx: IterContext):
     if not forking(args):
         return None
-    plan = fork_plan(args, ctx)
-    handles, unhandled = _owned(plan, by_dl212=False)
-    if unhandled:
-        return away_from_fork(shared_file_offset, args, ctx, unhandled, repairs=False)
+    plan, handles, away = _owned(shared_file_offset, args, ctx, by_dl212=False)
+    if away:
+        return away
     if not (plan.isolate or handles):
         return None  # what no object shows is privatized all the same, and said if used
     what = ["%s: own offset" % d.describe() for d in plan.isolate]
@@ -122,13 +124,11 @@ def _fork_done(isolated, handles, shared, workers):
 def handle_not_fork_safe(args, ctx: IterContext):
     if not forking(args):
         return None
-    handles, unhandled = _owned(fork_plan(args, ctx), by_dl212=True)
-    if unhandled:
-        return away_from_fork(handle_not_fork_safe, args, ctx, "a forked worker must not "
-                               "use the parent's handle, and it cannot be reopened: "
-                               + unhandled, repairs=False)
-    if not handles:
-        return None
+    _plan, handles, away = _owned(handle_not_fork_safe, args, ctx, by_dl212=True,
+                                  why="a forked worker must not use the parent's handle, "
+                                  "and it cannot be reopened: ")
+    if away or not handles:
+        return away or None
     return handle_not_fork_safe.rule.finding(
         {"handles": [held.path for held, _note in handles]},
         why="a forked worker must not use the parent's %s" % ", ".join(

@@ -32,9 +32,9 @@ def spawning_workers(args, ctx: IterContext):
 
 def fork_plan(args, ctx):
     """What forked workers of this loader would share, and what the fork rung
-    does about it (``remedies.isolation.ForkPlan``, which the worker step
-    applies), cached on ``ctx``. Empty for a dataset that reopens its files
-    per process by itself."""
+    does about it (``remedies.isolation.ForkPlan``, applied by the worker
+    step), cached on ``ctx``; empty for a dataset that reopens its files per
+    process by itself."""
     from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - 0.2 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.descriptors)
     from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, reopen, descriptors, diagnostics, faulthandler)
 
@@ -60,18 +60,15 @@ def per_parts(ctx, name, args, make):
 
 def fork_is_safe(args, ctx: IterContext):
     """Rung 2: fork, where this platform allows it and the fork rung's remedies
-    handle everything forked workers would share (DL207, DL212: files and
-    native handles; DL208: thread pools). Not for a lock held now or a live
-    thread, which a forked child cannot inherit, nor for a loader whose
-    forked workers failed (``ctx.fork_failed``). CUDA initialised here is no
+    handle all forked workers would share (DL207, DL212, DL208); not for a
+    lock held now or a live thread, which a forked child cannot inherit, nor
+    after this loader's forked workers failed. CUDA initialised here is no
     reason: forked workers that touch it are recovered (DL205)."""
     from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.threads)
 
-    if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None:
-        return False
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return False
-    if fork_plan(args, ctx).unhandled:
+    if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None \
+            or "fork" not in multiprocessing.get_all_start_methods() \
+            or fork_plan(args, ctx).unhandled:
         return False
     # A lock held now, a live thread: only where another thread is alive.
     return not (threads.others_alive() and holdings.fork_blockers(args["dataset"]))

@@ -1,27 +1,23 @@
 """The ladder: the rungs a loader's workers may run on, in order, with their
-conditions, to decide at ``iter()`` (the rules at ``dataloader.iter``) and
-to recover after a failure (``recovery``).
-
-At ``iter()``, for workers that cannot start as asked, the first rung that
-works (each yields the batches the requested workers yield on a safe
-platform):
+conditions, chosen at ``iter()`` (the rules at ``dataloader.iter``) and after
+a failure (``recovery``). At ``iter()``, the first that works for workers
+that cannot start as asked (each yields the batches of the requested workers
+on a safe platform):
 
 1. repair: read-only files and native handles travel by path, local
-   functions and interactive-``__main__`` classes by value (``remedies``,
-   planned by ``pickling_plan.py``);
+   functions and interactive-``__main__`` classes by value (planned by
+   ``pickling_plan.py``);
 2. another start method (``fallback``, ``away_from_fork``): fork on Linux
    where safe (``fork_plan.fork_is_safe``), spawn where all pickles;
 3. where no fork is safe (macOS): the dataset built again in each worker
-   from its constructor's call (``remedies/rebuild.py``), where a second
-   build here holds the same state; below fork because it runs the user's
-   constructor again, which fork never does;
+   from its constructor's call (``remedies/rebuild.py``); below fork because
+   it runs the user's constructor again, which fork never does;
 4. emulated workers, in this process, each with its own copy of the
    dataset, seeds and worker info: exactly the batches asked for.
 
 After a failure of running workers: per kind, the rungs of ``LADDERS``
-(``next_rung``). Both end on the same last rung. A rung is a ``Rung``
-wherever it is chosen: findings carry it (``Finding.rung``), and the
-patches and the recovery ask it, never a rule's code.
+(``next_rung``), ending on the same last rung. A rung is a ``Rung`` wherever
+it is chosen (``Finding.rung``): never a rule's code.
 """
 
 from __future__ import annotations
@@ -52,21 +48,21 @@ def fallback(check: Check, args: dict[str, Any], ctx: IterContext, why: str | No
     fix, reason, refused = None, why, []
     if why is None:
         plan = pickling_plan(args, ctx)
-        failures, refused = plan.failures, plan.refused
-        why = "; ".join(["%s: %s" % (f.path, f.error) for f in failures] + refused) \
-            or "does not pickle"
-        fix = failures and (getattr(failures[0], "fix", None)
-                            or permanent_fix(failures[0].value))
-        reason = failures and ("%s: %s" % (failures[0].path, failures[0].error)
-                               if getattr(failures[0], "fix", None) else
-                               "%s (%s) does not pickle" % (failures[0].path,
-                                                             what_is(failures[0].value))) or why
+        refused = plan.refused
+        why = reason = "; ".join(["%s: %s" % (f.path, f.error) for f in plan.failures]
+                                 + refused) or "does not pickle"
+        if plan.failures:
+            first = plan.failures[0]
+            fix = getattr(first, "fix", None)
+            reason = "%s: %s" % (first.path, first.error) if fix else \
+                "%s (%s) does not pickle" % (first.path, what_is(first.value))
+            fix = fix or permanent_fix(first.value)
     if fork_is_safe(args, ctx):
-        return check.rule.finding({"multiprocessing_context": start_method(args)},
-                                  {"multiprocessing_context": "fork"}, why,
-                                  rung=Rung.FORK, fix=fix,
-                                  done="workers started by fork instead of %s: %s" % (
-                                      start_method(args), reason))
+        method = start_method(args)
+        return check.rule.finding({"multiprocessing_context": method},
+                                  {"multiprocessing_context": "fork"}, why, rung=Rung.FORK,
+                                  fix=fix, done="workers started by fork instead of %s: %s"
+                                  % (method, reason))
     # refused: said where emulated workers cannot copy it either (NoExactRung)
     return emulated_workers(check, args, why, fix, reason, "; ".join(refused) or None)
 
@@ -77,11 +73,9 @@ def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: st
     whether the repairs that make it pickle can still be made (DL201-DL203
     and DL208 run before DL207 and DL212)."""
     plan = pickling_plan(args, ctx)
-    if ctx.main_guarded() and not plan.failures and (
-            repairs or not plan.needs_repair):
+    if ctx.main_guarded() and not plan.failures and (repairs or not plan.needs_repair):
         return check.rule.finding({"multiprocessing_context": "fork"},
-                                  {"multiprocessing_context": "spawn"}, why,
-                                  rung=Rung.SPAWN,
+                                  {"multiprocessing_context": "spawn"}, why, rung=Rung.SPAWN,
                                   done="workers started by spawn instead of fork: " + why)
     return emulated_workers(check, args, why)
 
@@ -90,13 +84,11 @@ def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | No
                      reason: str | None = None, not_rebuilt: str | None = None) -> Finding:
     """The last rung: the requested workers emulated in this process
     (remedies/emulated_workers.py)."""
-    return check.rule.finding({"num_workers": args["num_workers"]}, why=why,
-                              rung=Rung.EMULATED,
-                              kept=Kept(emulated_workers=args["num_workers"],
-                                        not_rebuilt=not_rebuilt), fix=fix,
-                              done="%s emulated in this process, with the batches of real "
-                              "ones: %s" % (number_of(args["num_workers"], "worker"),
-                                            reason or why))
+    workers = args["num_workers"]
+    return check.rule.finding({"num_workers": workers}, why=why, rung=Rung.EMULATED,
+                              kept=Kept(emulated_workers=workers, not_rebuilt=not_rebuilt),
+                              fix=fix, done="%s emulated in this process, with the batches of "
+                              "real ones: %s" % (number_of(workers, "worker"), reason or why))
 
 
 def permanent_fix(value: object) -> str | None:

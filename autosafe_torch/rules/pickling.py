@@ -156,7 +156,7 @@ def thread_pool_to_spawned_workers(args, ctx: IterContext):
     return thread_pool_to_spawned_workers.rule.finding(
         {"thread pool": ", ".join(plan.pools)}, why="a pool does not travel to a "
         "spawned worker; each gets a new one of the same size", strategy="new pool per worker",
-        remedies=[lambda args: pools.install_reducers()],
+        remedies=[lambda args: pickling.install(pools.pool_reducers())],
         done="%s (a thread pool) sent as a new, empty pool to each of %s" % (
             ", ".join(plan.pools), number_of(args["num_workers"], "worker")))
 

@@ -1,8 +1,7 @@
 """The one pickling planner: what it takes for the loader's parts to reach
 spawn/forkserver workers (``PicklingPlan``), read by the rules of
-``pickling.py`` and ``memmap.py`` and by the ladder, cached per check
-context. Planning installs nothing: the probe tries the planned reducers
-without registering them.
+``pickling.py`` and ``memmap.py`` and by the ladder. Planning installs
+nothing: the probe tries the planned reducers without registering them.
 """
 
 from __future__ import annotations
@@ -19,13 +18,12 @@ from .repairs import MAX_REPAIRS, REPAIRS, Look, Meeting, hold, look, offer
 
 
 class PicklingPlan:
-    """One field per repair of ``repairs.REPAIRS``; ``refused``: why a dataset
-    could not be built again; ``failures``: what still does not pickle with
-    all of them (ProbeResults); ``pickled``: the dataset's pickle, where
-    nothing needs a repair; ``met``: the kinds of object the last probes met
-    (inventory.classify)."""
+    """One field per repair of ``repairs.REPAIRS`` (the rules read those
+    typed below); ``refused``: why a dataset could not be built again;
+    ``failures``: what still does not pickle (ProbeResults); ``pickled``: the
+    dataset's pickle, where nothing needs a repair; ``met``: the kinds of
+    object the last probes met (inventory.classify)."""
 
-    # What the rules read of the fields (REPAIRS makes each, a program's kinds too):
     nested: tuple[str, str] | None  # (path, why)
     pools: list[str]  # paths
     images: list[tuple[str, str, Any]]  # (path, error, image)
@@ -54,8 +52,8 @@ def pickling_plan(args, ctx: IterContext):
 
 def _warm_ahead(args, ctx: IterContext):
     """The parts need a repair, so spawn workers will come from the warm server
-    (DL209): in fix mode it starts now, in the background, so that its imports
-    overlap the planning (a refused repair leaves an idle server, ended at exit)."""
+    (DL209): in fix mode it starts now, its imports overlapping the planning
+    (a refused repair leaves an idle server, ended at exit)."""
     from ..facts import fork_server_available  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load (-X importtime: facts)
 
     warm = RULES.get("DL209")
@@ -69,10 +67,9 @@ def _warm_ahead(args, ctx: IterContext):
 
 def plan_pickling(parts, may_rebuild=lambda: False, repairing=lambda: None, kept=None):
     """The plan for ``parts``. ``may_rebuild()``: whether the repairs that run the
-    user's code in each worker (a dataset built again) may be planned: no fork
-    rung is safe. Planning starts again after each, their entries ``kept``,
-    so that nothing inside them is planned for. ``repairing()``: called once
-    a probe failed, before the repairs are looked for."""
+    user's code in each worker may be planned (no fork rung is safe); planning
+    starts again after each, their entries ``kept``, so that nothing inside
+    them is planned for. ``repairing()``: called once a probe failed."""
     from ..inspection import probe  # noqa: PLC0415 - 0.6 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.probe, inventory)
 
     given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy

@@ -1,17 +1,9 @@
 """The registry of repairs: what makes a loader's parts reach spawn/forkserver
-workers, one ``Repair`` per kind of holder: the ``PicklingPlan`` field it
-fills; the rule whose record says it (``code``: DL202, DL203, DL208 and
-DL219 have their own; DL201's one record says the others, and its
-``summary`` and ``prevents`` are theirs); how its holders are found: where
-the probe failed (``meets``) or by a look of its own (``looks``: where the
-probes met its kind, ``looks_when_met``, else once everything pickled); the
-reducers the probe tries (fix mode installs them); its words (``said``) and
-fix (the first present by ``fix_rank``); ``runs_user_code``: the rebuild
-calls a dataset's constructor in each worker (never here), a last resort
-where no fork rung is safe, after which planning starts again; ``carried``:
-the parts reach workers without it. The planner (``pickling_plan``) tries
-them by ``plan_rank``. A program adds a kind by ``REPAIRS.append`` before
-its loader iterates.
+workers, one ``Repair`` per kind of holder, tried by the planner
+(``pickling_plan``) in ``plan_rank`` order. DL202, DL203, DL208 and DL219
+have records of their own; DL201's one record says the others, and its
+``summary`` and ``prevents`` are theirs. A program adds a kind by
+``REPAIRS.append`` before its loader iterates.
 """
 
 from __future__ import annotations
@@ -60,23 +52,26 @@ class Look(NamedTuple):
 
 
 class Repair(NamedTuple):
-    field: str
-    code: str
+    field: str  # the ``PicklingPlan`` field it fills
+    code: str  # the rule whose record says it
     empty: Callable[[], Any]  # the field's value in a new plan
-    # its entry for this failure (a list's item, a dict's items, else the field), or None
+    # Where the probe failed: its entry (a list's item, a dict's items, else the field), or None.
     meets: Callable[[Meeting], Any] | None = None
-    # (the field's value, falsy: none; the failures it found that no worker can be given)
+    # A look of its own at a probe's outcome: (the field's value, falsy: none; the
+    # failures it found that no worker can be given).
     looks: Callable[[Look], tuple[Any, list[Any]]] | None = None
-    looks_when_met: str | None = None  # None: it looks whenever everything pickled
-    reducers: Callable[[Any], dict[type, Any]] | None = None  # planned for the probe
+    looks_when_met: str | None = None  # where the probes met this kind; None: once all pickled
+    reducers: Callable[[Any], dict[type, Any]] | None = None  # tried by the probe, fix installs
     said: Callable[[Any, dict[str, Any]], Said] | None = None  # DL201's words
     summary: str = ""  # its part of DL201's summary and prevents
     prevents: str = ""
     fix: str | Callable[[], str] | None = None  # a callable: read where it is said
-    fix_rank: int = 99
+    fix_rank: int = 99  # DL201's fix: the first present by this rank
     plan_rank: int = 99
+    # The rebuild calls a dataset's constructor in each worker (never here): a
+    # last resort where no fork rung is safe, after which planning starts again.
     runs_user_code: bool = False
-    carried: bool = False
+    carried: bool = False  # the parts reach workers without it
 
 
 REBUILD_FIX = ("keep paths on the dataset and open files, readers and handlers lazily in "
@@ -157,8 +152,7 @@ def _handlers_said(found, _args):
 
 
 def _first_met(field, holds):
-    """``meets`` for a repair that plans from the first such holder only (its
-    reducers send every one): ``(path, why, holder)``."""
+    """``meets`` from the first holder only (its reducers send every one)."""
     def meets(m: Meeting):
         if getattr(m.plan, field) is None and holds(m.value):
             return (m.failure.path, m.failure.error, m.value)
@@ -167,8 +161,8 @@ def _first_met(field, holds):
 
 
 def _remedy(module, name, of=None):
-    """``remedies.<module>.<name>(of(found))`` (``of`` None: no argument), the
-    module imported when a loader needs it."""
+    """``remedies.<module>.<name>(of(found))`` (``of`` None: no argument),
+    imported once a loader needs it."""
     def call(found=None):
         made = getattr(importlib.import_module("autosafe_torch.remedies." + module), name)
         return made() if of is None else made(of(found))
@@ -176,10 +170,18 @@ def _remedy(module, name, of=None):
 
 
 def _files_said(found, args):
+    """Every read-only file the parts hold (the reducers reopen each)."""
+    from ..inspection.parts import PARTS
     from ..remedies import reopen
 
     path, why, held = found
-    files = read_only_files(args) or [(path, held)]
+    files, seen = [], set()
+    for name in PARTS:
+        for f in holdings.find_files(args[name], name) if args[name] is not None else ():
+            if f.kind == holdings.READONLY and id(f.obj) not in seen:
+                seen.add(id(f.obj))
+                files.append((f.path, f.obj))
+    files = files or [(path, held)]
     return Said({"files": [where for where, _f in files]},
                 [why] + ["%s %s" % (where, note) for where, f in files
                          for note in [reopen.read_only_note(f)] if note],
@@ -251,7 +253,7 @@ def _forwarders_said(found, _args):
 
 def made_there(plan, path):
     """Whether ``path`` lies in what a repair that runs the user's code makes in
-    each worker (a dataset built again: its constructor makes what it holds)."""
+    each worker (a dataset built again makes what it holds)."""
     return any(path == held[0] or path.startswith((held[0] + ".", held[0] + "["))
                for r in REPAIRS if r.runs_user_code for held in getattr(plan, r.field))
 
@@ -275,8 +277,8 @@ def _forwarders_look(look: Look):
 
 def _images_look(look: Look):
     """What pickles but drops an open file its methods use (``inspection/dropped.py``),
-    looked for where the probes met an image or a file is open for reading (a
-    pickle that drops one never meets it): images opened again, else failures."""
+    where the probes met an image or a file is open for reading (a pickle that
+    drops one never meets it): images opened again, else failures."""
     from ..inspection import dropped
     from ..inspection.descriptors import shared_at_fork
 
@@ -313,8 +315,7 @@ def _rebuilt_meets(m: Meeting):
     return None if dataset is None else (here, dataset, m.why)
 
 
-# The repairs, in the order DL201 says them; ``plan_rank``: the order in which
-# the planner shows them a probe's outcome or offers them a failure.
+# The repairs, in the order DL201 says them.
 REPAIRS: list[Repair] = [
     Repair("by_value", "DL202", dict, meets=_by_value_meets, plan_rank=0),
     Repair("nested", "DL202", lambda: None, meets=_nested_meets, plan_rank=6),
@@ -373,8 +374,8 @@ MAX_REPAIRS = 16  # one failure is found per probe; a dataset has few kinds
 
 
 def by_rank(hook: str) -> list[Repair]:
-    """The repairs with ``hook`` (``meets``, ``looks``) in the planner's order:
-    by ``plan_rank``, the last resorts (``runs_user_code``) last."""
+    """The repairs with ``hook`` (``meets``, ``looks``) by ``plan_rank``, the
+    last resorts (``runs_user_code``) last."""
     return sorted((r for r in REPAIRS if getattr(r, hook) is not None),
                   key=lambda r: (r.runs_user_code, r.plan_rank))
 
@@ -389,7 +390,7 @@ def hold(plan, planned: dict, repair: Repair, found) -> None:
 def offer(plan, meeting: Meeting, planned: dict, may_run_user_code=lambda: False
           ) -> Repair | None:
     """Offer a failure to the repairs in turn (those that run the user's code
-    where ``may_run_user_code()``); the first that meets it holds its entry."""
+    where ``may_run_user_code()``): the first that meets it holds its entry."""
     for repair in by_rank("meets"):
         if repair.meets is None or repair.runs_user_code and not may_run_user_code():
             continue
@@ -425,8 +426,8 @@ def look(view: Look, failures: list, looked: set) -> tuple[list, bool]:
 
 
 def what_dl201_says(plan, args: dict[str, Any]) -> dict[str, Any] | None:
-    """DL201's record for the repairs ``plan`` holds (but those of other
-    rules): the finding's fields, or None where it holds none."""
+    """The fields of DL201's finding for the repairs of its own ``plan`` holds,
+    or None where it holds none."""
     present = [r for r in REPAIRS if r.code == "DL201" and getattr(plan, r.field)]
     if not present:
         return None
@@ -448,18 +449,3 @@ def _install(reducers, found, _args):
     from ..remedies import pickling
 
     pickling.install(reducers(found))
-
-
-def read_only_files(args):
-    """``(path, file)`` for each read-only file the parts hold (the reducers
-    reopen every one)."""
-    from ..inspection.parts import PARTS
-
-    found, seen = [], set()
-    for name in PARTS:
-        for held in holdings.find_files(args[name], name) \
-                if args[name] is not None else ():
-            if held.kind == holdings.READONLY and id(held.obj) not in seen:
-                seen.add(id(held.obj))
-                found.append((held.path, held.obj))
-    return found
