@@ -2,40 +2,37 @@
 (``torch.utils.data.dataloader``, ``_utils``), a tensor's storage and hooks,
 an autocast's state. A release may rename a method, an attribute or an
 error's words, so everything of ours that depends on them goes through here
-(or the copy of torch's loop, ``remedies/emulated_workers.py``, which says
-the torch it mirrors). Nothing here imports the rest of the package.
-
-``tests/test_torch_private.py`` pins what each piece does on every torch the
-project supports (``make compat``, ``make compat-torch``, ``make test``);
-``watched_missing`` and ``emulated_missing`` check names and shapes once per
-process, so that a torch that moved them gets its own iterator and one line
-saying why.
+(or the copy of torch's loop, ``remedies/emulated_workers.py``). Nothing here
+imports the rest of the package. ``tests/test_torch_private.py`` pins each
+piece on every torch supported; ``watched_missing`` and ``emulated_missing``
+check names and shapes once per process, so that a torch that moved them
+gets its own iterator and one line saying why.
 
 NOTE [the data flow of a repaired loader]
 
 1. Parent. ``DataLoader.__iter__`` -> ``_get_iterator`` (patched: the rules
-   have set the loader's arguments, ``engine/loader.py``) -> ``Watched``
+   set the loader's arguments, ``engine/loader.py``) -> ``Watched``
    (``recovery/rungs.py: real_workers``), whose ``worker_init_fn`` runs our
    steps first (``remedies/workerinit.py``: the worker's own file
    descriptions, ``remedies/isolation.py``; faulthandler into a file of
    ours, ``inspection/diagnostics.py``). torch's ``__init__`` draws the base
    seed, pickles the loader's parts for each worker (spawn; fork copies
-   them) through the reducers the repairs installed, the process state
-   first (DL220: ``dataset_kind_as``), starts the workers and sends each
+   them) through the repairs' reducers, the process state first (DL220:
+   ``dataset_kind_as``), starts the workers and sends each
    ``prefetch_factor`` indices, round robin, drawn through a ``Recorder``.
-2. Server. Under DL209 the workers are forked by a warm fork server that
-   has imported torch and the dataset's libraries (``remedies/warmstart.py``,
-   ``warmserver.py``); each child starts as spawn does and first gets its
-   own description of each file the server holds open
+2. Server. Under DL209 a warm fork server that imported torch and the
+   dataset's libraries forks the workers (``remedies/warmstart.py``,
+   ``warmserver.py``); each child starts as spawn does, first with its own
+   description of each file the server holds open
    (``isolation.after_fork_in_server_child``).
-3. Worker. As it unpickles what it was sent: the training process's values
-   where its own import left others (``process_state.arrive``), then the
-   dataset. torch's ``_worker_loop``: seeds ``base_seed + id`` (random,
-   torch, numpy), sets ``get_worker_info()``, runs ``worker_init_fn`` (our
-   steps, then the user's), then fetches and collates each batch onto the
-   result queue (tensors through shared memory). A worker that cannot
-   unpickle what it was sent dies before its steps run, its traceback where
-   ``diagnostics.bootstrap_path`` says.
+3. Worker. It unpickles the training process's values where its own import
+   left others (``process_state.arrive``), then the dataset. torch's
+   ``_worker_loop`` seeds ``base_seed + id`` (random, torch, numpy), sets
+   ``get_worker_info()``, runs ``worker_init_fn`` (our steps, then the
+   user's), then fetches and collates each batch onto the result queue
+   (tensors through shared memory). A worker that cannot unpickle what it
+   was sent dies before its steps run, its traceback at
+   ``diagnostics.bootstrap_path``.
 4. Report back. The parent's ``_get_data`` polls the queue (``Watch.limit``,
    ``observed``); ``_process_data`` tells the watch which worker delivered
    (``Watch.delivered_by``; torch 2.0: ``_WatchedAtIndex``): once each did,
@@ -44,9 +41,8 @@ NOTE [the data flow of a repaired loader]
    becomes a ``Failure`` (``Watch.failed``, ``hung``); the recovery
    (``recovery/iterator.py``) builds the next rung's iterator with the same
    base seed and the recorded indices (``Resume``) and replays. As the
-   workers exit, what they read through descriptions of their own comes
-   back (``Watch.shut_down`` -> ``isolation.Outcome``) for the records at
-   ``dataloader.outcome``.
+   workers exit, what they read through their own descriptions comes back
+   (``Watch.shut_down`` -> ``isolation.Outcome``) for ``dataloader.outcome``.
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ from torch.utils.data._utils import signal_handling as _signal_handling
 from torch.utils.data._utils import worker as _worker_module
 from torch.utils.data._utils.collate import default_collate
 
-# -- the classes and names, as this torch has them (None where it has not) ------
-# (typed Any: torch's private classes, as a release has them)
+# -- the classes and names, as this torch has them (None where it has not; Any) --
 
 MultiProcessIter: Any = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
 BaseIter: Any = getattr(_dataloader, "_BaseDataLoaderIter", object)
@@ -132,12 +127,11 @@ def warns_pin_memory_without_accelerator() -> bool:
 
 @functools.cache
 def storages_keep_their_python_object() -> bool:
-    """Whether a storage's Python object is kept as long as the storage lives
-    (``t.untyped_storage() is t.untyped_storage()``: torch >= 2.1), so that a
-    weak reference to it is safe. torch 2.0 makes a new one at each call and
-    frees it without clearing its weak references: a ``WeakValueDictionary`` of
-    storages segfaults when an entry of a freed one is replaced. Read from what
-    torch does, once per process."""
+    """Whether a storage's Python object lives as long as the storage (torch >=
+    2.1), so that a weak reference to it is safe. torch 2.0 makes a new one at
+    each call and frees it without clearing its weak references: a
+    ``WeakValueDictionary`` of storages segfaults when a freed one's entry is
+    replaced. Read from what torch does, once per process."""
     probe = torch.empty(1)
     return probe.untyped_storage() is probe.untyped_storage()
 
@@ -158,8 +152,7 @@ def is_worker_loop(target: Any) -> bool:
 
 
 def iterator_class_is_torchs() -> bool:
-    """Whether ``_MultiProcessingDataLoaderIter`` is still the class we subclass
-    (nobody replaced it after this module was imported)."""
+    """Whether nobody replaced ``_MultiProcessingDataLoaderIter``, the class we subclass."""
     return getattr(_dataloader, "_MultiProcessingDataLoaderIter", None) is MultiProcessIter
 
 
@@ -194,31 +187,29 @@ def _set_while(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def collate_in_process(batch: Any) -> Any:
-    """torch's ``default_collate`` without its shared-memory output: in a
-    worker it writes the batch straight into /dev/shm for the main process,
-    but an emulated worker is in the main process (and /dev/shm may be what
-    failed). The same values; ``get_worker_info()`` is None for its length only."""
+    """torch's ``default_collate`` without its shared-memory output (in a
+    worker it writes into /dev/shm, but an emulated worker is in the main
+    process, and /dev/shm may be what failed): ``get_worker_info()`` is None
+    for its length only."""
     with _set_while(_worker_module, "_worker_info", None):
         return default_collate(batch)
 
 
 def multiprocessing_context_as(loader: Any, context: Any) -> AbstractContextManager[None]:
-    """While an iterator of ``loader`` is made: torch's iterator takes
-    ``context`` for its queues, events and processes (it reads the loader's
-    ``multiprocessing_context`` there and nowhere after). Set past the
-    property's check, which accepts only a stdlib context."""
+    """While an iterator of ``loader`` is made (torch reads the loader's
+    ``multiprocessing_context`` there only), its queues, events and processes
+    come from ``context``: set past the property's check, which accepts only
+    a stdlib context."""
     return _set_while(loader, "_DataLoader__multiprocessing_context", context)
 
 
 # -- what a worker is sent first --------------------------------------------------
 
 def dataset_kind_as(loader: Any, make: Callable[[int], int]) -> AbstractContextManager[None]:
-    """While an iterator of ``loader`` is made: its dataset kind (an int,
-    ``_DatasetKind``) is ``make(kind)``. torch sends it to each worker first,
-    before the dataset (``_worker_loop``'s first argument): an int subclass of
-    ours that pickles as the carried process state, then the kind itself
-    (``remedies/process_state.py``: ``StateFirst``). torch compares the kind
-    by value (``==``), in the training process and in the worker."""
+    """While an iterator of ``loader`` is made, its dataset kind (an int) is
+    ``make(kind)``: torch sends it to each worker before the dataset, so an
+    int subclass of ours (``process_state.StateFirst``) pickles as the carried
+    process state, then the kind; torch compares the kind by value (``==``)."""
     return _set_while(loader, "_dataset_kind", make(loader._dataset_kind))
 
 
@@ -241,8 +232,8 @@ shut_down: Callable[[Any], None] = operator.methodcaller("_shutdown_workers")
 
 
 def dead_workers(iterator: Any) -> list[tuple[int, Any]]:
-    """``[(worker id, process)]`` of workers that exited, but those that ended
-    their IterableDataset and exited cleanly."""
+    """``[(worker id, process)]`` of workers that exited, but cleanly after
+    their IterableDataset ended."""
     return [(i, w) for i, w in enumerate(iterator._workers)
             if w.exitcode is not None and (w.exitcode != 0 or iterator._workers_status[i])]
 
@@ -256,8 +247,7 @@ def set_yielded(iterator: Any, count: int) -> None:
 
 
 def next_epoch(iterator: Any, loader: Any, first_iter: bool = False) -> Any:
-    """A persistent loader's next epoch on ``iterator`` (what DataLoader calls
-    on the iterator it keeps: ``_reset``)."""
+    """A persistent loader's next epoch on the iterator it keeps."""
     return iterator._reset(loader, first_iter)
 
 
@@ -265,8 +255,8 @@ def next_epoch(iterator: Any, loader: Any, first_iter: bool = False) -> Any:
 
 
 class Recorder:
-    """The epoch's sampler iterator, remembering what it gave: a new iterator
-    takes these again, then goes on drawing from the same sampler."""
+    """The epoch's sampler iterator, remembering what it gave, for a new
+    iterator to take again before it draws on."""
 
     __slots__ = ("live", "drawn")
 
@@ -294,10 +284,10 @@ class Resume(NamedTuple):
 
 
 class _LoaderView:
-    """The loader as ``_BaseDataLoaderIter.__init__`` reads it, but with no
-    sampler to start (a sampler's ``__iter__`` may draw) and a throwaway
-    generator for the base seed, which is the old one's: the parent's
-    random states stay as an uninterrupted run leaves them."""
+    """The loader as ``_BaseDataLoaderIter.__init__`` reads it, with no sampler
+    to start (its ``__iter__`` may draw) and a throwaway generator for the
+    base seed (the old one's is kept): the parent's random states stay as an
+    uninterrupted run leaves them."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
@@ -309,10 +299,9 @@ class _LoaderView:
 
 
 class Recording(BaseIter):
-    """Placed between a torch iterator class and ``_BaseDataLoaderIter``:
-    each epoch's sampler iterator is a ``Recorder`` (in ``watch.recorder``);
-    given a ``Resume``, the iterator starts with its base seed and the
-    indices drawn so far, then draws on."""
+    """Between a torch iterator class and ``_BaseDataLoaderIter``: each epoch's
+    sampler iterator is a ``Recorder`` (``watch.recorder``); given a ``Resume``,
+    it starts with its base seed and the indices drawn so far."""
 
     _autosafe_resume: Resume | None = None
     _autosafe_watch: Any = None  # the recovery's Watch
@@ -344,10 +333,9 @@ class Recording(BaseIter):
 # -- the watched multi-process iterator --------------------------------------------
 
 
-# torch's advice when a worker's start fails to pickle (torch >= 2.8), which it
-# attributes to the caller of the iterator's __init__: for a watched iterator
-# that is Watched.__init__ here, and the recovery takes the next rung instead
-# (its record says what failed). Other iterators' warnings are untouched.
+# torch's (>= 2.8) advice when a worker's start fails to pickle, attributed to the
+# iterator __init__'s caller: here, Watched.__init__, whose recovery takes the
+# next rung instead (its record says what failed). Other iterators' stay.
 warnings.filterwarnings("ignore", message="Got pickle error when attempting to start a worker",
                         category=UserWarning, module=re.escape(__name__) + "$")
 
@@ -357,9 +345,8 @@ class _Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
                  if MultiProcessIter else (Recording,))):
     """torch's iterator, with the sampler's indices recorded, deaths left to
     the watch (out of torch's SIGCHLD table) and a watchdog on every wait.
-    ``watch`` decides (``recovery/watch.py``: ``Watch``, whose hooks say what
-    each returns); this class only does what torch's loop does, calling them.
-    ``poll_s``: how often a wait looks at the workers."""
+    ``watch`` (``recovery/watch.py``) decides; this class runs torch's loop,
+    calling its hooks. ``poll_s``: how often a wait looks at the workers."""
 
     # Until torch's __init__ sets it, no worker has started: an iterator that
     # could not start (no file descriptor for its queues) has nothing to stop.
@@ -441,12 +428,10 @@ class _WatchedByWorker(_Watched):
 
 
 class _WatchedAtIndex(_Watched):
-    """torch 2.0: ``_process_data(data)`` names no worker, but it is called
-    while ``_rcvd_idx`` is still the index delivered (it advances it itself),
-    and ``_try_put_index`` records the worker each index went to
-    (``_task_info[_send_idx] = (worker,)``) before advancing ``_send_idx``;
-    ``_next_data`` drops that entry before the call, so the worker of each
-    index sent is kept here until its batch is delivered."""
+    """torch 2.0: ``_process_data(data)`` names no worker, but runs while
+    ``_rcvd_idx`` is the index delivered; ``_try_put_index`` records each
+    index's worker in ``_task_info[_send_idx]``, which ``_next_data`` drops
+    before the call: so it is kept here until its batch is delivered."""
 
     _autosafe_sent: dict[int, int]
 
@@ -469,19 +454,18 @@ class _WatchedAtIndex(_Watched):
 
 # -- whether this torch has them: names and shapes, checked once per process ------
 
-# Methods of _MultiProcessingDataLoaderIter that Watched calls or overrides,
-# with the parameters it passes (_process_data's: delivery_shape).
+# _MultiProcessingDataLoaderIter's methods Watched calls or overrides, with the
+# parameters it passes (_process_data's: delivery_shape).
 WATCHED_METHODS = {"_try_get_data": ("timeout",), "_get_data": (), "_shutdown_workers": (),
                    "_reset": ("loader", "first_iter"), "_next_data": (), "_try_put_index": ()}
 # Attributes read here, set by torch's iterators' __init__ or _reset.
 WATCHED_ATTRIBUTES = ("_task_info", "_rcvd_idx", "_send_idx", "_workers", "_worker_pids_set",
                       "_pin_memory", "_workers_status", "_timeout", "_num_yielded",
                       "_sampler_iter", "_index_sampler", "_base_seed")
-# What the emulated workers (remedies/emulated_workers.py: torch's multi-process
-# loop copied onto _BaseDataLoaderIter) take from torch, checked on the running
-# torch (emulated_missing): the fields the base's __init__/_reset set, the methods
-# they call or override (tests/test_torch_private.py: every one the loop reads),
-# and the worker module's names for a worker's identity and seeds.
+# What the emulated workers (torch's loop copied onto _BaseDataLoaderIter) take
+# from torch, checked by emulated_missing: the fields the base's __init__/_reset
+# set, the methods they call or override (tests/test_torch_private.py: every one
+# the loop reads), the worker module's names for a worker's identity and seeds.
 EMULATED_ATTRIBUTES = ("_dataset_kind", "_auto_collation", "_drop_last", "_collate_fn",
                        "_dataset", "_index_sampler", "_sampler_iter", "_num_yielded",
                        "_base_seed", "_pin_memory", "_num_workers", "_persistent_workers",
@@ -507,7 +491,7 @@ def _once(check: Callable[[], list[str]]) -> Callable[[], str]:
 @_once
 def dataset_kind_missing() -> list[str]:
     """What ``dataset_kind_as`` needs: the loader's ``_dataset_kind``, which
-    its iterators take and send first."""
+    its iterators take."""
     return _set_by(_dataloader.DataLoader, ("_dataset_kind",)) + \
         _set_by(BaseIter, ("_dataset_kind",))
 
@@ -531,9 +515,8 @@ def watched_missing() -> list[str]:
 
 
 def delivery_shape(cls: Any) -> str | None:
-    """``"worker"`` where ``cls._process_data(data, worker_idx)`` is passed the
-    worker (torch >= 2.1); ``"index"`` for torch 2.0's shape (``_WatchedAtIndex``
-    says what it relies on); None for any other shape."""
+    """``"worker"``: ``cls._process_data(data, worker_idx)`` (torch >= 2.1);
+    ``"index"``: torch 2.0's (``_WatchedAtIndex``); None for any other shape."""
     process = getattr(cls, "_process_data", None)
     if not callable(process):
         return None

@@ -144,13 +144,13 @@ APPLIED = {
     "images": {"image_reducers"},
     # what its workers report; its own plan (it tries each reopen, DL207/DL212)
     "isolation": {"CARRIED", "FORKED", "SERVER", "Usage", "ForkPlan", "plan", "users_parts"},
-    "limits": {"file_system_sharing", "raise_soft_limit", "use_file_system_sharing"},
+    "limits": {"file_system_sharing", "raise_soft_limit"},
     "locks": {"lock_reducers"},
     "loggers": {"Reports", "reducers", "uncarried"},  # uncarried: it pickles what it sends
     "mapped_tensors": {"install_reducers"},
     "memmaps": {"install_reducers", "map_reducers", "size_text"},
     "pickling": {"forwarder_reducers", "install"},
-    "pools": {"install_reducers", "pool_reducers", "rebuild_pools_in_worker"},
+    "pools": {"pool_reducers", "rebuild_pools_in_worker"},
     "process_state": {"Carry", "FIX", "REFUSED"},
     "rebuild": {"install", "planned_reducers", "rebuildable_owner"},  # by its own records
     "relocate": {"relocate"},

@@ -1,9 +1,8 @@
 """From findings to action: the one place that decides what the mode means,
 for every patch. Fix applies the findings (their argument changes, then their
-remedies) and records them; warn records what would change and applies
-nothing; strict raises ``UnsafeCallError`` naming the rule and its permanent
-fix. Advice (a finding that changes nothing) is recorded as advice in every
-mode."""
+remedies) and records them; warn records what would change; strict raises
+``UnsafeCallError`` naming the rule and its permanent fix. Advice (a finding
+that changes nothing) is recorded as advice in every mode."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from .. import report, rules
 from ..config import CONFIG
 from ..inspection import objwalk
+from ..report import count_again
 
 if TYPE_CHECKING:
     from ..report import Intervention
@@ -50,9 +50,9 @@ def enabled(rule: Rule) -> bool:
 
 def run_checks(hook: str, args: dict[str, Any],
                ctx: Context) -> tuple[list[Finding], dict[str, Any]]:
-    """Run the enabled checks at ``hook`` in order, each seeing the arguments
-    as the earlier ones changed them, and their findings in ``ctx.findings``.
-    The findings and the changed arguments; nothing applied (``settle``)."""
+    """The enabled checks at ``hook``, in order, each seeing the arguments as the
+    earlier ones changed them (and their findings in ``ctx.findings``): the
+    findings and the changed arguments, nothing applied (``settle``)."""
     work = dict(args)
     findings = ctx.findings = []
     try:
@@ -78,12 +78,11 @@ def settle(findings: Sequence[Finding], call_site: str,
 
 def settle_later(findings: Sequence[Finding], call_site: str,
                  args: dict[str, Any] | None = None) -> tuple[bool, list[Intervention]]:
-    """Settle ``findings`` as the mode says: ``(applied, interventions)``. In
-    fix mode the remedies run here, in order, their changes merged into
-    ``args``, and the records are returned, not made: a remedy that acts in
-    the workers is recorded once it held there (``record_outcome``), as a
-    record states an outcome, never a plan. Warn and strict mode record (or
-    raise) now, and return no records."""
+    """Settle ``findings`` as the mode says: ``(applied, interventions)``. Fix
+    mode runs the remedies, in order, their changes merged into ``args``, and
+    returns the records unmade: a record states an outcome, never a plan, so a
+    remedy that acts in the workers is recorded once it held there
+    (``record_outcome``). Warn and strict mode record (or raise) now."""
     fixing = CONFIG.mode == "fix"
     if not fixing:
         findings = [f for f in findings if not f.told_by_workers]
@@ -93,7 +92,12 @@ def settle_later(findings: Sequence[Finding], call_site: str,
     made = [intervention_of(f, call_site,
                             "advised" if f.is_advice else "fixed" if fixing else "would-fix")
             for f in findings]
-    _join_clauses(findings, made)
+    # A finding that only makes an earlier one fast (DL209 after DL201) is a clause
+    # of the first such one's line (``Rule.clause_of``), not a line of its own.
+    for i, f in enumerate(findings):
+        hosts = [made[j] for j in range(i) if findings[j].rule.code in f.rule.clause_of]
+        if hosts:
+            hosts[0].clauses.append(made[i])
     if not fixing:
         for intervention in made:
             report.record(intervention)
@@ -107,10 +111,9 @@ def settle_later(findings: Sequence[Finding], call_site: str,
 
 def record_outcome(intervention: Intervention,
                    failed: str | None = None) -> Intervention | None:
-    """Record ``intervention`` (from ``settle_later``) now that its remedy ran:
-    as fixed, or, given why (``failed``), as a fix that did not hold. None
-    where the workers needed none of it (``Finding.needed``): nothing was done,
-    and nothing failed."""
+    """Record ``intervention`` (from ``settle_later``) now that its remedy ran: as
+    fixed, or as a fix that did not hold and why (``failed``). None where the
+    workers needed none of it (``Finding.needed``): nothing done, nothing failed."""
     said = intervention.needed() if intervention.needed is not None else True
     if not said:
         return None
@@ -122,36 +125,22 @@ def record_outcome(intervention: Intervention,
     return report.record(intervention)
 
 
-def _join_clauses(findings: Sequence[Finding], made: list[Intervention]) -> None:
-    """A finding that only makes an earlier one fast (DL209 after DL201) is a
-    clause of that one's line (``Rule.clause_of``), not a line of its own: of
-    the first such, the one said where a rule found two things at one site."""
-    for i, f in enumerate(findings):
-        hosts = [made[j] for j in range(i) if findings[j].rule.code in f.rule.clause_of]
-        if hosts:
-            hosts[0].clauses.append(made[i])
-
-
 _REPEATS_LIMIT = 4096
 # (findings, call site) -> (the Interventions to count again, applied)
 _repeats: dict[tuple[tuple[Finding, ...], str], tuple[list[Intervention], bool]] = {}
-# report.count_again, bound by the first settle_repeated
-_count_again: Callable[[list[Intervention]], None] | None = None
 
 
 def settle_repeated(findings: tuple[Finding, ...], call_site: str) -> bool:
-    """``settle`` for a call made on every step (autocast), for findings without
-    remedies (the AMP rules): after the first time at a site, fix mode only
-    counts the first time's records again, as ``report.record`` does."""
-    global _count_again
+    """``settle`` for a call made on every step (autocast) with findings without
+    remedies (the AMP rules): after the first time at a site, fix mode counts
+    the first time's records again, as ``report.record`` does."""
     if CONFIG.mode != "fix":
         return settle(findings, call_site)
     key = (findings, call_site)
     again = _repeats.get(key)
     if again is not None:  # the hot path: one lookup, one count
-        _count_again(again[0])  # type: ignore[misc]  # bound before the first repeat
+        count_again(again[0])
         return again[1]
-    _count_again = report.count_again
     applied = settle(findings, call_site)
     if len(_repeats) < _REPEATS_LIMIT:
         known = {(i.code, i.call_site): i for i in report.interventions()}
@@ -167,8 +156,8 @@ def forget_repeats() -> None:
 
 def fail_open(default: _T, where: str, call: Callable[..., _T], *args: Any) -> _T:
     """``call(*args)``, failing open: an error of ours is logged once and
-    ``default`` returned, so that the caller runs the original call unchanged.
-    Strict mode's UnsafeCallError passes. Nothing of ours runs once the
+    ``default`` returned, for the caller to run the original call unchanged;
+    strict mode's UnsafeCallError passes. Nothing of ours runs once the
     interpreter is finalising (a torch ``__del__`` at exit): imports fail."""
     if sys.is_finalizing():
         return default

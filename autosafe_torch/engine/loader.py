@@ -1,13 +1,13 @@
 """A DataLoader's checks, from its arguments to what the loader keeps.
 
-The patch (``patches/dataloader.py``) calls ``decide_construction`` in
-``DataLoader.__init__`` and ``decide_iteration`` in ``_get_iterator``; the
-recovery calls ``plan_without_fork`` once forked workers failed. Nothing
-here names a rule: what a finding decided is asked of it (its ``rung``,
-what it ``kept``). A finding's ``changes`` become the call's arguments (at
-iteration, the loader's attributes); what it keeps goes in the loader's
-``LoaderState``. The worker checks' records wait there (``take_pending``)
-until the recovery saw their remedies hold in the workers.
+The patch calls ``decide_construction`` in ``DataLoader.__init__`` and
+``decide_iteration`` in ``_get_iterator``; the recovery calls
+``plan_without_fork`` once forked workers failed. Nothing here names a rule:
+a finding is asked what it decided (its ``rung``, what it ``kept``). Its
+``changes`` become the call's arguments (at iteration, the loader's
+attributes); what it keeps goes in the loader's ``LoaderState``, where the
+worker checks' records wait (``take_pending``) until the recovery saw their
+remedies hold in the workers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..inspection import holdings
 from ..inspection.mainmodule import importable_by_reference, main_is_guarded
 from ..inspection.parts import parts_of
 from ..loaderstate import Kept, state_of
-from ..rules import Context, InitContext, IterContext
+from ..rules import InitContext, IterContext
 from ..rung import Rung
 from . import run_checks, settle, settle_later
 
@@ -49,8 +49,7 @@ def keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
 
 
 def take_pending(loader: Loader) -> list[Intervention]:
-    """The records of this iteration's worker checks, to be made once their
-    remedies held in the workers."""
+    """This iteration's worker checks' records, to make once their remedies held."""
     state = state_of(loader)
     pending, state.pending = state.pending, []
     return pending
@@ -62,7 +61,7 @@ def decide_construction(values: dict[str, Any], defaults: dict[str, Any],
                         instance: Loader) -> tuple[dict[str, Any], list[Finding]] | None:
     """The checks at ``dataloader.init`` for the bound ``values`` (defaults
     filled in): ``(the arguments they changed, findings applied)``, or None:
-    unchanged. Their state is kept on ``instance`` by ``keep_state``."""
+    unchanged. ``keep_state`` keeps their state on ``instance``."""
     workers = values.get("num_workers")
     if not isinstance(workers, int) or workers < 0:
         return None  # torch rejects it, in its own words: nothing of ours applies
@@ -89,53 +88,42 @@ def decide_iteration(loader: Loader, frame: FrameType) -> None:
     state = state_of(loader)
     key = _plan_key(loader)
     if state.plan_key == key:
-        _again_unless_said(state)
+        # The carried process state's record waits on the workers of each iterator
+        # again, until a start's carried something (main() changes it between epochs).
+        carry = state.kept.process_state
+        record = getattr(carry, "record", None)
+        if record is not None and not carry.said and record not in state.pending:
+            state.pending.append(record)
         return
     if loader.num_workers:
         values, found, work, ctx = _plan_workers(loader, frame)
         if found:
             state.pending = _apply(loader, values, found, work)
         # A loader nothing of ours touches (its process state carried beside it
-        # at most): its dataset may be pickled once for all.
+        # at most): the plan's pickle of its dataset goes as it is to each worker.
         state.untouched = all(_beside(f) for f in found)
         if state.untouched and CONFIG.mode == "fix":
-            _keep_the_pickle(loader, ctx)
+            for plan in ctx.plans.get("pickling_plans", {}).values():
+                if plan.pickled is not None:
+                    from ..remedies import sent_once  # noqa: PLC0415 - 0.6 ms at `import torch`, where this module loads (-X importtime: remedies.sent_once, inspection.probe, inventory)
+
+                    sent_once.keep(loader, loader.dataset, plan.pickled)
     state.plan_key = _plan_key(loader)
 
 
 def _beside(finding: Finding) -> bool:
-    """Whether ``finding`` leaves what the workers are sent as it is: it only
-    sends the process state beside it (DL220)."""
+    """Whether ``finding`` only sends the process state beside what the workers
+    are sent (DL220)."""
     kept = finding.kept
     return not (finding.changes or finding.remedies or finding.rung or finding.applied_by) \
         and bool(kept) and kept == Kept(process_state=kept.process_state)
 
 
-def _again_unless_said(state: Any) -> None:
-    """An iterator of the same plan: the record of the carried process state
-    waits on its workers again, until a start's workers carried something
-    (the state ``main()`` changes between epochs)."""
-    carry = state.kept.process_state
-    record = getattr(carry, "record", None)
-    if record is not None and not carry.said and record not in state.pending:
-        state.pending.append(record)
-
-
-def _keep_the_pickle(loader: Loader, ctx: Context) -> None:
-    """The plan's pickle of the dataset, for this iterator's workers, where it
-    may go as it is to each (``remedies/sent_once.py``)."""
-    for plan in ctx.plans.get("pickling_plans", {}).values():
-        if plan.pickled is not None:
-            from ..remedies import sent_once  # noqa: PLC0415 - 0.6 ms at `import torch`, where this module loads (-X importtime: remedies.sent_once, inspection.probe, inventory)
-
-            sent_once.keep(loader, loader.dataset, plan.pickled)
-
-
 def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None = None
                   ) -> tuple[dict[str, Any], list[Finding], dict[str, Any], IterContext]:
-    """The worker checks' findings for ``loader`` and the arguments they leave:
-    planned, nothing applied. ``fork_failed``: the failure of its forked
-    workers that rules fork out (``IterContext.fork_failed``)."""
+    """The worker checks' findings for ``loader`` and the arguments they leave,
+    nothing applied. ``fork_failed``: its forked workers' failure, which rules
+    fork out (``IterContext.fork_failed``)."""
     values = {name: getattr(loader, name) for name in ITER_ARGS}
     ctx = IterContext(facts.current(loader.multiprocessing_context),
                       main_guarded=functools.cache(lambda: main_is_guarded(frame)),
@@ -147,8 +135,8 @@ def _plan_workers(loader: Loader, frame: FrameType, fork_failed: Failure | None 
 def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: dict[str, Any],
            unsaid: Iterable[Finding] = ()) -> list[Intervention]:
     """Settle the worker checks' findings for ``loader`` (in fix mode: set the
-    arguments they changed, keep their state); the records to make once the
-    remedies held in the workers, but those of ``unsaid`` (another says them)."""
+    arguments they changed, keep their state): the records to make once the
+    remedies held, but ``unsaid``'s (another says them)."""
     applied, made = settle_later(found, callsite.iteration_site(loader), work)
     if applied:
         for name in ITER_ARGS:
@@ -167,10 +155,9 @@ def _apply(loader: Loader, values: dict[str, Any], found: list[Finding], work: d
 def plan_without_fork(loader: Loader, failure: Failure,
                       frame: FrameType) -> list[Intervention] | None:
     """After ``failure`` of ``loader``'s forked workers (one touched CUDA): the
-    worker checks again, fork ruled out, applied where they start the workers
-    by spawn (with the repairs and warm start spawn needs), kept for later
-    epochs. The records to make once the new workers delivered, or None
-    (emulated workers: nothing applied)."""
+    worker checks again, fork ruled out, applied and kept where they move the
+    workers to spawn (with its repairs and warm start). The records to make
+    once the new workers delivered, or None (emulated workers: nothing applied)."""
     if CONFIG.mode != "fix":
         return None
     values, found, work, _ctx = _plan_workers(loader, frame, fork_failed=failure)
@@ -185,10 +172,10 @@ def plan_without_fork(loader: Loader, failure: Failure,
 
 def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
     """At construction: where the worker checks will start this loader's
-    workers warm (a loader repaired for spawn), the warm server starts now, in
-    the background, so that its imports overlap the program's setup; recorded
-    and applied at the first iterator, as ever. A loader that forks, or shows
-    no sign of needing a repair, costs nothing here."""
+    workers warm (repaired for spawn), the warm server starts now, in the
+    background, its imports overlapping the program's setup (recorded and
+    applied at the first iterator). A loader that forks, or shows no sign of
+    needing a repair, costs nothing here."""
     if not loader.num_workers or CONFIG.mode != "fix":
         return
     # Spawn, or fork where the ladder moves it away (macOS); cheap: no probe. Not
@@ -208,11 +195,10 @@ def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
 
 
 def _repair_likely(parts: dict[str, Any]) -> bool:
-    """Signs, read from the process and the parts' own types (never by walking
-    what the dataset holds), that spawn workers will need a repair: a file or
-    device open for reading (a handle a dataset keeps), another thread alive (a
-    pool, a refresher), a function or class a worker cannot import, a class
-    that forwards its attributes."""
+    """Signs, from the process and the parts' types (never walking what the
+    dataset holds), that spawn workers will need a repair: a file open for
+    reading, another thread alive, a function or class a worker cannot
+    import, a class that forwards its attributes."""
     from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch`, where this module loads (-X importtime: inspection.threads)
     from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - 0.2 ms at `import torch`, where this module loads (-X importtime: inspection.descriptors)
 

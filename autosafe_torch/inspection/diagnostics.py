@@ -1,13 +1,12 @@
 """Where a worker's own account of its failure goes, for the parent to read.
 
-``faulthandler_in_worker`` (a worker step of recovery's) writes a crashing
-worker's Python traceback, and on ``DUMP_SIGNAL`` every thread's stack, to
-``dump_path``: what "details are lost due to multiprocessing" loses. A
-worker that dies before its steps run, while it starts (unpickling its
-dataset, importing the main module), leaves its traceback at
-``bootstrap_path``: every worker of ours is told the directory, by its path,
-in its preparation data (``telling_workers``, ``told``). One that left no
-dump file at all never ran its first step: it died starting.
+``faulthandler_in_worker`` (a worker step) writes a crashing worker's
+traceback, and on ``DUMP_SIGNAL`` every thread's stack, to ``dump_path``:
+what "details are lost due to multiprocessing" loses. A worker that dies
+while it starts (unpickling its dataset, importing the main module) leaves
+its traceback at ``bootstrap_path``, in the directory its preparation data
+names (``telling_workers``, ``told``); one that left no dump file never ran
+its first step.
 """
 
 import atexit
@@ -36,11 +35,9 @@ _PREFIX = "autosafe_torch-workers-%d-"  # the pid of the process whose workers d
 
 
 def dump_dir():
-    """This process's private folder (0700, made on first use): its workers'
-    dumps and reports, a build server's recipes, every file of ours. Removed
-    whole at exit: what a record needs of it (a worker's traceback) is in the
-    record. Where the process could not remove it (SIGKILL, ``os._exit``), the
-    next run does (``_sweep``)."""
+    """This process's private folder (0700, made on first use) for every file of
+    ours: removed at exit (a record holds what it needs of it), or, where the
+    process could not (SIGKILL, ``os._exit``), by the next run (``_sweep``)."""
     global _dump_dir
     if _dump_dir is None or not os.path.isdir(_dump_dir):
         _sweep()
@@ -63,9 +60,8 @@ def _remove(directory, pid):
 
 
 def _sweep():
-    """The folders of this user's runs that ended without removing theirs (a
-    SIGKILL, ``os._exit``): a real folder (not a link), owned by this user,
-    whose process is gone."""
+    """The folders of this user's runs that ended without removing theirs: a
+    real folder (not a link), owned by this user, whose process is gone."""
     top = tempfile.gettempdir()
     head = _PREFIX.split("%", 1)[0]
     try:
@@ -121,9 +117,8 @@ _telling = threading.local()  # .directory: while this thread starts workers of 
 
 @contextlib.contextmanager
 def telling_workers(directory):
-    """While this thread starts workers of ours: each is told ``directory`` in its
-    preparation data (``DUMPS_KEY``), by its path, never found again by a glob
-    another user could answer with a link."""
+    """While this thread starts workers of ours, each is told ``directory`` in its
+    preparation data, never found by a glob another user could answer with a link."""
     _wrap_spawn("get_preparation_data", _with_directory)
     saved = getattr(_telling, "directory", None)
     _telling.directory = directory
@@ -149,17 +144,16 @@ def _with_directory(made, name):
 
 
 def told(data):
-    """In a worker starting, its preparation data in hand: where a failure to
-    start leaves its traceback, taken out of ``data`` (its parent told it)."""
+    """In a worker starting: where a failure to start leaves its traceback,
+    taken out of its preparation data ``data``."""
     directory = data.pop(DUMPS_KEY, None)
     if directory:
         leave_start_traceback(directory)
 
 
 def listen_as_spawned():
-    """In a process multiprocessing spawned, activated before its start: what
-    its parent tells it in the preparation data is taken before spawn's own
-    preparation runs (``told``)."""
+    """In a spawned process, activated before its start: ``told`` before spawn's
+    own preparation runs."""
     _wrap_spawn("prepare", _told_then_prepare)
 
 
@@ -169,10 +163,9 @@ def _told_then_prepare(prepare, data):
 
 
 def leave_start_traceback(directory):
-    """In a worker that is starting: an exception that ends its start is also
-    written to ``bootstrap_path`` in ``directory``, for the parent's record
-    (created there, never through a link). multiprocessing reports it
-    through ``sys.excepthook``."""
+    """In a worker that is starting: an exception that ends its start (which
+    multiprocessing reports through ``sys.excepthook``) is also written to
+    ``bootstrap_path`` in ``directory``, created there, never through a link."""
     shown = sys.excepthook
 
     def hook(kind, value, tb):
@@ -192,9 +185,8 @@ def leave_start_traceback(directory):
 
 
 def in_fork_server():
-    """Whether this code runs inside a fork server's own process, or a child it
-    forked before the child left ``forkserver.main`` (its loop is on the stack):
-    multiprocessing's server, the warm one, a build server."""
+    """Whether this runs in a fork server (multiprocessing's, the warm one, a
+    build server), or a child it forked that has not left ``forkserver.main``."""
     forkserver = sys.modules.get("multiprocessing.forkserver")
     if forkserver is None:
         return False

@@ -4,17 +4,15 @@ the kernel and the workers' own faulthandler dumps say.
 Plain torch reports one worker death as "killed by signal", "exited
 unexpectedly", ``ConnectionResetError`` or a bare ``EOFError``, at random
 (the batches a dead worker queued no longer unpickle), and loses the
-worker's traceback. Here the kind is told from the exception and the exit
-codes, the cause from the worker's dump. Nothing here changes anything or
-calls user code.
+worker's traceback. Here the kind comes from the exception and the exit
+codes, the cause from the worker's dump; nothing is changed, no user code run.
 
 Kinds: ``died`` (an exit code or a signal), ``shm`` (shared memory: a bus
 error, "unable to allocate shared memory"), ``fds`` (open files), ``hung``
-(no batch for the watchdog's limit while every worker lives), ``memory``
-(a ``MemoryError`` or ENOMEM raised in a worker), ``remedy`` (a repair of
-ours that a worker could not apply: ``RemedyFailed``), ``cuda`` (a forked
-worker touched CUDA, which a child forked after the parent initialised it
-cannot).
+(no batch for the watchdog's limit, every worker alive), ``memory``
+(``MemoryError`` or ENOMEM in a worker), ``remedy`` (a repair a worker could
+not apply: ``RemedyFailed``), ``cuda`` (a forked worker touched CUDA, which a
+child forked after the parent initialised it cannot).
 """
 
 import errno
@@ -28,24 +26,22 @@ DIED, HUNG, SHM, FDS, MEMORY, REMEDY, CUDA = ("died", "hung", "shm", "fds", "mem
 
 
 class RemedyFailed(RuntimeError):
-    """Raised in a worker by a repair chosen before the workers started that
-    meets what it cannot handle there (a file that can no longer be reopened):
-    never run on with the hazard in place. Recovery steps down (DL216);
-    without recovery, the user reads this."""
+    """Raised in a worker by a repair that meets what it cannot handle there (a
+    file that can no longer be reopened), never to run on with the hazard in
+    place. Recovery steps down (DL216); without recovery, the user reads this."""
 
     def __init__(self, message):
         super().__init__("autosafe_torch: %s" % message if not message.startswith((
             "autosafe_torch", "Caught ")) else message)
 
-# torch's runtime words (its allocator, its multiprocessing, CUDA), not its
-# DataLoader's private ones (those are torch_private.py's); tests/test_recovery.py's
-# real faults make torch say them. Kept here: classifying needs no torch import.
+# torch's runtime words (allocator, multiprocessing, CUDA; its DataLoader's are
+# torch_private.py's), which tests/test_recovery.py's real faults make torch say:
+# kept here, as classifying needs no torch import.
 SHM_WORDS = ("unable to allocate shared memory", "unable to write to file </torch_",
              "unable to mmap")
 FD_WORDS = ("Too many open files", "received 0 items of ancdata")
-# torch's words when a forked child touches CUDA (from __getitem__ calling .cuda(),
-# and from a CUDA tensor inherited from the parent: a RuntimeError on older
-# torch, torch.AcceleratorError from 2.8).
+# torch's words when a forked child touches CUDA (calling .cuda(), or a CUDA tensor
+# from the parent): a RuntimeError, torch.AcceleratorError from 2.8.
 CUDA_WORDS = ("Cannot re-initialize CUDA in forked subprocess",
               "CUDA error: initialization error")
 # Raised while unpickling a batch whose worker is gone (its resource sharer
@@ -65,18 +61,16 @@ def _chain(exc):
 
 
 def kept(exc):
-    """``exc``, to be kept (noted, returned, compared later), without the
-    frames it was raised through: a traceback holds its frames, each frame its
-    caller's, and so every local up the stack (the DataLoader iterator being
-    made) until the next garbage collection, where a worker's end would wait."""
+    """``exc``, to be kept, without the frames it was raised through: they hold
+    every local up the stack (the DataLoader iterator being made) until the
+    next garbage collection, and a worker's end would wait for it."""
     for e in _chain(exc):
         e.__traceback__ = None
     return exc
 
 
 def exception_kind(exc):
-    """``remedy``, ``memory``, ``fds``, ``shm`` or ``cuda`` where ``exc`` (or what it was
-    raised from) says so, else None."""
+    """The kind ``exc`` (or what it was raised from) says, or None."""
     for e in _chain(exc):
         if isinstance(e, RemedyFailed):
             return REMEDY
@@ -132,9 +126,8 @@ def _library_dirs():
 
 def where(dump, short=False):
     """The innermost frame of user code in a dump ("file:line in function"), or
-    None: faulthandler lists the most recent call first, a Python traceback
-    ("Traceback (most recent call last):") last. ``short``: "name:line", the file
-    without its directory (a headline; the traceback beside it has the rest)."""
+    None (faulthandler lists the most recent call first, a traceback last).
+    ``short``: "name:line", for a headline beside the traceback."""
     lines = dump.splitlines()
     if "Traceback (most recent call last):" in dump:
         lines.reverse()
@@ -155,8 +148,8 @@ def where(dump, short=False):
 
 
 def exception_line(dump, limit=100):
-    """The exception a Python traceback in ``dump`` ends with ("RecursionError:
-    maximum recursion depth exceeded"), or None (a faulthandler dump: a crash)."""
+    """The exception line a Python traceback in ``dump`` ends with, or None (a
+    faulthandler dump: a crash)."""
     if "Traceback (most recent call last):" not in dump:
         return None
     for line in reversed(dump.rstrip().splitlines()):
@@ -167,9 +160,9 @@ def exception_line(dump, limit=100):
 
 
 def trim_dump(dump, lines=TRACEBACK_LINES):
-    """A dump as the log shows it: without the frames a forked worker keeps
-    from its parent's stack (below multiprocessing's ``_bootstrap``) and the
-    list of extension modules, at most ``lines`` lines."""
+    """A dump as the log shows it, at most ``lines`` lines: without the frames a
+    forked worker keeps from its parent (below ``_bootstrap``) and the
+    extension modules."""
     kept, skipping = [], False
     for line in dump.rstrip().splitlines():
         if not line.startswith("  File "):
@@ -185,15 +178,11 @@ def trim_dump(dump, lines=TRACEBACK_LINES):
 
 
 class Failure:
-    """One observed failure of a loader's workers.
-
-    ``kind`` (see the module), ``exc``: what torch raised (None for a hang),
-    ``worker``/``pid``/``status``: the worker to blame, where known;
-    ``batch``: how many batches of the epoch had been delivered; ``dump``:
-    the worker's faulthandler output (a crash: its traceback; a hang: every
-    worker's stacks), or, ``starting``, the traceback of a worker that died
-    while it started (unpickling its dataset, importing the main module);
-    ``note``: why there is none."""
+    """One observed failure of a loader's workers: ``kind`` (see the module),
+    ``exc`` (what torch raised; None for a hang), the worker to blame where
+    known, ``batch`` (the epoch's batches delivered), ``dump`` (a crash's
+    traceback, a hang's stacks, or, ``starting``, the traceback of a worker
+    that died while it started), ``note`` (why there is none)."""
 
     __slots__ = ("kind", "exc", "worker", "pid", "status", "batch", "dump", "note",
                  "waited", "starting")
@@ -202,12 +191,11 @@ class Failure:
         self.kind, self.exc, self.worker, self.pid = kind, exc, worker, pid
         self.status, self.waited = status, waited
         self.batch, self.dump, self.note = None, "", None
-        self.starting = False  # the dump is a traceback the worker left while starting
+        self.starting = False
 
     @property
     def unsent(self):
-        """A start that failed here, in the training process: what the workers
-        were to be sent did not pickle (no worker ran)."""
+        """What the workers were to be sent did not pickle here: no worker ran."""
         return self.starting and self.pid is None
 
     def who(self):
@@ -216,9 +204,8 @@ class Failure:
         return "worker %d (pid %s)" % (self.worker, self.pid)
 
     def what(self, room=None):
-        """One line: who failed, how, and where in user code. ``room``: the
-        characters a headline has for it; the worker's exception is shortened
-        to fit, never who died or where (the file named without its directory)."""
+        """One line: who failed, how, and where in user code. ``room``: a
+        headline's characters; the exception is shortened to fit, never who or where."""
         if self.kind == HUNG:
             text = "%s gave no batch for %.1f s, every worker alive" % (
                 self.who(), self.waited or 0.0)
@@ -257,8 +244,8 @@ class Failure:
         return values
 
     def error(self):
-        """What the user sees when nothing recovers: torch's own error, or, for
-        a hang (torch would wait forever), one that says where it waits."""
+        """What the user sees when nothing recovers: torch's own error, or, for a
+        hang (torch would wait forever), one that says where it waits."""
         if self.exc is not None:
             return self.exc
         text = "DataLoader %s (autosafe_torch's watchdog, %s)" % (
@@ -272,8 +259,8 @@ class Failure:
 
 
 def describe_exception(exc, limit=None):
-    """``Type: message`` for an exception whose ``str()`` may itself raise (a
-    C library's error object): then its type alone. Never raises."""
+    """``Type: message`` (its first line, given ``limit``), never raising: its
+    type alone where ``str()`` raises (a C library's error object)."""
     try:
         name = type(exc).__name__
     except Exception:
@@ -298,8 +285,8 @@ def exception_text(exc):
 
 def _first_line(exc):
     """The line that says what failed: for an error torch re-raised from a
-    worker ("Caught RuntimeError in DataLoader worker process 0. Original
-    Traceback ..."), the worker's own last line."""
+    worker ("Caught RuntimeError in DataLoader worker process 0..."), the
+    worker's own last line."""
     if exc is None:
         return ""
     text = [line for line in exception_text(exc).strip().splitlines() if line.strip()]

@@ -1,12 +1,10 @@
 """``DataLoader.__init__`` and ``DataLoader._get_iterator``.
 
 Arguments that DataLoader refuses to change after ``__init__`` (or rejects
-inside it) are corrected before the original runs (``dataloader.init``);
-a subclass's ``super().__init__`` lands here too. The worker checks
-(``dataloader.iter``) run when an iterator is created, since the start
-method may change in between (``engine/loader.py``). The one path of a
-repaired loader: this patch → ``engine.loader`` → ``recovery`` (the
-iterator, watched; the records once the remedies held in the workers).
+inside it; a subclass's ``super().__init__`` too) are corrected before the
+original runs; the worker checks run when an iterator is created, since the
+start method may change in between. The one path of a repaired loader: this
+patch → ``engine.loader`` → ``recovery``.
 """
 
 import sys

@@ -1,33 +1,25 @@
 """Recover from a failure of a loader's workers: same batches, none lost or repeated.
 
-``watched(loader, wrapped, args, kwargs)`` builds the multi-process iterator
-torch would build, watched (``watch.py``: deaths, hangs, a worker's reported
-failure, found as a batch is awaited), inside a ``RecoveringIter``. Each
-worker runs faulthandler into a file of ours (a ``worker_init_fn`` step): a
-crash leaves its Python traceback there, and ``SIGUSR1`` makes it write
-every thread's stack, which is how a hang is explained. Then the iterator is
-rebuilt on the next rung (``rules/ladder.py``) and resumes at the first
-batch not yet delivered.
+``watched`` builds torch's multi-process iterator, watched (``watch.py``:
+deaths, hangs, a worker's reported failure), inside a ``RecoveringIter``
+(``iterator.py``), which rebuilds it on the ladder's next rung (``rungs.py``,
+``rules/ladder.py``) and resumes at the first batch not yet delivered. Each
+worker runs faulthandler into a file of ours: a crash leaves its traceback
+there, and ``SIGUSR1`` every thread's stack, which explains a hang.
 
-Exact by replay. A worker's random state after n fetches is known only by
-making them, so the new iterator is the old one again: the same base seed
-(each worker is seeded ``base_seed + id``), the sampler's indices recorded
-as sent and then the old sampler iterator itself (never drawn twice), the
-same round-robin dispatch; the batches already delivered are fetched again
-and dropped. Every batch then reaches the user once, in the order and with
-the content of a run without the failure (per-worker RNG state,
-``worker_init_fn`` effects, IterableDataset shards); skipping would be
-exact only for datasets that draw nothing. Not exact, and said so: a
-persistent loader after its first epoch (its workers' earlier states are
-not replayed). Side effects outside the worker (a file the dataset appends
-to) happen again for the replayed fetches. Not watched: ``in_order=False``
+Exact by replay: a worker's random state after n fetches is known only by
+making them, so the new iterator is the old one again (the same base seed,
+the sampler's recorded indices then the old sampler iterator itself, the
+same round-robin dispatch) and the batches already delivered are fetched
+again and dropped. Every batch then reaches the user once, as in a run
+without the failure (per-worker RNG state, ``worker_init_fn`` effects,
+IterableDataset shards); skipping would be exact only for datasets that draw
+nothing. Not exact, and said so: a persistent loader after its first epoch
+(earlier epochs' worker states are not replayed); side effects outside the
+worker happen again for the replayed fetches. Not watched: ``in_order=False``
 (which batches were delivered depends on timing) and DataPipes.
-
-This module starts an iterator (``watched``, ``emulated``); ``iterator.py``
-is the loop that recovers; ``rungs.py`` builds an iterator on a rung;
-``watch.py`` is what a waiting iterator sees. What touches torch's private
-iterator is ``torch_private.py``; its NOTE [the data flow of a repaired
-loader] follows a batch from the sampler to the user and back.
+torch_private.py's NOTE [the data flow of a repaired loader] follows a batch
+from the sampler to the user and back.
 """
 
 import functools
@@ -68,39 +60,39 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     the workers say what they did (DL220); else they are made now."""
     table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader,
                              dump_dir()) if loader.num_workers else None
-    mark = _warm_mark(pending)
+    warm = _warm_mark(pending)
     init = None if table is None else \
         with_step(loader.worker_init_fn, isolation.worker_step(table), first=True)
     with sending_to_workers(loader, init):
         iterator = wrapped(*args, **kwargs)
-    engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
-    missing = tp.watched_missing() if pending and loader.num_workers else ""
-    if missing and CONFIG.mode == "fix":
-        return UnwatchedIter(iterator, pending, loader.num_workers,
-                             "this torch cannot watch its workers (it lacks %s)"
-                             % shorten_line(missing, 80))
-    if loader.num_workers and CONFIG.mode == "fix" and any(r.needed for r in pending):
-        # what the workers did is theirs to say (DL220): once they delivered
-        return UnwatchedIter(iterator, pending, loader.num_workers,
-                             "its workers are not watched (%s)" % _unwatched_because(loader))
+    if warm is not None:
+        engine.fail_open(None, "DataLoader records", warm)
+    if pending and loader.num_workers and CONFIG.mode == "fix":
+        missing = tp.watched_missing()
+        if missing or any(r.needed for r in pending):
+            return UnwatchedIter(iterator, pending, loader.num_workers,
+                                 _unwatched_because(loader, missing))
     record_held(pending)
     return iterator
 
 
-def _unwatched_because(loader):
+def _unwatched_because(loader, missing):
+    if missing:
+        return "this torch cannot watch its workers (it lacks %s)" % shorten_line(missing, 80)
     if not getattr(loader, "in_order", True):
-        return "in_order=False"
-    if isinstance(loader.dataset, tp.DATAPIPES):
-        return "a DataPipe"
-    return "its iterator is not torch's, or the recovery rules are off"
+        why = "in_order=False"
+    elif isinstance(loader.dataset, tp.DATAPIPES):
+        why = "a DataPipe"
+    else:
+        why = "its iterator is not torch's, or the recovery rules are off"
+    return "its workers are not watched (%s)" % why
 
 
 def emulated(loader, pending=(), torch_s=None):
     """The emulated-workers rung a rule chose for ``loader``; its records once
     every worker has its copy (else as what happened). ``torch_s()`` makes
     torch's own iterator, for a torch that lacks what emulated workers need."""
-    if torch_s is not None and torch_lacks("emulated", tp.emulated_missing(),
-                                           "workers are not emulated"):
+    if torch_s is not None and torch_lacks("emulated"):
         record_failed(pending, "this torch lacks what emulated workers need")
         return torch_s()
     try:
@@ -125,7 +117,7 @@ def _kinds_watched(loader, wrapped):
             or not tp.iterator_class_is_torchs():
         return None  # someone else's iterator: not ours to rebuild
     kinds = kinds_watched(engine.enabled)
-    if not kinds or torch_lacks("watched", tp.watched_missing(), "workers not watched"):
+    if not kinds or torch_lacks("watched"):
         return None
     return kinds
 
@@ -140,34 +132,31 @@ def _start(loader, kinds, pending):
     outcome = isolation.Outcome(None, functools.partial(_say_used, site, pending,
                                                         loader.num_workers))
     watch = Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
-                  outcome, start_failures_recovered(engine.enabled))
-    mark = _warm_mark(pending)
+                  outcome, start_recovered=start_failures_recovered(engine.enabled))
+    warm = _warm_mark(pending)
     try:
         inner = real_workers(loader, ladder, watch)
     except Failed as failed:  # its workers could not start: the next rung, from here
         return RecoveringIter.after_failed_start(failed, loader, ladder, watch)
-    engine.fail_open(None, "DataLoader records", _warm_outcome, pending, mark)
+    if warm is not None:
+        engine.fail_open(None, "DataLoader records", warm)
     return RecoveringIter(inner, loader, ladder, watch)
 
 
 def _warm_mark(pending):
-    """Where the warm starts stood before this iterator's workers (DL209), or None."""
+    """Where the warm starts stand before this iterator's workers start (DL209):
+    the call that makes DL209's record once they started, or None."""
     if not any(i.rung is Rung.WARM_SPAWN for i in pending):
         return None
     from ..remedies import warmstart  # noqa: PLC0415 - 0.4 ms at each program's first DataLoader iterator, where this module loads (-X importtime after torch and recovery: remedies.warmstart)
 
-    return warmstart.starts().mark()
-
-
-def _warm_outcome(pending, mark):
-    """DL209's record, once the workers started: from the warm server, or,
-    where some came by plain spawn, a fix that did not hold, and why (its own
-    line)."""
-    if mark is None:
-        return
-    from ..remedies import warmstart  # noqa: PLC0415 - 0.4 ms at each program's first DataLoader iterator, where this module loads (-X importtime after torch and recovery: remedies.warmstart)
-
     started = warmstart.starts()
+    return functools.partial(_warm_outcome, pending, started, started.mark())
+
+
+def _warm_outcome(pending, started, mark):
+    """DL209's record: from the warm server, or, where some workers came by
+    plain spawn, a fix that did not hold, and why (its own line)."""
     warm_started, plain, built = started.since(mark)
     for warm in [i for i in pending if i.rung is Rung.WARM_SPAWN]:
         if built and built == warm_started and not plain:
@@ -192,4 +181,3 @@ def _say_used(site, pending, workers, usage):
                                              said=pending))[0]
     if found:
         engine.settle(found, site)
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.process
 import os
+import sys
 import time
 import weakref
 from typing import NamedTuple
@@ -17,6 +18,7 @@ import wrapt
 
 from .. import callsite, engine
 from .. import torch_private as tp
+from ..engine import loader as plans
 from ..errors import NoExactRung
 from ..inspection import failures as F
 from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
@@ -26,8 +28,7 @@ from ..report import internal_error
 from ..rules import FailureContext
 from ..rules import ladder as L
 from ..rung import Rung
-from .rungs import (ResumedEmulation, real_workers, replanned_without_fork, replay, stop,
-                    torch_lacks)
+from .rungs import ResumedEmulation, real_workers, replay, stop, torch_lacks
 from .watch import Failed, raised_in_worker, record_failed, record_held
 
 DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
@@ -119,8 +120,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             raise failure.error()
 
     def _recover(self, failure):
-        """Rebuild on the next rung until one resumes; False when none is left
-        (or the failure's kind is not watched)."""
+        """Rebuild on the next rung until one resumes; False: none left, or not watched."""
         loader = self._self_loader()
         ladder, watch = self._self_ladder, self._self_watch
         if failure.kind not in watch.kinds:
@@ -128,13 +128,10 @@ class RecoveringIter(wrapt.ObjectProxy):
         failure.batch = self._self_delivered
         rung: Rung | None  # None: the ladder has no rung left
         rung = self._self_rung
-        if self._self_pending is None:
-            first, first_rung, tried, verify_at = failure, rung, [], 0
-        else:  # the last recovery's rung failed before it was verified: one story
-            last = self._self_pending  # by name: a field added to Recovered moves none
-            first, first_rung, tried, verify_at = (last.first, last.first_rung, last.tried,
-                                                   last.verify_at)
-            self._self_pending = None
+        # One story where the last recovery's rung failed before it was verified.
+        story = self._self_pending or Recovered(failure, rung, [], rung, None, 0)
+        self._self_pending = None
+        verify_at = story.verify_at
         current = failure
         while True:
             # Verified once every batch in flight at the failure is delivered.
@@ -148,16 +145,19 @@ class RecoveringIter(wrapt.ObjectProxy):
             ladder.failures[counted] = ladder.failures.get(counted, 0) + 1
             if current.starting:  # new workers would get the same pickle, and fail alike
                 ladder.failures[Rung.RESTART] = L.MAX_FAILURES
-            if current is not first:
-                tried.append((rung, current))
+            if current is not story.first:
+                story.tried.append((rung, current))
             if current.kind not in watch.kinds or loader is None:
                 return False
             rung = L.next_rung(current.kind, ladder.failures)
-            if rung == Rung.SPAWN_WORKERS and not replanned_without_fork(loader, current,
-                                                                          watch):
-                rung = Rung.EMULATED  # it does not reach spawn workers
-            if rung is None or rung == Rung.EMULATED and torch_lacks(
-                    "emulated", tp.emulated_missing(), "workers are not emulated"):
+            if rung == Rung.SPAWN_WORKERS:  # forked ones touched CUDA: plan again without fork
+                made = plans.plan_without_fork(loader, current, sys._getframe())
+                if made is None:
+                    rung = Rung.EMULATED  # only emulated workers reach it
+                else:  # their records wait for the new workers
+                    watch.pending.extend(made)
+                    watch.delivered = set()
+            if rung is None or rung == Rung.EMULATED and torch_lacks("emulated"):
                 return False
             try:
                 self._rebuild(loader, rung)
@@ -174,7 +174,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             if loader.persistent_workers and self._self_epoch:
                 exact = ("a persistent loader after its first epoch: the new workers start "
                          "from their seeds, not from the states earlier epochs left")
-            self._self_pending = Recovered(first, first_rung, tried, rung, exact, verify_at)
+            self._self_pending = story._replace(rung=rung, exact=exact, verify_at=verify_at)
             return True
 
     def _rebuild(self, loader, rung):
@@ -225,7 +225,7 @@ class RecoveringIter(wrapt.ObjectProxy):
     def _settle(self):
         """Record a recovery once its rung delivered every batch in flight at the
         failure (verified, not predicted), or the epoch ended; and the records
-        waiting on the workers, for the batches they delivered."""
+        waiting on the workers."""
         self._self_watch.held()
         pending, self._self_pending = self._self_pending, None
         if pending is not None:
@@ -241,17 +241,14 @@ def _record(pending: Recovered) -> None:
 
 
 class UnwatchedIter(wrapt.ObjectProxy):
-    """torch's own iterator where its workers are not watched (``unwatched``:
-    why) but were given repairs, whose records (``pending``) are made as the
-    batches show them. torch sends a new iterator's first indices round robin
-    and hands the batches over in order, so the first ``workers`` delivered
-    come one from each: then the repairs held, as they did where the iterator
-    ends, raises a worker's own error or is dropped after a delivery; where
-    the workers failed otherwise before any delivered (a death), nothing is
-    said. A repair a worker could not apply (``RemedyFailed``) cannot step
-    down (no rung below can resume without the watch's record of the indices
-    drawn): its records say it failed, and the run stops with
-    ``NoExactRung``, never after a record that said "fixed"."""
+    """torch's own iterator, its workers not watched (``unwatched``: why) but
+    repaired: the records (``pending``) hold once the first ``workers``
+    batches came (torch sends the first indices round robin and delivers in
+    order: one from each), or the iterator ends, raises a worker's own error
+    or is dropped after a delivery; a death before any says nothing. A repair
+    a worker could not apply (``RemedyFailed``) cannot step down (no rung
+    resumes without the watch's record of the indices drawn): its records say
+    it failed, and the run stops with ``NoExactRung``, never after "fixed"."""
 
     def __init__(self, inner, pending, workers, unwatched):
         super().__init__(inner)

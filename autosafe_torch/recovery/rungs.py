@@ -1,12 +1,10 @@
 """Building a loader's iterator on a rung of the ladder (``rules/ladder.py``).
 
-Real workers (as asked, restarted, with fewer batches in flight, with
-file_system sharing, by spawn after forked ones touched CUDA) are torch's
-iterator, watched (``torch_private.Watched``), with each worker's own file
-descriptions and the diagnostics step in its ``worker_init_fn``. Emulated
-workers are ``remedies/emulated_workers.py``, collating in process. Either
-may resume an earlier iterator: the same base seed and indices, then the
-batches already delivered fetched again and dropped (``replay``).
+Real workers (as asked, restarted, fewer batches in flight, file_system
+sharing, spawn after forked ones touched CUDA) are torch's iterator, watched
+(``torch_private.Watched``); emulated workers are
+``remedies/emulated_workers.py``. Either may resume an earlier iterator
+(``replay``).
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import contextlib
 import functools
 import logging
 import multiprocessing.process
-import sys
 from typing import Any
 
 import torch
@@ -23,13 +20,12 @@ import torch
 from .. import engine, facts
 from .. import torch_private as tp
 from ..config import CONFIG
-from ..engine import loader as plans
 from ..loaderstate import state_of
 from ..inspection.diagnostics import dump_dir, faulthandler_in_worker, telling_workers
 from ..inspection.parts import parts_of
 from ..remedies import isolation, loggers, pickling, process_state, sent_once
 from ..remedies.emulated_workers import EmulatedWorkersIter
-from ..remedies.limits import file_system_sharing, use_file_system_sharing
+from ..remedies.limits import file_system_sharing
 from ..remedies.workerinit import with_step
 from ..report import log, shorten_line
 from ..rules.fork import own_descriptions_wanted
@@ -38,9 +34,8 @@ from .watch import POLL_S, Failed, raised_in_worker
 
 
 class LoaderLadder:
-    """Per loader: how often each rung failed, the settings real workers now
-    start with, and the rung its workers went to after they failed (None: as
-    planned)."""
+    """Per loader: each rung's failures, the settings real workers now start
+    with, the rung its workers went to after they failed (None: as planned)."""
 
     __slots__ = ("failures", "settings", "rung")
 
@@ -62,8 +57,7 @@ def ladder_of(loader):
 def real_workers(loader, ladder, watch, resume=None):
     """A watched torch iterator with the ladder's settings, each worker's own
     file descriptions (first of all) and the diagnostics step; the loader's
-    attributes left as they were (NOTE [the data flow of a repaired loader]
-    in torch_private.py, step 1)."""
+    attributes left as they were (NOTE [the data flow of a repaired loader], step 1)."""
     watch.dumps = dump_dir()
     init = with_step(loader.worker_init_fn,
                      functools.partial(faulthandler_in_worker, watch.dumps))
@@ -74,7 +68,7 @@ def real_workers(loader, ladder, watch, resume=None):
             watch.outcome.table = table
     if Rung.FILE_SYSTEM in ladder.settings:
         file_system_sharing(None)
-        init = with_step(init, use_file_system_sharing)
+        init = with_step(init, file_system_sharing)
     fewer = 1 if Rung.FEWER in ladder.settings else None
     with sending_to_workers(loader, init, fewer):
         return tp.Watched(loader, watch, resume, poll_s=POLL_S)
@@ -82,15 +76,13 @@ def real_workers(loader, ladder, watch, resume=None):
 
 @contextlib.contextmanager
 def sending_to_workers(loader, init=None, prefetch_factor=None):
-    """While ``loader``'s workers start, with ``init`` as their ``worker_init_fn``
-    and ``prefetch_factor`` where given (the loader's own again after): each
-    told where a failed start leaves its traceback; the loggers carried
-    configured, where DL219 chose that (``remedies/loggers.py``); where they
-    do not fork, the process state their code reads, ahead of the dataset,
-    and the step that stops a worker whose state differs where it could not
-    be carried (DL220); in fix mode, where the worker checks found nothing to
-    do, the dataset pickled once for all (``remedies/sent_once.py``; a repair
-    of ours sends it its own way); then ``pickled_for_workers``."""
+    """While ``loader``'s workers start, with ``init`` and ``prefetch_factor``
+    where given (the loader's own again after): each told where a failed start
+    leaves its traceback; the loggers carried (DL219); where they do not fork,
+    the process state, ahead of the dataset, and the step that stops a worker
+    whose state could not be carried (DL220), and, in fix mode where the
+    worker checks left the loader untouched, the dataset pickled once for all
+    (``remedies/sent_once.py``); then ``pickled_for_workers``."""
     state = state_of(loader)
     spawned = CONFIG.mode == "fix" and \
         facts.effective_start_method(loader.multiprocessing_context) != "fork"
@@ -108,8 +100,7 @@ def sending_to_workers(loader, init=None, prefetch_factor=None):
         if carry is not None and spawned:
             loader.worker_init_fn = with_step(loader.worker_init_fn,
                                               process_state.refuse_in_worker)
-            if not torch_lacks("process state", tp.dataset_kind_missing(),
-                               "what main() set does not reach spawned workers"):
+            if not torch_lacks("process state"):
                 first = functools.partial(process_state.StateFirst,
                                           carried=carry.start(dump_dir()))
                 sending.enter_context(tp.dataset_kind_as(loader, first))
@@ -120,8 +111,8 @@ def sending_to_workers(loader, init=None, prefetch_factor=None):
 
 
 def pickled_for_workers(loader):
-    """What the workers are sent pickled with our ``WorkerPickler``
-    (``remedies/pickling.py``), where a repair of ours acts and they do not fork."""
+    """The workers' sending pickled by our ``WorkerPickler``, where a repair of
+    ours acts and they do not fork."""
     context = loader.multiprocessing_context
     method = facts.effective_start_method(context)
     if not pickling.WorkerPickler.acts() or method == "fork":
@@ -150,22 +141,8 @@ def own_files(loader, report_dir):
     return table if table else None
 
 
-def replanned_without_fork(loader, failure, watch):
-    """Whether ``loader``, whose forked workers failed with ``failure`` (one
-    touched CUDA), now starts its workers by spawn, planned again with fork
-    ruled out; their records wait for the new workers. False: only emulated
-    workers reach it."""
-    made = plans.plan_without_fork(loader, failure, sys._getframe())
-    if made is None:
-        return False
-    watch.pending.extend(made)
-    watch.delivered = set()
-    return True
-
-
 def stop(inner):
-    """Kill a failed iterator's workers (a hung one would not exit), then let
-    torch clean up its queues."""
+    """Kill a failed iterator's workers (a hung one would not exit), then torch's cleanup."""
     for process in tp.worker_processes(inner):
         if isinstance(process, multiprocessing.process.BaseProcess) and process.is_alive():
             process.kill()
@@ -197,8 +174,8 @@ class ResumedEmulation(Emulated, tp.Recording):
 # -- resuming ---------------------------------------------------------------------------
 
 def replay(inner, count):
-    """Fetch again, and drop, the ``count`` batches already delivered, so
-    that every worker's state is where the failure found it."""
+    """Fetch again, and drop, the ``count`` batches already delivered: every
+    worker's state is then where the failure found it."""
     for _ in range(count):
         try:
             tp.fetch_next(inner)
@@ -211,14 +188,19 @@ def replay(inner, count):
     tp.set_yielded(inner, count)
 
 
-_said: set[Any] = set()
+# Each seam: what this torch lacks for it (``torch_private``), and what follows.
+_SEAMS = {"watched": (tp.watched_missing, "workers not watched"),
+          "emulated": (tp.emulated_missing, "workers are not emulated"),
+          "process state": (tp.dataset_kind_missing,
+                            "what main() set does not reach spawned workers")}
 
 
-def torch_lacks(seam, missing, consequence):
-    """Whether this torch lacks what ``seam`` needs (``torch_private``'s
-    ``*_missing``); said once per process."""
-    if missing and seam not in _said:
-        _said.add(seam)
+@functools.cache
+def torch_lacks(seam):
+    """Whether this torch lacks what ``seam`` needs; said once per process."""
+    find, consequence = _SEAMS[seam]
+    missing = find()
+    if missing:
         log(logging.WARNING, "torch %s lacks %s: %s; torch's own iterator runs instead",
             torch.__version__, shorten_line(missing, 80), consequence)
     return bool(missing)

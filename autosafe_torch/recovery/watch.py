@@ -1,9 +1,8 @@
 """What a watched iterator sees while it waits: deliveries, deaths, hangs.
 
-A ``Watch`` is the hooks object of ``torch_private.Watched`` (torch's
-iterator with our hooks): it sets how long a batch may take, notes who
-delivered (the records waiting on the workers hold once each delivered),
-and turns an exception or a silence into a ``Failure`` for the recovery.
+A ``Watch`` holds the hooks of ``torch_private.Watched``: how long a batch
+may take, who delivered (the records waiting on the workers hold once each
+did), and an exception or a silence made a ``Failure`` for the recovery.
 """
 
 import time
@@ -31,10 +30,8 @@ class Failed(Exception):
 class Watch:
     """What a ``RecoveringIter`` keeps across its inner iterators (it refers to
     neither, so that dropping the iterator still shuts its workers down): the
-    sampler's indices drawn this epoch (``recorder``), the slowest wait, the
-    limits; the records waiting for every worker to deliver (``pending``,
-    ``delivered``), and where the workers report what they had of their own
-    (``outcome``)."""
+    epoch's drawn indices (``recorder``), the slowest wait, the limits, the
+    records waiting for every worker to deliver, the workers' ``outcome``."""
 
     __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "dumps",
                  "pending", "delivered", "workers", "outcome", "start_recovered")
@@ -74,9 +71,8 @@ class Watch:
             self.slowest = waited
 
     def failed(self, iterator, exc):
-        """What to raise instead of ``exc``, raised while a batch was awaited:
-        ``Failed`` for a failure of the workers (a death, or an error of a
-        kind the recovery knows), None where torch's error stands."""
+        """``Failed`` to raise instead of ``exc`` (raised while a batch was
+        awaited) for a death or an error of a known kind; None: torch's error."""
         kind = F.exception_kind(exc)
         dead = tp.dead_workers(iterator)
         deadline = time.monotonic() + DEATH_WAIT_S
@@ -90,10 +86,9 @@ class Watch:
         return Failed(F.Failure(kind, exc)) if kind else None
 
     def start_failed(self, iterator, exc):
-        """A worker could not start: what it is sent did not pickle. New workers
-        would be sent the same: a failure at the start, which the recovery
-        steps down from. None where its rule, or a rule that repairs what
-        workers are sent, is off: torch's error stands."""
+        """A worker could not start: what it is sent did not pickle, and new
+        workers would be sent the same, so the recovery steps down. None where
+        its rule, or one that repairs what workers are sent, is off."""
         if F.REMEDY not in self.kinds or not self.start_recovered:
             return None
         failure = F.Failure(F.REMEDY, exc)
@@ -104,9 +99,8 @@ class Watch:
         return Failed(F.Failure(F.HUNG, worker=worker, pid=pid, waited=waited))
 
     def delivered_by(self, worker):
-        """Worker ``worker`` handed over a batch: it started, with every step of
-        ours. (See NOTE [the data flow of a repaired loader] in
-        torch_private.py, step 4.)"""
+        """``worker`` handed over a batch: it started, with every step of ours
+        (NOTE [the data flow of a repaired loader], step 4)."""
         if self.pending:
             self.delivered.add(worker)
             if len(self.delivered) >= self.workers:
@@ -114,9 +108,7 @@ class Watch:
 
     def shut_down(self, workers):
         """torch shut the workers down (an epoch's end, or the iterator dropped)."""
-        if self.pending and self.delivered:
-            # Dropped before every worker delivered (a program that takes one
-            # batch): the workers that did show the remedies held.
+        if self.pending and self.delivered:  # dropped early: those that delivered held
             self.held()
         if self.outcome is not None:
             engine.fail_open(None, "DataLoader worker reports", self.outcome.workers_exited,
@@ -130,8 +122,8 @@ class Watch:
         record_held(pending)
 
     def did_not_hold(self, failure):
-        """A remedy the workers could not apply, or a start that failed, makes
-        the pending records fixes that did not hold."""
+        """A remedy the workers could not apply, or a failed start: the pending
+        records are fixes that did not hold."""
         if self.pending and (failure.kind == F.REMEDY or failure.starting):
             pending, self.pending = self.pending, []
             record_failed(pending, failure.what())
@@ -144,19 +136,15 @@ def record_held(pending):
 def record_failed(pending, why):
     """The pending records as fixes that did not hold, and ``why`` (None: held)."""
     if pending:
-        engine.fail_open(None, "DataLoader records", _record_all, pending, why)
-
-
-def _record_all(pending, failed):
-    for intervention in pending:
-        engine.record_outcome(intervention, failed=failed)
+        engine.fail_open(None, "DataLoader records",
+                         lambda: [engine.record_outcome(i, failed=why) for i in pending])
 
 
 # -- from an exception to a Failure --------------------------------------------------
 
 def raised_in_worker(iterator, exc):
-    """A shared-memory or open-file failure a worker reported as its batch's
-    error (torch re-raises it here), as a ``Failure``; None: the user's error."""
+    """A failure of a watched kind a worker reported as its batch's error, as a
+    ``Failure``; None: the user's error."""
     kind = F.exception_kind(exc)
     if kind is None or not isinstance(iterator, tp.Watched):
         return None

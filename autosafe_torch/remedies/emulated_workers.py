@@ -1,46 +1,36 @@
 """Faithful emulated DataLoader workers: the in-process rung.
 
-The copy of torch's loop, and so an adapter as ``torch_private.py`` is: the
-one module besides it that uses torch's private names (``tests/test_layers.py``).
-It mirrors torch 2.13.0's ``torch/utils/data/dataloader.py``
-(``_MultiProcessingDataLoaderIter``: ``_reset``, ``_next_data``,
+The copy of torch's loop, and so an adapter, as ``torch_private.py`` is (the
+one other module that uses torch's private names). It mirrors torch 2.13.0's
+``_MultiProcessingDataLoaderIter`` (``_reset``, ``_next_data``,
 ``_try_put_index``, ``_process_data``; its queues are ``_pending``) and
-``torch/utils/data/_utils/worker.py`` (``_worker_loop``: ``EmulatedWorker``),
-on the ``_BaseDataLoaderIter`` of every torch supported (each field read here
-is checked for: ``torch_private.emulated_missing``). A torch whose loop
-changes is compared with this copy, and the version above moves. Behaviour
-tests: ``tests/test_emulated_workers.py`` (the batches of real workers).
+``_worker_loop`` (``EmulatedWorker``), on the ``_BaseDataLoaderIter`` of every
+torch supported (``torch_private.emulated_missing`` checks each field read
+here). A torch whose loop changes is compared with this copy, and the version
+above moves. Behaviour tests: ``tests/test_emulated_workers.py``.
 
 Where W worker processes cannot be started, torch's fallbacks change the
 batches (``num_workers=0`` seeds no worker, threads share every random
 state). ``EmulatedWorkersIter`` yields, in this process, exactly the batches
 of W workers on a safe platform (Linux, fork, the same seed): the main
-process's side ported step for step (the sampler called at the same
-moments, so one drawing from the global RNG draws the same); each
-``EmulatedWorker`` as ``_worker_loop`` builds it in a child (its seeds,
-``WorkerInfo``, ``worker_init_fn`` once, fetcher, its own copy of the parts:
-``copies.py``, its own description of every file the process reads:
-``Descriptions``). The global random states, ``get_worker_info()`` and the
-file descriptions are swapped in around each step of a worker, and out
-after: no worker sees another's state, and the parent's end untouched.
-Every step runs in the caller's thread, when the iterator needs its result:
-the caller's code never runs while a worker's state is swapped in, which
-makes the emulation exact (no fetching ahead on a thread).
-
-Each worker fetches its tasks in the order it receives them, and results are
-taken in task order. Real workers finish in any order, but with
-``in_order=True`` torch reorders them, and an exhausted IterableDataset
-worker only stops receiving tasks, so every timing gives this sequence. With
-``in_order=False`` a real run's order depends on timing; emulation gives
-that of equally fast workers (for a map-style dataset, the in-order one).
+process's side ported step for step (the sampler called at the same moments,
+so one drawing from the global RNG draws the same), and each worker as
+``_worker_loop`` builds it (its seeds, ``WorkerInfo``, ``worker_init_fn``
+once, fetcher, its own copy of the parts, ``copies.py``, and of every file
+description, ``Descriptions``), swapped in around each of its steps. Every
+step runs in the caller's thread when its result is needed, so the caller's
+code never runs while a worker's state is in: exact, as fetching ahead on a
+thread would not be. Tasks run in the order sent and results are taken in
+task order: what ``in_order=True`` makes of every timing (an exhausted
+IterableDataset worker only stops receiving tasks); with ``in_order=False``,
+the order of equally fast workers (map-style: the in-order one).
 
 Not emulated: process-global state outside the parts (module globals, class
-attributes, cv2's RNG), which each forked worker has a copy of and emulated
-workers share (a ``worker_init_fn`` that reaches the dataset through a
-global, not ``get_worker_info().dataset``, changes the parent's);
-``torch.set_num_threads(1)`` beyond the worker's own steps (the caller's
-training step keeps its threads); ``timeout`` and
-``multiprocessing_context`` (nothing to wait for or start).
+attributes, cv2's RNG), which forked workers copy and emulated ones share (a
+``worker_init_fn`` that reaches the dataset through a global, not
+``get_worker_info().dataset``, changes the parent's);
+``torch.set_num_threads(1)`` beyond the worker's steps (the caller's
+training step keeps its threads); ``timeout`` and ``multiprocessing_context``.
 """
 
 import collections
@@ -62,18 +52,17 @@ from .copies import SHARE_AT_BYTES, CopyPlan, Watched
 
 __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "SWAP_LOCK", "NoExactRung", "SHARE_AT_BYTES"]
 
-# Held by every step that swaps the global random states or the worker info,
-# in any emulated iterator of the process, and by our steps that must see the
-# parent's states (the sampler, the base seed): two loaders iterated on two
-# threads of the program do not swap states under each other.
+# Held by every step that swaps the global random states or the worker info, and
+# by ours that must see the parent's (the sampler, the base seed): two loaders
+# iterated on two threads do not swap states under each other.
 SWAP_LOCK = threading.RLock()
 
 _SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
 
 
 def _seed_as_worker_loop(base_seed, worker_id):
-    """The seeding of ``_worker_loop``, on the CPU generator only: the
-    parent's CUDA generators are not the worker's to seed."""
+    """``_worker_loop``'s seeding, on the CPU generator only: the parent's CUDA
+    generators are not the worker's to seed."""
     seed = base_seed + worker_id
     random.seed(seed)
     torch.default_generator.manual_seed(seed)
@@ -87,11 +76,10 @@ def _seed_as_worker_loop(base_seed, worker_id):
 
 
 class Descriptions:
-    """What DL207 gives a forked worker, for whoever holds the descriptor (a
-    raw ``os.open()`` int, a C library): at its offset when the iterator
-    started, swapped in under the same numbers around each of its steps. The
-    copies' own file objects have descriptors of their own besides.
-    ``shared``: files that can no longer be reopened, left as they are."""
+    """What DL207 gives a forked worker, for whoever holds a descriptor (a raw
+    ``os.open()`` int, a C library): its own description, at the offset when
+    the iterator started, swapped in under the same number around each of its
+    steps. ``shared``: files that can no longer be reopened, left as they are."""
 
     def __init__(self, workers):
         self.files = [f for f in open_files() if f.private]
@@ -246,9 +234,8 @@ class EmulatedWorker:
 
 class EmulatedWorkersIter(tp.BaseIter):
     """What ``DataLoader._get_iterator`` returns to emulate ``loader.num_workers``
-    workers. Keep that at W: DataLoader then reuses a persistent iterator and
-    calls ``_reset`` each epoch, as for real workers. ``shared`` names what
-    the workers' copies share with the parent."""
+    workers (kept at W: DataLoader then reuses a persistent iterator and calls
+    ``_reset`` each epoch). ``shared``: what the copies share with the parent."""
 
     def __init__(self, loader):
         with SWAP_LOCK:  # the base seed comes from the parent's generator

@@ -14,13 +14,11 @@ def raise_soft_limit(target):
     return raise_soft_limit
 
 
-def file_system_sharing(args):
-    """A remedy: torch shares tensors through named files, no descriptor each."""
+def file_system_sharing(_args_or_worker_id):
+    """torch shares tensors through named files, no descriptor each: a remedy,
+    and the worker step for spawn/forkserver workers, which start with
+    torch's default strategy."""
     import torch.multiprocessing  # noqa: PLC0415 - torch: limits loads with the rules at `import cv2`, before the program imports torch
 
     torch.multiprocessing.set_sharing_strategy("file_system")
 
-
-def use_file_system_sharing(worker_id):
-    """Worker step: spawn/forkserver workers start with torch's default strategy."""
-    file_system_sharing(None)
