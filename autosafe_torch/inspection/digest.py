@@ -1,23 +1,20 @@
-"""A fingerprint of what an object holds, at pickle speed.
+"""A fingerprint of what an object holds, at pickle speed: two builds of a
+dataset, the training process's and a spawned worker's, hold the same values
+when their fingerprints agree (``remedies/rebuild.py`` compares them attribute
+by attribute). It is the object's pickle by the C pickler, hashed: the cost
+of pickling (an ImageNet index of 1.28M tuples: under a second), nothing capped.
 
-Two builds of a dataset, one in the training process and one in a spawned
-worker, hold the same values when their fingerprints agree
-(``remedies/rebuild.py`` compares them attribute by attribute, to name a
-difference). The fingerprint is the object's pickle by the C pickler,
-hashed: the cost of pickling (an ImageNet index of 1.28M tuples: under a
-second), nothing capped.
-
-What the pickle would not say the same way in both processes, or cannot
-say, stands in (``persistent_id``, asked before the pickler's own fast
-paths): classes and functions by module and name (a spawned worker's main
-is ``__mp_main__``), sets by their sorted items (their order follows
-per-process string hashes); tensors, arrays, files, locks and generators by
-what they are (``_stand_in``); what does not pickle at all (a pyarrow
-reader) as its type (``reducer_override``): which file it reads is the
-kernel's to say (``inspection/opened.py``). No user code runs but what
-torch's own pickling of the dataset for a worker would run.
+What the pickle would not say the same way in both processes, or cannot say,
+stands in (``persistent_id``, asked before the pickler's own fast paths): code
+by module and name (a spawned worker's main is ``__mp_main__``), sets by
+their sorted items (their order follows per-process string hashes); tensors,
+arrays, files, locks and generators by what they are; what does not pickle
+at all (a pyarrow reader) as its type: which file it reads is the kernel's to
+say (``inspection/opened.py``). No user code runs but what torch's own
+pickling of the dataset for a worker would run.
 """
 
+import contextlib
 import copyreg
 import hashlib
 import mmap
@@ -28,7 +25,7 @@ import types
 
 from . import holdings
 from .objwalk import is_a
-from .slots import slot_names
+from .slots import attributes
 
 PROTOCOL = 4
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray, tuple,
@@ -118,10 +115,10 @@ class _Pickler(pickle.Pickler):
         reducer = copyreg.dispatch_table.get(type(obj))
         try:
             return reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
-        except Exception:  # a handle that does not pickle: its kind, nothing more
+        except Exception:  # a handle that does not pickle: its kind, nothing more (never loaded)
             self.plain, self.stood_in = False, True
             cls = type(obj)
-            return _opaque, ("%s.%s" % (_module(cls), cls.__qualname__),)
+            return str, ("%s.%s" % (_module(cls), cls.__qualname__),)
 
 
 def _code_hash(code, depth=0):
@@ -138,10 +135,6 @@ def _code_hash(code, depth=0):
         else:
             h.update(repr(const)[:2000].encode())
     return h.hexdigest()
-
-
-def _opaque(name):
-    """What a handle that does not pickle stands in as (never loaded)."""
 
 
 def _tensor(t):
@@ -165,11 +158,9 @@ def _file_state(f):
             parts.append(value if type(value) in (str, int, bool, type(None)) else repr(value))
         except Exception:
             parts.append("?")
-    try:
+    with contextlib.suppress(Exception):
         st = os.fstat(f.fileno())
         parts += [st.st_size, st.st_mtime_ns]
-    except Exception:
-        pass
     return tuple(parts)
 
 
@@ -190,22 +181,6 @@ def measured(obj, keep=False):
     pickler.dump(obj)
     pickled = b"".join(sink.kept) if keep and not pickler.stood_in else None
     return sink.h.hexdigest(), pickler.plain, sink.size, pickled
-
-
-def attributes(obj, limit=None):
-    """``[(name, value)]``: an instance's ``__dict__`` (its first ``limit``),
-    then the ``__slots__`` that are set."""
-    found = []
-    try:
-        found = list(dict.items(object.__getattribute__(obj, "__dict__")))[:limit]
-    except (AttributeError, TypeError):
-        pass
-    for name in slot_names(type(obj)):
-        try:
-            found.append((name, object.__getattribute__(obj, name)))
-        except AttributeError:
-            continue
-    return found
 
 
 def attribute_digests(obj):

@@ -22,15 +22,13 @@ import types
 from . import holdings, inventory, objwalk
 from .objwalk import Edge, is_a
 from .probe import ProbeResult, sent_table
+from .slots import instance_dict
 
 # Objects pickled per call (a PIL image costs one frame's pixels); a few tell.
 MAX_PICKLED = 16
 
 IMAGE_FIX, FILE_FIX = ("open the %s lazily in __getitem__ (or in worker_init_fn), keeping its "
                        "path on the dataset" % what for what in ("image", "file"))
-
-
-# -- PIL ------------------------------------------------------------------------
 
 
 def image_file_class():
@@ -46,7 +44,7 @@ def is_image_file(obj):
 def image_stream(img):
     """``(attribute, stream)`` a PIL image reads frames from (``fp``, or ``_fp``
     once PIL loaded a frame and set ``fp`` to None), or None."""
-    attrs = objwalk.instance_dict(img) or {}
+    attrs = instance_dict(img) or {}
     for name in ("fp", "_fp"):
         stream = attrs.get(name)
         if stream is not None and live_stream(stream):
@@ -57,7 +55,7 @@ def image_stream(img):
 def single_frame(img):
     """Whether a PIL image is known to hold one frame, from what PIL already set
     or a format that cannot seek: never asking the image, which may read its file."""
-    attrs = objwalk.instance_dict(img) or {}
+    attrs = instance_dict(img) or {}
     animated = attrs.get("is_animated")
     if type(animated) is bool:
         return not animated
@@ -104,9 +102,6 @@ def reopens(value):
         return False
 
 
-# -- open streams ------------------------------------------------------------------
-
-
 def live_stream(obj):
     """A file open for reading, a native handle, an in-memory byte stream."""
     with contextlib.suppress(Exception):  # detached, or a stream that cannot say
@@ -122,7 +117,7 @@ def live_stream(obj):
 def stream_name(stream, img=None):
     """``open file frames.tif``: words for the log, no repr."""
     with contextlib.suppress(Exception):
-        name = (objwalk.instance_dict(img) or {}).get("filename") if img is not None else None
+        name = (instance_dict(img) or {}).get("filename") if img is not None else None
         if not name:
             raw = holdings.raw_file(stream)
             name = getattr(raw if raw is not None else stream, "name", None)
@@ -132,8 +127,6 @@ def stream_name(stream, img=None):
             return "in-memory stream"
     return "open file"
 
-
-# -- objects that pickle themselves -----------------------------------------------
 
 # Containers whose own pickling keeps everything they hold.
 _CONTAINER_MODULES = frozenset({"builtins", "collections", "functools", "types"})
@@ -198,23 +191,18 @@ def _sets_again(cls, attribute):
 def _stores(code, attribute):
     """``self.<attribute> = <not None>`` anywhere in ``code`` (or code it nests)."""
     for nested in holdings.nested_code(code):
-        before = [None, None]
-        for ins in dis.get_instructions(nested):
+        ops = list(dis.get_instructions(nested))
+        for i, ins in enumerate(ops):
             # ``x.a = None`` is LOAD_CONST None, LOAD_FAST x, STORE_ATTR a.
-            if ins.opname == "STORE_ATTR" and ins.argval == attribute \
-                    and not (before[0] is not None and before[0].opname == "LOAD_CONST"
-                             and before[0].argval is None):
+            if ins.opname == "STORE_ATTR" and ins.argval == attribute and not (
+                    i >= 2 and ops[i - 2].opname == "LOAD_CONST" and ops[i - 2].argval is None):
                 return True
-            before = [before[1], ins]
     return False
-
-
-# -- what a pickle reaches -------------------------------------------------------------
 
 
 def reached(obj, table):
     """The ids of what ``obj``'s pickle reaches, or None where it raises (the probe's to say)."""
-    found = inventory.take({"part": obj}, table, watch=None)
+    found = inventory.take({"part": obj}, table)
     return None if found.unpicklable or not found.complete else found.met
 
 
@@ -229,13 +217,7 @@ class _Search:
         return sent_table(self.planned)
 
     def run(self, parts):
-        for name, part in parts.items():
-            if part is not None:
-                self._part(name, part)
-        return list(self.reported.values())
-
-    def _part(self, name, part):
-        """One walk: the live streams (and PIL images), and where each hangs."""
+        """One walk per part: the live streams (and PIL images), and where each hangs."""
         found, places = [], {}
 
         def stop(obj):
@@ -248,16 +230,20 @@ class _Search:
                 return True
             return holdings.stop_at_threading(obj)
 
-        for here, obj, edge in objwalk.walk(part, name, stop=stop):
-            places[id(obj)] = (here, edge)  # the edge keeps its child alive
-        for obj in found:
-            try:
-                self._candidate(obj, places)
-            except Exception:  # fail open: this object is skipped
+        for name, part in parts.items():
+            if part is None:
                 continue
+            found.clear()
+            places.clear()
+            for here, obj, edge in objwalk.walk(part, name, stop=stop):
+                places[id(obj)] = (here, edge)  # the edge keeps its child alive
+            for obj in found:
+                with contextlib.suppress(Exception):  # fail open: this object is skipped
+                    self._candidate(obj, places)
+        return list(self.reported.values())
 
     def _candidate(self, obj, places):
-        """Where the stream ``obj`` (or a PIL image's stream) is dropped, if anywhere."""
+        """Reports where the stream ``obj`` (or a PIL image's stream) is dropped, if anywhere."""
         chain = []  # (path, node, edge to the next node), from the root down
         if is_image_file(obj):
             held = image_stream(obj)
@@ -279,19 +265,19 @@ class _Search:
             return  # a planned repair pickles it: its reducer makes the file again
         if image is not None and top == len(chain) - 1 and single_frame(image):
             return  # nothing above it pickles itself, and its pixels are all it reads
-        reached_ids = self._reached(chain[top][1])
+        owner = chain[top][1]
+        if id(owner) not in self.checked and len(self.checked) < MAX_PICKLED:
+            self.checked[id(owner)] = reached(owner, self.table)
+        reached_ids = self.checked.get(id(owner))
         if reached_ids is None or id(stream) in reached_ids:
             return
-        for path, original, edge in chain[top:]:  # the deepest it reached drops the next
-            if type(edge.child) in objwalk.CONTAINERS:
-                continue  # pickled in C without a look: reached where its owner is
-            if id(edge.child) not in reached_ids:
-                return self._report(path, original, edge, stream)
-        return None
-
-    def _report(self, path, original, edge, stream):
-        if id(original) in self.reported:
+        # The deepest it reached drops the next (a container is pickled in C
+        # without a look: reached where its owner is).
+        dropping = next((link for link in chain[top:] if type(link[2].child)
+                         not in objwalk.CONTAINERS and id(link[2].child) not in reached_ids), None)
+        if dropping is None or id(dropping[1]) in self.reported:
             return
+        path, original, edge = dropping
         if is_image_file(original):
             if single_frame(original):
                 return
@@ -303,15 +289,6 @@ class _Search:
             name, why, fix = stream_name(stream), "its pickle drops %s" % edge.label(), FILE_FIX
         self.reported[id(original)] = ProbeResult(
             False, path, "pickles without its %s (%s)" % (name, why), original, fix=fix)
-
-    def _reached(self, owner):
-        key = id(owner)
-        if key not in self.checked:
-            if len(self.checked) >= MAX_PICKLED:
-                return None
-            ids = reached(owner, self.table)
-            self.checked[key] = None if ids is None else ids | {key}
-        return self.checked[key]
 
 
 def unfaithful(parts, planned=None):

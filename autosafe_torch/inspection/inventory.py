@@ -1,20 +1,19 @@
 """One pass over what a loader's parts send a spawned worker, at C speed: the inventory.
 
 The pickler is the walker: containers and plain values are traversed in C
-(an ImageNet index of 1.28M ``(path, class)`` tuples costs what pickling it
-costs, well under a second, where a Python walk took some 25 us an object).
-Every other object reaches ``reducer_override``, which notes it by kind
-(``classify``) and pickles it as a worker's pickler would, with the dispatch
-table given, up to the first object that does not pickle (``unpicklable``,
-the innermost on its path), where the part's pass ends. Payloads (tensors
-and their storages, arrays) stand in: their bytes say nothing of pickling,
-and torch's reducers would move a storage into shared memory.
+(an ImageNet index of 1.28M ``(path, class)`` tuples: well under a second,
+where a Python walk took some 25 us an object). Every other object reaches
+``reducer_override``, which notes it by kind (``classify``) and pickles it
+as a worker's pickler would, up to the first object that does not pickle
+(``unpicklable``, the innermost on its path), where the part's pass ends.
+Payloads (tensors, storages, arrays) stand in: their bytes say nothing of
+pickling, and torch's reducers would move a storage into shared memory.
 
 Nothing is capped or sampled: the pass sees everything or says it did not
 (``complete`` False), and a check decides as for a hazard it cannot rule out.
-Nothing is written or loaded; no user code runs but ``__reduce__`` and
-``__getstate__``, as torch's own pickling runs them.
-``path_of`` names, from the object back, only what a check acts on.
+Nothing is loaded; no user code runs but ``__reduce__`` and ``__getstate__``,
+as torch's own pickling runs them. ``path_of`` names, from the object back,
+only what a check acts on.
 """
 
 import contextlib
@@ -29,6 +28,7 @@ from multiprocessing import context
 
 from ..mp_private import python_rlock
 from .failures import kept
+from .objwalk import CODE, NULL_SINK
 from .slots import instance_dict
 
 PROTOCOL = pickle.DEFAULT_PROTOCOL  # ForkingPickler.dumps' (protocol=None)
@@ -40,7 +40,7 @@ class Inventory:
     """What a pass found: ``of(kind)``, the objects of that kind (each once, in
     the order met); ``unpicklable``, ``[(obj, exception)]`` (the first of each
     part); ``complete``, whether the pass saw everything (else ``error``
-    is what stopped it); ``objects``, how many objects reached Python."""
+    is what stopped it); ``met``, the ids of the objects that reached Python."""
 
     def __init__(self):
         self.found = {}
@@ -49,27 +49,19 @@ class Inventory:
         self.error = None
         self.objects = 0
         self.stand_ins = 0  # payloads written as nothing: the bytes are not a pickle
-        self.met = set()  # the ids of ``watch`` objects the pass reached
+        self.met = set()
 
     def of(self, kind):
         return list(self.found.get(kind, {}).values())
 
 
-NULL_SINK = types.SimpleNamespace(write=len)  # a file that keeps nothing
-
-
 def stand_in(*_args):
-    """What an object stands in as in a pass (never loaded)."""
-
-
-_CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-         types.ModuleType, types.CodeType, types.FrameType)
+    """What an object, or code sent by value, stands in as in a pass (never loaded)."""
 
 
 class _Pass(pickle.Pickler):
-    def __init__(self, inventory, table, code, sink=None, watch=frozenset()):
+    def __init__(self, inventory, table, code, sink=None):
         super().__init__(sink if sink is not None else NULL_SINK, PROTOCOL)
-        self.watch = watch
         self.keeping = sink is not None  # real bytes: arrays and loggers as pickle writes them
         self.inventory = inventory
         self.dispatch_table = table
@@ -80,8 +72,7 @@ class _Pass(pickle.Pickler):
             return NotImplemented  # the stand-ins' own function, by name
         inv = self.inventory
         inv.objects += 1
-        if self.watch is None or id(obj) in self.watch:
-            inv.met.add(id(obj))
+        inv.met.add(id(obj))
         cls = type(obj)
         kind = classify(cls)
         if kind is not None:
@@ -99,7 +90,7 @@ class _Pass(pickle.Pickler):
                 if not (self.keeping and kind != "tensor"):
                     inv.stand_ins += 1
                     return stand_in, ()
-        if issubclass(cls, _CODE):  # by its type: an object's __class__ is never asked
+        if issubclass(cls, CODE):  # by its type: an object's __class__ is never asked
             sent = self.code(obj) if self.code is not None else NotImplemented
             if isinstance(sent, BaseException):
                 inv.unpicklable.append((obj, kept(sent)))
@@ -124,20 +115,21 @@ def _object_array(obj):
     return False
 
 
-def take(parts, table, code=None, sink=None, watch=frozenset(), known=()):
+def take(parts, table, code=None, sink=None, known=()):
     """The ``Inventory`` of ``parts`` (``{name: part}``, None parts skipped);
     ``table``: the workers' dispatch table (``probe.sent_table``); ``code(obj)``,
     for a class or function: ``NotImplemented`` (by reference), a reduction (by
     value), or the exception a worker's pickling or loading of it would raise;
     ``sink`` (one part): where the pickle is written (only tensors stand in);
-    ``watch``: ids of objects whose meeting ``met`` notes (None: all);
     ``known``: objects counted as pickled already (an ancestor)."""
     found = Inventory()
-    with _spawning():
+    spawning = context.get_spawning_popen()
+    context.set_spawning_popen(ProbeSpawning())  # as while a child is started
+    try:
         for part in parts.values():
             if part is None:
                 continue
-            pickler = _Pass(found, table, code, sink, watch)
+            pickler = _Pass(found, table, code, sink)
             pickler.memo = {id(a): (i, a) for i, a in enumerate(known)}
             try:
                 pickler.dump(part)
@@ -146,25 +138,9 @@ def take(parts, table, code=None, sink=None, watch=frozenset(), known=()):
             except Exception as exc:  # too deep, or the pickler's own error: not complete
                 found.complete = False
                 found.error = kept(exc)
-    return found
-
-
-@contextlib.contextmanager
-def _spawning():
-    """As while a child is started: Queues, Locks, Connections pickle only then."""
-    spawning = context.get_spawning_popen()
-    context.set_spawning_popen(ProbeSpawning())
-    try:
-        yield
     finally:
         context.set_spawning_popen(spawning)
-
-
-def first_error(obj, table, code, known=()):
-    """``(exception, objects)``: what a worker's pickling of ``obj`` raises first
-    (None: it pickles) and how many objects the pass met (``known``: as ``take``'s)."""
-    found = take({"obj": obj}, table, code, known=known)
-    return (found.unpicklable[0][1] if found.unpicklable else found.error), found.objects
+    return found
 
 
 def sent_as_is(found):
@@ -177,25 +153,10 @@ def sent_as_is(found):
         and all(type(a) is numpy.ndarray for a in found.of("array"))  # not a memmap
 
 
-class _PlainOnly(pickle.Pickler):
-    def reducer_override(self, obj):
-        raise _Stopped
-
-
-def only_plain(container):
-    """Whether ``container`` holds plain values only (``objwalk.plain``): the
-    pickler reads those in C and calls back for anything else, which stops it."""
-    try:
-        _PlainOnly(NULL_SINK, PROTOCOL).dump(container)
-    except Exception:  # _Stopped; or too deep, a cycle the memo would take: not known plain
-        return False
-    return True
-
-
 class ProbeSpawning:
-    """Stands in for the Popen of a child being started, which multiprocessing
-    sets while it pickles for the child: Queues, Locks, Values and Connections
-    then pickle (``assert_spawning``). Nothing is duplicated: no child reads a pass."""
+    """The Popen of a child being started, which multiprocessing sets while it
+    pickles for the child: Queues, Locks, Values and Connections pickle only
+    then (``assert_spawning``). Nothing is duplicated: no child reads a pass."""
 
     @staticmethod
     def duplicate_for_child(fd):
@@ -211,8 +172,6 @@ def is_probing():
     return isinstance(context.get_spawning_popen(), ProbeSpawning)
 
 
-# -- what a kind is ------------------------------------------------------------
-
 def _sub(cls, module, name):
     other = getattr(sys.modules.get(module), name, None)
     return isinstance(other, type) and issubclass(cls, other)
@@ -221,8 +180,7 @@ def _sub(cls, module, name):
 # The kinds known by class, in the order asked: (kind, module, class name).
 _KINDS = (("tensor", "torch", "Tensor"), ("tensor", "torch.storage", "TypedStorage"),
           ("tensor", "torch.storage", "UntypedStorage"), ("array", "numpy", "ndarray"),
-          ("file", "io", "IOBase"),
-          ("thread", "threading", "Thread"),
+          ("file", "io", "IOBase"), ("thread", "threading", "Thread"),
           ("pool", "concurrent.futures.thread", "ThreadPoolExecutor"),
           ("pool", "multiprocessing.pool", "ThreadPool"), ("logger", "logging", "Logger"),
           ("handler", "logging", "Handler"), ("socket", "socket", "socket"),
@@ -237,12 +195,12 @@ def classify(cls):
     with contextlib.suppress(Exception):  # a class that cannot be looked at: nothing to note
         if issubclass(cls, (io.BytesIO, io.StringIO)):
             return None
-        if issubclass(cls, _lock_types()):
+        if issubclass(cls, (type(threading.Lock()), type(threading.RLock()), python_rlock() or ())):
             return "lock"
         kind = next((kind for kind, module, name in _KINDS if _sub(cls, module, name)), None)
         if kind is not None:
             return kind
-        if issubclass(cls, _CODE):
+        if issubclass(cls, CODE):
             return None  # classes, functions, modules: code, not what a dataset holds
         if getattr(cls, "__getattr__", None) is not None \
                 or cls.__getattribute__ is not object.__getattribute__:
@@ -255,14 +213,6 @@ def classify(cls):
             return "native"
     return None
 
-
-@functools.lru_cache(maxsize=1)
-def _lock_types():
-    kinds = (type(threading.Lock()), type(threading.RLock()))
-    return kinds + ((python_rlock(),) if python_rlock() is not None else ())
-
-
-# -- naming what was found --------------------------------------------------------
 
 MAX_DEPTH = 8
 MAX_LOOKS = 24  # gc.get_referrers calls per name (each reads every tracked object)
@@ -309,15 +259,12 @@ def _holders(node, looks):
                 looks[0] -= 1
                 owner = next((o for o in gc.get_referrers(ref)
                               if instance_dict(o) is ref), None)
-            if owner is not None:
-                found += [(owner, "." + k) for k in keys]
-            else:
-                found += [(ref, "[%r]" % (k,)) for k in keys]
+            found += [(owner, "." + k) if owner is not None else (ref, "[%r]" % (k,))
+                      for k in keys]
         elif issubclass(kind, (list, tuple)):
-            for index, value in enumerate(ref):
-                if value is node:
-                    found.append((ref, "[%d]" % index))
-                    break
+            index = next((i for i, value in enumerate(ref) if value is node), None)
+            if index is not None:
+                found.append((ref, "[%d]" % index))
         else:
             attrs = instance_dict(ref)
             if attrs is not None:

@@ -1,26 +1,24 @@
-"""One bounded walk over the objects a dataset holds, shared by every check.
+"""One bounded walk over the objects a dataset holds, shared by every check,
+so that the probe and the repairs see the same objects under the same names.
 
-The probe and the repairs must see the same objects under the same names,
-so both use ``edges`` and ``walk``. The walk follows what pickling follows
-for ordinary objects (``__dict__``, ``__slots__``, container items, dict
-keys, a ``functools.partial``'s function and arguments: TensorDataset,
-ConcatDataset, Subset, ChainDataset). It never copies, iterates only
-built-in containers (a generator is never consumed), and never enters
-modules, classes or functions (a module would reach everything).
-
-It survives any object: an attribute access, ``isinstance`` (which asks
-``__class__``) or ``__reduce__`` may raise in a user's object (numpy's
-NpzFile.f, a ``__getattr__`` delegator, a lazy-module proxy): types are read
-with ``type()`` (``is_a``), and only the object that raises is skipped.
+It follows what pickling follows for ordinary objects (``__dict__``,
+``__slots__``, container items, dict keys, a ``functools.partial``'s parts),
+never copies, iterates only built-in containers (a generator is never
+consumed), and never enters modules, classes or functions (a module would
+reach everything). It survives any object: an attribute access or
+``isinstance`` (which asks ``__class__``) may raise in a user's object
+(numpy's NpzFile.f, a ``__getattr__`` delegator, a lazy-module proxy): types
+are read with ``type()`` (``is_a``), and only the object that raises is skipped.
 """
 
 import collections
 import functools
+import pickle
 import sys
 import types
 from itertools import islice
 
-from .slots import instance_dict, slot_names
+from .slots import attributes, instance_dict, slot_names  # noqa: F401 - read here by holdings and copies
 
 MAX_DEPTH = 24
 MAX_OBJECTS = 200_000  # objects entered in Python: large plain containers are read in C
@@ -28,9 +26,10 @@ MAX_OBJECTS = 200_000  # objects entered in Python: large plain containers are r
 # Leaves: nothing reachable from them matters to a worker hazard.
 ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray,
           range, slice, type(Ellipsis), type(NotImplemented))
-OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
-          types.MethodType, types.CodeType, types.FrameType, types.GeneratorType,
-          types.CoroutineType, types.AsyncGeneratorType, memoryview)
+CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+        types.ModuleType, types.CodeType, types.FrameType)
+OPAQUE = CODE + (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, memoryview)
+NULL_SINK = types.SimpleNamespace(write=len)  # a file that keeps nothing
 
 
 class Edge(collections.namedtuple("Edge", "owner key how child")):
@@ -98,15 +97,23 @@ CONTAINERS = (list, tuple, dict, set, frozenset)
 _plain_known = {}  # id -> (the container, plain?): kept alive while known (forget())
 
 
+class _PlainOnly(pickle.Pickler):
+    def reducer_override(self, obj):
+        raise TypeError  # anything but plain values and built-in containers
+
+
 def plain(container):
     """Whether a built-in container holds plain values only (numbers, strings,
-    bytes, None, and built-in containers of them), read at C speed."""
+    bytes, None, and built-in containers of them): the C pickler reads those
+    and calls back for anything else, which stops it."""
     known = _plain_known.get(id(container))
     if known is not None and known[0] is container:
         return known[1]
-    from .inventory import only_plain  # noqa: PLC0415 - 0.3 ms at `import torch` and at `import cv2`, where objwalk loads (-X importtime: inspection.inventory, gc)
-
-    result = only_plain(container)
+    try:
+        _PlainOnly(NULL_SINK).dump(container)
+        result = True
+    except Exception:  # not plain; or too deep, a cycle the memo would take: not known plain
+        result = False
     if len(_plain_known) < 256:
         _plain_known[id(container)] = (container, result)
     return result
@@ -142,21 +149,12 @@ def edges(obj, items=None):
             yield Edge(obj, "args[%d]" % index, Edge.PART, value)
         for key, value in (functools.partial.keywords.__get__(obj) or {}).items():
             yield Edge(obj, "keywords[%r]" % (key,), Edge.PART, value)
-    attrs = instance_dict(obj)
-    if attrs is not None:
-        for name, value in list(attrs.items()):
-            if type(name) is str:
-                yield Edge(obj, name, Edge.ATTR, value)
-    for name in slot_names(type(obj)):
-        try:
-            value = object.__getattribute__(obj, name)
-        except AttributeError:
-            continue
-        yield Edge(obj, name, Edge.ATTR, value)
+    for name, value in attributes(obj):
+        if type(name) is str:
+            yield Edge(obj, name, Edge.ATTR, value)
 
 
-def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, stop=None,
-         items=None, on_cut=None):
+def walk(root, path="dataset", max_objects=MAX_OBJECTS, stop=None, items=None, on_cut=None):
     """Yield ``(path, obj, edge)`` for ``root`` (edge None) and what it holds,
     depth first, each object once. ``stop(obj)`` true: report ``obj``, do not
     enter it; raising: skip it, neither reported nor entered. ``items``: at
@@ -180,7 +178,7 @@ def walk(root, path="dataset", max_depth=MAX_DEPTH, max_objects=MAX_OBJECTS, sto
         yield here, obj, edge
         if stopped:
             continue
-        if depth >= max_depth:
+        if depth >= MAX_DEPTH:
             if on_cut is not None and not is_leaf(obj):
                 on_cut()
             continue
@@ -199,12 +197,12 @@ class Owners:
     """Who holds what in the loader's parts (``{name: part}``), from one walk: ``met``
     (``(path, obj)``), ``owner(obj)``, ``chain(obj)`` (``(path, holder)`` out to the part)."""
 
-    def __init__(self, parts, items=None):
+    def __init__(self, parts):
         self._owner, self._path, self.met = {}, {}, []
         for name, part in parts.items():
             if part is None:
                 continue
-            for here, obj, edge in walk(part, name, items=items):
+            for here, obj, edge in walk(part, name):
                 self.met.append((here, obj))  # ids stay theirs while this lives
                 self._path.setdefault(id(obj), here)
                 if edge is not None:

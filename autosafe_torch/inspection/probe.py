@@ -1,19 +1,16 @@
 """Will this object reach a spawn/forkserver worker, and if not, which part fails?
 
-A DataLoader under spawn or forkserver pickles its parts with
-multiprocessing's ForkingPickler (ours with ``WorkerPickler``, which adds a
-repair's reducers to its table). The probe is an inventory pass with that
-table, protocol and reducers, a repair's as if installed (``sent_table``),
-into a null sink; tensors and arrays stand in, so its cost grows with the
-number of objects, never with their bytes (nor do torch's reducers move a
-storage into shared memory).
-
-It also reproduces the failures only the child meets: a class or function of
-an interactive ``__main__`` (``python -c``, stdin, a notebook), or under ``if
-__name__ == "__main__":``, pickles by reference in the parent and is missing
-when the child imports the main module as ``__mp_main__``.
+The probe is an inventory pass with the table a worker's parts are pickled
+with (ForkingPickler's, plus a repair's reducers as if installed in
+``WorkerPickler``: ``sent_table``), into a null sink: its cost grows with the
+number of objects, never with their bytes. It also reproduces the failures
+only the child meets: a class or function of an interactive ``__main__``
+(``python -c``, stdin, a notebook), or under ``if __name__ == "__main__":``,
+pickles by reference in the parent and is missing when the child imports the
+main module as ``__mp_main__``.
 """
 
+import contextlib
 import copyreg
 import dataclasses
 import functools
@@ -26,7 +23,7 @@ from typing import Any
 
 from ..mp_private import extra_reducers, semlock_of
 from . import inventory, objwalk
-from .inventory import PROTOCOL
+from .inventory import PROTOCOL, is_probing  # noqa: F401 - is_probing: read from here
 from .failures import exception_text, kept
 from .mainmodule import importable_by_reference, missing_in_child
 
@@ -38,10 +35,8 @@ MAX_PICKLED = 2_000_000
 @dataclasses.dataclass(eq=False)
 class ProbeResult:
     """``ok``, or where it fails: ``path``, ``error``, the offending ``value``
-    (``fix``: its own permanent fix); ``loggers``: the loggers pickled (each once);
-    ``pickled`` (``keep``): bytes every worker may be sent; ``meets``: whether it
-    reached ``watch``; ``kinds``: what the pass met (``inventory.classify``) up to
-    its failure."""
+    (``fix``: its own permanent fix); ``kinds`` and ``loggers``: what the pass
+    met (``inventory.classify``) up to its failure; the rest: ``probe``'s."""
 
     ok: bool
     path: str
@@ -64,11 +59,9 @@ class ProbeResult:
 
 
 def sent_table(planned=None):
-    """The dispatch table a worker's parts are pickled with: ForkingPickler's
-    (copyreg's, torch's, the program's), plus ``planned`` (reducers a repair
-    would install in ``WorkerPickler``, tried without installing them). A
-    repair installed for another loader does not count: each loader is
-    planned, and recorded, as if it were the only one."""
+    """ForkingPickler's dispatch table (copyreg's, torch's, the program's), plus
+    ``planned``. A repair installed for another loader does not count: each
+    loader is planned, and recorded, as if it were the only one."""
     table = {**copyreg.dispatch_table, **extra_reducers()}
     if sys.version_info < (3, 10):
         table.update(_fork_semlock_reducers())
@@ -94,10 +87,6 @@ def _fork_semlock_reducers():
                                     synchronize.BoundedSemaphore)}
 
 
-def _stand_in(*parts):
-    """What a by-value function or class stands for in the probe (never loaded)."""
-
-
 def _by_value_parts(obj):
     """What sending ``obj`` by value (cloudpickle) pickles besides code: a function's
     closure, named globals (modules by reference), defaults; a class's bases and attributes."""
@@ -109,19 +98,11 @@ def _by_value_parts(obj):
                                        if isinstance(const, types.CodeType)))
     refs = {name: obj.__globals__[name] for name in sorted(names)
             if name in obj.__globals__ and not isinstance(obj.__globals__[name], types.ModuleType)}
-    cells = tuple(c.cell_contents for c in (obj.__closure__ or ()) if _filled(c))
-    return (cells, refs, obj.__defaults__, obj.__kwdefaults__, obj.__dict__)
-
-
-def _filled(cell):
-    try:
-        cell.cell_contents  # noqa: B018 - reading an empty cell raises ValueError
-        return True
-    except ValueError:
-        return False
-
-
-is_probing = inventory.is_probing  # whether what is pickled now goes to the probe
+    cells = []
+    for cell in obj.__closure__ or ():
+        with contextlib.suppress(ValueError):  # an empty cell
+            cells.append(cell.cell_contents)
+    return (tuple(cells), refs, obj.__defaults__, obj.__kwdefaults__, obj.__dict__)
 
 
 def _children(obj, table):
@@ -162,7 +143,12 @@ def _locate(obj, path, table, by_value):
     """``(value, path, exception, objects)``: the innermost part of ``obj`` that fails
     alone (exception None: ``obj`` pickles), its ancestors counted as pickled already;
     ``objects``: what those passes met."""
-    exc, objects = inventory.first_error(obj, table, _CodeSent(by_value))
+
+    def first_error(obj, known=()):
+        found = inventory.take({"obj": obj}, table, _code_sent(by_value), known=known)
+        return (found.unpicklable[0][1] if found.unpicklable else found.error), found.objects
+
+    exc, objects = first_error(obj)
     ancestors = [obj]
     for _ in range(objwalk.MAX_DEPTH):
         if exc is None or objects > MAX_PICKLED:
@@ -174,7 +160,7 @@ def _locate(obj, path, table, by_value):
         for label, child in children:
             if objwalk.is_atomic(child) or any(child is a for a in ancestors):
                 continue
-            child_exc, met = inventory.first_error(child, table, _CodeSent(by_value), ancestors)
+            child_exc, met = first_error(child, ancestors)
             objects += met
             if child_exc is not None:
                 obj, path, exc = child, path + label, child_exc
@@ -192,18 +178,18 @@ def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=N
     registered; ``by_value``: as if functions and classes a worker cannot
     import were sent by value; ``keep``: ``pickled`` holds the pickle where the
     same bytes may go to every worker (``inventory.sent_as_is``); ``watch``: an
-    object whose meeting ``meets`` says (the dataset, in another part: then
-    its bytes cannot go apart). A failure is named from it back (``path_of``),
-    else by descending from ``obj``."""
+    object whose meeting ``meets`` says (the dataset, in another part: then its
+    bytes cannot go apart; None, pickled in C, is never met). A failure is
+    named from it back (``path_of``), else by descending from ``obj``."""
     table = sent_table(planned)
     sink = io.BytesIO() if keep else None
-    found = inventory.take({path: obj}, table, _CodeSent(by_value), sink,
-                           frozenset({id(watch)}) if watch is not None else frozenset())
+    found = inventory.take({path: obj}, table, _code_sent(by_value), sink)
     result = functools.partial(ProbeResult, loggers=tuple(found.of("logger")),
                                kinds=frozenset(found.found))
     if not found.unpicklable and found.complete:
         pickled = sink.getvalue() if keep and inventory.sent_as_is(found) else None
-        return result(True, path, objects=found.objects, pickled=pickled, meets=bool(found.met))
+        return result(True, path, objects=found.objects, pickled=pickled,
+                      meets=id(watch) in found.met)
     if found.unpicklable:
         value, exc = found.unpicklable[0]
         where = inventory.path_of(value, {path: obj})
@@ -215,23 +201,20 @@ def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=N
     return result(False, where, exception_text(exc), value, objects)
 
 
-class _CodeSent:
+def _code_sent(by_value):
     """How a spawned worker gets a class or function (``inventory.take``'s
     ``code``): by reference, by value where the DL202 repair sends it so, or
     the error its pickling (or the child's import of ``__main__``) raises."""
+    sent = set()
 
-    def __init__(self, by_value):
-        self.by_value = by_value
-        self.sent = set()
-
-    def __call__(self, obj):
+    def code(obj):
         if not objwalk.is_a(obj, (type, types.FunctionType)):
             return NotImplemented
-        if self.by_value and not importable_by_reference(obj):
-            if id(obj) in self.sent:  # a class its own methods name
-                return _stand_in, ()
-            self.sent.add(id(obj))
-            return _stand_in, _by_value_parts(obj)
+        if by_value and not importable_by_reference(obj):
+            if id(obj) in sent:  # a class its own methods name
+                return inventory.stand_in, ()
+            sent.add(id(obj))
+            return inventory.stand_in, _by_value_parts(obj)
         if getattr(obj, "__module__", None) == "__main__":
             error = missing_in_child(obj)
             if error is not None:  # the child's __main__ lacks it
@@ -242,3 +225,5 @@ class _CodeSent:
             except Exception as exc:
                 return kept(exc)
         return NotImplemented
+
+    return code

@@ -1,6 +1,6 @@
 """An instance's ``__slots__`` (every class along the MRO, private names
-mangled) and ``__dict__``, read the one way: for the walker, the inventory's
-reductions and the digests. Imports nothing of ours, so that each can use it."""
+mangled) and ``__dict__``, read the one way, never asking the instance, by the
+walker, the inventory, the digests and the code reads; imports nothing of ours."""
 
 _slots_of = {}
 
@@ -24,9 +24,21 @@ def slot_names(cls):
 
 
 def instance_dict(obj):
-    """``obj.__dict__`` read without asking ``obj`` (a dict), or None."""
+    """``obj.__dict__`` (a dict), or None."""
     try:
         attrs = object.__getattribute__(obj, "__dict__")
     except Exception:
         return None
     return attrs if type(attrs) is dict else None
+
+
+def attributes(obj, limit=None):
+    """``[(name, value)]``: an instance's ``__dict__`` (its first ``limit``),
+    then the ``__slots__`` that are set."""
+    found = list((instance_dict(obj) or {}).items())[:limit]
+    for name in slot_names(type(obj)):
+        try:
+            found.append((name, object.__getattribute__(obj, name)))
+        except AttributeError:
+            continue
+    return found
