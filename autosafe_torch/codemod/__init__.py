@@ -5,10 +5,9 @@ A run under the shim logs every intervention with the user's file:line
 such line as the permanent fix says, so that the script runs without the shim,
 with the batches the shim gave (``--write`` applies the diff it prints). Only
 where the rewrite is exact, else a comment with the fix above the line; only the
-user's files under the directory it runs in (or ``--root``), never a library's
-nor one the log names elsewhere (an absolute path, ``..``, its ``cwd``, a link):
-a log says where, not what may be written. libcst keeps every line no rewrite
-touches, byte for byte. The summary goes to stderr, so that stdout is the patch.
+user's files under the directory it runs in (or ``--root``): a log says where,
+not what may be written (``records.not_ours``). libcst keeps every line no
+rewrite touches, byte for byte. The summary goes to stderr: stdout is the patch.
 
 A log is for the file as it ran: a file modified since is left alone (its lines
 may have moved), so a second ``fix --write`` from the same log changes nothing.
@@ -20,7 +19,7 @@ import sys
 import traceback
 
 from ..config import CONFIG
-from .records import COVERED, NOT_EXACT, REWRITTEN, SKIPPED, changed_since, read_log
+from .records import KINDS, NOT_EXACT, REWRITTEN, SKIPPED, changed_since, read_log
 
 INSTALL_HINT = ("autosafe-torch fix: needs libcst, to rewrite your source keeping its "
                 "formatting: pip install 'autosafe-torch[fix]'")
@@ -45,7 +44,7 @@ def main(args, out=None, err=None):
         err.write(INSTALL_HINT + "\n")
         return 2
     try:
-        records, unusable = read_log(args.log, args.root)
+        records, outcomes = read_log(args.log, args.root)
     except FileNotFoundError:
         err.write("autosafe-torch fix: no log at %s (a run that changed nothing writes "
                   "none)\n" % args.log)
@@ -53,7 +52,6 @@ def main(args, out=None, err=None):
     except OSError as exc:
         err.write("autosafe-torch fix: cannot read %s (%s)\n" % (args.log, exc.strerror or exc))
         return 2
-    outcomes = [(u.where, u.code, SKIPPED, u.reason) for u in unusable]
     files = {}
     for record in records:
         files.setdefault(record.path, []).append(record)
@@ -84,8 +82,8 @@ def _write(path, text):
 
 def fix_file(path, records):
     """(the file's text, its new text, [(record, kind, text)]) for the records of
-    one file. The file stays as it is when it changed since the run, cannot be
-    read or parsed, or an error of ours occurs."""
+    one file; (None, None, all skipped) where it changed since the run, cannot
+    be read or parsed, or an error of ours occurs."""
     if changed_since(path, records):
         return None, None, [(r, SKIPPED, "the file changed since the run; run it again "
                              "and fix from the new log") for r in records]
@@ -111,20 +109,16 @@ def unified_diff(old, new, shown):
                    for line in lines)
 
 
-_VERBS = {REWRITTEN: "rewritten", NOT_EXACT: "left as a comment", COVERED: "nothing to change",
-          SKIPPED: "skipped"}
-
-
 def _summary(err, outcomes, written, write):
     def key(outcome):
         name, _, line = outcome[0].rpartition(":")
         return (name, int(line) if line.isdigit() else 0, outcome[1] or "")
 
-    counts = {kind: 0 for kind in _VERBS}
+    counts = dict.fromkeys(KINDS, 0)
     for where, code, kind, text in sorted(outcomes, key=key):
         counts[kind] += 1
-        err.write("%s: %s %s: %s\n" % (where, code or "-", _VERBS[kind], text))
-    done = ", ".join("%d %s" % (counts[k], _VERBS[k]) for k in _VERBS if counts[k])
+        err.write("%s: %s %s: %s\n" % (where, code or "-", kind, text))
+    done = ", ".join("%d %s" % (counts[k], k) for k in KINDS if counts[k])
     if written:
         tail = "wrote %s" % ", ".join(written)
     elif write or not any(counts[k] for k in (REWRITTEN, NOT_EXACT)):

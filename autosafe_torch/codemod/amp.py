@@ -9,9 +9,9 @@ bound them to: ``autocast(False)`` was ``enabled=False``, and prepending
 
 import libcst as cst
 
-from .records import COVERED, NOT_EXACT, NotExact, REWRITTEN
+from .records import COVERED, NOT_EXACT, NotExact, REWRITTEN, per_record
 from .source import (append_arg, both, find_arg, has_star, keyword_arg, keywords_for,
-                     prepend_arg, remove_arg, string, unstarred)
+                     remove_arg, spaced_comma, string, unstarred)
 
 
 # qualified name (torch.cuda.amp.X, and X's own module) -> (what it is, the device it is for)
@@ -36,36 +36,30 @@ AVAILABLE = {"cuda": "%s.cuda.is_available()", "xpu": "%s.xpu.is_available()",
 
 
 def _targets(source, line):
-    """(node, qualified name) of the AMP calls and bare decorators at ``line``."""
+    """(node, qualified name) of the AMP calls and bare decorators at ``line``: a
+    bare decorator's call is at its own line (Python 3.10 and later) or at that of
+    the ``def`` it decorates (3.9)."""
     names = set(LEGACY) | set(MODERN)
     found = [(call, (source.qualified(call.func) & names).pop())
              for call in source.calls_at(line, names)]
     for decorator in source.nodes(cst.Decorator):
-        expression = decorator.decorator
-        if not isinstance(expression, cst.Call) and line in _decorator_lines(source, decorator):
-            qualified = source.qualified(expression) & set(LEGACY)
-            if qualified:
-                found.append((decorator, qualified.pop()))
+        expression, name = decorator.decorator, getattr(source.parent(decorator), "name", None)
+        lines = {source.lines(n)[0] for n in (decorator, name) if n is not None}
+        qualified = not isinstance(expression, cst.Call) and line in lines \
+            and source.qualified(expression) & set(LEGACY)
+        if qualified:
+            found.append((decorator, qualified.pop()))
     return found
-
-
-def _decorator_lines(source, decorator):
-    """The lines Python names for a bare decorator's call: its own (3.10 and
-    later), or that of the ``def`` it decorates (3.9)."""
-    lines = {source.lines(decorator)[0]}
-    name = getattr(source.parent(decorator), "name", None)
-    if name is not None:
-        lines.add(source.lines(name)[0])
-    return lines
 
 
 def rewrite(source, records):
     by_code = {r.code: r for r in records}
     targets = _targets(source, records[0].line)
     legacy = by_code.get("AMP501") or by_code.get("AMP502")
-    if legacy is not None:
+    if legacy is not None:  # the callee the log's ``api`` (torch.cuda.amp.autocast) names
         api = legacy.before.get("api")
-        targets = [t for t in targets if t[1] in LEGACY and _api_matches(t[1], api)]
+        targets = [t for t in targets if t[1] in LEGACY and (
+            not isinstance(api, str) or api == "torch.%s.amp.%s" % LEGACY[t[1]][::-1])]
     if len(targets) != 1:
         raise NotExact("several AMP calls at this line" if targets else "no AMP call at this line")
     node, qualified = targets[0]
@@ -78,23 +72,14 @@ def rewrite(source, records):
     if device is not None:
         out.append((device, COVERED, "the device is the new GradScaler's first argument")
                    if legacy else (device, NOT_EXACT, "the old GradScaler stays"))
-    for code, plan in (("AMP503", _plan_unavailable), ("AMP505", _plan_unsupported)):
-        record = by_code.get(code)
-        if record is None:
-            continue
-        try:
-            if not isinstance(node, cst.Call) or params is None:
-                raise NotExact("not an autocast or GradScaler call")
-            out.append((record, REWRITTEN, plan(source, node, params, record)))
-        except NotExact as exc:
-            out.append((record, NOT_EXACT, str(exc)))
-    return out
 
-
-def _api_matches(qualified, api):
-    """Whether the log's ``api`` (torch.cuda.amp.autocast) names this callee."""
-    kind, area = LEGACY[qualified]
-    return not isinstance(api, str) or api == "torch.%s.amp.%s" % (area, kind)
+    @per_record
+    def conditional(source, record):
+        if not isinstance(node, cst.Call) or params is None:
+            raise NotExact("not an autocast or GradScaler call")
+        plan = _plan_unavailable if record.code == "AMP503" else _plan_unsupported
+        return REWRITTEN, plan(source, node, params, record)
+    return out + conditional(source, [by_code[c] for c in ("AMP503", "AMP505") if c in by_code])
 
 
 # -- AMP501, AMP502 -------------------------------------------------------------------
@@ -142,8 +127,9 @@ def _split_device(call, kind):
 def _to_modern(call, kind, area, func):
     device, call = _split_device(call, kind)
     call = keywords_for(call, LEGACY_PARAMS[kind])
-    device_arg = cst.Arg(value=device if device is not None else string(area))
-    return prepend_arg(call, device_arg).with_changes(func=func)
+    first = cst.Arg(value=device if device is not None else string(area),
+                    comma=spaced_comma() if call.args else cst.MaybeSentinel.DEFAULT)
+    return call.with_changes(func=func, args=[first, *call.args])
 
 
 def _forget_legacy_import(source, node):
@@ -192,13 +178,14 @@ def _device_of(record):
     return device
 
 
-def _conditional_enabled(source, node, params, condition):
+def _conditional_enabled(source, node, params, condition, comment):
     """Plan ``enabled=<condition>`` (``enabled=<given> and <condition>``);
     ``condition``: its source, ``%s`` standing for the name of torch."""
     unstarred(node)
     condition = cst.parse_expression(condition % source.module_name("torch"))
     source.set_arg(node, "enabled", lambda given: condition if given is None
                    else both(given, condition), params, order=20)
+    source.comment(node, comment)
     return "enabled=... %s" % source.code(condition)
 
 
@@ -207,9 +194,8 @@ def _plan_unavailable(source, node, params, record):
     if changed or "enabled" not in record.after:
         raise NotExact("the run also changed %s" % ", ".join(sorted(changed)))
     device = _device_of(record)
-    done = _conditional_enabled(source, node, params, AVAILABLE[device])
-    source.comment(node, "AMP503: AMP only where %s is" % device.upper())
-    return done
+    return _conditional_enabled(source, node, params, AVAILABLE[device],
+                                "AMP503: AMP only where %s is" % device.upper())
 
 
 def _plan_unsupported(source, node, params, record):
@@ -218,21 +204,16 @@ def _plan_unsupported(source, node, params, record):
         found = find_arg(node, "device_type", params)
         if found is None or not isinstance(after["device_type"], str):
             raise NotExact("the device type is not written at the call")
-        value = found[1].value
-        new = string(after["device_type"]) if _is_device_literal(source, value) \
+        value = found[1].value  # torch.device("cuda"): a call whose type is its string
+        literal = isinstance(value, cst.Call) and "torch.device" in source.qualified(value.func) \
+            and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString)
+        new = string(after["device_type"]) if literal \
             else cst.Attribute(value=value, attr=cst.Name("type"))
         source.set_arg(node, "device_type", new, params, order=30)
         source.comment(node, "AMP505: the device type as a string")
         return "device_type %s" % source.code(new)
     if set(after) == {"enabled"} and _device_of(record) == "cuda" \
             and record.before.get("dtype") == "torch.bfloat16":
-        done = _conditional_enabled(source, node, params, "%s.cuda.is_bf16_supported()")
-        source.comment(node, "AMP505: bfloat16 only where the GPU can")
-        return done
+        return _conditional_enabled(source, node, params, "%s.cuda.is_bf16_supported()",
+                                    "AMP505: bfloat16 only where the GPU can")
     raise NotExact("no condition in code for what this torch cannot autocast")
-
-
-def _is_device_literal(source, value):
-    """``torch.device("cuda")``: a call whose type is its string."""
-    return isinstance(value, cst.Call) and "torch.device" in source.qualified(value.func) \
-        and len(value.args) == 1 and isinstance(value.args[0].value, cst.SimpleString)

@@ -39,9 +39,7 @@ def rewrite(source, records):
     if at is None:
         raise NotExact("no module-level `import cv2` in this file")
     statement, name = body[at], _cv2_name(body[at])
-    following = [source.code(s) for s in body[at + 1:at + 4]]
-    if any("register_at_fork(after_in_child=lambda: %s.setNumThreads(0))" % name in line
-           for line in following):
+    if any(HOOK.partition(".")[2] % name in source.code(s) for s in body[at + 1:at + 4]):
         return [(r, COVERED, "the calls follow `import cv2` already") for r in records]
     os_name = source.module_name("os")
     lines = [cst.parse_statement(HOOK % (os_name, name) + WHY),

@@ -48,11 +48,10 @@ def rewrite(source, record):
     if not opened:
         raise NotExact("%s.__init__ opens no file as self.x = open(...)" % cls.name.value)
     _check_class(source, cls, opened)
-    planned = source.notes.setdefault("lazy open", {})
+    planned = source.notes.setdefault("lazy open", {}).setdefault(id(cls), [])
     for attribute, statement in sorted(opened.items()):
-        if (id(cls), attribute) not in planned:
-            planned[(id(cls), attribute)] = _plan_attribute(source, cls, attribute, statement,
-                                                             record.code)
+        if attribute not in planned:
+            _plan_attribute(source, cls, attribute, statement, record.code, planned)
     return REWRITTEN, "; ".join("%s.%s opened lazily in __getitem__, once per process" % (
         cls.name.value, a) for a in sorted(opened))
 
@@ -122,7 +121,7 @@ def _check_class(source, cls, opened):
             raise NotExact("self.%s is used in %s too" % (attribute, where or cls.name.value))
 
 
-def _plan_attribute(source, cls, attribute, statement, code):
+def _plan_attribute(source, cls, attribute, statement, code, planned):
     os_name, functools = source.module_name("os"), source.module_name("functools")
     this = _self_name(_methods(cls)["__init__"])
     open_call = statement.body[0].value
@@ -153,11 +152,9 @@ def _plan_attribute(source, cls, attribute, statement, code):
             body=body[:at] + [reopen] + body[at:]))
     source.edit(getitem, first_in_getitem)
 
-    attributes = source.notes.setdefault("lazy open: %d" % id(cls), [])
-    if not attributes:
-        source.edit(cls, lambda c: _with_getstate(c, attributes, code))
-    attributes.append(attribute)
-    return attribute
+    if not planned:
+        source.edit(cls, lambda c: _with_getstate(c, planned, code))
+    planned.append(attribute)
 
 
 def _with_getstate(cls, attributes, code):

@@ -11,8 +11,7 @@ same twice and does nothing else (a name, an attribute, a literal).
 import libcst as cst
 
 from .records import NOT_EXACT, REWRITTEN, NotExact
-from .source import (DATALOADER, LOADER_POSITIONAL, atom, both, find_arg, literal,
-                     simple, unstarred, workers_test)
+from .source import DATALOADER, LOADER_POSITIONAL, atom, both, find_arg, simple, unstarred
 
 WORKER_ONLY = {"DL101": "prefetch_factor", "DL102": "persistent_workers",
                "DL103": "multiprocessing_context", "DL107": "timeout"}
@@ -32,7 +31,8 @@ def rewrite(source, records):
 def _worker_only(source, call, workers, record):
     name = WORKER_ONLY[record.code]
     found = find_arg(call, name, LOADER_POSITIONAL)
-    default = literal(record.after.get(name))
+    given = record.after.get(name)  # the run's value without workers, if a Python literal
+    default = repr(given) if given is None or isinstance(given, (bool, int, float, str)) else None
     if found is None:
         return record, NOT_EXACT, "%s is not written at the call" % name
     if default is None:
@@ -46,11 +46,10 @@ def _worker_only(source, call, workers, record):
             source.set_arg(call, name, cst.parse_expression(default))
             done = "%s=%s: this loader has no workers" % (name, default)
     elif simple(workers):
-        if record.code == "DL102" and isinstance(value, cst.Name) and value.value == "True":
-            new = workers_test(workers)
-        else:
-            new = cst.IfExp(test=workers_test(workers), body=atom(value),
-                            orelse=cst.parse_expression(default))
+        new = cst.Comparison(left=atom(workers), comparisons=[  # num_workers > 0
+            cst.ComparisonTarget(cst.GreaterThan(), cst.Integer("0"))])
+        if record.code != "DL102" or not (isinstance(value, cst.Name) and value.value == "True"):
+            new = cst.IfExp(test=new, body=atom(value), orelse=cst.parse_expression(default))
         source.set_arg(call, name, new)
         done = "%s=%s" % (name, source.code(new))
     else:

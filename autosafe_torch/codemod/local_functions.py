@@ -26,20 +26,23 @@ def rewrite(source, record):
     call = source.loader_at(record.line)
     if "function" in record.before:
         raise NotExact("the function is inside the dataset")
-    done = [d for d in (_plan_part(source, call, p) for p in PARTS) if d]
+    done = lift_loader_functions(source, call, strict=True)
     if not done:
         raise NotExact("no lambda or local function at the call")
     return REWRITTEN, "; ".join(done)
 
 
-def lift_loader_functions(source, call):
-    """For DL204: the lifts a spawned loader needs; what cannot be lifted gets
-    DL202's permanent fix as a comment. Descriptions of what was done."""
+def lift_loader_functions(source, call, strict=False):
+    """Descriptions of the lifts of the loader's parts. NotExact where one cannot
+    be lifted (``strict``), else (DL204's spawned loader) DL202's permanent fix
+    as a comment."""
     done = []
     for part in PARTS:
         try:
             description = _plan_part(source, call, part)
         except NotExact as exc:
+            if strict:
+                raise
             source.comment(call, "DL202: %s: define it at module level (%s)" % (part, exc))
             description = "%s left as a comment: %s" % (part, exc)
         if description:
@@ -112,12 +115,6 @@ def _statement_in(source, node, scope):
     return None
 
 
-def _partial(source, name, closure):
-    functools = source.module_name("functools")
-    return cst.parse_expression("%s.partial(%s, %s)" % (
-        functools, name, ", ".join("%s=%s" % (n, n) for n in closure)))
-
-
 def _lift_lambda(source, call, part, value):
     if any(p.default is not None for p in value.params.params + value.params.kwonly_params):
         raise NotExact("the lambda has default values")
@@ -128,8 +125,7 @@ def _lift_lambda(source, call, part, value):
     body = source.code(value.body)
     function = cst.parse_statement("def %s(%s):\n    return %s\n" % (
         name, source.code(value.params).strip(), "(%s)" % body if "\n" in body else body))
-    new = _lift(source, call, function, name, closure) or cst.Name(name)
-    _replace(source, call, part, new)
+    new = _lift(source, call, part, function, name, closure, cst.Name(name))
     return "%s: lambda lifted to module level as %s" % (part, source.code(new))
 
 
@@ -148,17 +144,16 @@ def _lift_def(source, call, part, value, assignment):
     if value.value in source.globals_bound():
         raise NotExact("the module has a %s of its own" % value.value)
     source.edit(function, lambda node: cst.RemovalSentinel.REMOVE)
-    new = _lift(source, call, function, value.value, closure)
+    new = _lift(source, call, part, function, value.value, closure)
     if new is None:
         return "%s: %s lifted to module level" % (part, value.value)
-    _replace(source, call, part, new)
     return "%s: %s lifted to module level, given as %s" % (part, value.value, source.code(new))
 
 
-def _lift(source, call, function, name, closure):
+def _lift(source, call, part, function, name, closure, bare=None):
     """Put ``function`` at module level, before the statement that makes the loader,
-    taking the ``closure`` it reads as keyword-only arguments; the partial that
-    gives them, or None."""
+    taking the ``closure`` it reads as keyword-only arguments, and give the loader
+    the partial that gives them (else ``bare``, if any): what it was given, or None."""
     params = function.params
     if closure:
         extra = [cst.Param(name=cst.Name(n)) for n in closure]
@@ -169,9 +164,9 @@ def _lift(source, call, function, name, closure):
     source.insert_before(call, [function.with_changes(
         params=params, leading_lines=blank_lines(2, COMMENT) + [
             line.with_changes(indent=False) for line in function.leading_lines if line.comment])])
-    return _partial(source, name, closure) if closure else None
-
-
-def _replace(source, call, part, new):
-    source.set_arg(call, part, new, order=40)
-    source.comment(call, "DL202: %s at module level" % part)
+    new = bare if not closure else cst.parse_expression("%s.partial(%s, %s)" % (
+        source.module_name("functools"), name, ", ".join("%s=%s" % (n, n) for n in closure)))
+    if new is not None:
+        source.set_arg(call, part, new, order=40)
+        source.comment(call, "DL202: %s at module level" % part)
+    return new

@@ -78,46 +78,35 @@ def _blocks(statement):
 # -- what each top-level statement binds and reads (ast, symtable) -----------------
 
 
-def _binds(node):
-    out = set()
+def _names(node):
+    """(the names a top-level statement binds, those it reads while it runs: not
+    in the bodies of its functions)."""
+    binds, reads, local = set(), set(), set()
 
-    def visit(n):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(n.name)
-            return
-        if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
-                          ast.GeneratorExp)):
-            return
-        if isinstance(n, (ast.Import, ast.ImportFrom)):
-            out.update((a.asname or a.name).split(".")[0] for a in n.names if a.name != "*")
-        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            out.add(n.id)
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            out.add(n.name)
-        for child in ast.iter_child_nodes(n):
-            visit(child)
-    visit(node)
-    return out
-
-
-def _eager_reads(node):
-    """Names read while the statement runs (not in the bodies of its functions)."""
-    reads, local = set(), set()
-
-    def visit(n):
+    def visit(n, binding):  # binding: not in a class body, lambda or comprehension
+        if binding and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            binds.add(n.name)
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             for child in getattr(n, "decorator_list", []) + n.args.defaults + [
                     d for d in n.args.kw_defaults if d]:
-                visit(child)
+                visit(child, False)
             return
+        binding = binding and not isinstance(n, (ast.ClassDef, ast.ListComp, ast.SetComp,
+                                                 ast.DictComp, ast.GeneratorExp))
         if isinstance(n, ast.comprehension):
             local.update(x.id for x in ast.walk(n.target) if isinstance(x, ast.Name))
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             reads.add(n.id)
+        elif binding and isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            binds.add(n.id)
+        elif binding and isinstance(n, (ast.Import, ast.ImportFrom)):
+            binds.update((a.asname or a.name).split(".")[0] for a in n.names if a.name != "*")
+        elif binding and isinstance(n, ast.ExceptHandler) and n.name:
+            binds.add(n.name)
         for child in ast.iter_child_nodes(n):
-            visit(child)
-    visit(node)
-    return reads - local
+            visit(child, binding)
+    visit(node, True)
+    return binds, reads - local
 
 
 def _lazy_reads(table, spans, out):
@@ -143,8 +132,9 @@ def analyse(source):
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
         for index, (start, end) in enumerate(spans):
             if start <= first <= end:
-                binds[index] |= _binds(node)
-                eager[index] |= _eager_reads(node)
+                bound, read = _names(node)
+                binds[index] |= bound
+                eager[index] |= read
     lazy = [set() for _ in statements]
     _lazy_reads(symtable.symtable(source.text, source.path, "exec"), spans, lazy)
     kinds = [classify(s, first=(i == 0)) for i, s in enumerate(statements)]

@@ -18,10 +18,9 @@ def rewrites(scope):
     declarations (``Rule.rewrite``): which codemod module answers which codes."""
     rules.load_all()
     codes = {}
-    for code in sorted(rules.RULES):
-        declared = rules.RULES[code].rewrite
-        if declared is not None and declared.scope == scope:
-            codes.setdefault(declared.module, []).append(code)
+    for code, rule in sorted(rules.RULES.items()):
+        if rule.rewrite is not None and rule.rewrite.scope == scope:
+            codes.setdefault(rule.rewrite.module, []).append(code)
     return [(tuple(codes[m]), importlib.import_module("%s.%s" % (__package__, m)).rewrite)
             for m in sorted(codes, key=ORDER.index)]
 

@@ -3,27 +3,25 @@
 
 The log has one object per intervention and process (workers and ranks
 repeat their parent's), with the documented fields (docs/reading-the-log.md).
-A call site is ``file:line``, the user's line first when a library
-made the call (``train.py:42 (via lightning/...)``). The file is as Python
-named it: relative when the script was run by a relative path (``_locate``
-looks for it from the record's ``cwd``, here, then the log's directory).
+A call site is ``file:line``, the user's line first when a library made the
+call (``train.py:42 (via lightning/...)``), the file as Python named it
+(relative when the script was run by a relative path: ``_locate``).
 """
 
-import collections
 import json
 import os
 
 from ..callsite import _PACKAGE_DIR, _installed_dirs, user_part
 
-# What became of a record: its site rewritten; left as a comment with the
-# permanent fix (the rewrite would not be exact there, or there is none); nothing
-# to change once another record's rewrite is made; not touched at all.
-REWRITTEN, NOT_EXACT, COVERED, SKIPPED = "rewritten", "not exact", "covered", "skipped"
+# What became of a record, as the summary says it: NOT_EXACT, the permanent fix as
+# a comment (no exact rewrite there); COVERED, another record's rewrite made it unneeded.
+KINDS = REWRITTEN, NOT_EXACT, COVERED, SKIPPED = (
+    "rewritten", "left as a comment", "nothing to change", "skipped")
 
 
 class NotExact(Exception):
-    """Raised by a rewrite's planning where it would not be exact, for the record
-    it plans (``per_record``) or all it was given (``plan``); the reason."""
+    """A rewrite would not be exact, for the record it plans (``per_record``) or
+    all it was given (``plan``): the reason."""
 
 
 def per_record(plan):
@@ -59,26 +57,31 @@ class Record:
         return "%s:%d" % (self.shown, self.line)
 
 
-# A record that names no file of the user's: said in the summary.
-Unusable = collections.namedtuple("Unusable", "code where reason")
-
-
 def split_site(site):
     """``(file, line)`` of a call site's user part, or None (``<unknown>``,
     ``<import cv2>``, a site with no line)."""
     if not isinstance(site, str):
         return None
-    site = user_part(site)
-    name, sep, line = site.rpartition(":")
+    name, sep, line = user_part(site).rpartition(":")
     if not sep or not line.isdigit() or not name or name.startswith("<"):
         return None
     return name, int(line)
 
 
-def library_reason(path):
-    """Why ``path`` is not the user's to change (a library, the standard
-    library, autosafe_torch itself), or None."""
-    real = os.path.realpath(path)
+def _locate(name, log_dir, cwd=None):
+    """The file a record names: absolute as is; relative to the recording
+    process's working directory (the record's ``cwd``), here, or the log's folder."""
+    recorded = [os.path.join(cwd, name)] if isinstance(cwd, str) else []
+    candidates = [name] if os.path.isabs(name) else recorded + [name, os.path.join(log_dir, name)]
+    return next((c for c in candidates if os.path.isfile(c)), None)
+
+
+def not_ours(path, root):
+    """Why ``path`` (as found) is not the user's to change from ``root``, or None:
+    a library's (the standard library's) or autosafe_torch's own file, or one
+    outside ``root`` (a log names any file it likes: by an absolute path, by
+    ``..``, through its ``cwd`` or a link)."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
     parts = real.split(os.sep)
     if "site-packages" in parts or "dist-packages" in parts:
         return "a library's file"
@@ -86,28 +89,6 @@ def library_reason(path):
         return "autosafe_torch's own file"
     if real.startswith(_installed_dirs()):
         return "a library's file"
-    return None
-
-
-def _locate(name, log_dir, cwd=None):
-    """The file a record names: absolute as is; relative to the recording
-    process's working directory (the record's ``cwd``), here, or the log's folder."""
-    if os.path.isabs(name):
-        candidates = [name]
-    else:
-        candidates = ([os.path.join(cwd, name)] if isinstance(cwd, str) else []) + [
-            name, os.path.join(log_dir, name)]
-    for candidate in candidates:
-        if os.path.isfile(candidate):
-            return candidate
-    return None
-
-
-def outside(path, root):
-    """Why ``path`` (as found) is not to be written from ``root``, or None: a
-    log names any file it likes (by an absolute path, by ``..``, through its
-    ``cwd`` or a link), and only the project's are ours to change."""
-    real, top = os.path.realpath(path), os.path.realpath(root)
     if os.path.commonpath([real, top]) != top:
         return "outside %s (fix changes files under the directory it runs in, or --root)" % (
             _shown(top) if top != os.path.realpath(os.curdir) else "this directory")
@@ -115,9 +96,9 @@ def outside(path, root):
 
 
 def read_log(path, root=os.curdir):
-    """``(records, unusable)``: the records naming a user's file that exists
+    """``(records, skipped)``: the records naming a user's file that exists
     here, under ``root``, one per (code, file, line), in the log's order; and
-    the others, each with why it is left alone. Raises OSError for an
+    the others' outcomes (where, code, SKIPPED, why). Raises OSError for an
     unreadable log."""
     log_dir = os.path.dirname(os.path.abspath(path))
     records, unusable, seen = [], [], set()
@@ -131,16 +112,16 @@ def read_log(path, root=os.curdir):
         except ValueError:
             obj = ValueError
         if not isinstance(obj, dict) or not isinstance(obj.get("code"), str):
-            unusable.append(Unusable(None, "%s:%d" % (path, number), "not a JSON object"
-                                     if obj is ValueError else "not an intervention"))
+            unusable.append(("%s:%d" % (path, number), None, SKIPPED, "not a JSON object"
+                             if obj is ValueError else "not an intervention"))
             continue
         site = split_site(obj.get("call_site"))
         if site is None:
             key = (obj["code"], obj.get("call_site"))
             if key not in seen:
                 seen.add(key)
-                unusable.append(Unusable(obj["code"], str(obj.get("call_site")),
-                                         "no file and line of yours"))
+                unusable.append((str(obj.get("call_site")), obj["code"], SKIPPED,
+                                 "no file and line of yours"))
             continue
         name, line = site
         found = _locate(name, log_dir, obj.get("cwd"))
@@ -148,10 +129,9 @@ def read_log(path, root=os.curdir):
         if key in seen:
             continue  # a worker's or another rank's copy of the same intervention
         seen.add(key)
-        reason = "no such file here" if found is None \
-            else library_reason(found) or outside(found, root)
+        reason = "no such file here" if found is None else not_ours(found, root)
         if reason:
-            unusable.append(Unusable(obj["code"], "%s:%d" % (name, line), reason))
+            unusable.append(("%s:%d" % (name, line), obj["code"], SKIPPED, reason))
         else:
             records.append(Record(obj, os.path.realpath(found), _shown(found), line))
     return records, unusable
@@ -164,7 +144,6 @@ def _shown(path):
 
 
 def changed_since(path, records):
-    """Whether ``path`` was modified after the run logged ``records`` (its
-    lines may have moved: a second ``fix --write`` from the same log)."""
+    """Whether ``path`` was modified after the run logged ``records``."""
     times = [r.time for r in records if r.time is not None]
     return bool(times) and os.path.getmtime(path) > min(times)

@@ -3,10 +3,8 @@ a line, and the edits the rewrites plan, applied in one pass.
 
 The log's lines are those of the file as it ran, so every rewrite finds its
 nodes in the tree as parsed, and only plans: an edit is a function of the
-node as the pass has made it so far, keyed by the node as parsed. The pass
-then applies them all at once (several edits of one call compose), adds
-comments above statements, functions lifted to module level, imports, and
-the main guard. libcst keeps every byte that no edit touches.
+node as edited so far, keyed by the node as parsed, so that several edits of
+one call compose.
 """
 
 import libcst as cst
@@ -31,7 +29,6 @@ def keyword_arg(name, value, comma=cst.MaybeSentinel.DEFAULT):
 
 
 def spaced_comma():
-    """``, ``"""
     return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 
 
@@ -66,23 +63,11 @@ def simple(node):
     return False
 
 
-def literal(value):
-    """Source of a JSON value that is a Python literal (None, a bool, a number,
-    a string), or None."""
-    return repr(value) if value is None or isinstance(value, (bool, int, float, str)) else None
-
-
 def blank_lines(count, comment=None):
     """``count`` blank lines at module level, then ``# autosafe-torch <comment>``."""
     comments = [cst.Comment("# " + COMMENT_PREFIX + comment)] if comment else []
     return [cst.EmptyLine(indent=False)] * count + [
         cst.EmptyLine(indent=False, comment=c) for c in comments]
-
-
-def workers_test(workers):
-    """``<workers> > 0``."""
-    return cst.Comparison(left=atom(workers), comparisons=[
-        cst.ComparisonTarget(cst.GreaterThan(), cst.Integer("0"))])
 
 
 def both(left, right):
@@ -136,12 +121,6 @@ def append_arg(call, arg):
     return call.with_changes(args=args + [arg])
 
 
-def prepend_arg(call, arg):
-    if call.args:
-        arg = arg.with_changes(comma=spaced_comma())
-    return call.with_changes(args=[arg] + list(call.args))
-
-
 def remove_arg(call, index):
     args = list(call.args)
     removed = args.pop(index)
@@ -180,8 +159,7 @@ class Source:
         self._edits = {}      # id(node as parsed) -> [(order, function of the node)]
         self._comments = {}   # id(statement or decorator) -> [comment text]
         self._before = {}     # id(top-level statement) -> [statements to put before it]
-        self._moved = []      # top-level statements moved under the main guard
-        self._guard_comment = None
+        self._guard = (), None  # (top-level statements moved under the main guard, comment)
         self._imports = []    # modules to import at module level
         self._top = {id(s) for s in self.module.body}
         self.notes = {}       # what a rewrite remembers across the sites of this file
@@ -364,7 +342,10 @@ class Source:
         first, *rest = text.split("\n")
         lines = ["# " + COMMENT_PREFIX + first] + ["#     " + line for line in rest]
         existing = [getattr(empty.comment, "value", None) for empty in anchor.leading_lines]
-        planned = self._comments.setdefault(id(anchor), [])
+        planned = self._comments.get(id(anchor))
+        if planned is None:  # put there after every other edit of the anchor
+            planned = self._comments[id(anchor)] = []
+            self.edit(anchor, lambda node: _with_comments(node, planned), order=100)
         if lines[0] not in existing and lines[0] not in planned:
             planned.extend(lines)
 
@@ -374,11 +355,10 @@ class Source:
         self._before.setdefault(id(top), []).extend(statements)
 
     def move_under_main_guard(self, top_statements, comment):
-        self._moved = list(top_statements)
-        self._guard_comment = comment
+        self._guard = list(top_statements), comment
 
     def apply(self):
-        if not (self._edits or self._comments or self._before or self._moved or self._imports):
+        if not (self._edits or self._before or self._guard[0] or self._imports):
             return self.text
         module = self.module.visit(_Apply(self))
         if self._imports:
@@ -402,7 +382,7 @@ def _with_imports(module, imports):
 def _with_comments(result, comments):
     """``result`` with comment lines above it (above the first of several)."""
     nodes = _flatten(result)
-    if not nodes or not hasattr(nodes[0], "leading_lines"):
+    if not comments or not nodes or not hasattr(nodes[0], "leading_lines"):
         return result
     nodes[0] = nodes[0].with_changes(leading_lines=list(nodes[0].leading_lines) + [
         cst.EmptyLine(comment=cst.Comment(text)) for text in comments])
@@ -436,16 +416,13 @@ class _Apply(cst.CSTTransformer):
         for _order, function in sorted(source._edits.get(id(original), ()),
                                        key=lambda e: e[0]):
             updated = function(updated)
-        comments = source._comments.get(id(original))
-        if comments:
-            updated = _with_comments(updated, comments)
         if id(original) in source._top:
             self.top_results[id(original)] = updated
         return updated
 
     def _module(self, original, updated):
         source = self.source
-        moved = {id(s) for s in source._moved}
+        moved = {id(s) for s in source._guard[0]}
         body, guard = [], []
         for statement in original.body:
             body.extend(source._before.get(id(statement), ()))
@@ -457,5 +434,5 @@ class _Apply(cst.CSTTransformer):
                 line for line in first.leading_lines if line.comment is not None])
             body.append(cst.If(test=cst.parse_expression(MAIN_GUARD),
                                body=cst.IndentedBlock(body=guard),
-                               leading_lines=blank_lines(2, source._guard_comment)))
+                               leading_lines=blank_lines(2, source._guard[1])))
         return updated.with_changes(body=body)
