@@ -1,7 +1,6 @@
-"""What a dataset holds that matters to its workers: files, locks, thread pools,
-loggers; looked at, never changed, no user code run (``remedies`` acts on it).
-Native handles count as files: h5py objects, lmdb environments, and the
-``cv2.VideoCapture`` objects whose source the cv2 patch recorded.
+"""What a dataset holds that matters to its workers: files (h5py, lmdb and
+recorded cv2 captures count), locks, thread pools, loggers; looked at, never
+changed, no user code run (``remedies`` acts on it).
 """
 
 import collections
@@ -66,9 +65,8 @@ def h5py_types():
 
 # -- native handles -------------------------------------------------------------
 
-# What opened each cv2.VideoCapture (cv2 patch): id -> ``(source, apiPreference,
-# params)``, source an absolute path or an index. By id, as a capture takes no
-# attributes or weak references: a new one overwrites a dead one's; oldest go first.
+# id of each cv2.VideoCapture -> ``(source, apiPreference, params)`` (cv2 patch): by
+# id, as a capture takes no attributes or weak references; oldest dropped first.
 _video_sources = collections.OrderedDict()
 MAX_VIDEO_SOURCES = 4096
 
@@ -126,10 +124,9 @@ def lmdb_read_write(env):
 
 
 def file_kind(f):
-    """``READONLY``, ``WRITABLE`` or None (not a regular file we can reopen).
-    Read-only: opened for reading only, on a regular file its path still
-    names; an h5py file opened ``'r'``; a sqlite connection or an lmdb
-    environment (reopened read-only); a recorded capture."""
+    """``READONLY``, ``WRITABLE`` or None (not a regular file we can reopen). A
+    sqlite connection, lmdb environment (reopened read-only) or recorded capture
+    is read-only."""
     if is_a(f, h5py_types()):
         with contextlib.suppress(Exception):
             h5file = f.file if f.id.valid else None
@@ -171,7 +168,7 @@ def sqlite_path(conn):
 
 def is_native_handle(obj):
     """An h5py object, an lmdb handle or a capture: a forked child needs its own,
-    and it has no descriptor of its own to give."""
+    and it has no descriptor to give."""
     return is_a(obj, h5py_types()) or fork_unsafe(obj) is not None
 
 
@@ -208,9 +205,8 @@ class HeldFile(collections.namedtuple("HeldFile", "path obj kind")):
 
 
 def find_files(obj, path="dataset", items=None):
-    """``HeldFile(path, file, file_kind(file))`` at each place ``obj`` holds a
-    file (kind None: pipes, sockets, closed or deleted files); ``items``: as
-    ``objwalk.walk``'s."""
+    """A ``HeldFile`` at each place ``obj`` holds a file (kind None: pipes,
+    sockets, closed or deleted files); ``items``: as ``objwalk.walk``'s."""
     if is_file_object(obj):
         return [HeldFile(path, obj, file_kind(obj), None)]
     found, kinds = [], {}
@@ -233,7 +229,7 @@ def find_files(obj, path="dataset", items=None):
     return found
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _threading_kinds():
     kinds = [(type(threading.Lock()), "lock"), (type(threading.RLock()), "rlock")]
     if python_rlock() is not None:
@@ -268,13 +264,13 @@ def threading_kind(obj):
 
 
 def stop_at(obj):
-    """Objects the walks for files, locks and pools report but never enter."""
+    """Files, locks, threads, pools and loggers: reported, never entered."""
     return is_file_object(obj) or stop_at_threading(obj)
 
 
 def stop_at_threading(obj):
-    """Locks, threads, pools and loggers: reported, never entered (a logger reaches
-    the whole logging tree; logging re-makes its locks after fork)."""
+    """``stop_at`` less files (a logger reaches the whole logging tree; logging
+    re-makes its locks after fork)."""
     return threading_kind(obj) is not None or thread_pool_in_use(obj) is not None \
         or is_a(obj, (logging.Logger, logging.Handler))
 
@@ -295,8 +291,8 @@ def fork_blockers(obj, path="dataset", items=None):
 
 
 def held(obj):
-    """Whether a lock (or the one under a Condition, Semaphore, Event or
-    Barrier) is held now, by any thread. Unknown: held."""
+    """Whether a lock (or the one under a primitive) is held now, by any thread.
+    Unknown: held."""
     with contextlib.suppress(Exception):
         for inner in locks_inside(objwalk.instance_dict(obj) or {}):  # a lock has no __dict__
             if threading_kind(inner) is not None:
@@ -316,30 +312,30 @@ def unheld_lock(value):
     return threading_kind(value) not in (None, "thread") and not held(value)
 
 
-class UsersLocks:
-    """The unheld locks the user's own objects hold in ``parts``, directly or
-    through threading's primitives and built-in containers: ``holds(lock)``,
-    and ``named``, ``(path, obj)`` of each outermost one."""
+def users_locks(parts, lock):
+    """``(path, obj)`` of each outermost unheld lock the user's own objects hold
+    in ``parts``, directly or through threading's primitives and built-in
+    containers, where ``lock`` is one of them; else None."""
+    if not unheld_lock(lock):
+        return None
+    owners = objwalk.Owners(parts)
 
-    def __init__(self, parts):
-        self._owners = objwalk.Owners(parts)
-        self.named = [(here, obj) for here, obj in self._owners.met if unheld_lock(obj)
-                      and self._users(obj) and threading_kind(self._owners.owner(obj)) is None]
-
-    def holds(self, lock):
-        return unheld_lock(lock) and self._users(lock)
-
-    def _users(self, obj):
-        owner = self._owners.owner(obj)
+    def users(obj):
+        owner = owners.owner(obj)
         while owner is not None and (threading_kind(owner) is not None
-                                     or objwalk.is_a(owner, objwalk.CONTAINERS)):
-            owner = self._owners.owner(owner)
+                                     or is_a(owner, objwalk.CONTAINERS)):
+            owner = owners.owner(owner)
         return owner is not None and users_class(type(owner))
+
+    if not users(lock):
+        return None
+    return [(here, obj) for here, obj in owners.met if unheld_lock(obj)
+            and users(obj) and threading_kind(owners.owner(obj)) is None]
 
 
 def users_module(name):
-    """Whether module ``name`` is the user's own: the script, or a file outside
-    the installed libraries and the standard library."""
+    """Whether module ``name`` is the script, or a file outside the installed
+    libraries and the standard library."""
     if name in ("__main__", "__mp_main__"):
         return True
     path = getattr(sys.modules.get(name), "__file__", None)
@@ -374,8 +370,8 @@ def rebuildable(obj):
 
 
 def holding(owners, value):
-    """``(path, handler)`` when ``value`` is, or is held by, a handler a worker
-    can make again (``owners``: ``objwalk.Owners``), else None."""
+    """``(path, handler)`` where ``value`` is, or is held by, a ``rebuildable``
+    handler (``owners``: ``objwalk.Owners``), else None."""
     for here, obj in owners.chain(value):
         if isinstance(obj, logging.Handler):
             return (here, obj) if rebuildable(obj) else None
@@ -384,27 +380,24 @@ def holding(owners, value):
 
 def chain(logger):
     """``logger``, then each parent while the one below propagates."""
-    found = []
     while logger is not None:
-        found.append(logger)
+        yield logger
         logger = logger.parent if logger.propagate else None
-    return found
 
 
 def configured(logger):
-    """Whether ``logger``'s records meet, along its chain, a handler, level,
-    filter, ``propagate`` off or ``disabled`` on, which a spawned worker would
-    not have (the root's default WARNING is a new process's too)."""
+    """Whether ``logger``'s chain has a handler, level, filter, ``propagate`` off or
+    ``disabled`` on, which a spawned worker lacks (the root's WARNING it has)."""
     return any(link.handlers or link.filters or link.disabled or not link.propagate
                or link.level != (logging.WARNING if link is logging.root else logging.NOTSET)
                for link in chain(logger))
 
 
 def forwards_attributes(obj):
-    """An instance whose class forwards unknown attributes (``__getattr__`` or
-    its own ``__getattribute__``) and pickles and copies by default, where the
-    look-up of ``__setstate__`` on the new, empty instance recurses or raises
-    (a RecursionError in a spawned worker): rebuilt from its ``__dict__``."""
+    """An instance whose class forwards unknown attributes (``__getattr__``, its
+    own ``__getattribute__``) and pickles and copies by default, where asking the
+    new, empty instance for ``__setstate__`` recurses or raises (a RecursionError
+    in a spawned worker): rebuilt from its ``__dict__``."""
     cls = type(obj)
     defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
                 ("__getstate__", getattr(object, "__getstate__", None)),
@@ -425,10 +418,9 @@ def forwards_attributes(obj):
 
 @functools.cache
 def _unpickling_fails(cls):
-    """Whether unpickling's one question to a new, empty instance of ``cls`` (its
-    ``__setstate__``, reaching ``__getattr__``) fails: asked once per class,
-    only of what is sent to workers, which would each ask it. transformers'
-    tokenizers answer it (AttributeError)."""
+    """Whether that question (reaching ``__getattr__``) fails: asked once per
+    class, only of what workers are sent. transformers' tokenizers raise
+    AttributeError."""
     try:
         empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
     except Exception:  # pickle's own error, as without the shim
@@ -447,7 +439,7 @@ PER_PROCESS_NAMES = frozenset({"getpid", "pread", "preadv"})
 
 
 def nested_code(code, depth=0):
-    """``code`` and the code it nests (functions, lambdas...), 4 levels down."""
+    """``code`` and the code it nests, 4 levels down."""
     yield code
     if depth < 4:
         for const in code.co_consts:
@@ -456,9 +448,8 @@ def nested_code(code, depth=0):
 
 
 def reopens_per_process(obj):
-    """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (it reopens
-    its files per process) or read with ``os.pread``/``preadv`` (no shared
-    offset): read from the code, never run."""
+    """Whether the methods of ``obj``'s own classes ask ``os.getpid()`` (reopening
+    per process) or use ``os.pread``/``preadv`` (no shared offset): read, never run."""
     for cls in type(obj).__mro__:
         if cls.__module__ == "builtins" or cls.__module__.startswith("torch."):
             continue

@@ -1,15 +1,12 @@
 """Logging handlers a dataset holds, made again in each spawned worker (DL201).
 
-A forked worker inherits a ``FileHandler`` with its open file (the same open
-file description, appending where the parent appends) and a new lock
-(``logging`` reinitialises handler locks in a forked child). A spawned worker
-cannot receive one (its lock and stream do not pickle); made again from what
-it exposes, it gets what fork gives: the same class and attributes (file
-name, mode, encoding, level, formatter, filters, a rotating handler's
-limits), a new lock, and the file opened again for appending (never
+A forked worker inherits a ``FileHandler`` with its open file and a new lock
+(``logging`` reinitialises handler locks after fork); a spawned one cannot
+receive it (its lock and stream do not pickle), so it gets the same: the
+class and attributes, a new lock, the file opened again for appending (never
 truncated: a ``mode='w'`` handler's file is the parent's, truncated once). A
-``StreamHandler`` on the process's stdout or stderr writes to the worker's;
-other streams are not made again (``holdings.rebuildable``): the ladder goes on.
+``StreamHandler`` on stdout/stderr writes to the worker's; other streams are
+not made again (``holdings.rebuildable``): the ladder goes on.
 """
 
 import logging
@@ -62,4 +59,4 @@ def made_again(cls, state, how, of_stream=None):
 
 
 def handler_reducers(classes):
-    return {cls: reduce_handler for cls in classes}
+    return dict.fromkeys(classes, reduce_handler)

@@ -1,18 +1,15 @@
 """PIL images held open, reopened where they arrive, at the same frame (DL201).
 
 PIL's pickle keeps the current frame's pixels and drops the open file, so a
-spawned worker's copy of a multi-page TIFF (a GIF, PNG, WebP...) cannot seek
+spawned worker's multi-frame TIFF (GIF, PNG, WebP...) cannot seek
 (``inspection/dropped.py``). An image sent (``image_reducers``) or copied for
-an emulated worker (``copy_of``) is, as a forked worker's, opened again in the
-same format from the file the parent has open, at the parent's frame:
-
-- by a path that names the file now, checked where it is opened (device,
-  inode, size, mtime): a changed file, or a frame whose mode or size is not
-  the parent's, fails loudly (``ImageFileChanged``);
-- by name if opened by name (PIL then closes the file), else from a file
-  object, or from a copy of the bytes it was read from. One frame travels as
-  PIL pickles it. Edits in memory to the current frame are not carried: the
-  parent's own next ``seek`` discards them too.
+an emulated worker (``copy_of``) is opened again, as a forked worker's, in
+the same format at the parent's frame: from the parent's file, by a path
+checked where it is opened (device, inode, size, mtime; a changed file or
+frame fails loudly: ``ImageFileChanged``), by name if opened by name (PIL
+then closes it), else as a file object; or from a copy of the bytes it was
+read from. One frame travels as PIL pickles it. Edits in memory to the frame
+are lost, as the parent's next ``seek`` loses them.
 """
 
 import io
@@ -29,7 +26,7 @@ class ImageFileChanged(RemedyFailed):
 
 
 def reopened(how, source, check, fmt, mode, size, frame):
-    """Runs where the image arrives: the image opened again and moved to ``frame``."""
+    """Where the image arrives: opened again at ``frame``."""
     from PIL import Image  # noqa: PLC0415 - optional dependency
 
     if how == "memory":

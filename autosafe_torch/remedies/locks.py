@@ -1,11 +1,9 @@
-"""Locks a dataset holds, sent to spawned workers as new, unlocked ones, as fork
-gives them (DL201; a held one is never forked: ``holdings.fork_blockers``).
-Spawn cannot send a lock (``TypeError: cannot pickle '_thread.lock' object``):
-a dataset guarding a cache with one runs only on fork, which a Mac lacks. The
-Condition, Semaphore and Event around one pickle by their attributes. A held
-lock is refused: its pickle fails and the ladder takes the next rung. Only the
-user's own locks: a library object's lock (a ZipFile's) guards that object's
-state, which a new lock beside a copy would not (``holdings.UsersLocks``).
+"""The user's unheld locks, sent to spawned workers as new, unlocked ones, as fork
+gives them (DL201): spawn cannot send a lock, so a dataset guarding a cache with
+one would run only on fork, which a Mac lacks. The primitives around one pickle
+by their attributes. A held lock's pickle fails (the ladder goes on; fork refuses
+it too: ``holdings.fork_blockers``). A library object's lock (a ZipFile's) guards
+its state, which a new lock beside a copy would not (``holdings.users_locks``).
 """
 
 import threading

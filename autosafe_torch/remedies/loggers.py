@@ -1,19 +1,16 @@
 """A dataset's loggers keep their meaning in spawn/forkserver workers (DL219).
 
-A ``logging.Logger`` pickles by its name: a spawned worker's logger is
-configured only by the worker's own imports (usually not at all), so the
-lines a dataset logs there are lost where a forked worker, which inherits
-the configuration, writes them. While a loader of ours starts its workers
-(``carrying``), a logger the dataset holds travels configured: for it and
-each ancestor its records reach, the level, ``propagate``, ``disabled``, the
-filters and the handlers (``handlers.py``). The worker replaces with that,
-once, what its imports configured otherwise; where they configured it
-alike (a library that sets up its logger at import, as transformers does)
-it keeps its own and says so (``Reports``): DL219's record is made from
-what the workers said, none where every worker had it (promise 1). A
-handler that cannot be made again (a socket, a queue, a class of the
-program's) is not carried: the loader goes where its loggers need nothing
-carried (fork, or emulated workers).
+A ``logging.Logger`` pickles by its name, so a spawned worker's is configured
+only by its own imports and the lines a dataset logs there are lost (a forked
+worker inherits the configuration). While a loader of ours starts its workers
+(``carrying``), a logger the dataset holds travels with, for it and each
+ancestor its records reach, the level, ``propagate``, ``disabled``, filters
+and handlers (``handlers.py``); the worker replaces with that, once, what its
+imports configured otherwise, and keeps its own where they configured it
+alike (transformers does at import), saying which (``Reports``): DL219's
+record comes from what the workers said, none where each had it (promise 1).
+A handler that cannot be made again (a socket, a queue, the program's class)
+is not carried: the loader goes to fork or emulated workers.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ _carrying = threading.local()
 
 
 class Reports:
-    """Where a loader's workers say, a line each, whether they needed the
-    training process's configuration (``CARRIED``) or had it (``KEPT``)."""
+    """Where a loader's workers say, a line each, ``CARRIED`` or ``KEPT``."""
 
     def __init__(self):
         self.path = None  # made at the first start of the workers (planning makes none)
@@ -49,8 +45,7 @@ class Reports:
         return self.path
 
     def needed(self):
-        """Whether a worker needed the carried configuration, or none said
-        anything yet (the records were made before: what was sent stands)."""
+        """Whether a worker needed it, or none said yet (what was sent stands)."""
         said = []
         if self.path is not None:
             with contextlib.suppress(OSError), open(self.path) as f:
@@ -68,8 +63,7 @@ def _unlink(path):
 
 @contextlib.contextmanager
 def carrying(reports=None):
-    """While a loader of ours starts its workers (not in the program's own
-    processes' pickles): its loggers travel configured."""
+    """While a loader of ours starts its workers (not the program's own pickles)."""
     _carrying.on = getattr(_carrying, "on", 0) + 1
     _carrying.path = reports.open() if reports is not None else None
     try:
@@ -79,9 +73,8 @@ def carrying(reports=None):
 
 
 def uncarried(logger):
-    """Why a worker cannot be given ``logger``'s configuration, or None: a
-    handler it cannot make again, or a part that does not pickle (a lambda
-    used as a filter)."""
+    """Why a worker cannot be given ``logger``'s configuration (a handler it cannot
+    make again, a lambda as a filter), or None."""
     for link in chain(logger):
         for handler in link.handlers:
             if not rebuildable(handler):
@@ -96,8 +89,7 @@ def uncarried(logger):
 
 
 def reduce_logger(logger):
-    """By name, as ever, but configured while ``carrying`` (each handler as its
-    recipe: made only where the worker needs it)."""
+    """By name, as ever, but configured while ``carrying`` (handlers as recipes)."""
     if not getattr(_carrying, "on", 0) or not configured(logger) or uncarried(logger):
         return logger.__reduce__()
     return configured_in_worker, (_name(logger), _links(logger),
@@ -127,8 +119,7 @@ _decided: set[str | None] = set()  # in a worker: the loggers configured as the 
 
 
 def configured_in_worker(name, links, report=None):
-    """In a worker: the logger ``name``, its chain configured as the training
-    process's (see the module)."""
+    """In a worker: the logger ``name``, its chain configured as the training process's."""
     replaced = False
     for want in links:
         if want.name in _decided:
@@ -152,8 +143,6 @@ def configured_in_worker(name, links, report=None):
 
 
 def _configured_alike(link, want: Link):
-    """Whether the worker's ``link`` is configured as ``want``, its handlers
-    what the same recipes would make."""
     if (link.level, link.propagate, link.disabled) != (want.level, want.propagate, want.disabled):
         return False
     if not _alike(list(link.filters), want.filters) or len(link.handlers) != len(want.recipes):
@@ -166,9 +155,8 @@ _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
 def _alike(a, b, depth=0):
-    """Equal in value, objects by class and attributes (a formatter made again
-    in the worker is another object), functions and classes by identity; too
-    deep: not alike."""
+    """Equal in value, objects by class and attributes (a formatter made again is
+    another object), functions and classes by identity; too deep: not alike."""
     if type(a) is not type(b) or depth > 6:
         return False
     if isinstance(a, _PLAIN):

@@ -1,10 +1,7 @@
-"""Thread pools held by a dataset, rebuilt in each worker with the same size (DL208).
-
-A ``ThreadPoolExecutor`` the parent has used has threads; a forked worker
-inherits the pool without them, and the first ``submit`` waits forever. A
-spawned worker cannot receive the pool at all (its lock and queue do not
-pickle). In both cases the worker gets a new, empty pool of the same size:
-what a dataset that made its pool lazily would have had.
+"""Thread pools held by a dataset, rebuilt in each worker with the same size (DL208):
+a forked worker inherits a used pool without its threads (the first ``submit``
+waits forever) and a spawned one cannot receive it (its lock and queue do not
+pickle); each gets what a pool made lazily would be, new and empty.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -30,14 +27,10 @@ def _recipe(pool):
     return "threadpool", pool_processes(pool), ""
 
 
-def _reduce_pool(pool):
-    return _new_pool, _recipe(pool)
-
-
 def pool_reducers():
-    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - 0.5 ms in each worker that rebuilds an executor, which imports this module (-X importtime after torch: multiprocessing.pool)
+    from multiprocessing.pool import ThreadPool  # noqa: PLC0415 - as in _new_pool
 
-    return dict.fromkeys((ThreadPoolExecutor, ThreadPool), _reduce_pool)
+    return dict.fromkeys((ThreadPoolExecutor, ThreadPool), lambda pool: (_new_pool, _recipe(pool)))
 
 
 def rebuild_pools(obj):

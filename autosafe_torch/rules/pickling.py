@@ -1,9 +1,6 @@
 """What travels to spawn/forkserver workers: DL202, DL203, DL208, DL201, DL219
-and DL220.
-
-Each reads the one pickling plan (``pickling_plan.py``) and says its part of
-the repairs; where the plan leaves something that does not pickle, DL201
-hands the loader to the ladder (``ladder.py``).
+and DL220, each saying its part of the one pickling plan (``pickling_plan.py``);
+where something still does not pickle, DL201 hands the loader to ``ladder.py``.
 """
 
 from ..inspection import holdings

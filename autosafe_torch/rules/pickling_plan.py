@@ -18,11 +18,10 @@ from .repairs import MAX_REPAIRS, REPAIRS, Look, Meeting, hold, look, offer
 
 
 class PicklingPlan:
-    """One field per repair of ``repairs.REPAIRS`` (the rules read those
-    typed below); ``refused``: why a dataset could not be built again;
-    ``failures``: what still does not pickle (ProbeResults); ``pickled``: the
-    dataset's pickle, where nothing needs a repair; ``met``: the kinds of
-    object the last probes met (inventory.classify)."""
+    """One field per repair of ``repairs.REPAIRS`` (those the rules read typed);
+    ``refused``: why a dataset could not be built again; ``failures``: the
+    ProbeResults still failing; ``pickled``: the dataset's pickle, where nothing
+    needs a repair; ``met``: the kinds the last probes met (inventory.classify)."""
 
     nested: tuple[str, str] | None  # (path, why)
     pools: list[str]  # paths
@@ -38,7 +37,6 @@ class PicklingPlan:
 
     @property
     def needs_repair(self):
-        """Whether the parts reach workers only once repaired (not ``carried``)."""
         return any(getattr(self, r.field) for r in REPAIRS if not r.carried)
 
 
@@ -67,9 +65,9 @@ def _warm_ahead(args, ctx: IterContext):
 
 def plan_pickling(parts, may_rebuild=lambda: False, repairing=lambda: None, kept=None):
     """The plan for ``parts``. ``may_rebuild()``: whether the repairs that run the
-    user's code in each worker may be planned (no fork rung is safe); planning
-    starts again after each, their entries ``kept``, so that nothing inside
-    them is planned for. ``repairing()``: called once a probe failed."""
+    user's code may be planned (no fork rung is safe); planning starts again after
+    each, with their entries ``kept``, so nothing inside them is planned for.
+    ``repairing()``: called once a probe failed."""
     from ..inspection import probe  # noqa: PLC0415 - 0.6 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.probe, inventory)
 
     given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy
@@ -98,8 +96,7 @@ def plan_pickling(parts, may_rebuild=lambda: False, repairing=lambda: None, kept
         if owners is None:
             owners = objwalk.Owners(parts)
         meeting = Meeting(failure, value, value if is_a(value, type) else type(value), top,
-                          "%s: %s" % (failure.path, failure.error), parts, plan,
-                          lambda owners=owners: owners)  # type: ignore[misc]  # a default mypy cannot type in a lambda
+                          "%s: %s" % (failure.path, failure.error), parts, plan, owners)
         taken = offer(plan, meeting, planned, may_rebuild)
         if taken is None:
             break

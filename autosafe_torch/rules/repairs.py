@@ -1,9 +1,7 @@
-"""The registry of repairs: what makes a loader's parts reach spawn/forkserver
-workers, one ``Repair`` per kind of holder, tried by the planner
-(``pickling_plan``) in ``plan_rank`` order. DL202, DL203, DL208 and DL219
-have records of their own; DL201's one record says the others, and its
-``summary`` and ``prevents`` are theirs. A program adds a kind by
-``REPAIRS.append`` before its loader iterates.
+"""The registry of repairs that make a loader's parts reach spawn/forkserver
+workers: one ``Repair`` per kind of holder, tried by ``pickling_plan`` in
+``plan_rank`` order. DL202, DL203, DL208 and DL219 have records of their own;
+DL201's one record says the others. A program adds a kind by ``REPAIRS.append``.
 """
 
 from __future__ import annotations
@@ -19,9 +17,7 @@ from ..inspection.objwalk import is_a
 from . import number_of, what_is
 
 
-class Meeting(NamedTuple):
-    """What a repair is shown where the probe failed (``owners``: lazily)."""
-
+class Meeting(NamedTuple):  # what a repair is shown where the probe failed
     failure: Any
     value: Any  # what did not pickle, and its class
     cls: type
@@ -29,12 +25,10 @@ class Meeting(NamedTuple):
     why: str
     parts: dict[str, Any]  # as planned so far
     plan: Any
-    owners: Callable[[], Any]
+    owners: Any  # objwalk.Owners of the parts
 
 
-class Said(NamedTuple):
-    """A repair's part of DL201's record."""
-
+class Said(NamedTuple):  # a repair's part of DL201's record
     before: dict[str, Any]  # what it acts on, by name
     whys: list[str]
     done: list[str]
@@ -42,9 +36,7 @@ class Said(NamedTuple):
     remedy: Callable[[Any], Any] | None = None  # None: its reducers installed
 
 
-class Look(NamedTuple):
-    """What a repair that finds its holders itself is shown after a probe."""
-
+class Look(NamedTuple):  # what a repair that finds its holders itself is shown
     parts: dict[str, Any]
     plan: Any
     planned: dict[type, Any]
@@ -92,8 +84,7 @@ def _named(items, most=3):
 # -- DL202: functions a worker cannot import, sent by value -------------------------
 
 def _by_value_meets(m: Meeting):
-    """A collate_fn or worker_init_fn that does not pickle, or the user's own
-    inside a worker_init_fn of ours, sent by value."""
+    """A collate_fn or worker_init_fn (or the user's inside ours) that does not pickle."""
     if m.top not in ("collate_fn", "worker_init_fn"):
         return None
     from ..remedies import byvalue, workerinit
@@ -110,8 +101,8 @@ def _by_value_meets(m: Meeting):
 
 
 def _nested_meets(m: Meeting):
-    """A function or class a worker cannot import (a lambda, a local function or
-    class), or an instance of such a class: cloudpickle can send it by value."""
+    """A function or class a worker cannot import (a lambda, a local one), or an
+    instance of such a class: cloudpickle sends it by value."""
     from ..inspection.mainmodule import importable_by_reference
 
     if m.plan.nested is not None:
@@ -138,17 +129,19 @@ def _class_meets(m: Meeting):
 # -- DL201: each holder, made again in each worker ------------------------------------
 
 def _handler_meets(m: Meeting):
-    handler = holdings.holding(m.owners(), m.value)
-    if handler is not None and handler[1] not in [h for _p, h in m.plan.handlers]:
-        return handler
-    return None
+    handler = holdings.holding(m.owners, m.value)
+    return handler if handler and handler[1] not in [h for _p, h in m.plan.handlers] else None
+
+
+def _said(field, named, whys, done, words, remedy=None):
+    """``Said`` of ``named`` ``(path, obj)``, ``done`` % their names."""
+    return Said({field: [where for where, _obj in named]}, whys, [done % _named(named)], [words],
+                remedy)
 
 
 def _handlers_said(found, _args):
-    return Said({"handlers": [where for where, _h in found]},
-                ["a logging handler's lock and stream do not pickle"],
-                ["%s made again from its file or stream" % _named(found)],
-                ["make logging handlers again"])
+    return _said("handlers", found, ["a logging handler's lock and stream do not pickle"],
+                 "%s made again from its file or stream", "make logging handlers again")
 
 
 def _first_met(field, holds):
@@ -161,8 +154,7 @@ def _first_met(field, holds):
 
 
 def _remedy(module, name, of=None):
-    """``remedies.<module>.<name>(of(found))`` (``of`` None: no argument),
-    imported once a loader needs it."""
+    """``remedies.<module>.<name>(of(found))`` (``of`` None: no argument), imported when needed."""
     def call(found=None):
         made = getattr(importlib.import_module("autosafe_torch.remedies." + module), name)
         return made() if of is None else made(of(found))
@@ -182,10 +174,9 @@ def _files_said(found, args):
                 seen.add(id(f.obj))
                 files.append((f.path, f.obj))
     files = files or [(path, held)]
-    return Said({"files": [where for where, _f in files]},
-                [why] + ["%s %s" % (where, note) for where, f in files
-                         for note in [reopen.read_only_note(f)] if note],
-                ["%s reopened by path" % _named(files)], ["reopen read-only files by path"])
+    return _said("files", files, [why] + ["%s %s" % (where, note) for where, f in files
+                                          for note in [reopen.read_only_note(f)] if note],
+                 "%s reopened by path", "reopen read-only files by path")
 
 
 def _maps_said(found, args):
@@ -210,11 +201,8 @@ def _maps_said(found, args):
 
 
 def _lock_meets(m: Meeting):
-    if m.plan.locks is None and holdings.unheld_lock(m.value):
-        users = holdings.UsersLocks(m.parts)
-        if users.holds(m.value):
-            return (m.failure.path, m.failure.error, users.named)
-    return None
+    named = holdings.users_locks(m.parts, m.value) if m.plan.locks is None else None
+    return None if named is None else (m.failure.path, m.failure.error, named)
 
 
 def _locks_said(found, _args):
@@ -225,21 +213,19 @@ def _locks_said(found, _args):
 
 
 def _images_said(found, _args):
-    return Said({"images": [where for where, _why, _img in found]},
-                [why for _where, why, _img in found],
-                ["%s opened again at its frame" % _named(
-                    [(where, img) for where, _why, img in found])], ["open images again"])
+    return _said("images", [(where, img) for where, _why, img in found],
+                 [why for _where, why, _img in found], "%s opened again at its frame",
+                 "open images again")
 
 
 def _rebuilt_said(found, _args):
     from ..remedies import rebuild
 
     datasets = [d for _where, d, _why in found]
-    return Said({"rebuilt": [where for where, _d, _why in found]},
-                [why for _where, _d, why in found],
-                ["%s built again by its constructor's call, checked against this one there,"
-                 % _named([(where, d) for where, d, _why in found])],
-                ["build the dataset again"], lambda args: rebuild.install(datasets))
+    return _said("rebuilt", [(where, d) for where, d, _why in found],
+                 [why for _where, _d, why in found],
+                 "%s built again by its constructor's call, checked against this one there,",
+                 "build the dataset again", lambda args: rebuild.install(datasets))
 
 
 def _forwarders_said(found, _args):
@@ -253,7 +239,7 @@ def _forwarders_said(found, _args):
 
 def made_there(plan, path):
     """Whether ``path`` lies in what a repair that runs the user's code makes in
-    each worker (a dataset built again makes what it holds)."""
+    each worker (a dataset built again)."""
     return any(path == held[0] or path.startswith((held[0] + ".", held[0] + "["))
                for r in REPAIRS if r.runs_user_code for held in getattr(plan, r.field))
 
@@ -277,8 +263,8 @@ def _forwarders_look(look: Look):
 
 def _images_look(look: Look):
     """What pickles but drops an open file its methods use (``inspection/dropped.py``),
-    where the probes met an image or a file is open for reading (a pickle that
-    drops one never meets it): images opened again, else failures."""
+    looked for where the probes met an image or a file is open for reading (such
+    a pickle never meets it): images opened again, else failures."""
     from ..inspection import dropped
     from ..inspection.descriptors import shared_at_fork
 
@@ -310,7 +296,7 @@ def _rebuilt_meets(m: Meeting):
 
     if len(m.plan.rebuilt) >= MAX_REPAIRS:
         return None
-    here, dataset, refusal = rebuild.rebuildable_owner(m.owners(), m.value)
+    here, dataset, refusal = rebuild.rebuildable_owner(m.owners, m.value)
     m.plan.refused += [refusal] if refusal else []
     return None if dataset is None else (here, dataset, m.why)
 
@@ -374,8 +360,7 @@ MAX_REPAIRS = 16  # one failure is found per probe; a dataset has few kinds
 
 
 def by_rank(hook: str) -> list[Repair]:
-    """The repairs with ``hook`` (``meets``, ``looks``) by ``plan_rank``, the
-    last resorts (``runs_user_code``) last."""
+    """The repairs with ``hook`` by ``plan_rank``, ``runs_user_code`` last."""
     return sorted((r for r in REPAIRS if getattr(r, hook) is not None),
                   key=lambda r: (r.runs_user_code, r.plan_rank))
 
@@ -426,8 +411,7 @@ def look(view: Look, failures: list, looked: set) -> tuple[list, bool]:
 
 
 def what_dl201_says(plan, args: dict[str, Any]) -> dict[str, Any] | None:
-    """The fields of DL201's finding for the repairs of its own ``plan`` holds,
-    or None where it holds none."""
+    """The fields of DL201's finding for its repairs ``plan`` holds, or None."""
     present = [r for r in REPAIRS if r.code == "DL201" and getattr(plan, r.field)]
     if not present:
         return None
@@ -445,7 +429,7 @@ def what_dl201_says(plan, args: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _install(reducers, found, _args):
-    """A repair's remedy, in fix mode: its reducers installed (``pickling.install``)."""
+    """A repair's remedy in fix mode."""
     from ..remedies import pickling
 
     pickling.install(reducers(found))
