@@ -1,15 +1,12 @@
 """The file descriptors a process holds, and those a loader's parts reach.
 
-A forked worker inherits each descriptor's open file description, so its
-offset (``remedies/isolation.py``). Often no object shows the descriptor (a
-raw ``os.open()`` int, a closure cell, a partial, a weak proxy,
-``csv.reader``, libsndfile), so the hazard is read in the kernel
-(``open_files``: ``/proc/self/fd``, ``/dev/fd`` on macOS) and remedied there.
-
-The object walk (``find_descriptors``) only names them (``dataset.fh``, not
-``fd 5``): FileIO, sockets and the C wrappers above a FileIO are asked for
-their descriptor in C; every other object is entered. No ``fileno()`` written
-in Python is called: nothing is changed and no user code runs.
+Often no object shows a descriptor forked workers would share
+(``remedies/isolation.py``: a raw ``os.open()`` int, a closure cell, a weak
+proxy, ``csv.reader``, libsndfile), so the hazard is read in the kernel
+(``open_files``: ``/proc/self/fd``, ``/dev/fd`` on macOS). The object walk
+(``find_descriptors``) only names them (``dataset.fh``, not ``fd 5``):
+FileIO, sockets and the C wrappers above a FileIO are asked in C; no
+``fileno()`` written in Python is called, so no user code runs.
 """
 
 import collections
@@ -51,7 +48,7 @@ def descriptor_of(obj):
 
 def _status(fd):
     """``(stat, status flags)`` of an open descriptor, or None (not open; a path
-    handle: no reads, no offset; Windows: no fork, nothing shares an offset)."""
+    handle: no offset; Windows: no fork)."""
     try:
         import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
     except ImportError:
@@ -95,11 +92,10 @@ def path_of(fd):
         return None
 
 
-def find_descriptors(parts, items=None):
+def find_descriptors(parts):
     """The regular files' descriptors reachable from ``parts`` (``{name:
     object}``), each once (the first path that reaches it), in walk order: a
-    pipe, a socket, a terminal has no offset of ours to keep. ``items``: look
-    at that many items of each container (None: every one)."""
+    pipe, a socket, a terminal has no offset of ours to keep."""
     found, seen, held = [], set(), {}
 
     def stop(obj):  # reported, never entered: a kernel-level holder (its fd kept), a lock...
@@ -112,7 +108,7 @@ def find_descriptors(parts, items=None):
     for name, part in parts.items():
         if part is None:
             continue
-        for here, obj, _edge in objwalk.walk(part, name, stop=stop, items=items):
+        for here, obj, _edge in objwalk.walk(part, name, stop=stop):
             fd = held.get(id(obj))
             if fd is None or fd in seen:
                 continue
@@ -128,8 +124,7 @@ def find_descriptors(parts, items=None):
 
 class OpenFile(collections.namedtuple("OpenFile", "fd dev ino flags offset name")):
     """A regular file this process holds open (``flags``: its status flags).
-    ``private``: open for reading, so each worker gets a description of its
-    own; one only written stays shared (a log: every worker's line arrives)."""
+    ``private``: open for reading; one only written stays shared (a log)."""
 
     __slots__ = ()
 
@@ -162,8 +157,8 @@ def _fd_stats():
 
 @functools.cache
 def _shared_memory_devices():
-    """The devices of torch's shared memory (``/dev/shm``), whose segments are
-    shared on purpose. Read once: a loader's every epoch asks."""
+    """The devices of torch's shared memory (``/dev/shm``), shared on purpose.
+    Cached: a loader's every epoch asks."""
     try:
         return frozenset({os.stat("/dev/shm").st_dev})
     except OSError:
@@ -188,8 +183,8 @@ def describe_open(fd):
 
 
 def open_files():
-    """Every regular file this process holds open for reading (``OpenFile``),
-    but stdin, stdout and stderr and torch's shared memory: whoever holds each."""
+    """Every regular file this process holds open for reading (``OpenFile``)
+    but stdio and torch's shared memory, whoever holds it."""
     found = (describe_open(fd) for fd, _st in _fd_stats() if fd >= STDIO)
     return [described for described in found if described is not None and described.private]
 
@@ -200,10 +195,9 @@ _ORDINARY_DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/
 
 
 def shared_at_fork():
-    """Whether this process holds what forked workers would share and a remedy
-    of fork's may act on: a regular file open for reading, or a device other
-    than a terminal or the null device (a camera). False: no object needs
-    looking at for it."""
+    """Whether this process holds what forked workers would share: a regular
+    file open for reading, or a device other than a terminal or the null
+    device (a camera). False: no object needs looking at for it."""
     return bool(open_files()) or any(
         fd >= STDIO and stat.S_ISCHR(st.st_mode)
         and not (path_of(fd) or "").startswith(_ORDINARY_DEVICES) for fd, st in _fd_stats())

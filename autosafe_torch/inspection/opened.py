@@ -1,13 +1,13 @@
 """What a stretch of code opened, as the kernel says: the descriptors it added.
 
 A dataset built again in a worker (``remedies/rebuild.py``) must read what the
-training process's dataset reads. A pyarrow ``ParquetFile``, an Arrow IPC
+training process's dataset reads, and a pyarrow ``ParquetFile``, an Arrow IPC
 reader over a memory map, a safetensors handle keep no path in their
-attributes; the kernel knows: ``snapshot()`` before, ``opened_since(before)``
-after, gives each descriptor the code added and still holds, in the order it
-was opened (numbers are handed out lowest first; no thread of ours closes one
-meanwhile: ``TURNS``). A file only mapped (safetensors maps its file and
-closes it) is in ``mapped_files()``.
+attributes: ``snapshot()`` before, ``opened_since(before)`` after, gives each
+descriptor the code added and still holds, in the order it was opened
+(numbers are handed out lowest first; no thread of ours closes one
+meanwhile: ``TURNS``). A file only mapped (safetensors closes its file) is in
+``mapped_files()``.
 
 Cheap: a directory listing before and after (tens of microseconds) and an
 ``fstat`` of each new descriptor; ``mapped_files`` reads ``/proc/self/maps``
@@ -85,14 +85,13 @@ def mapped_files():
 class _Turns:
     """``opened_since`` gives the order of opening only where no other thread
     closed a descriptor meanwhile (a freed number goes to the program's next
-    file). A thread of ours (``warmstart.start_ahead``) opens and closes
-    descriptors while the shim records the program's next dataset
-    (``rebuild.measured``): its files came out of order, and each worker's
-    build "differed". So a recording waits for a stretch of ours to end
-    (milliseconds, never a wait on another process); ours waits for other
-    threads' recordings, entered before any lock of ours (a constructor may
-    start workers of its own); what ours closes after its stretch (``close``)
-    waits for the last recording's end."""
+    file): a thread of ours (``warmstart.start_ahead``) doing so while the
+    shim records a dataset (``rebuild.measured``) made each worker's build
+    "differ". So a recording waits for a stretch of ours to end (milliseconds,
+    never a wait on another process); ours waits for other threads'
+    recordings, entered before any lock of ours (a constructor may start
+    workers of its own); what ours closes later (``close``) waits for the
+    last recording's end."""
 
     def __init__(self):
         self._cond = threading.Condition()

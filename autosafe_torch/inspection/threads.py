@@ -1,21 +1,18 @@
 """How many OS threads this process has, and whether a fork now is safe by that.
 
-A forked child has one thread, the one that called fork(); whatever the
-others held (a lock, an Objective-C class half initialised) stays held in
-the child forever. macOS aborts such a child when it touches an Objective-C
-class ("+[NSNumber initialize] may have been in progress in another thread
-when fork() was called. Crashing instead."), and Python 3.12 and later warn
-("This process (pid=...) is multi-threaded, use of fork() may lead to
-deadlocks in the child."). Every thread counts, C libraries' (a BLAS pool,
-a telemetry client) as well as Python's.
+A forked child has only the thread that called fork(); whatever the others
+held (a lock, an Objective-C class half initialised) stays held there. macOS
+aborts such a child when it touches an Objective-C class ("+[NSNumber
+initialize] may have been in progress in another thread when fork() was
+called. Crashing instead."); Python 3.12+ warns ("This process (pid=...) is
+multi-threaded, use of fork() may lead to deadlocks in the child."). C
+libraries' threads (a BLAS pool, a telemetry client) count too.
 
-- Linux: the entries of ``/proc/self/task``, but threads a fork leaves
-  harmless by their own design (``FORK_SAFE_THREADS``).
-- macOS: the Mach task's threads (``task_threads``). The Objective-C runtime
-  asks ``pthread_is_threaded_np()``, which stays true once a second thread
-  has ever run, so a process is single-threaded there only when both say so.
-- Elsewhere, or when the count cannot be read: unknown (None), which a
-  caller must take for unsafe.
+- Linux: ``/proc/self/task``, but threads harmless at fork (``FORK_SAFE_THREADS``).
+- macOS: ``task_threads``; the Objective-C runtime asks
+  ``pthread_is_threaded_np()``, true once a second thread has ever run, so
+  one thread only where both say so.
+- Elsewhere, or unreadable: None, which a caller must take for unsafe.
 """
 
 import ctypes
@@ -30,7 +27,7 @@ _PORT = ctypes.c_uint  # mach_port_t, thread_act_t, mach_msg_type_number_t
 
 
 def count():
-    """This process's OS threads now, or None where they cannot be read."""
+    """This process's OS threads now, or None."""
     if sys.platform.startswith("linux"):
         try:
             return sum(1 for task in os.listdir("/proc/self/task") if not _fork_safe(task))
@@ -60,8 +57,8 @@ def _fork_safe(task):
 
 
 def single_threaded():
-    """Whether this process has one thread (and, on macOS, never had another):
-    False where that cannot be known."""
+    """Whether this process has one thread (on macOS: and never had another);
+    False where unknown."""
     if count() != 1:
         return False
     if sys.platform == "darwin":
@@ -104,9 +101,8 @@ def _mach_thread_count():
 
 def others_alive():
     """The Python threads alive besides the main thread and autosafe_torch's own
-    (a thread pool's workers, a cache refresher, another loader's pin thread):
-    what a pool or a lock a dataset holds needs, to be a fork hazard. None
-    alive: a pool has no threads to lose, a lock no holder but this thread."""
+    (a pool's workers, another loader's pin thread). None alive: a dataset's
+    pool has no threads to lose at fork, its lock no holder but this thread."""
     main = threading.main_thread()
     return [t for t in threading.enumerate()
             if t is not main and not (t.name or "").startswith("autosafe_torch")]

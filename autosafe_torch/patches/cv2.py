@@ -1,16 +1,14 @@
 """``import cv2``: remedies/cv2.py's fork hook is registered, silently, once
 the outermost ``import cv2`` has finished (opencv's ``cv2/__init__.py``
-re-imports its native module under the name cv2 while it runs), with the
-package ``sys.modules`` then holds; the program's own process is left as it is.
+re-imports its native module under the name cv2 while it runs).
 
 ``cv2.VideoCapture``'s own ``__init__`` and ``open`` are wrapped to record
 what each capture opened, so that a worker can open the same video again
-(remedies/reopen.py): a capture neither pickles nor survives fork. The
-class stays the class: a subclass of it crashes opencv-python 5.0 at
-interpreter exit, and its instances take neither attributes nor weak
-references, so the records are kept by id
-(``holdings.remember_video_source``), never holding a capture alive.
-Whatever goes wrong here is logged and never reaches ``import cv2``.
+(remedies/reopen.py): a capture neither pickles nor survives fork. The class
+stays the class (a subclass crashes opencv-python 5.0 at interpreter exit),
+and its instances take neither attributes nor weak references: the records
+are kept by id (``holdings.remember_video_source``). Whatever goes wrong
+here is logged and never reaches ``import cv2``.
 """
 
 import os

@@ -1,9 +1,8 @@
 """OpenCV in DataLoader workers: ``setNumThreads(0)`` in each worker (a
 worker_init step, and an after-fork hook for fork workers), OpenCL off in
-workers forked from a process that used OpenCL (the two facts CV402 reads,
-whether this process has loaded an OpenCL runtime and whether an OpenCL
-device is usable here, are the platform's: ``facts.py``). The program's
-own process, its threads, OpenCL and environment, stays as it was.
+the workers of a process that used OpenCL (CV402; its facts are in
+``facts.py``). The program's own process, its threads, OpenCL and
+environment, stays as it was.
 """
 
 from __future__ import annotations
@@ -43,15 +42,13 @@ def worker_opencl_off(worker_id):
 
 
 class _Hook:
-    """What multiprocessing's after-fork registry holds (weakly): kept alive by the cache."""
+    """What multiprocessing's after-fork registry holds weakly: the cache keeps it."""
 
 
 @functools.cache
 def install_fork_hook():
-    """Register, once per process, ``_after_fork`` with multiprocessing: it
-    runs in each child multiprocessing starts, in ``Process._bootstrap``,
-    before the process's target (before any code of the program); it acts
-    only in torch's DataLoader workers."""
+    """Register ``_after_fork``, once per process: multiprocessing runs it in
+    each child, in ``Process._bootstrap``, before any code of the program."""
     hook = _Hook()
     util.register_after_fork(hook, _after_fork)
     return hook

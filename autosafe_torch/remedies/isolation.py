@@ -1,22 +1,20 @@
 """Every DataLoader worker gets a description of its own of each file the
-training process holds, at the offset it had when the workers started, under
-the same descriptor number: whoever holds the descriptor.
+training process holds open for reading, at the offset it had when the
+workers started, under the same descriptor number: whoever holds it.
 
-Forked workers share each inherited descriptor's open file description, and
-so its offset: a dataset that seeks then reads a file opened in ``__init__``
+Forked workers share each inherited descriptor's open file description, so
+its offset: a dataset that seeks then reads a file opened in ``__init__``
 returns a sibling's bytes, and a GzipFile or ZipFile above it breaks. Any
 object may hold the descriptor (``descriptors.py``), so the remedy acts on the
-kernel's table, not on objects: as each iterator starts its workers, the
-parent records every regular file it holds open for reading
-(``DescriptorTable``); each worker's first step, before any user code, opens
-each again, seeks to the recorded offset and ``dup2``s it over the same
-number. Every Python object above keeps its state (buffers, a ZipFile's
-directory, a GzipFile's decompressor).
+kernel's table: as each iterator starts its workers the parent records its
+regular files (``DescriptorTable``); each worker's first step reopens each,
+seeks to the recorded offset and ``dup2``s it over the same number, so every
+Python object above keeps its state (buffers, a ZipFile's directory).
 
 - fork: the inherited descriptors are privatized in place.
 - spawn: multiprocessing passes them under the same numbers (the table
-  pickles as ``reduction.DupFd``), privatized there: a dataset that keeps a
-  descriptor by its number reads what it reads under fork, not ``EBADF``.
+  pickles as ``reduction.DupFd``): a dataset that keeps a descriptor by its
+  number reads what it reads under fork, not ``EBADF``.
 - forkserver and the warm server (DL209): they arrive under other numbers and
   go under their own where the worker has it free; the server's own files (a
   module-level ``open()`` of the main module it preloaded) are privatized in
@@ -29,16 +27,17 @@ native handles hold no descriptor of theirs to give (h5py, lmdb, a
 ``cv2.VideoCapture``): those are reopened by path in each forked worker
 (``reopen``).
 
-What cannot be privatized in a forked worker is never left shared: the
-worker raises ``RemedyFailed``, and recovery steps down (DL216). A carried
-descriptor that cannot be privatized in a spawned worker is replaced by one
-that fails every read, never another file. Workers report what they
-privatized, and which of those they used (the offset moved), as they exit:
-the parent's record says what held, never what was planned.
+What a forked worker cannot privatize is never left shared: it raises
+``RemedyFailed``, and recovery steps down (DL216); a carried descriptor a
+spawned worker cannot privatize is replaced by one that fails every read,
+never another file. Workers report, as they exit, what they privatized and
+used (the offset moved): the parent's record says what held, not what was
+planned.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -133,20 +132,11 @@ def _fail_reads(fd):
 
 # -- the plan the rules read: what fork means for a loader's parts ---------------
 
-class ForkPlan:
-    """What forked workers would share, as a loader's parts show it (the log's
-    names): ``isolate``, the descriptors (``HeldDescriptor``) each worker gets
-    its own description of; ``shared``, those only written; ``handles`` and
-    ``unhandled``: ``native_handles``'. What no object shows is privatized
-    all the same."""
-
-    __slots__ = ("isolate", "shared", "handles", "unhandled")
-
-    def __init__(self):
-        self.isolate, self.shared, self.handles, self.unhandled = [], [], [], []
-
-    def __bool__(self):
-        return bool(self.isolate or self.handles or self.unhandled)
+# What forked workers would share, as a loader's parts show it (the log's names):
+# ``isolate``, the descriptors (``HeldDescriptor``) each worker gets its own
+# description of; ``shared``, those only written; ``handles`` and ``unhandled``:
+# ``native_handles``'. What no object shows is privatized all the same.
+ForkPlan = collections.namedtuple("ForkPlan", "isolate shared handles unhandled")
 
 
 def users_parts(source):
@@ -157,38 +147,34 @@ def users_parts(source):
     return found
 
 
-def plan(parts, items=None):
-    """The ``ForkPlan`` for ``parts`` (``{name: object}``), looking at
-    ``items`` items per container (None: every one)."""
-    result = ForkPlan()
-    for found in find_descriptors(parts, items):
+def plan(parts):
+    """The ``ForkPlan`` for ``parts`` (``{name: object}``)."""
+    isolate, shared, unhandled = [], [], []
+    for found in find_descriptors(parts):
         described = describe_open(found.fd)
         if described is None or not described.private:
-            result.shared.append(found)
+            shared.append(found)
             continue
         try:  # tried for real, and undone
             os.close(reopen_description(found.fd, described.dev, described.ino, described.flags))
         except (OSError, ImportError) as exc:
-            result.unhandled.append((found.describe(), "cannot be reopened (%s)" % reason(exc),
-                                     None))
+            unhandled.append((found.describe(), "cannot be reopened (%s)" % reason(exc), None))
         else:
-            result.isolate.append(found)
-    result.handles, unhandled = native_handles(parts, items)
-    result.unhandled += unhandled
-    return result
+            isolate.append(found)
+    handles, native = native_handles(parts)
+    return ForkPlan(isolate, shared, handles, unhandled + native)
 
 
-def native_handles(parts, items=None):
+def native_handles(parts):
     """``([(HeldFile, reopen args, note)], [(path, why, fork_unsafe)])``: the
-    native handles the parts hold that each forked worker reopens by path, and
-    those it cannot (never the fork rung; ``fork_unsafe``: a handle a forked
-    child must not use, else None)."""
+    native handles each forked worker reopens by path, and those it cannot
+    (``fork_unsafe``: a handle a forked child must not use, else None)."""
     handles, unhandled = [], []
     h5 = holdings.h5py_types()
     for name, part in parts.items():
         if part is None:
             continue
-        for found in holdings.find_files(part, name, items=items):
+        for found in holdings.find_files(part, name):
             obj = found.obj
             # A file object, or an h5py file: its descriptor is privatized with the
             # others (HDF5 reads at explicit offsets; its caches are the worker's own).
@@ -212,9 +198,8 @@ def native_handles(parts, items=None):
 # -- the table taken as workers start, and the worker step ------------------------
 
 class DescriptorTable:
-    """Taken in the parent just before an iterator's workers start: every
-    regular file it holds open for reading (``files``: ``OpenFile``) and the
-    native handles forked workers reopen (``handles``)."""
+    """Taken in the parent as an iterator's workers start: ``files``
+    (``OpenFile``) and the native ``handles`` forked workers reopen."""
 
     def __init__(self, files=(), handles=(), report_dir=None, forked=True, carry=True):
         self.pid = os.getpid()
@@ -290,8 +275,8 @@ FORKED, CARRIED, SERVER = "forked", "carried", "server"
 
 
 def isolate_in_worker(table, worker_id):
-    """Worker step (first of all): own descriptions of the parent's files, own
-    native handles; ``RemedyFailed`` for what a forked worker would share."""
+    """Worker step, first of all; ``RemedyFailed`` for what a forked worker
+    would share."""
     if table.pid == os.getpid():
         return  # an emulated worker: this process (emulated_workers swaps them itself)
     # ``(fd, name, offset at the start, FORKED/CARRIED/SERVER)``; ``(name, why)``.
@@ -371,16 +356,14 @@ def _taken(fd):
 _server_files: list[Any] = []  # in a child of a fork server: what was privatized at its fork
 
 
-# The rule whose remedy this is, for a fork server's children, where no check
-# runs (AUTOSAFE_TORCH_DISABLE=DL207 turns it off there too).
+# The rule of a fork server's children, where no check runs (AUTOSAFE_TORCH_DISABLE=DL207).
 GOVERNED_BY = ("DL207", "dataloader")
 
 
 def after_fork_in_server_child():
     """``os.register_at_fork(after_in_child=...)``: in a child of a fork server
-    (multiprocessing's, or ours), each file the server holds open for reading
-    gets a description of its own at the server's offset (NOTE [the data flow
-    of a repaired loader] in torch_private.py, step 2)."""
+    (multiprocessing's, or ours), the server's files are privatized (NOTE [the
+    data flow of a repaired loader] in torch_private.py, step 2)."""
     del _server_files[:]
     if not in_fork_server():
         return
@@ -405,9 +388,8 @@ def report_path(directory, pid):
 
 
 def _write_report(path, report):
-    """At the worker's exit: which descriptions it had of its own, which of
-    them it used (the offset moved, not by appending), and what did not reach
-    it."""
+    """At the worker's exit: its own descriptions, which it used (the offset
+    moved, not by appending), and what did not reach it."""
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
     lines = []
@@ -427,10 +409,10 @@ class Usage:
     """What an iterator's workers reported: ``private``, ``{how: {name: fd}}``
     (how: FORKED, CARRIED, SERVER) of their own descriptions, ``used``, those
     read; ``missing``, ``{description: why}``, what did not reach a spawned
-    worker; ``workers``, how many reported; ``by_number``, ``held_numbers``'."""
+    worker; ``by_number``, ``held_numbers``'."""
 
     def __init__(self, by_number):
-        self.used, self.private, self.missing, self.workers = {}, {}, {}, 0
+        self.used, self.private, self.missing = {}, {}, {}
         self.by_number = by_number
 
 
@@ -454,7 +436,6 @@ class Outcome:
                 os.unlink(path)
             except OSError:
                 continue
-            usage.workers += 1
             for line in lines:
                 fields = line.split("\t")
                 if fields[0] == "private" and len(fields) == 5:
@@ -468,9 +449,8 @@ class Outcome:
 
 
 def held_numbers(parts, fds):
-    """``{fd: path}`` for each descriptor of ``fds`` whose number an object of
-    the user's own class among ``parts`` holds as an int attribute
-    (``self.fd = os.open(...)``: read by number, maybe with ``os.pread``; a
+    """``{fd: path}`` for each of ``fds`` an object of the user's own class
+    among ``parts`` holds as an int attribute (``self.fd = os.open(...)``; a
     library's ints are no descriptors). For the words only."""
     wanted = {fd for fd in fds if fd > 2}
     found: dict[int, str] = {}

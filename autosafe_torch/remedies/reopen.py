@@ -2,13 +2,13 @@
 Files include the native handles ``holdings.file_kind`` knows (h5py, read-only
 sqlite and lmdb: no position; a ``cv2.VideoCapture`` of a file: at its frame).
 
-- A read-only regular file does not pickle, but travels by path: reopened
-  where it arrives at the same offset, mode, encoding, errors and newline.
-  Anything else (written files, pipes, sockets, closed or deleted files) still
-  raises its TypeError: nothing whose state cannot be duplicated is duplicated.
-- Under fork a plain file keeps its object and gets its own offset
-  (``isolation``); a native handle a forked child must not share (sqlite,
-  lmdb, a capture) is reopened by path in each worker, from arguments taken at fork.
+- A read-only file does not pickle, but travels by path: reopened where it
+  arrives at the same offset, mode, encoding, errors and newline. Anything
+  else (written files, pipes, sockets, closed or deleted files) still raises
+  its TypeError: nothing whose state cannot be duplicated is duplicated.
+- Under fork a plain file keeps its object (``isolation`` gives it its own
+  offset); a native handle (sqlite, lmdb, a capture) is reopened in each
+  worker, from arguments taken at fork.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def install_reducers():
 # -- native handles in forked workers ----------------------------------------------
 
 def read_only_note(f):
-    """The log's note on a handle reopened read-only that may have been opened for writing."""
+    """The log's note on a handle reopened read-only that may have been writable."""
     if sqlite_path(f) is not None:
         return "reopened read-only (mode=ro): a write in a worker fails"
     if fork_unsafe(f) == LMDB_ENV and lmdb_read_write(f):
@@ -163,11 +163,11 @@ _inherited: list[Any] = []  # a forked worker's copies of the parent's captures:
 
 
 def reopen_in_forked_worker(found, args):
-    """In a forked worker: ``found``'s own handle, opened with ``args`` (taken at
-    fork), put where the inherited one hangs. An lmdb environment is closed
-    first (py-lmdb refuses to open one twice in a process; LMDB forbids the
-    parent's in a child anyway); a capture is kept alive (releasing one joins
-    decoder threads the child does not have, and hangs)."""
+    """In a forked worker: ``found``'s own handle, opened with ``args``, put
+    where the inherited one hangs. An lmdb environment is closed first (py-lmdb
+    opens one once per process; LMDB forbids the parent's in a child anyway);
+    a capture is kept alive (releasing one joins decoder threads the child
+    does not have, and hangs)."""
     old = found.obj
     if one_per_process(old):
         old.close()

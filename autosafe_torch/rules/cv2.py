@@ -114,8 +114,8 @@ def cv2_opencl_context(args, ctx: IterContext):
         return None  # the parent has not used OpenCL, or it is inert here
     why = "this process has used OpenCL (%s loaded) on a usable device, and a forked " \
         "worker would inherit its OpenCL context" % runtime
-    # The warm server where the dataset travels (it pickles as it is, and a
-    # worker can import the main module), else emulated workers.
+    # The warm server where the dataset travels (it pickles as it is, the main
+    # module is importable), else emulated workers.
     plan = pickling_plan(args, ctx)
     if not (ctx.main_guarded() and not plan.failures and not plan.needs_repair
             and fork_server_available(ctx.facts.platform)):
@@ -141,8 +141,7 @@ def cv2_opencl_context(args, ctx: IterContext):
         why + "; the dataset travels, so each worker starts from the warm server, "
         "clean, as spawn starts it", strategy="warm forkserver",
         remedies=[lambda args: warmstart.preload(libraries)],
-        # What the warm context guarantees, however the start goes: a new process
-        # (the server's fork, or plain spawn where the server cannot serve).
+        # What the warm context guarantees however the start goes: a new process.
         done="workers start in new processes (from the warm server, else by plain spawn), "
         "not forked from this one, which used OpenCL; OpenCL off in each of %s"
         % number_of(args["num_workers"], "worker"))

@@ -1,9 +1,7 @@
-"""What forked workers would share: DL207, DL212, DL208's fork check, and
-what the workers report as they exit (``dataloader.outcome``: DL207, DL217).
-
-Each reads the one fork plan (``fork_plan.py``); where a file or handle is
-one the fork rung's remedies cannot handle, the loader leaves fork
-(``ladder.away_from_fork``).
+"""What forked workers would share (DL207, DL212, DL208's fork check: each
+reads the one ``fork_plan``; what the fork rung cannot handle leaves fork,
+``ladder.away_from_fork``), and what the workers report as they exit
+(``dataloader.outcome``: DL207, DL217).
 """
 
 from ..inspection import holdings, threads
@@ -17,9 +15,9 @@ from .pickling import LAZY_OPEN_REWRITE, thread_pool_to_spawned_workers
 
 def _owned(check, args, ctx, by_dl212, why=""):
     """``(fork plan, handles, away)``: the plan's handles that are DL212's
-    (native handles a forked child must not use: lmdb, captures) or DL207's
-    (the rest), and, where it has such entries the fork rung cannot handle,
-    ``check``'s finding that leaves fork (``why`` before them)."""
+    (ones a forked child must not use: lmdb, captures) or DL207's (the rest),
+    and ``check``'s finding that leaves fork for those the fork rung cannot
+    handle (``why`` before them)."""
     plan = fork_plan(args, ctx)
     handles = [(held, note) for held, _args, note in plan.handles
                if bool(held.fork_unsafe) == by_dl212]
@@ -151,9 +149,9 @@ def _files(used):
 
 @shared_file_offset.rule.check_at("dataloader.outcome")
 def read_through_no_object(args, ctx: OutcomeContext):
-    """What forked workers read through a description of their own that no
-    object of the loader's named (a raw descriptor, a closure, a C library),
-    or that a fork server opened (its children share it otherwise)."""
+    """What forked workers read through their own description of a file no
+    object of the loader's named (a raw descriptor, a C library), or that a
+    fork server opened."""
     from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, faulthandler)
 
     named = any(i.code == shared_file_offset.rule.code for i in ctx.said)  # DL207 said them
@@ -208,8 +206,7 @@ def read_through_no_object(args, ctx: OutcomeContext):
       at="dataloader.outcome")
 def descriptor_to_workers(args, ctx: OutcomeContext):
     """The carried descriptors the workers read (the offset moved), and those
-    whose number the loader's parts hold, read or not (``os.pread`` moves no
-    offset); nothing shows a worker used the others."""
+    whose number the loader's parts hold (``os.pread`` moves no offset)."""
     from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, faulthandler)
 
     usage = ctx.usage
@@ -255,7 +252,5 @@ def thread_pool_under_fork(args, ctx):
 
 
 def own_descriptions_wanted(enabled):
-    """``(forked, carried)``, given ``enabled(rule)``: whether forked workers get
-    a description of their own of each file (DL207), and whether spawned ones
-    get the descriptors they read by number (DL217)."""
+    """``(DL207 on, DL217 on)``, given ``enabled(rule)``."""
     return enabled(shared_file_offset.rule), enabled(descriptor_to_workers.rule)

@@ -5,7 +5,7 @@ its fork rung).
 
 import multiprocessing
 
-from ..inspection import holdings
+from ..inspection import holdings, threads
 from ..inspection.parts import PARTS
 from . import IterContext
 
@@ -31,26 +31,23 @@ def spawning_workers(args, ctx: IterContext):
 
 
 def fork_plan(args, ctx):
-    """What forked workers of this loader would share, and what the fork rung
-    does about it (``remedies.isolation.ForkPlan``, applied by the worker
-    step), cached on ``ctx``; empty for a dataset that reopens its files per
-    process by itself."""
+    """``remedies.isolation.ForkPlan``, once per ``ctx``; empty for a dataset
+    that reopens its files per process by itself."""
     from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - 0.2 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.descriptors)
     from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, reopen, descriptors, diagnostics, faulthandler)
 
     def make():
-        # Decided where it lives: with no file open for reading and no device,
-        # the kernel shows nothing a forked worker would share (no object walked).
+        # No file open for reading and no device: nothing to share, no object walked.
         if holdings.reopens_per_process(args["dataset"]) or not shared_at_fork():
-            return isolation.ForkPlan()
+            return isolation.ForkPlan([], [], [], [])
         return isolation.plan(isolation.users_parts(args))
 
     return per_parts(ctx, "fork_plans", args, make)
 
 
 def per_parts(ctx, name, args, make):
-    """``make()``, once per check context ``ctx`` and loader parts (by identity),
-    kept in ``ctx`` under ``name``: the checks of one iteration share a plan."""
+    """``make()``, once per ``ctx`` and loader parts (by identity): the checks of
+    one iteration share a plan."""
     key = tuple(id(args[part]) for part in PARTS)
     cache = ctx.plans.setdefault(name, {})
     if key not in cache:
@@ -64,8 +61,6 @@ def fork_is_safe(args, ctx: IterContext):
     lock held now or a live thread, which a forked child cannot inherit, nor
     after this loader's forked workers failed. CUDA initialised here is no
     reason: forked workers that touch it are recovered (DL205)."""
-    from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.threads)
-
     if ctx.facts.platform not in SAFE_FORK_PLATFORMS or ctx.fork_failed is not None \
             or "fork" not in multiprocessing.get_all_start_methods() \
             or fork_plan(args, ctx).unhandled:
