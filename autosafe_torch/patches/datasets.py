@@ -5,14 +5,15 @@ NOTE [the rebuild's three places], 1).
 ``__new__`` sees every construction of every subclass with the call's
 arguments, then runs the next ``__new__`` along the MRO (a mixin's still
 runs). At a class's first construction, the ``__init__`` it runs (a Python
-function) is bounded by ``MeasuredInit``, which records what that call
-opened and drew, for the dataset ``__new__`` made and no other (in a
-subclass's ``super().__init__()``, the outer call measures). Reading
-``Class.__init__`` gives the function itself, so a class sent by value
-(cloudpickle) carries it, not the wrapper. torch's own datasets hold nothing
-a worker cannot receive: never recorded.
+function) is bounded by ``MeasuredInit``, which records that call for the
+dataset ``__new__`` made and no other (in a ``super().__init__()``, the
+outer call measures). ``Class.__init__`` reads as the function itself, so a
+class sent by value (cloudpickle) carries it, not the wrapper. torch's own
+datasets hold nothing a worker cannot receive: never recorded.
 """
 
+import contextlib
+import functools
 import threading
 import types
 import weakref
@@ -51,10 +52,8 @@ def _plain_new(cls, *args, **kwargs):
 
 def _recording_new(cls, *args, **kwargs):
     obj = _plain_new(cls, *args, **kwargs)
-    try:
+    with contextlib.suppress(Exception):  # a record is an option: never the user's problem
         _record(obj, cls, args, kwargs)
-    except Exception:  # a record is an option: never the user's problem
-        pass
     return obj
 
 
@@ -85,9 +84,7 @@ class MeasuredInit:
     ``__new__`` just made; otherwise the function itself, unchanged."""
 
     def __init__(self, function):
-        self.__wrapped__ = function
-        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-            setattr(self, name, getattr(function, name, None))
+        functools.update_wrapper(self, function)
 
     def __get__(self, obj, owner=None):
         if obj is None:

@@ -5,18 +5,14 @@ A dataset built again in each worker (``rebuild.py``) would run its
 constructor (a 2 s CSV parse, and its transient memory) once per worker per
 epoch. A build server (``warmstart.Build``) imports what the warm server
 imports, then this module, which prepares as a spawned worker does, sets
-what the workers' code reads from the training process (DL220), then builds
-and checks each dataset once, exactly as a worker does
-(``rebuild.rebuilt_in_worker``). Each worker forked from it holds the built
-dataset, copy-on-write, and its own description of every file the server
-reads (``isolation.after_fork_in_server_child``); the training process
-sends the dataset as a reference to it (``from_server``) with what it holds
-at that worker's start, which the worker checks again: a dataset the
-program changed between epochs is never served stale.
-
-The recipes are pickled with the plain pickler (a server takes no handle of
-the training process's). Imported anywhere but in a build server, this
-module does nothing.
+what the workers' code reads (DL220), then builds and checks each dataset
+once as a worker does (``rebuild.rebuilt_in_worker``). Each worker forked
+from it holds the dataset copy-on-write, with its own description of every
+file (``isolation.after_fork_in_server_child``); the training process sends
+a reference (``from_server``) with what the dataset holds at that worker's
+start, checked again there: a dataset changed between epochs is never
+served stale. The recipes go by the plain pickler (a server takes no handle
+of the training process's). Imported elsewhere, this module does nothing.
 """
 
 from __future__ import annotations

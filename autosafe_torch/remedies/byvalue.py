@@ -9,7 +9,8 @@ import copyreg
 import types
 
 from ..inspection.mainmodule import importable_by_reference
-from .pickling import PROTOCOL, install, install_override
+from .pickling import PROTOCOL, WorkerPickler, install
+
 
 class ByValue:
     """A collate_fn/worker_init_fn that pickles its function by value (cloudpickle)."""
@@ -29,12 +30,6 @@ class ByValue:
         return "by_value(%r)" % (self.function,)
 
 
-def _cloudpickle():
-    import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
-
-    return cloudpickle
-
-
 def by_value(fn):
     """``fn`` wrapped so that it travels by value; a wrapped one as it is."""
     return fn if isinstance(fn, ByValue) else ByValue(fn)
@@ -52,7 +47,14 @@ class _Whole:
         return self.whole(*args, **kwargs)
 
     def __reduce__(self):
-        return _cloudpickle().loads, (_cloudpickle().dumps(self.whole),)
+        return _whole(self.whole)
+
+
+def _whole(obj, **protocol):
+    """``obj`` (a class or function) as a reduce value that unpickles as it."""
+    import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
+
+    return cloudpickle.loads, (cloudpickle.dumps(obj, **protocol),)
 
 
 def _new_instance(cls, *args):
@@ -83,7 +85,7 @@ def _reduce_instance_by_value(obj):
 
 def class_reducers(classes):
     """Reducers that send instances of ``classes`` with their class, by value."""
-    return {cls: _reduce_instance_by_value for cls in classes}
+    return dict.fromkeys(classes, _reduce_instance_by_value)
 
 
 def register_by_value_class(cls):
@@ -95,10 +97,10 @@ def _reducer_override(pickler, obj):
     """WorkerPickler's ``reducer_override``: a function or class a worker cannot
     import (a lambda in a transform, a class defined in ``main()``) goes by value."""
     if isinstance(obj, (types.FunctionType, type)) and not importable_by_reference(obj):
-        return _cloudpickle().loads, (_cloudpickle().dumps(obj, protocol=PROTOCOL),)
+        return _whole(obj, protocol=PROTOCOL)
     return NotImplemented
 
 
 def send_by_value_where_needed():
     """The DL202 remedy for functions and classes anywhere in what workers get."""
-    install_override(_reducer_override)
+    WorkerPickler.override = _reducer_override

@@ -1,11 +1,10 @@
 """The one pickler our repairs' reducers live in: ``WorkerPickler``.
 
 The repairs that make a dataset travel to spawn/forkserver workers are
-reducers: the plan's probe tries them uninstalled; a finding in fix mode
-installs them into ``WorkerPickler``, a ``ForkingPickler`` of our own, which
-pickles only what the shim sends to workers (a worker's process object:
-``WorkerContext``; an emulated worker's copy). The process-wide
-``ForkingPickler`` (the program's ``Queue.put``, ``Pipe.send``,
+reducers, tried uninstalled by the plan's probe, installed in fix mode into
+``WorkerPickler``, which pickles only what the shim sends to workers (a
+worker's process object: ``WorkerContext``; an emulated worker's copy). The
+process-wide ``ForkingPickler`` (the program's ``Queue.put``, ``Pipe.send``,
 ``Pool.map``) is never touched: they fail or succeed as without us.
 """
 
@@ -69,14 +68,6 @@ def install(reducers: Mapping[type, Reducer]) -> None:
     WorkerPickler.ours.update(reducers)
 
 
-def install_override(reducer_override: Override) -> None:
-    WorkerPickler.override = reducer_override
-
-
-def uninstall(cls: type) -> None:
-    WorkerPickler.ours.pop(cls, None)
-
-
 def installed(cls: type) -> Reducer | None:
     return WorkerPickler.ours.get(cls)
 
@@ -123,18 +114,14 @@ def sent_popen(start_method: str) -> type:
     return popen_reading(start_method, "Popen", {"reduction": TO_WORKERS})
 
 
-class WorkerContext:
+def WorkerContext(context: Any, start_method: str) -> Any:  # noqa: N802 - once a class
     """A loader's multiprocessing context (or ``torch.multiprocessing``, torch's
     without one) whose processes are sent with ``WorkerPickler``."""
+    popen = sent_popen(start_method)
 
-    def __init__(self, context: Any, start_method: str) -> None:
-        self._context = context
-        self._popen = sent_popen(start_method)
+    def process(*args: Any, **kwargs: Any) -> Any:
+        started = context.Process(*args, **kwargs)
+        start_through(started, popen)  # the warm start's sends with WorkerPickler itself
+        return started
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    def Process(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 - multiprocessing's name
-        process = self._context.Process(*args, **kwargs)
-        start_through(process, self._popen)  # the warm start's sends with WorkerPickler itself
-        return process
+    return Overriding(context, Process=process)

@@ -6,40 +6,39 @@ an Arrow IPC reader over a memory map, a safetensors ``safe_open`` handle, a
 pandas ``read_csv(chunksize=...)`` reader): a forked worker inherits them, a
 spawned one (macOS, Windows, Linux's forkserver) cannot receive them. Their
 constructor made them from paths, so ``DS(*args, **kwargs)`` in a worker
-gives the dataset a forked worker would hold, where nothing the constructor
-reads differs between the two processes: seen, not assumed, as every worker
-checks what it built before it serves a batch. The ladder prefers fork where
-it is safe (no constructor runs twice): this rung is for platforms without
-fork, before emulated workers.
+gives what a forked worker would hold, where nothing the constructor reads
+differs between the processes: seen, not assumed, as every worker checks
+what it built before it serves a batch. The ladder prefers fork where it is
+safe (no constructor runs twice): this rung is for platforms without fork,
+before emulated workers.
 
 NOTE [the rebuild's three places]
 
-1. The training process, at the program's own construction (``Construction``;
-   ``patches/datasets.py`` bounds each dataset's ``__init__``) records, for
-   that call only: the class and the arguments (references, never copies;
-   one the program let go is not kept alive, and the rung is then refused),
-   the random generators as they stood before the call where it drew from
-   them, the files it opened and still holds (``inspection/opened.py``:
-   path, device, inode, size, modification time, in order) and what its
-   attributes held when it returned. No user code runs that the program did
-   not call.
+1. The training process, at the program's own construction (``Construction``,
+   bounded by ``patches/datasets.py``), records for that call only: the class
+   and arguments (references, never copies; one the program let go is not
+   kept alive, and the rung is then refused), the random generators as they
+   stood before the call where it drew from them, the files it opened and
+   still holds (``inspection/opened.py``: path, device, inode, size, mtime, in
+   order) and its attributes at return. No user code runs that the program
+   did not call.
 2. The training process, at a worker's start (``reduce_rebuilt``): the
    dataset goes as its call and what the worker must find (``Expected``).
 3. The worker (``rebuilt_in_worker``): the call, muted (prints, native writes
-   to stdout and stderr, warnings and logging go nowhere), every file write
-   refused (an audit hook, in workers only), from the generators the
-   construction drew from. Then: the same files opened, in the same order and
-   state; no file mapped that the training process does not map; every
-   attribute's fingerprint (``inspection/digest.py``) the same. Any
-   difference fails the worker's start loudly (``RemedyFailed``, naming the
-   attribute or the file) before its first batch, and the recovery takes the
-   next rung (emulated workers, or ``NoExactRung``).
+   to stdout/stderr, warnings, logging), every file write refused (an audit
+   hook, in workers only), from the generators the construction drew from.
+   Then the same files opened, in the same order and state; no file mapped
+   that the training process does not map; every attribute's fingerprint
+   (``inspection/digest.py``) the same. Any difference fails the worker's
+   start loudly (``RemedyFailed``, naming the attribute or file) before its
+   first batch, and the recovery takes the next rung (emulated workers, or
+   ``NoExactRung``).
 
 Assumed (docs/rules.md, DL201): what the constructor reads otherwise than
-through a file it keeps open or maps (a file it read and closed, a network
-service, the clock, the environment) shows in the values it leaves on the
-dataset, which the fingerprints compare; a native library's own writes are
-not refused (the audit hook sees Python's).
+through a file it keeps open or maps (a closed file, a network service, the
+clock, the environment) shows in the values it leaves on the dataset, which
+the fingerprints compare; a native library's own writes are not refused (the
+audit hook sees Python's).
 """
 
 from __future__ import annotations
@@ -302,13 +301,13 @@ def reduce_rebuilt(obj, candidates=frozenset()):
     key = (getattr(popen, "built_here", None) or {}).get(id(obj))
     if key is not None:
         return popen.from_server, (key, _expected(obj, made))
-    return rebuilt_in_worker, call + (_expected(obj, made),)
+    return recipe(obj, call)
 
 
-def recipe(obj):
-    """What a build server builds ``obj`` from (else it raises)."""
+def recipe(obj, call=None):
+    """What a worker or a build server builds ``obj`` from (else it raises)."""
     made = construction_of(obj)
-    call = made.call() if made is not None else None
+    call = call or (made.call() if made is not None else None)
     if call is None:
         raise LookupError("no call recorded for this dataset")
     return rebuilt_in_worker, call + (_expected(obj, made),)

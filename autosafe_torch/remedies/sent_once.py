@@ -2,18 +2,14 @@
 
 torch pickles the dataset at each worker's start (spawn, forkserver): for an
 ImageNet index of 1.28M ``(path, class)`` tuples, some 0.6 s a worker, every
-epoch of a loader whose workers are not persistent. Where the pickle can go
-as it is to every worker, it is made once per iterator (the plan's probe
-hands its own over: ``keep``) and each worker gets ``pickle.loads`` of those
-bytes: what its own unpickling would have made.
-
-"As it is" (``inventory.sent_as_is``): the pass stood in nothing and met
-nothing pickled for one child at a time or made again by a repair (a
-tensor, moved into shared memory for each child; a queue's descriptors; a
-file, a lock, a logger); and no other part the workers receive refers to
-the dataset, whose objects would otherwise be two in the worker. Only in
-fix mode, for our loaders' worker starts (``offering``), for that dataset
-object alone: any other pickling is untouched.
+epoch of a non-persistent loader. Where the pickle can go as it is to every
+worker (``inventory.sent_as_is``: nothing stood in, nothing pickled per
+child or made again by a repair, such as a tensor moved to shared memory, a
+queue's descriptors, a file, lock or logger; and no other part refers to the
+dataset, whose objects would otherwise be two in the worker), it is made
+once per iterator (or the plan's probe hands its own over: ``keep``) and
+each worker gets ``pickle.loads`` of those bytes. Only in fix mode, for our
+loaders' worker starts (``offering``), for that dataset object alone.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from ..inspection import probe as probes
 from ..inspection.parts import PARTS
 from ..mp_private import extra_reducers
 from ..loaderstate import state_of
-from .pickling import install, installed, uninstall
+from .pickling import WorkerPickler, install, installed
 
 # id(dataset) -> (dataset, bytes), while its loader's workers start
 _offered: dict[int, tuple[Any, bytes]] = {}
@@ -58,7 +54,7 @@ def offering(loader):
     finally:
         _offered.pop(id(dataset), None)
         if installed(cls) is _reduce:
-            uninstall(cls)
+            WorkerPickler.ours.pop(cls, None)
 
 
 def _pickled(loader):

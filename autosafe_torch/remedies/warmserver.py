@@ -2,15 +2,14 @@
 thread, serves only its own run, and a worker that dies while starting
 leaves its traceback for recovery.
 
-``warmstart.py`` names this module last in the server's preload list, so
-``multiprocessing.forkserver.main`` imports it after the libraries, then
-runs only its own loop (wait, accept, receive the fds, fork, reap): no
-import, no library code but in the libraries' own threads. Only a thread
-starts a thread, so a server with one thread now has one at every fork, and
-one with more is refused now, before any worker (``REFUSED``: plain spawn).
-A check before each fork would put our code in the stdlib's loop, inherited
-by every worker, and a refusal there could only end the server mid-epoch,
-taking its workers' exit codes with it.
+``warmstart.py`` names this module last in the server's preload list:
+``multiprocessing.forkserver.main`` imports it after the libraries, then runs
+only its own loop (accept, receive the fds, fork, reap), no library code but
+in the libraries' own threads. Only a thread starts a thread, so a server
+with one thread now has one at every fork; one with more is refused now,
+before any worker (``REFUSED``: plain spawn). A check before each fork would
+put our code in the loop every worker inherits, and a refusal there could
+only end the server mid-epoch, taking its workers' exit codes with it.
 
 On Linux a library may stop its threads at fork (OpenBLAS's pool, numpy's
 and torch's BLAS, through pthread_atfork) and start them only when used,
@@ -19,11 +18,10 @@ which the server never does: one fork whose child exits at once
 the Objective-C runtime asks whether a second thread has ever run
 (``inspection/threads.py``), so nothing settles there.
 
-A failure in spawn's start of a worker (a dataset whose unpickling raises,
-a main module that does not import) kills it before any of its steps run,
-and multiprocessing prints the traceback to a stderr the training process
-cannot read; so each child is told (``diagnostics.DUMPS_KEY``) where to
-leave it. Imported anywhere else, this module does nothing.
+A failure in spawn's start of a worker (an unpickling that raises, a main
+module that does not import) kills it before any of its steps, its traceback
+printed to a stderr the training process cannot read; so each child is told
+(``diagnostics.DUMPS_KEY``) where to leave it. Imported elsewhere: nothing.
 """
 
 import atexit

@@ -1,26 +1,24 @@
 """Warm worker start: spawn's semantics without spawn's start-up cost (DL209).
 
 A spawn worker of a non-persistent loader imports torch, numpy and cv2
-again every epoch, over a second of CPU, before its first sample. The
-workers of ``warm_context`` are forked instead from a server of ours that
-imported those installed libraries once, never the user's code, holds no
-lock of the parent's and forks only with one OS thread (``warmserver.py``);
-a loader whose datasets are built again in each worker (DL201) gets a build
-server (``Build``, ``buildserver.py``) that builds them once. Each worker
-then takes spawn's own steps (preparation data: ``sys.path``, ``argv``, the
-working directory, the main module as ``__mp_main__``; the pickled process
-object; torch's worker loop and seeds), under spawn's name for it.
+again every epoch (over a second of CPU) before its first sample. The
+workers of ``warm_context`` fork instead from a server of ours that imported
+those installed libraries once, never the user's code, holds no lock of the
+parent's and forks only with one OS thread (``warmserver.py``); a loader
+whose datasets are built again in each worker (DL201) gets a build server
+(``Build``, ``buildserver.py``) that builds them once. Each worker then
+takes spawn's own steps (preparation data, the main module as
+``__mp_main__``, the pickled process object, torch's worker loop and seeds)
+under spawn's name for it.
 
 A worker takes from the server, not the parent, its signal dispositions and
 nice value (as under forkserver), its stdout/stderr, CPU affinity and
 open-file limit: each start compares the last three with the server's at
 its start. Where one differs, or a server cannot start or fork, the workers
 start by plain spawn, logged once (naming what the server had imported).
-
-A worker's parent is the server, so torch's watchdog (it compares
-``os.getppid()`` with the pid it saw at start) would not see the training
-process die (the OOM killer, say): ``exit_with_parent``, a worker_init
-step, ends the worker then.
+Torch's watchdog compares ``os.getppid()`` with the parent it saw, which is
+the server: ``exit_with_parent`` (a worker_init step) ends a worker when the
+training process dies (the OOM killer, say).
 """
 
 from __future__ import annotations
@@ -61,9 +59,8 @@ GUARD = "autosafe_torch.remedies.warmserver"
 # -- what the server preloads -------------------------------------------------------
 
 def _installed(name):
-    """Whether module ``name`` (imported here) is an installed library, not the
-    user's code (a worker finds it where the server does): under this
-    interpreter's library directories or a site directory on sys.path."""
+    """Whether module ``name`` (imported here) is an installed library (a worker
+    finds it where the server does), under a library or site directory."""
     path = getattr(sys.modules.get(name), "__file__", None)
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
@@ -74,11 +71,9 @@ def _installed(name):
 
 
 def libraries_for(parts):
-    """The installed modules a spawned worker of a loader with ``parts``
-    (dataset, collate_fn, worker_init_fn) imports before its first sample:
-    torch (the worker loop), numpy (torch seeds it), cv2 where this process
-    has it (CV401/CV402 set it up in every worker), and the parts' modules
-    (unpickling imports them)."""
+    """The installed modules a spawned worker of a loader with ``parts`` imports
+    before its first sample: torch (the worker loop), numpy (torch seeds it),
+    cv2 (CV401/CV402 set it up in every worker), the parts' (unpickling)."""
     names = ["torch", "numpy", "cv2"]
     for part in parts:
         if part is None:
@@ -183,12 +178,10 @@ def _server():
 
 
 def _run(server, churned, extra=(), also=""):
-    """Have ``server`` (a ``forkserver.ForkServer``) run, started (again, where it
-    died) importing the libraries, then ``extra``: whether it started now, and
-    why it does not fork (None: it does; else it is stopped). Its secret, which
-    each child checks before it unpickles anything, goes in a file
-    (``_handed``). ``churned`` ends our stretch of descriptors
-    (``opened.TURNS``) before we wait for its first child."""
+    """Have ``server`` (a ``forkserver.ForkServer``) run, (re)started importing
+    the libraries, then ``extra``: whether it started now, and why it does not
+    fork (None: it does; else it is stopped). Its secret, which each child
+    checks before it unpickles anything, goes in a file (``_handed``)."""
     from .warmserver import REFUSED, SECRET, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     with _names_lock:
@@ -232,10 +225,9 @@ def _run(server, churned, extra=(), also=""):
 
 @contextlib.contextmanager
 def _handed(kind, data, entry):
-    """While a server starts: ``data`` in a new file of our private folder, named
-    in its preload list as ``entry`` + the path (never in our environment,
-    which our other children inherit); removed by the server as it reads it,
-    and by us after the start."""
+    """While a server starts: ``data`` in a new private file, named in its preload
+    list as ``entry`` + the path (not in our environment, which our other
+    children inherit); the server removes it as it reads it, we after."""
     path = private_file(kind)
     with open(path, "wb") as f:
         f.write(data)
@@ -278,11 +270,10 @@ def _stop_quietly(server):
 
 
 def start_ahead(libraries, context=None):
-    """Start the server now, in a thread, importing ``libraries``, for a loader
-    the ladder will repair for spawn: its imports (and a build server's
-    build) overlap the program's own setup (the model, the optimizer) instead
-    of delaying the first epoch. ``context``: the loader's warm context, whose
-    build server, if any, starts instead. A server starts at most once."""
+    """Start the server now, in a thread, importing ``libraries`` (or the build
+    server of ``context``, a loader's warm context), for a loader the ladder
+    will repair for spawn: its imports overlap the program's own setup (the
+    model, the optimizer) instead of delaying the first epoch. Once at most."""
     preload(libraries)
     build = getattr(context, "_build", None)
     if build is None:
@@ -306,10 +297,9 @@ def _start_ahead(build):
 
 
 def _retire_ahead():
-    """The shared server, started ahead for a loader a build server serves (the
-    plan's first failed probe starts it before it knows the repair), goes while
-    no worker has come from any server: its imports would only hold memory
-    (figure 18b). A later loader that needs it starts it at its workers' start."""
+    """The shared server, started ahead (by the plan's first failed probe) for a
+    loader a build server serves, goes while no worker came from any server:
+    its imports would only hold memory (figure 18b)."""
     with _lock:
         server = _state["server"]
         if server is None or _starts.warm:
@@ -319,10 +309,9 @@ def _retire_ahead():
 
 
 def _preparation_data(name):
-    """spawn's (with where a worker that dies while starting leaves its
-    traceback: ``diagnostics.telling_workers``), plus the parent's environment
-    and umask now: a server started before the program's setup (an optimizer
-    sets TORCHINDUCTOR_CACHE_DIR) forks workers that see what spawn's would."""
+    """spawn's, plus the parent's environment and umask now: a server started
+    before the program's setup (an optimizer sets TORCHINDUCTOR_CACHE_DIR)
+    forks workers that see what spawn's would."""
     data = spawn.get_preparation_data(name)
     data[ENVIRON_KEY] = dict(os.environ)
     data[UMASK_KEY] = os.umask(0o022)  # read, then set back
@@ -340,8 +329,8 @@ def _popen(process_obj):
         if server is not None:
             from .buildserver import from_server  # noqa: PLC0415 - 0.7 ms in each warm worker, which imports this module for exit_with_parent (-X importtime after torch: buildserver, rebuild, descriptors, opened, generators)
 
-            # The stdlib's Popen over our server, preparation and pickler, with what
-            # rebuild.reduce_rebuilt asks of it: what its server built ({id: key}).
+            # the stdlib's Popen over our server, preparation and pickler; built_here
+            # for rebuild.reduce_rebuilt
             popen = popen_reading("forkserver", "WarmPopen", {
                 "forkserver": Overriding(_forkserver(), connect_to_new_process=functools.partial(
                     _connect, server)),
@@ -365,9 +354,9 @@ _kept_for: dict[int, Build] = {}  # id(a dataset) -> its Build, while the datase
 
 
 class Build:
-    """A build server for some datasets, started at the first worker's start,
-    stopped when the datasets go. ``server()``: ``(the server, {id(dataset):
-    key})``, or ``(None, {})`` where none runs (each worker builds them)."""
+    """A build server for some datasets, from the first worker's start until the
+    datasets go. ``server()``: ``(server, {id(dataset): key})``, or ``(None,
+    {})`` where none runs (each worker builds them)."""
 
     _known: weakref.WeakValueDictionary[tuple[int, ...], Build] = weakref.WeakValueDictionary()
 
@@ -419,10 +408,9 @@ class Build:
         recipes = {self.keys[id(d)]: rebuild.recipe(d) for d in datasets}
         changed = {label for d in datasets
                    for label in getattr(rebuild.construction_of(d), "changed", ())}
-        # What the workers' code reads from this process now (DL220), for the server
-        # to set before it builds, pickled apart (where it does not load there, each
-        # worker compares); not what the constructions ``changed`` (a counter): the
-        # build starts from the import's, as the program's did.
+        # What the workers' code reads now (DL220), set by the server before it builds,
+        # pickled apart (each worker compares where it does not load); not what the
+        # constructions ``changed`` (a counter): the build starts from the import's.
         state = None
         if self.carry is not None:
             with contextlib.suppress(Exception):  # a carry that does not pickle
@@ -465,9 +453,8 @@ def _failure(exc):
 
 
 class _Starts:
-    """How this process's warm workers came (DL209's record): from a server
-    (``warm``; ``built``: a build server's), or by plain spawn (``plain``) and
-    why (``reason``, the latest)."""
+    """How this process's warm workers came (DL209's record): ``warm`` (``built``:
+    from a build server), or ``plain`` spawn and why (``reason``, the latest)."""
 
     warm = plain = built = 0
     reason: str | None = None
@@ -499,11 +486,10 @@ def _note(message):
 
 
 def warm_context(context, builds=(), carry=None):
-    """The warm context replacing ``context`` (None or spawn's), its workers
-    named as spawn's. ``builds``: datasets built again in each worker, built
-    once in a build server instead, after what the workers' code reads from
-    this process (``carry``, DL220) is set. (NOTE [the data flow of a repaired
-    loader] in torch_private.py, step 2.)"""
+    """The warm context replacing ``context`` (None or spawn's). ``builds``:
+    datasets a build server builds once, after setting what the workers' code
+    reads (``carry``, DL220). (NOTE [the data flow of a repaired loader] in
+    torch_private.py, step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
     if not builds:
         return _contexts[name]

@@ -89,10 +89,9 @@ def unguarded_main(args, ctx: IterContext):
       # it reads the start method these may have moved the loader to
       after=("unguarded_main",))
 def fork_on_macos(args, ctx: IterContext):
-    # A fork asked for on macOS is left alone only while this process has one
-    # thread: the Objective-C runtime aborts the children of a process that has,
-    # or had, more. The ladder never chooses fork on macOS: a library may start a
-    # thread at any time, and a Mac user's script was written for spawn.
+    # Fork on macOS is left alone only while this process has one thread (the
+    # Objective-C runtime aborts the children of one that has, or had, more); the
+    # ladder never chooses it: a library may start a thread at any time.
     from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.threads)
 
     if forking(args) and ctx.facts.platform == "darwin" and not threads.single_threaded():
