@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .. import report, rules
 from ..config import CONFIG
+from ..errors import NoExactRung
 from ..inspection import objwalk
 from ..report import count_again
 
@@ -33,8 +34,7 @@ class UnsafeCallError(RuntimeError):
 
 
 def intervention_of(finding: Finding, call_site: str, action: str) -> Intervention:
-    """The record of ``finding`` at ``call_site``: ``action`` is "fixed",
-    "would-fix", "advised" or "refused"."""
+    """The record of ``finding`` at ``call_site``, ``action`` done to it."""
     r = finding.rule
     made = report.Intervention(r.code, r.slug, finding.before, finding.after, finding.why,
                                finding.fix, call_site, finding.strategy, action, finding.done,
@@ -79,10 +79,9 @@ def settle(findings: Sequence[Finding], call_site: str,
 def settle_later(findings: Sequence[Finding], call_site: str,
                  args: dict[str, Any] | None = None) -> tuple[bool, list[Intervention]]:
     """Settle ``findings`` as the mode says: ``(applied, interventions)``. Fix
-    mode runs the remedies, in order, their changes merged into ``args``, and
-    returns the records unmade: a record states an outcome, never a plan, so a
-    remedy that acts in the workers is recorded once it held there
-    (``record_outcome``). Warn and strict mode record (or raise) now."""
+    mode runs the remedies, their changes merged into ``args``, and returns the
+    records unmade: a record states an outcome, never a plan (``record_outcome``
+    once it held). Warn and strict mode record (or raise) now."""
     fixing = CONFIG.mode == "fix"
     if not fixing:
         findings = [f for f in findings if not f.told_by_workers]
@@ -157,13 +156,14 @@ def forget_repeats() -> None:
 def fail_open(default: _T, where: str, call: Callable[..., _T], *args: Any) -> _T:
     """``call(*args)``, failing open: an error of ours is logged once and
     ``default`` returned, for the caller to run the original call unchanged;
-    strict mode's UnsafeCallError passes. Nothing of ours runs once the
-    interpreter is finalising (a torch ``__del__`` at exit): imports fail."""
+    a refusal for the user passes (strict mode's UnsafeCallError, a rung's
+    NoExactRung). Nothing of ours runs once the interpreter is finalising (a
+    torch ``__del__`` at exit): imports fail."""
     if sys.is_finalizing():
         return default
     try:
         return call(*args)
-    except UnsafeCallError:
+    except (UnsafeCallError, NoExactRung):
         raise
     except Exception as exc:
         report.internal_error(where, exc)

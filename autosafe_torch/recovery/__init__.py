@@ -22,6 +22,7 @@ torch_private.py's NOTE [the data flow of a repaired loader] follows a batch
 from the sampler to the user and back.
 """
 
+import contextlib
 import functools
 import logging
 
@@ -30,7 +31,6 @@ from .. import torch_private as tp
 from ..config import CONFIG
 from ..errors import NoExactRung
 from ..loaderstate import state_of
-from ..inspection.diagnostics import dump_dir
 from ..remedies import isolation
 from ..remedies.workerinit import with_step
 from ..report import log, shorten_line
@@ -58,15 +58,12 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     """torch's own iterator, each worker's own files first. The records wait
     for the batches (``UnwatchedIter``) where this torch cannot be watched or
     the workers say what they did (DL220); else they are made now."""
-    table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader,
-                             dump_dir()) if loader.num_workers else None
-    warm = _warm_mark(pending)
+    table = engine.fail_open(None, "DataLoader worker isolation", own_files, loader) \
+        if loader.num_workers else None
     init = None if table is None else \
         with_step(loader.worker_init_fn, isolation.worker_step(table), first=True)
-    with sending_to_workers(loader, init):
+    with _warm_starts(pending), sending_to_workers(loader, init):
         iterator = wrapped(*args, **kwargs)
-    if warm is not None:
-        engine.fail_open(None, "DataLoader records", warm)
     if pending and loader.num_workers and CONFIG.mode == "fix":
         missing = tp.watched_missing()
         if missing or any(r.needed for r in pending):
@@ -133,25 +130,29 @@ def _start(loader, kinds, pending):
                                                         loader.num_workers))
     watch = Watch(kinds, CONFIG.hang_timeout, loader.timeout, pending, loader.num_workers,
                   outcome, start_recovered=start_failures_recovered(engine.enabled))
-    warm = _warm_mark(pending)
     try:
-        inner = real_workers(loader, ladder, watch)
-    except Failed as failed:  # its workers could not start: the next rung, from here
-        return RecoveringIter.after_failed_start(failed, loader, ladder, watch)
-    if warm is not None:
-        engine.fail_open(None, "DataLoader records", warm)
+        with _warm_starts(pending):
+            inner = real_workers(loader, ladder, watch)
+    except Failed as failed:  # its workers could not start (``Watch.start_failed``)
+        recovering = RecoveringIter(failed.iterator, loader, ladder, watch)
+        recovering._recover_or_raise(failed.failure)  # on the next rung already
+        return recovering
     return RecoveringIter(inner, loader, ladder, watch)
 
 
-def _warm_mark(pending):
-    """Where the warm starts stand before this iterator's workers start (DL209):
-    the call that makes DL209's record once they started, or None."""
+@contextlib.contextmanager
+def _warm_starts(pending):
+    """Around the start of this iterator's workers: once they started, DL209's
+    record (from where the warm starts stood before)."""
     if not any(i.rung is Rung.WARM_SPAWN for i in pending):
-        return None
+        yield
+        return
     from ..remedies import warmstart  # noqa: PLC0415 - 0.4 ms at each program's first DataLoader iterator, where this module loads (-X importtime after torch and recovery: remedies.warmstart)
 
     started = warmstart.starts()
-    return functools.partial(_warm_outcome, pending, started, started.mark())
+    mark = started.mark()
+    yield
+    engine.fail_open(None, "DataLoader records", _warm_outcome, pending, started, mark)
 
 
 def _warm_outcome(pending, started, mark):

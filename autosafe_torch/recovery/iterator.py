@@ -12,7 +12,6 @@ import os
 import sys
 import time
 import weakref
-from typing import NamedTuple
 
 import wrapt
 
@@ -21,28 +20,16 @@ from .. import torch_private as tp
 from ..engine import loader as plans
 from ..errors import NoExactRung
 from ..inspection import failures as F
-from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_path
+from ..inspection.diagnostics import DUMP_SIGNAL, bootstrap_path, dump_dir, dump_path
 from ..inspection.diagnostics import read as read_dump
 from ..remedies import process_state
-from ..report import internal_error
 from ..rules import FailureContext
 from ..rules import ladder as L
 from ..rung import Rung
 from .rungs import ResumedEmulation, real_workers, replay, stop, torch_lacks
-from .watch import Failed, raised_in_worker, record_failed, record_held
+from .watch import Failed, Watch, raised_in_worker
 
 DUMP_WAIT_S = 1.0     # for the hung workers' stacks to be written
-
-
-class Recovered(NamedTuple):
-    """A recovery that waits to be verified before its record is made."""
-
-    first: F.Failure  # the failure that started it
-    first_rung: Rung  # the rung that failed first
-    tried: list[tuple[Rung, F.Failure]]  # the rungs that failed on the way, and how
-    rung: Rung  # the rung that runs now
-    exact: str | None  # None, or why the batches may differ
-    verify_at: int  # the batches to be delivered before it counts as held
 
 
 class RecoveringIter(wrapt.ObjectProxy):
@@ -60,15 +47,10 @@ class RecoveringIter(wrapt.ObjectProxy):
         self._self_rung = Rung.AS_ASKED
         self._self_delivered = 0
         self._self_epoch = 0
-        self._self_pending = None  # a Recovered, until it is verified
-
-    @classmethod
-    def after_failed_start(cls, failed, loader, ladder, watch):
-        """The recovering iterator of a loader whose workers could not start
-        (``Watch.start_failed``), on the next rung already."""
-        recovering = cls(failed.iterator, loader, ladder, watch)
-        recovering._recover_or_raise(failed.failure)
-        return recovering
+        # A recovery's record (its context at dataloader.failure) until verified: once
+        # ``verify_at`` batches were delivered.
+        self._self_pending: FailureContext | None = None
+        self._self_verify_at = 0
 
     def __iter__(self):
         return self
@@ -91,7 +73,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             else:
                 self._self_delivered += 1
                 if self._self_pending is not None \
-                        and self._self_delivered >= self._self_pending.verify_at:
+                        and self._self_delivered >= self._self_verify_at:
                     self._settle()
                 return data
             self._recover_or_raise(failure)
@@ -109,15 +91,8 @@ class RecoveringIter(wrapt.ObjectProxy):
         return None
 
     def _recover_or_raise(self, failure):
-        try:
-            recovered = self._recover(failure)
-        except NoExactRung:
-            raise
-        except Exception as exc:  # ours: the user gets torch's error
-            internal_error("DataLoader recovery", exc)
-            recovered = False
-        if not recovered:
-            raise failure.error()
+        if not engine.fail_open(False, "DataLoader recovery", self._recover, failure):
+            raise failure.error()  # on an error of ours too: torch's
 
     def _recover(self, failure):
         """Rebuild on the next rung until one resumes; False: none left, or not watched."""
@@ -129,9 +104,10 @@ class RecoveringIter(wrapt.ObjectProxy):
         rung: Rung | None  # None: the ladder has no rung left
         rung = self._self_rung
         # One story where the last recovery's rung failed before it was verified.
-        story = self._self_pending or Recovered(failure, rung, [], rung, None, 0)
+        story = self._self_pending or FailureContext(None, failure=failure, first_rung=rung,
+                                                     rung=rung)
+        verify_at = self._self_verify_at if self._self_pending is not None else 0
         self._self_pending = None
-        verify_at = story.verify_at
         current = failure
         while True:
             # Verified once every batch in flight at the failure is delivered.
@@ -145,8 +121,8 @@ class RecoveringIter(wrapt.ObjectProxy):
             ladder.failures[counted] = ladder.failures.get(counted, 0) + 1
             if current.starting:  # new workers would get the same pickle, and fail alike
                 ladder.failures[Rung.RESTART] = L.MAX_FAILURES
-            if current is not story.first:
-                story.tried.append((rung, current))
+            if current is not story.failure:
+                story.tried = [*story.tried, (rung, current)]
             if current.kind not in watch.kinds or loader is None:
                 return False
             rung = L.next_rung(current.kind, ladder.failures)
@@ -170,11 +146,11 @@ class RecoveringIter(wrapt.ObjectProxy):
                 current.batch = self._self_delivered
                 continue
             self._self_rung = rung
-            exact = None
+            story.rung, story.exact = rung, None
             if loader.persistent_workers and self._self_epoch:
-                exact = ("a persistent loader after its first epoch: the new workers start "
-                         "from their seeds, not from the states earlier epochs left")
-            self._self_pending = story._replace(rung=rung, exact=exact, verify_at=verify_at)
+                story.exact = ("a persistent loader after its first epoch: the new workers "
+                               "start from their seeds, not from the states earlier epochs left")
+            self._self_pending, self._self_verify_at = story, verify_at
             return True
 
     def _rebuild(self, loader, rung):
@@ -195,10 +171,10 @@ class RecoveringIter(wrapt.ObjectProxy):
     def _diagnose(self, failure):
         """The worker's traceback (a crash) or every worker's stacks (a hang)."""
         with contextlib.suppress(Exception):
-            inner, directory = self.__wrapped__, self._self_watch.dumps
+            inner, directory = self.__wrapped__, dump_dir()
             processes = [p for p in tp.worker_processes(inner)
                          if isinstance(p, multiprocessing.process.BaseProcess)]
-            if directory is None or not processes:
+            if not processes:
                 return
             if failure.kind == F.HUNG:
                 for process in processes:
@@ -232,9 +208,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             engine.fail_open(None, "DataLoader recovery log", _record, pending)
 
 
-def _record(pending: Recovered) -> None:
-    ctx = FailureContext(None, failure=pending.first, first_rung=pending.first_rung,
-                         tried=pending.tried, rung=pending.rung, exact=pending.exact)
+def _record(ctx: FailureContext) -> None:
     found, _ = engine.run_checks("dataloader.failure", {}, ctx)
     if found:
         engine.settle(found, callsite.user_call_site())
@@ -242,48 +216,41 @@ def _record(pending: Recovered) -> None:
 
 class UnwatchedIter(wrapt.ObjectProxy):
     """torch's own iterator, its workers not watched (``unwatched``: why) but
-    repaired: the records (``pending``) hold once the first ``workers``
-    batches came (torch sends the first indices round robin and delivers in
-    order: one from each), or the iterator ends, raises a worker's own error
-    or is dropped after a delivery; a death before any says nothing. A repair
-    a worker could not apply (``RemedyFailed``) cannot step down (no rung
-    resumes without the watch's record of the indices drawn): its records say
-    it failed, and the run stops with ``NoExactRung``, never after "fixed"."""
+    repaired: the records (``pending``) hold, as a ``Watch`` holds them, once
+    each of the first ``workers`` batches came (torch sends the first indices
+    round robin and delivers in order: batch i is worker i's), or the
+    iterator ends, raises a worker's own error or is dropped after a
+    delivery; a death before any says nothing. A repair a worker could not
+    apply (``RemedyFailed``) cannot step down (no rung resumes without the
+    watch's record of the indices drawn): its records say it failed, and the
+    run stops with ``NoExactRung``, never after "fixed"."""
 
     def __init__(self, inner, pending, workers, unwatched):
         super().__init__(inner)
-        self._self_pending = list(pending)
-        self._self_workers = workers
-        self._self_delivered = 0
+        self._self_watch = Watch(frozenset(), 0, 0, pending, workers)
         self._self_unwatched = unwatched
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        watch = self._self_watch
         try:
             data = next(self.__wrapped__)
         except StopIteration:
-            self._held()
+            watch.held()
             raise
         except Exception as exc:
             if F.exception_kind(exc) == F.REMEDY:
                 self._refuse(exc)
-            if self._self_delivered or tp.worker_named_in(F.exception_text(exc)) is not None:
-                self._held()  # a worker's own error: it ran with the repairs
+            if watch.delivered or tp.worker_named_in(F.exception_text(exc)) is not None:
+                watch.held()  # a worker's own error: it ran with the repairs
             raise  # the error stands for its batch, as in torch
-        self._self_delivered += 1
-        if self._self_delivered >= self._self_workers:
-            self._held()
+        watch.delivered_by(len(watch.delivered))
         return data
 
     def __del__(self):
-        if self._self_delivered:
-            self._held()
-
-    def _held(self):
-        pending, self._self_pending = self._self_pending, []
-        record_held(pending)
+        self._self_watch.shut_down(())
 
     def _refuse(self, exc):
         worker = tp.worker_named_in(F.exception_text(exc))
@@ -292,8 +259,7 @@ class UnwatchedIter(wrapt.ObjectProxy):
         except Exception:  # a torch that moved its names: the worker alone
             pid = "?"
         what = F.Failure(F.REMEDY, exc, worker, pid).what(room=160)
-        pending, self._self_pending = self._self_pending, []
-        record_failed(pending, what)
+        self._self_watch.held(failed=what)
         fix = process_state.FIX if process_state.REFUSED in what else None
         raise NoExactRung("%s\n  and no rung below can take over: %s, and only a watched "
                           "start can resume on another rung" % (what, self._self_unwatched),

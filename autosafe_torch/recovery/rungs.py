@@ -58,10 +58,8 @@ def real_workers(loader, ladder, watch, resume=None):
     """A watched torch iterator with the ladder's settings, each worker's own
     file descriptions (first of all) and the diagnostics step; the loader's
     attributes left as they were (NOTE [the data flow of a repaired loader], step 1)."""
-    watch.dumps = dump_dir()
-    init = with_step(loader.worker_init_fn,
-                     functools.partial(faulthandler_in_worker, watch.dumps))
-    table = own_files(loader, watch.dumps)
+    init = with_step(loader.worker_init_fn, functools.partial(faulthandler_in_worker, dump_dir()))
+    table = own_files(loader)
     if table is not None:
         init = with_step(init, isolation.worker_step(table), first=True)
         if watch.outcome is not None:
@@ -77,12 +75,8 @@ def real_workers(loader, ladder, watch, resume=None):
 @contextlib.contextmanager
 def sending_to_workers(loader, init=None, prefetch_factor=None):
     """While ``loader``'s workers start, with ``init`` and ``prefetch_factor``
-    where given (the loader's own again after): each told where a failed start
-    leaves its traceback; the loggers carried (DL219); where they do not fork,
-    the process state, ahead of the dataset, and the step that stops a worker
-    whose state could not be carried (DL220), and, in fix mode where the
-    worker checks left the loader untouched, the dataset pickled once for all
-    (``remedies/sent_once.py``); then ``pickled_for_workers``."""
+    where given (the loader's own again after): what they are told and sent
+    besides the loader."""
     state = state_of(loader)
     spawned = CONFIG.mode == "fix" and \
         facts.effective_start_method(loader.multiprocessing_context) != "fork"
@@ -93,18 +87,18 @@ def sending_to_workers(loader, init=None, prefetch_factor=None):
         if prefetch_factor is not None:
             sending.callback(setattr, loader, "prefetch_factor", loader.prefetch_factor)
             loader.prefetch_factor = prefetch_factor
-        sending.enter_context(telling_workers(dump_dir()))
+        sending.enter_context(telling_workers(dump_dir()))  # where a failed start's traceback goes
         if state.kept.loggers is not None:
-            sending.enter_context(loggers.carrying(state.kept.loggers))
+            sending.enter_context(loggers.carrying(state.kept.loggers))  # DL219
         carry = state.kept.process_state
-        if carry is not None and spawned:
+        if carry is not None and spawned:  # DL220: ahead of the dataset; a worker without it stops
             loader.worker_init_fn = with_step(loader.worker_init_fn,
                                               process_state.refuse_in_worker)
             if not torch_lacks("process state"):
                 first = functools.partial(process_state.StateFirst,
                                           carried=carry.start(dump_dir()))
                 sending.enter_context(tp.dataset_kind_as(loader, first))
-        if spawned and state.untouched:
+        if spawned and state.untouched:  # nothing of ours in the dataset: pickled once for all
             sending.enter_context(sent_once.offering(loader))
         sending.enter_context(pickled_for_workers(loader))
         yield
@@ -121,11 +115,11 @@ def pickled_for_workers(loader):
     return tp.multiprocessing_context_as(loader, sent)
 
 
-def own_files(loader, report_dir):
+def own_files(loader):
     """The ``DescriptorTable`` that gives each worker of ``loader`` its own
     description of every file this process reads (DL207; carried to spawned
     workers: DL217), or None (both off, or nothing to give: no file open,
-    no native handle)."""
+    no native handle); its reports in ``dump_dir()``."""
     if CONFIG.mode != "fix":
         return None
     forked, carry = own_descriptions_wanted(engine.enabled)
@@ -135,7 +129,7 @@ def own_files(loader, report_dir):
     if forked and state_of(loader).kept.fork_handles:
         native, _unhandled = isolation.native_handles(isolation.users_parts(loader))
         handles = [(held, args) for held, args, _note in native]
-    table = isolation.DescriptorTable.take(handles, report_dir, forked, carry)
+    table = isolation.DescriptorTable.take(handles, dump_dir(), forked, carry)
     if carry and table.files:
         table.by_number = isolation.held_numbers(parts_of(loader), [f.fd for f in table.files])
     return table if table else None

@@ -1,9 +1,6 @@
-"""What a watched iterator sees while it waits: deliveries, deaths, hangs.
-
-A ``Watch`` holds the hooks of ``torch_private.Watched``: how long a batch
-may take, who delivered (the records waiting on the workers hold once each
-did), and an exception or a silence made a ``Failure`` for the recovery.
-"""
+"""What a watched iterator sees while it waits (the hooks of
+``torch_private.Watched``): deliveries, deaths, hangs, each made a ``Failure``
+for the recovery."""
 
 import time
 
@@ -33,8 +30,8 @@ class Watch:
     epoch's drawn indices (``recorder``), the slowest wait, the limits, the
     records waiting for every worker to deliver, the workers' ``outcome``."""
 
-    __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "dumps",
-                 "pending", "delivered", "workers", "outcome", "start_recovered")
+    __slots__ = ("recorder", "slowest", "fresh", "floor", "timeout", "kinds", "pending",
+                 "delivered", "workers", "outcome", "start_recovered")
 
     def __init__(self, kinds, floor, timeout, pending=(), workers=0, outcome=None,
                  start_recovered=True):
@@ -44,7 +41,6 @@ class Watch:
         self.kinds = kinds
         self.floor = floor if F.HUNG in kinds else 0
         self.timeout = timeout if timeout and timeout > 0 else 0
-        self.dumps = None
         self.pending = list(pending)
         self.delivered = set()
         self.workers = workers
@@ -116,17 +112,16 @@ class Watch:
 
     # -- the records waiting on the workers --
 
-    def held(self):
-        """Every worker delivered (or the epoch ended): the pending records hold."""
+    def held(self, failed=None):
+        """Every worker delivered (or the epoch ended): the pending records hold;
+        or they are fixes that did not hold, and why (``failed``)."""
         pending, self.pending = self.pending, []
-        record_held(pending)
+        record_failed(pending, failed)
 
     def did_not_hold(self, failure):
-        """A remedy the workers could not apply, or a failed start: the pending
-        records are fixes that did not hold."""
+        """A remedy the workers could not apply, or a failed start."""
         if self.pending and (failure.kind == F.REMEDY or failure.starting):
-            pending, self.pending = self.pending, []
-            record_failed(pending, failure.what())
+            self.held(failure.what())
 
 
 def record_held(pending):

@@ -270,29 +270,11 @@ def _torch_generator_copy(obj):
     return new
 
 
-class Watched:
-    """The generators the copies share: ``NoExactRung`` after a worker's step
-    that advanced one (a forked worker would have advanced its own)."""
-
-    def __init__(self, watched):
-        self.watched = list(watched.values())
-        self.before = []  # set by enter(), which EmulatedWorker.active() calls before leave()
-
-    def __bool__(self):
-        return bool(self.watched)
-
-    def _states(self):
-        return [None if g.gi_frame is None else g.gi_frame.f_lasti for g, _path in self.watched]
-
-    def enter(self):
-        self.before = self._states()
-
-    def leave(self, worker_id):
-        for (_gen, path), before, now in zip(self.watched, self.before, self._states()):
-            if now != before:
-                raise NoExactRung("emulated worker %d advanced %s (a generator), which the "
-                                  "emulated workers share: each forked worker would have "
-                                  "advanced its own" % (worker_id, path))
+def positions(watched):
+    """Where each generator the copies share (``CopyPlan.watched``) stands: a
+    worker's step that moves one is refused, as each forked worker would have
+    advanced its own."""
+    return [None if g.gi_frame is None else g.gi_frame.f_lasti for g, _path in watched]
 
 
 def _walk(root, name):

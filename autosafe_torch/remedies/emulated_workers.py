@@ -48,7 +48,7 @@ from ..errors import NoExactRung
 from ..inspection.descriptors import open_files
 from ..inspection.parts import PARTS
 from . import generators, isolation
-from .copies import SHARE_AT_BYTES, CopyPlan, Watched
+from .copies import SHARE_AT_BYTES, CopyPlan, positions
 
 __all__ = ["EmulatedWorkersIter", "EmulatedWorker", "SWAP_LOCK", "NoExactRung", "SHARE_AT_BYTES"]
 
@@ -156,7 +156,6 @@ class EmulatedWorker:
             parent_threads = torch.get_num_threads()
             if parent_threads != 1:
                 torch.set_num_threads(1)
-            watched = self._watched
             try:
                 if self._states is None:
                     _seed_as_worker_loop(self._base_seed, self.id)
@@ -164,8 +163,7 @@ class EmulatedWorker:
                     generators.restore(self._states)
                 tp.set_worker_info(self.info)
                 self._descriptions.enter(self.id)
-                if watched:
-                    watched.enter()
+                before = positions(self._watched)
                 yield
             finally:
                 self._descriptions.leave()
@@ -174,8 +172,11 @@ class EmulatedWorker:
                 generators.restore(parent_states)
                 if parent_threads != 1:
                     torch.set_num_threads(parent_threads)
-            if watched:
-                watched.leave(self.id)
+            for (_gen, path), was, now in zip(self._watched, before, positions(self._watched)):
+                if now != was:
+                    raise NoExactRung("emulated worker %d advanced %s (a generator), which the "
+                                      "emulated workers share: each forked worker would have "
+                                      "advanced its own" % (self.id, path))
 
     def _seed_datapipe(self, shared_seed):
         if isinstance(self.dataset, tp.ITER_DATAPIPE):
@@ -252,7 +253,7 @@ class EmulatedWorkersIter(tp.BaseIter):
         # Every copy first, as each fork snapshots the parent before any
         # worker_init_fn has run.
         copies = [plan.copy() for _ in range(self._num_workers)]
-        watched = Watched(plan.watched)
+        watched = list(plan.watched.values())
         self._descriptions = Descriptions(self._num_workers)
         self.shared = plan.shared + self._descriptions.shared
         self._workers = [
