@@ -146,19 +146,13 @@ def _same_file(name, path):
     return path.endswith(os.sep + os.path.normpath(name))
 
 
-def _reads(function, parts):
-    """Whether ``function`` names the global, or the attribute on anything
-    (``self.mean`` reads ``Spectra.mean``)."""
-    if len(parts) == 1:
-        return bool(m.findall(function.body, m.Name(parts[0])))
-    return bool(m.findall(function.body, m.Attribute(attr=m.Name(parts[1]))))
-
-
 def _not_read_as_it_arrives(source, label, parts, line):
     arriving = [f for f in source.nodes(cst.FunctionDef) if f.name.value in ARRIVING]
     around = sorted((f for f in arriving if source.lines(f)[0] <= line <= source.lines(f)[1]),
                     key=lambda f: source.lines(f)[0])  # the outermost first
-    readers = around + [f for f in arriving if f not in around and _reads(f, parts)]
+    # a function that names the global, or the attribute on anything (self.mean: Spectra.mean)
+    named = m.Name(parts[0]) if len(parts) == 1 else m.Attribute(attr=m.Name(parts[1]))
+    readers = around + [f for f in arriving if f not in around and m.findall(f.body, named)]
     if readers:
         raise NotExact("%s is read in %s (line %d), as the dataset arrives in a worker, "
                        "before worker_init_fn" % (label, readers[0].name.value,

@@ -34,12 +34,6 @@ class Mapping(collections.namedtuple("Mapping", "start end perms offset device i
         return self.perms[3:4] == "s"
 
 
-def file_mappings():
-    """The file mappings of this process, or None where there is no
-    ``/proc/self/maps`` (or the platform the rules see has none)."""
-    return read_maps() if rehearsal.platform().startswith("linux") else None
-
-
 def read_maps():
     """The file mappings ``/proc/self/maps`` lists, or None where it cannot be read."""
     try:
@@ -63,11 +57,11 @@ def read_maps():
     return found
 
 
-def mapped_file(address, nbytes, mappings):
-    """``(Mapping, os.stat_result, None)`` for the file mapping that holds the
-    ``nbytes`` at ``address``, a regular file still at its path, long enough;
-    else ``(None, None, why not)``."""
-    where = next((m for m in mappings if m.start <= address < m.end), None)
+def mapped_file(address, nbytes, maps):
+    """``(Mapping, os.stat_result, None)`` for the file mapping of ``maps``
+    that holds the ``nbytes`` at ``address``, a regular file still at its
+    path, long enough; else ``(None, None, why not)``."""
+    where = maps.holding(address)
     if where is None:
         return None, None, "its data are not in a file mapping"
     if address + nbytes > where.end:
@@ -104,14 +98,16 @@ def written_pages(where):
 
 
 class Maps:
-    """This process's file mappings (None: no ``/proc/self/maps``), sorted to
-    find an address's by bisection (a dataset may hold many tensors), and the
-    pages written to its private ones, looked up once each."""
+    """This process's file mappings (None: no ``/proc/self/maps``, or the
+    platform the rules see has none), sorted to find an address's by
+    bisection (a dataset may hold many tensors), and the pages written to its
+    private ones, looked up once each."""
 
     __slots__ = ("mappings", "starts", "written")
 
     def __init__(self, mappings=()):
-        mappings = file_mappings() if mappings == () else mappings
+        if mappings == ():
+            mappings = read_maps() if rehearsal.platform().startswith("linux") else None
         self.mappings = None if mappings is None else sorted(mappings, key=lambda m: m.start)
         self.starts = [m.start for m in self.mappings or ()]
         self.written = {}
@@ -144,12 +140,16 @@ class Reference(collections.namedtuple(
         return tuple(self)
 
 
-def reference(arr, mappings=()):
+def _read(maps):
+    """``maps`` as a ``Maps``: given, or the mappings for one (``()``: read here)."""
+    return maps if isinstance(maps, Maps) else Maps(maps)
+
+
+def reference(arr, maps=()):
     """``(Reference, None)`` where ``arr`` (an ``np.memmap``) can travel by
-    reference exactly, else ``(None, why not)``. ``mappings``: ``file_mappings()``
-    if already read (None: there are none)."""
-    mappings = file_mappings() if mappings == () else mappings
-    if mappings is None:
+    reference exactly, else ``(None, why not)``."""
+    maps = _read(maps)
+    if maps.mappings is None:
         return None, "no %s here to find the mapped file" % MAPS
     try:
         flags = arr.flags
@@ -163,7 +163,7 @@ def reference(arr, mappings=()):
         nbytes = arr.nbytes
     except Exception as exc:  # not what it seems: leave it to pickle
         return None, type(exc).__name__
-    where, st, why = mapped_file(address, nbytes, mappings)
+    where, st, why = mapped_file(address, nbytes, maps)
     if where is None:
         return None, why
     if not where.shared:
@@ -190,15 +190,15 @@ class MapReference(collections.namedtuple(
         return tuple(self)
 
 
-def map_reference(m, mappings=()):
+def map_reference(m, maps=()):
     """``(MapReference, None)`` where the ``mmap.mmap`` ``m`` maps a named file
     that a worker can map again exactly, else ``(None, why not)``."""
     if type(m) is not mmap.mmap:  # the type the reducer is registered for
         return None, "not an mmap.mmap"
     if anonymous(m):
         return None, "an anonymous map (it has no file to map again)"
-    mappings = file_mappings() if mappings == () else mappings
-    if mappings is None:
+    maps = _read(maps)
+    if maps.mappings is None:
         return None, "no %s here to find the mapped file" % MAPS
     try:
         if m.closed:
@@ -207,7 +207,7 @@ def map_reference(m, mappings=()):
         position = m.tell()
     except Exception as exc:  # not what it seems: leave it as it is
         return None, type(exc).__name__
-    where, st, why = mapped_file(address, length, mappings)
+    where, st, why = mapped_file(address, length, maps)
     if where is None:
         return None, "an anonymous map" if why.endswith("not in a file mapping") else why
     how = _access(m, where)

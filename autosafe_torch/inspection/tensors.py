@@ -71,13 +71,11 @@ def scan(root, path="dataset", items=None, max_objects=objwalk.MAX_OBJECTS):
     def stop(obj):
         return obj is parts or objwalk.is_a(obj, torch.Tensor) or never_entered(obj, torch)
 
-    def cut():
-        result.complete = False
-
     roots = [(path, root, None)]
     for top, start, index in roots:  # the root, then each part it reaches (appended)
         for here, obj, _edge in objwalk.walk(start, top, stop=stop, items=items,
-                                              max_objects=max_objects, on_cut=cut):
+                                              max_objects=max_objects,
+                                              on_cut=lambda: setattr(result, "complete", False)):
             if obj is parts and index is None:
                 roots += [("%s[%d]" % (here, i), part, i) for i, part in enumerate(parts)]
             elif objwalk.is_a(obj, torch.Tensor):
@@ -202,7 +200,7 @@ def reference(tensor, maps=None):
     if where is None or where.path.startswith(_ANONYMOUS) \
             or where.path.startswith(SHARED_MEMORY) and storage.is_shared():
         return None, None  # memory of no file, or torch's shared memory: it stays shared
-    where, st, why = mapped_file(address, nbytes, [where])
+    where, st, why = mapped_file(address, nbytes, maps)
     if where is None:
         return None, why
     if not where.shared and maps.written_to(where) != 0:

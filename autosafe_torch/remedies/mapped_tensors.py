@@ -2,37 +2,28 @@
 workers by reference (DL218): ``torch.load(path, mmap=True)``,
 ``torch.UntypedStorage.from_file``, ``torch.from_numpy`` of an ``np.memmap``.
 
-Torch's reducer (``torch.multiprocessing.reductions.reduce_tensor``) moves
-every CPU storage it sends into shared memory: the training process copies
-the file's bytes into ``/dev/shm`` and points the tensor at the copy for the
-rest of its life (the costs, and the error where ``/dev/shm`` is small:
-DL218's rule); a ``from_file`` storage does not go at all (``OSError: [Errno
-9] Bad file descriptor``).
-
-The reducer here sends the file's path and identity (device, inode, mtime,
-size), where the storage lies in it, and the view (dtype, shape, stride,
-storage offset, ``requires_grad``). The worker maps the whole file once,
-private and copy-on-write (as ``torch.load(mmap=True)`` does), takes the
-storage's bytes as a storage and rebuilds the view, a ``Parameter`` as a
-``Parameter`` (as torch's ``rebuild_tensor``). In each worker, views of one
-storage get one storage (on torch 2.0, whose storages take no safe weak
-reference, one each over the same bytes) and each file one map: the page
-cache holds its pages once.
+Torch's reducer moves every CPU storage it sends into shared memory: the
+file's bytes copied into ``/dev/shm`` for the tensor's life (the costs, and
+the error where ``/dev/shm`` is small: DL218's rule); a ``from_file``
+storage does not go at all (``OSError: [Errno 9] Bad file descriptor``).
+Sent instead: the file's path and identity (device, inode, mtime, size),
+where the storage lies in it, and the view. The worker maps the whole file
+once, private and copy-on-write (as ``torch.load(mmap=True)`` does), and
+rebuilds the view, a ``Parameter`` as a ``Parameter`` (as torch's
+``rebuild_tensor``); views of one storage get one storage (torch 2.0, whose
+storages take no safe weak reference: one each over the same bytes), each
+file one map: the page cache holds its pages once.
 
 Exact or nothing (``inspection/tensors.py``: ``reference``), else torch's
-reducer sends it as ever. ``/proc/self/maps`` is read once per process start
-(a map made while the child's pickle is written is not in it); a private map
-this process wrote to, an anonymous map and shared memory stay torch's, and
-so does a tensor of a file no tensor of a loader's parts lies in (DL218
-names those files as it installs the reducer).
-
-What differs (the rule's docs): a tensor torch sends is shared memory between
-the training process and its workers; one sent by reference is a private
-map, as a forked worker's (its writes stay its own; the file is never
-written). As for a memmap, only a process being started gets a reference,
-and the file is assumed not to change meanwhile (a worker that finds it
-changed fails loudly: ``MappedFileChanged``). Fail open: an error of ours
-while looking sends the tensor torch's way.
+reducer. ``/proc/self/maps`` is read once per process start (a map made
+while the child's pickle is written is not in it); a private map this
+process wrote to, an anonymous map, shared memory and a file no tensor of a
+loader's parts lies in (DL218 names those files) stay torch's. What differs
+(the rule's docs): a tensor sent by reference is each worker's private map,
+as a forked worker's (its writes stay its own), not memory shared with the
+training process. The file is assumed not to change meanwhile (else
+``MappedFileChanged``, loudly). Fail open: an error of ours while looking
+sends the tensor torch's way.
 """
 
 from __future__ import annotations

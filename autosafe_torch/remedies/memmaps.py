@@ -1,44 +1,34 @@
 """Memory maps sent to spawn/forkserver workers by reference: numpy memmaps
-(DL218) and ``mmap.mmap`` objects (DL201). ``inspection/mappings.py`` reads
+(DL218) and ``mmap.mmap`` objects (DL201); ``inspection/mappings.py`` finds
 what can go and where its bytes lie.
 
-Pickling a ``numpy.memmap`` copies its data into every worker start (the
-costs: DL218's rule) and gives a writable, contiguous ``np.memmap`` whose
-``_mmap``, ``filename``, ``offset`` and ``mode`` are None. The reducer here
-sends the file, offset, shape, dtype and order instead; the worker maps the
-file again copy-on-write (``ACCESS_COPY``: writable and private, as the
-pickled copy is) as an ``np.memmap`` with a pickled one's attributes (its
-``base`` the map, not None): what a worker reads, writes and computes is the
-same.
-
-Exact or nothing: an array goes by reference only where the worker maps
-exactly what pickling would send: its data in a shared file mapping
-(``/proc/self/maps``) of a regular file still at its path (same device and
-inode: a moved file is mapped from where it went), in pickling's layout
-(contiguous, aligned, not empty: ``mm[:, ::2]`` is pickled). A ``mode='c'``
-memmap (it may hold changes in no file), a deleted or replaced file, and
-every array where there is no ``/proc/self/maps`` (macOS, or ``--as
-macos``) are pickled.
+A pickled ``numpy.memmap`` copies its data into every worker start (the
+costs: DL218's rule) and arrives a writable, contiguous ``np.memmap`` whose
+``_mmap``, ``filename``, ``offset`` and ``mode`` are None. Sent instead: the
+file, offset, shape, dtype and order; the worker maps the file again
+copy-on-write (``ACCESS_COPY``: writable and private, as that copy is) as
+such an ``np.memmap`` (its ``base`` the map). Exact or nothing: only data in
+a shared file mapping (``/proc/self/maps``) of a regular file still at its
+path, same device and inode, in pickling's layout (contiguous, aligned, not
+empty); a ``mode='c'`` map (changes in no file), a deleted or replaced file,
+and every array without ``/proc/self/maps`` (macOS, ``--as macos``) are
+pickled.
 
 Assumed (the rule's docs): the file does not change while the workers start
-and run. The parent's writes through an ``r+``/``w+`` map are in the page
-cache the worker maps (no ``flush`` needed). The worker checks the file is
-the same one (device, inode, mtime, size) and fails loudly otherwise (its
-start fails, the record says the fix did not hold, recovery takes over):
-never other data silently. Only while a process is being started
-(``get_spawning_popen()``, set by spawn, forkserver and the warm server):
-a memmap put on a queue later is pickled as before.
+and run (the parent's writes through an ``r+``/``w+`` map are in the page
+cache the worker maps). The worker checks it is the same file (device,
+inode, mtime, size) and fails loudly otherwise (the record says the fix did
+not hold, recovery takes over). Only while a process is being started
+(``get_spawning_popen()``: spawn, forkserver, the warm server): a memmap put
+on a queue later is pickled as before.
 
-An ``mmap.mmap`` does not pickle at all (TypeError): the baseline is the
-parent's map as a forked worker holds it. The worker maps the same range of
-the same file again, with its access (``ACCESS_READ``, a shared writable map
-as ``ACCESS_WRITE``, ``ACCESS_COPY``) and position. A shared map shows the
-page cache, as a forked worker's does: the file need only be the same
-(device, inode), not unchanged. A private map goes only while it holds no
-page the parent wrote (``Anonymous: 0 kB`` in ``/proc/self/smaps``). What
-does not go (a deleted file, ``prot``/``flags`` not rebuilt here, no
-``/proc/self/maps``) leaves the DL201 ladder to go on (fork, emulated
-workers, or a clear refusal). An anonymous map goes through shared memory.
+An ``mmap.mmap`` does not pickle at all: the baseline is the parent's map as
+a forked worker holds it. The worker maps the same range of the same file
+again, with its access and position; a shared map shows the page cache, so
+the file need only be the same (device, inode). A private map goes only
+while the parent wrote none of its pages (``Anonymous: 0 kB`` in
+``/proc/self/smaps``). What does not go leaves the DL201 ladder to go on; an
+anonymous map goes through shared memory.
 """
 
 from __future__ import annotations

@@ -358,8 +358,8 @@ class Carried:
         return self._sent
 
     def _as_sent(self, i: int) -> Any:
-        """The value as each worker gets it (``_Shared``): a large one in shared
-        memory made once for every worker, and again only where it changed."""
+        """The value as each worker gets it: a large one shared once for every
+        worker, and again only where it changed."""
         value, mark = self.values[i], self.entries[i].fingerprint
         plain, size, pickled = self._measures[i]
         if mark is not None and mark.startswith("memmap:"):
@@ -398,24 +398,20 @@ class Carried:
     def said(self) -> tuple[list[Entry], list[str]]:
         """The entries the workers set, and what they refused (read once: their
         files removed)."""
-        carried: set[str] = set()
-        refused: list[str] = []
-        lines: list[str] = []
+        said: dict[str, dict[str, None]] = {"carried": {}, "refused": {}}  # each once, in order
         with contextlib.suppress(OSError):
-            names = [] if self.report_dir is None else \
-                [n for n in os.listdir(self.report_dir) if n.startswith(self.prefix)]
-            for path in [os.path.join(self.report_dir or "", n) for n in names]:
+            for name in os.listdir(self.report_dir) if self.report_dir is not None else ():
+                if not name.startswith(self.prefix):
+                    continue
+                path = os.path.join(self.report_dir or "", name)
                 with contextlib.suppress(OSError):
                     with open(path) as f:
-                        lines += f.read().splitlines()
+                        lines = f.read().splitlines()
+                    for how, _tab, what in (line.partition("\t") for line in lines):
+                        if how in said:
+                            said[how][what] = None
                     os.unlink(path)
-        for line in lines:
-            how, _tab, what = line.partition("\t")
-            if how == "carried":
-                carried.add(what)
-            elif how == "refused" and what not in refused:
-                refused.append(what)
-        return [e for e in self.entries if e.label in carried], refused
+        return [e for e in self.entries if e.label in said["carried"]], list(said["refused"])
 
 
 def _in_shared_memory(torch: Any, array: Any) -> Any:
@@ -428,11 +424,10 @@ def _in_shared_memory(torch: Any, array: Any) -> Any:
 
 
 class _Shared:
-    """A value sent as ``make(*args)`` in the worker: a large one as a tensor in
-    shared memory, a numpy array again (``_as_array``, its memory the shared
-    one) or a pickle that a ``_Lazy`` loads only where the worker's own
-    differs; a read-only map of a whole file (``np.load(mmap_mode="r")``) by
-    its path, mapped again (``_remapped``), as fork shares its pages."""
+    """A value sent as ``make(*args)``: a large array as one in shared memory
+    (``_as_array``), another large value as its pickle there, loaded only where
+    the worker's own differs (``_Lazy``); a read-only map of a whole file
+    (``np.load(mmap_mode="r")``) mapped again by its path, as fork shares its pages."""
 
     def __init__(self, make: Callable[..., Any], *args: Any) -> None:
         self.make, self.args = make, args

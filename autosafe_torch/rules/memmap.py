@@ -1,13 +1,8 @@
-"""Memory maps travel to spawn/forkserver workers by reference (DL218).
-
-Workers that receive the dataset by pickling (spawn, forkserver, DL209's
-warm server; a fork worker inherits the map) get each ``numpy.memmap``
-copied into every worker start, and torch's reducer sends a tensor whose
-storage is a file's map through ``/dev/shm``, kept for the tensor's life (a
-``from_file`` storage not at all). Both are mapped again from the file in
-each worker instead, exact or not at all (``remedies/memmaps.py``,
-``remedies/mapped_tensors.py``, ``inspection/mappings.py``), for this
-loader's files only, never for workers the ladder sent to fork or emulated.
+"""Memory maps travel to spawn/forkserver workers by reference (DL218):
+mapped again from the file in each worker, exact or not at all
+(``remedies/memmaps.py``, ``remedies/mapped_tensors.py``,
+``inspection/mappings.py``), for this loader's files only, never for workers
+the ladder sent to fork or emulated (a forked worker inherits the map).
 """
 
 import os
@@ -125,7 +120,7 @@ def _mapped(args, numpy, torch):
         if maps is None:
             maps = mappings.Maps()  # mappings None: no /proc/self/maps
         if type(obj) is memmap:
-            ref, why = mappings.reference(obj, maps.mappings)
+            ref, why = mappings.reference(obj, maps)
             if ref is None:
                 kept.append((here, why))
             else:
