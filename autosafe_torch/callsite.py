@@ -38,7 +38,6 @@ VIA = " (via "
 
 @functools.cache
 def _skipped():
-    """Prefixes of frames to skip: ours, torch's, wrapt's, ``<frozen``."""
     dirs = [_PACKAGE_DIR]
     for name in ("torch", "wrapt"):
         path = getattr(sys.modules.get(name), "__file__", None)
@@ -85,7 +84,6 @@ def _outside(frame, instance, depth=-1):
 
 
 def user_call_site(instance=None):
-    """file:line of the nearest frame outside autosafe_torch, torch and wrapt."""
     for frame in _outside(sys._getframe(1), instance):
         return _here(frame)
     return "<unknown>"
@@ -101,10 +99,10 @@ def user_part(site):
 _origins = {}  # id(object) -> (weak reference, the user's file:line, is a loader)
 
 
-def remember(obj, site, loader=True, replace=True):
-    """Keep ``site`` as ``obj``'s origin for as long as ``obj`` lives."""
+def remember(obj, site, loader=True):
+    """Keep ``site`` as ``obj``'s origin while it lives (a dataset keeps its first)."""
     key = id(obj)
-    if not replace and origin_of(obj)[0] is not None:
+    if not loader and origin_of(obj)[0] is not None:
         return
     try:
         ref = weakref.ref(obj, lambda _ref, key=key: _origins.pop(key, None))
@@ -114,7 +112,7 @@ def remember(obj, site, loader=True, replace=True):
 
 
 def origin_of(obj):
-    """(the user's file:line that made ``obj``, whether it is a loader), or (None, None)."""
+    """(``obj``'s origin, whether it is a loader), or (None, None)."""
     entry = _origins.get(id(obj))
     return entry[1:] if entry is not None and entry[0]() is obj else (None, None)
 
@@ -208,17 +206,15 @@ def loader_site(loader, dataset=None):
         site, origin = _site(loader, dataset=dataset)
         remember(loader, origin or site)
         if dataset is not None:
-            remember(dataset, origin or site, loader=False, replace=False)
+            remember(dataset, origin or site, loader=False)
         return site
     except Exception:
         return user_call_site(loader)
 
 
 def iteration_site(loader):
-    """Call site of an iteration over ``loader``: the user's line that iterates;
-    when a library iterates it (Lightning's fit loop, Accelerate's shard,
-    MONAI's thread), the line that made the loader, with the library frame
-    second. Never raises."""
+    """Call site of an iteration over ``loader`` (a library's: the line that made
+    it, with the library frame second). Never raises."""
     try:
         return _site(loader, own=loader)[0]
     except Exception:

@@ -214,9 +214,8 @@ class Config:
                           ENV_DISABLE, ", ".join(unknown), ", ".join(groups)))
 
     def as_dict(self):
-        return {"mode": self.mode, "disabled": sorted(self.disabled),
-                "log_file": self.log_file, "quiet": self.quiet, "debug": self.debug,
-                "hang_timeout": self.hang_timeout}
+        return dict({name: getattr(self, name) for name in self.__slots__ if name[0] != "_"},
+                    disabled=sorted(self.disabled))
 
 
 CONFIG = Config.from_env(settle_env=True)

@@ -124,15 +124,21 @@ def process_target(process: Any) -> Any:
     return getattr(process, "_target", None)
 
 
-def _forkserver_main_locals() -> dict[str, Any]:
-    """The locals of ``forkserver.main`` below this call (while it preloads), else {}."""
+def forkserver_main() -> types.FrameType | None:
+    """The frame of ``forkserver.main`` below this call, or None."""
     forkserver = sys.modules.get("multiprocessing.forkserver")
-    frame: types.FrameType | None = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(1)
     while forkserver is not None and frame is not None:
         if frame.f_code is forkserver.main.__code__:
-            return dict(frame.f_locals)
+            return frame
         frame = frame.f_back
-    return {}
+    return None
+
+
+def _forkserver_main_locals() -> dict[str, Any]:
+    """The locals of ``forkserver.main`` (while it preloads), else {}."""
+    frame = forkserver_main()
+    return dict(frame.f_locals) if frame is not None else {}
 
 
 def forkserver_listener_path() -> str | None:
@@ -167,13 +173,17 @@ def forkserver_handed(prefix: str) -> bytes | None:
         return f.read()
 
 
-def wrap_spawn_main(wrapper: Callable[..., Any]) -> None:
-    """A fork server's child reads what it was sent in ``spawn._main(fd,
-    parent_sentinel)``: run it as ``wrapper(original, fd, parent_sentinel)``."""
+def wrap_spawn(name: str, wrapper: Callable[..., Any]) -> None:
+    """``spawn.<name>`` made ``wrapper(original, *args)``, once per ``wrapper`` (a
+    fork server's child reads what it was sent in ``spawn._main(fd, parent_sentinel)``)."""
     from multiprocessing import spawn  # noqa: PLC0415 - 0.2 ms at `import cv2` before torch, where the rules load this module (-X importtime: runpy, multiprocessing.spawn)
 
-    original = spawn._main  # private: see above
-    spawn._main = functools.partial(wrapper, original)
+    original = getattr(spawn, name)
+    if getattr(original, "func", None) is not wrapper:
+        setattr(spawn, name, functools.partial(wrapper, original))
+
+
+wrap_spawn_main: Callable[[Callable[..., Any]], None] = functools.partial(wrap_spawn, "_main")
 
 
 # The releases whose fork server listened in Linux's abstract socket namespace, open

@@ -381,19 +381,17 @@ VERBS = (("fixed", "fixed"), ("failed", "did not hold"), ("would-fix", "would fi
 def summary_line() -> str:
     """One line: the counts by code (and call sites, where more than one), by
     action, and where the JSON log is; "" when nothing was recorded."""
-    per_action: dict[str, dict[str, tuple[list[int], set[str]]]] = {}
-    for rec in interventions():
-        count, sites = per_action.setdefault(rec.action, {}).setdefault(rec.code, ([0], set()))
-        count[0] += rec.count
-        sites.add(user_part(rec.call_site))
+    records = interventions()
     parts = []
     for action, verb in VERBS:
-        codes = per_action.get(action)
-        if codes:
-            parts.append("%s %s" % (verb, ", ".join(
-                "%s x%d%s" % (code, n[0], " (%d call sites)" % len(sites) if len(sites) > 1
-                              else "")
-                for code, (n, sites) in sorted(codes.items()))))
+        said = []
+        for code in sorted({r.code for r in records if r.action == action}):
+            these = [r for r in records if (r.action, r.code) == (action, code)]
+            sites = len({user_part(r.call_site) for r in these})
+            said.append("%s x%d%s" % (code, sum(r.count for r in these),
+                                      " (%d call sites)" % sites if sites > 1 else ""))
+        if said:
+            parts.append("%s %s" % (verb, ", ".join(said)))
     if not parts:
         return ""
     if CONFIG.log_file:

@@ -373,8 +373,7 @@ class _Watched(*((MultiProcessIter, Recording)  # type: ignore[misc]
                 # The epoch's sampler iterator, recorded, as torch's _reset would
                 # have begun it (the base seed was drawn already), for the rung
                 # that goes on from it; a resumed one goes on from its recorder.
-                BaseIter._reset(self, loader, True)
-                self._sampler_iter = watch.recorder = Recorder(self._sampler_iter)
+                Recording._reset(self, loader, True)
             raise instead from exc
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:

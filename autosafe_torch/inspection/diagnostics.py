@@ -12,7 +12,6 @@ its first step.
 import atexit
 import contextlib
 import faulthandler
-import functools
 import os
 import shutil
 import signal
@@ -20,7 +19,8 @@ import stat
 import sys
 import tempfile
 import threading
-from multiprocessing import spawn
+
+from ..mp_private import forkserver_main, wrap_spawn
 
 DUMP_SIGNAL = signal.SIGUSR1
 # Where a warm worker is told the directory, in its preparation data (``warmserver``),
@@ -119,20 +119,13 @@ _telling = threading.local()  # .directory: while this thread starts workers of 
 def telling_workers(directory):
     """While this thread starts workers of ours, each is told ``directory`` in its
     preparation data, never found by a glob another user could answer with a link."""
-    _wrap_spawn("get_preparation_data", _with_directory)
+    wrap_spawn("get_preparation_data", _with_directory)
     saved = getattr(_telling, "directory", None)
     _telling.directory = directory
     try:
         yield
     finally:
         _telling.directory = saved
-
-
-def _wrap_spawn(name, wrapper):
-    """``spawn.<name>`` made ``wrapper`` over it, once per process."""
-    original = getattr(spawn, name)
-    if getattr(original, "func", None) is not wrapper:
-        setattr(spawn, name, functools.partial(wrapper, original))
 
 
 def _with_directory(made, name):
@@ -144,28 +137,13 @@ def _with_directory(made, name):
 
 
 def told(data):
-    """In a worker starting: where a failure to start leaves its traceback,
-    taken out of its preparation data ``data``."""
+    """In a worker starting, given its preparation data ``data``: an exception
+    that ends its start (which multiprocessing reports through
+    ``sys.excepthook``) is also written to ``bootstrap_path`` in the directory
+    ``data`` names, created there, never through a link."""
     directory = data.pop(DUMPS_KEY, None)
-    if directory:
-        leave_start_traceback(directory)
-
-
-def listen_as_spawned():
-    """In a spawned process, activated before its start: ``told`` before spawn's
-    own preparation runs."""
-    _wrap_spawn("prepare", _told_then_prepare)
-
-
-def _told_then_prepare(prepare, data):
-    told(data)
-    return prepare(data)
-
-
-def leave_start_traceback(directory):
-    """In a worker that is starting: an exception that ends its start (which
-    multiprocessing reports through ``sys.excepthook``) is also written to
-    ``bootstrap_path`` in ``directory``, created there, never through a link."""
+    if not directory:
+        return
     shown = sys.excepthook
 
     def hook(kind, value, tb):
@@ -184,15 +162,18 @@ def leave_start_traceback(directory):
     sys.excepthook = hook
 
 
+def listen_as_spawned():
+    """In a spawned process, activated before its start: ``told`` before spawn's
+    own preparation runs."""
+    wrap_spawn("prepare", _told_then_prepare)
+
+
+def _told_then_prepare(prepare, data):
+    told(data)
+    return prepare(data)
+
+
 def in_fork_server():
     """Whether this runs in a fork server (multiprocessing's, the warm one, a
     build server), or a child it forked that has not left ``forkserver.main``."""
-    forkserver = sys.modules.get("multiprocessing.forkserver")
-    if forkserver is None:
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is forkserver.main.__code__:
-            return True
-        frame = frame.f_back
-    return False
+    return forkserver_main() is not None
