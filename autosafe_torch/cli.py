@@ -115,15 +115,14 @@ def main(argv=None):
     if args.command == "fix":
         return codemod.main(args)
     from .readme import rules_markdown
-    from .rules import RULES, load_all
+    from .rules import load_all
 
-    load_all()
     if args.format == "markdown":
         print(rules_markdown())
     elif args.format == "json":
-        print(json.dumps([RULES[c].as_dict() for c in sorted(RULES)], indent=2))
+        print(json.dumps([r.as_dict() for _code, r in sorted(load_all().items())], indent=2))
     else:
-        for r in (RULES[code] for code in sorted(RULES)):
+        for _code, r in sorted(load_all().items()):
             print("%s %s [%s]\n    fixes:    %s\n    prevents: %s\n    fix:      %s" % (
                 r.code, r.slug, r.group, r.summary, r.prevents, r.fix))
     return 0
@@ -201,8 +200,7 @@ def _run(args):
         return 0
     with open(script, "rb") as f:
         code = compile(f.read(), script, "exec")
-    _exec_as_main(code, __file__=script, __cached__=None, __loader__=None,
-                  __package__=None, __spec__=None)
+    _exec_as_main(code, __file__=script, __cached__=None)  # a new module's loader, spec: None
     return 0
 
 

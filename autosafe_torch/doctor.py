@@ -84,8 +84,7 @@ def matching_version(name, torch_version):
 
 def broken_combinations(torch_version, timeout=120):
     """Problems found by importing each installed companion in a child process
-    (a failed native import can leave this one half-initialised). Each: a dict
-    with ``what``, ``error``, ``fix``. Cheap: nothing runs when none is installed."""
+    (a failed native import can leave this one half-initialised)."""
     names = [n for n in NATIVE_COMPANIONS if _installed(n)]
     if not names:
         return []

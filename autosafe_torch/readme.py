@@ -8,11 +8,12 @@ must be held by one of the files given.
 """
 
 import argparse
+import pathlib
 import sys
 
 from .config import OPTIONS
 from .remedies.process_state import SETTINGS
-from .rules import RULES, load_all
+from .rules import load_all
 
 
 def _table(header, rows):
@@ -22,25 +23,23 @@ def _table(header, rows):
 
 def rules_markdown():
     """The rule table of docs/rules.md (and ``autosafe-torch rules --format markdown``)."""
-    load_all()
     return _table(("code", "slug", "what it fixes", "error it prevents", "permanent fix"),
                   [(r.code, r.slug, r.summary, r.prevents, r.fix)
-                   for r in (RULES[code] for code in sorted(RULES))])
+                   for _code, r in sorted(load_all().items())])
 
 
 def rewrites_markdown():
     """The rewrite table of docs/fix.md: one row per rewrite, with the rules it
     answers, and one per rule its rewrites serve."""
-    load_all()
+    rules = [r for _code, r in sorted(load_all().items())]
     grouped = {}
-    for code in sorted(RULES):
-        declared = RULES[code].rewrite
-        if declared is not None:
-            grouped.setdefault(id(declared), (declared, []))[1].append(code)
+    for r in rules:
+        if r.rewrite is not None:
+            grouped.setdefault(id(r.rewrite), (r.rewrite, []))[1].append(r.code)
     rows = [(", ".join(codes), declared.does, declared.not_where)
             for declared, codes in grouped.values()]
-    rows += [(code, "nothing once the repair it served (%s) is in the code" % ", ".join(
-        RULES[code].serves()), "") for code in sorted(RULES) if RULES[code].serves()]
+    rows += [(r.code, "nothing once the repair it served (%s) is in the code" % ", ".join(
+        r.serves()), "") for r in rules if r.serves()]
     return _table(("rule", "rewrite", "left as a comment where"), rows)
 
 
@@ -94,8 +93,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     current, held = {}, set()
     for path in args.paths:
-        with open(path, encoding="utf-8") as f:
-            current[path] = f.read()
+        current[path] = pathlib.Path(path).read_text(encoding="utf-8")
         names = sections_in(current[path])
         if not names:
             raise SystemExit("%s holds no table markers" % path)
@@ -107,8 +105,7 @@ def main(argv=None):
     for path, text in current.items():
         wanted = render(text)
         if wanted != text and args.write:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(wanted)
+            pathlib.Path(path).write_text(wanted, encoding="utf-8")
         elif wanted != text:
             print("%s is out of date: run `make readme`" % path)
             stale = 1

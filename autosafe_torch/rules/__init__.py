@@ -62,7 +62,6 @@ RULE_MODULES = (
 # not ``X | None``. A remedy gets the call's working arguments (None where a
 # hook has none) and returns more changes to them, or None.
 Remedy = Callable[[Optional[dict[str, Any]]], Optional[dict[str, Any]]]
-# What applies a finding's fix where the engine applies none of it (``Finding.applied_by``).
 AppliedBy = Literal["worker step", "recovery", "patch"]
 Found = Union["Finding", list["Finding"], None]
 # The context a check takes: ``Context``, or its hook's (``CONTEXTS``).
@@ -97,16 +96,15 @@ def run_order(checks: Sequence[Check[Any]]) -> list[Check[Any]]:
                 check.rule.code, check.__name__, ", ".join(unknown)))
     here = {c.__name__ for c in checks}
     ordered: list[Check[Any]] = []
-    done: set[str] = set()
     waiting = list(checks)
     while waiting:  # a check at several hooks waits only for those at this one
+        done = {c.__name__ for c in ordered}
         ready = next((c for c in waiting if set(after[id(c)]) & here <= done), None)
         if ready is None:
             raise ValueError("checks wait for each other: %s" % ", ".join(
                 c.__name__ for c in waiting))
         waiting.remove(ready)
         ordered.append(ready)
-        done.add(ready.__name__)
     return ordered
 
 
@@ -126,10 +124,9 @@ class Rewrite:
 
 @dataclass(eq=False)
 class Rule:
-    """A rule as declared. ``example`` (failing, fixed) and ``versions``: for
-    ``explain``; ``notebook_fix``: a notebook's (a worker cannot import one);
-    ``clause_of``: codes whose log line its finding joins as a clause, as it
-    only makes their repair fast (DL209); ``hooks``: where it checks."""
+    """A rule as declared. ``notebook_fix``: a notebook's (a worker cannot
+    import one); ``clause_of``: codes whose log line its finding joins as a
+    clause, as it only makes their repair fast (DL209)."""
 
     code: str
     slug: str
@@ -145,7 +142,7 @@ class Rule:
     hooks: list[str] = field(default_factory=list, init=False)
 
     def serves(self) -> tuple[str, ...]:
-        """The rules of ``clause_of`` whose rewrite makes this one's fix unneeded."""
+        """The rules of ``clause_of`` whose rewrite makes this one unneeded."""
         return tuple(c for c in self.clause_of if c in RULES and RULES[c].rewrite)
 
     def as_dict(self) -> dict[str, Any]:
@@ -164,8 +161,7 @@ class Rule:
 
     def check_at(self, *hooks: str,
                  after: Sequence[str] = ()) -> Callable[[CheckFunction[_C]], Check[_C]]:
-        """Decorator: ``check`` runs at ``hooks`` for this rule, after the
-        checks named in ``after`` (``Check.after``)."""
+        """Decorator: the check runs at ``hooks``, after the checks ``after`` names."""
         def register(function: CheckFunction[_C]) -> Check[_C]:
             check = cast("Check[_C]", function)  # its ``rule`` and ``after``, set below
             for hook in hooks:
@@ -182,24 +178,19 @@ class Rule:
 
 
 class Finding:
-    """What one rule would change, and why.
-
-    ``before``: the old values, or what a remedy acts on; ``changes``: new
-    values of the call's arguments; ``kept``: what the loader keeps for its
-    iterators; ``shown``: words only, for the record's ``after``.
-    ``remedies``: ``remedy(args)``, run in fix mode in order, may return more
-    changes. ``applied_by``: what applies the fix where the engine does not:
-    "worker step" (DL207, DL217), "recovery" (the ladder that resumed),
-    "patch" (the AMP routes). With none of changes, kept, remedies and
-    applied_by it is advice. ``fix``: where more precise than the rule's.
-    ``done``: the record's first line, by the user's attribute path (else
-    the changed arguments: ``prefetch_factor 4 -> None``); ``fix`` its second. ``why`` and
-    ``strategy``: details (JSON log, ``AUTOSAFE_TORCH_DEBUG=1``). ``rung``:
-    the ladder's rung it puts the workers on (what patches and recovery ask,
-    never the code; its words the default strategy). ``needed``: for a remedy
-    the workers apply only where they lack what it gives: False when none
-    needed it (no record), a ``report.Said`` for what they did; None: always.
-    """
+    """What one rule would change, and why: ``before``, the old values (or
+    what a remedy acts on); ``changes``, new argument values; ``kept``, what
+    the loader keeps for its iterators; ``shown``, words only, for the
+    record's ``after``; ``remedies``, run in fix mode in order, may return
+    more changes; ``applied_by``: "worker step" (DL207, DL217), "recovery"
+    (the ladder that resumed), "patch" (the AMP routes). ``done`` and
+    ``fix``: the record's two lines (``done`` by the user's attribute path,
+    else the changed arguments). ``why``, ``strategy``: details (JSON log,
+    ``AUTOSAFE_TORCH_DEBUG=1``). ``rung``: the ladder's rung it puts the
+    workers on (patches and recovery ask it; its words the default
+    strategy). ``needed``: for a remedy the workers apply only where they
+    lack what it gives: False when none needed it (no record), a
+    ``report.Said`` for what they did; None: always."""
 
     __slots__ = ("rule", "before", "changes", "why", "strategy", "kept", "shown", "remedies",
                  "fix", "done", "rung", "needed", "applied_by")
@@ -228,7 +219,6 @@ class Finding:
 
     @property
     def after(self) -> dict[str, Any]:
-        """The new values the log shows: arguments, what the loader keeps, ``shown``."""
         return dict(self.changes, **self.kept.given(shown=True), **self.shown)
 
     @property
@@ -247,19 +237,17 @@ class Finding:
 
 @dataclass(eq=False)
 class Context:
-    """What a check sees besides the arguments: ``facts`` (the platform; None
-    after the workers: outcome, failure, pin), ``findings`` made so far at
-    this hook, and ``plans``, what its checks share (pickling, fork plans).
-    A hook's subclass (``CONTEXTS``) adds what it knows; ``dataloader.pin``
-    adds nothing: its arguments are ``batch``, what torch could not pin, and
-    ``error``."""
+    """What a check sees besides the arguments: ``facts`` (None after the
+    workers: outcome, failure, pin), ``findings`` made so far at this hook,
+    and ``plans``, what its checks share (pickling, fork plans). A hook's
+    subclass (``CONTEXTS``) adds what it knows; ``dataloader.pin``'s
+    arguments are ``batch``, what torch could not pin, and ``error``."""
 
     facts: Facts | None
     findings: list[Finding] = field(default_factory=list, init=False)
     plans: dict[str, Any] = field(default_factory=dict, init=False)
 
     def found(self, code: str) -> bool:
-        """Whether an earlier check at this hook made a finding for ``code``."""
         return any(f.rule.code == code for f in self.findings)
 
 
@@ -267,7 +255,7 @@ class Context:
 class InitContext(Context):
     """At ``dataloader.init``: ``defaults``, DataLoader's own argument defaults."""
 
-    facts: Facts  # always given before the workers run
+    facts: Facts
     defaults: dict[str, Any]
 
 
@@ -278,7 +266,7 @@ class IterContext(Context):
     rules fork out for this loader (a forked worker touched CUDA: seen, never
     predicted), or None."""
 
-    facts: Facts  # always given before the workers run
+    facts: Facts
     main_guarded: Callable[[], bool]
     fork_failed: Failure | None = None
 
@@ -288,7 +276,7 @@ class AmpContext(Context):
     """At ``autocast``, ``scaler``, ``amp.*``: ``caps``, what this torch's AMP
     can do, and ``call``, the call being made."""
 
-    facts: Facts  # always given at an AMP call
+    facts: Facts
     caps: Any  # patches.amp.caps.TorchAmpCaps: a layer above
     call: AmpCall
 
@@ -342,9 +330,7 @@ def rule(code: str, slug: str, group: str, *, at: str | Sequence[str],
 def rule(code: str, slug: str, group: str, *, at: str | Sequence[str] | None = None,
          after: Sequence[str] = (), **fields: Any
          ) -> Rule | Callable[[CheckFunction[_C]], Check[_C]]:
-    """Declare rule ``code`` (``fields``: ``Rule``'s keyword fields); as a
-    decorator, register its check at hook(s) ``at``, after the checks named
-    in ``after``."""
+    """Declare rule ``code``; with ``at``, a decorator: ``Rule.check_at``."""
     if code in RULES:
         raise ValueError("rule %s declared twice" % code)
     declared = RULES[code] = Rule(code, slug, group, **fields)
@@ -371,4 +357,3 @@ def find_rule(name: object) -> Rule | None:
     wanted = str(name).strip()
     return RULES.get(wanted.upper()) or next(
         (r for r in RULES.values() if r.slug == wanted.lower()), None)
-

@@ -1,11 +1,5 @@
-"""Accelerator tensors held by a dataset (DL301, DL302).
-
-``TensorDataset(x.cuda(), y.cuda())`` works with ``num_workers=0``, not
-with workers: a forked worker that touches a CUDA tensor dies ("Cannot
-re-initialize CUDA in forked subprocess"); MPS and XPU tensors reach no
-worker at all. Under spawn/forkserver, CUDA tensors travel by CUDA IPC, at
-the price of one CUDA context per worker. A ConcatDataset whose parts live
-on different devices fails in collate, even with no workers.
+"""Accelerator tensors held by a dataset (DL301, DL302: their ``prevents``
+say what fails without them).
 
 Every decision keeps the batches' device (DL301's summary says which);
 moving in place keeps a tensor referenced twice one tensor and views of one
@@ -27,8 +21,8 @@ IPC_SHAREABLE = frozenset(("cuda",))  # spawn/forkserver workers receive these b
 
 
 def _move_to_cpu(found):
-    """The remedy: a dataset that is itself a tensor (or a tuple) is returned
-    as the new ``dataset`` argument, not changed in place."""
+    """A dataset that is itself a tensor (or a tuple) is returned as the new
+    ``dataset`` argument, not changed in place."""
     devices = {f.device_type for f in found}
 
     def move_to_cpu(args):
@@ -41,11 +35,10 @@ def _move_to_cpu(found):
 
 
 def device_tensors_possible(facts):
-    """Whether a device tensor can exist now, read from the process: a CUDA
-    tensor only once CUDA was initialised here (making one initialises it),
-    another accelerator's wherever it is present (MPS, XPU: no such flag).
-    Otherwise the scan is skipped: a CPU machine, and a GPU one before the
-    script first used CUDA, pay nothing per DataLoader."""
+    """Whether a device tensor can exist now: a CUDA tensor only once CUDA was
+    initialised here (making one initialises it), MPS and XPU ones (no such
+    flag) wherever present. Else no scan: a CPU machine, and a GPU one before
+    the script first used CUDA, pay nothing per DataLoader."""
     return facts.cuda_initialized or facts.accelerator not in (None, "cuda")
 
 
@@ -53,11 +46,10 @@ MOVE, EMULATE = "move", "emulate"
 
 
 def _plan_workers(values, facts):
-    """(found accelerator tensors, what DL301 does with them: ``MOVE``,
-    ``EMULATE`` or None, as the module says; the batches' one device or None)."""
-    if values["num_workers"] <= 0 or not device_tensors_possible(facts):
-        return [], None, None
-    found = scan(values["dataset"]).on(ACCELERATORS)
+    """(found accelerator tensors, what DL301 does: ``MOVE``, ``EMULATE`` or
+    None, the batches' one device or None)."""
+    found = values["num_workers"] > 0 and device_tensors_possible(facts) \
+        and scan(values["dataset"]).on(ACCELERATORS)
     if not found:
         return [], None, None
     device = batch_device(values["dataset"])
@@ -219,4 +211,3 @@ def pin_accelerator_batch(args, ctx):
         strategy="left unpinned",
         done="batches hold %s tensors, which cannot be pinned: handed on as they are, "
         "the rest of each batch pinned" % batch.device.type)
-

@@ -6,12 +6,10 @@ and custom_fwd in 2.4, with a FutureWarning on the old names), and each
 device learned its autocast dtypes at its own pace. Scripts written for one
 torch and machine warn, crash, or silently run in fp32 on another.
 
-Every check takes the call's arguments by name (autocast: ``device_type``,
-``dtype``, ``enabled``, ``cache_enabled``; GradScaler: ``device``, None
-when not given, ``init_scale``... ``enabled``) and an ``AmpContext`` (its
-``caps`` probed once; tests pass a fake). A routing finding shows the
-pseudo-argument ``api``: the patch builds the object through the modern
-class instead.
+Every check takes the call's arguments by name (GradScaler's ``device``:
+None when not given) and an ``AmpContext`` (its ``caps`` probed once; tests
+pass a fake). A routing finding shows the pseudo-argument ``api``: the patch
+builds the object through the modern class instead.
 """
 
 from typing import Any, NamedTuple, Optional
@@ -24,9 +22,8 @@ GROUP = "amp"
 class AmpCall(NamedTuple):
     """Which AMP API a call went through: ``api``, the name called;
     ``device``, the device that API is fixed to (None: an argument);
-    ``takes_device``: whether its signature has one; ``route``: the modern API
-    it can be built through here, or None; ``provided``: supplied by
-    autosafe_torch because this torch lacks it."""
+    ``route``: the modern API it can be built through here, or None;
+    ``provided``: supplied by autosafe_torch because this torch lacks it."""
 
     api: str
     device: Optional[str] = None
@@ -48,22 +45,16 @@ def device_available(device, facts):
     return device in ("cpu", facts.accelerator)
 
 
-def inert_device(facts):
-    """An autocast device type every torch accepts and nothing here runs on, so
-    a disabled region for it changes no tensor: "cuda" where there is no CUDA,
-    else "cpu" (it would only matter nested in an enabled CPU region)."""
-    return "cpu" if facts.accelerator == "cuda" else "cuda"
-
-
 def _disable(before, after, args, ctx, device):
-    """Autocast on ``device`` disabled: on an inert device where this torch
-    would refuse ``device``, and keeping the user's dtype unless this torch
-    warns about it even in a disabled region (torch 2.0 checks the CPU dtype
-    before ``enabled``): then the device's default, which a disabled region
-    never uses."""
+    """Autocast on ``device`` disabled. Where this torch would refuse ``device``,
+    on one every torch accepts and nothing here runs on, so the region changes
+    no tensor: "cuda" where there is no CUDA, else "cpu" (it would only matter
+    nested in an enabled CPU region). The dtype reset where this torch warns
+    about it even in a disabled region (torch 2.0 checks the CPU dtype before
+    ``enabled``), which never uses it."""
     before["enabled"], after["enabled"] = True, False
     if not ctx.caps.autocast_accepts(device):
-        after["device_type"] = inert_device(ctx.facts)
+        after["device_type"] = "cpu" if ctx.facts.accelerator == "cuda" else "cuda"
     dtype = args["dtype"]
     device = after.get("device_type", device_type(args["device_type"]))
     if dtype is not None and not ctx.caps.autocast_quiet_when_disabled(device, dtype):
@@ -154,12 +145,11 @@ def provided_amp_api(args, ctx: AmpContext):
     changes: dict[str, Any] = {}
     why = "this torch has no %s; %s does the same" % (call.api, call.route)
     done = "%s, missing here, provided by %s" % (call.api, call.route)
-    if "device" in args:  # a GradScaler
-        device = _scaler_device(args, call)
-        if device != "cuda" and args["enabled"]:
-            before["enabled"], changes["enabled"] = True, False
-            why += ", for CUDA only, so the scaler for %s is disabled" % device
-            done += " (CUDA only: disabled for %s)" % device
+    device = _scaler_device(args, call) if "device" in args else "cuda"  # "device": a GradScaler
+    if device != "cuda" and args["enabled"]:
+        before["enabled"], changes["enabled"] = True, False
+        why += ", for CUDA only, so the scaler for %s is disabled" % device
+        done += " (CUDA only: disabled for %s)" % device
     return provided_amp_api.rule.finding(before, changes, why, shown={"api": call.route},
                                          applied_by="patch", done=done)
 

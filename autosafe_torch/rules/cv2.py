@@ -145,4 +145,3 @@ def cv2_opencl_context(args, ctx: IterContext):
         done="workers start in new processes (from the warm server, else by plain spawn), "
         "not forked from this one, which used OpenCL; OpenCL off in each of %s"
         % number_of(args["num_workers"], "worker"))
-

@@ -136,18 +136,17 @@ def zero_prefetch_with_workers(args, ctx):
       at="dataloader.init")
 def pin_memory_without_accelerator(args, ctx):
     facts = ctx.facts
-    if args["pin_memory"] and (facts.accelerator == "mps" or (
-            facts.accelerator is None and facts.pin_memory_warns)):
-        where = "on MPS pinned memory is not supported" if facts.accelerator == "mps" \
-            else "there is no accelerator to copy batches to"
+    mps = facts.accelerator == "mps"
+    if args["pin_memory"] and (mps or facts.accelerator is None and facts.pin_memory_warns):
         return pin_memory_without_accelerator.rule.finding(
-            {"pin_memory": True}, {"pin_memory": False}, where,
+            {"pin_memory": True}, {"pin_memory": False}, "on MPS pinned memory is not supported"
+            if mps else "there is no accelerator to copy batches to",
             done="pin_memory True -> False: %s" % (
-                "MPS does not pin memory" if facts.accelerator == "mps" else "no accelerator"))
+                "MPS does not pin memory" if mps else "no accelerator"))
 
 
 def _count(value):
-    """An int (not a bool): what torch takes as a count."""
+    """What torch takes as a count: an int, not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -115,20 +115,15 @@ def _mapped(args, numpy, torch):
     memmap = numpy.memmap if numpy is not None else None
     plain = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
     arrays, tensors, kept, maps = [], [], [], None
-    for here, obj in held_in_parts(args, lambda obj: type(obj) is memmap
-                                   or type(obj) in plain):
+    for here, obj in held_in_parts(args, lambda obj: type(obj) is memmap or type(obj) in plain):
         if maps is None:
             maps = mappings.Maps()  # mappings None: no /proc/self/maps
-        if type(obj) is memmap:
-            ref, why = mappings.reference(obj, maps)
-            if ref is None:
-                kept.append((here, why))
-            else:
-                arrays.append((here, ref, obj.nbytes))
-            continue
-        ref, why = tensor_reference(obj, maps)
-        if ref is not None:
+        array = type(obj) is memmap
+        ref, why = (mappings.reference if array else tensor_reference)(obj, maps)
+        if ref is not None and array:
+            arrays.append((here, ref, obj.nbytes))
+        elif ref is not None:
             tensors.append((here, ref, ref.nbytes))
-        elif why is not None:
+        elif why is not None:  # None: a tensor in no file mapping
             kept.append((here, why))
     return arrays, tensors, kept

@@ -3,14 +3,12 @@
 Workers hand every batch over in shared memory in /dev/shm under both of
 torch's sharing strategies (measured on torch 2.13: switching strategy
 does not help a small /dev/shm, and Docker gives a container 64 MiB).
-Batches in flight, measured with a tmpfs of a chosen size:
-``(prefetch_factor * num_workers + 2) * batch bytes`` (the requested ones,
-the one the loop holds and the one being received). The batch size in
-bytes is known without user code only for a TensorDataset. Any other
-dataset is never sampled: ``dataset[0]`` in the parent would run the
-user's ``__getitem__`` (a dataset that synchronizes across workers hangs,
-a random generator's stream advances); there, a real shared-memory
-failure is the signal (DL214), not a guess.
+Batches in flight, measured with a tmpfs of a chosen size: ``(prefetch_factor
+* num_workers + 2) * batch bytes``. The batch size is known without user
+code only for a TensorDataset. Any other dataset is never sampled:
+``dataset[0]`` in the parent would run the user's ``__getitem__`` (a dataset
+that synchronizes across workers hangs, a random generator's stream
+advances); there, a real shared-memory failure is the signal (DL214).
 
 With ``file_descriptor`` sharing the main process keeps one open file per
 shared storage it holds: a collate function that returns per-sample
@@ -27,6 +25,13 @@ from ..remedies.workerinit import with_step
 from .accel import default_collate
 from . import number_of, rule
 from .ladder import GROUP, emulated_workers
+
+try:
+    import resource
+
+    RLIM_INFINITY = resource.RLIM_INFINITY
+except ImportError:  # POSIX only: absent on Windows
+    RLIM_INFINITY = -1
 
 # Estimate only where the limit could plausibly be reached.
 SHM_PROBE_BELOW = 8 * 2 ** 30
@@ -54,9 +59,7 @@ class Profile(NamedTuple):
 
 
 def sample_profile(values):
-    """One sample's bytes and tensor count, and the samples per batch, where
-    known without user code: a TensorDataset's tensors' shapes. None
-    otherwise (never ``dataset[0]``)."""
+    """Where known without user code (a TensorDataset's shapes), else None."""
     torch = sys.modules.get("torch")
     dataset, sampler = values["dataset"], values["batch_sampler"]
     size = (values["batch_size"] or 1) if sampler is None else getattr(sampler, "batch_size", None)
@@ -65,10 +68,6 @@ def sample_profile(values):
     nbytes = sum((t.numel() // max(1, t.shape[0])) * t.element_size()
                  for t in dataset.tensors if t.dim())
     return Profile(nbytes, len(dataset.tensors), size)
-
-
-def _prefetch(values):
-    return values["prefetch_factor"] or 2
 
 
 def shm_needed(batch_bytes, workers, prefetch):
@@ -97,16 +96,14 @@ def _mib(n):
       # it reads prefetch_factor, which DL106 may change
       after=("zero_prefetch_with_workers",))
 def shm_too_small(values, ctx):
-    facts = ctx.facts
-    workers = values["num_workers"]
-    free = facts.shm_available
+    workers, free = values["num_workers"], ctx.facts.shm_available
     if workers <= 0 or free is None or free >= SHM_PROBE_BELOW:
         return None
     profile = sample_profile(values)
     if profile is None:
         return None
     batch = profile.nbytes * profile.batch
-    prefetch = _prefetch(values)
+    prefetch = values["prefetch_factor"] or 2  # torch's default
     need = shm_needed(batch, workers, prefetch)
     if need <= free:
         return None
@@ -143,14 +140,11 @@ def shm_too_small(values, ctx):
       # it reads prefetch_factor, which DL106 may change
       after=("zero_prefetch_with_workers",))
 def open_file_limit_too_low(values, ctx):
-    facts = ctx.facts
-    workers = values["num_workers"]
-    nofile = facts.open_file_limit
-    if workers <= 0 or facts.sharing_strategy != "file_descriptor" or not nofile:
+    workers, nofile = values["num_workers"], ctx.facts.open_file_limit
+    if workers <= 0 or ctx.facts.sharing_strategy != "file_descriptor" or not nofile:
         return None
     soft, hard = nofile
-    infinite = _infinity()
-    if soft == infinite or soft >= FDS_PROBE_BELOW:
+    if soft == RLIM_INFINITY or soft >= FDS_PROBE_BELOW:
         return None
     profile = sample_profile(values)
     if profile is None:
@@ -159,16 +153,16 @@ def open_file_limit_too_low(values, ctx):
     # collate_fn may keep one tensor per sample.
     per_batch = profile.tensors if default_collate(values["collate_fn"]) \
         else profile.tensors * profile.batch
-    need = per_batch * (_prefetch(values) * workers + EXTRA_BATCHES) * 4 + FD_RESERVE
+    need = per_batch * ((values["prefetch_factor"] or 2) * workers + EXTRA_BATCHES) * 4 + FD_RESERVE
     if soft >= need:
         return None
     head = ("%d workers with %d shared tensors per batch may need about %d open files; "
             "the soft limit is %d" % (workers, per_batch, need, soft))
-    ceiling = FD_CEILING if hard == infinite else min(hard, FD_CEILING)
+    ceiling = FD_CEILING if hard == RLIM_INFINITY else min(hard, FD_CEILING)
     if ceiling >= need:
         return open_file_limit_too_low.rule.finding(
             {}, {}, head + ". Raised the soft limit to %d (the hard limit is %s), as "
-            "`ulimit -n` does" % (ceiling, "unlimited" if hard == infinite else hard),
+            "`ulimit -n` does" % (ceiling, "unlimited" if hard == RLIM_INFINITY else hard),
             strategy="raise soft limit", remedies=[limits.raise_soft_limit(ceiling)],
             done="open-file soft limit %d -> %d: %s may need about %d" % (
                 soft, ceiling, number_of(workers, "worker"), need))
@@ -184,13 +178,3 @@ def open_file_limit_too_low(values, ctx):
         done="tensors shared through file_system here and in each of %s: the open-file "
         "limit (%d, hard %d) is below the %d needed" % (
             number_of(workers, "worker"), soft, hard, need))
-
-
-def _infinity():
-    try:
-        import resource  # noqa: PLC0415 - POSIX only: absent on Windows
-
-        return resource.RLIM_INFINITY
-    except ImportError:
-        return -1
-

@@ -10,14 +10,6 @@ from . import IterContext, Rewrite, number_of, rule
 from .fork_plan import SPAWN_VERSIONS, SPAWNING, forking, start_method
 from .ladder import GROUP, away_from_fork, fallback
 
-MAIN_GUARD_REWRITE = Rewrite(
-    'main_guard', 'file',
-    "the top-level training code moved, in its order, under `if __name__ == "
-    '"__main__":` at the end; imports, functions, classes and the assignments they read '
-    "stay at module level; the loader's lambdas lifted as for DL202",
-    "the file has a main guard; what stays would read or bind a name the moved code "
-    "binds")
-
 
 @rule("DL104", "too-many-workers", GROUP,
       summary=("num_workers above the container's CPU quota, which torch's own "
@@ -38,9 +30,8 @@ MAIN_GUARD_REWRITE = Rewrite(
                 "the cgroup quota"),
       at="dataloader.init")
 def too_many_workers(values, ctx):
-    facts = ctx.facts
-    wanted, usable = values["num_workers"], facts.cpus_usable
-    if not wanted or wanted <= usable or wanted > facts.cpus_affinity:
+    wanted, usable = values["num_workers"], ctx.facts.cpus_usable
+    if not wanted or wanted <= usable or wanted > ctx.facts.cpus_affinity:
         return None  # enough CPUs, or torch warns itself (its message reaches the user)
     return too_many_workers.rule.finding(
         {"num_workers": wanted}, {}, "only %d CPU(s) are usable here; more workers only "
@@ -66,7 +57,12 @@ def too_many_workers(values, ctx):
                 "    for batch in loader:\n"
                 "        train(batch)")),
       versions=SPAWN_VERSIONS,
-      rewrite=MAIN_GUARD_REWRITE,
+      rewrite=Rewrite(
+        'main_guard', 'file',
+        "the top-level training code moved, in its order, under `if __name__ == "
+        '"__main__":` at the end; imports, functions, classes and the assignments they read '
+        "stay at module level; the loader's lambdas lifted as for DL202",
+        "the file has a main guard; what stays would read or bind a name the moved code binds"),
       at="dataloader.iter")
 def unguarded_main(args, ctx: IterContext):
     method = start_method(args)

@@ -1,13 +1,10 @@
-"""Warm worker start for loaders the ladder repaired for spawn (DL209): else
-spawn workers importing torch again every epoch make the repair slower than
-the hand fix ``num_workers=0`` (``remedies/warmstart.py``).
-
-Only for a loader this hook repaired or moved to spawn: a healthy spawn
-loader is left alone. Under forkserver there is nothing to add: Python's
-server imports the main module, and torch with it, before it forks. Where
-no fork server can run (Windows, a frozen executable), plain spawn, said
-once. Workers are not reused across epochs: a persistent worker keeps the
-first epoch's seeds, dataset copy and module state.
+"""Warm worker start (DL209, ``remedies/warmstart.py``), only for a loader
+this hook repaired or moved to spawn: a healthy spawn loader is left alone.
+Under forkserver there is nothing to add: Python's server imports the main
+module, and torch with it, before it forks. Where no fork server can run
+(Windows, a frozen executable), plain spawn, said once. Workers are not
+reused across epochs: a persistent worker keeps the first epoch's seeds,
+dataset copy and module state.
 """
 
 from ..remedies.workerinit import with_step
