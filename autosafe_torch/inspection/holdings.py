@@ -21,6 +21,7 @@ from . import objwalk
 from .objwalk import is_a
 
 READONLY, WRITABLE = "readonly-file", "writable-file"
+BUFFERED = (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)
 
 # -- file kinds ---------------------------------------------------------------
 
@@ -30,7 +31,7 @@ def raw_file(f):
     try:
         if is_a(f, io.TextIOWrapper):
             f = f.buffer
-        if is_a(f, (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)):
+        if is_a(f, BUFFERED):
             f = f.raw
     except (ValueError, AttributeError):  # detached
         return None
@@ -58,9 +59,14 @@ def real_path(raw):
     return None
 
 
+def loaded(module, name):
+    """``module.name`` where the program imported ``module``, else None (``is_a``
+    of None is False): nothing is imported for a look."""
+    return getattr(sys.modules.get(module), name, None)
+
+
 def h5py_types():
-    h5py = sys.modules.get("h5py")
-    return tuple(getattr(h5py, n) for n in ("File", "Group", "Dataset") if hasattr(h5py, n))
+    return tuple(c for n in ("File", "Group", "Dataset") if (c := loaded("h5py", n)) is not None)
 
 
 # -- native handles -------------------------------------------------------------
@@ -79,30 +85,19 @@ def remember_video_source(cap, source):
 
 
 LMDB_ENV, LMDB_DB, VIDEO = "lmdb environment", "lmdb database handle", "cv2.VideoCapture"
-
-
-def _lmdb_kind(obj):
-    lmdb = sys.modules.get("lmdb")
-    if lmdb is None:
-        return None
-    if is_a(obj, lmdb.Environment):
-        return LMDB_ENV
-    return LMDB_DB if type(obj).__name__ == "_Database" and type(obj).__module__ in (
-        "builtins", "lmdb.cffi") else None
+LMDB = (LMDB_ENV, LMDB_DB)  # py-lmdb opens each once per process: never reopened in this one
 
 
 def fork_unsafe(obj):
-    """What ``obj`` is, when it is a native handle a forked child must not use
-    (LMDB forbids an environment and its handles after fork; a capture that
-    decoded in the parent hangs forked workers: FFmpeg's threads stay behind)."""
-    capture = getattr(sys.modules.get("cv2"), "VideoCapture", None)
-    return _lmdb_kind(obj) or (VIDEO if isinstance(capture, type) and is_a(obj, capture)
-                               else None)
-
-
-def one_per_process(obj):
-    """py-lmdb refuses to open its handles twice in one process: never reopened in this one."""
-    return _lmdb_kind(obj) is not None
+    """The kind of native handle a forked child must not use, else None: LMDB
+    forbids one after fork; a capture that decoded in the parent hangs forked
+    workers (FFmpeg's threads stay behind)."""
+    if is_a(obj, loaded("lmdb", "Environment")):
+        return LMDB_ENV
+    if "lmdb" in sys.modules and type(obj).__name__ == "_Database" \
+            and type(obj).__module__ in ("builtins", "lmdb.cffi"):
+        return LMDB_DB
+    return VIDEO if is_a(obj, loaded("cv2", "VideoCapture")) else None
 
 
 def video_source(cap):
@@ -116,17 +111,9 @@ def video_source(cap):
     return None
 
 
-def lmdb_read_write(env):
-    """Whether an lmdb environment was opened for writing (py-lmdb's default)."""
-    with contextlib.suppress(Exception):
-        return not env.flags()["readonly"]
-    return False
-
-
 def file_kind(f):
-    """``READONLY``, ``WRITABLE`` or None (not a regular file we can reopen). A
-    sqlite connection, lmdb environment (reopened read-only) or recorded capture
-    is read-only."""
+    """``READONLY``, ``WRITABLE`` or None (not a regular file we can reopen); a
+    sqlite connection, lmdb environment or recorded capture is reopened read-only."""
     if is_a(f, h5py_types()):
         with contextlib.suppress(Exception):
             h5file = f.file if f.id.valid else None
@@ -153,8 +140,7 @@ def file_kind(f):
 def sqlite_path(conn):
     """The database file of a sqlite3 connection that could be reopened by path
     (one database, on a regular file, no transaction open), else None."""
-    sqlite3 = sys.modules.get("sqlite3")
-    if sqlite3 is None or not is_a(conn, sqlite3.Connection):
+    if not is_a(conn, loaded("sqlite3", "Connection")):
         return None
     try:
         if conn.in_transaction:
@@ -167,23 +153,21 @@ def sqlite_path(conn):
 
 
 def is_native_handle(obj):
-    """An h5py object, an lmdb handle or a capture: a forked child needs its own,
-    and it has no descriptor to give."""
+    """A forked child needs its own, and it has no descriptor to give."""
     return is_a(obj, h5py_types()) or fork_unsafe(obj) is not None
 
 
 def is_file_object(obj):
     if is_a(obj, io.IOBase):
         return not is_a(obj, (io.BytesIO, io.StringIO))
-    socket = getattr(sys.modules.get("socket"), "socket", ())  # () where it is not imported
-    return is_native_handle(obj) or is_a(obj, socket)
+    return is_native_handle(obj) or is_a(obj, loaded("socket", "socket"))
 
 
 # -- finding what a dataset holds ----------------------------------------------
 
 
 class HeldFile(collections.namedtuple("HeldFile", "path obj kind")):
-    """``(path, obj, kind)``; ``.set(new)`` replaces it where it hangs (``.edge``)."""
+    """``.set(new)`` replaces it where it hangs (``.edge``)."""
 
     def __new__(cls, path, obj, kind, edge):
         self = super().__new__(cls, path, obj, kind)
@@ -204,28 +188,26 @@ class HeldFile(collections.namedtuple("HeldFile", "path obj kind")):
         self.edge.set(new)
 
 
-def find_files(obj, path="dataset", items=None):
+def find_files(obj, path="dataset"):
     """A ``HeldFile`` at each place ``obj`` holds a file (kind None: pipes,
-    sockets, closed or deleted files); ``items``: as ``objwalk.walk``'s."""
+    sockets, closed or deleted files)."""
     if is_file_object(obj):
         return [HeldFile(path, obj, file_kind(obj), None)]
     found, kinds = [], {}
-    for here, owner, _edge in objwalk.walk(obj, path, stop=stop_at, items=items):
+    for here, owner, _edge in objwalk.walk(obj, path, stop=stop_at):
         if stop_at(owner):
             continue
         try:
-            edges = list(objwalk.edges(owner, items))
+            edges = list(objwalk.edges(owner))
         except Exception:
             continue
         for edge in edges:
             child = edge.child
-            try:
+            with contextlib.suppress(Exception):  # an object that cannot be looked at: skipped
                 if is_file_object(child):
-                    kind = kinds[id(child)] if id(child) in kinds else file_kind(child)
-                    kinds[id(child)] = kind
-                    found.append(HeldFile(here + edge.label(), child, kind, edge))
-            except Exception:  # an object that cannot be looked at: skipped
-                continue
+                    if id(child) not in kinds:
+                        kinds[id(child)] = file_kind(child)
+                    found.append(HeldFile(here + edge.label(), child, kinds[id(child)], edge))
     return found
 
 
@@ -240,19 +222,15 @@ def _threading_kinds():
 
 
 def thread_pool_in_use(obj):
-    futures = sys.modules.get("concurrent.futures.thread")
-    if futures is not None and is_a(obj, futures.ThreadPoolExecutor):
+    if is_a(obj, loaded("concurrent.futures.thread", "ThreadPoolExecutor")):
         return bool(executor_threads(obj))
-    pool = sys.modules.get("multiprocessing.pool")
-    if pool is not None and is_a(obj, pool.ThreadPool):
+    if is_a(obj, loaded("multiprocessing.pool", "ThreadPool")):
         return pool_running(obj)
     return None  # not a thread pool
 
 
-def find_thread_pools(obj, path="dataset", items=None):
-    """``(path, pool, edge)`` for each thread pool ``obj`` holds (used or not)."""
-    return [(here, value, edge) for here, value, edge
-            in objwalk.walk(obj, path, stop=stop_at, items=items)
+def find_thread_pools(obj, path="dataset"):
+    return [(here, value, edge) for here, value, edge in objwalk.walk(obj, path, stop=stop_at)
             if thread_pool_in_use(value) is not None]
 
 
@@ -275,13 +253,13 @@ def stop_at_threading(obj):
         or is_a(obj, (logging.Logger, logging.Handler))
 
 
-def fork_blockers(obj, path="dataset", items=None):
+def fork_blockers(obj, path="dataset"):
     """``(path, kind)`` for what a forked worker cannot inherit: a lock held now
     (by any thread: in the child it stays held forever), a live thread (the
     child has none behind it). An unheld lock is copied unheld; a thread pool
     is rebuilt in each worker (DL208)."""
     found = []
-    for here, value, _edge in objwalk.walk(obj, path, stop=stop_at, items=items):
+    for here, value, _edge in objwalk.walk(obj, path, stop=stop_at):
         kind = threading_kind(value)
         if kind == "thread" and value.is_alive():
             found.append((here, "live thread"))
@@ -291,8 +269,8 @@ def fork_blockers(obj, path="dataset", items=None):
 
 
 def held(obj):
-    """Whether a lock (or the one under a primitive) is held now, by any thread.
-    Unknown: held."""
+    """Whether a lock (or the one under a primitive) is held now, by any thread;
+    unknown: held."""
     with contextlib.suppress(Exception):
         for inner in locks_inside(objwalk.instance_dict(obj) or {}):  # a lock has no __dict__
             if threading_kind(inner) is not None:
@@ -314,8 +292,7 @@ def unheld_lock(value):
 
 def users_locks(parts, lock):
     """``(path, obj)`` of each outermost unheld lock the user's own objects hold
-    in ``parts``, directly or through threading's primitives and built-in
-    containers, where ``lock`` is one of them; else None."""
+    in ``parts`` (through primitives and containers too), where ``lock`` is one."""
     if not unheld_lock(lock):
         return None
     owners = objwalk.Owners(parts)
@@ -334,8 +311,7 @@ def users_locks(parts, lock):
 
 
 def users_module(name):
-    """Whether module ``name`` is the script, or a file outside the installed
-    libraries and the standard library."""
+    """The script, or a file outside the installed and standard libraries."""
     if name in ("__main__", "__mp_main__"):
         return True
     path = getattr(sys.modules.get(name), "__file__", None)
@@ -359,7 +335,7 @@ def _stdio_name(stream):
 
 
 def rebuildable(obj):
-    """A handler a worker can make again: a file handler, or a stream handler on stdout/stderr."""
+    """A file handler, or a stream handler on stdout/stderr, pickled by default."""
     if not isinstance(obj, logging.Handler) or type(obj).__reduce_ex__ \
             is not object.__reduce_ex__ or "__getstate__" in vars(type(obj)):
         return False
@@ -379,7 +355,6 @@ def holding(owners, value):
 
 
 def chain(logger):
-    """``logger``, then each parent while the one below propagates."""
     while logger is not None:
         yield logger
         logger = logger.parent if logger.propagate else None
@@ -394,10 +369,10 @@ def configured(logger):
 
 
 def forwards_attributes(obj):
-    """An instance whose class forwards unknown attributes (``__getattr__``, its
-    own ``__getattribute__``) and pickles and copies by default, where asking the
-    new, empty instance for ``__setstate__`` recurses or raises (a RecursionError
-    in a spawned worker): rebuilt from its ``__dict__``."""
+    """An instance whose class forwards unknown attributes and pickles and copies
+    by default, where asking the new, empty instance for ``__setstate__``
+    recurses or raises (a RecursionError in a spawned worker): rebuilt from its
+    ``__dict__``."""
     cls = type(obj)
     defaults = (("__reduce_ex__", object.__reduce_ex__), ("__reduce__", object.__reduce__),
                 ("__getstate__", getattr(object, "__getstate__", None)),
@@ -418,9 +393,8 @@ def forwards_attributes(obj):
 
 @functools.cache
 def _unpickling_fails(cls):
-    """Whether that question (reaching ``__getattr__``) fails: asked once per
-    class, only of what workers are sent. transformers' tokenizers raise
-    AttributeError."""
+    """Whether that question fails (transformers' tokenizers raise AttributeError):
+    asked once per class, only of what workers are sent."""
     try:
         empty = cls.__new__(cls)  # as copyreg.__newobj__ makes it
     except Exception:  # pickle's own error, as without the shim
@@ -439,7 +413,6 @@ PER_PROCESS_NAMES = frozenset({"getpid", "pread", "preadv"})
 
 
 def nested_code(code, depth=0):
-    """``code`` and the code it nests, 4 levels down."""
     yield code
     if depth < 4:
         for const in code.co_consts:

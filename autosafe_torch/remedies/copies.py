@@ -1,22 +1,20 @@
 """One emulated worker's own copy of a loader's parts, as a forked worker has
 it, or a clear refusal: never two workers sharing one stateful object. A
 ``copy.deepcopy`` of the dataset, collate_fn and worker_init_fn, with what
-deepcopy cannot do done in its memo:
+deepcopy cannot do done in its memo (``_KINDS``):
 
-- a named file's memory map is mapped again, with its access and position
-  (``mappings.map_reference``); an anonymous or privately written one is refused;
-- a file open for reading (plain, text, buffered, sqlite, h5py, a video capture,
-  a PIL image of several frames) is opened again at the parent's position and
-  mode, a description of its own as DL207 gives a forked worker; a read-write
-  one (``'r+b'``, a ``NamedTemporaryFile``, whose copy never deletes the file)
-  through ``/proc/self/fd/N``;
-- a file only written (a log), a socket, a pipe, a logger, an lmdb handle (one
-  per process, no position) and large tensors and arrays (read-only by
-  contract, copy-on-write under fork) are shared, as forked workers share them;
+- a named file's memory map is mapped again at its access and position; an
+  anonymous or privately written one is refused;
+- a file open for reading (a PIL image of several frames too) is opened again
+  at the parent's position and mode, a description of its own as DL207 gives
+  a forked worker; a read-write one (``'r+b'``, a ``NamedTemporaryFile``, whose
+  copy never deletes the file) through ``/proc/self/fd/N``;
+- what forked workers share in effect (a written file, a socket, a logger, an
+  lmdb handle, a large tensor) is shared;
 - a function with a closure or defaults is rebuilt around copies of them (code
   and globals shared, as ``emulated_workers`` notes);
-- locks, events, semaphores and conditions are new ones in the same state (a
-  held lock is refused); a thread pool is a new, empty one of its size (DL208);
+- locks are new ones in the same state (a held one is refused); a thread pool
+  is a new, empty one of its size (DL208);
 - an object whose own pickling (which deepcopy goes through) drops an open file
   (``dropped.unfaithful``) is refused, unless its class opens it again; what
   deepcopy refuses goes through a pickle round trip, as a spawned worker
@@ -34,7 +32,6 @@ import os
 import pickle
 import re
 import stat
-import sys
 import threading
 import types
 import weakref
@@ -60,21 +57,18 @@ MAX_UNCOPYABLE = 64
 
 def _payload_bytes(obj):
     """Bytes a deep copy of a tensor or array would duplicate, or None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and objwalk.is_a(obj, torch.Tensor):
+    if objwalk.is_a(obj, holdings.loaded("torch", "Tensor")):
         try:
             return obj.untyped_storage().nbytes()
         except Exception:  # sparse, nested, meta: not copied by value either
             return SHARE_AT_BYTES
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and objwalk.is_a(obj, numpy.ndarray):
+    if objwalk.is_a(obj, holdings.loaded("numpy", "ndarray")):
         return obj.nbytes
     return None
 
 
 def _written_or_not_regular(f):  # a terminal too: forked workers share it in effect
-    socket = sys.modules.get("socket")
-    if socket is not None and objwalk.is_a(f, socket.socket):
+    if objwalk.is_a(f, holdings.loaded("socket", "socket")):
         return True
     raw = holdings.raw_file(f)
     try:
@@ -84,27 +78,14 @@ def _written_or_not_regular(f):  # a terminal too: forked workers share it in ef
         return False
 
 
-# Why an object is given to the workers as it is: the first test it passes.
-_SHARED = (
-    (lambda obj: (_payload_bytes(obj) or 0) >= SHARE_AT_BYTES,
-     "large tensor or array, read-only by contract"),
-    (holdings.one_per_process, "lmdb handle: one per process, and it holds no position"),
-    (lambda obj: objwalk.is_a(obj, (logging.Logger, logging.Handler)), "logger"),
-    (_written_or_not_regular,
-     "not read from a file (written, a pipe, a socket): shared, as forked workers share it"),
-    (lambda obj: holdings.threading_kind(obj) == "thread", "thread"),
-)
-
-
 class CopyPlan:
-    """What a worker's copy does with each object the parts hold, found once per
-    iterator. ``shared``: ``(path, type name, why)`` for the log."""
+    """Found once per iterator. ``shared``: ``(path, type name, why)`` for the log."""
 
     def __init__(self, objects, names=None):
         self.objects = objects
         self.shared = []
         self.watched = {}  # id -> (generator, path): shared while no worker advances it
-        self._of: dict[str, dict[int, Any]] = {kind: {} for kind in ("shared", *_KINDS)}
+        self._of: dict[str, dict[int, Any]] = {kind: {} for kind, _test, _why in _KINDS}
         self._by_id: dict[int, Any] = {}  # id -> every object the walk met
         self._paths: dict[int, str] = {}
         roots = list(zip(names, objects)) if names else [("worker", objects)]
@@ -121,23 +102,17 @@ class CopyPlan:
                               if not dropped.reopens(f.value)), None)
 
     def _classify(self, path, obj):
-        key = id(obj)
-        why = next((why for test, why in _SHARED if test(obj)), None)
-        if dropped.reopens(obj):
-            self._of["file"][key] = obj  # a PIL image, opened again at its frame
-        elif why is not None:
-            self._of["shared"][key] = obj
-            self.shared.append((path, type(obj).__name__, why))
-        else:
-            kind = next((kind for kind, test in _KINDS.items() if test(obj)), None)
-            if kind is not None:
-                self._of[kind][key] = obj
+        for kind, test, why in _KINDS:
+            if test(obj):
+                self._of[kind][id(obj)] = obj
+                if why is not None:
+                    self.shared.append((path, type(obj).__name__, why))
+                return
 
     def path_of(self, obj):
         return self._paths.get(id(obj)) or "an object of type %s" % type(obj).__name__
 
     def copy(self):
-        """A new copy of the objects, as a freshly forked worker holds them."""
         if self._refused is not None:
             raise self._refused
         made = dict(self._of["shared"])  # shared, opened anew, made anew: kept over retries
@@ -191,8 +166,6 @@ class CopyPlan:
         return "an object" if obj is None else "%s (%s)" % (self.path_of(obj), what_is(obj))
 
     def _own_file(self, f):
-        """The copy's own ``f``: a PIL image opened again at its frame, a map mapped
-        again, a file opened again at its position."""
         if type(f) is mmap.mmap:
             return self._own_map(f)
         image = dropped.is_image_file(f)
@@ -261,10 +234,9 @@ class CopyPlan:
 def _torch_generator_copy(obj):
     """A ``torch.Generator``'s seed and state, as a forked worker holds it (torch 2.0
     does not pickle one), else None."""
-    torch = sys.modules.get("torch")
-    if torch is None or type(obj) is not torch.Generator:
+    if type(obj) is not holdings.loaded("torch", "Generator"):
         return None
-    new = torch.Generator(device=obj.device)
+    new = type(obj)(device=obj.device)
     new.manual_seed(obj.initial_seed())
     new.set_state(obj.get_state())
     return new
@@ -278,8 +250,7 @@ def positions(watched):
 
 
 def _walk(root, name):
-    """``(path, obj)`` for what a copy meets: the one walker's objects, and
-    what a function's closure and defaults hold."""
+    """The one walker's ``(path, obj)``, and what a function's closure and defaults hold."""
     stack = [(name, root)]
     seen = set()
     while stack:
@@ -312,7 +283,6 @@ def _stop(obj):
 
 
 def _rebuilt(func, memo):
-    """``func`` around copies (in ``memo``) of its closure cells and defaults."""
     cells = tuple(_cell_copy(c, memo) for c in func.__closure__) if func.__closure__ else None
     new = types.FunctionType(func.__code__, func.__globals__, func.__name__,
                              copy.deepcopy(func.__defaults__, memo), cells)
@@ -322,23 +292,17 @@ def _rebuilt(func, memo):
     return new
 
 
-_BUFFERED = (io.BufferedReader, io.BufferedWriter, io.BufferedRandom)
-
-
 def _buffered_over_python(f):
     """A buffered file over a raw written in Python (a GzipFile's decompressing
     reader): the buffer is a cache, rebuilt around a copy of the raw."""
     try:
-        return type(f) in _BUFFERED and not objwalk.is_a(f.raw, io.FileIO)
+        return type(f) in holdings.BUFFERED and not objwalk.is_a(f.raw, io.FileIO)
     except (ValueError, AttributeError):
         return False
 
 
-def _decompressing(obj):
-    """The stdlib's decompressing reader (gzip, bz2, lzma): its stream can be read again."""
-    compression = sys.modules.get("_compression")
-    cls = getattr(compression, "DecompressReader", None)
-    return cls is not None and objwalk.is_a(obj, cls)
+def _decompressing(obj):  # gzip's, bz2's, lzma's reader: its stream can be read again
+    return objwalk.is_a(obj, holdings.loaded("_compression", "DecompressReader"))
 
 
 def _twin(obj, memo):
@@ -358,7 +322,6 @@ def _twin(obj, memo):
 
 
 def _buffered_copy(f, memo):
-    """A buffered file over a copy of its raw, at the position ``f`` reads from."""
     raw = f.raw
     if _decompressing(raw):  # a decompressor copies (gzip's) or not (bz2's, lzma's)
         try:
@@ -385,20 +348,30 @@ _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 _WEAK = _PROXIES + (weakref.ReferenceType,)
 _PROXIED = re.compile(r" to .+ at (0x[0-9a-fA-F]+)>$")
 
-# The kind of an object neither shared nor a PIL image: the first whose test it passes.
-_KINDS = {
-    "buffered": _buffered_over_python,
-    "twin": lambda obj: _decompressing(obj) or type(obj).__name__ == "_TemporaryFileCloser"
-    and type(obj).__module__ == "tempfile",
-    "file": lambda obj: holdings.raw_file(obj) is not None or holdings.is_native_handle(obj)
-    or holdings.sqlite_path(obj) is not None or type(obj) is mmap.mmap,
-    "function": lambda obj: objwalk.is_a(obj, types.FunctionType)
-    and bool(obj.__closure__ or obj.__defaults__ or obj.__kwdefaults__),
-    "lock": lambda obj: holdings.threading_kind(obj) is not None,
-    "pool": lambda obj: holdings.thread_pool_in_use(obj) is not None,
-    "weak": lambda obj: objwalk.is_a(obj, _WEAK),
-    "direct": lambda obj: holdings.forwards_attributes(obj) or _file_in_python(obj),
-}
+# ``(kind, test, why)``: an object's kind is the first whose test it passes; a
+# "shared" one is given to the workers as it is, for the logged why.
+_KINDS = (
+    ("file", dropped.reopens, None),  # a PIL image, opened again at its frame
+    ("shared", lambda obj: (_payload_bytes(obj) or 0) >= SHARE_AT_BYTES,
+     "large tensor or array, read-only by contract"),
+    ("shared", lambda obj: holdings.fork_unsafe(obj) in holdings.LMDB,
+     "lmdb handle: one per process, and it holds no position"),
+    ("shared", lambda obj: objwalk.is_a(obj, (logging.Logger, logging.Handler)), "logger"),
+    ("shared", _written_or_not_regular,
+     "not read from a file (written, a pipe, a socket): shared, as forked workers share it"),
+    ("shared", lambda obj: holdings.threading_kind(obj) == "thread", "thread"),
+    ("buffered", _buffered_over_python, None),
+    ("twin", lambda obj: _decompressing(obj) or type(obj).__name__ == "_TemporaryFileCloser"
+     and type(obj).__module__ == "tempfile", None),
+    ("file", lambda obj: holdings.raw_file(obj) is not None or holdings.is_native_handle(obj)
+     or holdings.sqlite_path(obj) is not None or type(obj) is mmap.mmap, None),
+    ("function", lambda obj: objwalk.is_a(obj, types.FunctionType)
+     and bool(obj.__closure__ or obj.__defaults__ or obj.__kwdefaults__), None),
+    ("lock", lambda obj: holdings.threading_kind(obj) is not None, None),
+    ("pool", lambda obj: holdings.thread_pool_in_use(obj) is not None, None),
+    ("weak", lambda obj: objwalk.is_a(obj, _WEAK), None),
+    ("direct", lambda obj: holdings.forwards_attributes(obj) or _file_in_python(obj), None),
+)
 
 
 def _referent(ref, objects):
@@ -431,7 +404,8 @@ def _reopen_binary(f):
     os.lseek(new, f.tell(), os.SEEK_SET)
     twin = io.FileIO(new, raw.mode, closefd=True)
     twin.name = raw.name
-    return twin if f is raw else (type(f) if type(f) in _BUFFERED else io.BufferedRandom)(twin)
+    return twin if f is raw else (
+        type(f) if type(f) in holdings.BUFFERED else io.BufferedRandom)(twin)
 
 
 def _short(exc):

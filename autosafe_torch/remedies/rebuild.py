@@ -58,6 +58,7 @@ from multiprocessing import context
 
 from ..inspection import digest, opened, reads
 from ..inspection.failures import RemedyFailed
+from ..inspection.holdings import loaded
 from ..inspection.objwalk import is_a
 from . import generators, process_state
 from .pickling import install as install_reducers
@@ -97,9 +98,7 @@ class Construction:
         return None
 
 
-class _Weak(NamedTuple):
-    """An argument held weakly: the program's to keep or let go."""
-
+class _Weak(NamedTuple):  # an argument held weakly: the program's to keep or let go
     ref: Any
     kind: str
 
@@ -207,8 +206,7 @@ def refusal(obj):
                 "active, or by a class whose __init__ is not Python code)")
     if made.opened is None:
         return "its constructor's end was not seen (its __init__ is not Python code)"
-    gone = made.gone()
-    if gone:
+    if (gone := made.gone()) is not None:
         return gone
     now = {}
     for name, value in digest.attributes(obj):
@@ -250,7 +248,7 @@ def rebuildable_owner(owners, value):
     None, why the innermost may not)``."""
     why_not = None
     for here, owner in owners.chain(value):
-        if not _is_dataset(owner):
+        if not is_a(owner, loaded("torch.utils.data", "Dataset")):
             continue
         why = refusal(owner)
         if why is None:
@@ -259,14 +257,6 @@ def rebuildable_owner(owners, value):
             why_not = "%s (%s) cannot be built again in a worker: %s" % (
                 here, type(owner).__name__, why)
     return None, None, why_not
-
-
-def _is_dataset(obj):
-    torch = sys.modules.get("torch")
-    try:
-        return torch is not None and is_a(obj, torch.utils.data.Dataset)
-    except Exception:
-        return False
 
 
 # -- 2. at a worker's start, in the training process --------------------------------

@@ -21,9 +21,9 @@ import sys
 from typing import Any
 import urllib.parse
 
-from ..inspection.holdings import (LMDB_ENV, READONLY, VIDEO, file_kind, fork_unsafe,
-                                   h5py_types, lmdb_read_write, one_per_process, raw_file,
-                                   real_path, sqlite_path, video_source)
+from ..inspection.holdings import (LMDB, LMDB_ENV, READONLY, VIDEO, file_kind, fork_unsafe,
+                                   h5py_types, loaded, raw_file, real_path, sqlite_path,
+                                   video_source)
 from .pickling import PROTOCOL, install
 
 
@@ -137,7 +137,7 @@ def _reduce_file(f):
 
 def file_reducers():
     """Reducers that let read-only files and native handles (where imported) travel by path."""
-    native = (getattr(sys.modules.get(module), name, None) for module, name in (
+    native = (loaded(module, name) for module, name in (
         ("sqlite3", "Connection"), ("lmdb", "Environment"), ("cv2", "VideoCapture")))
     return {cls: _reduce_file for cls in (io.FileIO, io.BufferedReader, io.TextIOWrapper,
                                           *h5py_types(), *native) if isinstance(cls, type)}
@@ -154,8 +154,9 @@ def read_only_note(f):
     """The log's note on a handle reopened read-only that may have been writable."""
     if sqlite_path(f) is not None:
         return "reopened read-only (mode=ro): a write in a worker fails"
-    if fork_unsafe(f) == LMDB_ENV and lmdb_read_write(f):
-        return "opened read-write, reopened read-only: a write in a worker fails"
+    with contextlib.suppress(Exception):  # py-lmdb opens read-write by default
+        if fork_unsafe(f) == LMDB_ENV and not f.flags()["readonly"]:
+            return "opened read-write, reopened read-only: a write in a worker fails"
     return None
 
 
@@ -168,9 +169,9 @@ def reopen_in_forked_worker(found, args):
     opens one once per process; LMDB forbids the parent's in a child anyway);
     a capture is kept alive (releasing one joins decoder threads the child
     does not have, and hangs)."""
-    old = found.obj
-    if one_per_process(old):
-        old.close()
-    elif fork_unsafe(old):
-        _inherited.append(old)
+    handle = fork_unsafe(found.obj)
+    if handle in LMDB:
+        found.obj.close()
+    elif handle:
+        _inherited.append(found.obj)
     found.set(_reopen_file(*args))

@@ -83,8 +83,7 @@ def _named(items, most=3):
 
 # -- DL202: functions a worker cannot import, sent by value -------------------------
 
-def _by_value_meets(m: Meeting):
-    """A collate_fn or worker_init_fn (or the user's inside ours) that does not pickle."""
+def _by_value_meets(m: Meeting):  # a collate_fn or worker_init_fn (or the user's in ours)
     if m.top not in ("collate_fn", "worker_init_fn"):
         return None
     from ..remedies import byvalue, workerinit
@@ -133,8 +132,7 @@ def _handler_meets(m: Meeting):
     return handler if handler and handler[1] not in [h for _p, h in m.plan.handlers] else None
 
 
-def _said(field, named, whys, done, words, remedy=None):
-    """``Said`` of ``named`` ``(path, obj)``, ``done`` % their names."""
+def _said(field, named, whys, done, words, remedy=None):  # named: [(path, obj)]
     return Said({field: [where for where, _obj in named]}, whys, [done % _named(named)], [words],
                 remedy)
 
@@ -144,11 +142,12 @@ def _handlers_said(found, _args):
                  "%s made again from its file or stream", "make logging handlers again")
 
 
-def _first_met(field, holds):
-    """``meets`` from the first holder only (its reducers send every one)."""
+def _first_met(field, holding):
+    """``meets`` from the first holder only (its reducers send every one):
+    ``holding(m)``, what its entry keeps, None where ``m`` meets none."""
     def meets(m: Meeting):
-        if getattr(m.plan, field) is None and holds(m.value):
-            return (m.failure.path, m.failure.error, m.value)
+        if getattr(m.plan, field) is None and (held := holding(m)) is not None:
+            return (m.failure.path, m.failure.error, held)
         return None
     return meets
 
@@ -167,13 +166,12 @@ def _files_said(found, args):
     from ..remedies import reopen
 
     path, why, held = found
-    files, seen = [], set()
+    kept: dict[int, tuple[str, Any]] = {}  # each file once
     for name in PARTS:
         for f in holdings.find_files(args[name], name) if args[name] is not None else ():
-            if f.kind == holdings.READONLY and id(f.obj) not in seen:
-                seen.add(id(f.obj))
-                files.append((f.path, f.obj))
-    files = files or [(path, held)]
+            if f.kind == holdings.READONLY:
+                kept.setdefault(id(f.obj), (f.path, f.obj))
+    files = list(kept.values()) or [(path, held)]
     return _said("files", files, [why] + ["%s %s" % (where, note) for where, f in files
                                           for note in [reopen.read_only_note(f)] if note],
                  "%s reopened by path", "reopen read-only files by path")
@@ -198,11 +196,6 @@ def _maps_said(found, args):
         done.append("%s (anonymous) shared through one block of shared memory" % _named(shared))
         repairs.append("share anonymous maps")
     return Said({"maps": [where for where, _m in maps]}, [why], done, repairs)
-
-
-def _lock_meets(m: Meeting):
-    named = holdings.users_locks(m.parts, m.value) if m.plan.locks is None else None
-    return None if named is None else (m.failure.path, m.failure.error, named)
 
 
 def _locks_said(found, _args):
@@ -310,14 +303,15 @@ REPAIRS: list[Repair] = [
     Repair("pools", "DL208", list, looks=_pools_look, looks_when_met="pool",
            reducers=_remedy("pools", "pool_reducers"), plan_rank=0),
     Repair("files", "DL201", lambda: None,
-           meets=_first_met("files", lambda f: holdings.file_kind(f) == holdings.READONLY),
+           meets=_first_met("files", lambda m: m.value if holdings.file_kind(m.value)
+                            == holdings.READONLY else None),
            reducers=_remedy("reopen", "file_reducers"), said=_files_said,
            summary="reopen read-only files per worker",
            prevents=("TypeError: cannot pickle '_io.BufferedReader' object (also "
                      "'sqlite3.Connection', h5py and lmdb handles)"), fix_rank=0, plan_rank=2),
     Repair("maps", "DL201", lambda: None,
-           meets=_first_met("maps", lambda value: importlib.import_module(
-               "autosafe_torch.inspection.mappings").travels(value)),
+           meets=_first_met("maps", lambda m: m.value if importlib.import_module(
+               "autosafe_torch.inspection.mappings").travels(m.value) else None),
            reducers=_remedy("memmaps", "map_reducers"), said=_maps_said,
            summary=("map an mmap.mmap of a named file again in each worker with its access "
                     "and position, share an anonymous one through one block of shared memory"),
@@ -349,7 +343,8 @@ REPAIRS: list[Repair] = [
            prevents=("RecursionError in a worker unpickling a __getattr__ forwarder "
                      "(DataLoader worker exited unexpectedly)"),
            fix=FORWARDER_FIX, fix_rank=3, plan_rank=1),
-    Repair("locks", "DL201", lambda: None, meets=_lock_meets,
+    Repair("locks", "DL201", lambda: None,
+           meets=_first_met("locks", lambda m: holdings.users_locks(m.parts, m.value)),
            reducers=_remedy("locks", "lock_reducers"), said=_locks_said,
            summary="send the user's locks nobody holds as new, unlocked ones",
            prevents="TypeError: cannot pickle '_thread.lock' object", fix=LOCK_FIX, fix_rank=4,
