@@ -40,25 +40,23 @@ def default_start_method() -> str:
 
 
 def forkserver_pid(server: Any) -> int | None:
-    """The pid of ``server`` (a ``forkserver.ForkServer``), None before it runs."""
+    """None before it runs."""
     return server._forkserver_pid
 
 
 def stop_forkserver(server: Any, close: Callable[[int], None] = os.close) -> int:
-    """Close the pipe that keeps ``server`` alive (it exits on EOF; ``close``
-    closes it); its pid (set with that pipe: a server that never ran fails at
-    the close)."""
+    """Close (with ``close``) the pipe whose EOF ends ``server``; its pid (a
+    server that never ran fails at the close)."""
     close(server._forkserver_alive_fd)
     return server._forkserver_pid
 
 
 def popen_reading(start_method: str, name: str, modules: dict[str, Any],
                   namespace: dict[str, Any] | None = None) -> type:
-    """A subclass ``name`` of the stdlib's ``Popen`` for ``start_method`` ("spawn"
-    or "forkserver") whose method that pickles for the child (``_launch``;
-    Windows': ``__init__``) is the stdlib's own code, not a copy, reading the
-    module names in ``modules`` (``reduction``: the pickler; ``forkserver``:
-    another server; ``spawn``: the preparation data) from the objects there;
+    """A subclass ``name`` of the stdlib's ``Popen`` for ``start_method`` whose
+    method that pickles for the child (``_launch``; Windows': ``__init__``) is
+    the stdlib's own code, not a copy, reading the module names in ``modules``
+    (``reduction``, ``forkserver``, ``spawn``) from the objects there;
     ``namespace`` besides."""
     base: type
     if sys.platform == "win32":
@@ -87,10 +85,10 @@ def inheriting() -> Iterator[None]:
 
 
 def start_through(process: Any, popen: type) -> bool:
-    """Have ``process`` (not started) start through ``popen`` (a Popen class)
-    where its class starts it the stdlib's way (else False: the warm start's
-    has its own). Its class stays (its repr; the child unpickles it by
-    reference): an attribute, gone before the Popen pickles it."""
+    """Have ``process`` (not started) start through ``popen`` where its class
+    starts it the stdlib's way (else False: the warm start's has its own). An
+    attribute, gone before the Popen pickles it: its class stays (the child
+    unpickles it by reference)."""
     if type(process)._Popen.__module__ != "multiprocessing.context":
         return False
     process._Popen = functools.partial(_started_by, popen)
@@ -120,7 +118,6 @@ class ProcessObject:
 
 
 def process_target(process: Any) -> Any:
-    """What a ``multiprocessing.Process`` runs (its ``target``), or None."""
     return getattr(process, "_target", None)
 
 
@@ -136,7 +133,6 @@ def forkserver_main() -> types.FrameType | None:
 
 
 def _forkserver_main_locals() -> dict[str, Any]:
-    """The locals of ``forkserver.main`` (while it preloads), else {}."""
     frame = forkserver_main()
     return dict(frame.f_locals) if frame is not None else {}
 
@@ -156,15 +152,14 @@ def forkserver_listener_path() -> str | None:
 
 
 def forkserver_preload() -> list[str]:
-    """In a fork server, while it preloads (a module it imports then asks): the
-    names it was given to preload (``forkserver.main``'s ``preload``), else []."""
+    """In a fork server, while it preloads: the names it was given to preload
+    (``forkserver.main``'s ``preload``), else []."""
     return list(_forkserver_main_locals().get("preload") or ())
 
 
 def forkserver_handed(prefix: str) -> bytes | None:
     """In a fork server, while it preloads: what the file its preload list names
-    as ``prefix`` + its path holds, read once, by this server alone (removed as
-    it is read), else None."""
+    as ``prefix`` + its path holds, removed as it is read, else None."""
     path = next((e[len(prefix):] for e in forkserver_preload() if e.startswith(prefix)), None)
     if not path:
         return None
@@ -193,7 +188,6 @@ _ABSTRACT_FORKSERVER = (((3, 9), (3, 9, 16)), ((3, 10), (3, 10, 9)), ((3, 11), (
 
 
 def forkserver_listens_abstract(version: tuple[int, ...] | None = None) -> bool:
-    """Whether this Python's fork server listens in the abstract namespace (Linux)."""
     version = tuple(version or sys.version_info[:3])
     return any(first <= version < fixed for first, fixed in _ABSTRACT_FORKSERVER)
 
@@ -238,7 +232,6 @@ def locks_inside(attrs: dict[str, Any]) -> list[Any]:
 
 
 def rlock_owned(rlock: Any) -> bool:
-    """Whether this thread holds ``rlock`` (a threading RLock)."""
     return rlock._is_owned()
 
 

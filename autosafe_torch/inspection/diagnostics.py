@@ -23,11 +23,10 @@ import threading
 from ..mp_private import forkserver_main, wrap_spawn
 
 DUMP_SIGNAL = signal.SIGUSR1
-# Where a warm worker is told the directory, in its preparation data (``warmserver``),
-# and the environment and umask of the parent at that start.
+# In a worker's preparation data: where it dumps, and (a warm one's) the parent's
+# environment and umask at its start.
 DUMPS_KEY = "autosafe_torch_dumps"
-ENVIRON_KEY = "autosafe_torch_environ"
-UMASK_KEY = "autosafe_torch_umask"
+PARENT_KEY = "autosafe_torch_parent"
 
 _dump_dir = None
 _worker_dump = None  # in a worker: the open dump file, kept for faulthandler
@@ -47,7 +46,6 @@ def dump_dir():
 
 
 def private_file(kind):
-    """A new, empty file of ours in this process's folder (``dump_dir``): its path."""
     fd, path = tempfile.mkstemp(prefix=kind + "-", dir=dump_dir())
     os.close(fd)
     return path
@@ -87,16 +85,13 @@ def dump_path(directory, worker_id, pid):
 
 
 def bootstrap_path(directory, pid):
-    """Where a worker that died while starting wrote its traceback."""
     return os.path.join(directory, "starting-pid%d.txt" % pid)
 
 
 def faulthandler_in_worker(directory, worker_id):
-    """Worker step: a crash writes the worker's traceback, and DUMP_SIGNAL
-    every thread's stack, to its ``dump_path``."""
+    """Worker step; the dump file stays open for faulthandler while it lives."""
     global _worker_dump
     try:
-        # Open for the worker's life: faulthandler writes to it when the worker crashes.
         _worker_dump = open(dump_path(directory, worker_id, os.getpid()), "w")  # noqa: SIM115
         faulthandler.enable(_worker_dump, all_threads=True)
         faulthandler.register(DUMP_SIGNAL, _worker_dump, all_threads=True)
@@ -137,10 +132,16 @@ def _with_directory(made, name):
 
 
 def told(data):
-    """In a worker starting, given its preparation data ``data``: an exception
-    that ends its start (which multiprocessing reports through
+    """In a worker starting, given its preparation data ``data``: the parent's
+    environment and umask where a warm server's child was sent them; an
+    exception that ends its start (which multiprocessing reports through
     ``sys.excepthook``) is also written to ``bootstrap_path`` in the directory
     ``data`` names, created there, never through a link."""
+    parent = data.pop(PARENT_KEY, None)
+    if parent is not None:
+        os.environ.clear()
+        os.environ.update(parent[0])
+        os.umask(parent[1])
     directory = data.pop(DUMPS_KEY, None)
     if not directory:
         return
@@ -163,8 +164,8 @@ def told(data):
 
 
 def listen_as_spawned():
-    """In a spawned process, activated before its start: ``told`` before spawn's
-    own preparation runs."""
+    """In a spawned process (activated before its start) or a server of ours:
+    ``told`` before spawn's own preparation runs."""
     wrap_spawn("prepare", _told_then_prepare)
 
 
@@ -174,6 +175,5 @@ def _told_then_prepare(prepare, data):
 
 
 def in_fork_server():
-    """Whether this runs in a fork server (multiprocessing's, the warm one, a
-    build server), or a child it forked that has not left ``forkserver.main``."""
+    """In any fork server, or a child it forked that has not left ``forkserver.main``."""
     return forkserver_main() is not None

@@ -28,27 +28,21 @@ DIED, HUNG, SHM, FDS, MEMORY, REMEDY, CUDA = ("died", "hung", "shm", "fds", "mem
 class RemedyFailed(RuntimeError):
     """Raised in a worker by a repair that meets what it cannot handle there (a
     file that can no longer be reopened), never to run on with the hazard in
-    place. Recovery steps down (DL216); without recovery, the user reads this."""
+    place: recovery steps down (DL216)."""
 
     def __init__(self, message):
         super().__init__("autosafe_torch: %s" % message if not message.startswith((
             "autosafe_torch", "Caught ")) else message)
 
-# torch's runtime words (allocator, multiprocessing, CUDA; its DataLoader's are
-# torch_private.py's), which tests/test_recovery.py's real faults make torch say:
-# kept here, as classifying needs no torch import.
-SHM_WORDS = ("unable to allocate shared memory", "unable to write to file </torch_",
-             "unable to mmap")
-FD_WORDS = ("Too many open files", "received 0 items of ancdata")
-# torch's words when a forked child touches CUDA (calling .cuda(), or a CUDA tensor
-# from the parent): a RuntimeError, torch.AcceleratorError from 2.8.
-CUDA_WORDS = ("Cannot re-initialize CUDA in forked subprocess",
-              "CUDA error: initialization error")
-# Raised while unpickling a batch whose worker is gone (its resource sharer
-# or shared memory went with it): a death, once a dead worker is found.
-LOST_PEER = (EOFError, ConnectionError, FileNotFoundError)
-
-TRACEBACK_LINES = 120  # of a dump, in the log
+# torch's runtime words (its DataLoader's are torch_private.py's), which
+# tests/test_recovery.py's real faults make torch say, kept here so that classifying
+# needs no torch import. CUDA's: a forked child touched it (a RuntimeError,
+# torch.AcceleratorError from 2.8).
+WORDS = {FDS: ("Too many open files", "received 0 items of ancdata"),
+         SHM: ("unable to allocate shared memory", "unable to write to file </torch_",
+               "unable to mmap"),
+         CUDA: ("Cannot re-initialize CUDA in forked subprocess",
+                "CUDA error: initialization error")}
 _NO_WORKER = {SHM: "out of shared memory", FDS: "out of file descriptors"}
 
 
@@ -70,7 +64,6 @@ def kept(exc):
 
 
 def exception_kind(exc):
-    """The kind ``exc`` (or what it was raised from) says, or None."""
     for e in _chain(exc):
         if isinstance(e, RemedyFailed):
             return REMEDY
@@ -79,18 +72,19 @@ def exception_kind(exc):
         if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
             return FDS
         text = exception_text(e)
-        for kind, said in ((FDS, FD_WORDS), (SHM, SHM_WORDS), (CUDA, CUDA_WORDS)):
+        for kind, said in WORDS.items():
             if any(words in text for words in said):
                 return kind
     return None
 
 
 def lost_peer(exc):
-    return any(isinstance(e, LOST_PEER) for e in _chain(exc))
+    """Raised while unpickling a batch whose worker is gone (its resource sharer
+    or shared memory went with it): a death, once a dead worker is found."""
+    return any(isinstance(e, (EOFError, ConnectionError, FileNotFoundError)) for e in _chain(exc))
 
 
 def exit_status(exitcode):
-    """Words for a ``multiprocessing`` exit code (negative: the signal)."""
     if exitcode is None:
         return "alive"
     if exitcode < 0:
@@ -125,9 +119,8 @@ def _library_dirs():
 
 
 def where(dump, short=False):
-    """The innermost frame of user code in a dump ("file:line in function"), or
-    None (faulthandler lists the most recent call first, a traceback last).
-    ``short``: "name:line", for a headline beside the traceback."""
+    """The innermost frame of user code in a dump ("file:line in function"; ``short``:
+    "name:line"), or None (faulthandler lists the most recent call first)."""
     lines = dump.splitlines()
     if "Traceback (most recent call last):" in dump:
         lines.reverse()
@@ -148,8 +141,7 @@ def where(dump, short=False):
 
 
 def exception_line(dump, limit=100):
-    """The exception line a Python traceback in ``dump`` ends with, or None (a
-    faulthandler dump: a crash)."""
+    """The exception line a Python traceback in ``dump`` ends with, or None (a crash)."""
     if "Traceback (most recent call last):" not in dump:
         return None
     for line in reversed(dump.rstrip().splitlines()):
@@ -159,10 +151,9 @@ def exception_line(dump, limit=100):
     return None
 
 
-def trim_dump(dump, lines=TRACEBACK_LINES):
-    """A dump as the log shows it, at most ``lines`` lines: without the frames a
-    forked worker keeps from its parent (below ``_bootstrap``) and the
-    extension modules."""
+def trim_dump(dump, lines=120):
+    """A dump as the log shows it: without the frames a forked worker keeps from
+    its parent (below ``_bootstrap``) and the extension modules."""
     kept, skipping = [], False
     for line in dump.rstrip().splitlines():
         if not line.startswith("  File "):
@@ -235,7 +226,7 @@ class Failure:
         return text + found
 
     def before(self, rung):
-        """The record's ``before``: what failed, for the log and the JSON sink."""
+        """The record's ``before``."""
         values = {"rung": rung, "batch": self.batch}
         if self.worker is not None:
             values.update(worker=self.worker, pid=self.pid)
@@ -275,7 +266,6 @@ def describe_exception(exc, limit=None):
 
 
 def exception_text(exc):
-    """``str(exc)``, or its type's name where ``str()`` raises or says nothing."""
     try:
         text = str(exc)
     except Exception:

@@ -1,10 +1,7 @@
-"""Building a loader's iterator on a rung of the ladder (``rules/ladder.py``).
-
-Real workers (as asked, restarted, fewer batches in flight, file_system
-sharing, spawn after forked ones touched CUDA) are torch's iterator, watched
-(``torch_private.Watched``); emulated workers are
-``remedies/emulated_workers.py``. Either may resume an earlier iterator
-(``replay``).
+"""Building a loader's iterator on a rung of the ladder (``rules/ladder.py``):
+real workers are torch's iterator, watched (``torch_private.Watched``);
+emulated workers are ``remedies/emulated_workers.py``. Either may resume an
+earlier iterator (``replay``).
 """
 
 from __future__ import annotations
@@ -56,8 +53,8 @@ def ladder_of(loader):
 
 def real_workers(loader, ladder, watch, resume=None):
     """A watched torch iterator with the ladder's settings, each worker's own
-    file descriptions (first of all) and the diagnostics step; the loader's
-    attributes left as they were (NOTE [the data flow of a repaired loader], step 1)."""
+    file descriptions (first of all) and the diagnostics step (NOTE [the data
+    flow of a repaired loader], step 1)."""
     init = with_step(loader.worker_init_fn, functools.partial(faulthandler_in_worker, dump_dir()))
     table = own_files(loader)
     if table is not None:
@@ -75,8 +72,7 @@ def real_workers(loader, ladder, watch, resume=None):
 @contextlib.contextmanager
 def sending_to_workers(loader, init=None, prefetch_factor=None):
     """While ``loader``'s workers start, with ``init`` and ``prefetch_factor``
-    where given (the loader's own again after): what they are told and sent
-    besides the loader."""
+    where given: what they are told and sent besides the loader."""
     state = state_of(loader)
     spawned = CONFIG.mode == "fix" and \
         facts.effective_start_method(loader.multiprocessing_context) != "fork"
@@ -118,8 +114,7 @@ def pickled_for_workers(loader):
 def own_files(loader):
     """The ``DescriptorTable`` that gives each worker of ``loader`` its own
     description of every file this process reads (DL207; carried to spawned
-    workers: DL217), or None (both off, or nothing to give: no file open,
-    no native handle); its reports in ``dump_dir()``."""
+    workers: DL217), or None (both off, or nothing to give)."""
     if CONFIG.mode != "fix":
         return None
     forked, carry = own_descriptions_wanted(engine.enabled)

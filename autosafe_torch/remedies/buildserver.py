@@ -5,14 +5,13 @@ A dataset built again in each worker (``rebuild.py``) would run its
 constructor (a 2 s CSV parse, and its transient memory) once per worker per
 epoch. A build server (``warmstart.Build``) imports what the warm server
 imports, then this module, which prepares as a spawned worker does, sets
-what the workers' code reads (DL220), then builds and checks each dataset
-once as a worker does (``rebuild.rebuilt_in_worker``). Each worker forked
-from it holds the dataset copy-on-write, with its own description of every
-file (``isolation.after_fork_in_server_child``); the training process sends
-a reference (``from_server``) with what the dataset holds at that worker's
-start, checked again there: a dataset changed between epochs is never
-served stale. The recipes go by the plain pickler (a server takes no handle
-of the training process's). Imported elsewhere, this module does nothing.
+what the workers' code reads (DL220), then builds each dataset once. Each
+worker forked from it holds the dataset copy-on-write, with its own
+description of every file (``isolation.after_fork_in_server_child``); the
+training process sends a reference (``from_server``) with what the dataset
+holds at that worker's start, checked there: a dataset changed between
+epochs is never served stale. The recipes go by the plain pickler (a server
+takes no handle of the training process's). Imported elsewhere: nothing.
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ BUILT: dict[Any, Any] = {}
 
 
 def from_server(key, expected):
-    """In a worker forked from the build server: the dataset it built, if it
-    still holds what the training process's holds now, else ``rebuild.Unbuilt``."""
+    """The dataset the build server built, if it still holds what the training
+    process's holds now, else ``rebuild.Unbuilt``."""
     built = BUILT.get(key)
     if built is None:
         return rebuild.Unbuilt("the dataset (%s) was not built in the server that started "
@@ -45,7 +44,6 @@ def from_server(key, expected):
 
 
 def _build():
-    """As a spawned worker starts (``spawn._main``), then the datasets."""
     handed = forkserver_handed(RECIPES)
     if handed is None:
         return

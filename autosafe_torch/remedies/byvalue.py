@@ -13,7 +13,7 @@ from .pickling import PROTOCOL, WorkerPickler, install
 
 
 class ByValue:
-    """A collate_fn/worker_init_fn that pickles its function by value (cloudpickle)."""
+    """A collate_fn/worker_init_fn that pickles its function by value."""
 
     __slots__ = ("function", "__weakref__")
 
@@ -31,12 +31,11 @@ class ByValue:
 
 
 def by_value(fn):
-    """``fn`` wrapped so that it travels by value; a wrapped one as it is."""
     return fn if isinstance(fn, ByValue) else ByValue(fn)
 
 
 class _Whole:
-    """Stands in for a class or function in a reduce value; unpickles as it (cloudpickle)."""
+    """Stands in for a class or function in a reduce value; unpickles as it."""
 
     __slots__ = ("whole",)
 
@@ -51,7 +50,6 @@ class _Whole:
 
 
 def _whole(obj, **protocol):
-    """``obj`` (a class or function) as a reduce value that unpickles as it."""
     import cloudpickle  # noqa: PLC0415 - 5.5 ms at `import torch`, where this module loads (-X importtime: cloudpickle)
 
     return cloudpickle.loads, (cloudpickle.dumps(obj, **protocol),)
@@ -84,7 +82,6 @@ def _reduce_instance_by_value(obj):
 
 
 def class_reducers(classes):
-    """Reducers that send instances of ``classes`` with their class, by value."""
     return dict.fromkeys(classes, _reduce_instance_by_value)
 
 
@@ -102,5 +99,5 @@ def _reducer_override(pickler, obj):
 
 
 def send_by_value_where_needed():
-    """The DL202 remedy for functions and classes anywhere in what workers get."""
+    """DL202's remedy, for functions and classes anywhere in what workers get."""
     WorkerPickler.override = _reducer_override

@@ -64,7 +64,7 @@ class WorkerPickler(ForkingPickler):
 
 
 def install(reducers: Mapping[type, Reducer]) -> None:
-    """Register ``{class: reducer}`` with ``WorkerPickler`` (the newer one wins)."""
+    """The newer reducer for a class wins."""
     WorkerPickler.ours.update(reducers)
 
 
@@ -78,7 +78,7 @@ def before_us(cls: type) -> Reducer | None:
 
 
 def uninstall_reducers() -> None:
-    """Take back every reducer installed here (tests: each as a fresh process)."""
+    """For tests: each as a fresh process."""
     WorkerPickler.ours.clear()
     WorkerPickler.override = None
 
@@ -86,8 +86,8 @@ def uninstall_reducers() -> None:
 # -- the processes of our workers' starts ----------------------------------------------
 
 class Overriding:
-    """``module`` as the stdlib's Popen code reads it (``popen_reading``):
-    ``overrides`` first, else the module's own names."""
+    """``module`` with ``overrides``, as the stdlib's Popen code reads it
+    (``popen_reading``)."""
 
     def __init__(self, module: Any, **overrides: Any) -> None:
         self._module = module
@@ -101,22 +101,20 @@ def _dump(obj: Any, file: Any, protocol: int | None = None) -> None:
     WorkerPickler(file, protocol).dump(obj)
 
 
-# ``multiprocessing.reduction`` as our workers' Popen reads it: what the stdlib's own
-# ``_launch`` dumps goes with ``WorkerPickler``, so what needs the starting Popen (a
-# descriptor passed, the authentication key) has it. The child loads it as ever.
+# What the stdlib's own ``_launch`` dumps goes with ``WorkerPickler``, so what needs the
+# starting Popen (a descriptor passed, the authentication key) has it.
 TO_WORKERS = Overriding(reduction, dump=_dump)
 
 
 @functools.cache
 def sent_popen(start_method: str) -> type:
-    """The stdlib's Popen for ``start_method`` ("spawn", "forkserver"), sending
-    the process with ``WorkerPickler``."""
+    """The stdlib's Popen for ``start_method``, sending with ``WorkerPickler``."""
     return popen_reading(start_method, "Popen", {"reduction": TO_WORKERS})
 
 
 def WorkerContext(context: Any, start_method: str) -> Any:  # noqa: N802 - once a class
-    """A loader's multiprocessing context (or ``torch.multiprocessing``, torch's
-    without one) whose processes are sent with ``WorkerPickler``."""
+    """``context`` (or ``torch.multiprocessing``), its processes sent with
+    ``WorkerPickler``."""
     popen = sent_popen(start_method)
 
     def process(*args: Any, **kwargs: Any) -> Any:

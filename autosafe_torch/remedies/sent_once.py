@@ -3,13 +3,11 @@
 torch pickles the dataset at each worker's start (spawn, forkserver): for an
 ImageNet index of 1.28M ``(path, class)`` tuples, some 0.6 s a worker, every
 epoch of a non-persistent loader. Where the pickle can go as it is to every
-worker (``inventory.sent_as_is``: nothing stood in, nothing pickled per
-child or made again by a repair, such as a tensor moved to shared memory, a
-queue's descriptors, a file, lock or logger; and no other part refers to the
-dataset, whose objects would otherwise be two in the worker), it is made
-once per iterator (or the plan's probe hands its own over: ``keep``) and
-each worker gets ``pickle.loads`` of those bytes. Only in fix mode, for our
-loaders' worker starts (``offering``), for that dataset object alone.
+worker (``inventory.sent_as_is``: nothing pickled per child or made again by
+a repair; and no other part refers to the dataset, whose objects would
+otherwise be two in the worker), it is made once per iterator (or the plan's
+probe hands its own over: ``keep``) and each worker gets ``pickle.loads`` of
+those bytes. Only in fix mode, for that dataset object alone.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ def keep(loader, dataset, pickled):
 @contextlib.contextmanager
 def offering(loader):
     """While ``loader``'s workers start: its dataset goes to each as one pickle,
-    where it may; else as torch pickles it."""
+    where it may."""
     state = state_of(loader)
     kept, state.pickled = state.pickled, None
     dataset = loader.dataset
@@ -58,7 +56,6 @@ def offering(loader):
 
 
 def _pickled(loader):
-    """The dataset's pickle, where it may go as it is to every worker, else None."""
     dataset = loader.dataset
     if dataset is None:
         return None

@@ -2,14 +2,13 @@
 thread, serves only its own run, and a worker that dies while starting
 leaves its traceback for recovery.
 
-``warmstart.py`` names this module last in the server's preload list:
-``multiprocessing.forkserver.main`` imports it after the libraries, then runs
-only its own loop (accept, receive the fds, fork, reap), no library code but
-in the libraries' own threads. Only a thread starts a thread, so a server
-with one thread now has one at every fork; one with more is refused now,
-before any worker (``REFUSED``: plain spawn). A check before each fork would
-put our code in the loop every worker inherits, and a refusal there could
-only end the server mid-epoch, taking its workers' exit codes with it.
+``warmstart.py`` names this module last in the server's preload list;
+``forkserver.main`` then runs only its own loop (accept, fork, reap), no
+library code but in the libraries' own threads. Only a thread starts a
+thread, so a server with one thread now has one at every fork; one with more
+is refused now, before any worker (``REFUSED``: plain spawn). A check before
+each fork would put our code in the loop every worker inherits, and a
+refusal there could only end the server mid-epoch.
 
 On Linux a library may stop its threads at fork (OpenBLAS's pool, numpy's
 and torch's BLAS, through pthread_atfork) and start them only when used,
@@ -18,10 +17,9 @@ which the server never does: one fork whose child exits at once
 the Objective-C runtime asks whether a second thread has ever run
 (``inspection/threads.py``), so nothing settles there.
 
-A failure in spawn's start of a worker (an unpickling that raises, a main
-module that does not import) kills it before any of its steps, its traceback
-printed to a stderr the training process cannot read; so each child is told
-(``diagnostics.DUMPS_KEY``) where to leave it. Imported elsewhere: nothing.
+A worker that fails in spawn's start prints its traceback to a stderr the
+training process cannot read, so each child is told where to leave it
+(``diagnostics.told``). Imported elsewhere, this module does nothing.
 """
 
 import atexit
@@ -35,7 +33,7 @@ import warnings
 
 from ..inspection import threads
 from ..mp_private import ProcessObject, forkserver_handed, forkserver_listener_path, wrap_spawn_main
-from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, in_fork_server, told
+from ..inspection.diagnostics import in_fork_server, listen_as_spawned
 
 REFUSED = 86    # the server's exit status: more than one thread after its preload
 UNCHECKED = 87  # its first child's: the server did not import this module
@@ -46,16 +44,15 @@ _checked = []   # in the server: its threads were counted, and it forks
 
 
 class Hello(ProcessObject):
-    """The server's first child, sent by the training process (``warmstart._run``):
-    its exit status 0 says the server counted its threads and forks."""
+    """The server's first child (``warmstart._run``): its exit status 0 says the
+    server counted its threads and forks."""
 
     def run(self):
         return 0 if _checked else UNCHECKED
 
 
 def forks_safely():
-    """Whether this process may fork workers: one thread, on Linux after a fork
-    whose child exits at once (threads that stop at fork stop now)."""
+    """One thread, on Linux after a fork whose child exits at once (see the module)."""
     if threads.single_threaded():
         return True
     if not (sys.platform.startswith("linux") and threads.count()):
@@ -69,18 +66,6 @@ def forks_safely():
             os._exit(0)
     os.waitpid(pid, 0)
     return threads.single_threaded()
-
-
-def _prepare_and_report(data, prepare):
-    """Before spawn's own preparation: ``warmstart._preparation_data``'s extras."""
-    environ, umask = data.pop(ENVIRON_KEY, None), data.pop(UMASK_KEY, None)
-    if environ is not None:
-        os.environ.clear()
-        os.environ.update(environ)
-    if umask is not None:
-        os.umask(umask)
-    told(data)
-    return prepare(data)
 
 
 _EXITING = 0x4  # the kernel's PF_EXITING, in /proc/<pid>/stat's flags
@@ -101,9 +86,9 @@ def _gone(parent):
 
 
 def _only_ours(secret, main, fd, *args):
-    """A child of the server, before spawn's ``_main`` reads what it was sent: the
-    run's ``secret`` first, else it ends, nothing unpickled (a local process
-    that found the server's socket is not the training process)."""
+    """A child of the server, before spawn's ``_main`` unpickles anything: the
+    run's ``secret`` first, else it ends (a local process that found the
+    server's socket is not the training process)."""
     got = b""
     while len(got) < len(secret):
         chunk = os.read(fd, len(secret) - len(got))
@@ -147,6 +132,4 @@ if in_fork_server():
     if not _given:
         os._exit(UNCHECKED)  # never a server that would serve whoever connects
     wrap_spawn_main(functools.partial(_only_ours, _given))
-    from multiprocessing import spawn
-
-    spawn.prepare = functools.partial(_prepare_and_report, prepare=spawn.prepare)
+    listen_as_spawned()

@@ -13,12 +13,10 @@ under spawn's name for it.
 
 A worker takes from the server, not the parent, its signal dispositions and
 nice value (as under forkserver), its stdout/stderr, CPU affinity and
-open-file limit: each start compares the last three with the server's at
-its start. Where one differs, or a server cannot start or fork, the workers
-start by plain spawn, logged once (naming what the server had imported).
-Torch's watchdog compares ``os.getppid()`` with the parent it saw, which is
-the server: ``exit_with_parent`` (a worker_init step) ends a worker when the
-training process dies (the OOM killer, say).
+open-file limit: where one of the last three changed since the server
+started, or a server cannot start or fork, workers start by plain spawn,
+logged once. Torch's watchdog watches ``os.getppid()``, the server:
+``exit_with_parent`` ends a worker when the training process dies.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ from multiprocessing import connection, reduction, resource_sharer, spawn
 from multiprocessing import context as _mp_context
 from typing import Any
 
-from ..inspection.diagnostics import ENVIRON_KEY, UMASK_KEY, private_file
+from ..inspection.diagnostics import PARENT_KEY, private_file
 from ..inspection.failures import describe_exception
 from ..inspection.opened import TURNS
 from ..mp_private import forkserver_pid, forkserver_process, popen_reading, stop_forkserver
@@ -59,8 +57,8 @@ GUARD = "autosafe_torch.remedies.warmserver"
 # -- what the server preloads -------------------------------------------------------
 
 def _installed(name):
-    """Whether module ``name`` (imported here) is an installed library (a worker
-    finds it where the server does), under a library or site directory."""
+    """Whether module ``name`` (imported here) is under a library or site
+    directory, where a worker finds it as the server does."""
     path = getattr(sys.modules.get(name), "__file__", None)
     paths = sysconfig.get_paths()
     dirs = [paths[k] for k in ("purelib", "platlib", "stdlib", "platstdlib") if k in paths]
@@ -86,8 +84,8 @@ def libraries_for(parts):
 
 
 def preload(names):
-    """Add ``names`` to what the server imports when it starts (once it runs,
-    each worker imports later names, as under spawn)."""
+    """Names for the server to import when it starts (later ones each worker
+    imports, as under spawn)."""
     with _names_lock:
         _preload.extend(n for n in names if n not in _preload)
 
@@ -96,9 +94,8 @@ _OURS = __package__.partition(".")[0]
 
 
 def named(libraries, most=3):
-    """``libraries`` in one short line (``threadlib, torch and 1 more``): top-level
-    packages, not the standard library's, others' before torch's and numpy's
-    (the news for the reader), ``most`` at most."""
+    """``libraries`` as ``threadlib, torch and 1 more``: top-level packages, not
+    the standard library's, others' first (the news for the reader)."""
     tops = []
     for name in libraries:
         top = name.partition(".")[0]
@@ -130,8 +127,7 @@ def _forkserver():
 
 
 def _inherited():
-    """What a forked worker gets from the server, not from us, and no start
-    request can set (``_preparation_data`` sends the rest)."""
+    """What a forked worker gets from the server and no start request can set."""
     def stdio(fd):
         try:
             st = os.fstat(fd)
@@ -178,10 +174,10 @@ def _server():
 
 
 def _run(server, churned, extra=(), also=""):
-    """Have ``server`` (a ``forkserver.ForkServer``) run, (re)started importing
-    the libraries, then ``extra``: whether it started now, and why it does not
-    fork (None: it does; else it is stopped). Its secret, which each child
-    checks before it unpickles anything, goes in a file (``_handed``)."""
+    """Have ``server`` run, (re)started importing the libraries, then ``extra``:
+    whether it started now, and why it does not fork (None: it does; else it
+    is stopped). Its secret, which each child checks before it unpickles
+    anything, goes in a file (``_handed``)."""
     from .warmserver import REFUSED, SECRET, UNCHECKED, Hello  # noqa: PLC0415 - importing warmserver runs the server's set-up (os._exit without the run's secret) wherever diagnostics.in_fork_server() holds, as in a fork server's child, which imports this module (exit_with_parent)
 
     with _names_lock:
@@ -226,8 +222,8 @@ def _run(server, churned, extra=(), also=""):
 @contextlib.contextmanager
 def _handed(kind, data, entry):
     """While a server starts: ``data`` in a new private file, named in its preload
-    list as ``entry`` + the path (not in our environment, which our other
-    children inherit); the server removes it as it reads it, we after."""
+    list as ``entry`` + the path (our environment would reach our other
+    children); the server removes it as it reads it, we after."""
     path = private_file(kind)
     with open(path, "wb") as f:
         f.write(data)
@@ -239,7 +235,7 @@ def _handed(kind, data, entry):
 
 
 def _connect(server, fds):
-    """A new process from ``server``: its run's secret first."""
+    """A new process from ``server``, sent the run's secret first."""
     status_r, data_w = server.connect_to_new_process(fds)
     try:
         view = memoryview(server.autosafe_secret)
@@ -253,7 +249,7 @@ def _connect(server, fds):
 
 
 def _stop(server, wait_s=5.0):
-    """Stop ``server`` and return its exit status (None: not seen in ``wait_s``)."""
+    """``server``'s exit status once stopped (None: not seen in ``wait_s``)."""
     pid, deadline = stop_forkserver(server, TURNS.close), time.monotonic() + wait_s
     with contextlib.suppress(ChildProcessError):
         while time.monotonic() < deadline:
@@ -270,10 +266,9 @@ def _stop_quietly(server):
 
 
 def start_ahead(libraries, context=None):
-    """Start the server now, in a thread, importing ``libraries`` (or the build
-    server of ``context``, a loader's warm context), for a loader the ladder
-    will repair for spawn: its imports overlap the program's own setup (the
-    model, the optimizer) instead of delaying the first epoch. Once at most."""
+    """Start the server (or ``context``'s build server) now, in a thread, for a
+    loader the ladder will repair for spawn: its imports overlap the program's
+    own setup instead of delaying the first epoch. Once at most."""
     preload(libraries)
     build = getattr(context, "_build", None)
     if build is None:
@@ -297,9 +292,8 @@ def _start_ahead(build):
 
 
 def _retire_ahead():
-    """The shared server, started ahead (by the plan's first failed probe) for a
-    loader a build server serves, goes while no worker came from any server:
-    its imports would only hold memory (figure 18b)."""
+    """The shared server, started ahead for a loader a build server serves,
+    goes while no worker came from it: it would only hold memory (figure 18b)."""
     with _lock:
         server = _state["server"]
         if server is None or _starts.warm:
@@ -309,13 +303,13 @@ def _retire_ahead():
 
 
 def _preparation_data(name):
-    """spawn's, plus the parent's environment and umask now: a server started
-    before the program's setup (an optimizer sets TORCHINDUCTOR_CACHE_DIR)
-    forks workers that see what spawn's would."""
+    """spawn's, plus the parent's environment and umask now, which a server
+    started before the program's setup (an optimizer sets
+    TORCHINDUCTOR_CACHE_DIR) would not give its workers."""
     data = spawn.get_preparation_data(name)
-    data[ENVIRON_KEY] = dict(os.environ)
-    data[UMASK_KEY] = os.umask(0o022)  # read, then set back
-    os.umask(data[UMASK_KEY])
+    umask = os.umask(0o022)  # read, then set back
+    os.umask(umask)
+    data[PARENT_KEY] = (dict(os.environ), umask)
     return data
 
 
@@ -356,7 +350,7 @@ _kept_for: dict[int, Build] = {}  # id(a dataset) -> its Build, while the datase
 class Build:
     """A build server for some datasets, from the first worker's start until the
     datasets go. ``server()``: ``(server, {id(dataset): key})``, or ``(None,
-    {})`` where none runs (each worker builds them)."""
+    {})`` (each worker builds them)."""
 
     _known: weakref.WeakValueDictionary[tuple[int, ...], Build] = weakref.WeakValueDictionary()
 
@@ -408,9 +402,9 @@ class Build:
         recipes = {self.keys[id(d)]: rebuild.recipe(d) for d in datasets}
         changed = {label for d in datasets
                    for label in getattr(rebuild.construction_of(d), "changed", ())}
-        # What the workers' code reads now (DL220), set by the server before it builds,
-        # pickled apart (each worker compares where it does not load); not what the
-        # constructions ``changed`` (a counter): the build starts from the import's.
+        # What the workers' code reads now (DL220), set before the build, pickled
+        # apart; not what the constructions ``changed`` (a counter): the build
+        # starts from the import's.
         state = None
         if self.carry is not None:
             with contextlib.suppress(Exception):  # a carry that does not pickle
@@ -430,8 +424,8 @@ class Build:
 
 
 def exit_with_parent(worker_id):
-    """Worker step: exit when the process that started this worker is gone (torch's
-    watchdog sees a spawn parent die; a server's child waits on the sentinel)."""
+    """Worker step: exit once the training process is gone (torch's watchdog
+    sees only the server)."""
     parent = multiprocessing.parent_process()
     if parent is None or parent.pid == os.getppid():
         return
@@ -448,13 +442,12 @@ def _exit_when_ready(sentinel):
 
 
 def _failure(exc):
-    """An exception as one short clause of a note: a line, never a traceback."""
     return shorten_line(describe_exception(exc), 80)
 
 
 class _Starts:
-    """How this process's warm workers came (DL209's record): ``warm`` (``built``:
-    from a build server), or ``plain`` spawn and why (``reason``, the latest)."""
+    """How this process's workers came (DL209's record): ``warm`` (``built``: from
+    a build server), or ``plain`` spawn and why (``reason``, the latest)."""
 
     warm = plain = built = 0
     reason: str | None = None
@@ -486,10 +479,9 @@ def _note(message):
 
 
 def warm_context(context, builds=(), carry=None):
-    """The warm context replacing ``context`` (None or spawn's). ``builds``:
-    datasets a build server builds once, after setting what the workers' code
-    reads (``carry``, DL220). (NOTE [the data flow of a repaired loader] in
-    torch_private.py, step 2.)"""
+    """The warm context replacing ``context`` (None or spawn's); ``builds``:
+    datasets a build server builds once, after ``carry`` (DL220). (NOTE [the
+    data flow of a repaired loader] in torch_private.py, step 2.)"""
     name = "Process" if context is None else "SpawnProcess"
     if not builds:
         return _contexts[name]

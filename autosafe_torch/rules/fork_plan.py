@@ -1,6 +1,5 @@
 """The fork rung's plan: what forked workers of a loader would share, and
-whether fork is safe for it (``fork_is_safe``, the ladder's condition for
-its fork rung).
+whether fork is safe for it (``fork_is_safe``).
 """
 
 import multiprocessing
@@ -26,7 +25,7 @@ def forking(args):
 
 
 def spawning_workers(args, ctx: IterContext):
-    """Workers started by spawn/forkserver from a guarded main: they get pickles."""
+    """Workers that get pickles."""
     return args["num_workers"] > 0 and start_method(args) in SPAWNING and ctx.main_guarded()
 
 
@@ -65,5 +64,4 @@ def fork_is_safe(args, ctx: IterContext):
             or "fork" not in multiprocessing.get_all_start_methods() \
             or fork_plan(args, ctx).unhandled:
         return False
-    # A lock held now, a live thread: only where another thread is alive.
     return not (threads.others_alive() and holdings.fork_blockers(args["dataset"]))

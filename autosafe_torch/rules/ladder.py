@@ -16,8 +16,7 @@ on a safe platform):
    dataset, seeds and worker info: exactly the batches asked for.
 
 After a failure of running workers: per kind, the rungs of ``LADDERS``
-(``next_rung``), ending on the same last rung. A rung is a ``Rung`` wherever
-it is chosen (``Finding.rung``): never a rule's code.
+(``next_rung``), ending on the same last rung.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ GROUP = "dataloader"
 # -- at iter(): rungs 2-4 --------------------------------------------------------
 
 def fallback(check: Check, args: dict[str, Any], ctx: IterContext, why: str | None) -> Finding:
-    """Rungs 2-4 for a loader that cannot start as asked."""
     fix, reason, refused = None, why, []
     if why is None:
         plan = pickling_plan(args, ctx)
@@ -82,8 +80,6 @@ def away_from_fork(check: Check, args: dict[str, Any], ctx: IterContext, why: st
 
 def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | None = None,
                      reason: str | None = None, not_rebuilt: str | None = None) -> Finding:
-    """The last rung: the requested workers emulated in this process
-    (remedies/emulated_workers.py)."""
     workers = args["num_workers"]
     return check.rule.finding({"num_workers": workers}, why=why, rung=Rung.EMULATED,
                               kept=Kept(emulated_workers=workers, not_rebuilt=not_rebuilt),
@@ -92,7 +88,6 @@ def emulated_workers(check: Check, args: dict[str, Any], why: str, fix: str | No
 
 
 def permanent_fix(value: object) -> str | None:
-    """The fix for what made a dataset unpicklable, by what it is."""
     if holdings.thread_pool_in_use(value) is not None:
         return "create the pool lazily in __getitem__ or in worker_init_fn, not in __init__"
     if holdings.threading_kind(value) is not None:

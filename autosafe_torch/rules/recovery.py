@@ -1,11 +1,9 @@
 """Worker failures seen, not predicted (DL210-DL216): the recovery ladder.
 
-The rules at ``dataloader.iter`` predict hazards before the workers start,
-and a prediction can be wrong (a native handle judged fork-safe, a thread
-pool nobody saw, a dataset that cannot be sized without running it), so the
-workers are watched (``recovery``). The checks here run at
-``dataloader.failure`` (``FailureContext``), once a recovery delivered
-(verified, not predicted), and make its record.
+A prediction at ``dataloader.iter`` can be wrong (a native handle judged
+fork-safe, a thread pool nobody saw, a dataset that cannot be sized without
+running it), so the workers are watched (``recovery``); the checks here run
+at ``dataloader.failure`` once a recovery delivered, and make its record.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from .resources import DOCKER_FIX, FDS_FIX
 
 
 def _recovery(declared, kind):
-    """Register ``declared``'s check at ``dataloader.failure``: its record, once
-    the recovery from a failure of ``kind`` delivered."""
+    """``declared``'s check at ``dataloader.failure``: its record, once the
+    recovery from a failure of ``kind`` delivered."""
     def check(args, ctx: FailureContext):
         failure = ctx.failure
         if failure.kind != kind:
@@ -58,7 +56,7 @@ def _recovery(declared, kind):
         room = HEADLINE_LIMIT - len("%s %s: " % (declared.code, declared.slug))
         done = failure.what(room=room - len(outcome)) + outcome
         fix = UNSENT_FIX if failure.unsent else STARTING_FIX if failure.starting else None
-        if kind == REMEDY and process_state.REFUSED in (failure.what() or ""):
+        if kind == REMEDY and process_state.REFUSED in failure.what():
             fix = process_state.FIX  # not a file: what the worker's import left
         return declared.finding(failure.before(str(ctx.first_rung)), why=why,
                                 strategy=str(ctx.rung), shown={"rung": str(ctx.rung)},
@@ -208,9 +206,8 @@ def _kinds_watched(enabled, _disabled):
 
 def start_failures_recovered(enabled):
     """Whether a start that fails here (what the workers are sent does not
-    pickle) goes to the next rung: DL216 on, and every rule that repairs what
-    workers are sent on (``enabled(rule)``: the registry of repairs' rules,
-    DL219's loggers among them); one of them off, torch's error for what it
-    would have repaired stands, at the start as at the plan."""
+    pickle) goes to the next rung: where DL216 and every repair's rule are on;
+    with one off, torch's error for what it would have repaired stands, at the
+    start as at the plan."""
     codes = {r.code for r in REPAIRS} | {"DL216"}
     return all(enabled(RULES[code]) for code in codes if code in RULES)
