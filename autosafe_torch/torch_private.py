@@ -80,6 +80,8 @@ ITER_DATAPIPE: Any = getattr(_dataloader, "IterDataPipe", ())
 WorkerInfo: Any = getattr(_worker_module, "WorkerInfo", None)
 IterableStop: Any = getattr(_worker_module, "_IterableDatasetStopIteration", ())
 sharding_worker_init_fn: Any = getattr(_dataloader, "_sharding_worker_init_fn", None)
+# (kind, dataset, auto_collation, collate_fn, drop_last) -> a worker's fetcher
+create_fetcher: Any = getattr(DatasetKind, "create_fetcher", None)
 
 # torch's own words, raised as torch raises them or read from its errors.
 TIMED_OUT = "DataLoader timed out after %s seconds"
@@ -96,11 +98,6 @@ def has_numpy() -> bool:
 def numpy_seed(base_seed: int, worker_id: int) -> Any:
     """The numpy seed ``_worker_loop`` gives worker ``worker_id``."""
     return _worker_module._generate_state(base_seed, worker_id)
-
-
-def create_fetcher(kind: Any, dataset: Any, auto_collation: bool,
-                   collate_fn: Callable[[Any], Any] | None, drop_last: bool) -> Any:
-    return DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
 
 
 def is_iterable_kind(kind: Any) -> bool:
@@ -130,8 +127,7 @@ def storages_keep_their_python_object() -> bool:
     """Whether a storage's Python object lives as long as the storage (torch >=
     2.1), so that a weak reference to it is safe. torch 2.0 makes a new one at
     each call and frees it without clearing its weak references: a
-    ``WeakValueDictionary`` of storages segfaults when a freed one's entry is
-    replaced. Read from what torch does, once per process."""
+    ``WeakValueDictionary`` of storages segfaults when a freed one's entry is replaced."""
     probe = torch.empty(1)
     return probe.untyped_storage() is probe.untyped_storage()
 
@@ -253,7 +249,6 @@ def next_epoch(iterator: Any, loader: Any, first_iter: bool = False) -> Any:
 
 # -- recording the sampler, and resuming at a batch ------------------------------
 
-
 class Recorder:
     """The epoch's sampler iterator, remembering what it gave, for a new
     iterator to take again before it draws on."""
@@ -276,9 +271,7 @@ class Recorder:
         return itertools.chain(list(self.drawn), self)
 
 
-class Resume(NamedTuple):
-    """Where a new iterator resumes: the old one's base seed and its recorder."""
-
+class Resume(NamedTuple):  # where a new iterator resumes
     base_seed: int
     recorder: Recorder
 
@@ -331,7 +324,6 @@ class Recording(BaseIter):
 
 
 # -- the watched multi-process iterator --------------------------------------------
-
 
 # torch's (>= 2.8) advice when a worker's start fails to pickle, attributed to the
 # iterator __init__'s caller: here, Watched.__init__, whose recovery takes the
@@ -497,7 +489,6 @@ def dataset_kind_missing() -> list[str]:
 
 @_once
 def watched_missing() -> list[str]:
-    """What ``Watched`` needs."""
     missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
     missing += _names(_signal_handling, ("_remove_worker_pids",), "signal_handling")
     cls = getattr(_dataloader, "_MultiProcessingDataLoaderIter", None)
@@ -544,7 +535,6 @@ def _code_names(function: Any) -> set[str]:
 
 @_once
 def emulated_missing() -> list[str]:
-    """What the emulated workers need."""
     missing = _names(_dataloader, DATALOADER_MODULE, "torch.utils.data.dataloader")
     missing += _names(_worker_module, WORKER_MODULE, "torch.utils.data._utils.worker")
     base = getattr(_dataloader, "_BaseDataLoaderIter", None)

@@ -34,7 +34,6 @@ class UnsafeCallError(RuntimeError):
 
 
 def intervention_of(finding: Finding, call_site: str, action: str) -> Intervention:
-    """The record of ``finding`` at ``call_site``, ``action`` done to it."""
     r = finding.rule
     made = report.Intervention(r.code, r.slug, finding.before, finding.after, finding.why,
                                finding.fix, call_site, finding.strategy, action, finding.done,

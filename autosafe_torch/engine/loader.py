@@ -6,7 +6,7 @@ The patch calls ``decide_construction`` in ``DataLoader.__init__`` and
 a finding is asked what it decided (its ``rung``, what it ``kept``). Its
 ``changes`` become the call's arguments (at iteration, the loader's
 attributes); what it keeps goes in the loader's ``LoaderState``, where the
-worker checks' records wait (``take_pending``) until the recovery saw their
+worker checks' records wait (``pending``) until the recovery saw their
 remedies hold in the workers.
 """
 
@@ -48,13 +48,6 @@ def keep_state(loader: Loader, findings: Iterable[Finding]) -> None:
         state.keep(finding.kept)
 
 
-def take_pending(loader: Loader) -> list[Intervention]:
-    """This iteration's worker checks' records, to make once their remedies held."""
-    state = state_of(loader)
-    pending, state.pending = state.pending, []
-    return pending
-
-
 # -- construction ----------------------------------------------------------------
 
 def decide_construction(values: dict[str, Any], defaults: dict[str, Any],
@@ -84,7 +77,7 @@ def _plan_key(loader: Loader) -> Hashable:
 
 def decide_iteration(loader: Loader, frame: FrameType) -> None:
     """Run the worker checks for ``loader`` once per state of what they read;
-    their records wait on the loader (``take_pending``)."""
+    their records wait on the loader (``LoaderState.pending``)."""
     state = state_of(loader)
     key = _plan_key(loader)
     if state.plan_key == key:
@@ -196,9 +189,7 @@ def warm_start_ahead(loader: Loader, frame: FrameType) -> None:
 
 def _repair_likely(parts: dict[str, Any]) -> bool:
     """Signs, from the process and the parts' types (never walking what the
-    dataset holds), that spawn workers will need a repair: a file open for
-    reading, another thread alive, a function or class a worker cannot
-    import, a class that forwards its attributes."""
+    dataset holds), that spawn workers will need a repair."""
     from ..inspection import threads  # noqa: PLC0415 - 0.1 ms at `import torch`, where this module loads (-X importtime: inspection.threads)
     from ..inspection.descriptors import shared_at_fork  # noqa: PLC0415 - 0.2 ms at `import torch`, where this module loads (-X importtime: inspection.descriptors)
 

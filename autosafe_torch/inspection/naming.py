@@ -23,21 +23,16 @@ def brief(value):
         name = getattr(value, "__qualname__", None)
         if isinstance(name, str) and callable(value):
             return name
-    return a_or_an(_kind(type(value)))
-
-
-def _kind(cls):
-    """A type as a log names it: ``reader`` is ``csv.reader``, a weak proxy is one."""
+    cls = type(value)
     if cls in (weakref.ProxyType, weakref.CallableProxyType):
-        return "weak proxy"
+        return "a weak proxy"
     module = getattr(cls, "__module__", "") or ""
     if module.startswith("_") and module != "__main__":  # a C type: _csv.reader
-        return "%s.%s" % (module.lstrip("_"), cls.__name__)
-    return cls.__name__
+        return a_or_an("%s.%s" % (module.lstrip("_"), cls.__name__))
+    return a_or_an(cls.__name__)
 
 
 def a_or_an(noun):
-    """``an lmdb environment``, ``a thread pool``."""
     return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
@@ -74,5 +69,4 @@ def what_is(value):
 
 
 def number_of(count, thing):
-    """``1 worker``, ``2 workers``."""
     return "%d %s%s" % (count, thing, "" if count == 1 else "s")

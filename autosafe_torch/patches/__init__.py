@@ -43,13 +43,10 @@ def bind(signature, args, kwargs):
         bound = signature.signature.bind(*args, **kwargs)
     except TypeError:
         return None
-    values = dict(signature.defaults)
-    values.update(bound.arguments)
-    return bound, values
+    return bound, {**signature.defaults, **bound.arguments}
 
 
 def wrap(owner, name, wrapper):
-    """Wrap ``owner.name`` with a wrapt function wrapper, once."""
     import wrapt
 
     if (owner, name) not in _originals:
@@ -130,8 +127,6 @@ def revert():
     for owner, name in list(_originals):
         unwrap(owner, name)
     for name in list(_applied):
-        with contextlib.suppress(Exception):
-            unpatch = getattr(importlib.import_module(name), "unpatch", None)
-            if unpatch is not None:
-                unpatch()
+        with contextlib.suppress(Exception):  # AttributeError: a patch with nothing to undo
+            importlib.import_module(name).unpatch()
     _applied.clear()

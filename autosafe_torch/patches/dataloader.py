@@ -7,6 +7,7 @@ start method may change in between. The one path of a repaired loader: this
 patch → ``engine.loader`` → ``recovery``.
 """
 
+import functools
 import sys
 
 from torch.utils.data import DataLoader
@@ -17,17 +18,13 @@ from ..loaderstate import state_of
 from ..torch_private import GET_ITERATOR
 from . import Signature, bind, wrap
 
-_signature = {}
-
 
 def patch(torch):
-    _signature["init"] = Signature(DataLoader.__init__)
-    wrap(DataLoader, "__init__", _init_wrapper)
+    wrap(DataLoader, "__init__", functools.partial(_init_wrapper, Signature(DataLoader.__init__)))
     wrap(DataLoader, GET_ITERATOR, _iterator_wrapper)
 
 
-def _init_wrapper(wrapped, instance, args, kwargs):
-    signature = _signature["init"]
+def _init_wrapper(signature, wrapped, instance, args, kwargs):
     bound = bind(signature, args, kwargs)
     if bound is None:
         return wrapped(*args, **kwargs)  # the user's own mistake: torch says it
@@ -52,10 +49,9 @@ def _iterator_wrapper(wrapped, loader, args, kwargs):
     from .. import recovery  # noqa: PLC0415 - 3.9 ms at `import torch`, where the patches load (-X importtime: recovery and the 19 modules it loads: isolation, loggers, rungs, copies...)
 
     # The records of this iteration's findings: made once their remedies held.
-    pending = plans.take_pending(loader)
     state = state_of(loader)
-    emulated = state.kept.emulated_workers
-    if emulated and emulated == loader.num_workers:
+    pending, state.pending = state.pending, []
+    if loader.num_workers and state.kept.emulated_workers == loader.num_workers:
         iterator = recovery.emulated(loader, pending, lambda: wrapped(*args, **kwargs))
     else:
         iterator = recovery.watched(loader, wrapped, args, kwargs, pending)

@@ -39,7 +39,7 @@ from ..rules import OutcomeContext, number_of
 from ..rules.recovery import kinds_watched, start_failures_recovered
 from .iterator import RecoveringIter, UnwatchedIter
 from .rungs import Emulated, ladder_of, own_files, real_workers, sending_to_workers, torch_lacks
-from .watch import Failed, Watch, record_failed, record_held
+from .watch import Failed, Watch, record_held
 
 __all__ = ["watched", "emulated", "RecoveringIter"]
 
@@ -48,13 +48,13 @@ def watched(loader, wrapped, args, kwargs, pending=()):
     """``wrapped(*args, **kwargs)`` (``DataLoader._get_iterator``), watched and
     recovered where that is exact; unchanged otherwise, or on an error of ours.
     ``pending``: this iteration's records, made once their remedies held."""
-    kinds = engine.fail_open(None, "DataLoader recovery", _kinds_watched, loader, wrapped)
-    if kinds is None:
-        return _unwatched(loader, wrapped, args, kwargs, pending)
+    kinds = engine.fail_open(_NOT_OURS, "DataLoader recovery", _kinds_watched, loader, wrapped)
+    if isinstance(kinds, str):
+        return _unwatched(loader, wrapped, args, kwargs, pending, kinds)
     return _start(loader, kinds, pending)
 
 
-def _unwatched(loader, wrapped, args, kwargs, pending):
+def _unwatched(loader, wrapped, args, kwargs, pending, why):
     """torch's own iterator, each worker's own files first. The records wait
     for the batches (``UnwatchedIter``) where this torch cannot be watched or
     the workers say what they did (DL220); else they are made now."""
@@ -67,22 +67,11 @@ def _unwatched(loader, wrapped, args, kwargs, pending):
     if pending and loader.num_workers and CONFIG.mode == "fix":
         missing = tp.watched_missing()
         if missing or any(r.needed for r in pending):
-            return UnwatchedIter(iterator, pending, loader.num_workers,
-                                 _unwatched_because(loader, missing))
+            why = "this torch cannot watch its workers (it lacks %s)" % shorten_line(missing, 80) \
+                if missing else "its workers are not watched (%s)" % why
+            return UnwatchedIter(iterator, pending, loader.num_workers, why)
     record_held(pending)
     return iterator
-
-
-def _unwatched_because(loader, missing):
-    if missing:
-        return "this torch cannot watch its workers (it lacks %s)" % shorten_line(missing, 80)
-    if not getattr(loader, "in_order", True):
-        why = "in_order=False"
-    elif isinstance(loader.dataset, tp.DATAPIPES):
-        why = "a DataPipe"
-    else:
-        why = "its iterator is not torch's, or the recovery rules are off"
-    return "its workers are not watched (%s)" % why
 
 
 def emulated(loader, pending=(), torch_s=None):
@@ -90,12 +79,12 @@ def emulated(loader, pending=(), torch_s=None):
     every worker has its copy (else as what happened). ``torch_s()`` makes
     torch's own iterator, for a torch that lacks what emulated workers need."""
     if torch_s is not None and torch_lacks("emulated"):
-        record_failed(pending, "this torch lacks what emulated workers need")
+        record_held(pending, "this torch lacks what emulated workers need")
         return torch_s()
     try:
         iterator = Emulated(loader)
     except NoExactRung as refused:
-        record_failed(pending, refused.reason)
+        record_held(pending, refused.reason)
         not_rebuilt = state_of(loader).kept.not_rebuilt
         if not_rebuilt:  # the rung above was refused too: why
             raise NoExactRung("%s\n  %s" % (refused.reason, not_rebuilt), refused.fix) \
@@ -105,18 +94,23 @@ def emulated(loader, pending=(), torch_s=None):
     return iterator
 
 
+_NOT_OURS = "its iterator is not torch's, or the recovery rules are off"
+
+
 def _kinds_watched(loader, wrapped):
-    """The failure kinds a watched iterator recovers from, or None: leave it to torch."""
-    if CONFIG.mode != "fix" or not loader.num_workers or not getattr(loader, "in_order", True) \
-            or isinstance(loader.dataset, tp.DATAPIPES):
-        return None
+    """The failure kinds a watched iterator recovers from, or why none (a str):
+    torch's own iterator runs."""
+    if CONFIG.mode != "fix" or not loader.num_workers:
+        return "off"
+    if not getattr(loader, "in_order", True):
+        return "in_order=False"
+    if isinstance(loader.dataset, tp.DATAPIPES):
+        return "a DataPipe"
     if getattr(wrapped, "__func__", None) is not tp.original_get_iterator() \
             or not tp.iterator_class_is_torchs():
-        return None  # someone else's iterator: not ours to rebuild
+        return _NOT_OURS  # someone else's iterator: not ours to rebuild
     kinds = kinds_watched(engine.enabled)
-    if not kinds or torch_lacks("watched"):
-        return None
-    return kinds
+    return kinds if kinds and not torch_lacks("watched") else _NOT_OURS
 
 
 def _start(loader, kinds, pending):
@@ -132,12 +126,11 @@ def _start(loader, kinds, pending):
                   outcome, start_recovered=start_failures_recovered(engine.enabled))
     try:
         with _warm_starts(pending):
-            inner = real_workers(loader, ladder, watch)
+            return RecoveringIter(real_workers(loader, ladder, watch), loader, ladder, watch)
     except Failed as failed:  # its workers could not start (``Watch.start_failed``)
         recovering = RecoveringIter(failed.iterator, loader, ladder, watch)
         recovering._recover_or_raise(failed.failure)  # on the next rung already
         return recovering
-    return RecoveringIter(inner, loader, ladder, watch)
 
 
 @contextlib.contextmanager

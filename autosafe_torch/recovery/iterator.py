@@ -47,10 +47,9 @@ class RecoveringIter(wrapt.ObjectProxy):
         self._self_rung = Rung.AS_ASKED
         self._self_delivered = 0
         self._self_epoch = 0
-        # A recovery's record (its context at dataloader.failure) until verified: once
-        # ``verify_at`` batches were delivered.
-        self._self_pending: FailureContext | None = None
-        self._self_verify_at = 0
+        # A recovery's record (its context at dataloader.failure), and the batches delivered
+        # that verify it (``_settle``).
+        self._self_pending: tuple[FailureContext, int] | None = None
 
     def __iter__(self):
         return self
@@ -73,7 +72,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             else:
                 self._self_delivered += 1
                 if self._self_pending is not None \
-                        and self._self_delivered >= self._self_verify_at:
+                        and self._self_delivered >= self._self_pending[1]:
                     self._settle()
                 return data
             self._recover_or_raise(failure)
@@ -104,9 +103,8 @@ class RecoveringIter(wrapt.ObjectProxy):
         rung: Rung | None  # None: the ladder has no rung left
         rung = self._self_rung
         # One story where the last recovery's rung failed before it was verified.
-        story = self._self_pending or FailureContext(None, failure=failure, first_rung=rung,
-                                                     rung=rung)
-        verify_at = self._self_verify_at if self._self_pending is not None else 0
+        story, verify_at = self._self_pending or (
+            FailureContext(None, failure=failure, first_rung=rung, rung=rung), 0)
         self._self_pending = None
         current = failure
         while True:
@@ -150,7 +148,7 @@ class RecoveringIter(wrapt.ObjectProxy):
             if loader.persistent_workers and self._self_epoch:
                 story.exact = ("a persistent loader after its first epoch: the new workers "
                                "start from their seeds, not from the states earlier epochs left")
-            self._self_pending, self._self_verify_at = story, verify_at
+            self._self_pending = story, verify_at
             return True
 
     def _rebuild(self, loader, rung):
@@ -205,7 +203,7 @@ class RecoveringIter(wrapt.ObjectProxy):
         self._self_watch.held()
         pending, self._self_pending = self._self_pending, None
         if pending is not None:
-            engine.fail_open(None, "DataLoader recovery log", _record, pending)
+            engine.fail_open(None, "DataLoader recovery log", _record, pending[0])
 
 
 def _record(ctx: FailureContext) -> None:

@@ -113,10 +113,9 @@ class Watch:
     # -- the records waiting on the workers --
 
     def held(self, failed=None):
-        """Every worker delivered (or the epoch ended): the pending records hold;
-        or they are fixes that did not hold, and why (``failed``)."""
+        """Every worker delivered (or the epoch ended): ``record_held``."""
         pending, self.pending = self.pending, []
-        record_failed(pending, failed)
+        record_held(pending, failed)
 
     def did_not_hold(self, failure):
         """A remedy the workers could not apply, or a failed start."""
@@ -124,15 +123,11 @@ class Watch:
             self.held(failure.what())
 
 
-def record_held(pending):
-    record_failed(pending, None)
-
-
-def record_failed(pending, why):
-    """The pending records as fixes that did not hold, and ``why`` (None: held)."""
+def record_held(pending, failed=None):
+    """The pending records as fixed, or as fixes that did not hold and why (``failed``)."""
     if pending:
         engine.fail_open(None, "DataLoader records",
-                         lambda: [engine.record_outcome(i, failed=why) for i in pending])
+                         lambda: [engine.record_outcome(i, failed=failed) for i in pending])
 
 
 # -- from an exception to a Failure --------------------------------------------------

@@ -60,20 +60,7 @@ SWAP_LOCK = threading.RLock()
 _SKIPPED = object()  # a task sent to a worker whose IterableDataset had ended
 
 
-def _seed_as_worker_loop(base_seed, worker_id):
-    """``_worker_loop``'s seeding, on the CPU generator only: the parent's CUDA
-    generators are not the worker's to seed."""
-    seed = base_seed + worker_id
-    random.seed(seed)
-    torch.default_generator.manual_seed(seed)
-    if tp.has_numpy():  # imported if torch can: a real worker seeds it even unused
-        import numpy  # noqa: PLC0415 - optional dependency
-
-        numpy.random.seed(tp.numpy_seed(base_seed, worker_id))
-
-
 # -- the kernel's part of a worker's copy ------------------------------------------
-
 
 class Descriptions:
     """What DL207 gives a forked worker, for whoever holds a descriptor (a raw
@@ -82,12 +69,11 @@ class Descriptions:
     steps. ``shared``: files that can no longer be reopened, left as they are."""
 
     def __init__(self, workers):
-        self.files = [f for f in open_files() if f.private]
         self.shared = []
         self.parked = {}
         self.own: list[dict[int, int]] = [{} for _ in range(workers)]
         try:
-            for found in self.files:
+            for found in [f for f in open_files() if f.private]:
                 try:
                     copies = [isolation.private_copy(found) for _ in range(workers)]
                 except OSError as exc:
@@ -118,7 +104,6 @@ class Descriptions:
 
 
 # -- one emulated worker --------------------------------------------------------
-
 
 class EmulatedWorker:
     """One worker of ``_worker_loop``, run step by step in this process: its
@@ -157,8 +142,13 @@ class EmulatedWorker:
             if parent_threads != 1:
                 torch.set_num_threads(1)
             try:
-                if self._states is None:
-                    _seed_as_worker_loop(self._base_seed, self.id)
+                if self._states is None:  # _worker_loop's seeding, but the parent's
+                    random.seed(self.seed)  # CUDA generators are not the worker's to seed
+                    torch.default_generator.manual_seed(self.seed)
+                    if tp.has_numpy():  # imported if torch can: a real worker seeds it even unused
+                        import numpy  # noqa: PLC0415 - optional dependency
+
+                        numpy.random.seed(tp.numpy_seed(self._base_seed, self.id))
                 else:
                     generators.restore(self._states)
                 tp.set_worker_info(self.info)
@@ -231,7 +221,6 @@ class EmulatedWorker:
 
 
 # -- the iterator -----------------------------------------------------------------
-
 
 class EmulatedWorkersIter(tp.BaseIter):
     """What ``DataLoader._get_iterator`` returns to emulate ``loader.num_workers``
