@@ -136,7 +136,6 @@ def _owned_by(frame, instance):
 
 @functools.cache
 def _method_of(code, cls):
-    """Whether ``code`` is a function of ``cls`` or a base."""
     return any(getattr(getattr(value, "__func__", value), "__code__", None) is code
                for klass in cls.__mro__ for value in vars(klass).values())
 
@@ -278,15 +277,20 @@ def _line_calling(code, name):
     """The first line of ``code`` that loads ``name`` (a method it calls), or None."""
     current = None
     for instruction in dis.get_instructions(code):
-        number = getattr(instruction, "line_number", None)  # Python >= 3.13
-        if number is None and not isinstance(instruction.starts_line, bool):
-            number = instruction.starts_line
-        if number is not None:
-            current = number
+        current = line_of(instruction, current)
         if instruction.argval == name and instruction.opname.startswith(
                 ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL")):
             return current
     return None
+
+
+def line_of(instruction, last):
+    """``instruction``'s line, else ``last`` (the line it continues)."""
+    line = getattr(instruction, "line_number", None)  # Python 3.13
+    if isinstance(line, int):
+        return line
+    starts = instruction.starts_line  # an int before 3.13
+    return starts if isinstance(starts, int) and not isinstance(starts, bool) else last
 
 
 # A pin-memory thread has no user frame: the loader's iteration site it serves.

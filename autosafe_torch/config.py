@@ -56,14 +56,17 @@ def warn_line(message):
         sys.stderr.write("autosafe_torch: %s\n" % message)
 
 
-def _parse(name, value, default, read, expected, taken):
+def _parse(name, value, default, read, expected, taken, env):
     """``value`` of variable ``name`` as ``read`` takes its lower-cased word (None:
-    malformed -> warning, ``default``); unset or blank -> ``default``."""
+    malformed -> warning, ``default``, and in ``env`` the default taken: see the
+    module docstring); unset or blank -> ``default``."""
     if value is None or not value.strip():
         return default
     parsed = read(value.strip().lower())
     if parsed is None:
         warn_line("%s=%r is not %s; using %s" % (name, value, expected, taken))
+        if env is not None:
+            env[name] = {"on": "1", "off": "0"}.get(taken, taken)
         return default
     return parsed
 
@@ -72,12 +75,12 @@ def _bool(word):
     return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
 
 
-def parse_bool(name, value, default):
+def parse_bool(name, value, default, env=None):
     return _parse(name, value, default, _bool, "one of %s (on) or %s (off)" % (
-        "/".join(TRUE_WORDS), "/".join(FALSE_WORDS)), "on" if default else "off")
+        "/".join(TRUE_WORDS), "/".join(FALSE_WORDS)), "on" if default else "off", env)
 
 
-def parse_log_file(value, name=ENV_LOG_FILE):
+def parse_log_file(value, name=ENV_LOG_FILE, env=None):
     """The JSON-lines path, or None; a path that cannot be written -> one line,
     None. Checked without creating the file (a run with no intervention writes
     nothing); a failure at the first write is the report's."""
@@ -105,6 +108,8 @@ def parse_log_file(value, name=ENV_LOG_FILE):
         return path
     warn_line("%s=%r: %s; the JSON log is off (default: unset), the fixes still "
               "apply" % (name, path, reason))
+    if env is not None:
+        env[name] = ""
     return None
 
 
@@ -112,8 +117,8 @@ def _mode(word):
     return word if word in MODES else None
 
 
-def parse_mode(value, name=ENV_MODE):
-    return _parse(name, value, "fix", _mode, "one of %s" % "/".join(MODES), "fix")
+def parse_mode(value, name=ENV_MODE, env=None):
+    return _parse(name, value, "fix", _mode, "one of %s" % "/".join(MODES), "fix", env)
 
 
 def _seconds(word):
@@ -127,9 +132,9 @@ def _seconds(word):
     return seconds if 0 <= seconds != float("inf") else None
 
 
-def parse_seconds(name, value, default):
+def parse_seconds(name, value, default, env=None):
     return _parse(name, value, default, _seconds,
-                  "a number of seconds >= 0 (0 or off: none)", "%g" % default)
+                  "a number of seconds >= 0 (0 or off: none)", "%g" % default, env)
 
 
 def parse_disable(value):
@@ -171,25 +176,16 @@ class Config:
         """The settings ``environ`` asks for. With ``settle_env``, a refused
         value is set to the default taken (see the module docstring)."""
         env = os.environ if environ is None else environ
-        self = cls(
-            mode=parse_mode(env.get(ENV_MODE)),
+        settle = env if settle_env else None
+        return cls(
+            mode=parse_mode(env.get(ENV_MODE), env=settle),
             disabled=parse_disable(env.get(ENV_DISABLE)),
-            log_file=parse_log_file(env.get(ENV_LOG_FILE)),
-            quiet=parse_bool(ENV_QUIET, env.get(ENV_QUIET), False),
-            debug=parse_bool(ENV_DEBUG, env.get(ENV_DEBUG), False),
+            log_file=parse_log_file(env.get(ENV_LOG_FILE), env=settle),
+            quiet=parse_bool(ENV_QUIET, env.get(ENV_QUIET), False, settle),
+            debug=parse_bool(ENV_DEBUG, env.get(ENV_DEBUG), False, settle),
             hang_timeout=parse_seconds(ENV_HANG_TIMEOUT, env.get(ENV_HANG_TIMEOUT),
-                                       HANG_TIMEOUT_DEFAULT),
+                                       HANG_TIMEOUT_DEFAULT, settle),
         )
-        with contextlib.suppress(Exception):
-            for name, read, taken in (
-                    (ENV_MODE, _mode, self.mode), (ENV_LOG_FILE, lambda _: self.log_file, ""),
-                    (ENV_QUIET, _bool, "1" if self.quiet else "0"),
-                    (ENV_DEBUG, _bool, "1" if self.debug else "0"),
-                    (ENV_HANG_TIMEOUT, _seconds, "%g" % self.hang_timeout)):
-                word = (env.get(name) or "").strip().lower()
-                if settle_env and word and read(word) is None:
-                    env[name] = taken
-        return self
 
     def load(self, other):
         for name in self.__slots__:

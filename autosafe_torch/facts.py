@@ -73,7 +73,6 @@ def effective_start_method(context=None):
 # -- the warm fork server (DL209): whether one of ours may run here
 
 def fork_server_available(platform):
-    """Whether a fork server of ours may run on ``platform`` (a ``sys.platform``)."""
     return no_fork_server(platform) is None
 
 

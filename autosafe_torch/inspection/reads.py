@@ -87,7 +87,7 @@ def _code(code: types.CodeType) -> _Code:
 def _scan(code: types.CodeType, facts: _Code, depth: int) -> None:
     line = code.co_firstlineno
     for instruction in dis.get_instructions(code):
-        line = _line_of(instruction, line)
+        line = callsite.line_of(instruction, line)
         table = _NAMES.get(instruction.opname)
         if table is not None and isinstance(instruction.argval, str):
             getattr(facts, table).setdefault(instruction.argval, line)
@@ -95,14 +95,6 @@ def _scan(code: types.CodeType, facts: _Code, depth: int) -> None:
         for const in code.co_consts:  # comprehensions, lambdas, inner functions
             if isinstance(const, types.CodeType):
                 _scan(const, facts, depth + 1)
-
-
-def _line_of(instruction: dis.Instruction, last: int) -> int:
-    line = getattr(instruction, "line_number", None)  # Python 3.13
-    if isinstance(line, int):
-        return line
-    starts = instruction.starts_line  # an int before 3.13
-    return starts if isinstance(starts, int) and not isinstance(starts, bool) else last
 
 
 _module_is_programs = functools.lru_cache(maxsize=1024)(users_module)
@@ -241,7 +233,7 @@ class _Walk:
                 value = vars(klass)[name]
                 functions = _functions_of(value)
                 for function in functions:
-                    self.function(function, classes if klass in classes else _mro(klass))
+                    self.function(function, classes)
                 qualname = getattr(klass, "__qualname__", None)  # leads back to it, without "<"
                 if isinstance(qualname, str) and "<" not in qualname \
                         and not (name.startswith("__") and name.endswith("__")) \

@@ -61,6 +61,8 @@ FIX = ("pass what the dataset's code reads to its constructor and keep it on the
        "main() changes")
 _LARGE = 1 << 20  # bytes: a value this large goes once through shared memory
 _UNKNOWN = object()
+_MISSING = object()
+_tokens = itertools.count()  # tells a start's workers' files apart
 
 
 # -- the library-wide settings ---------------------------------------------------------
@@ -161,7 +163,6 @@ class Entry:
 
 
 def fingerprint(value: Any) -> str | None:
-    """What two processes' values are compared by."""
     return _measured(value)[0]
 
 
@@ -194,13 +195,12 @@ def _owner(module: str, name: str, importing: bool) -> tuple[Any, str] | None:
         if not importing:
             return None
         target = importlib.import_module(module)
-    first, *path = name.split(".")
-    if not path:
-        return target, first
-    target = _namespace(target)[first]
-    for part in path[:-1]:
+    *path, last = name.split(".")
+    if path:
+        target = _namespace(target)[path[0]]
+    for part in path[1:]:
         target = getattr(target, part)
-    return target, path[-1]
+    return target, last
 
 
 def _value(module: str, name: str, importing: bool) -> Any:
@@ -228,9 +228,6 @@ def _namespace(owner: Any) -> dict[str, Any]:
                     getattr(function, "__module__", None) == owner.__name__:
                 return scope
     return table
-
-
-_MISSING = object()
 
 
 def _current(entry: Entry, importing: bool = True) -> Any:
@@ -295,8 +292,7 @@ class Carry:
     def outcome(self) -> Said | bool:
         """DL220's record, from what the workers said; False where they set
         and refused nothing."""
-        current = self.current
-        carried, refused = current.said() if current is not None else ([], [])
+        carried, refused = self.current.said() if self.current is not None else ([], [])
         if not (carried or refused):
             return False
         self.said = True
@@ -308,9 +304,6 @@ class Carry:
                            "refused": refused})
 
 
-_tokens = itertools.count()
-
-
 class Carried:
     """One start's values: ``entries`` and ``values``, in order."""
 
@@ -319,7 +312,7 @@ class Carried:
         self.entries: list[Entry] = []
         self.values: list[Any] = []
         self.report_dir = report_dir
-        self.prefix = "report-state-%d-%d-" % (os.getpid(), next(_tokens))  # its workers' files
+        self.prefix = "report-state-%d-%d-" % (os.getpid(), next(_tokens))
         self._shared = shared if shared is not None else {}
         # (pickles plainly, as the worker's own would; pickle's size; a large one's pickle)
         self._measures: list[tuple[bool, int, bytes | None]] = []
