@@ -47,8 +47,8 @@ def descriptor_of(obj):
 
 
 def _status(fd):
-    """``(stat, status flags)`` of an open descriptor, or None (not open; a path
-    handle: no offset; Windows: no fork)."""
+    """``(stat, status flags)``, or None (not open; a path handle: no offset;
+    Windows: no fork)."""
     try:
         import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
     except ImportError:
@@ -93,9 +93,9 @@ def path_of(fd):
 
 
 def find_descriptors(parts):
-    """The regular files' descriptors reachable from ``parts`` (``{name:
-    object}``), each once (the first path that reaches it), in walk order: a
-    pipe, a socket, a terminal has no offset of ours to keep."""
+    """The regular files' descriptors reachable from ``parts``, each once (the
+    first path that reaches it): a pipe, a socket, a terminal has no offset of
+    ours to keep."""
     found, seen, held = [], set(), {}
 
     def stop(obj):  # reported, never entered: a kernel-level holder (its fd kept), a lock...
@@ -123,8 +123,7 @@ def find_descriptors(parts):
 
 
 class OpenFile(collections.namedtuple("OpenFile", "fd dev ino flags offset name")):
-    """A regular file this process holds open (``flags``: its status flags).
-    ``private``: open for reading; one only written stays shared (a log)."""
+    """``private``: open for reading; one only written stays shared (a log)."""
 
     __slots__ = ()
 
@@ -141,7 +140,6 @@ STDIO = 3  # 0, 1 and 2 are the terminal's or the launcher's: never touched
 
 
 def _fd_stats():
-    """``(fd, stat)`` of each descriptor open now, lowest first."""
     for directory in FD_DIRS:
         try:
             names = os.listdir(directory)
@@ -157,8 +155,8 @@ def _fd_stats():
 
 @functools.cache
 def _shared_memory_devices():
-    """The devices of torch's shared memory (``/dev/shm``), shared on purpose.
-    Cached: a loader's every epoch asks."""
+    """Torch's shared memory (``/dev/shm``), shared on purpose; cached: a
+    loader's every epoch asks."""
     try:
         return frozenset({os.stat("/dev/shm").st_dev})
     except OSError:
@@ -166,8 +164,8 @@ def _shared_memory_devices():
 
 
 def describe_open(fd):
-    """The ``OpenFile`` on ``fd``, or None: not open, not a regular file, a
-    path handle, torch's shared memory (``/dev/shm``, memfd)."""
+    """The ``OpenFile`` on ``fd``, or None: not a regular file, a path handle,
+    torch's shared memory (``/dev/shm``, memfd)."""
     status = _status(fd)
     if status is None or not stat.S_ISREG(status[0].st_mode) \
             or status[0].st_dev in _shared_memory_devices():
@@ -183,8 +181,8 @@ def describe_open(fd):
 
 
 def open_files():
-    """Every regular file this process holds open for reading (``OpenFile``)
-    but stdio and torch's shared memory, whoever holds it."""
+    """Every regular file this process holds open for reading but stdio and
+    torch's shared memory, whoever holds it."""
     found = (describe_open(fd) for fd, _st in _fd_stats() if fd >= STDIO)
     return [described for described in found if described is not None and described.private]
 

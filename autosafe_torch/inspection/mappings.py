@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import ctypes
 import functools
 import mmap
@@ -24,8 +25,7 @@ _ANONYMOUS = ("/dev/zero", "/memfd:", "/SYSV")
 
 
 class Mapping(collections.namedtuple("Mapping", "start end perms offset device inode path")):
-    """One line of ``/proc/self/maps``: an address range of a file (``perms``:
-    ``r--s``, ``rw-p``...; ``shared``: its fourth letter is ``s``)."""
+    """One line of ``/proc/self/maps`` (``perms``: ``r--s``, ``rw-p``...)."""
 
     __slots__ = ()
 
@@ -58,9 +58,9 @@ def read_maps():
 
 
 def mapped_file(address, nbytes, maps):
-    """``(Mapping, os.stat_result, None)`` for the file mapping of ``maps``
-    that holds the ``nbytes`` at ``address``, a regular file still at its
-    path, long enough; else ``(None, None, why not)``."""
+    """``(Mapping, os.stat_result, None)`` where the ``nbytes`` at ``address``
+    lie in one mapping of a regular file still at its path, long enough; else
+    ``(None, None, why not)``."""
     where = maps.holding(address)
     if where is None:
         return None, None, "its data are not in a file mapping"
@@ -80,28 +80,10 @@ def mapped_file(address, nbytes, maps):
     return where, st, None
 
 
-def written_pages(where):
-    """Kilobytes of the mapping ``where`` that this process wrote (copied
-    from the file: ``Anonymous`` in ``/proc/self/smaps``); None if unknown."""
-    header = "%x-%x " % (where.start, where.end)
-    try:
-        with open(SMAPS) as f:
-            inside = False
-            for line in f:
-                if inside and line.startswith("Anonymous:"):
-                    return int(line.split()[1])
-                if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
-                    inside = line.startswith(header)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 class Maps:
     """This process's file mappings (None: no ``/proc/self/maps``, or the
     platform the rules see has none), sorted to find an address's by
-    bisection (a dataset may hold many tensors), and the pages written to its
-    private ones, looked up once each."""
+    bisection (a dataset may hold many tensors); ``mappings=()``: read here."""
 
     __slots__ = ("mappings", "starts", "written")
 
@@ -120,8 +102,20 @@ class Maps:
         return None
 
     def written_to(self, where):
+        """Kilobytes of the mapping ``where`` this process wrote (copied from
+        the file: ``Anonymous`` in ``/proc/self/smaps``), looked up once; None
+        if unknown."""
         if where.start not in self.written:
-            self.written[where.start] = written_pages(where)
+            self.written[where.start] = None
+            header = "%x-%x " % (where.start, where.end)
+            with contextlib.suppress(OSError, ValueError, IndexError), open(SMAPS) as f:
+                inside = False
+                for line in f:
+                    if inside and line.startswith("Anonymous:"):
+                        self.written[where.start] = int(line.split()[1])
+                        break
+                    if line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                        inside = line.startswith(header)
         return self.written[where.start]
 
 
@@ -129,10 +123,9 @@ class Maps:
 
 class Reference(collections.namedtuple(
         "Reference", "path ident start length delta shape dtype order")):
-    """What a worker needs to map an array again: the file and what it was
-    (``ident``: device, inode, mtime in ns), the mapping's start in the file
-    (a multiple of ``mmap.ALLOCATIONGRANULARITY``), its length, where the data
-    begin in it, and the array's shape, dtype and order (``args()``)."""
+    """What a worker needs to map an array again (``ident``: device, inode,
+    mtime in ns; ``start``: a multiple of ``mmap.ALLOCATIONGRANULARITY``;
+    ``delta``: where the data begin in the map)."""
 
     __slots__ = ()
 
@@ -140,15 +133,10 @@ class Reference(collections.namedtuple(
         return tuple(self)
 
 
-def _read(maps):
-    """``maps`` as a ``Maps``: given, or the mappings for one (``()``: read here)."""
-    return maps if isinstance(maps, Maps) else Maps(maps)
-
-
 def reference(arr, maps=()):
     """``(Reference, None)`` where ``arr`` (an ``np.memmap``) can travel by
     reference exactly, else ``(None, why not)``."""
-    maps = _read(maps)
+    maps = maps if isinstance(maps, Maps) else Maps(maps)
     if maps.mappings is None:
         return None, "no %s here to find the mapped file" % MAPS
     try:
@@ -180,9 +168,8 @@ def reference(arr, maps=()):
 
 class MapReference(collections.namedtuple(
         "MapReference", "path ident start length how position")):
-    """What a worker needs to map an ``mmap.mmap`` again: the file (``ident``:
-    device and inode), the map's start in it and length, how it is mapped
-    (a key of ``memmaps.ACCESS``) and the map's position (``args()``)."""
+    """What a worker needs to map an ``mmap.mmap`` again (``ident``: device
+    and inode; ``how``: a key of ``memmaps.ACCESS``)."""
 
     __slots__ = ()
 
@@ -197,7 +184,7 @@ def map_reference(m, maps=()):
         return None, "not an mmap.mmap"
     if anonymous(m):
         return None, "an anonymous map (it has no file to map again)"
-    maps = _read(maps)
+    maps = maps if isinstance(maps, Maps) else Maps(maps)
     if maps.mappings is None:
         return None, "no %s here to find the mapped file" % MAPS
     try:
@@ -213,7 +200,7 @@ def map_reference(m, maps=()):
     how = _access(m, where)
     if how is None:
         return None, "a map made with prot/flags (%s) that is not rebuilt" % where.perms
-    if how == "copy" and written_pages(where) != 0:
+    if how == "copy" and maps.written_to(where) != 0:
         return None, "a private (ACCESS_COPY) map this process wrote to: its changes are in no file"
     return MapReference(where.path, (st.st_dev, st.st_ino),
                         where.offset + (address - where.start), length, how, position), None
@@ -229,15 +216,15 @@ def writable(m):
 
 def _access(m, where):
     """The key of ``memmaps.ACCESS`` that maps as ``m`` is mapped, or None
-    (prot=PROT_READ with ACCESS_DEFAULT, where a write would crash, or other)."""
+    (prot=PROT_READ with ACCESS_DEFAULT, where a write would crash, or other);
+    rw-s: ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing."""
     if where.perms == "r--s" and not writable(m):
         return "read"
-    # rw-s: ACCESS_WRITE, or ACCESS_DEFAULT on a file opened for writing
     return {"rw-s": "write", "rw-p": "copy"}.get(where.perms)
 
 
 def buffer_address(obj):
-    """``(address, length)`` of the memory ``obj`` exports (the buffer protocol)."""
+    """``(address, length)`` of the memory ``obj`` exports."""
     api, struct = _buffer_api()
     view = struct()
     if api.PyObject_GetBuffer(obj, ctypes.byref(view), 0) != 0:

@@ -32,23 +32,19 @@ FILE, OTHER = "file", "other"
 
 
 class Opened(collections.namedtuple("Opened", "fd kind path identity what")):
-    """A descriptor some code added: ``kind`` FILE (a regular file: ``identity``,
-    its device, inode, size and mtime_ns, says which and in what state: equal
-    for the same unchanged file) or OTHER (a socket, a pipe, a device: ``what``
-    says which)."""
+    """``kind`` FILE (``identity``: device, inode, size and mtime_ns, equal for
+    the same unchanged file) or OTHER (``what``: a socket, a pipe...)."""
 
     __slots__ = ()
 
 
 def snapshot():
-    """``{fd: (device, inode)}`` of the descriptors open now."""
     return {fd: (st.st_dev, st.st_ino) for fd, st in _fd_stats()}
 
 
 def opened_since(before):
     """``Opened`` for each descriptor open now on what it was not open on in
-    ``before`` (a ``snapshot()``), lowest first; what lies under
-    ``SYSTEM_PLACES`` and torch's shared memory left out."""
+    ``before``, lowest first, but under ``SYSTEM_PLACES`` and torch's shared memory."""
     found = (_describe(fd, st) for fd, st in _fd_stats()
              if before.get(fd) != (st.st_dev, st.st_ino))
     return [described for described in found if described is not None]
@@ -72,8 +68,7 @@ def _describe(fd, st):
 
 
 def mapped_files():
-    """``{(dev, ino): path}`` of the files this process maps now (Linux); empty
-    elsewhere."""
+    """``{(dev, ino): path}`` of the files this process maps now (Linux)."""
     from .mappings import read_maps  # noqa: PLC0415 - mappings imports ctypes; maps are read only where a rebuild is planned
 
     return {(m.device, m.inode): m.path for m in read_maps() or ()
@@ -107,8 +102,8 @@ class _Turns:
 
     @contextlib.contextmanager
     def _turn(self, table, waits_for):
-        """This thread's stretch in ``table``, once none other is in ``waits_for``;
-        it yields ``end``, which ends it early."""
+        """This thread's stretch in ``table``, once none other is in ``waits_for``
+        (``end``, yielded, ends it early)."""
         me = threading.get_ident()
         with self._cond:
             self._cond.wait_for(lambda: not self._others(waits_for))
@@ -135,8 +130,7 @@ class _Turns:
         finally:
             end()
 
-    def recording(self):
-        """While the program's code runs, and what it opens is recorded."""
+    def recording(self):  # while the program's code runs, and what it opens is recorded
         return self._turn(self._recording, self._ours)
 
     def ours(self):

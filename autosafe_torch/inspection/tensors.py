@@ -2,8 +2,8 @@
 where a CPU tensor's bytes lie in a file this process maps (``reference``:
 what ``remedies/mapped_tensors.py`` sends to a worker instead, DL218).
 
-Looked for with the shared walk (``objwalk``); a model (``nn.Module``), numpy
-and pandas objects are never entered: a model is the program's, not the dataset's.
+Looked for with the shared walk (``objwalk``), which never enters a model
+(``nn.Module``: the program's, not the dataset's), numpy or pandas objects.
 """
 
 import collections
@@ -19,8 +19,7 @@ NAMED = 6
 
 
 class HeldTensor(collections.namedtuple("HeldTensor", "path tensor part")):
-    """One tensor found in a dataset: where, on which device, how big;
-    ``part``: the index of its ConcatDataset/ChainDataset part, or None."""
+    """``part``: the index of its ConcatDataset/ChainDataset part, or None."""
 
     __slots__ = ()
 
@@ -49,11 +48,10 @@ class TensorScan:
 
 
 def never_entered(obj, torch):
-    """Leaves, models, numpy and pandas objects: no dataset tensor inside."""
-    if objwalk.is_a(obj, objwalk.ATOMIC) or objwalk.is_a(obj, objwalk.OPAQUE):
+    """Leaves, models (the program's, never moved), numpy and pandas objects."""
+    if objwalk.is_a(obj, objwalk.ATOMIC) or objwalk.is_a(obj, objwalk.OPAQUE) \
+            or torch is not None and objwalk.is_a(obj, torch.nn.Module):
         return True
-    if torch is not None and objwalk.is_a(obj, torch.nn.Module):
-        return True  # a model is the program's, not the dataset's: never moved
     name = type(obj).__module__
     return name.startswith("numpy") or name.startswith("pandas")
 
@@ -152,10 +150,8 @@ SHARED_MEMORY = "/dev/shm/"
 class TensorReference(collections.namedtuple(
         "TensorReference",
         "path ident offset nbytes dtype size stride storage_offset requires_grad")):
-    """What a worker needs to map a tensor again: the file and what it was
-    (``ident``: device, inode, mtime in ns, size), where the storage's bytes
-    lie in it (``offset``, ``nbytes``), and the view (dtype, size, stride,
-    storage offset, requires_grad)."""
+    """What a worker needs to map a tensor again (``ident``: device, inode,
+    mtime in ns, size; ``offset``, ``nbytes``: the storage's bytes in the file)."""
 
     __slots__ = ()
 
@@ -169,8 +165,7 @@ class TensorReference(collections.namedtuple(
 
 def plain_tensor(tensor):
     """Whether torch's reducer rebuilds ``tensor`` as a view of its storage's
-    bytes and nothing more: exactly the types it is registered for, on CPU,
-    strided, no conjugate or negative bit, not quantized or nested."""
+    bytes and nothing more."""
     torch = sys.modules.get("torch")
     if torch is None or type(tensor) not in (torch.Tensor, torch.nn.Parameter) \
             or tensor.device.type != "cpu" or tensor.layout != torch.strided \

@@ -8,11 +8,9 @@ called. Crashing instead."); Python 3.12+ warns ("This process (pid=...) is
 multi-threaded, use of fork() may lead to deadlocks in the child."). C
 libraries' threads (a BLAS pool, a telemetry client) count too.
 
-- Linux: ``/proc/self/task``, but threads harmless at fork (``FORK_SAFE_THREADS``).
-- macOS: ``task_threads``; the Objective-C runtime asks
-  ``pthread_is_threaded_np()``, true once a second thread has ever run, so
-  one thread only where both say so.
-- Elsewhere, or unreadable: None, which a caller must take for unsafe.
+On macOS the Objective-C runtime asks ``pthread_is_threaded_np()``, true once
+a second thread has ever run: one thread only where it and ``task_threads``
+both say so. Elsewhere, or unreadable: None, which a caller must take for unsafe.
 """
 
 import ctypes
@@ -27,7 +25,6 @@ _PORT = ctypes.c_uint  # mach_port_t, thread_act_t, mach_msg_type_number_t
 
 
 def count():
-    """This process's OS threads now, or None."""
     if sys.platform.startswith("linux"):
         try:
             return sum(1 for task in os.listdir("/proc/self/task") if not _fork_safe(task))
@@ -57,8 +54,7 @@ def _fork_safe(task):
 
 
 def single_threaded():
-    """Whether this process has one thread (on macOS: and never had another);
-    False where unknown."""
+    """One thread (on macOS: and never had another); False where unknown."""
     if count() != 1:
         return False
     if sys.platform == "darwin":

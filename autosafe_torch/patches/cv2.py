@@ -45,7 +45,6 @@ def _capture_class(cv2):
 
 
 def record_captures(cv2):
-    """Wrap ``cv2.VideoCapture.__init__`` and ``open`` to record their arguments."""
     cls = _capture_class(cv2)
     if cls is None:
         return

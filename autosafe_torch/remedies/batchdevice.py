@@ -1,9 +1,5 @@
-"""Batches copied back to the device their dataset was on (DL301).
-
-When a dataset's tensors are moved to CPU so that workers can use them,
-the batches would arrive on CPU where the script had them on its device.
-This iterator puts each batch back, tensor by tensor, with the structure
-(tuples, named tuples, lists, dicts) kept. It proxies torch's iterator, so
+"""Batches copied back to the device their dataset was on (DL301) before its
+tensors were moved to CPU for the workers. The iterator proxies torch's, so
 that persistent workers (``_reset``) and everything else still work.
 """
 

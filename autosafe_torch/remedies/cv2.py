@@ -22,20 +22,17 @@ WORKER_THREADS = 0
 
 
 def _cv2():
-    """cv2 in a worker: imported only because the parent had it."""
     module = sys.modules.get("cv2")
     if module is None:
         import cv2 as module  # noqa: PLC0415 - optional dependency (cv2): imported only in a worker whose parent had it
     return module
 
 
-def worker_threads_off(worker_id):
-    """Worker step for CV401 (module level, so that it pickles)."""
+def worker_threads_off(worker_id):  # worker steps, module level so that they pickle: CV401
     _cv2().setNumThreads(WORKER_THREADS)
 
 
-def worker_opencl_off(worker_id):
-    """Worker step for CV402."""
+def worker_opencl_off(worker_id):  # CV402
     ocl = getattr(_cv2(), "ocl", None)
     if ocl is not None:
         ocl.setUseOpenCL(False)

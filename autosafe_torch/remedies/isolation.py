@@ -5,11 +5,10 @@ workers started, under the same descriptor number: whoever holds it.
 Forked workers share each inherited descriptor's open file description, so
 its offset: a dataset that seeks then reads a file opened in ``__init__``
 returns a sibling's bytes, and a GzipFile or ZipFile above it breaks. Any
-object may hold the descriptor (``descriptors.py``), so the remedy acts on the
-kernel's table: as each iterator starts its workers the parent records its
-regular files (``DescriptorTable``); each worker's first step reopens each,
-seeks to the recorded offset and ``dup2``s it over the same number, so every
-Python object above keeps its state (buffers, a ZipFile's directory).
+object may hold the descriptor (``descriptors.py``), so the parent records
+the kernel's table as workers start (``DescriptorTable``); each worker's first
+step reopens each file at its offset and ``dup2``s it over the same number,
+so every Python object above keeps its state (buffers, a ZipFile's directory).
 
 - fork: the inherited descriptors are privatized in place.
 - spawn: multiprocessing passes them under the same numbers (the table
@@ -40,6 +39,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import json
 import os
 import sys
 import types
@@ -85,18 +85,23 @@ def reopen_description(fd, dev, ino, flags):
     return new
 
 
-def privatize(found, source=None):
-    """Put a description of its own of ``found`` (an ``OpenFile``), at its
-    recorded offset, under its number (reopened from ``source``, the descriptor
-    it arrived on, else its own); inheritable as it was, or, where it arrived,
-    not (as Python opens files)."""
-    new = reopen_description(found.fd if source is None else source, found.dev, found.ino,
-                             found.flags)
+def _at_offset(found, source, put):
+    """``put`` applied to a new description of ``found``'s file (reopened from
+    ``source``) at its recorded offset, closed after."""
+    new = reopen_description(source, found.dev, found.ino, found.flags)
     try:
         os.lseek(new, found.offset, os.SEEK_SET)
-        os.dup2(new, found.fd, inheritable=source is None and os.get_inheritable(found.fd))
+        return put(new)
     finally:
         os.close(new)
+
+
+def privatize(found, source=None):
+    """A description of its own of ``found`` under its number, reopened from
+    ``source`` (the descriptor it arrived on) or its own; inheritable as it
+    was, or, where it arrived, not (as Python opens files)."""
+    _at_offset(found, found.fd if source is None else source, lambda new: os.dup2(
+        new, found.fd, inheritable=source is None and os.get_inheritable(found.fd)))
 
 
 def park(fd):
@@ -108,12 +113,7 @@ def park(fd):
 
 def private_copy(found):
     """An emulated worker's own description of ``found`` at its offset, parked."""
-    new = reopen_description(found.fd, found.dev, found.ino, found.flags)
-    try:
-        os.lseek(new, found.offset, os.SEEK_SET)
-        return park(new)
-    finally:
-        os.close(new)
+    return _at_offset(found, found.fd, park)
 
 
 def reason(exc):
@@ -133,9 +133,8 @@ def _fail_reads(fd):
 # -- the plan the rules read: what fork means for a loader's parts ---------------
 
 # What forked workers would share, as a loader's parts show it (the log's names):
-# ``isolate``, the descriptors (``HeldDescriptor``) each worker gets its own
-# description of; ``shared``, those only written; ``handles`` and ``unhandled``:
-# ``native_handles``'. What no object shows is privatized all the same.
+# ``isolate`` (``HeldDescriptor``s), ``shared`` (only written), ``handles`` and
+# ``unhandled`` (``native_handles``'). What no object shows is privatized all the same.
 ForkPlan = collections.namedtuple("ForkPlan", "isolate shared handles unhandled")
 
 
@@ -148,7 +147,6 @@ def users_parts(source):
 
 
 def plan(parts):
-    """The ``ForkPlan`` for ``parts`` (``{name: object}``)."""
     isolate, shared, unhandled = [], [], []
     for found in find_descriptors(parts):
         described = describe_open(found.fd)
@@ -198,8 +196,8 @@ def native_handles(parts):
 # -- the table taken as workers start, and the worker step ------------------------
 
 class DescriptorTable:
-    """Taken in the parent as an iterator's workers start: ``files``
-    (``OpenFile``) and the native ``handles`` forked workers reopen."""
+    """Taken as an iterator's workers start: ``files`` (``OpenFile``) and the
+    native ``handles`` forked workers reopen."""
 
     def __init__(self, files=(), handles=(), report_dir=None, forked=True, carry=True):
         self.pid = os.getpid()
@@ -313,7 +311,6 @@ def _in_forked_worker(table, worker_id, report):
 
 
 def _in_spawned_worker(table, report):
-    """Each carried descriptor privatized under its own number, unless taken."""
     for arrived, found in table.carried:
         fd = found.fd
         try:
@@ -361,9 +358,9 @@ GOVERNED_BY = ("DL207", "dataloader")
 
 
 def after_fork_in_server_child():
-    """``os.register_at_fork(after_in_child=...)``: in a child of a fork server
-    (multiprocessing's, or ours), the server's files are privatized (NOTE [the
-    data flow of a repaired loader] in torch_private.py, step 2)."""
+    """After fork, in a child of a fork server (multiprocessing's, or ours): the
+    server's files privatized (NOTE [the data flow of a repaired loader] in
+    torch_private.py, step 2)."""
     del _server_files[:]
     if not in_fork_server():
         return
@@ -388,32 +385,25 @@ def report_path(directory, pid):
 
 
 def _write_report(path, report):
-    """At the worker's exit: its own descriptions, which it used (the offset
-    moved, not by appending), and what did not reach it."""
+    """At the worker's exit; used: the offset moved, not by appending."""
     import fcntl  # noqa: PLC0415 - POSIX only: absent on Windows
 
-    lines = []
+    private = []
     for fd, name, offset, how in report.private:
         try:
             used = os.lseek(fd, 0, os.SEEK_CUR) != offset \
                 and not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
         except OSError:
             used = False  # closed by the worker: whether it read first is not known
-        lines.append("private\t%s\t%d\t%d\t%s" % (how, fd, used, name))
-    lines += ["missing\t%s\t%s" % item for item in report.missing]
+        private.append((how, fd, used, name))
     with contextlib.suppress(OSError), open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        json.dump([private, report.missing], f)
 
 
-class Usage:
-    """What an iterator's workers reported: ``private``, ``{how: {name: fd}}``
-    (how: FORKED, CARRIED, SERVER) of their own descriptions, ``used``, those
-    read; ``missing``, ``{description: why}``, what did not reach a spawned
-    worker; ``by_number``, ``held_numbers``'."""
-
-    def __init__(self, by_number):
-        self.used, self.private, self.missing = {}, {}, {}
-        self.by_number = by_number
+# What an iterator's workers reported: ``private``, ``{how: {name: fd}}`` of
+# their own descriptions, ``used``, those read; ``missing``, ``{description:
+# why}``, what did not reach a spawned worker; ``by_number``, ``held_numbers``'.
+Usage = collections.namedtuple("Usage", "private used missing by_number")
 
 
 class Outcome:
@@ -427,23 +417,21 @@ class Outcome:
         pids = [p.pid for p in processes if getattr(p, "pid", None)]
         if not pids or self.table is None or self.table.report_dir is None:
             return
-        usage = Usage(self.table.by_number)
+        usage = Usage({}, {}, {}, self.table.by_number)
         for pid in pids:
             path = report_path(self.table.report_dir, pid)
             try:
                 with open(path) as f:
-                    lines = f.read().splitlines()
+                    text = f.read()
                 os.unlink(path)
-            except OSError:
+                private, missing = json.loads(text)  # a worker killed while writing: none
+            except (OSError, ValueError):
                 continue
-            for line in lines:
-                fields = line.split("\t")
-                if fields[0] == "private" and len(fields) == 5:
-                    usage.private.setdefault(fields[1], {})[fields[4]] = int(fields[2])
-                    if fields[3] == "1":
-                        usage.used.setdefault(fields[1], {})[fields[4]] = int(fields[2])
-                elif fields[0] == "missing" and len(fields) == 3:
-                    usage.missing[fields[1]] = fields[2]
+            for how, fd, used, name in private:
+                usage.private.setdefault(how, {})[name] = fd
+                if used:
+                    usage.used.setdefault(how, {})[name] = fd
+            usage.missing.update(missing)
         if usage.used or usage.missing or usage.private.get(CARRIED) and usage.by_number:
             self._said(usage)
 

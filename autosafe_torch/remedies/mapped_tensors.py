@@ -15,13 +15,10 @@ storages take no safe weak reference: one each over the same bytes), each
 file one map: the page cache holds its pages once.
 
 Exact or nothing (``inspection/tensors.py``: ``reference``), else torch's
-reducer. ``/proc/self/maps`` is read once per process start (a map made
-while the child's pickle is written is not in it); a private map this
-process wrote to, an anonymous map, shared memory and a file no tensor of a
-loader's parts lies in (DL218 names those files) stay torch's. What differs
-(the rule's docs): a tensor sent by reference is each worker's private map,
-as a forked worker's (its writes stay its own), not memory shared with the
-training process. The file is assumed not to change meanwhile (else
+reducer, as for a file no tensor of a loader's parts lies in (DL218 names
+those files). What differs (the rule's docs): each worker's tensor is its
+private map, as a forked worker's, not memory shared with the training
+process. The file is assumed not to change meanwhile (else
 ``MappedFileChanged``, loudly). Fail open: an error of ours while looking
 sends the tensor torch's way.
 """
@@ -44,9 +41,7 @@ from ..inspection.tensors import reference
 from .memmaps import map_file
 from .pickling import PROTOCOL, before_us, install, installed
 
-# The files (device, inode) whose mapped tensors go by reference: those the
-# tensors of a spawn loader's parts lie in (``install_reducers``).
-_files: set[Any] = set()
+_files: set[Any] = set()  # (device, inode): ``install_reducers``'s ``files``
 _lock = threading.Lock()
 
 
@@ -59,8 +54,6 @@ _storages: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
 
 def mapped_tensor_again(cls, path, ident, offset, nbytes, dtype, size, stride,
                         storage_offset, requires_grad):
-    """In a worker: the tensor torch's reducer would have given, its storage
-    mapped from the file."""
     storage = _storage(path, tuple(ident), offset, nbytes)
     t = torch.empty((0,), dtype=dtype).set_(storage, storage_offset, size, stride)
     if cls is torch.nn.Parameter:  # as torch's rebuild_tensor: integer tensors need it
@@ -91,8 +84,7 @@ def _storage(path, ident, offset, nbytes):
 # -- in the training process ---------------------------------------------------------
 
 def reduce_tensor(tensor, fallback):
-    """WorkerPickler's reducer for tensors (above), else ``fallback``: the
-    reducer registered before ours (torch's)."""
+    """WorkerPickler's reducer for tensors, else ``fallback`` (torch's)."""
     popen = get_spawning_popen()
     if popen is not None and _files:
         try:
@@ -108,8 +100,9 @@ _starting: list[Any] = [None, None]  # a weak reference to the Popen being start
 
 
 def _maps_while_starting(popen):
-    """The ``Maps`` of this process, read once per process start: its pickling
-    sends every tensor through the reducer."""
+    """The ``Maps`` of this process, read once per process start (a map made
+    while the child's pickle is written is not in it): its pickling sends
+    every tensor through the reducer."""
     with _lock:
         ref, maps = _starting
         if ref is not None and ref() is popen:
@@ -121,9 +114,9 @@ def _maps_while_starting(popen):
 
 
 def install_reducers(files=()):
-    """Register the reducer for the tensor types torch registers its own for,
-    keeping torch's as the fallback; ``files``: ``(device, inode)`` of the
-    files whose mapped tensors may go by reference."""
+    """Our reducer for the tensor types torch registers its own for, torch's
+    the fallback; ``files``: ``(device, inode)`` of the files whose mapped
+    tensors may go by reference (those a spawn loader's parts lie in)."""
     with _lock:
         _files.update(files)
     install({cls: functools.partial(reduce_tensor, fallback=before_us(cls))

@@ -7,20 +7,16 @@ costs: DL218's rule) and arrives a writable, contiguous ``np.memmap`` whose
 ``_mmap``, ``filename``, ``offset`` and ``mode`` are None. Sent instead: the
 file, offset, shape, dtype and order; the worker maps the file again
 copy-on-write (``ACCESS_COPY``: writable and private, as that copy is) as
-such an ``np.memmap`` (its ``base`` the map). Exact or nothing: only data in
-a shared file mapping (``/proc/self/maps``) of a regular file still at its
-path, same device and inode, in pickling's layout (contiguous, aligned, not
-empty); a ``mode='c'`` map (changes in no file), a deleted or replaced file,
-and every array without ``/proc/self/maps`` (macOS, ``--as macos``) are
-pickled.
+such an ``np.memmap`` (its ``base`` the map). Exact or nothing
+(``mappings.reference`` says why not): a ``mode='c'`` map, a deleted or
+replaced file, every array without ``/proc/self/maps`` are pickled.
 
 Assumed (the rule's docs): the file does not change while the workers start
 and run (the parent's writes through an ``r+``/``w+`` map are in the page
-cache the worker maps). The worker checks it is the same file (device,
-inode, mtime, size) and fails loudly otherwise (the record says the fix did
-not hold, recovery takes over). Only while a process is being started
-(``get_spawning_popen()``: spawn, forkserver, the warm server): a memmap put
-on a queue later is pickled as before.
+cache the worker maps); else the worker fails loudly (``MappedFileChanged``:
+the record says the fix did not hold, recovery takes over). Only while a
+process is being started (``get_spawning_popen()``): a memmap put on a queue
+later is pickled as before.
 
 An ``mmap.mmap`` does not pickle at all: the baseline is the parent's map as
 a forked worker holds it. The worker maps the same range of the same file
@@ -49,10 +45,9 @@ class MappedFileChanged(RuntimeError):
 
 
 def map_file(path, ident, start, length, access, rule, changed):
-    """In a worker: ``length`` bytes (0: to the end) of the file at ``path``
-    from ``start``, mapped with ``access``, where it is still the file
-    ``ident`` names (device, inode; mtime and size where given) and long
-    enough (checked on the descriptor mapped); else ``MappedFileChanged``."""
+    """In a worker: ``length`` bytes (0: to the end) of ``path`` from ``start``,
+    where it is still the file ``ident`` names (device, inode; mtime and size
+    where given) and long enough (checked on the descriptor mapped)."""
     write = access == mmap.ACCESS_WRITE
     try:
         fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_CLOEXEC)
@@ -71,7 +66,6 @@ def map_file(path, ident, start, length, access, rule, changed):
 
 
 def mapped_again(path, ident, start, length, delta, shape, dtype, order):
-    """In a worker: the array pickling would have given, mapped from the file."""
     import numpy as np  # noqa: PLC0415 - optional dependency
 
     mm = map_file(path, ident, start, length, mmap.ACCESS_COPY, "DL218",
@@ -83,7 +77,6 @@ def mapped_again(path, ident, start, length, delta, shape, dtype, order):
 
 
 def reduce_memmap(arr):
-    """WorkerPickler's reducer for ``np.memmap`` (the module's docstring)."""
     if get_spawning_popen() is not None:
         ref, _why = reference(arr)
         if ref is not None:
@@ -105,8 +98,7 @@ ACCESS = {"read": mmap.ACCESS_READ, "write": mmap.ACCESS_WRITE, "copy": mmap.ACC
 
 
 def map_again(path, ident, start, length, how, position):
-    """In a worker (or for an emulated worker's copy): the map a forked worker
-    would hold, mapped again from the file."""
+    """In a worker (or for an emulated worker's copy): the map a forked worker holds."""
     m = map_file(path, ident, start, length, ACCESS[how], "DL201",
                  "is not the file the training process mapped")
     m.seek(position)
@@ -114,7 +106,6 @@ def map_again(path, ident, start, length, how, position):
 
 
 def reduce_map(m):
-    """WorkerPickler's reducer for ``mmap.mmap`` (the module's docstring)."""
     if get_spawning_popen() is None:
         return m.__reduce_ex__(PROTOCOL)  # raises, as ever
     if anonymous(m):
@@ -127,15 +118,12 @@ def reduce_map(m):
 
 
 # -- anonymous maps: one block of shared memory for the workers --------------------
-#
 # A forked worker shares an anonymous ``mmap.mmap(-1, n)`` with the parent
-# (MAP_SHARED): the same bytes, its own position. A spawned worker can map only
-# what has a name, so the parent copies the map's bytes into one block of POSIX
-# shared memory that each worker maps, with the parent's position and access:
-# the workers share what they write, as forked ones do; the parent's writes
-# after they start are not seen (nor theirs by it): as for a file, the map is
-# assumed not written meanwhile. The block is reused while it holds the map's
-# bytes, unlinked with the map (or at exit).
+# (MAP_SHARED); a spawned one maps only what has a name: one block of POSIX shared
+# memory holding the map's bytes, with the parent's position and access, so the
+# workers share their writes as forked ones do (the parent's after they start
+# are not seen: the map is assumed not written meanwhile, as a file is). The
+# block is reused while it holds the map's bytes, unlinked with the map (or at exit).
 
 _blocks: dict[int, Any] = {}  # id(map) -> SharedMemory holding its bytes
 
@@ -170,7 +158,6 @@ def _unlink(key):
 
 
 def map_shared_block(name, length, position, writable):
-    """In a worker: the anonymous map, as one block shared with the other workers."""
     try:
         fd = _shm_open()(name, os.O_RDWR if writable else os.O_RDONLY, mode=0o600)
     except OSError as exc:

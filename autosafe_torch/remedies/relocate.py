@@ -23,11 +23,9 @@ def storage_to_cpu(storage):
 
 
 def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
-    """Move every tensor on ``devices`` under ``root`` to CPU, in place,
-    keeping identity (the module's notes); returns (new root, moved Found
-    list). The root changes only when it is itself a tensor or a tuple;
-    below it, each is replaced where it is held (lists, dicts, attributes;
-    tuples are rebuilt and put back in their owner). The depth bound is the
+    """``(new root, moved HeldTensors)``: each tensor on ``devices`` under
+    ``root`` replaced where it is held (a tuple rebuilt in its owner; the root
+    changes only when it is a tensor or a tuple). The depth bound is the
     scan's; the object bound is lifted, so that everything it reaches moves."""
     found = scan(root, max_objects=10 ** 9, items=None).on(
         ACCELERATORS if devices is None else devices)
@@ -50,8 +48,7 @@ def relocate(root, devices=None, max_depth=objwalk.MAX_DEPTH):
 
     done: dict[int, Any] = {}
 
-    def fix(obj, depth):
-        """The object to hold instead of ``obj`` (itself when unchanged)."""
+    def fix(obj, depth):  # the object to hold instead of ``obj``
         key = id(obj)
         if key in new:
             return new[key]

@@ -1,14 +1,10 @@
 """AMP: autocast, GradScaler and custom_fwd/custom_bwd (AMP501-AMP506).
 
-- ``autocast.py``: ``torch.amp.autocast.__init__``, every autocast's base;
-  the deprecated ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``,
-  of which only ``__new__`` and ``__init_subclass__``, which only warn, are
-  replaced: the classes stay the classes (isinstance, subclassing,
-  ``type(x)``), and torch's own ``__init__`` still maps the old positional
-  order (enabled, dtype, cache_enabled) onto torch.amp's; and
-  ``torch.cuda.amp.custom_fwd`` / ``custom_bwd``, routed to torch.amp's.
-- ``scaler.py``: GradScaler's ``__init__``; ``provided.py``: on a torch
-  without them, ``torch.amp.GradScaler`` and ``torch.amp.autocast`` (AMP506).
+Of the deprecated ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``
+only ``__new__`` and ``__init_subclass__``, which only warn, are replaced:
+the classes stay the classes (isinstance, subclassing, ``type(x)``), and
+torch's own ``__init__`` still maps the old positional order (enabled,
+dtype, cache_enabled) onto torch.amp's.
 
 All by feature, not by version number: whether a class is marked deprecated,
 whether ``torch.amp`` has the modern class and its signature a device, and
@@ -89,5 +85,5 @@ def patch(torch):
 
 
 def unpatch():
-    autocast.forget()
+    autocast._autocast_plans.clear()
     state.clear()

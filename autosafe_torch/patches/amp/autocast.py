@@ -20,10 +20,6 @@ from .common import _CLEAN, _PLAN_CACHE_LIMIT, run, state
 _autocast_plans = {}
 
 
-def forget():
-    _autocast_plans.clear()
-
-
 def _autocast_plan(signature, args, kwargs):
     bound = bind(signature, args, kwargs)
     if bound is None:
@@ -44,7 +40,15 @@ AUTOCAST_PARAMS = (("device_type", inspect.Parameter.empty), ("dtype", None),
 def make_init(init):
     signature = Signature(init)
     if tuple((p.name, p.default) for p in signature.parameters.values()) != AUTOCAST_PARAMS:
-        return _make_generic_autocast_init(init, signature)
+        @functools.wraps(init)
+        def generic_init(self, *args, **kwargs):  # a torch whose autocast takes other parameters
+            new_kwargs = engine.fail_open(None, "autocast.__init__", lambda: _planned_kwargs(
+                _autocast_plan(signature, args, kwargs), self))
+            if new_kwargs is None:
+                return init(self, *args, **kwargs)
+            return init(self, **new_kwargs)
+
+        return generic_init
 
     @functools.wraps(init)
     def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
@@ -73,24 +77,10 @@ def make_init(init):
 
 
 def _planned_kwargs(plan, instance):
-    """The keyword arguments a plan says to build autocast with, or None: unchanged."""
+    """The keyword arguments to build autocast with, or None: unchanged."""
     if plan is not _CLEAN and engine.settle_repeated(plan[0], cached_call_site(instance)):
         return plan[1]
     return None
-
-
-def _make_generic_autocast_init(init, signature):
-    """The same for a torch whose autocast takes other parameters."""
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        new_kwargs = engine.fail_open(None, "autocast.__init__", lambda: _planned_kwargs(
-            _autocast_plan(signature, args, kwargs), self))
-        if new_kwargs is None:
-            return init(self, *args, **kwargs)
-        return init(self, **new_kwargs)
-
-    return __init__
 
 
 def _route_decision(call):
@@ -155,9 +145,8 @@ def patch_deprecated(legacy, call, base):
 
 
 def patch_deprecated_init(legacy, call):
-    """The same routing where the deprecation marks ``legacy.__init__`` (torch
-    2.4-2.8): quiet, the undecorated ``__init__`` runs (it calls torch.amp's
-    with the device)."""
+    """Where the deprecation marks ``legacy.__init__`` (torch 2.4-2.8): quiet,
+    the undecorated ``__init__`` runs (it calls torch.amp's with the device)."""
     deprecated_init = legacy.__dict__["__init__"]
     inner = getattr(deprecated_init, "__wrapped__", None)
     if inner is not None:

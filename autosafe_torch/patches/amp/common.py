@@ -1,5 +1,4 @@
-"""What the AMP wrappers share: their state, running the checks (binding a
-call is ``patches.bind``, as for the DataLoader's patch)."""
+"""What the AMP wrappers share: their state, running the checks."""
 
 from ... import engine, facts
 from ...rules import AmpContext

@@ -14,7 +14,6 @@ def _missing(name):
 
 
 def grad_scaler(legacy, legacy_init):
-    """torch.amp.GradScaler for a torch that predates it: the CUDA one, by device."""
     call = AmpCall("torch.amp.GradScaler", takes_device=True,
                    route="torch.cuda.amp.GradScaler", provided=True)
 

@@ -12,8 +12,7 @@ from .common import run
 def _scaler_plan(instance, call, signature, args, kwargs):
     """(device or None, scaler keyword arguments) to build with, or None."""
     device = None
-    takes_device = "device" in signature.parameters
-    if not takes_device:
+    if "device" not in signature.parameters:
         # torch.cuda.amp.GradScaler("cuda") or (device="cuda"): new code, old class.
         if "device" in kwargs:
             kwargs = dict(kwargs)
@@ -23,10 +22,8 @@ def _scaler_plan(instance, call, signature, args, kwargs):
     bound = bind(signature, args, kwargs)
     if bound is None:
         return None
-    values = bound[1]
-    if not takes_device:
-        values["device"] = device
-    found, fixed = run("scaler", values, call)
+    bound[1].setdefault("device", device)  # bound: every parameter, defaults filled in
+    found, fixed = run("scaler", bound[1], call)
     if not found or not engine.settle(found, cached_call_site(instance)):
         return None
     params = {name: fixed[name] for name in signature.parameters if name != "device"}
