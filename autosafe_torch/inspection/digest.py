@@ -1,17 +1,15 @@
-"""A fingerprint of what an object holds, at pickle speed: two builds of a
-dataset, the training process's and a spawned worker's, hold the same values
-when their fingerprints agree (``remedies/rebuild.py`` compares them attribute
-by attribute). It is the object's pickle by the C pickler, hashed: the cost
-of pickling (an ImageNet index of 1.28M tuples: under a second), nothing capped.
+"""A fingerprint of what an object holds: two builds of a dataset, the training
+process's and a spawned worker's, hold the same values when their fingerprints
+agree (``remedies/rebuild.py``). It is the object's pickle by the C pickler,
+hashed (an ImageNet index of 1.28M tuples: under a second), nothing capped.
 
 What the pickle would not say the same way in both processes, or cannot say,
 stands in (``persistent_id``, asked before the pickler's own fast paths): code
 by module and name (a spawned worker's main is ``__mp_main__``), sets by
-their sorted items (their order follows per-process string hashes); tensors,
-arrays, files, locks and generators by what they are; what does not pickle
-at all (a pyarrow reader) as its type: which file it reads is the kernel's to
-say (``inspection/opened.py``). No user code runs but what torch's own
-pickling of the dataset for a worker would run.
+their sorted items (their order follows per-process string hashes), payloads
+and handles by what they are, what does not pickle at all (a pyarrow reader)
+by its type: which file it reads is the kernel's to say (``inspection/opened.py``).
+No user code runs but what torch's own pickling of the dataset for a worker would run.
 """
 
 import contextlib
@@ -148,7 +146,6 @@ def _tensor(t):
 
 
 def _file_state(f):
-    """Name, mode, position, size and modification time of an open file."""
     parts = []
     # ``lambda: f.tell()``, not ``f.tell``: a file without ``tell`` fails inside the try
     for read in (lambda: getattr(f, "name", None), lambda: getattr(f, "mode", None),
@@ -165,8 +162,8 @@ def _file_state(f):
 
 
 def digest(obj):
-    """The fingerprint of ``obj`` (a hex string). Raises what pickling raises
-    that is no failure to pickle a handle (a RecursionError: too deep)."""
+    """A hex string; raises what pickling raises that is no failure to pickle a
+    handle (a RecursionError: too deep)."""
     return measured(obj)[0]
 
 

@@ -4,11 +4,9 @@ read? PIL's ``ImageFile`` keeps one frame's pixels: a spawned worker's
 ``img.seek(i)`` fails (``'TiffImageFile' object has no attribute '_min_frame'``).
 
 One walk per part finds the open files; above each, the outermost object that
-pickles itself goes through an inventory pass (planned repairs count): a file
-it never reaches was dropped, by the deepest object it did reach. Not a hazard:
-what a planned repair pickles; a PIL image of one frame; an object whose class
-sets the attribute again (a lazy open). Fail open: an object whose inspection
-or pickling raises is skipped.
+pickles itself goes through an inventory pass: a file it never reaches was
+dropped, by the deepest object it did reach. Fail open: an object whose
+inspection or pickling raises is skipped.
 """
 
 import contextlib
@@ -32,7 +30,7 @@ IMAGE_FIX, FILE_FIX = ("open the %s lazily in __getitem__ (or in worker_init_fn)
 
 
 def image_file_class():
-    """``PIL.ImageFile.ImageFile`` where PIL is imported, else None (never imported here)."""
+    """``PIL.ImageFile.ImageFile`` where PIL is imported (never imported here)."""
     cls = getattr(sys.modules.get("PIL.ImageFile"), "ImageFile", None)
     return cls if isinstance(cls, type) else None
 
@@ -72,7 +70,6 @@ def _identity(st):
 
 
 def reopen_args(img):
-    """What ``images.reopened`` needs to open PIL image ``img`` again, or None."""
     try:
         if not is_image_file(img) or (held := image_stream(img)) is None:
             return None
@@ -94,7 +91,6 @@ def reopen_args(img):
 
 
 def reopens(value):
-    """Whether ``image_reducers`` and emulated workers' copies reopen ``value``."""
     try:
         return is_image_file(value) and not single_frame(value) \
             and reopen_args(value) is not None
@@ -103,7 +99,6 @@ def reopens(value):
 
 
 def live_stream(obj):
-    """A file open for reading, a native handle, an in-memory byte stream."""
     with contextlib.suppress(Exception):  # detached, or a stream that cannot say
         if is_a(obj, io.BytesIO):
             return not obj.closed
@@ -115,7 +110,7 @@ def live_stream(obj):
 
 
 def stream_name(stream, img=None):
-    """``open file frames.tif``: words for the log, no repr."""
+    """``open file frames.tif``: no repr."""
     with contextlib.suppress(Exception):
         name = (instance_dict(img) or {}).get("filename") if img is not None else None
         if not name:
@@ -133,7 +128,7 @@ _CONTAINER_MODULES = frozenset({"builtins", "collections", "functools", "types"}
 
 
 def pickles_itself(obj, table):
-    """Whether ``obj``'s pickle is its own (or a reducer in ``table``), not its attributes."""
+    """Whether ``obj``'s pickle is its own (or ``table``'s), not its attributes'."""
     try:
         return type(obj) in table or _own_pickling(type(obj))
     except Exception:  # an unhashable class, or a metaclass that raises
@@ -158,9 +153,8 @@ _SETUP = frozenset({"__init__", "__new__", "__init_subclass__", "__getstate__",
 
 
 def sets_again(obj, attribute):
-    """Whether ``obj`` sets an attribute its pickle drops again: a method but
-    ``_SETUP``'s stores not-None there (read from the code, never run), or it
-    reopens per process."""
+    """Whether a method but ``_SETUP``'s stores not-None in ``attribute`` (read
+    from the code, never run), or ``obj`` reopens per process: a lazy open."""
     try:
         return holdings.reopens_per_process(obj) or _sets_again(type(obj), attribute)
     except Exception:
@@ -202,7 +196,7 @@ def _stores(code, attribute):
 
 def reached(obj, table):
     """The ids of what ``obj``'s pickle reaches, or None where it raises (the probe's to say)."""
-    found = inventory.take({"part": obj}, table)
+    found = inventory.take(obj, table)
     return None if found.unpicklable or not found.complete else found.met
 
 
@@ -217,7 +211,6 @@ class _Search:
         return sent_table(self.planned)
 
     def run(self, parts):
-        """One walk per part: the live streams (and PIL images), and where each hangs."""
         found, places = [], {}
 
         def stop(obj):
@@ -243,7 +236,6 @@ class _Search:
         return list(self.reported.values())
 
     def _candidate(self, obj, places):
-        """Reports where the stream ``obj`` (or a PIL image's stream) is dropped, if anywhere."""
         chain = []  # (path, node, edge to the next node), from the root down
         if is_image_file(obj):
             held = image_stream(obj)
@@ -293,8 +285,7 @@ class _Search:
 
 def unfaithful(parts, planned=None):
     """Failed ``ProbeResult``s for the objects of ``parts`` that pickle without an
-    open file they hold. ``planned``: ``{class: reducer}`` a repair would
-    install, used as if installed. Fail open: []."""
+    open file they hold, ``planned``'s reducers as if installed."""
     try:
         return _Search(planned or {}).run(parts)
     except Exception:

@@ -4,16 +4,13 @@ The pickler is the walker: containers and plain values are traversed in C
 (an ImageNet index of 1.28M ``(path, class)`` tuples: well under a second,
 where a Python walk took some 25 us an object). Every other object reaches
 ``reducer_override``, which notes it by kind (``classify``) and pickles it
-as a worker's pickler would, up to the first object that does not pickle
-(``unpicklable``, the innermost on its path), where the part's pass ends.
-Payloads (tensors, storages, arrays) stand in: their bytes say nothing of
-pickling, and torch's reducers would move a storage into shared memory.
-
-Nothing is capped or sampled: the pass sees everything or says it did not
-(``complete`` False), and a check decides as for a hazard it cannot rule out.
-Nothing is loaded; no user code runs but ``__reduce__`` and ``__getstate__``,
-as torch's own pickling runs them. ``path_of`` names, from the object back,
-only what a check acts on.
+as a worker's pickler would, up to the first object that does not pickle,
+where the pass ends. Payloads (tensors, storages, arrays) stand in:
+their bytes say nothing of pickling, and torch's reducers would move a
+storage into shared memory. Nothing is capped or sampled: a pass sees
+everything or says it did not (``complete`` False), and a check decides as
+for a hazard it cannot rule out. No user code runs but ``__reduce__`` and
+``__getstate__``, as torch's own pickling runs them.
 """
 
 import contextlib
@@ -38,25 +35,21 @@ PAYLOADS = frozenset({"tensor", "array", "logger"})
 
 class Inventory:
     """What a pass found: ``of(kind)``, the objects of that kind (each once, in
-    the order met); ``unpicklable``, ``[(obj, exception)]`` (the first of each
-    part); ``complete``, whether the pass saw everything (else ``error``
+    the order met); ``unpicklable``, ``[(obj, exception)]`` (the first);
+    ``complete``, whether the pass saw everything (else ``error``
     is what stopped it); ``met``, the ids of the objects that reached Python."""
 
     def __init__(self):
-        self.found = {}
-        self.unpicklable = []
-        self.complete = True
-        self.error = None
-        self.objects = 0
+        self.found, self.unpicklable, self.met = {}, [], set()
+        self.complete, self.error, self.objects = True, None, 0
         self.stand_ins = 0  # payloads written as nothing: the bytes are not a pickle
-        self.met = set()
 
     def of(self, kind):
         return list(self.found.get(kind, {}).values())
 
 
 def stand_in(*_args):
-    """What an object, or code sent by value, stands in as in a pass (never loaded)."""
+    """What a payload, or code sent by value, stands in as in a pass (never loaded)."""
 
 
 class _Pass(pickle.Pickler):
@@ -79,34 +72,30 @@ class _Pass(pickle.Pickler):
             inv.found.setdefault(kind, {})[id(obj)] = obj
             entered = kind == "array" and _object_array(obj)  # its objects are what it holds
             if kind in PAYLOADS and not entered:
-                # What a stand-in would hide of a payload: the tensor torch refuses
-                # to send (a logger goes by its name, an array by its bytes).
+                # A stand-in would hide the one payload torch refuses to send.
                 if kind == "tensor" and getattr(obj, "requires_grad", False) \
                         and not obj.is_leaf:
-                    inv.unpicklable.append((obj, RuntimeError(
+                    raise _Stopped(obj, RuntimeError(
                         "Cowardly refusing to serialize non-leaf tensor which requires_grad, "
-                        "since autograd does not support crossing process boundaries.")))
-                    raise _Stopped
+                        "since autograd does not support crossing process boundaries."))
                 if not (self.keeping and kind != "tensor"):
                     inv.stand_ins += 1
                     return stand_in, ()
         if issubclass(cls, CODE):  # by its type: an object's __class__ is never asked
             sent = self.code(obj) if self.code is not None else NotImplemented
             if isinstance(sent, BaseException):
-                inv.unpicklable.append((obj, kept(sent)))
-                raise _Stopped
+                raise _Stopped(obj, kept(sent))
             return sent
         reducer = self.dispatch_table.get(cls)
         try:
             return reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
         except Exception as exc:  # what a worker's pickling would raise
-            inv.unpicklable.append((obj, kept(exc)))
             # Nothing further is asked to reduce: a lazy-module proxy would import its module.
-            raise _Stopped from None
+            raise _Stopped(obj, kept(exc)) from None
 
 
 class _Stopped(Exception):
-    """A pass ends at its first failure, as pickling does."""
+    """A pass ends at its first failure (``(obj, exception)``), as pickling does."""
 
 
 def _object_array(obj):
@@ -115,29 +104,23 @@ def _object_array(obj):
     return False
 
 
-def take(parts, table, code=None, sink=None, known=()):
-    """The ``Inventory`` of ``parts`` (``{name: part}``, None parts skipped);
-    ``table``: the workers' dispatch table (``probe.sent_table``); ``code(obj)``,
-    for a class or function: ``NotImplemented`` (by reference), a reduction (by
-    value), or the exception a worker's pickling or loading of it would raise;
-    ``sink`` (one part): where the pickle is written (only tensors stand in);
-    ``known``: objects counted as pickled already (an ancestor)."""
+def take(obj, table, code=None, sink=None, known=()):
+    """The ``Inventory`` of ``obj``; ``table``: the workers' dispatch table
+    (``probe.sent_table``); ``code(obj)``, for a class or function:
+    ``NotImplemented`` (by reference), a reduction (by value), or the exception
+    a worker's pickling or loading of it would raise; ``sink``: where the pickle
+    is written; ``known``: objects counted as pickled already (an ancestor)."""
     found = Inventory()
+    pickler = _Pass(found, table, code, sink)
+    pickler.memo = {id(a): (i, a) for i, a in enumerate(known)}
     spawning = context.get_spawning_popen()
     context.set_spawning_popen(ProbeSpawning())  # as while a child is started
     try:
-        for part in parts.values():
-            if part is None:
-                continue
-            pickler = _Pass(found, table, code, sink)
-            pickler.memo = {id(a): (i, a) for i, a in enumerate(known)}
-            try:
-                pickler.dump(part)
-            except _Stopped:
-                continue  # its failure is noted (unpicklable)
-            except Exception as exc:  # too deep, or the pickler's own error: not complete
-                found.complete = False
-                found.error = kept(exc)
+        pickler.dump(obj)
+    except _Stopped as stopped:
+        found.unpicklable.append(stopped.args)
+    except Exception as exc:  # too deep, or the pickler's own error: not complete
+        found.complete, found.error = False, kept(exc)
     finally:
         context.set_spawning_popen(spawning)
     return found
@@ -154,9 +137,9 @@ def sent_as_is(found):
 
 
 class ProbeSpawning:
-    """The Popen of a child being started, which multiprocessing sets while it
-    pickles for the child: Queues, Locks, Values and Connections pickle only
-    then (``assert_spawning``). Nothing is duplicated: no child reads a pass."""
+    """A child's Popen, set while multiprocessing pickles for it: Queues, Locks,
+    Values and Connections pickle only then (``assert_spawning``). Nothing is
+    duplicated: no child reads a pass."""
 
     @staticmethod
     def duplicate_for_child(fd):
@@ -168,7 +151,6 @@ class ProbeSpawning:
 
 
 def is_probing():
-    """Whether what is being pickled now goes to a pass, not to a child."""
     return isinstance(context.get_spawning_popen(), ProbeSpawning)
 
 
@@ -218,13 +200,12 @@ MAX_DEPTH = 8
 MAX_LOOKS = 24  # gc.get_referrers calls per name (each reads every tracked object)
 
 
-def path_of(target, parts):
-    """``dataset.files[2].fh``: how ``parts`` (``{name: part}``) reach ``target``,
-    from ``target`` back (``gc.get_referrers``), at most ``MAX_DEPTH`` steps and
-    ``MAX_LOOKS`` looks; None where not found (the caller names it by its kind)."""
-    roots = {id(part): name for name, part in parts.items() if part is not None}
-    if id(target) in roots:
-        return roots[id(target)]
+def path_of(target, root, name):
+    """``dataset.files[2].fh``: how ``root`` reaches ``target``, from ``target``
+    back (``gc.get_referrers``), at most ``MAX_DEPTH`` steps and ``MAX_LOOKS``
+    looks; None where not found (the caller names it by its kind)."""
+    if target is root:
+        return name
     frontier, seen, looks = [(target, "")], {id(target)}, [MAX_LOOKS]
     with contextlib.suppress(Exception):
         for _ in range(MAX_DEPTH):
@@ -236,8 +217,8 @@ def path_of(target, parts):
                     if id(owner) in seen:
                         continue
                     seen.add(id(owner))
-                    if id(owner) in roots:
-                        return roots[id(owner)] + label + suffix
+                    if owner is root:
+                        return name + label + suffix
                     reached.append((owner, label + suffix))
             frontier = reached[:8]
     return None

@@ -5,10 +5,8 @@ It follows what pickling follows for ordinary objects (``__dict__``,
 ``__slots__``, container items, dict keys, a ``functools.partial``'s parts),
 never copies, iterates only built-in containers (a generator is never
 consumed), and never enters modules, classes or functions (a module would
-reach everything). It survives any object: an attribute access or
-``isinstance`` (which asks ``__class__``) may raise in a user's object
-(numpy's NpzFile.f, a ``__getattr__`` delegator, a lazy-module proxy): types
-are read with ``type()`` (``is_a``), and only the object that raises is skipped.
+reach everything). It survives any object (numpy's NpzFile.f, a ``__getattr__``
+delegator, a lazy-module proxy): only the object that raises is skipped.
 """
 
 import collections
@@ -48,7 +46,6 @@ class Edge(collections.namedtuple("Edge", "owner key how child")):
         return self.how == Edge.ATTR or self.how == Edge.ITEM and is_a(self.owner, (list, dict))
 
     def set(self, new):
-        """Put ``new`` where the child was, in its owner (no copy of the owner)."""
         if self.how == Edge.ATTR:
             try:
                 setattr(self.owner, self.key, new)
@@ -67,10 +64,6 @@ def is_a(obj, classes):
         return issubclass(type(obj), classes)
     except Exception:
         return False
-
-
-def is_atomic(obj):
-    return is_a(obj, ATOMIC)
 
 
 def is_leaf(obj):
@@ -103,9 +96,8 @@ class _PlainOnly(pickle.Pickler):
 
 
 def plain(container):
-    """Whether a built-in container holds plain values only (numbers, strings,
-    bytes, None, and built-in containers of them): the C pickler reads those
-    and calls back for anything else, which stops it."""
+    """Whether a built-in container holds plain values only: the C pickler reads
+    those and calls back for anything else, which stops it."""
     known = _plain_known.get(id(container))
     if known is not None and known[0] is container:
         return known[1]
@@ -120,13 +112,13 @@ def plain(container):
 
 
 def forget():
-    """Forget what ``plain`` read (the objects may change): once a decision is made."""
+    """Once a decision is made: the objects ``plain`` read may change."""
     _plain_known.clear()
 
 
 def edges(obj, items=None):
-    """The children of ``obj`` as ``Edge`` objects, in a stable order; ``items``:
-    at most that many of a container's. A large plain container has none."""
+    """The children of ``obj`` as ``Edge`` objects, in a stable order (a large
+    plain container has none)."""
     if is_leaf(obj):
         return
     if type(obj) in CONTAINERS and (items is None or items > PLAIN_AT) \
@@ -134,7 +126,7 @@ def edges(obj, items=None):
         return
     if is_a(obj, dict):
         for key, value in list(islice(dict.items(obj), items)):
-            if not is_atomic(key):
+            if not is_a(key, ATOMIC):
                 yield Edge(obj, key, Edge.KEY, key)
             yield Edge(obj, key, Edge.ITEM, value)
     elif is_a(obj, (list, tuple, set, frozenset)):
@@ -155,10 +147,9 @@ def edges(obj, items=None):
 
 
 def walk(root, path="dataset", max_objects=MAX_OBJECTS, stop=None, items=None, on_cut=None):
-    """Yield ``(path, obj, edge)`` for ``root`` (edge None) and what it holds,
-    depth first, each object once. ``stop(obj)`` true: report ``obj``, do not
-    enter it; raising: skip it, neither reported nor entered. ``items``: at
-    most that many items of each container (None: all). ``on_cut()``: called
+    """``(path, obj, edge)`` for ``root`` (edge None) and what it holds, depth
+    first, each object once. ``stop(obj)`` true: not entered; raising: skipped.
+    ``items``: at most that many of each container's; ``on_cut()``: called
     when a bound (depth, objects) leaves something unseen."""
     seen = set()
     stack = [(path, root, None, 0)]
@@ -188,14 +179,14 @@ def walk(root, path="dataset", max_objects=MAX_OBJECTS, stop=None, items=None, o
             continue
         for child_edge in reversed(children):
             child = child_edge.child
-            if is_atomic(child) or id(child) in seen:
+            if is_a(child, ATOMIC) or id(child) in seen:
                 continue
             stack.append((here + child_edge.label(), child, child_edge, depth + 1))
 
 
 class Owners:
-    """Who holds what in the loader's parts (``{name: part}``), from one walk: ``met``
-    (``(path, obj)``), ``owner(obj)``, ``chain(obj)`` (``(path, holder)`` out to the part)."""
+    """Who holds what in the loader's parts, from one walk: ``met`` (``(path, obj)``),
+    ``owner(obj)``, ``chain(obj)`` (``(path, holder)`` out to the part)."""
 
     def __init__(self, parts):
         self._owner, self._path, self.met = {}, {}, []

@@ -1,13 +1,10 @@
 """Will this object reach a spawn/forkserver worker, and if not, which part fails?
 
-The probe is an inventory pass with the table a worker's parts are pickled
-with (ForkingPickler's, plus a repair's reducers as if installed in
-``WorkerPickler``: ``sent_table``), into a null sink: its cost grows with the
-number of objects, never with their bytes. It also reproduces the failures
-only the child meets: a class or function of an interactive ``__main__``
-(``python -c``, stdin, a notebook), or under ``if __name__ == "__main__":``,
-pickles by reference in the parent and is missing when the child imports the
-main module as ``__mp_main__``.
+An inventory pass with a worker's dispatch table (``sent_table``) into a null
+sink: its cost grows with the number of objects, never with their bytes. It
+also meets what only the child fails on: a class or function of an interactive
+``__main__`` (``python -c``, stdin, a notebook), or under ``if __name__ ==
+"__main__":``, pickles by reference and is missing from the child's ``__mp_main__``.
 """
 
 import contextlib
@@ -36,7 +33,7 @@ MAX_PICKLED = 2_000_000
 class ProbeResult:
     """``ok``, or where it fails: ``path``, ``error``, the offending ``value``
     (``fix``: its own permanent fix); ``kinds`` and ``loggers``: what the pass
-    met (``inventory.classify``) up to its failure; the rest: ``probe``'s."""
+    met up to its failure; the rest: ``probe``'s."""
 
     ok: bool
     path: str
@@ -60,8 +57,8 @@ class ProbeResult:
 
 def sent_table(planned=None):
     """ForkingPickler's dispatch table (copyreg's, torch's, the program's), plus
-    ``planned``. A repair installed for another loader does not count: each
-    loader is planned, and recorded, as if it were the only one."""
+    ``planned``: a repair installed for another loader does not count, each
+    loader is planned as if it were the only one."""
     table = {**copyreg.dispatch_table, **extra_reducers()}
     if sys.version_info < (3, 10):
         table.update(_fork_semlock_reducers())
@@ -145,7 +142,7 @@ def _locate(obj, path, table, by_value):
     ``objects``: what those passes met."""
 
     def first_error(obj, known=()):
-        found = inventory.take({"obj": obj}, table, _code_sent(by_value), known=known)
+        found = inventory.take(obj, table, _code_sent(by_value), known=known)
         return (found.unpicklable[0][1] if found.unpicklable else found.error), found.objects
 
     exc, objects = first_error(obj)
@@ -158,7 +155,7 @@ def _locate(obj, path, table, by_value):
         except Exception:  # an object that cannot even be looked at: the failure is here
             break
         for label, child in children:
-            if objwalk.is_atomic(child) or any(child is a for a in ancestors):
+            if objwalk.is_a(child, objwalk.ATOMIC) or any(child is a for a in ancestors):
                 continue
             child_exc, met = first_error(child, ancestors)
             objects += met
@@ -174,16 +171,14 @@ def _locate(obj, path, table, by_value):
 def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=None):
     """Whether ``obj`` pickles for a spawn/forkserver worker; if not, where and why.
 
-    ``planned``: ``{class: reducer}`` a repair would register, tried as if
-    registered; ``by_value``: as if functions and classes a worker cannot
-    import were sent by value; ``keep``: ``pickled`` holds the pickle where the
-    same bytes may go to every worker (``inventory.sent_as_is``); ``watch``: an
+    ``planned``: ``{class: reducer}`` a repair would register; ``by_value``: as
+    if code a worker cannot import were sent by value; ``keep``: ``pickled``
+    holds the pickle where the same bytes may go to every worker; ``watch``: an
     object whose meeting ``meets`` says (the dataset, in another part: then its
-    bytes cannot go apart; None, pickled in C, is never met). A failure is
-    named from it back (``path_of``), else by descending from ``obj``."""
+    bytes cannot go apart)."""
     table = sent_table(planned)
     sink = io.BytesIO() if keep else None
-    found = inventory.take({path: obj}, table, _code_sent(by_value), sink)
+    found = inventory.take(obj, table, _code_sent(by_value), sink)
     result = functools.partial(ProbeResult, loggers=tuple(found.of("logger")),
                                kinds=frozenset(found.found))
     if not found.unpicklable and found.complete:
@@ -192,7 +187,7 @@ def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=N
                       meets=id(watch) in found.met)
     if found.unpicklable:
         value, exc = found.unpicklable[0]
-        where = inventory.path_of(value, {path: obj})
+        where = inventory.path_of(value, obj, path)
         if where is not None:
             return result(False, where, exception_text(exc), value, found.objects)
     value, where, exc, objects = _locate(obj, path, table, by_value)
@@ -202,9 +197,7 @@ def probe(obj, path="dataset", planned=None, by_value=False, keep=False, watch=N
 
 
 def _code_sent(by_value):
-    """How a spawned worker gets a class or function (``inventory.take``'s
-    ``code``): by reference, by value where the DL202 repair sends it so, or
-    the error its pickling (or the child's import of ``__main__``) raises."""
+    """``inventory.take``'s ``code``: by value where the DL202 repair sends it so."""
     sent = set()
 
     def code(obj):

@@ -6,7 +6,6 @@ _slots_of = {}
 
 
 def slot_names(cls):
-    """Attribute names of every ``__slots__`` along the MRO (mangled), cached."""
     if cls in _slots_of:
         return _slots_of[cls]
     names = []

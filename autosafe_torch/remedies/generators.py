@@ -9,7 +9,7 @@ import sys
 
 
 def capture():
-    """``(torch, random, numpy)`` states now (numpy's None where it is not imported)."""
+    """``(torch, random, numpy)`` states (numpy's None where it is not imported)."""
     numpy = sys.modules.get("numpy")
     torch = sys.modules["torch"]
     return (torch.default_generator.get_state(), random.getstate(),
@@ -34,8 +34,7 @@ def same(a, b):
 
 
 def portable(states):
-    """``capture()``'s states as plain values (torch's as bytes), for a pickle
-    that must not put a tensor in shared memory; None stays None."""
+    """Torch's state as bytes: a pickle that must not put a tensor in shared memory."""
     return None if states is None else (bytes(states[0].numpy()),) + tuple(states[1:])
 
 

@@ -4,10 +4,8 @@ PIL's pickle keeps the current frame's pixels and drops the open file, so a
 spawned worker's multi-frame TIFF (GIF, PNG, WebP...) cannot seek
 (``inspection/dropped.py``). An image sent (``image_reducers``) or copied for
 an emulated worker (``copy_of``) is opened again, as a forked worker's, in
-the same format at the parent's frame: from the parent's file, by a path
-checked where it is opened (device, inode, size, mtime; a changed file or
-frame fails loudly: ``ImageFileChanged``), by name if opened by name (PIL
-then closes it), else as a file object; or from a copy of the bytes it was
+the same format at the parent's frame: from the parent's file (a changed file
+or frame fails loudly where it is opened), or from a copy of the bytes it was
 read from. One frame travels as PIL pickles it. Edits in memory to the frame
 are lost, as the parent's next ``seek`` loses them.
 """
@@ -22,11 +20,11 @@ from .pickling import PROTOCOL
 
 
 class ImageFileChanged(RemedyFailed):
-    """Where an image arrives: its file is not the one the parent had open."""
+    """Where an image arrives: its file (device, inode, size, mtime) is not the
+    one the parent had open."""
 
 
 def reopened(how, source, check, fmt, mode, size, frame):
-    """Where the image arrives: opened again at ``frame``."""
     from PIL import Image  # noqa: PLC0415 - optional dependency
 
     if how == "memory":
@@ -74,7 +72,6 @@ def _reduce_image(img):
 
 
 def copy_of(img):
-    """An emulated worker's own ``img``."""
     args = reopen_args(img)
     if args is None:
         raise ValueError("its file cannot be opened again by path")
@@ -82,7 +79,7 @@ def copy_of(img):
 
 
 def image_reducers():
-    """``{class: reducer}`` for PIL's image file classes (its plugins loaded so far)."""
+    """For PIL's image file classes (its plugins loaded so far)."""
     found, stack = {}, [image_file_class()]
     while stack:
         cls = stack.pop()

@@ -10,8 +10,6 @@ import threading
 
 from ..inspection import holdings
 
-LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
-
 
 def _reduce_lock(lock):
     if holdings.held(lock):
@@ -21,4 +19,4 @@ def _reduce_lock(lock):
 
 
 def lock_reducers():
-    return {cls: _reduce_lock for cls in LOCK_TYPES}
+    return dict.fromkeys((type(threading.Lock()), type(threading.RLock())), _reduce_lock)

@@ -3,14 +3,14 @@
 A ``logging.Logger`` pickles by its name, so a spawned worker's is configured
 only by its own imports and the lines a dataset logs there are lost (a forked
 worker inherits the configuration). While a loader of ours starts its workers
-(``carrying``), a logger the dataset holds travels with, for it and each
-ancestor its records reach, the level, ``propagate``, ``disabled``, filters
-and handlers (``handlers.py``); the worker replaces with that, once, what its
-imports configured otherwise, and keeps its own where they configured it
-alike (transformers does at import), saying which (``Reports``): DL219's
-record comes from what the workers said, none where each had it (promise 1).
-A handler that cannot be made again (a socket, a queue, the program's class)
-is not carried: the loader goes to fork or emulated workers.
+(``carrying``), a logger the dataset holds travels with its configuration and
+that of each ancestor its records reach (``Link``); the worker replaces with
+that, once, what its imports configured otherwise, and keeps its own where
+they configured it alike (transformers does at import), saying which
+(``Reports``): DL219's record comes from what the workers said, none where
+each had it (promise 1). A handler that cannot be made again (a socket, a
+queue, the program's class) is not carried: the loader goes to fork or
+emulated workers.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _unlink(path):
 
 @contextlib.contextmanager
 def carrying(reports=None):
-    """While a loader of ours starts its workers (not the program's own pickles)."""
+    """Not the program's own pickles: only while a loader of ours starts its workers."""
     _carrying.on = getattr(_carrying, "on", 0) + 1
     _carrying.path = reports.open() if reports is not None else None
     try:
@@ -73,8 +73,7 @@ def carrying(reports=None):
 
 
 def uncarried(logger):
-    """Why a worker cannot be given ``logger``'s configuration (a handler it cannot
-    make again, a lambda as a filter), or None."""
+    """Why a worker cannot be given ``logger``'s configuration, or None."""
     for link in chain(logger):
         for handler in link.handlers:
             if not rebuildable(handler):
@@ -119,7 +118,7 @@ _decided: set[str | None] = set()  # in a worker: the loggers configured as the 
 
 
 def configured_in_worker(name, links, report=None):
-    """In a worker: the logger ``name``, its chain configured as the training process's."""
+    """In a worker: ``name``'s logger, its chain configured as the training process's."""
     replaced = False
     for want in links:
         if want.name in _decided:

@@ -21,7 +21,6 @@ def _new_pool(kind, max_workers, prefix):
 
 
 def _recipe(pool):
-    """The arguments that make a pool like ``pool``, empty."""
     if isinstance(pool, ThreadPoolExecutor):
         return ("executor", *executor_arguments(pool))
     return "threadpool", pool_processes(pool), ""
@@ -34,8 +33,8 @@ def pool_reducers():
 
 
 def rebuild_pools(obj):
-    """Replace every thread pool ``obj`` holds, in place, by a new one of the
-    same size; returns the paths replaced (a pool in a tuple is left)."""
+    """The paths of the thread pools ``obj`` holds, replaced in place by new
+    ones of the same size (a pool in a tuple is left)."""
     replaced, fresh = [], {}
     for here, pool, edge in holdings.find_thread_pools(obj, "dataset"):
         if edge is None or not edge.settable:

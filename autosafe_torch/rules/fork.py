@@ -14,10 +14,9 @@ from .pickling import LAZY_OPEN_REWRITE, thread_pool_to_spawned_workers
 
 
 def _owned(check, args, ctx, by_dl212, why=""):
-    """``(fork plan, handles, away)``: the plan's handles that are DL212's
-    (ones a forked child must not use: lmdb, captures) or DL207's (the rest),
-    and ``check``'s finding that leaves fork for those the fork rung cannot
-    handle (``why`` before them)."""
+    """``(fork plan, handles, away)``: the plan's handles that are DL212's (a
+    forked child must not use them: lmdb, captures) or DL207's, and ``check``'s
+    finding that leaves fork for those the fork rung cannot handle."""
     plan = fork_plan(args, ctx)
     handles = [(held, note) for held, _args, note in plan.handles
                if bool(held.fork_unsafe) == by_dl212]
@@ -79,7 +78,7 @@ def shared_file_offset(args, ctx: IterContext):
 
 
 def _fork_done(isolated, handles, shared, workers):
-    """The log line of DL207/DL212: what each forked worker gets of its own."""
+    """DL207/DL212's log line."""
     each = number_of(workers, "forked worker")
     done = []
     if isolated:
@@ -149,9 +148,8 @@ def _files(used):
 
 @shared_file_offset.rule.check_at("dataloader.outcome")
 def read_through_no_object(args, ctx: OutcomeContext):
-    """What forked workers read through their own description of a file no
-    object of the loader's named (a raw descriptor, a C library), or that a
-    fork server opened."""
+    """Files forked workers read through no object of the loader's (a raw
+    descriptor, a C library), or that a fork server opened."""
     from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, faulthandler)
 
     named = any(i.code == shared_file_offset.rule.code for i in ctx.said)  # DL207 said them
@@ -207,7 +205,7 @@ def read_through_no_object(args, ctx: OutcomeContext):
 def descriptor_to_workers(args, ctx: OutcomeContext):
     """The carried descriptors the workers read (the offset moved), and those
     whose number the loader's parts hold (``os.pread`` moves no offset)."""
-    from ..remedies import isolation  # noqa: PLC0415 - 0.9 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: remedies.isolation, faulthandler)
+    from ..remedies import isolation  # noqa: PLC0415 - as in read_through_no_object
 
     usage = ctx.usage
     held = {fd: (name, usage.by_number[fd])

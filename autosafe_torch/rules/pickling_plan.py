@@ -11,7 +11,7 @@ from typing import Any
 from ..config import CONFIG
 from ..inspection import objwalk
 from ..inspection.objwalk import is_a
-from ..inspection.parts import PARTS
+from ..inspection.parts import parts_of
 from . import RULES, IterContext
 from .fork_plan import fork_is_safe, per_parts, spawning_workers
 from .repairs import MAX_REPAIRS, REPAIRS, Look, Meeting, hold, look, offer
@@ -41,10 +41,8 @@ class PicklingPlan:
 
 
 def pickling_plan(args, ctx: IterContext):
-    """The ``PicklingPlan`` for ``args``, cached on ``ctx``."""
     return per_parts(ctx, "pickling_plans", args,
-                      lambda: plan_pickling({name: args[name] for name in PARTS},
-                                             lambda: not fork_is_safe(args, ctx),
+                      lambda: plan_pickling(parts_of(args), lambda: not fork_is_safe(args, ctx),
                                              repairing=lambda: _warm_ahead(args, ctx)))
 
 
@@ -60,14 +58,14 @@ def _warm_ahead(args, ctx: IterContext):
         return
     from ..remedies import warmstart  # noqa: PLC0415 - 0.6/1.5 ms at `import torch` / `import cv2`, where the rules load (-X importtime: remedies.warmstart, diagnostics, faulthandler; at cv2's also multiprocessing.connection, resource_sharer, spawn)
 
-    warmstart.start_ahead(warmstart.libraries_for([args[name] for name in PARTS]))
+    warmstart.start_ahead(warmstart.libraries_for(list(parts_of(args).values())))
 
 
 def plan_pickling(parts, may_rebuild=lambda: False, repairing=lambda: None, kept=None):
-    """The plan for ``parts``. ``may_rebuild()``: whether the repairs that run the
-    user's code may be planned (no fork rung is safe); planning starts again after
-    each, with their entries ``kept``, so nothing inside them is planned for.
-    ``repairing()``: called once a probe failed."""
+    """``may_rebuild()``: whether the repairs that run the user's code may be
+    planned (no fork rung is safe); planning starts again after each, with their
+    entries ``kept``, so nothing inside them is planned for. ``repairing()``:
+    called once a probe failed."""
     from ..inspection import probe  # noqa: PLC0415 - 0.6 ms at `import torch` and at `import cv2`, where the rules load (-X importtime: inspection.probe, inventory)
 
     given, parts = parts, dict(parts)  # by-value repairs replace parts in this copy
