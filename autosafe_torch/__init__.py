@@ -37,14 +37,12 @@ def unload_ipython_extension(ip):
 
 def __getattr__(name):
     if name == "UnsafeCallError":
-        from .engine import UnsafeCallError
-
-        return UnsafeCallError
-    if name == "NoExactRung":
-        from .errors import NoExactRung
-
-        return NoExactRung
-    raise AttributeError(name)
+        from .engine import UnsafeCallError as error
+    elif name == "NoExactRung":
+        from .errors import NoExactRung as error
+    else:
+        raise AttributeError(name)
+    return error
 
 
 activate("import")

@@ -109,16 +109,13 @@ def configure(mode=None, disable=None, log_file=None, quiet=None, debug=None):
         CONFIG.mode = c.parse_mode(str(mode), "configure(mode=...)")
         os.environ[c.ENV_MODE] = CONFIG.mode
     if disable is not None:
-        text = disable
-        if not isinstance(disable, str):
-            try:
-                text = ",".join(str(token) for token in disable)
-            except TypeError:
-                c.warn_line("configure(disable=...)=%r is neither a string nor a list of rule "
-                            "codes or groups; keeping %s" % (
-                                disable, ",".join(sorted(CONFIG.disabled)) or "none"))
-                text = None
-        if text is not None:
+        try:
+            text = disable if isinstance(disable, str) else ",".join(str(t) for t in disable)
+        except TypeError:
+            c.warn_line("configure(disable=...)=%r is neither a string nor a list of rule "
+                        "codes or groups; keeping %s" % (
+                            disable, ",".join(sorted(CONFIG.disabled)) or "none"))
+        else:
             CONFIG.disabled = c.parse_disable(text)
             CONFIG._validated = False
             os.environ[c.ENV_DISABLE] = text

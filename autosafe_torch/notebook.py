@@ -1,13 +1,12 @@
 """``%load_ext autosafe_torch``: the shim for a Jupyter kernel and its workers.
 
-IPython's ``%load_ext NAME`` imports NAME and calls its
-``load_ipython_extension(ip)``. The import already activates it, with
-``AUTOSAFE_TORCH=1`` in the kernel's environment so that DataLoader workers
-(and any process the kernel starts) are covered too; loading says so.
-``%unload_ext`` restores torch's and cv2's originals in the kernel and takes
-that setting back. In a kernel call sites name cells (``Cell In[4], line 6``,
-``callsite.place``), and DL202/DL203's fix says to move the function or class
-into a module next to the notebook: a worker cannot import a notebook.
+The import already activates it, with ``AUTOSAFE_TORCH=1`` in the kernel's
+environment so that DataLoader workers (and any process the kernel starts)
+are covered too; loading says so. ``%unload_ext`` restores torch's and cv2's
+originals in the kernel and takes that setting back. In a kernel call sites
+name cells (``Cell In[4], line 6``, ``callsite.place``), and DL202/DL203's fix
+says to move the function or class into a module next to the notebook: a
+worker cannot import a notebook.
 """
 
 import logging

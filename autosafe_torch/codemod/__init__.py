@@ -19,7 +19,7 @@ import sys
 import traceback
 
 from ..config import CONFIG
-from .records import KINDS, NOT_EXACT, REWRITTEN, SKIPPED, changed_since, read_log
+from .records import KINDS, NOT_EXACT, REWRITTEN, SKIPPED, read_log
 
 INSTALL_HINT = ("autosafe-torch fix: needs libcst, to rewrite your source keeping its "
                 "formatting: pip install 'autosafe-torch[fix]'")
@@ -58,33 +58,32 @@ def main(args, out=None, err=None):
     written = []
     for path, file_records in files.items():
         old, new, file_outcomes = fix_file(path, file_records)
-        outcomes += [(r.where, r.code, kind, text) for r, kind, text in file_outcomes]
+        outcomes += [("%s:%d" % (r.shown, r.line), r.code, kind, text)
+                     for r, kind, text in file_outcomes]
         if new == old:
             continue
         shown = file_records[0].shown
-        if args.write:
-            _write(path, new)
+        if args.write:  # never through a link put there since it was read (O_NOFOLLOW)
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+            with open(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(new)
             written.append(shown)
         else:
-            out.write(unified_diff(old, new, shown))
+            lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                         "a/" + shown, "b/" + shown)
+            out.write("".join(line if line.endswith("\n") else line + "\n\\ No newline at end "
+                              "of file\n" for line in lines))
     out.flush()
     _summary(err, outcomes, written, args.write)
     return 0
-
-
-def _write(path, text):
-    """``text`` into the file ``path`` names, never through a link put there since
-    it was read (``O_NOFOLLOW``)."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
-    with open(fd, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
 
 
 def fix_file(path, records):
     """(the file's text, its new text, [(record, kind, text)]) for the records of
     one file; (None, None, all skipped) where it changed since the run, cannot
     be read or parsed, or an error of ours occurs."""
-    if changed_since(path, records):
+    times = [r.time for r in records if r.time is not None]
+    if times and os.path.getmtime(path) > min(times):
         return None, None, [(r, SKIPPED, "the file changed since the run; run it again "
                              "and fix from the new log") for r in records]
     from .plan import plan  # noqa: PLC0415 - libcst, optional (the fix extra)
@@ -100,13 +99,6 @@ def fix_file(path, records):
         why = (str(exc).strip().splitlines() or [""])[0]
         return None, None, [(r, SKIPPED, "not rewritten (%s: %s)" % (type(exc).__name__, why))
                             for r in records]
-
-
-def unified_diff(old, new, shown):
-    lines = difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                 "a/" + shown, "b/" + shown)
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-                   for line in lines)
 
 
 def _summary(err, outcomes, written, write):

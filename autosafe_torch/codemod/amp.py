@@ -3,8 +3,7 @@
 
 AMP501/AMP502 give the old positional arguments by the names the old signature
 bound them to: ``autocast(False)`` was ``enabled=False``, and prepending
-``"cuda"`` alone would make it the dtype. Calls, decorators and names imported
-``from torch.cuda.amp`` alike; such an import goes once nothing else uses the name.
+``"cuda"`` alone would make it the dtype.
 """
 
 import libcst as cst
@@ -141,9 +140,8 @@ def _forget_legacy_import(source, node):
     rewritten = source.notes.setdefault("amp: rewritten names", set())
     rewritten.add(expression)
     for assignment in source.referents(expression):
-        if not isinstance(assignment.node, cst.ImportFrom):
-            continue
-        if {access.node for access in assignment.references} <= rewritten:
+        if isinstance(assignment.node, cst.ImportFrom) \
+                and {access.node for access in assignment.references} <= rewritten:
             source.edit(source.statement_of(assignment.node),
                         lambda s, name=assignment.name: _without_name(s, name), order=90)
 

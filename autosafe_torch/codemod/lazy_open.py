@@ -1,15 +1,11 @@
-"""DL201, DL207: a file the dataset opens in ``__init__``, opened lazily instead.
+"""DL201, DL207: a file the dataset opens in ``__init__``, opened lazily instead
+(what it writes, and where it would not be exact: ``rules.pickling.LAZY_OPEN_REWRITE``).
 
-The dataset is that of the ``DataLoader(...)`` made or iterated at the logged
-line, a class of this file. Only ``self.f = open(path, "rb")`` in its
-``__init__``, ``self.f`` used in ``__getitem__`` alone: ``__init__`` keeps
-``self._open_f = functools.partial(open, path, "rb")`` (``open``'s arguments
-evaluated there, as before), ``__getitem__`` first opens it where
-``self._f_pid != os.getpid()``, and ``__getstate__`` leaves both behind. Each
-process opens its own file as it first reads (its own offset: DL207 under
-fork), and the dataset pickles (DL201 under spawn) even after the parent has
-read from it. DL201 names the attribute (``dataset.f``); DL207 covers every
-file so opened.
+``__init__`` keeps ``self._open_f = functools.partial(open, path, "rb")``, so
+that ``open``'s arguments are evaluated there, as before. Each process opens
+its own file as it first reads (its own offset: DL207 under fork), and the
+dataset pickles (DL201 under spawn) even after the parent has read from it.
+DL201 names the attribute (``dataset.f``); DL207 covers every file so opened.
 """
 
 import libcst as cst
@@ -57,7 +53,7 @@ def rewrite(source, record):
 
 
 def _dataset_class(source, value):
-    """The ClassDef (module level, this file) ``value`` is an instance of."""
+    """The module-level ClassDef ``value`` is an instance of."""
     if isinstance(value, cst.Name):
         values = [source.assigned_value(a) for a in source.referents(value)]
         if len(values) != 1 or values[0] is None:
@@ -127,15 +123,14 @@ def _plan_attribute(source, cls, attribute, statement, code, planned):
     open_call = statement.body[0].value
     opener = cst.Call(func=cst.parse_expression("%s.partial" % functools),
                       args=[cst.Arg(cst.Name("open"), comma=spaced_comma())] + list(open_call.args))
-    new = [cst.parse_statement("%s.%s = None\n" % (this, attribute)),
+    new = [cst.parse_statement("%s.%s = None\n" % (this, attribute)).with_changes(
+               leading_lines=statement.leading_lines),
            cst.parse_statement("%s._%s_pid = None\n" % (this, attribute)),
            cst.SimpleStatementLine([cst.Assign(
                [cst.AssignTarget(cst.parse_expression("%s._open_%s" % (this, attribute)))],
                opener)], trailing_whitespace=statement.trailing_whitespace)]  # its comment
-    new[0] = new[0].with_changes(leading_lines=list(statement.leading_lines) + [cst.EmptyLine(
-        comment=cst.Comment("# autosafe-torch %s: opened in __getitem__, once in each "
-                            "process" % code))])
     source.edit(statement, lambda s: cst.FlattenSentinel(new))
+    source.comment(statement, "%s: opened in __getitem__, once in each process" % code)
 
     getitem = _methods(cls)["__getitem__"]
     me = _self_name(getitem)
@@ -163,6 +158,5 @@ def _with_getstate(cls, attributes, code):
         "def __getstate__(self):  # autosafe-torch %s: a file does not travel to a worker\n"
         "    state = dict(self.__dict__)\n"
         "    %s = None\n"
-        "    return state\n" % (code, nulls))
-    method = method.with_changes(leading_lines=blank_lines(1))
+        "    return state\n" % (code, nulls)).with_changes(leading_lines=blank_lines(1))
     return cls.with_changes(body=cls.body.with_changes(body=list(cls.body.body) + [method]))

@@ -1,11 +1,6 @@
 """DL101, DL102, DL103, DL107: arguments that only make sense with workers;
-DL105: pin_memory without an accelerator.
-
-An argument the run reset becomes conditional on the call's own ``num_workers``
-expression, with the value the run gave it without workers
-(``prefetch_factor=4 if NUM_WORKERS > 0 else None``); without ``num_workers``
-(or 0) it can only fail, and goes. Exact only where ``num_workers`` reads the
-same twice and does nothing else (a name, an attribute, a literal).
+DL105: pin_memory without an accelerator (what it writes, and where it would
+not be exact: ``rules.loader_args.WORKER_ARGUMENT_REWRITE``).
 """
 
 import libcst as cst

@@ -1,13 +1,12 @@
-"""DL202: a lambda or local function given to workers, lifted to module level.
+"""DL202: a lambda or local function given to workers, lifted to module level
+(what it writes, and where it would not be exact:
+``rules.pickling.LOCAL_FUNCTION_REWRITE``).
 
 Spawned workers unpickle ``collate_fn`` and ``worker_init_fn`` by name, so a
-lambda or a function defined inside another cannot reach them. Both of the
-loader's (made or iterated at the logged line) are checked. One that reads local
-variables takes them as keyword-only arguments, given by ``functools.partial``
-where the loader is made: exact only where each is assigned once, before that,
-in the function that makes the loader (or is its parameter), so that the partial
-holds the value the closure would read. (What it writes, and where it would not
-be exact: ``rules.pickling.LOCAL_FUNCTION_REWRITE``.)
+lambda or a function defined inside another cannot reach them. The variables
+it reads are given by ``functools.partial`` where the loader is made: exact
+only where each is assigned once, before that, in the function that makes the
+loader, so that the partial holds the value the closure would read.
 """
 
 import libcst as cst
@@ -33,9 +32,8 @@ def rewrite(source, record):
 
 
 def lift_loader_functions(source, call, strict=False):
-    """Descriptions of the lifts of the loader's parts. NotExact where one cannot
-    be lifted (``strict``), else (DL204's spawned loader) DL202's permanent fix
-    as a comment."""
+    """Descriptions of the lifts of the loader's parts. One that cannot be
+    lifted: NotExact (``strict``), else (DL204) DL202's fix as a comment."""
     done = []
     for part in PARTS:
         try:
@@ -51,16 +49,13 @@ def lift_loader_functions(source, call, strict=False):
 
 
 def _plan_part(source, call, part):
-    """Plan the lift of the loader's ``part``: a description, None when there is
-    nothing to lift; NotExact where it cannot be exact."""
+    """A description of the planned lift, or None (nothing to lift)."""
     planned = source.notes.setdefault("DL202: planned", {})
     key = (id(call), part)
     if key in planned:
         return planned[key]
     found = find_arg(call, part, LOADER_POSITIONAL)
-    if found is None:
-        return None
-    value = found[1].value
+    value = found[1].value if found else None
     if isinstance(value, cst.Lambda):
         planned[key] = _lift_lambda(source, call, part, value)
     elif isinstance(value, cst.Name):
@@ -78,8 +73,7 @@ def _plan_part(source, call, part):
 
 
 def _closure(source, call, function):
-    """The local variables ``function`` (a Lambda or FunctionDef) reads, checked
-    to be assigned once before the loader is made; NotExact otherwise."""
+    """The local variables ``function`` reads, each assigned once before the loader is made."""
     scope = source.scope(call)
     names = {}
     for name in m.findall(function, m.Name()):
@@ -138,8 +132,7 @@ def _lift_def(source, call, part, value, assignment):
     if any(p.default is not None for p in m.findall(function.params, m.Param())):
         raise NotExact("%s has default values" % value.value)
     closure = _closure(source, call, function)
-    others = [a.node for a in assignment.references if a.node is not value]
-    if closure and others:
+    if closure and any(a.node is not value for a in assignment.references):
         raise NotExact("%s is used elsewhere too" % value.value)
     if value.value in source.globals_bound():
         raise NotExact("the module has a %s of its own" % value.value)
@@ -151,9 +144,8 @@ def _lift_def(source, call, part, value, assignment):
 
 
 def _lift(source, call, part, function, name, closure, bare=None):
-    """Put ``function`` at module level, before the statement that makes the loader,
-    taking the ``closure`` it reads as keyword-only arguments, and give the loader
-    the partial that gives them (else ``bare``, if any): what it was given, or None."""
+    """``function`` before the loader's top-level statement, the ``closure`` as
+    keyword-only arguments; what the loader is given instead (a partial, ``bare``)."""
     params = function.params
     if closure:
         extra = [cst.Param(name=cst.Name(n)) for n in closure]

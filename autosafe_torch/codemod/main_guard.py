@@ -1,20 +1,16 @@
-"""DL204: unguarded top-level training code moved under ``if __name__ == "__main__":``.
+"""DL204: unguarded top-level training code moved under ``if __name__ == "__main__":``
+(what it writes, and where it would not be exact: ``rules.start_method``'s DL204).
 
 Spawned workers (macOS, Windows, Linux from Python 3.14) import the script
-again, where its top-level training code would start workers of its own. What
-workers need stays at module level: imports, functions, classes, and the
-assignments those read (in turn); the rest goes, in its order, under a main
-guard at the end. Under fork the program does what it did: the definitions
-first, then the same code in the same order. Not exact: a file with a main
-guard; a definition that, as it runs, reads a name only the moved code binds; a
-name bound both by what stays and by what moves.
-
-A loader the run took to fork (DL204's strategy) never pickled its workers: its
-lambdas and local functions are lifted as DL202's are, so that it starts under
-spawn too.
+again, where its top-level training code would start workers of its own. Under
+fork the program does what it did: the definitions first, then the same code
+in the same order. A loader the run took to fork (DL204's strategy) never
+pickled its workers: its lambdas and local functions are lifted as DL202's
+are, so that it starts under spawn too.
 """
 
 import ast
+import collections
 import symtable
 
 import libcst as cst
@@ -30,11 +26,10 @@ DEFINITION, ASSIGNMENT, GUARD, CODE = "definition", "assignment", "guard", "code
 def _is_main_test(test):
     if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
         return False
-    left, right = test.left, test.comparisons[0].comparator
-    names = [n for n in (left, right) if isinstance(n, cst.Name) and n.value == "__name__"]
-    strings = [n for n in (left, right) if isinstance(n, cst.SimpleString)
-               and n.evaluated_value == "__main__"]
-    return isinstance(test.comparisons[0].operator, cst.Equal) and names and strings
+    sides = (test.left, test.comparisons[0].comparator)
+    return isinstance(test.comparisons[0].operator, cst.Equal) \
+        and any(isinstance(n, cst.Name) and n.value == "__name__" for n in sides) \
+        and any(isinstance(n, cst.SimpleString) and n.evaluated_value == "__main__" for n in sides)
 
 
 def classify(statement, first=False):
@@ -109,40 +104,34 @@ def _names(node):
     return binds, reads - local
 
 
-def _lazy_reads(table, spans, out):
+def _lazy_reads(table, owner, out):
     """Globals each function reads, by the top-level statement it is in."""
     for child in table.get_children():
         if child.get_type() == "function":
-            names = {s.get_name() for s in child.get_symbols()
-                     if s.is_global() and s.is_referenced()}
-            for index, (start, end) in enumerate(spans):
-                if start <= child.get_lineno() <= end:
-                    out[index] |= names
-        _lazy_reads(child, spans, out)
+            out[owner.get(child.get_lineno())] |= {
+                s.get_name() for s in child.get_symbols() if s.is_global() and s.is_referenced()}
+        _lazy_reads(child, owner, out)
 
 
 def analyse(source):
-    """Per top-level statement: (kind, binds, eager reads, lazy reads)."""
+    """Per top-level statement: (kind, binds, eager reads, lazy reads); and
+    the index of the one at each line."""
     statements = list(source.module.body)
-    spans = [source.lines(s) for s in statements]
-    tree = ast.parse(source.text, source.path)
-    binds = [set() for _ in statements]
-    eager = [set() for _ in statements]
-    for node in tree.body:
+    owner = {line: index for index, s in enumerate(statements)
+             for line in range(source.lines(s)[0], source.lines(s)[1] + 1)}
+    binds, eager, lazy = (collections.defaultdict(set) for _ in range(3))
+    for node in ast.parse(source.text, source.path).body:
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
-        for index, (start, end) in enumerate(spans):
-            if start <= first <= end:
-                bound, read = _names(node)
-                binds[index] |= bound
-                eager[index] |= read
-    lazy = [set() for _ in statements]
-    _lazy_reads(symtable.symtable(source.text, source.path, "exec"), spans, lazy)
+        bound, read = _names(node)
+        binds[owner.get(first)] |= bound
+        eager[owner.get(first)] |= read
+    _lazy_reads(symtable.symtable(source.text, source.path, "exec"), owner, lazy)
     kinds = [classify(s, first=(i == 0)) for i, s in enumerate(statements)]
-    return statements, kinds, binds, eager, lazy
+    return statements, kinds, binds, eager, lazy, owner
 
 
 def rewrite(source, records):
-    statements, kinds, binds, eager, lazy = analyse(source)
+    statements, kinds, binds, eager, lazy, owner = analyse(source)
     if GUARD in kinds:
         at = source.lines(statements[kinds.index(GUARD)])[0]
         raise NotExact("the file has a main guard (line %d): move the code that starts "
@@ -163,8 +152,7 @@ def rewrite(source, records):
     moved_binds = set().union(*[binds[i] for i in moved])
     called = set().union(*[eager[i] for i in moved])
     for record in records:
-        top = next((i for i, s in enumerate(statements)
-                    if source.lines(s)[0] <= record.line <= source.lines(s)[1]), None)
+        top = owner.get(record.line)
         if top is not None and top in kept and not binds[top] & called:
             raise NotExact("the loader is iterated in %s, which this file's top-level code "
                            "does not call: the guard belongs in the script that runs it"
@@ -174,7 +162,7 @@ def rewrite(source, records):
         if clash:
             raise NotExact("line %d binds or reads %s, which the code to move binds too"
                            % (source.lines(statements[i])[0], ", ".join(sorted(clash))))
-    source.move_under_main_guard([statements[i] for i in moved], COMMENT)
+    source.guard = [statements[i] for i in moved], COMMENT
     done = 'top-level code from line %d under if __name__ == "__main__":, the ' \
         'definitions and what they read kept' % source.lines(statements[moved[0]])[0]
     out = []

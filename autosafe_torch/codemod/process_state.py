@@ -1,29 +1,17 @@
 """DL220: what main() set that the workers read, given to each worker by the
 loader's ``worker_init_fn`` (what it writes, and where it would not be exact:
-``rules.pickling.PROCESS_STATE_REWRITE``).
-
-The log names the ``DataLoader(...)`` call (or the line that iterates its
-loader) and each value carried to its spawned workers (``CONFIG``,
-``Spectra.mean``) with the first line that reads it. One function is added
-after the imports (``HELPER_TEXT``), and the call hands it the values and the
-loader's own ``worker_init_fn`` (None where it gave none)::
+``rules.pickling.PROCESS_STATE_REWRITE``)::
 
     DataLoader(ds, num_workers=2, worker_init_fn=seed_worker)
     ->  DataLoader(ds, num_workers=2, worker_init_fn=functools.partial(
             set_main_state, {"SEED": SEED, "Spectra.mean": Spectra.mean}, seed_worker))
 
-The dict is pickled as the workers start (a dict main() fills in place goes
-as it is then) and set before the loader's own ``worker_init_fn``, in
-``globals()``: in a spawned worker runpy's namespace, which the script's
-functions read, not the copy ``__mp_main__`` holds. Fork needs none of it.
-
-Exact only for a name this file (``__main__``, by the line that reads it)
-binds at module level, or an attribute of a class it binds there, that is
-the module's where the loader is made. Not for a value read as the dataset
-arrives (``ARRIVING``), before any ``worker_init_fn``; nor one set again
-after the loader is made (later in the function that makes it, or in a
-function named there after it): the dict holds what was bound at the call,
-fork's workers what is bound at each start.
+The dict is pickled as the workers start and set in ``globals()``: in a spawned
+worker runpy's namespace, which the script's functions read, not the copy
+``__mp_main__`` holds. Fork needs none of it. Values read as the dataset
+arrives (``ARRIVING``) come before any ``worker_init_fn``; one set again after
+the call would differ: the dict holds what was bound at the call, fork's
+workers what is bound at each start.
 
 Run again under the shim, the patched script logs DL220 again (the shim sets
 the values before the dataset arrives): a call that gives the function
@@ -100,9 +88,6 @@ def _dict_text(names):
     return "{%s}" % ", ".join('"%s": %s' % (n, n) for n in names)
 
 
-# -- which values are exact -------------------------------------------------------------
-
-
 def _exact_name(source, record, call, entry):
     """The dotted name of one carried value, where setting it in
     ``worker_init_fn`` gives the workers what the shim gave them."""
@@ -128,8 +113,7 @@ def _exact_name(source, record, call, entry):
 
 
 def _global_at(source, call, name):
-    """``name`` is the module's at the call: not a local name of the function
-    that makes the loader, or of one around it."""
+    """Not a local name of the function that makes the loader, or of one around it."""
     scope = source.scope(call)
     while scope is not None and not isinstance(scope, md.GlobalScope):
         if scope.assignments[name] and (scope is source.scope(call)
@@ -172,21 +156,17 @@ def _bindings(source, parts):
             and isinstance(node.value, cst.Name) and node.value.value in (parts[0], "cls")]
 
 
-def _function_of(source, node):
-    return next((a for a in source.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
-
-
 def _not_set_after(source, call, label, parts):
     """Not bound again later in the function that makes the loader, nor in a
     function named there after the call (``train(loader, before_epoch=harder)``)."""
     position = source.meta(md.PositionProvider)
-    maker, end = _function_of(source, call), position[call].end
+    maker, end = source.enclosing(call, cst.FunctionDef), position[call].end
     span = source.lines(maker) if maker is not None else (1, len(source.text.splitlines()))
     later = {n.value for n in source.nodes(cst.Name)
              if (position[n].start.line, position[n].start.column) > (end.line, end.column)
              and position[n].start.line <= span[1]}
     for node in _bindings(source, parts):
-        where = _function_of(source, node)
+        where = source.enclosing(node, cst.FunctionDef)
         line = position[node].start.line
         if where is maker and line > end.line:
             raise NotExact("%s is set again at line %d, after the loader is made" % (
@@ -198,11 +178,8 @@ def _not_set_after(source, call, label, parts):
                            "made" % (label, named[0], line))
 
 
-# -- the function added, and an earlier rewrite's ----------------------------------------
-
-
 def _helpers(source):
-    """The module-level functions an earlier rewrite added (by their comment)."""
+    """The module-level functions an earlier rewrite added (by their MARK)."""
     def comment(function):
         return getattr(getattr(function.body, "header", None), "comment", None)
     return [s.name.value for s in source.module.body if isinstance(s, cst.FunctionDef)
@@ -222,8 +199,7 @@ def _helper(source):
             isinstance(small, (cst.Import, cst.ImportFrom)) for small in s.body)))
     name = source.notes["DL220: helper"] = source.free_name(HELPER)
     function = cst.parse_statement(HELPER_TEXT.format(name=name, mark=MARK))
-    source.insert_before(anchor, [function.with_changes(
-        leading_lines=blank_lines(2))])
+    source.insert_before(anchor, [function.with_changes(leading_lines=blank_lines(2))])
     source.edit(anchor, _two_blank_lines, order=0)  # after a function, as PEP 8 has it
     return name
 
@@ -231,8 +207,7 @@ def _helper(source):
 def _two_blank_lines(statement):
     lines = list(statement.leading_lines)
     blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
-    return statement.with_changes(
-        leading_lines=blank_lines(max(0, 2 - blank)) + lines)
+    return statement.with_changes(leading_lines=blank_lines(max(0, 2 - blank)) + lines)
 
 
 def _earlier_rewrite(source, value):

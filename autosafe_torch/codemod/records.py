@@ -20,13 +20,11 @@ KINDS = REWRITTEN, NOT_EXACT, COVERED, SKIPPED = (
 
 
 class NotExact(Exception):
-    """A rewrite would not be exact, for the record it plans (``per_record``) or
-    all it was given (``plan``): the reason."""
+    """A rewrite would not be exact (for one record, or its whole group): why."""
 
 
 def per_record(plan):
-    """A rewrite that plans each record alone: ``plan(source, record)`` gives
-    (kind, text), or raises NotExact."""
+    """A rewrite of ``plan(source, record) -> (kind, text)``, each record alone."""
     def rewrite(source, records):
         out = []
         for record in records:
@@ -52,10 +50,6 @@ class Record:
         time = obj.get("time")
         self.time = time if isinstance(time, (int, float)) else None
 
-    @property
-    def where(self):
-        return "%s:%d" % (self.shown, self.line)
-
 
 def split_site(site):
     """``(file, line)`` of a call site's user part, or None (``<unknown>``,
@@ -69,8 +63,8 @@ def split_site(site):
 
 
 def _locate(name, log_dir, cwd=None):
-    """The file a record names: absolute as is; relative to the recording
-    process's working directory (the record's ``cwd``), here, or the log's folder."""
+    """The file a record names; a relative name from the record's ``cwd``,
+    here, or the log's folder."""
     recorded = [os.path.join(cwd, name)] if isinstance(cwd, str) else []
     candidates = [name] if os.path.isabs(name) else recorded + [name, os.path.join(log_dir, name)]
     return next((c for c in candidates if os.path.isfile(c)), None)
@@ -96,10 +90,8 @@ def not_ours(path, root):
 
 
 def read_log(path, root=os.curdir):
-    """``(records, skipped)``: the records naming a user's file that exists
-    here, under ``root``, one per (code, file, line), in the log's order; and
-    the others' outcomes (where, code, SKIPPED, why). Raises OSError for an
-    unreadable log."""
+    """``(records, skipped)``: one record per (code, user's file under ``root``,
+    line), in the log's order; the others' outcomes (where, code, SKIPPED, why)."""
     log_dir = os.path.dirname(os.path.abspath(path))
     records, unusable, seen = [], [], set()
     with open(path, encoding="utf-8") as f:
@@ -141,9 +133,3 @@ def _shown(path):
     """The path as the user would type it: relative to here where it is below."""
     relative = os.path.relpath(path)
     return path if relative.startswith(os.pardir) else relative
-
-
-def changed_since(path, records):
-    """Whether ``path`` was modified after the run logged ``records``."""
-    times = [r.time for r in records if r.time is not None]
-    return bool(times) and os.path.getmtime(path) > min(times)

@@ -66,8 +66,7 @@ def simple(node):
 def blank_lines(count, comment=None):
     """``count`` blank lines at module level, then ``# autosafe-torch <comment>``."""
     comments = [cst.Comment("# " + COMMENT_PREFIX + comment)] if comment else []
-    return [cst.EmptyLine(indent=False)] * count + [
-        cst.EmptyLine(indent=False, comment=c) for c in comments]
+    return [cst.EmptyLine(indent=False, comment=c) for c in [None] * count + comments]
 
 
 def both(left, right):
@@ -82,7 +81,6 @@ def has_star(call):
 
 
 def unstarred(call):
-    """``call``; NotExact where it passes arguments by ``*`` or ``**``."""
     if has_star(call):
         raise NotExact("the call passes arguments by * or **")
     return call
@@ -149,8 +147,6 @@ def keywords_for(call, names):
 
 
 class Source:
-    """A parsed file, questions about it, and the edits planned for it."""
-
     def __init__(self, path, text):
         self.path, self.text = path, text
         self.wrapper = md.MetadataWrapper(cst.parse_module(text))
@@ -159,12 +155,10 @@ class Source:
         self._edits = {}      # id(node as parsed) -> [(order, function of the node)]
         self._comments = {}   # id(statement or decorator) -> [comment text]
         self._before = {}     # id(top-level statement) -> [statements to put before it]
-        self._guard = (), None  # (top-level statements moved under the main guard, comment)
+        self.guard = (), None  # (top-level statements to move under a main guard, comment)
         self._imports = []    # modules to import at module level
         self._top = {id(s) for s in self.module.body}
         self.notes = {}       # what a rewrite remembers across the sites of this file
-
-    # -- what is where ----------------------------------------------------------
 
     def meta(self, provider):
         return self.wrapper.resolve(provider)  # computed once, then kept
@@ -203,39 +197,34 @@ class Source:
                                  if isinstance(n, kind)]
         return self._nodes[kind]
 
+    def at(self, line, kinds):
+        """The nodes of ``kinds`` spanning ``line``, innermost first."""
+        spans = sorted(((self.lines(n), n) for n in self.nodes(kinds)),
+                       key=lambda t: (t[0][1] - t[0][0], t[0][0]))
+        return [n for (start, end), n in spans if start <= line <= end]
+
     def calls_at(self, line, names):
         """Calls spanning ``line`` to one of the qualified ``names``, innermost first."""
-        found = []
-        for call in self.nodes(cst.Call):
-            start, end = self.lines(call)
-            if start <= line <= end and self.qualified(call.func) & names:
-                found.append((end - start, start, call))
-        return [call for _, _, call in sorted(found, key=lambda t: t[:2])]
+        return [call for call in self.at(line, cst.Call) if self.qualified(call.func) & names]
+
+    def enclosing(self, node, kinds, own=False):
+        return next((n for n in self.ancestors(node, own) if isinstance(n, kinds)), None)
 
     def statement_of(self, node):
         """The statement (or decorator) holding ``node``: where a comment goes."""
-        kinds = (cst.Decorator, cst.SimpleStatementLine, cst.BaseCompoundStatement)
-        return next((n for n in self.ancestors(node, own=True) if isinstance(n, kinds)), None)
+        return self.enclosing(node, (cst.Decorator, cst.SimpleStatementLine,
+                                     cst.BaseCompoundStatement), own=True)
 
     def innermost_statement_at(self, line):
-        best, best_key = None, None
-        for statement in self.nodes((cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-            start, end = self.lines(statement)
-            if start <= line <= end and (best is None or (start, -end) > best_key):
-                best, best_key = statement, (start, -end)
-        return best
+        return next(iter(self.at(line, (cst.SimpleStatementLine, cst.BaseCompoundStatement))),
+                    None)
 
     def referents(self, name):
-        """The assignments in this file a Name node reads (libcst's scope
-        analysis; a builtin has none)."""
+        """The assignments in this file a Name node reads (a builtin has none)."""
         scope = self.scope(name)
-        if scope is None:
-            return set()
-        found = set()
-        for access in scope.accesses[name.value]:
-            if access.node is name:
-                found |= {a for a in access.referents if hasattr(a, "node")}
-        return found
+        accesses = scope.accesses[name.value] if scope is not None else ()
+        return {a for access in accesses if access.node is name
+                for a in access.referents if hasattr(a, "node")}
 
     def assigned_value(self, assignment):
         """The value of ``name = value`` for an assignment of a plain name, or None."""
@@ -267,20 +256,23 @@ class Source:
         return found[0] if len(found) == 1 else None
 
     def loader_at(self, line):
-        """``dataloader_at``; NotExact where there is none."""
         call = self.dataloader_at(line)
         if call is None:
             raise NotExact("no DataLoader(...) made or iterated at this line")
         return call
 
+    def imports(self):
+        """``(index, alias)`` of each name a top-level ``import`` statement imports."""
+        for index, statement in enumerate(self.module.body):
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.Import):
+                    yield from ((index, alias) for alias in small.names)
+
     def module_name(self, module):
         """A name this file can use for ``module`` at module level: the one its
         top-level ``import module`` (``import module.sub``, ``import module as
         x``) binds, else ``module``, of an ``import module`` the pass will add."""
-        imports = [small for statement in self.module.body
-                   if isinstance(statement, cst.SimpleStatementLine)
-                   for small in statement.body if isinstance(small, cst.Import)]
-        for alias in [alias for small in imports for alias in small.names]:
+        for _, alias in self.imports():
             dotted = self.code(alias.name)
             if alias.asname is None and dotted.split(".")[0] == module:
                 return module
@@ -295,8 +287,8 @@ class Source:
         return {a.name for a in scope.assignments} if scope is not None else set()
 
     def free_name(self, wanted):
-        """``wanted``, or ``wanted_2``...: a name no scope of the file uses (nor
-        one given out before); it is then given out."""
+        """``wanted``, or ``wanted_2``...: a name no scope of the file uses, nor
+        given out before."""
         given = self.notes.setdefault("names given out", set())
         used = set(given)
         for scope in set(self.meta(md.ScopeProvider).values()):
@@ -309,8 +301,6 @@ class Source:
             name = "%s_%d" % (wanted, n)
         given.add(name)
         return name
-
-    # -- planning -----------------------------------------------------------------
 
     def edit(self, node, function, order=50):
         """Change ``node`` by ``function(node as edited so far)``; lower orders first."""
@@ -350,15 +340,11 @@ class Source:
             planned.extend(lines)
 
     def insert_before(self, node, statements):
-        """``statements`` before the top-level statement holding ``node``."""
         top = next(n for n in self.ancestors(node, own=True) if id(n) in self._top)
         self._before.setdefault(id(top), []).extend(statements)
 
-    def move_under_main_guard(self, top_statements, comment):
-        self._guard = list(top_statements), comment
-
     def apply(self):
-        if not (self._edits or self._before or self._guard[0] or self._imports):
+        if not (self._edits or self._before or self.guard[0] or self._imports):
             return self.text
         module = self.module.visit(_Apply(self))
         if self._imports:
@@ -371,7 +357,7 @@ def _with_imports(module, imports):
     AddImportsVisitor puts one: with the file's imports, after its docstring
     and any ``from __future__`` import, never twice."""
     from libcst.codemod import CodemodContext  # noqa: PLC0415 - libcst.codemod costs ~0.08 s: only here
-    from libcst.codemod.visitors import AddImportsVisitor  # noqa: PLC0415 - libcst.codemod: 0.08 s, only where an import is added
+    from libcst.codemod.visitors import AddImportsVisitor  # noqa: PLC0415 - as above
 
     context = CodemodContext()
     for name in sorted(imports):
@@ -422,7 +408,7 @@ class _Apply(cst.CSTTransformer):
 
     def _module(self, original, updated):
         source = self.source
-        moved = {id(s) for s in source._guard[0]}
+        moved = {id(s) for s in source.guard[0]}
         body, guard = [], []
         for statement in original.body:
             body.extend(source._before.get(id(statement), ()))
@@ -434,5 +420,5 @@ class _Apply(cst.CSTTransformer):
                 line for line in first.leading_lines if line.comment is not None])
             body.append(cst.If(test=cst.parse_expression(MAIN_GUARD),
                                body=cst.IndentedBlock(body=guard),
-                               leading_lines=blank_lines(2, source._guard[1])))
+                               leading_lines=blank_lines(2, source.guard[1])))
         return updated.with_changes(body=body)
