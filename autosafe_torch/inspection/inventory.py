@@ -40,9 +40,13 @@ class Inventory:
     is what stopped it); ``met``, the ids of the objects that reached Python."""
 
     def __init__(self):
-        self.found, self.unpicklable, self.met = {}, [], set()
-        self.complete, self.error, self.objects = True, None, 0
+        self.found = {}
+        self.unpicklable = []
+        self.complete = True
+        self.error = None
+        self.objects = 0
         self.stand_ins = 0  # payloads written as nothing: the bytes are not a pickle
+        self.met = set()
 
     def of(self, kind):
         return list(self.found.get(kind, {}).values())
@@ -120,7 +124,8 @@ def take(obj, table, code=None, sink=None, known=()):
     except _Stopped as stopped:
         found.unpicklable.append(stopped.args)
     except Exception as exc:  # too deep, or the pickler's own error: not complete
-        found.complete, found.error = False, kept(exc)
+        found.complete = False
+        found.error = kept(exc)
     finally:
         context.set_spawning_popen(spawning)
     return found

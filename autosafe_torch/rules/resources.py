@@ -96,7 +96,8 @@ def _mib(n):
       # it reads prefetch_factor, which DL106 may change
       after=("zero_prefetch_with_workers",))
 def shm_too_small(values, ctx):
-    workers, free = values["num_workers"], ctx.facts.shm_available
+    workers = values["num_workers"]
+    free = ctx.facts.shm_available
     if workers <= 0 or free is None or free >= SHM_PROBE_BELOW:
         return None
     profile = sample_profile(values)
@@ -140,7 +141,8 @@ def shm_too_small(values, ctx):
       # it reads prefetch_factor, which DL106 may change
       after=("zero_prefetch_with_workers",))
 def open_file_limit_too_low(values, ctx):
-    workers, nofile = values["num_workers"], ctx.facts.open_file_limit
+    workers = values["num_workers"]
+    nofile = ctx.facts.open_file_limit
     if workers <= 0 or ctx.facts.sharing_strategy != "file_descriptor" or not nofile:
         return None
     soft, hard = nofile
