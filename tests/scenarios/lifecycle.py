@@ -55,6 +55,9 @@ def kill_fork_servers():
 
 def main():
     end, hand = sys.argv[1], sys.argv[2:] == ["hand"]
+    # Ctrl-C as a terminal's program meets it: a shell that starts the tests in the
+    # background (`make heavy &`) leaves SIGINT ignored, and children inherit that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     path = os.path.join(TMP, "records.bin")
     with open(path, "wb") as f:
         f.write(bytes(range(8)))
