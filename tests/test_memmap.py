@@ -218,7 +218,7 @@ def run_maps(tmp_path, kind, method, shim):
 
 def real_workers(result):
     # Two workers print at once: their lines may run together ("WORKER real=TrueWORKER ...").
-    said = set(re.findall(r"WORKER (real=\w+)", result.stdout))
+    said = set(re.findall(r"WORKER (real=(?:True|False))", result.stdout))
     assert said, result
     return said == {"real=True"}
 

@@ -107,8 +107,11 @@ def test_healthy_loader_same_batches_nothing_recorded(tmp_path, reference, start
 def test_without_the_shim_each_fault_crashes(tmp_path):
     for fault in ("kill", "segv"):
         result, _ = run(tmp_path, fault, shim=False)
+        # torch 2.0 may report a segfault by the worker's own line alone (its
+        # main process then fails in the profiler's exit, not in the loader)
         assert result.rc != 0 and any(words in result.output for words in (
-            "DataLoader worker", "ConnectionResetError", "EOFError")), result
+            "DataLoader worker", "ConnectionResetError", "EOFError",
+            "segmentation fault encountered in worker")), result
 
 
 # -- faults, under every start method ---------------------------------------------
