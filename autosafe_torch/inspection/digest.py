@@ -64,7 +64,7 @@ class _Pickler(pickle.Pickler):
         super().__init__(sink, PROTOCOL)
         torch = sys.modules.get("torch")  # tensor types, array type: of the modules imported
         self._payload = ((torch.Tensor,) if hasattr(torch, "Tensor") else (),
-                         getattr(sys.modules.get("numpy"), "ndarray", None))
+                         holdings.loaded("numpy", "ndarray"))
         self.plain = True  # nothing met but what the plain pickler writes the same way
         self.stood_in = False  # the stream is a plain pickle of the object
 

@@ -14,7 +14,6 @@ import dis
 import functools
 import io
 import os
-import sys
 import types
 
 from . import holdings, inventory, objwalk
@@ -31,7 +30,7 @@ IMAGE_FIX, FILE_FIX = ("open the %s lazily in __getitem__ (or in worker_init_fn)
 
 def image_file_class():
     """``PIL.ImageFile.ImageFile`` where PIL is imported (never imported here)."""
-    cls = getattr(sys.modules.get("PIL.ImageFile"), "ImageFile", None)
+    cls = holdings.loaded("PIL.ImageFile", "ImageFile")
     return cls if isinstance(cls, type) else None
 
 
@@ -61,7 +60,7 @@ def single_frame(img):
         count = attrs.get(name)
         if type(count) is int:
             return count <= 1
-    base = getattr(sys.modules.get("PIL.Image"), "Image", None)
+    base = holdings.loaded("PIL.Image", "Image")
     return base is not None and getattr(type(img), "seek", None) is getattr(base, "seek", None)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import callsite
 from .digest import attributes, main_name
-from .holdings import users_module
+from .holdings import loaded, users_module
 from .mainmodule import importable_by_reference
 from .objwalk import is_a
 
@@ -307,8 +307,7 @@ def _defined_in(functions: list[Any], qualname: str) -> bool:
 
 def _one_of(value: Any, *names: tuple[str, str]) -> bool:
     """Whether ``value`` is of a class ``(module, name)`` of the modules already imported."""
-    classes = tuple(c for c in (getattr(sys.modules.get(m), n, None) for m, n in names)
-                    if isinstance(c, type))
+    classes = tuple(c for c in (loaded(m, n) for m, n in names) if isinstance(c, type))
     return bool(classes) and is_a(value, classes)
 
 
