@@ -25,6 +25,7 @@ from multiprocessing import context
 
 from ..mp_private import python_rlock
 from .failures import kept
+from .holdings import loaded
 from .objwalk import CODE, NULL_SINK
 from .slots import instance_dict
 
@@ -160,7 +161,7 @@ def is_probing():
 
 
 def _sub(cls, module, name):
-    other = getattr(sys.modules.get(module), name, None)
+    other = loaded(module, name)
     return isinstance(other, type) and issubclass(cls, other)
 
 
